@@ -1,0 +1,130 @@
+//! The operations that scripts and the one-shot commands share, wired to a session:
+//! the bindings and the CLI both call these, so `gpuloop clean` and a script behave alike.
+
+use crate::gpu::{Gpu, GpuError};
+use crate::inspect::diagnose::{diagnose, Diagnosis};
+use crate::inspect::holders::{Holder, Inventory};
+use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
+use crate::inspect::{check_selection, Selection};
+use crate::process::kill::{self, KillOpts, KillReport, Target};
+use crate::session::Session;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+pub fn gpus(s: &Session) -> Result<Vec<Gpu>, GpuError> {
+    s.backend()?.gpus()
+}
+
+pub fn gpu(s: &Session, index: i64) -> Result<Gpu, GpuError> {
+    let gpus = gpus(s)?;
+    let count = gpus.len();
+    gpus.into_iter()
+        .find(|g| g.index == index)
+        .ok_or(GpuError::NoSuchGpu { index, count })
+}
+
+pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
+    let inv = Inventory::take(s.backend()?, s.protected())?;
+    check_selection(sel, &inv.gpus)?;
+    Ok(inv)
+}
+
+pub fn holders(s: &Session, sel: &Selection, all: bool) -> Result<Vec<Holder>, GpuError> {
+    Ok(inventory(s, sel)?.holders(sel, all))
+}
+
+pub fn diagnoses(s: &Session, sel: &Selection) -> Result<Vec<Diagnosis>, GpuError> {
+    let inv = inventory(s, sel)?;
+    Ok(diagnose(&inv, sel, s.backend()?.foreign_pid_namespace()))
+}
+
+pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
+    kill::kill(targets, opts, s.protected(), s.interrupted())
+}
+
+/// Targets for every compute holder on the selection, pinned by identity.
+pub fn holder_targets(holders: &[Holder]) -> Vec<Target> {
+    holders
+        .iter()
+        .map(|h| {
+            Target::Exact(crate::process::Identity {
+                pid: h.pid as i32,
+                start: h.start as u64,
+            })
+        })
+        .collect()
+}
+
+/// wait_clean with a live one-line progress on a terminal and, at the timeout, what is left
+/// logged as diagnose() says it.
+pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitOutcome, GpuError> {
+    let tty = std::io::stderr().is_terminal();
+    let mut shown = false;
+    let outcome = wait::wait_clean(
+        s.backend()?,
+        sel,
+        opts,
+        s.protected(),
+        s.interrupted(),
+        |dirty: &Dirty, elapsed: Duration| {
+            if tty {
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[2Kwaiting: {} ({:.1}s)", describe_dirty(dirty), elapsed.as_secs_f64());
+                let _ = err.flush();
+                shown = true;
+            }
+        },
+    );
+    if shown {
+        eprint!("\r\x1b[2K");
+    }
+    if let Ok(WaitOutcome::TimedOut) = outcome {
+        eprintln!(
+            "warning: GPUs not clean after {:.1}s:",
+            opts.timeout.as_secs_f64()
+        );
+        if let Ok(ds) = diagnoses(s, sel) {
+            for d in ds.iter().filter(|d| d.verdict != "clean") {
+                eprintln!("  GPU {} [{}] {}", d.gpu, d.verdict, d.advice);
+            }
+        }
+    }
+    outcome
+}
+
+fn describe_dirty(dirty: &Dirty) -> String {
+    dirty
+        .iter()
+        .map(|(g, mib, n)| match n {
+            0 => format!("GPU {g} {mib} MiB"),
+            n => format!("GPU {g} {mib} MiB, {n} holder(s)"),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `gpuloop clean` and `cleanup`'s first rung: holders → kill → wait_clean → diagnose.
+pub struct CleanReport {
+    pub kill: KillReport,
+    pub clean: bool,
+    pub outcome: WaitOutcome,
+    pub after: Vec<Diagnosis>,
+}
+
+pub fn clean(
+    s: &Session,
+    sel: &Selection,
+    kill_opts: &KillOpts,
+    wait_opts: &WaitOpts,
+) -> Result<CleanReport, GpuError> {
+    let targets = holder_targets(&holders(s, sel, false)?);
+    let kill = kill(s, &targets, kill_opts);
+    let outcome = wait_clean(s, sel, wait_opts)?;
+    let after = diagnoses(s, sel)?;
+    Ok(CleanReport {
+        kill,
+        clean: outcome == WaitOutcome::Clean,
+        outcome,
+        after,
+    })
+}

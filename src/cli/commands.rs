@@ -1,0 +1,261 @@
+//! One function per command; each returns the exit code or an `Error`.
+
+use super::args::{Args, Cmd, GpuSel, KillFlags, SimCmd};
+use super::Config;
+use crate::actions;
+use crate::error::Error;
+use crate::gpu::sim::hold::{self, HoldOpts};
+use crate::gpu::sim::SimBackend;
+use crate::inspect::wait::WaitOpts;
+use crate::inspect::Selection;
+use crate::process::kill::{parse_signal, KillOpts};
+use crate::render;
+use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
+use serde::Serialize;
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
+    let s = &cfg.session;
+    match &args.cmd {
+        Cmd::Run { script, args } => run_script(cfg, script, args),
+        Cmd::Eval { code } => eval(cfg, code),
+        Cmd::Check { scripts } => check(cfg, scripts),
+        Cmd::Doc { definitions } => crate::script::doc::print(cfg, definitions.as_deref()),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Args as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "gpuloop", &mut std::io::stdout());
+            Ok(0)
+        }
+        Cmd::Gpus => {
+            let gpus = actions::gpus(s)?;
+            emit(cfg, &gpus, || render::gpus(&gpus))
+        }
+        Cmd::Holders { sel, all } => {
+            let hs = actions::holders(s, &selection(sel), *all)?;
+            emit(cfg, &hs, || render::holders(&hs))
+        }
+        Cmd::Diagnose { sel } => {
+            let ds = actions::diagnoses(s, &selection(sel))?;
+            emit(cfg, &ds, || render::diagnoses(&ds))
+        }
+        Cmd::Kill { sel, kill } => {
+            let targets = actions::holder_targets(&actions::holders(s, &selection(sel), false)?);
+            let report = actions::kill(s, &targets, &kill_opts(kill)?);
+            emit(cfg, &report, || render::kill_report(&report))?;
+            Ok(if report.survivors.is_empty() && report.errors.is_empty() { 0 } else { 1 })
+        }
+        Cmd::Clean { sel, timeout, kill } => clean(cfg, &selection(sel), *timeout, kill),
+        Cmd::Sim(cmd) => sim(cfg, cmd),
+    }
+}
+
+fn selection(sel: &GpuSel) -> Selection {
+    (!sel.gpus.is_empty()).then(|| sel.gpus.clone())
+}
+
+fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
+    if !(0.0..=1e9).contains(&v) {
+        return Err(Error::Usage(format!("{what} must be a non-negative number of seconds")));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
+    Ok(KillOpts {
+        signal: parse_signal(&k.signal).ok_or_else(|| {
+            Error::Usage(format!("unknown signal {:?} (use TERM, INT, KILL, HUP, …)", k.signal))
+        })?,
+        grace: seconds(k.grace, "--grace")?,
+        tree: true,
+        dry_run: k.dry_run,
+        force: k.force,
+    })
+}
+
+/// Prints JSON with --json, else the table.
+fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Result<i32, Error> {
+    if cfg.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(v).map_err(|e| Error::Other(e.to_string()))?
+        );
+    } else {
+        println!("{}", table());
+    }
+    Ok(0)
+}
+
+fn clean(cfg: &Config, sel: &Selection, timeout: f64, kill: &KillFlags) -> Result<i32, Error> {
+    let wait = WaitOpts {
+        timeout: seconds(timeout, "--timeout")?,
+        ..WaitOpts::default()
+    };
+    let r = actions::clean(&cfg.session, sel, &kill_opts(kill)?, &wait)?;
+    if crate::interrupt::is_set() {
+        return Ok(130);
+    }
+    #[derive(Serialize)]
+    struct Out<'a> {
+        clean: bool,
+        kill: &'a crate::process::kill::KillReport,
+        gpus: &'a [crate::inspect::diagnose::Diagnosis],
+    }
+    let out = Out {
+        clean: r.clean,
+        kill: &r.kill,
+        gpus: &r.after,
+    };
+    emit(cfg, &out, || {
+        format!(
+            "{}\n{}\n{}",
+            render::kill_report(&r.kill),
+            render::diagnoses(&r.after),
+            if r.clean { "clean" } else { "NOT clean" }
+        )
+    })?;
+    Ok(if r.clean { 0 } else { 1 })
+}
+
+fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBuf>), Error> {
+    if script == "-" {
+        let mut src = String::new();
+        std::io::stdin()
+            .read_to_string(&mut src)
+            .map_err(|e| Error::Usage(format!("cannot read the script from stdin: {e}")))?;
+        return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
+    }
+    let src = std::fs::read_to_string(script)
+        .map_err(|e| Error::Usage(format!("cannot read script {script}: {e}")))?;
+    let dir = Path::new(script)
+        .parent()
+        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+        .and_then(|p| p.canonicalize().ok());
+    Ok((script.to_string(), src, dir))
+}
+
+fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error> {
+    let (file, src, dir) = read_script(script)?;
+    let session = cfg.session.clone();
+    let engine = build_engine(session, &EngineOpts { script_dir: dir });
+    let mut scope = new_scope(args);
+    let _ = run_source(&engine, &mut scope, &file, &src)?;
+    Ok(0)
+}
+
+fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
+    let session = cfg.session.clone();
+    let dir = std::env::current_dir().ok();
+    let engine = build_engine(session, &EngineOpts { script_dir: dir });
+    let mut scope = new_scope(&[]);
+    let v = run_source(&engine, &mut scope, "<eval>", code)?;
+    if cfg.json {
+        let json: serde_json::Value =
+            rhai::serde::from_dynamic(&v).map_err(|e| Error::Other(e.to_string()))?;
+        println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
+    } else if !v.is_unit() {
+        println!("{v}");
+    }
+    Ok(0)
+}
+
+fn check(cfg: &Config, scripts: &[std::path::PathBuf]) -> Result<i32, Error> {
+    let session = cfg.session.clone();
+    let engine = build_engine(session, &EngineOpts::default());
+    let mut failed = 0;
+    for p in scripts {
+        let file = p.display().to_string();
+        match std::fs::read_to_string(p) {
+            Err(e) => {
+                eprintln!("gpuloop: cannot read {file}: {e}");
+                failed += 1;
+            }
+            Ok(src) => match crate::script::engine::compile(&engine, &file, &src) {
+                Ok(_) => println!("ok: {file}"),
+                Err(e) => {
+                    eprintln!("{}", e.message());
+                    failed += 1;
+                }
+            },
+        }
+    }
+    Ok(if failed > 0 { 2 } else { 0 })
+}
+
+fn sim(cfg: &Config, cmd: &SimCmd) -> Result<i32, Error> {
+    let sim = cfg.session.sim()?;
+    match cmd {
+        SimCmd::Hold { .. } => {
+            let opts = hold_opts(cmd);
+            if opts.mib < 0 {
+                return Err(Error::Usage("--mib must not be negative".into()));
+            }
+            let pids = hold::launch(&sim, &opts)?;
+            if cfg.json {
+                println!("{}", serde_json::to_string(&pids).unwrap_or_default());
+            } else {
+                for p in pids {
+                    println!("{p}");
+                }
+            }
+            Ok(0)
+        }
+        SimCmd::Leak { gpu, mib } => {
+            if *mib <= 0 {
+                return Err(Error::Usage("--mib must be positive".into()));
+            }
+            sim.leak(*gpu, *mib)?;
+            Ok(0)
+        }
+        SimCmd::Reset { gpu } => {
+            crate::gpu::Backend::reset(&sim, *gpu)?;
+            Ok(0)
+        }
+        SimCmd::Watch { .. } => Err(Error::Usage("sim watch is internal".into())),
+    }
+}
+
+fn hold_opts(cmd: &SimCmd) -> HoldOpts {
+    match cmd {
+        SimCmd::Hold {
+            gpu,
+            mib,
+            name,
+            observer,
+            ignore_term,
+            fork_child,
+            workers,
+            setsid,
+            exit_creator,
+            ..
+        } => HoldOpts {
+            gpu: *gpu,
+            mib: *mib,
+            name: name.clone(),
+            observer: *observer,
+            ignore_term: *ignore_term,
+            fork_child: *fork_child,
+            workers: *workers,
+            setsid: *setsid,
+            exit_creator: *exit_creator,
+        },
+        _ => HoldOpts::default(),
+    }
+}
+
+/// The holder and watcher processes: single-threaded, no signal handlers, no config.
+pub fn sim_internal(args: &Args) -> Result<i32, Error> {
+    let dir = std::env::var_os("GPULOOP_SIM_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(crate::gpu::sim::default_dir);
+    let sim = SimBackend::open(&dir, args.sim.as_deref())?;
+    match &args.cmd {
+        Cmd::Sim(SimCmd::Watch { alloc }) => {
+            crate::gpu::sim::watch(alloc, sim.spec.release_ms)?;
+            Ok(0)
+        }
+        Cmd::Sim(cmd) => hold::run_holder(&sim, &hold_opts(cmd)),
+        _ => Ok(2),
+    }
+}

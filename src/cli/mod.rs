@@ -1,0 +1,85 @@
+//! The command line: parse, validate into a `Config`, run the command, map errors to exit codes.
+
+pub mod args;
+mod commands;
+
+use crate::error::Error;
+use crate::session::{BackendChoice, Session};
+use args::{Args, Cmd, SimCmd};
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Validated settings every command needs.
+pub struct Config {
+    pub json: bool,
+    pub session: Arc<Session>,
+}
+
+impl Config {
+    fn from_args(args: &Args) -> Result<Config, Error> {
+        let sim_dir = || {
+            std::env::var_os("GPULOOP_SIM_DIR")
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(crate::gpu::sim::default_dir)
+        };
+        let choice = match &args.sim {
+            Some(spec) => {
+                // Reject a bad spec before anything runs.
+                crate::gpu::sim::SimSpec::parse(spec)?;
+                BackendChoice::Sim {
+                    dir: sim_dir(),
+                    spec: Some(spec.clone()),
+                }
+            }
+            // `gpuloop sim …` without --sim uses the spec the state directory has.
+            None if matches!(args.cmd, Cmd::Sim(_)) => BackendChoice::Sim {
+                dir: sim_dir(),
+                spec: None,
+            },
+            None => BackendChoice::Auto,
+        };
+        let config = crate::config::UserConfig::load()?;
+        Ok(Config {
+            json: args.json,
+            session: Arc::new(Session::new(choice, config, args.verbose)),
+        })
+    }
+}
+
+/// Runs gpuloop and returns the process exit code.
+pub fn main() -> i32 {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    // The simulator's holder and watcher must start no threads before they fork.
+    if let Cmd::Sim(SimCmd::Hold { as_holder: true, .. } | SimCmd::Watch { .. }) = &args.cmd {
+        return match commands::sim_internal(&args) {
+            Ok(code) => code,
+            Err(e) => report(e),
+        };
+    }
+    crate::interrupt::install();
+    let result = Config::from_args(&args).and_then(|cfg| commands::dispatch(&args, &cfg));
+    match result {
+        Ok(code) => code,
+        Err(e) => report(e),
+    }
+}
+
+fn report(e: Error) -> i32 {
+    let msg = e.to_string();
+    if !msg.is_empty() {
+        if matches!(e, Error::Script(_)) {
+            eprintln!("{msg}");
+        } else {
+            eprintln!("gpuloop: {msg}");
+        }
+    }
+    e.code()
+}

@@ -1,0 +1,37 @@
+//! The top-level error: everything a command can fail with, and the exit code it means.
+
+use crate::config::ConfigError;
+use crate::gpu::GpuError;
+use crate::script::ScriptError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad arguments or input: exit 2.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{}", .0.message())]
+    Script(ScriptError),
+    #[error("{0}")]
+    Gpu(#[from] GpuError),
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    pub fn code(&self) -> i32 {
+        match self {
+            Error::Usage(_) | Error::Config(_) => 2,
+            Error::Script(e) => e.code(),
+            Error::Gpu(GpuError::NoSuchGpu { .. } | GpuError::BadSimSpec { .. }) => 2,
+            Error::Gpu(_) | Error::Other(_) => 1,
+        }
+    }
+}
+
+impl From<ScriptError> for Error {
+    fn from(e: ScriptError) -> Self {
+        Error::Script(e)
+    }
+}

@@ -1,0 +1,216 @@
+//! GPU backends: one small trait, with the NVML driver, the simulator, and "no driver" behind it.
+
+pub mod nvml;
+pub mod sim;
+
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// One GPU as scripts see it (`gpu()`); bytes and MiB are `i64` at the script boundary.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gpu {
+    pub index: i64,
+    pub uuid: String,
+    pub name: String,
+    /// The N of /dev/nvidiaN, from the driver; it can differ from `index`.
+    pub minor: i64,
+    pub bus_id: String,
+    pub mem_total: i64,
+    pub mem_used: i64,
+    pub mem_free: i64,
+    pub mem_used_mib: i64,
+    pub mem_total_mib: i64,
+    pub util: Option<i64>,
+    pub temp_c: Option<i64>,
+    /// Number of processes the driver reports on this GPU.
+    pub procs: i64,
+    pub host: String,
+    /// The driver's process list for this GPU (pids as the driver names them).
+    #[serde(skip)]
+    pub driver_procs: Vec<DriverProc>,
+}
+
+/// A process the driver attributes memory to on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DriverProc {
+    pub pid: i32,
+    /// Bytes, 0 when the driver does not say.
+    pub mem: i64,
+}
+
+pub const MIB: i64 = 1024 * 1024;
+
+impl Gpu {
+    /// Fills the derived fields from the byte counts; every backend builds GPUs through here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        index: i64,
+        minor: i64,
+        uuid: String,
+        name: String,
+        bus_id: String,
+        mem_total: i64,
+        mem_used: i64,
+        driver_procs: Vec<DriverProc>,
+    ) -> Gpu {
+        Gpu {
+            index,
+            uuid,
+            name,
+            minor,
+            bus_id,
+            mem_total,
+            mem_used,
+            mem_free: (mem_total - mem_used).max(0),
+            mem_used_mib: mem_used / MIB,
+            mem_total_mib: mem_total / MIB,
+            util: None,
+            temp_c: None,
+            procs: driver_procs.len() as i64,
+            host: "local".into(),
+            driver_procs,
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU with index {index} (this machine has {count})")]
+    NoSuchGpu { index: i64, count: usize },
+    #[error("NVML: {0}")]
+    Nvml(String),
+    #[error("bad --sim spec {spec:?}: {why}")]
+    BadSimSpec { spec: String, why: String },
+    #[error("simulator state in {dir}: {why}")]
+    SimState { dir: PathBuf, why: String },
+    #[error("GPU reset of GPU {index} failed: {why}")]
+    Reset { index: i64, why: String },
+}
+
+/// Where a backend's device nodes live: `/dev` for the driver, `$GPULOOP_SIM_DIR/dev` in the
+/// simulator. GPU nodes are `<dir>/nvidiaN` (N = minor); every other `<dir>/nvidia*` is shared.
+#[derive(Debug, Clone)]
+pub struct DeviceNodes {
+    /// `<dir>/nvidia` as bytes, the prefix every node path starts with.
+    prefix: Vec<u8>,
+}
+
+/// What an open or mapped path is, as far as GPUs go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Node {
+    /// `/dev/nvidiaN`: one GPU, by minor number.
+    Gpu(u32),
+    /// `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-caps/…`: every GPU and none.
+    Shared,
+}
+
+impl DeviceNodes {
+    pub fn new(dir: impl Into<PathBuf>) -> DeviceNodes {
+        let mut prefix = dir.into().into_os_string().into_encoded_bytes();
+        prefix.extend_from_slice(b"/nvidia");
+        DeviceNodes { prefix }
+    }
+
+    pub fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// Classifies a path (from readlink of an fd, or a maps line); `None` if it is not a node.
+    pub fn classify(&self, path: &[u8]) -> Option<Node> {
+        let rest = path.strip_prefix(self.prefix.as_slice())?;
+        if !rest.is_empty() && rest.iter().all(u8::is_ascii_digit) {
+            return std::str::from_utf8(rest).ok()?.parse().ok().map(Node::Gpu);
+        }
+        // "(deleted)" suffixes and the like still name a node file.
+        Some(Node::Shared)
+    }
+}
+
+/// The one interface the rest of gpuloop needs from a GPU driver.
+pub trait Backend: Send + Sync {
+    /// "nvml", "sim" or "none".
+    fn kind(&self) -> &'static str;
+    /// Every GPU with its memory and the driver's process list, in index order.
+    fn gpus(&self) -> Result<Vec<Gpu>, GpuError>;
+    /// Only the memory-used figure of the selected GPUs (the wait_clean hot path).
+    fn mem_used(&self, indices: &[i64]) -> Result<Vec<(i64, i64)>, GpuError> {
+        Ok(self
+            .gpus()?
+            .into_iter()
+            .filter(|g| indices.contains(&g.index))
+            .map(|g| (g.index, g.mem_used))
+            .collect())
+    }
+    /// Device nodes whose fds and mappings mark a process as a GPU user.
+    fn nodes(&self) -> &DeviceNodes;
+    /// The PID namespace the driver reports pids in is not ours (a container without --pid=host).
+    fn foreign_pid_namespace(&self) -> bool;
+    /// Resets one GPU (a last resort for memory nobody holds).
+    fn reset(&self, index: i64) -> Result<(), GpuError>;
+}
+
+/// The backend used when the NVIDIA driver library cannot be loaded.
+pub struct NoDriver {
+    nodes: DeviceNodes,
+}
+
+impl NoDriver {
+    pub fn new() -> NoDriver {
+        NoDriver { nodes: DeviceNodes::new("/dev") }
+    }
+}
+
+impl Default for NoDriver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backend for NoDriver {
+    fn kind(&self) -> &'static str {
+        "none"
+    }
+    fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        Ok(Vec::new())
+    }
+    fn nodes(&self) -> &DeviceNodes {
+        &self.nodes
+    }
+    fn foreign_pid_namespace(&self) -> bool {
+        false
+    }
+    fn reset(&self, index: i64) -> Result<(), GpuError> {
+        Err(GpuError::NoSuchGpu { index, count: 0 })
+    }
+}
+
+/// The inode of the initial PID namespace (PROC_PID_INIT_INO in the kernel).
+const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
+
+/// The inode of the PID namespace this process lives in.
+pub fn own_pid_namespace() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+}
+
+/// True inside a child PID namespace (a container without --pid=host, `unshare --pid`).
+pub fn in_child_pid_namespace() -> bool {
+    own_pid_namespace().is_some_and(|ino| ino != INIT_PID_NS_INO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_nodes() {
+        let n = DeviceNodes::new("/dev");
+        assert_eq!(n.classify(b"/dev/nvidia3"), Some(Node::Gpu(3)));
+        assert_eq!(n.classify(b"/dev/nvidia12"), Some(Node::Gpu(12)));
+        assert_eq!(n.classify(b"/dev/nvidiactl"), Some(Node::Shared));
+        assert_eq!(n.classify(b"/dev/nvidia-uvm"), Some(Node::Shared));
+        assert_eq!(n.classify(b"/dev/nvidia-caps/nvidia-cap1"), Some(Node::Shared));
+        assert_eq!(n.classify(b"/dev/null"), None);
+        assert_eq!(n.classify(b"/dev/nvidi"), None);
+    }
+}

@@ -1,0 +1,137 @@
+//! The NVML backend: the NVIDIA driver's own view, loaded from `libnvidia-ml.so.1` at run time.
+
+use super::{Backend, DeviceNodes, DriverProc, Gpu, GpuError};
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+
+pub struct NvmlBackend {
+    nvml: Nvml,
+    nodes: DeviceNodes,
+    foreign_ns: bool,
+}
+
+fn nvml_err(e: NvmlError) -> GpuError {
+    GpuError::Nvml(e.to_string())
+}
+
+impl NvmlBackend {
+    /// Loads the driver library; `Err` means "no driver here" and is not fatal for callers.
+    pub fn load() -> Result<NvmlBackend, GpuError> {
+        let nvml = Nvml::builder()
+            .lib_path(OsStr::new("libnvidia-ml.so.1"))
+            .init()
+            .map_err(nvml_err)?;
+        Ok(NvmlBackend {
+            nvml,
+            nodes: DeviceNodes::new("/dev"),
+            foreign_ns: super::in_child_pid_namespace(),
+        })
+    }
+
+    fn device_procs(device: &nvml_wrapper::Device) -> Vec<DriverProc> {
+        // Compute and graphics lists overlap for processes that do both; one entry per pid.
+        let mut by_pid: BTreeMap<i32, i64> = BTreeMap::new();
+        let lists = [
+            device.running_compute_processes(),
+            device.running_graphics_processes(),
+        ];
+        for info in lists.into_iter().flatten().flatten() {
+            let mem = match info.used_gpu_memory {
+                UsedGpuMemory::Used(b) => b as i64,
+                UsedGpuMemory::Unavailable => 0,
+            };
+            // Some drivers return garbage entries (pid 0, absurd pids); they are checked
+            // against /proc by the holders join, here we only drop the impossible ones.
+            let Ok(pid) = i32::try_from(info.pid) else {
+                continue;
+            };
+            if pid <= 0 {
+                continue;
+            }
+            let e = by_pid.entry(pid).or_insert(0);
+            *e = (*e).max(mem);
+        }
+        by_pid
+            .into_iter()
+            .map(|(pid, mem)| DriverProc { pid, mem })
+            .collect()
+    }
+}
+
+impl Backend for NvmlBackend {
+    fn kind(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        let count = self.nvml.device_count().map_err(nvml_err)?;
+        let mut out = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let d = self.nvml.device_by_index(i).map_err(nvml_err)?;
+            let mem = d.memory_info().map_err(nvml_err)?;
+            let mut g = Gpu::new(
+                i as i64,
+                d.minor_number().map(i64::from).unwrap_or(i as i64),
+                d.uuid().unwrap_or_default(),
+                d.name().unwrap_or_default(),
+                d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                mem.total as i64,
+                mem.used as i64,
+                Self::device_procs(&d),
+            );
+            g.util = d.utilization_rates().ok().map(|u| i64::from(u.gpu));
+            g.temp_c = d.temperature(TemperatureSensor::Gpu).ok().map(i64::from);
+            out.push(g);
+        }
+        Ok(out)
+    }
+
+    fn mem_used(&self, indices: &[i64]) -> Result<Vec<(i64, i64)>, GpuError> {
+        indices
+            .iter()
+            .map(|&i| {
+                let d = u32::try_from(i)
+                    .ok()
+                    .and_then(|i| self.nvml.device_by_index(i).ok())
+                    .ok_or(GpuError::NoSuchGpu {
+                        index: i,
+                        count: self.nvml.device_count().unwrap_or(0) as usize,
+                    })?;
+                let mem = d.memory_info().map_err(nvml_err)?;
+                Ok((i, mem.used as i64))
+            })
+            .collect()
+    }
+
+    fn nodes(&self) -> &DeviceNodes {
+        &self.nodes
+    }
+
+    fn foreign_pid_namespace(&self) -> bool {
+        self.foreign_ns
+    }
+
+    fn reset(&self, index: i64) -> Result<(), GpuError> {
+        // NVML's reset needs the GPU idle and root; nvidia-smi gives the clearest message.
+        let out = std::process::Command::new("nvidia-smi")
+            .args(["-r", "-i", &index.to_string()])
+            .output()
+            .map_err(|e| GpuError::Reset {
+                index,
+                why: format!("cannot run nvidia-smi: {e}"),
+            })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(GpuError::Reset {
+                index,
+                why: String::from_utf8_lossy(&out.stdout).trim().to_string()
+                    + String::from_utf8_lossy(&out.stderr).trim(),
+            })
+        }
+    }
+}

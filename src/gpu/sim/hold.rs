@@ -1,0 +1,354 @@
+//! `gpuloop sim hold`: real processes that hold simulated GPU memory the way CUDA programs do.
+//!
+//! The launcher re-executes gpuloop as the holder (so the holder starts single-threaded and
+//! may fork), reads what it reports on a pipe, and returns once everything holds.
+
+use super::SimBackend;
+use crate::gpu::GpuError;
+use nix::sys::mman::{mmap, MapFlags, ProtFlags};
+use nix::sys::signal::{signal, SigHandler, Signal};
+use nix::unistd::{fork, pipe, setsid, ForkResult};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::num::NonZeroUsize;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What `sim hold` is asked to build.
+#[derive(Debug, Clone, Default)]
+pub struct HoldOpts {
+    pub gpu: i64,
+    pub mib: i64,
+    /// Process name (comm), e.g. "nvidia-persistenced" to play a GPU daemon.
+    pub name: Option<String>,
+    /// Open the node without mapping it and allocate nothing (an NVML-only client).
+    pub observer: bool,
+    pub ignore_term: bool,
+    /// After allocating, fork a child that inherits the handles.
+    pub fork_child: bool,
+    /// Fork this many workers, each holding `mib` on the GPU; the first process holds nothing.
+    pub workers: u32,
+    /// The holders call setsid(), leaving the launcher's process group and session.
+    pub setsid: bool,
+    /// With `fork_child`: the creator exits once the child holds.
+    pub exit_creator: bool,
+}
+
+impl HoldOpts {
+    /// The arguments that make the re-executed gpuloop the holder.
+    fn holder_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "sim".into(),
+            "hold".into(),
+            "--as-holder".into(),
+            "--gpu".into(),
+            self.gpu.to_string(),
+            "--mib".into(),
+            self.mib.to_string(),
+        ];
+        if let Some(n) = &self.name {
+            a.extend(["--name".into(), n.clone()]);
+        }
+        for (on, flag) in [
+            (self.observer, "--observer"),
+            (self.ignore_term, "--ignore-term"),
+            (self.fork_child, "--fork-child"),
+            (self.setsid, "--setsid"),
+            (self.exit_creator, "--exit-creator"),
+        ] {
+            if on {
+                a.push(flag.into());
+            }
+        }
+        if self.workers > 0 {
+            a.extend(["--workers".into(), self.workers.to_string()]);
+        }
+        a
+    }
+}
+
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Starts the holder processes and returns their pids (the first process, then its children)
+/// once every one of them holds.
+pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
+    sim.minor(opts.gpu)?;
+    let err = |why: String| GpuError::SimState {
+        dir: sim.dir.clone(),
+        why,
+    };
+    let exe = std::env::current_exe().map_err(|e| err(format!("cannot find own binary: {e}")))?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(sim.dir.join("holders.log"))
+        .map_err(|e| err(e.to_string()))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(opts.holder_args())
+        .env("GPULOOP_SIM_DIR", &sim.dir)
+        .env("GPULOOP_SIM", &sim.spec.canonical)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        // Never the caller's stderr: holders outlive us and would keep its pipe open.
+        .stderr(Stdio::from(log));
+    // Like a job started from a shell: its own process group, led by the first process;
+    // except when that process itself must call setsid(), which a group leader cannot.
+    if !(opts.setsid && opts.workers == 0) {
+        cmd.process_group(0);
+    }
+    let mut child = cmd.spawn().map_err(|e| err(format!("cannot start holder: {e}")))?;
+    let stdout = child.stdout.take().ok_or_else(|| err("no pipe".into()))?;
+    let report = read_report(stdout, READY_TIMEOUT);
+    let report = match report {
+        Ok(r) => r,
+        Err(why) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(err(format!("holder did not get ready: {why} (see {}/holders.log)", sim.dir.display())));
+        }
+    };
+    if opts.exit_creator {
+        let _ = child.wait();
+    }
+    if sim.spec.release_ms > 0 {
+        for alloc in &report.allocs {
+            spawn_watcher(sim, alloc)?;
+        }
+    }
+    Ok(report.pids)
+}
+
+struct Report {
+    pids: Vec<i32>,
+    allocs: Vec<PathBuf>,
+}
+
+/// Reads "pid N" / "alloc PATH" lines until "ready", with a deadline.
+fn read_report(stdout: impl Read + Send + 'static, timeout: Duration) -> Result<Report, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut report = Report {
+            pids: Vec::new(),
+            allocs: Vec::new(),
+        };
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            match line.split_once(' ') {
+                Some(("pid", p)) => report.pids.extend(p.trim().parse::<i32>().ok()),
+                Some(("alloc", p)) => report.allocs.push(PathBuf::from(p)),
+                Some(("error", e)) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+                _ if line == "ready" => {
+                    let _ = tx.send(Ok(report));
+                    return;
+                }
+                _ => {}
+            }
+        }
+        let _ = tx.send(Err("it exited before holding".into()));
+    });
+    rx.recv_timeout(timeout)
+        .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
+}
+
+/// The release watcher lives outside the holders' tree and session, like the driver does.
+fn spawn_watcher(sim: &SimBackend, alloc: &Path) -> Result<(), GpuError> {
+    let exe = std::env::current_exe().map_err(|e| GpuError::SimState {
+        dir: sim.dir.clone(),
+        why: e.to_string(),
+    })?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["sim", "watch"])
+        .arg(alloc)
+        .env("GPULOOP_SIM_DIR", &sim.dir)
+        .env("GPULOOP_SIM", &sim.spec.canonical)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(|e| GpuError::SimState {
+        dir: sim.dir.clone(),
+        why: format!("cannot start release watcher: {e}"),
+    })?;
+    // Not waited for: it is reparented to init when we exit and ends after the release.
+    while !alloc.with_extension("watcher").exists() && alloc.exists() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// The holder side; runs in the re-executed, single-threaded gpuloop and never returns.
+pub fn run_holder(sim: &SimBackend, opts: &HoldOpts) -> ! {
+    let result = holder_main(sim, opts);
+    if let Err(e) = result {
+        println!("error {e}");
+        std::process::exit(1);
+    }
+    loop {
+        nix::unistd::pause();
+    }
+}
+
+/// What one holding process keeps alive: node fds, mappings, the allocation handle.
+struct Held {
+    _files: Vec<File>,
+    _alloc: Option<nix::fcntl::Flock<File>>,
+}
+
+fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
+    if let Some(name) = &opts.name {
+        set_comm(name);
+    }
+    if opts.ignore_term {
+        // SAFETY: setting a signal disposition to SIG_IGN installs no handler code.
+        unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }.map_err(|e| e.to_string())?;
+    }
+    if opts.workers > 0 {
+        // The job's launcher: holds nothing itself, its workers hold the GPU.
+        report(&format!("pid {}", std::process::id()));
+        for _ in 0..opts.workers {
+            fork_synced(|| {
+                if opts.setsid {
+                    setsid().map_err(|e| e.to_string())?;
+                }
+                let held = hold_gpu(sim, opts)?;
+                report(&format!("pid {}", std::process::id()));
+                std::mem::forget(held);
+                Ok(())
+            })?;
+        }
+        finish_ready();
+        return Ok(());
+    }
+    if opts.setsid {
+        setsid().map_err(|e| format!("setsid: {e}"))?;
+    }
+    let held = hold_gpu(sim, opts)?;
+    report(&format!("pid {}", std::process::id()));
+    if opts.fork_child {
+        // The child inherits the node fds, the mappings and the allocation's handle.
+        fork_synced(|| {
+            report(&format!("pid {}", std::process::id()));
+            Ok(())
+        })?;
+        if opts.exit_creator {
+            finish_ready();
+            std::process::exit(0);
+        }
+    }
+    finish_ready();
+    std::mem::forget(held);
+    Ok(())
+}
+
+fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
+    let node = sim.node_path(opts.gpu).map_err(|e| e.to_string())?;
+    let ctl = sim.dir.join("dev/nvidiactl");
+    let mut files = Vec::new();
+    for path in [&ctl, &node] {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
+        if !opts.observer {
+            map_node(&f).map_err(|e| format!("mmap {}: {e}", path.display()))?;
+        }
+        files.push(f);
+    }
+    let alloc = if opts.mib > 0 && !opts.observer {
+        let (path, lock) = sim.allocate(opts.gpu, opts.mib).map_err(|e| e.to_string())?;
+        report(&format!("alloc {}", path.display()));
+        Some(lock)
+    } else {
+        None
+    };
+    Ok(Held {
+        _files: files,
+        _alloc: alloc,
+    })
+}
+
+/// Maps one page of the node, as a CUDA context maps /dev/nvidiaN; the mapping lives on.
+fn map_node(f: &File) -> nix::Result<()> {
+    let len = NonZeroUsize::new(4096).expect("non-zero");
+    // SAFETY: a fresh shared mapping of a file we own; it is never unmapped or dereferenced.
+    unsafe {
+        mmap(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+            f,
+            0,
+        )
+    }?;
+    Ok(())
+}
+
+fn report(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Says "ready" and lets go of the launcher's pipe.
+fn finish_ready() {
+    report("ready");
+    detach_stdout();
+}
+
+fn detach_stdout() {
+    if let Ok(null) = File::open("/dev/null") {
+        let _ = nix::unistd::dup2_stdout(&null);
+    }
+}
+
+/// Forks; the child runs `setup`, then the parent continues once the child has reported.
+fn fork_synced(setup: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    let (rd, wr): (OwnedFd, OwnedFd) = pipe().map_err(|e| e.to_string())?;
+    // SAFETY: the holder is single-threaded (a fresh exec that started no threads).
+    match unsafe { fork() }.map_err(|e| e.to_string())? {
+        ForkResult::Child => {
+            drop(rd);
+            if let Err(e) = setup() {
+                report(&format!("error {e}"));
+                std::process::exit(1);
+            }
+            let _ = nix::unistd::write(&wr, b"1");
+            drop(wr);
+            detach_stdout();
+            loop {
+                nix::unistd::pause();
+            }
+        }
+        ForkResult::Parent { .. } => {
+            drop(wr);
+            let mut byte = [0u8; 1];
+            let mut rd = File::from(rd);
+            let start = Instant::now();
+            match rd.read(&mut byte) {
+                Ok(1) => Ok(()),
+                _ => Err(format!("forked child failed after {:?}", start.elapsed())),
+            }
+        }
+    }
+}
+
+fn set_comm(name: &str) {
+    if let Ok(c) = std::ffi::CString::new(name) {
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string (truncated to 15 bytes).
+        unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr(), 0, 0, 0) };
+    }
+}

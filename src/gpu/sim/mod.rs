@@ -1,0 +1,484 @@
+//! The simulated GPU backend: device nodes are files in a state directory, memory is held by
+//! real processes through locked allocation files, with the driver's semantics.
+//!
+//! Layout of `$GPULOOP_SIM_DIR`:
+//! - `spec`: the spec the directory was set up with (`8x80G,release_ms=150`);
+//! - `host_ns`: the PID namespace the simulated driver reports pids in;
+//! - `dev/nvidiaN`, `dev/nvidiactl`, `dev/nvidia-uvm`: the device nodes (N is the minor);
+//! - `alloc/*.json`: one file per allocation (GPU, MiB, creator pid). An allocation's memory is
+//!   used while any live process holds an open handle to it, exactly like a CUDA allocation:
+//!   the creator holds a shared `flock` on the file, inherited by forked children, and the lock
+//!   only goes away when the last process holding that open file description is gone.
+//!   With `release_ms`, a watcher takes the lock after the last holder and keeps the memory
+//!   "used" for that long, as the driver's asynchronous teardown does.
+
+pub mod hold;
+
+use super::{Backend, DeviceNodes, DriverProc, Gpu, GpuError, MIB};
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+/// A parsed `--sim` spec: `NxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimSpec {
+    pub count: usize,
+    pub mem_bytes: i64,
+    pub release_ms: u64,
+    /// Minor number of each GPU, by index.
+    pub minors: Vec<u32>,
+    pub name: String,
+    /// The spec as given, normalised, to compare with a state directory's.
+    pub canonical: String,
+}
+
+impl SimSpec {
+    pub fn parse(spec: &str) -> Result<SimSpec, GpuError> {
+        let bad = |why: String| GpuError::BadSimSpec {
+            spec: spec.to_string(),
+            why,
+        };
+        let mut parts = spec.trim().split(',');
+        let head = parts.next().unwrap_or_default();
+        let (n, size) = head
+            .split_once(['x', 'X'])
+            .ok_or_else(|| bad("expected COUNTxSIZE, e.g. 8x80G".into()))?;
+        let count: usize = n
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("GPU count {n:?} is not a number")))?;
+        if count == 0 || count > 64 {
+            return Err(bad(format!("GPU count must be 1..=64, got {count}")));
+        }
+        let mem_bytes = parse_size(size.trim()).ok_or_else(|| {
+            bad(format!(
+                "memory size {size:?} is not a size like 80G, 141G or 512M"
+            ))
+        })?;
+        let mut s = SimSpec {
+            count,
+            mem_bytes,
+            release_ms: 0,
+            minors: (0..count as u32).collect(),
+            name: format!("Simulated GPU {}GB", mem_bytes / (1024 * MIB)),
+            canonical: String::new(),
+        };
+        for opt in parts {
+            let (k, v) = opt
+                .split_once('=')
+                .ok_or_else(|| bad(format!("option {opt:?} is not key=value")))?;
+            match k.trim() {
+                "release_ms" => {
+                    s.release_ms = v
+                        .trim()
+                        .parse()
+                        .map_err(|_| bad(format!("release_ms={v:?} is not a number")))?
+                }
+                "minors" => {
+                    let minors: Result<Vec<u32>, _> =
+                        v.split(':').map(|m| m.trim().parse::<u32>()).collect();
+                    let minors = minors.map_err(|_| bad(format!("minors={v:?}: not numbers")))?;
+                    let mut uniq = minors.clone();
+                    uniq.sort_unstable();
+                    uniq.dedup();
+                    if minors.len() != count || uniq.len() != count {
+                        return Err(bad(format!(
+                            "minors={v:?} must list {count} distinct numbers"
+                        )));
+                    }
+                    s.minors = minors;
+                }
+                "name" => s.name = v.trim().to_string(),
+                other => {
+                    return Err(bad(format!(
+                        "unknown option {other:?} (known: release_ms, minors, name)"
+                    )))
+                }
+            }
+        }
+        s.canonical = spec.trim().to_string();
+        Ok(s)
+    }
+}
+
+fn parse_size(s: &str) -> Option<i64> {
+    let s = s.trim_end_matches(['B', 'b', 'i']);
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: i64 = num.parse().ok()?;
+    let mul = match unit {
+        "G" | "g" => 1024 * MIB,
+        "M" | "m" => MIB,
+        "T" | "t" => 1024 * 1024 * MIB,
+        _ => return None,
+    };
+    (n > 0).then_some(n * mul)
+}
+
+/// Where the simulator keeps its state when `GPULOOP_SIM_DIR` is not set.
+pub fn default_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("gpuloop-sim"),
+        _ => std::env::temp_dir().join(format!("gpuloop-sim-{}", nix::unistd::getuid())),
+    }
+}
+
+/// One allocation record, as stored in `alloc/*.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Allocation {
+    pub gpu: i64,
+    pub mib: i64,
+    /// The pid that made it, as the driver would report it.
+    pub creator: i32,
+    /// The PID namespace (inode) the creator lived in.
+    pub ns: u64,
+    /// Memory with no holder at all (a stuck driver): only a reset frees it.
+    #[serde(default)]
+    pub leaked: bool,
+}
+
+/// The simulator's state directory, set up for one spec.
+pub struct SimBackend {
+    pub dir: PathBuf,
+    pub spec: SimSpec,
+    nodes: DeviceNodes,
+    host_ns: u64,
+    own_ns: u64,
+}
+
+fn state_err(dir: &Path, why: impl std::fmt::Display) -> GpuError {
+    GpuError::SimState {
+        dir: dir.to_path_buf(),
+        why: why.to_string(),
+    }
+}
+
+impl SimBackend {
+    /// Opens the state directory; sets it up for `spec`, or uses the spec stored there.
+    pub fn open(dir: &Path, spec: Option<&str>) -> Result<SimBackend, GpuError> {
+        let stored = fs::read_to_string(dir.join("spec")).ok();
+        let spec = match (spec, stored.as_deref()) {
+            (Some(s), _) => SimSpec::parse(s)?,
+            (None, Some(s)) => SimSpec::parse(s)?,
+            (None, None) => {
+                return Err(state_err(
+                    dir,
+                    "no simulator set up here; pass --sim SPEC (e.g. --sim 8x80G)",
+                ))
+            }
+        };
+        let own_ns = super::own_pid_namespace().unwrap_or(0);
+        let mut backend = SimBackend {
+            dir: dir.to_path_buf(),
+            nodes: DeviceNodes::new(dir.join("dev")),
+            host_ns: own_ns,
+            own_ns,
+            spec,
+        };
+        if stored.as_deref().map(str::trim) != Some(backend.spec.canonical.as_str()) {
+            backend.set_up(stored.is_some())?;
+        }
+        backend.host_ns = fs::read_to_string(dir.join("host_ns"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(own_ns);
+        Ok(backend)
+    }
+
+    /// Creates (or re-creates for another spec) the node files and the spec record.
+    fn set_up(&self, replacing: bool) -> Result<(), GpuError> {
+        let dir = &self.dir;
+        if replacing && !self.live_allocations()?.is_empty() {
+            let old = fs::read_to_string(dir.join("spec")).unwrap_or_default();
+            return Err(state_err(
+                dir,
+                format!(
+                    "it runs spec {:?} with live allocations; stop its holders or use another GPULOOP_SIM_DIR",
+                    old.trim()
+                ),
+            ));
+        }
+        let dev = dir.join("dev");
+        if replacing {
+            let _ = fs::remove_dir_all(&dev);
+        }
+        for sub in [dev.as_path(), &dir.join("alloc")] {
+            fs::create_dir_all(sub).map_err(|e| state_err(dir, e))?;
+        }
+        let node_names = self
+            .spec
+            .minors
+            .iter()
+            .map(|m| format!("nvidia{m}"))
+            .chain(["nvidiactl".to_string(), "nvidia-uvm".to_string()]);
+        for name in node_names {
+            // One page, so holders can map it like a CUDA context maps the real node.
+            let f = File::create(dev.join(name)).map_err(|e| state_err(dir, e))?;
+            f.set_len(4096).map_err(|e| state_err(dir, e))?;
+        }
+        if !dir.join("host_ns").exists() {
+            fs::write(dir.join("host_ns"), self.own_ns.to_string())
+                .map_err(|e| state_err(dir, e))?;
+        }
+        let tmp = dir.join(".spec.tmp");
+        fs::write(&tmp, &self.spec.canonical).map_err(|e| state_err(dir, e))?;
+        fs::rename(&tmp, dir.join("spec")).map_err(|e| state_err(dir, e))?;
+        Ok(())
+    }
+
+    pub fn node_path(&self, index: i64) -> Result<PathBuf, GpuError> {
+        let minor = self.minor(index)?;
+        Ok(self.dir.join("dev").join(format!("nvidia{minor}")))
+    }
+
+    pub fn minor(&self, index: i64) -> Result<u32, GpuError> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.spec.minors.get(i).copied())
+            .ok_or(GpuError::NoSuchGpu {
+                index,
+                count: self.spec.count,
+            })
+    }
+
+    pub fn alloc_dir(&self) -> PathBuf {
+        self.dir.join("alloc")
+    }
+
+    /// Every allocation whose memory is in use now, with its file name.
+    pub fn live_allocations(&self) -> Result<Vec<(PathBuf, Allocation)>, GpuError> {
+        let rd = match fs::read_dir(self.alloc_dir()) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(state_err(&self.dir, e)),
+        };
+        let mut out = Vec::new();
+        for entry in rd.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            // In-progress allocations are dot-files until their creator holds them.
+            if name.starts_with('.') || !name.ends_with(".json") {
+                continue;
+            }
+            if let Some(alloc) = self.check_allocation(&path) {
+                out.push((path, alloc));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// `Some` while the allocation's memory is in use; frees (removes) released ones.
+    fn check_allocation(&self, path: &Path) -> Option<Allocation> {
+        let file = File::open(path).ok()?;
+        let alloc: Allocation = serde_json::from_reader(&file).ok()?;
+        if alloc.leaked {
+            return Some(alloc);
+        }
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            // A holder's shared lock, or the release watcher's exclusive one.
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Some(alloc),
+            Err(_) => None,
+            Ok(_lock) => {
+                if self.spec.release_ms > 0 && watcher_alive(path) {
+                    // The last holder just went; the watcher is about to take over the release.
+                    return Some(alloc);
+                }
+                let _ = fs::remove_file(path);
+                let _ = fs::remove_file(path.with_extension("watcher"));
+                None
+            }
+        }
+    }
+
+    /// Memory in use per GPU index, and the driver's process list per GPU index.
+    fn usage(&self) -> Result<(Vec<i64>, Vec<Vec<DriverProc>>), GpuError> {
+        let mut used = vec![0i64; self.spec.count];
+        let mut procs: Vec<BTreeMap<i32, i64>> = vec![BTreeMap::new(); self.spec.count];
+        for (_, a) in self.live_allocations()? {
+            let Some(i) = usize::try_from(a.gpu).ok().filter(|&i| i < self.spec.count) else {
+                continue;
+            };
+            used[i] += a.mib * MIB;
+            // The driver can only name pids of its own namespace in ours.
+            if !a.leaked && a.ns == self.own_ns {
+                *procs[i].entry(a.creator).or_default() += a.mib * MIB;
+            }
+        }
+        let procs = procs
+            .into_iter()
+            .map(|m| {
+                m.into_iter()
+                    .map(|(pid, mem)| DriverProc { pid, mem })
+                    .collect()
+            })
+            .collect();
+        Ok((used, procs))
+    }
+
+    /// Records an allocation with no holder (`gpuloop sim leak`).
+    pub fn leak(&self, gpu: i64, mib: i64) -> Result<PathBuf, GpuError> {
+        self.minor(gpu)?;
+        let alloc = Allocation {
+            gpu,
+            mib,
+            creator: 0,
+            ns: self.host_ns,
+            leaked: true,
+        };
+        let path = self.alloc_dir().join(format!(
+            "leak-g{gpu}-{}.json",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        fs::write(&path, serde_json::to_vec(&alloc).unwrap_or_default())
+            .map_err(|e| state_err(&self.dir, e))?;
+        Ok(path)
+    }
+
+    /// Creates an allocation held by this process; the returned lock is the handle.
+    pub fn allocate(&self, gpu: i64, mib: i64) -> Result<(PathBuf, Flock<File>), GpuError> {
+        self.minor(gpu)?;
+        let pid = std::process::id() as i32;
+        let alloc = Allocation {
+            gpu,
+            mib,
+            creator: pid,
+            ns: self.own_ns,
+            leaked: false,
+        };
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let name = format!("g{gpu}-{pid}-{stamp}.json");
+        let tmp = self.alloc_dir().join(format!(".{name}"));
+        let file = OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(&tmp)
+            .map_err(|e| state_err(&self.dir, e))?;
+        serde_json::to_writer(&file, &alloc).map_err(|e| state_err(&self.dir, e))?;
+        let lock = Flock::lock(file, FlockArg::LockSharedNonblock)
+            .map_err(|(_, e)| state_err(&self.dir, e))?;
+        // Visible only once held, so no reader ever sees it unheld and frees it.
+        let path = self.alloc_dir().join(name);
+        fs::rename(&tmp, &path).map_err(|e| state_err(&self.dir, e))?;
+        Ok((path, lock))
+    }
+}
+
+fn watcher_alive(alloc: &Path) -> bool {
+    fs::read_to_string(alloc.with_extension("watcher"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// The release watcher (`gpuloop sim watch FILE`): waits for the last holder of an allocation
+/// to go, then keeps the memory used for `release_ms` before freeing it.
+pub fn watch(alloc: &Path, release_ms: u64) -> Result<(), GpuError> {
+    let dir = alloc.parent().unwrap_or(Path::new("."));
+    fs::write(
+        alloc.with_extension("watcher"),
+        std::process::id().to_string(),
+    )
+    .map_err(|e| state_err(dir, e))?;
+    let file = File::open(alloc).map_err(|e| state_err(dir, e))?;
+    // Blocks until every process holding the allocation's handle is gone.
+    let lock =
+        Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| state_err(dir, e))?;
+    std::thread::sleep(std::time::Duration::from_millis(release_ms));
+    let _ = fs::remove_file(alloc);
+    let _ = fs::remove_file(alloc.with_extension("watcher"));
+    drop(lock);
+    Ok(())
+}
+
+impl Backend for SimBackend {
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        let (used, procs) = self.usage()?;
+        Ok(procs
+            .into_iter()
+            .enumerate()
+            .map(|(i, driver_procs)| {
+                let mut g = Gpu::new(
+                    i as i64,
+                    i64::from(self.spec.minors[i]),
+                    format!("GPU-5151aaaa-0000-4000-8000-{i:012}"),
+                    self.spec.name.clone(),
+                    format!("00000000:{:02X}:00.0", 0x18 + i),
+                    self.spec.mem_bytes,
+                    used[i].min(self.spec.mem_bytes),
+                    driver_procs,
+                );
+                g.util = Some(if used[i] > 0 { 100 } else { 0 });
+                g.temp_c = Some(if used[i] > 0 { 61 } else { 34 });
+                g
+            })
+            .collect())
+    }
+
+    fn nodes(&self) -> &DeviceNodes {
+        &self.nodes
+    }
+
+    fn foreign_pid_namespace(&self) -> bool {
+        self.own_ns != self.host_ns
+    }
+
+    fn reset(&self, index: i64) -> Result<(), GpuError> {
+        self.minor(index)?;
+        let live = self.live_allocations()?;
+        let on_gpu: Vec<_> = live.iter().filter(|(_, a)| a.gpu == index).collect();
+        if let Some((_, a)) = on_gpu.iter().find(|(_, a)| !a.leaked) {
+            return Err(GpuError::Reset {
+                index,
+                why: format!(
+                    "GPU {index} is in use (pid {} holds {} MiB); stop its processes first",
+                    a.creator, a.mib
+                ),
+            });
+        }
+        for (path, _) in on_gpu {
+            fs::remove_file(path).map_err(|e| state_err(&self.dir, e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_specs() {
+        let s = SimSpec::parse("8x80G").unwrap();
+        assert_eq!((s.count, s.mem_bytes, s.release_ms), (8, 80 * 1024 * MIB, 0));
+        assert_eq!(s.minors, (0..8).collect::<Vec<_>>());
+        let s = SimSpec::parse("2x8G,release_ms=300,minors=1:0").unwrap();
+        assert_eq!((s.count, s.release_ms, s.minors.clone()), (2, 300, vec![1, 0]));
+        assert_eq!(SimSpec::parse("4x512M").unwrap().mem_bytes, 512 * MIB);
+        assert_eq!(SimSpec::parse("1x141GiB").unwrap().mem_bytes, 141 * 1024 * MIB);
+    }
+
+    #[test]
+    fn rejects_bad_specs() {
+        for bad in [
+            "", "8", "x80G", "0x80G", "8x", "8x80Q", "8x-1G", "2x8G,foo=1", "2x8G,release_ms=x",
+            "2x8G,minors=0:0", "2x8G,minors=0", "100x1G",
+        ] {
+            let err = SimSpec::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("bad --sim spec"), "{bad}: {err}");
+        }
+    }
+}

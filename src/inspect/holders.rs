@@ -1,0 +1,206 @@
+//! holders(): the driver's process lists joined with one scan of /proc (fds, then mappings).
+
+use super::Selection;
+use crate::gpu::{Backend, Gpu, GpuError};
+use crate::process::scan::{self, NodeSet, NodeUser};
+use crate::process::{self as proc, kill::is_protected, ProcInfo};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One process holding (or watching) GPUs, as scripts see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Holder {
+    pub pid: i64,
+    pub ppid: i64,
+    pub pgid: i64,
+    pub sid: i64,
+    pub start: i64,
+    pub uid: i64,
+    pub user: String,
+    pub name: String,
+    pub cmdline: String,
+    pub state: String,
+    /// "compute", "observer" or "daemon".
+    pub role: String,
+    pub gpus: Vec<i64>,
+    /// Bytes the driver attributes to it on the selected GPUs.
+    pub mem: i64,
+    /// "driver", "fd", "map".
+    pub evidence: Vec<String>,
+    pub protected: bool,
+    pub host: String,
+}
+
+impl Holder {
+    pub fn is_compute(&self) -> bool {
+        self.role == "compute"
+    }
+}
+
+/// Everything one look at the machine found; diagnose() and wait_clean() reuse it.
+pub struct Inventory {
+    pub gpus: Vec<Gpu>,
+    /// Every holder, all roles.
+    pub holders: Vec<Holder>,
+    /// Per GPU index: pids the driver lists that are dead or not visible here.
+    pub ghosts: BTreeMap<i64, Vec<i64>>,
+    /// Processes whose fds could not be read.
+    pub unreadable: usize,
+}
+
+impl Inventory {
+    /// Looks at the driver and /proc once.
+    pub fn take(backend: &dyn Backend, protected: &[String]) -> Result<Inventory, GpuError> {
+        let gpus = backend.gpus()?;
+        let scan = scan::scan(backend.nodes());
+        Ok(join(gpus, scan, protected))
+    }
+
+    /// The holders on the selection (every role with `all`, else only compute holders).
+    pub fn holders(&self, sel: &Selection, all: bool) -> Vec<Holder> {
+        self.holders
+            .iter()
+            .filter(|h| all || h.is_compute())
+            .filter(|h| match sel {
+                None => true,
+                Some(s) => h.gpus.iter().any(|g| s.contains(g)),
+            })
+            .map(|h| self.with_mem_on(h, sel))
+            .collect()
+    }
+
+    /// A copy of `h` whose `mem` counts only the selected GPUs.
+    fn with_mem_on(&self, h: &Holder, sel: &Selection) -> Holder {
+        let mut h = h.clone();
+        if sel.is_some() {
+            h.mem = self
+                .gpus
+                .iter()
+                .filter(|g| super::selected(sel, g.index))
+                .flat_map(|g| &g.driver_procs)
+                .filter(|d| i64::from(d.pid) == h.pid)
+                .map(|d| d.mem)
+                .sum();
+        }
+        h
+    }
+}
+
+/// Joins the driver lists with the scan. Pure apart from reading stat/cmdline of the users.
+fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
+    let index_of_minor = |minor: u32| -> i64 {
+        gpus.iter()
+            .find(|g| g.minor == i64::from(minor))
+            .map_or(i64::from(minor), |g| g.index)
+    };
+    // pid -> (GPU indices, bytes) as the driver reports them
+    let mut driver: BTreeMap<i32, (BTreeSet<i64>, i64)> = BTreeMap::new();
+    for g in &gpus {
+        for d in &g.driver_procs {
+            let e = driver.entry(d.pid).or_default();
+            e.0.insert(g.index);
+            e.1 += d.mem;
+        }
+    }
+    let mut users: BTreeMap<i32, NodeUser> = scan.users.into_iter().map(|u| (u.pid, u)).collect();
+    let unreadable: BTreeSet<i32> = scan.unreadable.iter().copied().collect();
+    let me = std::process::id() as i32;
+    let mut ghosts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    let mut holders = Vec::new();
+    let pids: BTreeSet<i32> = driver.keys().chain(users.keys()).copied().collect();
+    for pid in pids {
+        // A driver-listed pid is trusted only if that process here uses a GPU node (or hides
+        // its fds from us): drivers return garbage entries, and pids of another namespace
+        // can name unrelated processes here.
+        let plausible = users.contains_key(&pid) || unreadable.contains(&pid);
+        let stat = proc::read_stat(pid)
+            .ok()
+            .filter(|p| !p.is_zombie() && plausible);
+        let Some(stat) = stat else {
+            // Listed by the driver but not alive here: a dead creator or another namespace.
+            if let Some((idx, _)) = driver.get(&pid) {
+                for &i in idx {
+                    ghosts.entry(i).or_default().push(pid.into());
+                }
+            }
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let user = users.remove(&pid).unwrap_or(NodeUser {
+            pid,
+            open: NodeSet::default(),
+            mapped: NodeSet::default(),
+        });
+        holders.push(make_holder(
+            &stat,
+            &user,
+            driver.get(&pid),
+            &index_of_minor,
+            protected,
+        ));
+    }
+    Inventory {
+        gpus,
+        holders,
+        ghosts,
+        unreadable: unreadable.len(),
+    }
+}
+
+fn make_holder(
+    stat: &ProcInfo,
+    user: &NodeUser,
+    driver: Option<&(BTreeSet<i64>, i64)>,
+    index_of_minor: &dyn Fn(u32) -> i64,
+    protected: &[String],
+) -> Holder {
+    let cmdline = proc::cmdline(stat.pid);
+    let is_daemon = is_protected(&stat.comm, &cmdline, protected);
+    let mapped: BTreeSet<i64> = user.mapped.minors.iter().map(|&m| index_of_minor(m)).collect();
+    let open: BTreeSet<i64> = user.open.minors.iter().map(|&m| index_of_minor(m)).collect();
+    let listed = driver.is_some();
+    let maps_any = !user.mapped.is_empty();
+    let role = if is_daemon {
+        "daemon"
+    } else if listed || maps_any {
+        "compute"
+    } else {
+        "observer"
+    };
+    let mut gpus: BTreeSet<i64> = driver.map(|d| d.0.clone()).unwrap_or_default();
+    gpus.extend(&mapped);
+    if gpus.is_empty() {
+        gpus = open;
+    }
+    let mut evidence = Vec::new();
+    if listed {
+        evidence.push("driver".to_string());
+    }
+    if !user.open.is_empty() {
+        evidence.push("fd".to_string());
+    }
+    if maps_any {
+        evidence.push("map".to_string());
+    }
+    let uid = proc::uid(stat.pid).unwrap_or(u32::MAX);
+    Holder {
+        pid: stat.pid.into(),
+        ppid: stat.ppid.into(),
+        pgid: stat.pgid.into(),
+        sid: stat.sid.into(),
+        start: stat.start as i64,
+        uid: uid.into(),
+        user: proc::user_name(uid),
+        name: stat.comm.clone(),
+        cmdline,
+        state: proc::state_name(stat.state).to_string(),
+        role: role.to_string(),
+        gpus: gpus.into_iter().collect(),
+        mem: driver.map_or(0, |d| d.1),
+        evidence,
+        protected: is_daemon,
+        host: "local".into(),
+    }
+}

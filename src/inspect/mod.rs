@@ -1,0 +1,27 @@
+//! Who holds the GPUs and why memory is still used: the join of the driver's view with /proc.
+
+pub mod diagnose;
+pub mod holders;
+pub mod wait;
+
+use crate::gpu::GpuError;
+
+/// A GPU selection: `None` is every GPU.
+pub type Selection = Option<Vec<i64>>;
+
+/// Checks a selection against the GPUs there are; an unknown index is an error, not a gap.
+pub fn check_selection(sel: &Selection, gpus: &[crate::gpu::Gpu]) -> Result<(), GpuError> {
+    for &i in sel.iter().flatten() {
+        if !gpus.iter().any(|g| g.index == i) {
+            return Err(GpuError::NoSuchGpu {
+                index: i,
+                count: gpus.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+pub fn selected(sel: &Selection, index: i64) -> bool {
+    sel.as_ref().is_none_or(|s| s.contains(&index))
+}

@@ -1,0 +1,18 @@
+//! gpuloop: scriptable act-verify-retry loops for GPUs left dirty by crashed jobs.
+//!
+//! Rooms: `gpu` (backends: NVML, simulator, none), `process` (fd scan, identity, signals,
+//! trees), `inspect` (holders, diagnose, wait_clean), `actions` (what scripts and one-shot
+//! commands share), `script` (the Rhai engine and its bindings), `render` (tables for people),
+//! `cli` (arguments, commands, exit codes).
+
+pub mod actions;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod gpu;
+pub mod inspect;
+pub mod interrupt;
+pub mod process;
+pub mod render;
+pub mod script;
+pub mod session;

@@ -1,0 +1,411 @@
+//! Identity-safe signalling: pidfds, one shared grace, escalation to SIGKILL, exits awaited.
+
+use super::tree::Tree;
+use super::{Identity, ProcInfo};
+use nix::sys::signal::Signal;
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags};
+use serde::Serialize;
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// What to stop: a bare pid (resolved now) or an identity seen earlier (checked before signalling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Pid(i32),
+    Exact(Identity),
+}
+
+impl Target {
+    pub fn pid(&self) -> i32 {
+        match self {
+            Target::Pid(p) => *p,
+            Target::Exact(id) => id.pid,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct KillOpts {
+    pub signal: Signal,
+    /// Survivors get SIGKILL after this; zero means no escalation.
+    pub grace: Duration,
+    /// Also the targets' descendants (and their job's process group).
+    pub tree: bool,
+    pub dry_run: bool,
+    /// Allow protected processes (GPU daemons).
+    pub force: bool,
+}
+
+impl Default for KillOpts {
+    fn default() -> Self {
+        KillOpts {
+            signal: Signal::SIGTERM,
+            grace: Duration::from_secs(5),
+            tree: true,
+            dry_run: false,
+            force: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Skipped {
+    pub pid: i64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct KillError {
+    pub pid: i64,
+    pub error: String,
+}
+
+/// The report `kill()` returns to scripts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KillReport {
+    pub signalled: Vec<i64>,
+    pub exited: Vec<i64>,
+    pub survivors: Vec<i64>,
+    pub skipped: Vec<Skipped>,
+    pub errors: Vec<KillError>,
+    pub elapsed_ms: i64,
+    pub dry_run: bool,
+}
+
+/// How long SIGKILLed processes get to disappear before they are reported as survivors
+/// (a process stuck in the driver, in uninterruptible sleep, can outlive SIGKILL).
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Parses "TERM", "SIGTERM", "term" or a number.
+pub fn parse_signal(s: &str) -> Option<Signal> {
+    let s = s.trim();
+    if let Ok(n) = s.parse::<i32>() {
+        return Signal::try_from(n).ok();
+    }
+    let up = s.to_ascii_uppercase();
+    let name = if up.starts_with("SIG") { up } else { format!("SIG{up}") };
+    Signal::from_str(&name).ok()
+}
+
+/// Short signal name without "SIG": "TERM", "KILL".
+pub fn signal_name(sig: Signal) -> &'static str {
+    sig.as_str().trim_start_matches("SIG")
+}
+
+/// The policy of what may never be signalled, fixed for one call.
+pub struct Guard<'a> {
+    never: HashSet<i32>,
+    me: i32,
+    protected: &'a [String],
+}
+
+impl<'a> Guard<'a> {
+    pub fn new(protected: &'a [String]) -> Guard<'a> {
+        Guard {
+            never: super::self_and_ancestors().into_iter().collect(),
+            me: std::process::id() as i32,
+            protected,
+        }
+    }
+
+    /// Why `p` must not be signalled, if it must not.
+    fn refuse(&self, p: &ProcInfo, force: bool) -> Option<String> {
+        if p.pid <= 1 {
+            return Some(format!("pid {} is never signalled", p.pid));
+        }
+        if p.pid == self.me {
+            return Some("that is gpuloop itself".into());
+        }
+        if self.never.contains(&p.pid) {
+            return Some(format!("pid {} ({}) is an ancestor of gpuloop", p.pid, p.comm));
+        }
+        if p.is_zombie() {
+            return Some(format!(
+                "zombie: it holds nothing, but its parent (pid {}) must reap it",
+                p.ppid
+            ));
+        }
+        if !force && is_protected(&p.comm, &super::cmdline(p.pid), self.protected) {
+            return Some(format!(
+                "protected: {} is a GPU daemon (pass force to stop it anyway)",
+                p.comm
+            ));
+        }
+        None
+    }
+}
+
+/// True if a process is one of the protected daemons, by comm (15 bytes at most) or argv[0].
+pub fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {
+    let argv0 = cmdline.split(' ').next().unwrap_or("");
+    let base = argv0.rsplit('/').next().unwrap_or(argv0);
+    protected.iter().any(|name| {
+        comm == name
+            || base == name
+            || (comm.len() == 15 && name.len() > 15 && name.starts_with(comm))
+    })
+}
+
+struct Victim {
+    pid: i32,
+    fd: OwnedFd,
+    exited: bool,
+}
+
+/// Signals every target at once, waits for exits on pidfds, escalates after one shared grace.
+pub fn kill(
+    targets: &[Target],
+    opts: &KillOpts,
+    protected: &[String],
+    interrupted: &AtomicBool,
+) -> KillReport {
+    let started = Instant::now();
+    let guard = Guard::new(protected);
+    let tree = Tree::snapshot();
+    let mut report = KillReport {
+        dry_run: opts.dry_run,
+        ..KillReport::default()
+    };
+    let skip = |report: &mut KillReport, pid: i32, reason: String| {
+        if !report.skipped.iter().any(|s| s.pid == i64::from(pid)) {
+            report.skipped.push(Skipped {
+                pid: pid.into(),
+                reason,
+            })
+        }
+    };
+
+    // 1. Resolve targets against one snapshot, then gather their trees from it.
+    let mut chosen: Vec<Identity> = Vec::new();
+    let mut seen: HashSet<i32> = HashSet::new();
+    let mut consider = |report: &mut KillReport, p: &ProcInfo, chosen: &mut Vec<Identity>| {
+        if !seen.insert(p.pid) {
+            return;
+        }
+        match guard.refuse(p, opts.force) {
+            Some(reason) => skip(report, p.pid, reason),
+            None => chosen.push(p.identity()),
+        }
+    };
+    for t in targets {
+        let pid = t.pid();
+        if pid <= 1 {
+            skip(&mut report, pid, format!("pid {pid} is never signalled"));
+            continue;
+        }
+        let Some(p) = tree.get(pid) else {
+            skip(&mut report, pid, "already gone".into());
+            continue;
+        };
+        if let Target::Exact(id) = t {
+            if id.start != p.start {
+                skip(
+                    &mut report,
+                    pid,
+                    format!(
+                        "pid {pid} is now another process ({}, started at tick {} not {}): not signalled",
+                        p.comm, p.start, id.start
+                    ),
+                );
+                continue;
+            }
+        }
+        consider(&mut report, p, &mut chosen);
+        if opts.tree {
+            for q in tree.descendants(pid).into_iter().chain(tree.job_group(pid)) {
+                if let Some(q) = tree.get(q) {
+                    consider(&mut report, q, &mut chosen);
+                }
+            }
+        }
+    }
+
+    if opts.dry_run {
+        report.signalled = chosen.iter().map(|id| id.pid.into()).collect();
+        report.elapsed_ms = started.elapsed().as_millis() as i64;
+        return report;
+    }
+
+    // 2. Pin each process with a pidfd, re-check its identity, then signal through the pidfd.
+    let mut victims = Vec::new();
+    for id in chosen {
+        match pin(id) {
+            Ok(Some(fd)) => {
+                let stopped = super::read_stat(id.pid).is_ok_and(|p| p.state == 'T');
+                match send(&fd, opts.signal) {
+                    Ok(()) => {
+                        // A stopped process would not act on TERM until continued.
+                        if stopped && opts.signal != Signal::SIGKILL {
+                            let _ = send(&fd, Signal::SIGCONT);
+                        }
+                        report.signalled.push(id.pid.into());
+                        victims.push(Victim {
+                            pid: id.pid,
+                            fd,
+                            exited: false,
+                        });
+                    }
+                    Err(rustix::io::Errno::SRCH) => skip(&mut report, id.pid, "already gone".into()),
+                    Err(e) => report.errors.push(KillError {
+                        pid: id.pid.into(),
+                        error: describe_errno(e, opts.signal),
+                    }),
+                }
+            }
+            Ok(None) => skip(&mut report, id.pid, "already gone".into()),
+            Err(reason) => skip(&mut report, id.pid, reason),
+        }
+    }
+
+    // 3. One shared grace, then SIGKILL for the survivors, and wait for those too.
+    let first_wait = if opts.signal == Signal::SIGKILL {
+        KILL_WAIT
+    } else {
+        opts.grace
+    };
+    wait_exits(&mut victims, started + first_wait, interrupted);
+    if opts.signal != Signal::SIGKILL && !opts.grace.is_zero() {
+        let mut escalated = false;
+        for v in victims.iter().filter(|v| !v.exited) {
+            escalated |= send(&v.fd, Signal::SIGKILL).is_ok();
+        }
+        if escalated {
+            wait_exits(&mut victims, Instant::now() + KILL_WAIT, interrupted);
+        }
+    }
+    for v in &victims {
+        if v.exited {
+            report.exited.push(v.pid.into());
+        } else {
+            report.survivors.push(v.pid.into());
+        }
+    }
+    report.elapsed_ms = started.elapsed().as_millis() as i64;
+    report
+}
+
+/// Opens a pidfd and checks it is still the process we chose; `None` if it is gone.
+fn pin(id: Identity) -> Result<Option<OwnedFd>, String> {
+    let Some(pid) = Pid::from_raw(id.pid) else {
+        return Ok(None);
+    };
+    let fd = match pidfd_open(pid, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Ok(None),
+        Err(e) => return Err(format!("pidfd_open: {e}")),
+    };
+    // The pidfd now refers to whatever holds the pid; make sure that is the one we chose.
+    match super::read_stat(id.pid) {
+        Ok(p) if p.start == id.start => Ok(Some(fd)),
+        Ok(p) => Err(format!(
+            "pid {} is now another process ({}): not signalled",
+            id.pid, p.comm
+        )),
+        Err(_) => Ok(None),
+    }
+}
+
+fn send(fd: &OwnedFd, sig: Signal) -> rustix::io::Result<()> {
+    let sig = rustix::process::Signal::from_named_raw(sig as i32)
+        .ok_or(rustix::io::Errno::INVAL)?;
+    pidfd_send_signal(fd, sig)
+}
+
+fn describe_errno(e: rustix::io::Errno, sig: Signal) -> String {
+    match e {
+        rustix::io::Errno::PERM => format!(
+            "permission denied sending {} (another user's process: run as that user or root)",
+            signal_name(sig)
+        ),
+        e => format!("sending {}: {e}", signal_name(sig)),
+    }
+}
+
+/// Waits on the pidfds until every victim exited, the deadline passed, or Ctrl-C.
+fn wait_exits(victims: &mut [Victim], deadline: Instant, interrupted: &AtomicBool) {
+    loop {
+        let live: Vec<usize> = (0..victims.len()).filter(|&i| !victims[i].exited).collect();
+        if live.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        if now >= deadline || interrupted.load(Ordering::Relaxed) {
+            return;
+        }
+        // Wake at least every 100 ms to notice Ctrl-C.
+        let wait = (deadline - now).min(Duration::from_millis(100));
+        let mut fds: Vec<PollFd> = live
+            .iter()
+            .map(|&i| PollFd::new(&victims[i].fd, PollFlags::IN))
+            .collect();
+        let ts = rustix::time::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()),
+        };
+        if poll(&mut fds, Some(&ts)).is_err() {
+            continue;
+        }
+        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+        drop(fds);
+        for (k, &i) in live.iter().enumerate() {
+            if ready[k] {
+                victims[i].exited = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_signals() {
+        assert_eq!(parse_signal("TERM"), Some(Signal::SIGTERM));
+        assert_eq!(parse_signal("sigkill"), Some(Signal::SIGKILL));
+        assert_eq!(parse_signal("int"), Some(Signal::SIGINT));
+        assert_eq!(parse_signal("9"), Some(Signal::SIGKILL));
+        assert_eq!(parse_signal("NOPE"), None);
+        assert_eq!(signal_name(Signal::SIGTERM), "TERM");
+    }
+
+    #[test]
+    fn protected_names_match_truncated_comm() {
+        let list = vec!["nvidia-persistenced".to_string(), "Xorg".to_string()];
+        assert!(is_protected("nvidia-persiste", "", &list));
+        assert!(is_protected("Xorg", "/usr/lib/xorg/Xorg :0", &list));
+        assert!(is_protected("x", "/usr/bin/nvidia-persistenced --verbose", &list));
+        assert!(!is_protected("python3", "python3 train.py", &list));
+    }
+
+    #[test]
+    fn refuses_self_and_pid_one() {
+        let never = AtomicBool::new(false);
+        let me = std::process::id() as i32;
+        let r = kill(&[Target::Pid(me), Target::Pid(1)], &KillOpts::default(), &[], &never);
+        assert!(r.signalled.is_empty());
+        assert_eq!(r.skipped.len(), 2, "{r:?}");
+        assert!(r.skipped.iter().any(|s| s.reason.contains("gpuloop itself")));
+        assert!(r.skipped.iter().any(|s| s.reason.contains("never signalled")));
+    }
+
+    #[test]
+    fn kills_a_child_by_identity_and_skips_a_replaced_one() {
+        let never = AtomicBool::new(false);
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let start = super::super::read_stat(pid).unwrap().start;
+        let wrong = Target::Exact(Identity { pid, start: start + 1 });
+        let r = kill(&[wrong], &KillOpts::default(), &[], &never);
+        assert!(r.signalled.is_empty() && r.skipped[0].reason.contains("another process"));
+        let right = Target::Exact(Identity { pid, start });
+        let r = kill(&[right], &KillOpts::default(), &[], &never);
+        assert_eq!(r.signalled, vec![i64::from(pid)]);
+        assert_eq!(r.exited, vec![i64::from(pid)], "{r:?}");
+        child.wait().unwrap();
+    }
+}

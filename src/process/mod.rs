@@ -1,0 +1,182 @@
+//! Processes as /proc shows them: stat fields, identity `(pid, start)`, users, command lines.
+
+pub mod kill;
+pub mod scan;
+pub mod tree;
+
+use serde::Serialize;
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Mutex, OnceLock};
+
+/// The fields of /proc/PID/stat that gpuloop uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub comm: String,
+    pub state: char,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    /// Start time in clock ticks since boot; with the pid it identifies the process.
+    pub start: u64,
+}
+
+/// A process identity that survives PID reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Identity {
+    pub pid: i32,
+    pub start: u64,
+}
+
+impl ProcInfo {
+    pub fn identity(&self) -> Identity {
+        Identity {
+            pid: self.pid,
+            start: self.start,
+        }
+    }
+
+    pub fn is_zombie(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// Parses the text of /proc/PID/stat; the comm may hold spaces and parentheses.
+pub fn parse_stat(pid: i32, text: &str) -> Option<ProcInfo> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let mut f = text.get(close + 2..)?.split_ascii_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgid = f.next()?.parse().ok()?;
+    let sid = f.next()?.parse().ok()?;
+    // starttime is the 20th field after the comm.
+    let start = f.nth(15)?.parse().ok()?;
+    Some(ProcInfo {
+        pid,
+        comm,
+        state,
+        ppid,
+        pgid,
+        sid,
+        start,
+    })
+}
+
+/// Reads /proc/PID/stat; `NotFound` when the process is gone.
+pub fn read_stat(pid: i32) -> io::Result<ProcInfo> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(pid, &text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
+}
+
+/// True if the process exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    pid > 0 && read_stat(pid).is_ok_and(|p| !p.is_zombie())
+}
+
+/// Every pid in /proc, in no particular order.
+pub fn all_pids() -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect()
+}
+
+/// One pass over /proc: the stat of every live process.
+pub fn process_table() -> Vec<ProcInfo> {
+    all_pids()
+        .into_iter()
+        .filter_map(|pid| read_stat(pid).ok())
+        .collect()
+}
+
+/// "running", "sleeping", … for a stat state letter.
+pub fn state_name(c: char) -> &'static str {
+    match c {
+        'R' => "running",
+        'S' => "sleeping",
+        'D' => "disk-sleep",
+        'Z' => "zombie",
+        'T' => "stopped",
+        't' => "tracing-stop",
+        'X' | 'x' => "dead",
+        'I' => "idle",
+        'W' => "paging",
+        'P' => "parked",
+        'K' => "wakekill",
+        _ => "unknown",
+    }
+}
+
+/// The real uid of a process (the owner of its /proc directory).
+pub fn uid(pid: i32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
+
+/// A user name for a uid, cached; the number when the user database does not know it.
+pub fn user_name(uid: u32) -> String {
+    static CACHE: OnceLock<Mutex<HashMap<u32, String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(n) = cache.lock().ok().and_then(|c| c.get(&uid).cloned()) {
+        return n;
+    }
+    let name = nix::unistd::User::from_uid(uid.into())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| uid.to_string());
+    if let Ok(mut c) = cache.lock() {
+        c.insert(uid, name.clone());
+    }
+    name
+}
+
+/// The command line with NULs as spaces; empty for kernel threads and the unreadable.
+pub fn cmdline(pid: i32) -> String {
+    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return String::new();
+    };
+    let trimmed = raw.strip_suffix(b"\0").unwrap_or(&raw);
+    String::from_utf8_lossy(trimmed).replace('\0', " ")
+}
+
+/// gpuloop itself and every ancestor up to init: never signalled.
+pub fn self_and_ancestors() -> Vec<i32> {
+    let mut out = vec![std::process::id() as i32];
+    let mut pid = out[0];
+    while let Ok(p) = read_stat(pid) {
+        if p.ppid <= 0 || out.contains(&p.ppid) {
+            break;
+        }
+        out.push(p.ppid);
+        pid = p.ppid;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_odd_comm() {
+        let line = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let p = parse_stat(4242, line).unwrap();
+        assert_eq!(p.comm, "a) b (c)");
+        assert_eq!((p.state, p.ppid, p.pgid, p.sid, p.start), ('S', 1, 4242, 4242, 987654));
+    }
+
+    #[test]
+    fn reads_own_stat() {
+        let me = read_stat(std::process::id() as i32).unwrap();
+        assert!(me.start > 0);
+        assert_eq!(me.pid, std::process::id() as i32);
+        assert!(alive(me.pid));
+        assert!(!alive(0));
+    }
+}

@@ -1,0 +1,193 @@
+//! The GPU scan: one parallel pass over /proc finding every process with a GPU device node open,
+//! and, for those, which nodes it has mapped (what a CUDA context does).
+
+use crate::gpu::{DeviceNodes, Node};
+use rayon::prelude::*;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// A set of device nodes: GPU minors plus "some shared node".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSet {
+    /// Sorted, distinct minors of /dev/nvidiaN nodes.
+    pub minors: Vec<u32>,
+    /// nvidiactl, nvidia-uvm and the like.
+    pub shared: bool,
+}
+
+impl NodeSet {
+    pub fn is_empty(&self) -> bool {
+        self.minors.is_empty() && !self.shared
+    }
+
+    fn add(&mut self, node: Node) {
+        match node {
+            Node::Gpu(m) => {
+                if let Err(at) = self.minors.binary_search(&m) {
+                    self.minors.insert(at, m);
+                }
+            }
+            Node::Shared => self.shared = true,
+        }
+    }
+}
+
+/// A process that has GPU device nodes open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeUser {
+    pub pid: i32,
+    pub open: NodeSet,
+    pub mapped: NodeSet,
+}
+
+/// What one scan found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    pub users: Vec<NodeUser>,
+    /// Processes whose fds we may not read (another user's, without root).
+    pub unreadable: Vec<i32>,
+    /// How many processes were looked at.
+    pub scanned: usize,
+}
+
+enum Outcome {
+    User(NodeUser),
+    None,
+    Denied,
+}
+
+/// Scans every process (except this one) for open and mapped device nodes.
+pub fn scan(nodes: &DeviceNodes) -> Scan {
+    let me = std::process::id() as i32;
+    let pids: Vec<i32> = super::all_pids().into_iter().filter(|&p| p != me).collect();
+    let outcomes: Vec<Outcome> = pids.par_iter().map(|&pid| scan_one(pid, nodes)).collect();
+    let mut out = Scan {
+        scanned: pids.len(),
+        ..Scan::default()
+    };
+    for (pid, o) in pids.into_iter().zip(outcomes) {
+        match o {
+            Outcome::User(u) => out.users.push(u),
+            Outcome::Denied => out.unreadable.push(pid),
+            Outcome::None => {}
+        }
+    }
+    out.users.sort_by_key(|u| u.pid);
+    out
+}
+
+/// Looks at one process; processes that vanish mid-scan are simply not users.
+fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
+    let open = match open_nodes(pid, nodes) {
+        Ok(set) if set.is_empty() => return Outcome::None,
+        Ok(set) => set,
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Outcome::Denied,
+        Err(_) => return Outcome::None,
+    };
+    let mapped = match mapped_nodes(pid, nodes) {
+        Ok(set) => set,
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => NodeSet::default(),
+        Err(_) => return Outcome::None,
+    };
+    Outcome::User(NodeUser { pid, open, mapped })
+}
+
+/// The device nodes among a process's open fds: one readlinkat per fd into a stack buffer.
+pub fn open_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
+    let path = format!("/proc/{pid}/fd");
+    let dirfd: OwnedFd = rustix::fs::open(
+        path.as_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let mut set = NodeSet::default();
+    let mut dir = rustix::fs::Dir::read_from(&dirfd)?;
+    let mut buf = [0u8; 512];
+    let prefix = nodes.prefix();
+    while let Some(entry) = dir.read() {
+        let Ok(entry) = entry else { break };
+        let name: &CStr = entry.file_name();
+        if name.to_bytes().first() == Some(&b'.') {
+            continue;
+        }
+        // SAFETY: dirfd is open, name is NUL-terminated, buf is writable for its length.
+        let n = unsafe {
+            libc::readlinkat(
+                dirfd.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n <= 0 {
+            continue;
+        }
+        let target = &buf[..n as usize];
+        if target.starts_with(prefix) {
+            if let Some(node) = nodes.classify(target) {
+                set.add(node);
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// The device nodes a process has mapped, from /proc/PID/maps.
+pub fn mapped_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
+    let maps = std::fs::read(format!("/proc/{pid}/maps"))?;
+    Ok(parse_maps(&maps, nodes))
+}
+
+/// Finds node paths in maps text; the path is the sixth field of a line.
+pub fn parse_maps(maps: &[u8], nodes: &DeviceNodes) -> NodeSet {
+    let mut set = NodeSet::default();
+    let finder = memchr::memmem::Finder::new(nodes.prefix());
+    for at in finder.find_iter(maps) {
+        // The match must start the path field: preceded by a space.
+        if at == 0 || maps[at - 1] != b' ' {
+            continue;
+        }
+        let end = memchr::memchr(b'\n', &maps[at..]).map_or(maps.len(), |e| at + e);
+        let path = &maps[at..end];
+        let path = path
+            .strip_suffix(b" (deleted)")
+            .unwrap_or(path)
+            .trim_ascii_end();
+        if let Some(node) = nodes.classify(path) {
+            set.add(node);
+        }
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cuda_like_maps() {
+        let nodes = DeviceNodes::new("/dev");
+        let maps = b"7f00-7f01 rw-s 00000000 00:05 123 /dev/nvidiactl\n\
+7f01-7f02 rw-s 00000000 00:05 124 /dev/nvidia2\n\
+7f02-7f03 rw-s 00000000 00:05 124 /dev/nvidia2\n\
+7f03-7f04 rw-s 00000000 00:05 125 /dev/nvidia-uvm\n\
+7f04-7f05 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n\
+7f05-7f06 rw-p 00000000 00:00 0 \n";
+        let set = parse_maps(maps, &nodes);
+        assert_eq!(set.minors, vec![2]);
+        assert!(set.shared);
+        assert!(parse_maps(b"7f04-7f05 r-xp 00000000 08:01 99 /lib/libc.so\n", &nodes).is_empty());
+    }
+
+    #[test]
+    fn finds_own_open_node_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("nvidia5");
+        std::fs::write(&node, b"x").unwrap();
+        let _f = std::fs::File::open(&node).unwrap();
+        let nodes = DeviceNodes::new(dir.path());
+        let set = open_nodes(std::process::id() as i32, &nodes).unwrap();
+        assert_eq!(set.minors, vec![5]);
+    }
+}

@@ -1,0 +1,126 @@
+//! Process trees from one snapshot of /proc: descendants and the job's process group.
+
+use super::ProcInfo;
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// A snapshot of the process table indexed for tree walks.
+pub struct Tree {
+    by_pid: HashMap<i32, ProcInfo>,
+    children: HashMap<i32, Vec<i32>>,
+}
+
+impl Tree {
+    pub fn new(table: Vec<ProcInfo>) -> Tree {
+        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+        for p in &table {
+            children.entry(p.ppid).or_default().push(p.pid);
+        }
+        Tree {
+            by_pid: table.into_iter().map(|p| (p.pid, p)).collect(),
+            children,
+        }
+    }
+
+    pub fn snapshot() -> Tree {
+        Tree::new(super::process_table())
+    }
+
+    pub fn get(&self, pid: i32) -> Option<&ProcInfo> {
+        self.by_pid.get(&pid)
+    }
+
+    /// Every process below `root` (not `root` itself), breadth first.
+    pub fn descendants(&self, root: i32) -> Vec<i32> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::from([root]);
+        let mut queue = VecDeque::from([root]);
+        while let Some(p) = queue.pop_front() {
+            for &c in self.children.get(&p).into_iter().flatten() {
+                // Zombies hold nothing; their parent reaps them.
+                if self.get(c).is_some_and(ProcInfo::is_zombie) {
+                    continue;
+                }
+                if seen.insert(c) {
+                    out.push(c);
+                    queue.push_back(c);
+                }
+            }
+        }
+        out
+    }
+
+    /// The members of `pid`'s process group, when that group is `pid`'s own job: `pid` leads
+    /// it, or its leader is gone (the launcher was killed, the workers are what is left).
+    /// A group led by someone else alive (a shell script running many things) is not taken.
+    pub fn job_group(&self, pid: i32) -> Vec<i32> {
+        let Some(p) = self.get(pid) else {
+            return Vec::new();
+        };
+        let pgid = p.pgid;
+        let leader_alive = self.get(pgid).is_some_and(|l| !l.is_zombie());
+        if pgid <= 1 || (pgid != pid && leader_alive) {
+            return Vec::new();
+        }
+        let mut members: Vec<i32> = self
+            .by_pid
+            .values()
+            .filter(|q| q.pgid == pgid && q.pid != pid && !q.is_zombie())
+            .map(|q| q.pid)
+            .collect();
+        members.sort_unstable();
+        members
+    }
+
+    /// True if the process's job parent is gone: its process group or session leader exited.
+    pub fn orphaned(&self, pid: i32) -> bool {
+        let Some(p) = self.get(pid) else {
+            return false;
+        };
+        let gone = |leader: i32| {
+            leader > 1 && leader != pid && self.get(leader).is_none_or(|l| l.is_zombie())
+        };
+        gone(p.pgid) || gone(p.sid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcInfo {
+        ProcInfo {
+            pid,
+            comm: format!("p{pid}"),
+            state: 'S',
+            ppid,
+            pgid,
+            sid,
+            start: pid as u64,
+        }
+    }
+
+    #[test]
+    fn walks_descendants_and_job_groups() {
+        // 10 launches 11 and 12 in its group; 12 forked 13; 20 is unrelated; 30 leads a group
+        // that 31 is in, and 32 sits in 31's group but 31 is not its leader.
+        let t = Tree::new(vec![
+            p(1, 0, 1, 1),
+            p(10, 1, 10, 5),
+            p(11, 10, 10, 5),
+            p(12, 10, 10, 5),
+            p(13, 12, 10, 5),
+            p(20, 1, 20, 20),
+            p(31, 1, 30, 5),
+            p(32, 1, 30, 5),
+        ]);
+        assert_eq!(t.descendants(10), vec![11, 12, 13]);
+        assert_eq!(t.job_group(10), vec![11, 12, 13]);
+        // 11's group is led by 10, alive: not 11's own job.
+        assert!(t.job_group(11).is_empty());
+        // Group 30's leader is gone: the job is what is left.
+        assert_eq!(t.job_group(31), vec![32]);
+        assert!(t.orphaned(31));
+        assert!(!t.orphaned(11));
+        assert!(!t.orphaned(20));
+    }
+}

@@ -1,0 +1,138 @@
+//! gpu(), holders(), diagnose(), wait_clean().
+
+use crate::actions;
+use crate::inspect::wait::{WaitOpts, WaitOutcome};
+use crate::script::convert::{selection, to_array, to_map, to_script, Opts, RhaiResult};
+use crate::script::engine::def;
+use crate::session::Session;
+use rhai::{Array, Dynamic, Engine, Map};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub fn register(engine: &mut Engine, session: &Arc<Session>) {
+    let s = session.clone();
+    def(
+        engine,
+        "gpu",
+        &["Array"],
+        "Every GPU, as maps: index, uuid, name, minor (the N of /dev/nvidiaN), bus_id,
+         mem_total, mem_used, mem_free (bytes), mem_used_mib, mem_total_mib, util (% or ()),
+         temp_c (or ()), procs (processes the driver reports), host.",
+        move || -> RhaiResult<Array> { to_array(&actions::gpus(&s).map_err(to_script)?) },
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "gpu",
+        &["index: i64", "Map"],
+        "One GPU by index, as the maps of gpu(); an unknown index is an error.",
+        move |index: i64| -> RhaiResult<Dynamic> {
+            to_map(&actions::gpu(&s, index).map_err(to_script)?)
+        },
+    );
+
+    let s = session.clone();
+    def(
+        engine,
+        "holders",
+        &["Array"],
+        "Compute holders of every GPU: processes the driver lists or that map a GPU device node
+         (orphaned workers and forked children holding inherited handles included). Maps:
+         pid, ppid, pgid, sid, start, uid, user, name, cmdline, state, role, gpus, mem (bytes),
+         evidence (\"driver\", \"fd\", \"map\"), protected, host.",
+        move || -> RhaiResult<Array> {
+            to_array(&actions::holders(&s, &None, false).map_err(to_script)?)
+        },
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "holders",
+        &["sel: i64 | Array", "Array"],
+        "Compute holders of the selected GPUs (an index or an array of indices).",
+        move |sel: Dynamic| -> RhaiResult<Array> {
+            to_array(&actions::holders(&s, &selection(&sel)?, false).map_err(to_script)?)
+        },
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "holders",
+        &["sel: i64 | Array | ()", "opts: Map", "Array"],
+        "Holders with options: #{all: true} also returns observers (NVML-only clients such as
+         nvidia-smi, which open the nodes but map nothing) and protected GPU daemons.",
+        move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
+            let o = Opts::new(&opts, "holders", &["all"])?;
+            let all = o.bool("all", false)?;
+            to_array(&actions::holders(&s, &selection(&sel)?, all).map_err(to_script)?)
+        },
+    );
+
+    let s = session.clone();
+    def(
+        engine,
+        "diagnose",
+        &["Array"],
+        "Why memory is still used, per GPU: maps of gpu, mem_used_mib, holders, ghost_pids
+         (pids the driver lists that are dead or not visible here), verdict (\"clean\", \"held\",
+         \"orphaned\", \"inherited\", \"other-namespace\", \"permission\", \"driver\") and advice.",
+        move || -> RhaiResult<Array> {
+            to_array(&actions::diagnoses(&s, &None).map_err(to_script)?)
+        },
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "diagnose",
+        &["sel: i64 | Array", "Array"],
+        "diagnose() for the selected GPUs.",
+        move |sel: Dynamic| -> RhaiResult<Array> {
+            to_array(&actions::diagnoses(&s, &selection(&sel)?).map_err(to_script)?)
+        },
+    );
+
+    let wait = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<bool> {
+        let o = Opts::new(&opts, "wait_clean", &["timeout", "max_used_mib", "poll_ms"])?;
+        let d = WaitOpts::default();
+        let w = WaitOpts {
+            timeout: o.secs("timeout", Some(d.timeout))?.unwrap_or(d.timeout),
+            max_used_mib: super::not_negative(o.int("max_used_mib", 0)?, "max_used_mib")?,
+            poll: Duration::from_millis(
+                super::not_negative(o.int("poll_ms", d.poll.as_millis() as i64)?, "poll_ms")?
+                    .max(1) as u64,
+            ),
+        };
+        match actions::wait_clean(s, &selection(&sel)?, &w).map_err(to_script)? {
+            WaitOutcome::Clean => Ok(true),
+            WaitOutcome::TimedOut => Ok(false),
+            WaitOutcome::Interrupted => Err(super::interrupted()),
+        }
+    };
+    let s = session.clone();
+    def(
+        engine,
+        "wait_clean",
+        &["bool"],
+        "Waits until every GPU has no memory used and no compute holder; true as soon as that
+         is so (within one poll), false after 30 s. Observers and daemons do not make a GPU dirty.",
+        move || wait(&s, Dynamic::UNIT, Map::new()),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "wait_clean",
+        &["sel: i64 | Array | ()", "bool"],
+        "wait_clean() for the selected GPUs.",
+        move |sel: Dynamic| wait(&s, sel, Map::new()),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "wait_clean",
+        &["sel: i64 | Array | ()", "opts: Map", "bool"],
+        "wait_clean() with options: timeout (seconds, default 30), max_used_mib (default 0),
+         poll_ms (default 20). On a terminal it shows progress; at the timeout it logs what
+         diagnose() says is left.",
+        move |sel: Dynamic, opts: Map| wait(&s, sel, opts),
+    );
+}

@@ -1,0 +1,229 @@
+//! The small helpers of SPEC: time, logging, files, JSON, exit, and loops of closures.
+
+use crate::script::convert::{script_err, secs_arg, to_script, RhaiResult};
+use crate::script::engine::def;
+use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, NativeCallContext, Position};
+use std::io::IsTerminal;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn started() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+/// Calls a closure with the attempt number if it takes one, else with no arguments.
+fn call(ctx: &NativeCallContext, f: &FnPtr, arg: i64) -> RhaiResult<Dynamic> {
+    match f.call_within_context::<Dynamic>(ctx, (arg,)) {
+        Err(e) if matches!(*e, EvalAltResult::ErrorFunctionNotFound(ref sig, _) if sig.starts_with(f.fn_name())) => {
+            f.call_within_context::<Dynamic>(ctx, ())
+        }
+        r => r,
+    }
+}
+
+fn truthy(v: &Dynamic) -> bool {
+    v.as_bool().unwrap_or(!v.is_unit())
+}
+
+pub fn register(engine: &mut Engine) {
+    started();
+    def(
+        engine,
+        "sleep",
+        &["secs: i64 | f64", "()"],
+        "Sleeps for secs seconds (int or float); Ctrl-C interrupts it.",
+        |secs: Dynamic| -> RhaiResult<()> { super::sleep(secs_arg(&secs, "sleep")?) },
+    );
+    def(
+        engine,
+        "now",
+        &["f64"],
+        "Seconds since the Unix epoch, as a float (for timing: now() - t0).",
+        || -> f64 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64())
+        },
+    );
+    def(
+        engine,
+        "log",
+        &["msg: ?", "()"],
+        "Writes a line to stderr with the seconds since gpuloop started: [  1.25s] msg.",
+        |msg: Dynamic| {
+            eprintln!("[{:>7.2}s] {msg}", started().elapsed().as_secs_f64());
+        },
+    );
+    def(
+        engine,
+        "warn",
+        &["msg: ?", "()"],
+        "Writes a warning line to stderr (yellow on a terminal, unless NO_COLOR is set).",
+        |msg: Dynamic| {
+            let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            if color {
+                eprintln!("\x1b[33mwarning:\x1b[0m {msg}");
+            } else {
+                eprintln!("warning: {msg}");
+            }
+        },
+    );
+    def(
+        engine,
+        "env",
+        &["name: String", "String | ()"],
+        "The value of an environment variable, or () when it is not set.",
+        |name: ImmutableString| -> Dynamic {
+            std::env::var(name.as_str()).map_or(Dynamic::UNIT, Dynamic::from)
+        },
+    );
+    def(
+        engine,
+        "read_file",
+        &["path: String", "String"],
+        "The whole file as a string (invalid UTF-8 is replaced).",
+        |path: ImmutableString| -> RhaiResult<String> {
+            std::fs::read(path.as_str())
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .map_err(|e| script_err(format!("read_file({path:?}): {e}")))
+        },
+    );
+    def(
+        engine,
+        "write_file",
+        &["path: String", "text: String", "()"],
+        "Writes text to a file, replacing it (written to a temporary file, then renamed).",
+        |path: ImmutableString, text: ImmutableString| -> RhaiResult<()> {
+            write_atomic(path.as_str(), text.as_bytes())
+                .map_err(|e| script_err(format!("write_file({path:?}): {e}")))
+        },
+    );
+    def(
+        engine,
+        "replace_in_file",
+        &["path: String", "old: String", "new: String", "i64"],
+        "Replaces every occurrence of old with new in a file; returns how many were replaced
+         (0 leaves the file untouched).",
+        |path: ImmutableString, old: ImmutableString, new: ImmutableString| -> RhaiResult<i64> {
+            if old.is_empty() {
+                return Err(script_err("replace_in_file: old must not be empty"));
+            }
+            let text = std::fs::read_to_string(path.as_str())
+                .map_err(|e| script_err(format!("replace_in_file({path:?}): {e}")))?;
+            let n = text.matches(old.as_str()).count();
+            if n > 0 {
+                write_atomic(path.as_str(), text.replace(old.as_str(), new.as_str()).as_bytes())
+                    .map_err(|e| script_err(format!("replace_in_file({path:?}): {e}")))?;
+            }
+            Ok(n as i64)
+        },
+    );
+    def(
+        engine,
+        "file_exists",
+        &["path: String", "bool"],
+        "True if the path exists (file or directory).",
+        |path: ImmutableString| std::path::Path::new(path.as_str()).exists(),
+    );
+    def(
+        engine,
+        "parse_json",
+        &["text: String", "?"],
+        "Parses JSON into maps, arrays, strings, numbers, booleans and ().",
+        |text: ImmutableString| -> RhaiResult<Dynamic> {
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| script_err(format!("parse_json: {e}")))?;
+            rhai::serde::to_dynamic(v)
+        },
+    );
+    def(
+        engine,
+        "to_json",
+        &["value: ?", "String"],
+        "Renders a value as JSON (maps, arrays, strings, numbers, booleans; () is null).",
+        |v: Dynamic| -> RhaiResult<String> {
+            let json: serde_json::Value = rhai::serde::from_dynamic(&v)?;
+            serde_json::to_string(&json).map_err(to_script)
+        },
+    );
+    def(
+        engine,
+        "exit",
+        &["()"],
+        "Ends the script with exit code 0.",
+        || -> RhaiResult<()> { Err(exit_with(0)) },
+    );
+    def(
+        engine,
+        "exit",
+        &["code: i64", "()"],
+        "Ends the script with this exit code (0-255).",
+        |code: i64| -> RhaiResult<()> { Err(exit_with(code)) },
+    );
+    def(
+        engine,
+        "retry",
+        &["n: i64", "f: Fn", "?"],
+        "Calls f (with the attempt number 1..n if it takes an argument) until it succeeds:
+         neither throws nor returns false. Returns that value; after n failures rethrows the
+         last error (or returns false).",
+        |ctx: NativeCallContext, n: i64, f: FnPtr| -> RhaiResult<Dynamic> {
+            if n < 1 {
+                return Err(script_err(format!("retry: n must be at least 1, got {n}")));
+            }
+            let mut last: RhaiResult<Dynamic> = Ok(Dynamic::FALSE);
+            for attempt in 1..=n {
+                last = call(&ctx, &f, attempt);
+                match &last {
+                    Ok(v) if v.as_bool() != Ok(false) => return last,
+                    Err(e) if matches!(**e, EvalAltResult::ErrorTerminated(..)) => return last,
+                    Ok(_) => eprintln!("retry: attempt {attempt}/{n} returned false"),
+                    Err(e) => eprintln!("retry: attempt {attempt}/{n} failed: {e}"),
+                }
+            }
+            last
+        },
+    );
+    def(
+        engine,
+        "until",
+        &["timeout_secs: i64 | f64", "f: Fn", "bool"],
+        "Calls f every 50 ms until it returns true; true then, false once timeout_secs passed.",
+        |ctx: NativeCallContext, timeout: Dynamic, f: FnPtr| -> RhaiResult<bool> {
+            let end = Instant::now() + secs_arg(&timeout, "until")?;
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                if truthy(&call(&ctx, &f, attempt)?) {
+                    return Ok(true);
+                }
+                let now = Instant::now();
+                if now >= end {
+                    return Ok(false);
+                }
+                super::sleep((end - now).min(Duration::from_millis(50)))?;
+            }
+        },
+    );
+}
+
+fn exit_with(code: i64) -> Box<EvalAltResult> {
+    Box::new(EvalAltResult::ErrorTerminated(
+        Dynamic::from(code.clamp(0, 255)),
+        Position::NONE,
+    ))
+}
+
+pub fn write_atomic(path: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let p = std::path::Path::new(path);
+    let name = p
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file path"))?;
+    let tmp = p.with_file_name(format!(".{}.gpuloop-tmp", name.to_string_lossy()));
+    std::fs::write(&tmp, bytes)?;
+    if let Ok(meta) = std::fs::metadata(p) {
+        let _ = std::fs::set_permissions(&tmp, meta.permissions());
+    }
+    std::fs::rename(&tmp, p)
+}

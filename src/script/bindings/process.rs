@@ -1,0 +1,101 @@
+//! kill(): targets and options from script values into the identity-safe kill.
+
+use crate::actions;
+use crate::process::kill::{parse_signal, KillOpts, Target};
+use crate::process::Identity;
+use crate::script::convert::{script_err, to_map, Opts, RhaiResult};
+use crate::script::engine::def;
+use crate::session::Session;
+use rhai::{Array, Dynamic, Engine, Map};
+use std::sync::Arc;
+
+/// A pid, a holder map (pid + start: checked before signalling), or an array of either.
+fn targets(v: &Dynamic) -> RhaiResult<Vec<Target>> {
+    if let Some(pid) = v.clone().try_cast::<i64>() {
+        return Ok(vec![Target::Pid(pid_of(pid)?)]);
+    }
+    if let Some(m) = v.clone().try_cast::<Map>() {
+        let pid = m
+            .get("pid")
+            .and_then(|p| p.as_int().ok())
+            .ok_or_else(|| script_err("kill: a map target needs an integer pid (a holder map)"))?;
+        let pid = pid_of(pid)?;
+        return Ok(vec![match m.get("start").and_then(|s| s.as_int().ok()) {
+            Some(start) => Target::Exact(Identity {
+                pid,
+                start: start as u64,
+            }),
+            None => Target::Pid(pid),
+        }]);
+    }
+    if let Some(a) = v.clone().try_cast::<Array>() {
+        let mut out = Vec::new();
+        for t in &a {
+            out.extend(targets(t)?);
+        }
+        return Ok(out);
+    }
+    Err(script_err(format!(
+        "kill: expected a pid, a holder map or an array of them, found a {}",
+        v.type_name()
+    )))
+}
+
+fn pid_of(pid: i64) -> RhaiResult<i32> {
+    i32::try_from(pid).map_err(|_| script_err(format!("kill: {pid} is not a valid pid")))
+}
+
+pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
+    let o = Opts::new(opts, "kill", &["signal", "grace", "tree", "dry_run", "force"])?;
+    let d = KillOpts::default();
+    let signal = match o.string("signal")? {
+        None => d.signal,
+        Some(name) => parse_signal(&name).ok_or_else(|| {
+            script_err(format!(
+                "kill: unknown signal {name:?} (use a name like TERM, INT, KILL, HUP)"
+            ))
+        })?,
+    };
+    Ok(KillOpts {
+        signal,
+        grace: o.secs("grace", Some(d.grace))?.unwrap_or(d.grace),
+        tree: o.bool("tree", d.tree)?,
+        dry_run: o.bool("dry_run", d.dry_run)?,
+        force: o.bool("force", d.force)?,
+    })
+}
+
+pub fn register(engine: &mut Engine, session: &Arc<Session>) {
+    let s = session.clone();
+    def(
+        engine,
+        "kill",
+        &["target: i64 | Map | Array", "Map"],
+        "Stops processes safely: SIGTERM to every target (and its descendants) at once, one
+         shared 5 s grace, then SIGKILL to survivors; exits are awaited, not slept for.
+         Holder maps are checked by (pid, start), so a recycled pid is never hit. Never signals
+         pid <= 1, gpuloop or its ancestors; GPU daemons only with force. Returns a map:
+         signalled, exited, survivors (pids), skipped (#{pid, reason}), errors (#{pid, error}),
+         elapsed_ms.",
+        move |target: Dynamic| -> RhaiResult<Dynamic> {
+            let report = actions::kill(&s, &targets(&target)?, &KillOpts::default());
+            to_map(&report)
+        },
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "kill",
+        &["target: i64 | Map | Array", "opts: Map", "Map"],
+        "kill() with options: signal (\"TERM\" default, any name like \"INT\", \"KILL\"),
+         grace (seconds before SIGKILL, default 5, 0 = no escalation), tree (default true:
+         descendants too), dry_run (report, signal nothing), force (allow protected daemons).",
+        move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
+            let report = actions::kill(&s, &targets(&target)?, &kill_opts(&opts)?);
+            if crate::interrupt::is_set() {
+                return Err(super::interrupted());
+            }
+            to_map(&report)
+        },
+    );
+}

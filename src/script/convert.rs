@@ -1,0 +1,151 @@
+//! Crossing the script boundary: serde structs to maps, and options/selectors from Rhai values.
+
+use rhai::{Array, Dynamic, EvalAltResult, Map, Position};
+use serde::Serialize;
+use std::time::Duration;
+
+pub type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
+
+/// A script-facing error at no particular position (rhai fills in the call site).
+pub fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
+    Box::new(EvalAltResult::ErrorRuntime(
+        Dynamic::from(msg.into()),
+        Position::NONE,
+    ))
+}
+
+/// Any domain error becomes a runtime error with its message.
+pub fn to_script<E: std::fmt::Display>(e: E) -> Box<EvalAltResult> {
+    script_err(e.to_string())
+}
+
+pub fn to_map<T: Serialize>(v: &T) -> RhaiResult<Dynamic> {
+    rhai::serde::to_dynamic(v)
+}
+
+pub fn to_array<T: Serialize>(items: &[T]) -> RhaiResult<Array> {
+    items.iter().map(to_map).collect()
+}
+
+/// A GPU selector: `()` is all, an int is one GPU, an array of ints is several.
+pub fn selection(v: &Dynamic) -> RhaiResult<Option<Vec<i64>>> {
+    if v.is_unit() {
+        return Ok(None);
+    }
+    if let Some(i) = v.clone().try_cast::<i64>() {
+        return Ok(Some(vec![i]));
+    }
+    if let Some(a) = v.clone().try_cast::<Array>() {
+        return a
+            .iter()
+            .map(|x| {
+                x.clone().try_cast::<i64>().ok_or_else(|| {
+                    script_err(format!(
+                        "GPU selector: expected GPU indices, found a {}",
+                        x.type_name()
+                    ))
+                })
+            })
+            .collect::<RhaiResult<Vec<i64>>>()
+            .map(Some);
+    }
+    Err(script_err(format!(
+        "GPU selector: expected an index, an array of indices or (), found a {}",
+        v.type_name()
+    )))
+}
+
+/// An options map, checked against the names a function knows.
+pub struct Opts<'a> {
+    map: &'a Map,
+    func: &'static str,
+}
+
+impl<'a> Opts<'a> {
+    pub fn new(map: &'a Map, func: &'static str, known: &[&str]) -> RhaiResult<Opts<'a>> {
+        for k in map.keys() {
+            if !known.contains(&k.as_str()) {
+                return Err(script_err(format!(
+                    "{func}: unknown option {k:?} (known: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(Opts { map, func })
+    }
+
+    fn get(&self, key: &str) -> Option<&Dynamic> {
+        self.map.get(key).filter(|v| !v.is_unit())
+    }
+
+    fn wrong(&self, key: &str, want: &str, v: &Dynamic) -> Box<EvalAltResult> {
+        script_err(format!(
+            "{}: option {key} must be {want}, not a {}",
+            self.func,
+            v.type_name()
+        ))
+    }
+
+    pub fn bool(&self, key: &str, default: bool) -> RhaiResult<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().map_err(|_| self.wrong(key, "true or false", v)),
+        }
+    }
+
+    pub fn int(&self, key: &str, default: i64) -> RhaiResult<i64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_int().map_err(|_| self.wrong(key, "an integer", v)),
+        }
+    }
+
+    /// Seconds given as int or float.
+    pub fn secs(&self, key: &str, default: Option<Duration>) -> RhaiResult<Option<Duration>> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => {
+                let s = v
+                    .as_int()
+                    .map(|i| i as f64)
+                    .or_else(|_| v.as_float())
+                    .map_err(|_| self.wrong(key, "seconds (a number)", v))?;
+                if !(0.0..=1e9).contains(&s) {
+                    return Err(script_err(format!(
+                        "{}: option {key} must be a non-negative number of seconds",
+                        self.func
+                    )));
+                }
+                Ok(Some(Duration::from_secs_f64(s)))
+            }
+        }
+    }
+
+    pub fn string(&self, key: &str) -> RhaiResult<Option<String>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .clone()
+                .into_immutable_string()
+                .map(|s| Some(s.to_string()))
+                .map_err(|_| self.wrong(key, "a string", v)),
+        }
+    }
+
+    pub fn raw(&self, key: &str) -> Option<&Dynamic> {
+        self.get(key)
+    }
+}
+
+/// Seconds from a script number (int or float).
+pub fn secs_arg(v: &Dynamic, what: &str) -> RhaiResult<Duration> {
+    let s = v
+        .as_int()
+        .map(|i| i as f64)
+        .or_else(|_| v.as_float())
+        .map_err(|_| script_err(format!("{what}: expected seconds (a number), found a {}", v.type_name())))?;
+    if !(0.0..=1e9).contains(&s) {
+        return Err(script_err(format!("{what}: seconds must be non-negative")));
+    }
+    Ok(Duration::from_secs_f64(s))
+}

@@ -1,0 +1,149 @@
+//! `gpuloop doc`: the reference of every registered function, from the engine's own metadata,
+//! and of the stdlib modules, from their doc comments.
+
+use crate::cli::Config;
+use crate::error::Error;
+use crate::script::engine::{build_engine, EngineOpts};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    functions: Vec<FnMeta>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct FnMeta {
+    pub name: String,
+    #[serde(default)]
+    pub params: Vec<Param>,
+    #[serde(default)]
+    pub return_type: Option<String>,
+    #[serde(default)]
+    pub doc_comments: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct Param {
+    pub name: Option<String>,
+    #[serde(rename = "type")]
+    pub ty: Option<String>,
+}
+
+impl FnMeta {
+    pub fn signature(&self) -> String {
+        let params = self
+            .params
+            .iter()
+            .map(|p| match (&p.name, &p.ty) {
+                (Some(n), Some(t)) if n != "_" => format!("{n}: {t}"),
+                (_, Some(t)) => t.clone(),
+                (Some(n), None) => n.clone(),
+                (None, None) => "?".into(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        match self.return_type.as_deref() {
+            Some(r) if !r.is_empty() && r != "()" => format!("{}({params}) -> {r}", self.name),
+            _ => format!("{}({params})", self.name),
+        }
+    }
+
+    /// The doc comment without the `///` leaders.
+    pub fn doc(&self) -> String {
+        self.doc_comments
+            .iter()
+            .flat_map(|c| c.lines())
+            .map(|l| l.trim_start_matches("///").trim_start_matches("/**").trim_end_matches("*/").trim())
+            .collect::<Vec<_>>()
+            .join("\n")
+            .trim()
+            .to_string()
+    }
+}
+
+/// Every gpuloop function the engine has (not rhai's standard library), sorted by name.
+pub fn functions(engine: &rhai::Engine) -> Vec<FnMeta> {
+    let json = engine.gen_fn_metadata_to_json(false).unwrap_or_default();
+    let mut fns = serde_json::from_str::<Meta>(&json)
+        .map(|m| m.functions)
+        .unwrap_or_default();
+    fns.sort_by(|a, b| a.name.cmp(&b.name).then(a.params.len().cmp(&b.params.len())));
+    fns
+}
+
+/// The stdlib modules' functions: (module, [functions]).
+pub fn stdlib_functions(engine: &rhai::Engine) -> Vec<(String, String, Vec<FnMeta>)> {
+    let mut out = Vec::new();
+    for (name, src) in super::modules::STDLIB {
+        let header = src
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .map(|l| l.trim_start_matches("//!").trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let Ok(ast) = engine.compile(src) else { continue };
+        let fns = ast
+            .iter_functions()
+            .filter(|f| f.access != rhai::FnAccess::Private && !f.name.starts_with('_'))
+            .map(|f| FnMeta {
+                name: format!("{name}::{}", f.name),
+                params: f
+                    .params
+                    .iter()
+                    .map(|p| Param {
+                        name: Some(p.to_string()),
+                        ty: None,
+                    })
+                    .collect(),
+                return_type: None,
+                doc_comments: f.comments.iter().map(|c| c.to_string()).collect(),
+            })
+            .collect();
+        out.push((name.to_string(), header, fns));
+    }
+    out
+}
+
+pub fn markdown(engine: &rhai::Engine) -> String {
+    let mut out = String::from("# gpuloop script reference\n\nGenerated from the functions the engine registers (`gpuloop doc`).\n");
+    let mut by_name: BTreeMap<String, Vec<FnMeta>> = BTreeMap::new();
+    for f in functions(engine) {
+        by_name.entry(f.name.clone()).or_default().push(f);
+    }
+    for (name, overloads) in by_name {
+        out.push_str(&format!("\n## {name}\n"));
+        for f in overloads {
+            out.push_str(&format!("\n`{}`\n\n{}\n", f.signature(), f.doc()));
+        }
+    }
+    out.push_str("\n# Standard library modules\n\nImport with `import \"NAME\" as m;`.\n");
+    for (module, header, fns) in stdlib_functions(engine) {
+        out.push_str(&format!("\n## {module}\n\n{header}\n"));
+        for f in fns {
+            out.push_str(&format!("\n`{}`\n\n{}\n", f.signature(), f.doc()));
+        }
+    }
+    out
+}
+
+pub fn print(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
+    let engine = build_engine(cfg.session.clone(), &EngineOpts::default());
+    match definitions {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Usage(format!("cannot create {}: {e}", dir.display())))?;
+            engine
+                .definitions()
+                .include_standard_packages(false)
+                .write_to_dir(dir)
+                .map_err(|e| Error::Other(format!("writing definitions to {}: {e}", dir.display())))?;
+            println!("wrote Rhai definitions to {}", dir.display());
+        }
+        None => print!("{}", markdown(&engine)),
+    }
+    Ok(0)
+}

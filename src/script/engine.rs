@@ -1,0 +1,86 @@
+//! Builds the one Rhai `Engine` every entry point uses (run, eval, check, REPL, doc).
+
+use super::errors::{self, ScriptError, INTERRUPT_TOKEN};
+use super::{bindings, modules};
+use crate::session::Session;
+use rhai::{Dynamic, Engine, RhaiNativeFunc, Scope, Variant, AST};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What the engine needs to know about where it runs.
+#[derive(Debug, Clone, Default)]
+pub struct EngineOpts {
+    /// Directory of the running script: first place `import` looks.
+    pub script_dir: Option<PathBuf>,
+}
+
+/// Registers a script function with its doc comment; `params` are `"name: type"` strings
+/// followed by the return type, as `gpuloop doc` and the REPL's `:help` show them.
+pub fn def<A: 'static, const N: usize, const X: bool, R, const F: bool, FUNC>(
+    engine: &mut Engine,
+    name: &str,
+    params: &[&str],
+    doc: &str,
+    func: FUNC,
+) where
+    R: Variant + Clone,
+    FUNC: RhaiNativeFunc<A, N, X, R, F> + Send + Sync + 'static,
+{
+    let comment = doc
+        .trim()
+        .lines()
+        .map(|l| format!("/// {}", l.trim()).trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    rhai::FuncRegistration::new(name)
+        .with_params_info(params)
+        .with_comments([comment])
+        .with_volatility(true)
+        .register_into_engine(engine, func);
+}
+
+/// The engine with every gpuloop function, the module resolvers, and Ctrl-C checks.
+pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
+    let mut engine = Engine::new();
+    engine.set_max_expr_depths(256, 256);
+    // Long loops notice Ctrl-C between statements.
+    engine.on_progress(|_| {
+        crate::interrupt::is_set().then(|| Dynamic::from(INTERRUPT_TOKEN))
+    });
+    engine.on_print(|s| println!("{s}"));
+    engine.on_debug(|s, src, pos| eprintln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
+    bindings::gpu::register(&mut engine, &session);
+    bindings::process::register(&mut engine, &session);
+    bindings::helpers::register(&mut engine);
+    engine.set_module_resolver(modules::resolver(opts.script_dir.clone()));
+    engine
+}
+
+/// The scope every script starts with: `ARGS`.
+pub fn new_scope(args: &[String]) -> Scope<'static> {
+    let mut scope = Scope::new();
+    let args: rhai::Array = args.iter().map(|a| Dynamic::from(a.clone())).collect();
+    scope.push_constant("ARGS", args);
+    scope
+}
+
+pub fn compile(engine: &Engine, file: &str, source: &str) -> Result<AST, ScriptError> {
+    let mut ast = engine
+        .compile(source)
+        .map_err(|e| errors::from_parse(&e, file, source))?;
+    ast.set_source(file);
+    Ok(ast)
+}
+
+/// Compiles and runs a script; returns the value of its last expression.
+pub fn run_source(
+    engine: &Engine,
+    scope: &mut Scope,
+    file: &str,
+    source: &str,
+) -> Result<Dynamic, ScriptError> {
+    let ast = compile(engine, file, source)?;
+    engine
+        .eval_ast_with_scope::<Dynamic>(scope, &ast)
+        .map_err(|e| errors::from_eval(*e, file, source))
+}

@@ -1,0 +1,147 @@
+//! Script errors for people: `file:line:col`, the source line and a caret under the spot.
+
+use rhai::{EvalAltResult, ParseError, Position};
+
+/// A script error ready to print, with the exit code it implies.
+#[derive(Debug)]
+pub enum ScriptError {
+    /// Did not compile: exit 2.
+    Compile(String),
+    /// Failed while running: exit 1.
+    Runtime(String),
+    /// `exit(code)` was called.
+    Exit(i32),
+    /// Ctrl-C or SIGTERM: exit 130.
+    Interrupted,
+}
+
+impl ScriptError {
+    pub fn code(&self) -> i32 {
+        match self {
+            ScriptError::Compile(_) => 2,
+            ScriptError::Runtime(_) => 1,
+            ScriptError::Exit(c) => *c,
+            ScriptError::Interrupted => 130,
+        }
+    }
+
+    /// The rendered text (empty for exit and interrupt, which print nothing more).
+    pub fn message(&self) -> &str {
+        match self {
+            ScriptError::Compile(m) | ScriptError::Runtime(m) => m,
+            _ => "",
+        }
+    }
+}
+
+/// The token a native function throws (through `ErrorTerminated`) when Ctrl-C was pressed.
+pub const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
+
+pub fn from_parse(err: &ParseError, file: &str, source: &str) -> ScriptError {
+    ScriptError::Compile(render(&err.err_type().to_string(), err.position(), file, source))
+}
+
+pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
+    if let EvalAltResult::ErrorTerminated(token, _) = &err {
+        if let Ok(code) = token.as_int() {
+            return ScriptError::Exit(code.clamp(0, 255) as i32);
+        }
+        return ScriptError::Interrupted;
+    }
+    // Errors inside a script function: point at where it went wrong, say which call.
+    let mut err = err;
+    let mut context = Vec::new();
+    loop {
+        match err {
+            EvalAltResult::ErrorInFunctionCall(name, src, inner, pos) => {
+                if src.is_empty() || src == file {
+                    context.push(format!("in call to {name}() at {}", loc(file, pos)));
+                    err = *inner;
+                } else {
+                    context.push(format!("in {name}() of module {src:?}"));
+                    err = EvalAltResult::ErrorRuntime(inner.to_string().into(), pos);
+                    break;
+                }
+            }
+            EvalAltResult::ErrorInModule(name, inner, pos) => {
+                context.push(format!("in module {name:?}"));
+                err = EvalAltResult::ErrorRuntime(inner.to_string().into(), pos);
+                break;
+            }
+            EvalAltResult::ErrorTerminated(token, _) => {
+                return match token.as_int() {
+                    Ok(code) => ScriptError::Exit(code.clamp(0, 255) as i32),
+                    Err(_) => ScriptError::Interrupted,
+                }
+            }
+            e => {
+                err = e;
+                break;
+            }
+        }
+    }
+    let pos = err.position();
+    let msg = match &err {
+        EvalAltResult::ErrorRuntime(v, _) => v.to_string(),
+        e => strip_position(&e.to_string()),
+    };
+    let mut out = render(&msg, pos, file, source);
+    for c in context.iter().rev() {
+        out.push_str(&format!("\n  note: {c}"));
+    }
+    ScriptError::Runtime(out)
+}
+
+fn loc(file: &str, pos: Position) -> String {
+    match (pos.line(), pos.position()) {
+        (Some(l), Some(c)) => format!("{file}:{l}:{c}"),
+        (Some(l), None) => format!("{file}:{l}"),
+        _ => file.to_string(),
+    }
+}
+
+/// rhai appends " (line N, position M)" to messages; we show the position our own way.
+fn strip_position(s: &str) -> String {
+    match s.rfind(" (line ") {
+        Some(at) if s.ends_with(')') => s[..at].to_string(),
+        _ => s.to_string(),
+    }
+}
+
+/// error: MESSAGE
+///  --> file:line:col
+///   |
+/// 3 | let x = foo + 1;
+///   |         ^
+pub fn render(msg: &str, pos: Position, file: &str, source: &str) -> String {
+    let msg = strip_position(msg);
+    let (Some(line), col) = (pos.line(), pos.position()) else {
+        return format!("error: {msg}\n --> {file}");
+    };
+    let col = col.unwrap_or(1);
+    let text = source.split('\n').nth(line - 1).unwrap_or("").trim_end_matches('\r');
+    let num = line.to_string();
+    let pad = " ".repeat(num.len());
+    // Tabs keep their width in the caret line so it lines up.
+    let lead: String = text
+        .chars()
+        .take(col.saturating_sub(1))
+        .map(|c| if c == '\t' { '\t' } else { ' ' })
+        .collect();
+    format!("error: {msg}\n{pad}--> {file}:{line}:{col}\n{pad} |\n{num} | {text}\n{pad} | {lead}^")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_caret_under_column() {
+        let src = "let a = 1;\nlet b = a +* 2;\n";
+        let out = render("Unexpected '*'", Position::new(2, 12), "t.rhai", src);
+        assert_eq!(
+            out,
+            "error: Unexpected '*'\n --> t.rhai:2:12\n  |\n2 | let b = a +* 2;\n  |            ^"
+        );
+    }
+}

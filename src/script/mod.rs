@@ -1,0 +1,11 @@
+//! The Rhai layer: one place builds the engine, thin bindings, module resolution, errors.
+
+pub mod bindings;
+pub mod convert;
+pub mod engine;
+pub mod errors;
+pub mod doc;
+pub mod modules;
+
+pub use engine::{build_engine, run_source, EngineOpts};
+pub use errors::ScriptError;

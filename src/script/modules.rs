@@ -1,0 +1,83 @@
+//! `import` resolution: the script's directory, `GPULOOP_PATH`, the user's modules directory,
+//! then the standard library compiled into the binary.
+
+use rhai::module_resolvers::{FileModuleResolver, ModuleResolversCollection};
+use rhai::{Engine, EvalAltResult, Module, ModuleResolver, Position, Scope, Shared};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// The standard library: (module name, source), embedded at build time.
+pub const STDLIB: &[(&str, &str)] = &[
+    ("report", include_str!("../../stdlib/report.rhai")),
+];
+
+/// The resolver chain, in the order SPEC gives.
+pub fn resolver(script_dir: Option<PathBuf>) -> ModuleResolversCollection {
+    let mut chain = ModuleResolversCollection::new();
+    let mut dirs: Vec<PathBuf> = script_dir.into_iter().collect();
+    if let Some(path) = std::env::var_os("GPULOOP_PATH") {
+        dirs.extend(std::env::split_paths(&path).filter(|p| !p.as_os_str().is_empty()));
+    }
+    dirs.extend(crate::config::config_dir().map(|d| d.join("modules")));
+    for d in dirs {
+        chain.push(FileModuleResolver::new_with_path(d));
+    }
+    chain.push(Stdlib::default());
+    chain
+}
+
+/// Every place `import` looks, for messages and `gpuloop doc`.
+pub fn search_path(script_dir: Option<PathBuf>) -> Vec<String> {
+    let mut out: Vec<String> = script_dir.iter().map(|d| d.display().to_string()).collect();
+    if let Some(path) = std::env::var_os("GPULOOP_PATH") {
+        out.extend(std::env::split_paths(&path).map(|p| p.display().to_string()));
+    }
+    out.extend(crate::config::config_dir().map(|d| d.join("modules").display().to_string()));
+    out.push("<stdlib>".into());
+    out
+}
+
+/// The embedded standard library, compiled on first import with the importing engine.
+#[derive(Default)]
+pub struct Stdlib {
+    cache: Mutex<HashMap<String, Shared<Module>>>,
+}
+
+impl ModuleResolver for Stdlib {
+    fn resolve(
+        &self,
+        engine: &Engine,
+        _source: Option<&str>,
+        path: &str,
+        pos: Position,
+    ) -> Result<Shared<Module>, Box<EvalAltResult>> {
+        let name = path.trim_end_matches(".rhai");
+        if let Some(m) = self.cache.lock().ok().and_then(|c| c.get(name).cloned()) {
+            return Ok(m);
+        }
+        let Some((_, src)) = STDLIB.iter().find(|(n, _)| *n == name) else {
+            return Err(Box::new(EvalAltResult::ErrorModuleNotFound(path.into(), pos)));
+        };
+        let mut ast = engine.compile(src).map_err(|e| {
+            Box::new(EvalAltResult::ErrorInModule(
+                format!("stdlib/{name}.rhai"),
+                e.into(),
+                pos,
+            ))
+        })?;
+        ast.set_source(format!("stdlib/{name}.rhai"));
+        let module = Module::eval_ast_as_new(Scope::new(), &ast, engine).map_err(|e| {
+            Box::new(EvalAltResult::ErrorInModule(
+                format!("stdlib/{name}.rhai"),
+                e,
+                pos,
+            ))
+        })?;
+        let module: Shared<Module> = module.into();
+        if let Ok(mut c) = self.cache.lock() {
+            c.insert(name.to_string(), module.clone());
+        }
+        Ok(module)
+    }
+}
