@@ -14,5 +14,7 @@ pub mod inspect;
 pub mod interrupt;
 pub mod process;
 pub mod render;
+pub mod repl;
+pub mod runner;
 pub mod script;
 pub mod session;

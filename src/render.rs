@@ -1,16 +1,67 @@
-//! Tables for people: GPUs, holders, diagnoses and kill reports, as the one-shot commands print them.
+//! Output for people: GPU and holder tables, diagnosis and kill summaries, and any Rhai value
+//! (the REPL and `eval`), in colour only on a terminal; plus the JSON form of a Rhai value.
 
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, MIB};
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
-use crate::process::kill::KillReport;
-use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
+use crate::process::kill::{KillError, KillReport, Skipped};
+use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
+use rhai::{Array, Dynamic, Map};
+use std::io::IsTerminal;
 
-fn table(header: &[&str]) -> Table {
+/// Whether output gets ANSI colour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Style {
+    pub color: bool,
+}
+
+impl Style {
+    pub const PLAIN: Style = Style { color: false };
+
+    /// Colour only when stdout is a terminal and `NO_COLOR` is unset or empty (no-color.org).
+    pub fn stdout() -> Style {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Style {
+            color: !no_color && std::io::stdout().is_terminal(),
+        }
+    }
+
+    fn paint(self, s: &str, code: &str) -> String {
+        if self.color {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+    fn green(self, s: &str) -> String {
+        self.paint(s, "32")
+    }
+    fn red(self, s: &str) -> String {
+        self.paint(s, "31")
+    }
+    pub fn bold(self, s: &str) -> String {
+        self.paint(s, "1")
+    }
+}
+
+fn table(header: &[&str], style: Style) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::NOTHING)
         .set_content_arrangement(ContentArrangement::Disabled)
-        .set_header(header.to_vec());
+        .set_header(header.iter().map(|h| {
+            let c = Cell::new(h);
+            if style.color {
+                c.add_attribute(Attribute::Bold)
+            } else {
+                c
+            }
+        }));
+    // comfy-table would otherwise decide on its own whether stdout is a terminal.
+    if style.color {
+        t.enforce_styling();
+    } else {
+        t.force_no_tty();
+    }
     t
 }
 
@@ -19,6 +70,13 @@ fn right(t: &mut Table, cols: &[usize]) {
         if let Some(col) = t.column_mut(c) {
             col.set_cell_alignment(CellAlignment::Right);
         }
+    }
+}
+
+fn colored(text: String, color: Option<Color>, style: Style) -> Cell {
+    match color {
+        Some(c) if style.color => Cell::new(text).fg(c),
+        _ => Cell::new(text),
     }
 }
 
@@ -34,57 +92,92 @@ fn trimmed(t: Table) -> String {
     t.lines().map(|l| l.trim_end().to_string()).collect::<Vec<_>>().join("\n")
 }
 
-pub fn gpus(gpus: &[Gpu]) -> String {
+/// Rows from several hosts get a HOST column; a single local machine does not need one.
+fn multi_host<'a>(hosts: impl IntoIterator<Item = &'a str>) -> bool {
+    hosts.into_iter().any(|h| h != "local")
+}
+
+pub fn gpus(gpus: &[Gpu], style: Style) -> String {
     if gpus.is_empty() {
         return "no GPUs".into();
     }
-    let mut t = table(&["GPU", "NAME", "USED MiB", "TOTAL MiB", "UTIL%", "TEMP", "PROCS", "BUS"]);
-    for g in gpus {
-        t.add_row(vec![
-            g.index.to_string(),
-            g.name.clone(),
-            g.mem_used_mib.to_string(),
-            g.mem_total_mib.to_string(),
-            opt(g.util),
-            opt(g.temp_c),
-            g.procs.to_string(),
-            g.bus_id.clone(),
-        ]);
+    let hosts = multi_host(gpus.iter().map(|g| g.host.as_str()));
+    let mut header = vec!["GPU", "NAME", "USED MiB", "TOTAL MiB", "UTIL%", "TEMP", "PROCS", "BUS"];
+    if hosts {
+        header.insert(0, "HOST");
     }
-    right(&mut t, &[0, 2, 3, 4, 5, 6]);
+    let mut t = table(&header, style);
+    for g in gpus {
+        let used = if g.mem_used_mib > 0 { Color::Yellow } else { Color::Green };
+        let mut row = vec![
+            Cell::new(g.index),
+            Cell::new(&g.name),
+            colored(g.mem_used_mib.to_string(), Some(used), style),
+            Cell::new(g.mem_total_mib),
+            Cell::new(opt(g.util)),
+            Cell::new(opt(g.temp_c)),
+            Cell::new(g.procs),
+            Cell::new(&g.bus_id),
+        ];
+        if hosts {
+            row.insert(0, Cell::new(&g.host));
+        }
+        t.add_row(row);
+    }
+    let shift = usize::from(hosts);
+    right(&mut t, &[0, 2, 3, 4, 5, 6].map(|c| c + shift));
     trimmed(t)
 }
 
-pub fn holders(hs: &[Holder]) -> String {
+fn state_color(state: &str) -> Option<Color> {
+    match state {
+        "running" => Some(Color::Green),
+        "zombie" | "disk-sleep" | "stopped" | "tracing-stop" | "dead" => Some(Color::Red),
+        _ => None,
+    }
+}
+
+pub fn holders(hs: &[Holder], style: Style) -> String {
     if hs.is_empty() {
         return "no holders".into();
     }
-    let mut t = table(&["PID", "USER", "NAME", "GPUS", "MiB", "STATE", "ROLE", "EVIDENCE", "COMMAND"]);
+    let hosts = multi_host(hs.iter().map(|h| h.host.as_str()));
+    let mut header = vec!["PID", "USER", "NAME", "GPUS", "MiB", "STATE", "ROLE", "EVIDENCE", "COMMAND"];
+    if hosts {
+        header.insert(0, "HOST");
+    }
+    let mut t = table(&header, style);
     for h in hs {
         let mut cmd = h.cmdline.clone();
         if cmd.chars().count() > 60 {
             cmd = cmd.chars().take(57).collect::<String>() + "...";
         }
-        t.add_row(vec![
-            h.pid.to_string(),
-            h.user.clone(),
-            h.name.clone(),
-            join(&h.gpus),
-            (h.mem / crate::gpu::MIB).to_string(),
-            h.state.clone(),
-            h.role.clone(),
-            h.evidence.join("+"),
-            cmd,
-        ]);
+        let mut row = vec![
+            Cell::new(h.pid),
+            Cell::new(&h.user),
+            Cell::new(&h.name),
+            Cell::new(join(&h.gpus)),
+            Cell::new(h.mem / MIB),
+            colored(h.state.clone(), state_color(&h.state), style),
+            Cell::new(&h.role),
+            Cell::new(h.evidence.join("+")),
+            Cell::new(cmd),
+        ];
+        if hosts {
+            row.insert(0, Cell::new(&h.host));
+        }
+        t.add_row(row);
     }
-    right(&mut t, &[0, 4]);
+    let shift = usize::from(hosts);
+    right(&mut t, &[0, 4].map(|c| c + shift));
     trimmed(t)
 }
 
-pub fn diagnoses(ds: &[Diagnosis]) -> String {
+pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
     if ds.is_empty() {
         return "no GPUs".into();
     }
+    let hosts = multi_host(ds.iter().map(|d| d.host.as_str()));
     let mut out = Vec::new();
     for d in ds {
         let holders = d
@@ -93,33 +186,37 @@ pub fn diagnoses(ds: &[Diagnosis]) -> String {
             .map(|h| format!("{}({})", h.name, h.pid))
             .collect::<Vec<_>>()
             .join(", ");
-        let mut line = format!("GPU {}  {:>7} MiB  {:<15}  {}", d.gpu, d.mem_used_mib, d.verdict, d.advice);
+        // Pad before painting, so escape codes do not upset the alignment.
+        let verdict = format!("{:<15}", d.verdict);
+        let verdict = if d.verdict == "clean" { style.green(&verdict) } else { style.red(&verdict) };
+        let gpu = if hosts { format!("{}:{}", d.host, d.gpu) } else { d.gpu.to_string() };
+        let mut line = format!("GPU {gpu}  {:>7} MiB  {verdict}  {}", d.mem_used_mib, d.advice);
         if !holders.is_empty() && d.verdict != "clean" {
             line.push_str(&format!("\n        holders: {holders}"));
         }
         if !d.ghost_pids.is_empty() {
             line.push_str(&format!("\n        driver lists dead/invisible pids: {}", join(&d.ghost_pids)));
         }
-        out.push(line);
+        out.push(line.trim_end().to_string());
     }
     out.join("\n")
 }
 
-pub fn kill_report(r: &KillReport) -> String {
+pub fn kill_report(r: &KillReport, style: Style) -> String {
     let mut out = Vec::new();
     let verb = if r.dry_run { "would signal" } else { "signalled" };
     out.push(format!("{verb}: {}", list_or_none(&r.signalled)));
     if !r.dry_run {
-        out.push(format!("exited: {}", list_or_none(&r.exited)));
+        out.push(format!("exited: {}", style.green(&list_or_none(&r.exited))));
         if !r.survivors.is_empty() {
-            out.push(format!("survivors: {}", join(&r.survivors)));
+            out.push(format!("survivors: {}", style.red(&join(&r.survivors))));
         }
     }
     for s in &r.skipped {
         out.push(format!("skipped {}: {}", s.pid, s.reason));
     }
     for e in &r.errors {
-        out.push(format!("error {}: {}", e.pid, e.error));
+        out.push(style.red(&format!("error {}: {}", e.pid, e.error)));
     }
     out.push(format!("({} ms)", r.elapsed_ms));
     out.join("\n")
@@ -130,5 +227,339 @@ fn list_or_none(v: &[i64]) -> String {
         "none".into()
     } else {
         join(v)
+    }
+}
+
+/// A script value for people: arrays of GPU or holder maps as tables, diagnoses, kill and run
+/// reports as short summaries, a string as its text, anything else in Rhai's literal form.
+pub fn value(v: &Dynamic, style: Style) -> String {
+    if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
+        return s.to_string();
+    }
+    if let Some(a) = v.read_lock::<Array>() {
+        if let Some(gs) = all_of(&a, gpu_of) {
+            return gpus(&gs, style);
+        }
+        if let Some(hs) = all_of(&a, holder_of) {
+            return holders(&hs, style);
+        }
+        if let Some(ds) = all_of(&a, diagnosis_of) {
+            return diagnoses(&ds, style);
+        }
+    }
+    if let Some(m) = v.read_lock::<Map>() {
+        if let Some(r) = kill_report_of(&m) {
+            return kill_report(&r, style);
+        }
+        if let Some(r) = run_summary(&m, style) {
+            return r;
+        }
+    }
+    literal(v)
+}
+
+/// Every element converted, or `None` (also for an empty array, which prints as `[]`).
+fn all_of<T>(a: &Array, f: fn(&Map) -> Option<T>) -> Option<Vec<T>> {
+    if a.is_empty() {
+        return None;
+    }
+    a.iter().map(|v| v.read_lock::<Map>().and_then(|m| f(&m))).collect()
+}
+
+fn int(m: &Map, k: &str) -> Option<i64> {
+    m.get(k)?.as_int().ok()
+}
+
+/// `()` is `None`; a present non-integer makes the map not one of ours.
+fn opt_int(m: &Map, k: &str) -> Option<Option<i64>> {
+    match m.get(k) {
+        None => Some(None),
+        Some(v) if v.is_unit() => Some(None),
+        Some(v) => v.as_int().ok().map(Some),
+    }
+}
+
+fn string(m: &Map, k: &str) -> Option<String> {
+    m.get(k)?.read_lock::<rhai::ImmutableString>().map(|s| s.to_string())
+}
+
+fn ints(m: &Map, k: &str) -> Option<Vec<i64>> {
+    m.get(k)?.read_lock::<Array>()?.iter().map(|v| v.as_int().ok()).collect()
+}
+
+fn strings(m: &Map, k: &str) -> Option<Vec<String>> {
+    m.get(k)?
+        .read_lock::<Array>()?
+        .iter()
+        .map(|v| v.read_lock::<rhai::ImmutableString>().map(|s| s.to_string()))
+        .collect()
+}
+
+fn maps<T>(m: &Map, k: &str, f: impl Fn(&Map) -> Option<T>) -> Option<Vec<T>> {
+    m.get(k)?
+        .read_lock::<Array>()?
+        .iter()
+        .map(|v| v.read_lock::<Map>().and_then(|m| f(&m)))
+        .collect()
+}
+
+/// A map as gpu() returns it (the fields the table needs must be there, with their types).
+fn gpu_of(m: &Map) -> Option<Gpu> {
+    let mem_used_mib = int(m, "mem_used_mib")?;
+    let mem_total_mib = int(m, "mem_total_mib")?;
+    Some(Gpu {
+        index: int(m, "index")?,
+        uuid: string(m, "uuid")?,
+        name: string(m, "name")?,
+        minor: int(m, "minor").unwrap_or(-1),
+        bus_id: string(m, "bus_id").unwrap_or_default(),
+        mem_total: int(m, "mem_total").unwrap_or(mem_total_mib * MIB),
+        mem_used: int(m, "mem_used").unwrap_or(mem_used_mib * MIB),
+        mem_free: int(m, "mem_free").unwrap_or(0),
+        mem_used_mib,
+        mem_total_mib,
+        util: opt_int(m, "util")?,
+        temp_c: opt_int(m, "temp_c")?,
+        procs: int(m, "procs").unwrap_or(0),
+        host: string(m, "host").unwrap_or_else(|| "local".into()),
+        driver_procs: Vec::new(),
+    })
+}
+
+/// A map as holders() returns it.
+fn holder_of(m: &Map) -> Option<Holder> {
+    Some(Holder {
+        pid: int(m, "pid")?,
+        ppid: int(m, "ppid").unwrap_or(0),
+        pgid: int(m, "pgid").unwrap_or(0),
+        sid: int(m, "sid").unwrap_or(0),
+        start: int(m, "start")?,
+        uid: int(m, "uid").unwrap_or(-1),
+        user: string(m, "user").unwrap_or_default(),
+        name: string(m, "name")?,
+        cmdline: string(m, "cmdline").unwrap_or_default(),
+        state: string(m, "state")?,
+        role: string(m, "role").unwrap_or_default(),
+        gpus: ints(m, "gpus")?,
+        mem: int(m, "mem").unwrap_or(0),
+        evidence: strings(m, "evidence")?,
+        protected: m.get("protected").and_then(|v| v.as_bool().ok()).unwrap_or(false),
+        host: string(m, "host").unwrap_or_else(|| "local".into()),
+    })
+}
+
+/// A map as diagnose() returns it.
+fn diagnosis_of(m: &Map) -> Option<Diagnosis> {
+    Some(Diagnosis {
+        gpu: int(m, "gpu")?,
+        mem_used_mib: int(m, "mem_used_mib")?,
+        holders: maps(m, "holders", holder_of)?,
+        ghost_pids: ints(m, "ghost_pids")?,
+        verdict: string(m, "verdict")?,
+        advice: string(m, "advice")?,
+        host: string(m, "host").unwrap_or_else(|| "local".into()),
+    })
+}
+
+/// A map as kill() returns it.
+fn kill_report_of(m: &Map) -> Option<KillReport> {
+    Some(KillReport {
+        signalled: ints(m, "signalled")?,
+        exited: ints(m, "exited")?,
+        survivors: ints(m, "survivors")?,
+        skipped: maps(m, "skipped", |s| {
+            Some(Skipped {
+                pid: int(s, "pid")?,
+                reason: string(s, "reason")?,
+            })
+        })?,
+        errors: maps(m, "errors", |e| {
+            Some(KillError {
+                pid: int(e, "pid")?,
+                error: string(e, "error")?,
+            })
+        })?,
+        elapsed_ms: int(m, "elapsed_ms")?,
+        dry_run: m.get("dry_run").and_then(|v| v.as_bool().ok()).unwrap_or(false),
+    })
+}
+
+/// A run() result in one line (its output was already streamed; `r.stdout` shows it again).
+fn run_summary(m: &Map, style: Style) -> Option<String> {
+    let ok = m.get("ok")?.as_bool().ok()?;
+    let timed_out = m.get("timed_out")?.as_bool().ok()?;
+    let elapsed = int(m, "elapsed_ms")?;
+    let pid = int(m, "pid")?;
+    let lines = |k: &str| string(m, k).map(|s| s.lines().count());
+    let (out, err) = (lines("stdout")?, lines("stderr")?);
+    let how = match (opt_int(m, "code")?, m.get("signal").and_then(|s| s.read_lock::<rhai::ImmutableString>().map(|s| s.to_string()))) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(sig)) => format!("killed by SIG{sig}"),
+        (None, None) => "no exit status".into(),
+    };
+    let how = if timed_out { format!("timed out, {how}") } else { how };
+    let how = if ok { style.green(&how) } else { style.red(&how) };
+    Some(format!(
+        "run: {how} after {:.1} s (pid {pid}); stdout {out} line(s), stderr {err} line(s)",
+        elapsed as f64 / 1000.0
+    ))
+}
+
+/// Wider literals are broken over several lines.
+const LITERAL_WIDTH: usize = 100;
+
+/// A value in Rhai's literal syntax: what you could type to get it back (where Rhai has a
+/// literal for it); long arrays and maps are spread over lines, four spaces per level.
+pub fn literal(v: &Dynamic) -> String {
+    pretty(v, 0)
+}
+
+fn pretty(v: &Dynamic, indent: usize) -> String {
+    let flat = flat(v);
+    if indent + flat.len() <= LITERAL_WIDTH {
+        return flat;
+    }
+    let pad = " ".repeat(indent + 4);
+    let end = " ".repeat(indent);
+    if let Some(a) = v.read_lock::<Array>() {
+        let items: Vec<String> = a.iter().map(|x| format!("{pad}{},", pretty(x, indent + 4))).collect();
+        return format!("[\n{}\n{end}]", items.join("\n"));
+    }
+    if let Some(m) = v.read_lock::<Map>() {
+        let items: Vec<String> = m
+            .iter()
+            .map(|(k, x)| format!("{pad}{}: {},", key(k), pretty(x, indent + 4)))
+            .collect();
+        return format!("#{{\n{}\n{end}}}", items.join("\n"));
+    }
+    flat
+}
+
+fn flat(v: &Dynamic) -> String {
+    if let Some(a) = v.read_lock::<Array>() {
+        return format!("[{}]", a.iter().map(flat).collect::<Vec<_>>().join(", "));
+    }
+    if let Some(m) = v.read_lock::<Map>() {
+        let items: Vec<String> = m.iter().map(|(k, x)| format!("{}: {}", key(k), flat(x))).collect();
+        return format!("#{{{}}}", items.join(", "));
+    }
+    // rhai's Debug form is its literal syntax: quoted strings, 'c', (), Fn("f"), 1.0.
+    format!("{v:?}")
+}
+
+/// Map keys bare where Rhai accepts them so, quoted otherwise.
+fn key(k: &str) -> String {
+    let ident = k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ident {
+        k.to_string()
+    } else {
+        format!("{k:?}")
+    }
+}
+
+/// A script value as JSON: `()` is null, blobs are arrays of bytes, function pointers and
+/// other opaque values their text.
+pub fn json(v: &Dynamic) -> serde_json::Value {
+    use serde_json::Value;
+    if v.is_unit() {
+        return Value::Null;
+    }
+    if let Ok(b) = v.as_bool() {
+        return Value::Bool(b);
+    }
+    if let Ok(i) = v.as_int() {
+        return Value::from(i);
+    }
+    if let Ok(f) = v.as_float() {
+        return serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number);
+    }
+    if let Ok(c) = v.as_char() {
+        return Value::String(c.to_string());
+    }
+    if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
+        return Value::String(s.to_string());
+    }
+    if let Some(a) = v.read_lock::<Array>() {
+        return Value::Array(a.iter().map(json).collect());
+    }
+    if let Some(b) = v.read_lock::<rhai::Blob>() {
+        return Value::Array(b.iter().map(|&x| Value::from(x)).collect());
+    }
+    if let Some(m) = v.read_lock::<Map>() {
+        return Value::Object(m.iter().map(|(k, x)| (k.to_string(), json(x))).collect());
+    }
+    Value::String(v.to_string())
+}
+
+/// Strips ANSI escape sequences (for checking that colour does not change the layout).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters final-byte
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(code: &str) -> Dynamic {
+        rhai::Engine::new().eval::<Dynamic>(code).expect(code)
+    }
+
+    #[test]
+    fn literal_is_rhai_syntax() {
+        let v = eval(r#"#{a: 1, "b c": "x\ny", d: [1, 2.5, 'c', ()], _e: true}"#);
+        assert_eq!(literal(&v), r#"#{_e: true, a: 1, "b c": "x\ny", d: [1, 2.5, 'c', ()]}"#);
+    }
+
+    #[test]
+    fn long_literal_spreads_over_lines() {
+        let v = eval(r#"#{list: [1, 2, 3], text: "a long string that does not fit on one line with the rest of this map, surely not"}"#);
+        assert_eq!(
+            literal(&v),
+            "#{\n    list: [1, 2, 3],\n    text: \"a long string that does not fit on one line with the rest of this map, surely not\",\n}"
+        );
+    }
+
+    #[test]
+    fn strings_print_as_text_at_the_top_only() {
+        assert_eq!(value(&eval(r#""a\nb""#), Style::PLAIN), "a\nb");
+        assert_eq!(value(&eval(r#"["a"]"#), Style::PLAIN), r#"["a"]"#);
+    }
+
+    #[test]
+    fn maps_that_are_not_ours_print_as_literals() {
+        let v = eval(r#"[#{index: 0, name: "x"}]"#);
+        assert_eq!(value(&v, Style::PLAIN), r#"[#{index: 0, name: "x"}]"#);
+        assert_eq!(value(&eval("[]"), Style::PLAIN), "[]");
+    }
+
+    #[test]
+    fn json_of_values() {
+        let v = eval(r#"#{a: (), b: [1, 2.5, "s", 'c', true], c: blob(2, 7)}"#);
+        assert_eq!(
+            json(&v).to_string(),
+            r#"{"a":null,"b":[1,2.5,"s","c",true],"c":[7,7]}"#
+        );
+    }
+
+    #[test]
+    fn strip_ansi_removes_colour() {
+        assert_eq!(strip_ansi("\x1b[1;32mok\x1b[0m done"), "ok done");
     }
 }

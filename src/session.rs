@@ -44,7 +44,10 @@ impl Session {
                 Ok(b) => Box::new(b),
                 Err(e) => {
                     let why = e.to_string();
-                    let why = why.rsplit(": ").next().unwrap_or(&why).to_string();
+                    let why = why
+                        .trim_start_matches("NVML: ")
+                        .trim_start_matches("a libloading error occurred: ")
+                        .to_string();
                     eprintln!(
                         "warning: no NVIDIA driver ({why}); gpu() returns [], holders() still scans /dev/nvidia* fds"
                     );

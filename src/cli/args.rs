@@ -39,6 +39,8 @@ pub enum Cmd {
         #[arg(required = true)]
         scripts: Vec<PathBuf>,
     },
+    /// Interactive Rhai prompt with every gpuloop function (:help lists them, :quit leaves).
+    Repl,
     /// Print the reference of every script function (Markdown).
     Doc {
         /// Write Rhai definition files for editors into DIR instead.

@@ -9,7 +9,7 @@ use crate::gpu::sim::SimBackend;
 use crate::inspect::wait::WaitOpts;
 use crate::inspect::Selection;
 use crate::process::kill::{parse_signal, KillOpts};
-use crate::render;
+use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
 use serde::Serialize;
 use std::io::Read;
@@ -22,6 +22,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Run { script, args } => run_script(cfg, script, args),
         Cmd::Eval { code } => eval(cfg, code),
         Cmd::Check { scripts } => check(cfg, scripts),
+        Cmd::Repl => crate::repl::run(cfg),
         Cmd::Doc { definitions } => crate::script::doc::print(cfg, definitions.as_deref()),
         Cmd::Completions { shell } => {
             let mut cmd = <Args as clap::CommandFactory>::command();
@@ -30,20 +31,20 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         }
         Cmd::Gpus => {
             let gpus = actions::gpus(s)?;
-            emit(cfg, &gpus, || render::gpus(&gpus))
+            emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))
         }
         Cmd::Holders { sel, all } => {
             let hs = actions::holders(s, &selection(sel), *all)?;
-            emit(cfg, &hs, || render::holders(&hs))
+            emit(cfg, &hs, || render::holders(&hs, Style::stdout()))
         }
         Cmd::Diagnose { sel } => {
             let ds = actions::diagnoses(s, &selection(sel))?;
-            emit(cfg, &ds, || render::diagnoses(&ds))
+            emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))
         }
         Cmd::Kill { sel, kill } => {
             let targets = actions::holder_targets(&actions::holders(s, &selection(sel), false)?);
             let report = actions::kill(s, &targets, &kill_opts(kill)?);
-            emit(cfg, &report, || render::kill_report(&report))?;
+            emit(cfg, &report, || render::kill_report(&report, Style::stdout()))?;
             Ok(if report.survivors.is_empty() && report.errors.is_empty() { 0 } else { 1 })
         }
         Cmd::Clean { sel, timeout, kill } => clean(cfg, &selection(sel), *timeout, kill),
@@ -110,8 +111,8 @@ fn clean(cfg: &Config, sel: &Selection, timeout: f64, kill: &KillFlags) -> Resul
     emit(cfg, &out, || {
         format!(
             "{}\n{}\n{}",
-            render::kill_report(&r.kill),
-            render::diagnoses(&r.after),
+            render::kill_report(&r.kill, Style::stdout()),
+            render::diagnoses(&r.after, Style::stdout()),
             if r.clean { "clean" } else { "NOT clean" }
         )
     })?;
@@ -137,6 +138,8 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
 
 fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error> {
     let (file, src, dir) = read_script(script)?;
+    // Whatever the script started (run/spawn) is stopped when this goes out of scope.
+    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
     let session = cfg.session.clone();
     let engine = build_engine(session, &EngineOpts { script_dir: dir });
     let mut scope = new_scope(args);
@@ -145,17 +148,16 @@ fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error>
 }
 
 fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
+    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
     let session = cfg.session.clone();
     let dir = std::env::current_dir().ok();
     let engine = build_engine(session, &EngineOpts { script_dir: dir });
     let mut scope = new_scope(&[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
     if cfg.json {
-        let json: serde_json::Value =
-            rhai::serde::from_dynamic(&v).map_err(|e| Error::Other(e.to_string()))?;
-        println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
+        println!("{}", serde_json::to_string_pretty(&render::json(&v)).unwrap_or_default());
     } else if !v.is_unit() {
-        println!("{v}");
+        println!("{}", render::value(&v, Style::stdout()));
     }
     Ok(0)
 }

@@ -28,8 +28,12 @@ impl Config {
             Some(spec) => {
                 // Reject a bad spec before anything runs.
                 crate::gpu::sim::SimSpec::parse(spec)?;
+                let dir = sim_dir();
+                // Jobs that scripts start (run(), `gpuloop sim hold`) see the same simulator.
+                std::env::set_var("GPULOOP_SIM", spec);
+                std::env::set_var("GPULOOP_SIM_DIR", &dir);
                 BackendChoice::Sim {
-                    dir: sim_dir(),
+                    dir,
                     spec: Some(spec.clone()),
                 }
             }
@@ -65,6 +69,10 @@ pub fn main() -> i32 {
         };
     }
     crate::interrupt::install();
+    // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`).
+    if let Ok(exe) = std::env::current_exe() {
+        std::env::set_var("GPULOOP_EXE", exe);
+    }
     let result = Config::from_args(&args).and_then(|cfg| commands::dispatch(&args, &cfg));
     match result {
         Ok(code) => code,

@@ -106,7 +106,8 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
     let unreadable: BTreeSet<i32> = scan.unreadable.iter().copied().collect();
     let me = std::process::id() as i32;
     let mut ghosts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-    let mut holders = Vec::new();
+    let mut ghost_gpus: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new();
+    let mut live = Vec::new();
     let pids: BTreeSet<i32> = driver.keys().chain(users.keys()).copied().collect();
     for pid in pids {
         // A driver-listed pid is trusted only if that process here uses a GPU node (or hides
@@ -122,25 +123,31 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
                 for &i in idx {
                     ghosts.entry(i).or_default().push(pid.into());
                 }
+                ghost_gpus.insert(pid.into(), idx.clone());
             }
             continue;
         };
-        if pid == me {
-            continue;
+        if pid != me {
+            live.push(stat);
         }
-        let user = users.remove(&pid).unwrap_or(NodeUser {
-            pid,
-            open: NodeSet::default(),
-            mapped: NodeSet::default(),
-        });
-        holders.push(make_holder(
-            &stat,
-            &user,
-            driver.get(&pid),
-            &index_of_minor,
-            protected,
-        ));
     }
+    let holders = live
+        .iter()
+        .map(|stat| {
+            let user = users.remove(&stat.pid).unwrap_or(NodeUser {
+                pid: stat.pid,
+                open: NodeSet::default(),
+                mapped: NodeSet::default(),
+            });
+            // A CUDA context maps the nodes of every GPU it can see, so for a process the
+            // driver does not list, the GPUs of the dead creator it descends from (a forked
+            // child keeps its creator's process group and session) say more than its maps.
+            let inherited = [stat.pgid, stat.sid, stat.ppid]
+                .iter()
+                .find_map(|p| ghost_gpus.get(&i64::from(*p)));
+            make_holder(stat, &user, driver.get(&stat.pid), inherited, &index_of_minor, protected)
+        })
+        .collect();
     Inventory {
         gpus,
         holders,
@@ -153,6 +160,7 @@ fn make_holder(
     stat: &ProcInfo,
     user: &NodeUser,
     driver: Option<&(BTreeSet<i64>, i64)>,
+    inherited: Option<&BTreeSet<i64>>,
     index_of_minor: &dyn Fn(u32) -> i64,
     protected: &[String],
 ) -> Holder {
@@ -169,11 +177,14 @@ fn make_holder(
     } else {
         "observer"
     };
-    let mut gpus: BTreeSet<i64> = driver.map(|d| d.0.clone()).unwrap_or_default();
-    gpus.extend(&mapped);
-    if gpus.is_empty() {
-        gpus = open;
-    }
+    // The driver's word first: on a machine with several GPUs every CUDA context maps all
+    // the GPU nodes it can see (seen on H200s), not only those it uses.
+    let gpus: BTreeSet<i64> = match (driver, inherited) {
+        (Some(d), _) => d.0.clone(),
+        (None, Some(g)) => g.clone(),
+        (None, None) if !mapped.is_empty() => mapped,
+        (None, None) => open,
+    };
     let mut evidence = Vec::new();
     if listed {
         evidence.push("driver".to_string());

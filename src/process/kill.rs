@@ -182,13 +182,21 @@ pub fn kill(
     // 1. Resolve targets against one snapshot, then gather their trees from it.
     let mut chosen: Vec<Identity> = Vec::new();
     let mut seen: HashSet<i32> = HashSet::new();
+    // Returns whether `p` was taken: a refused target's tree is never walked (its children
+    // may be gpuloop's siblings, or a daemon's helpers).
     let mut consider = |report: &mut KillReport, p: &ProcInfo, chosen: &mut Vec<Identity>| {
         if !seen.insert(p.pid) {
-            return;
+            return false;
         }
         match guard.refuse(p, opts.force) {
-            Some(reason) => skip(report, p.pid, reason),
-            None => chosen.push(p.identity()),
+            Some(reason) => {
+                skip(report, p.pid, reason);
+                false
+            }
+            None => {
+                chosen.push(p.identity());
+                true
+            }
         }
     };
     for t in targets {
@@ -214,8 +222,7 @@ pub fn kill(
                 continue;
             }
         }
-        consider(&mut report, p, &mut chosen);
-        if opts.tree {
+        if consider(&mut report, p, &mut chosen) && opts.tree {
             for q in tree.descendants(pid).into_iter().chain(tree.job_group(pid)) {
                 if let Some(q) = tree.get(q) {
                     consider(&mut report, q, &mut chosen);
@@ -383,7 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn refuses_self_and_pid_one() {
+    fn refuses_self_and_pid_one_and_never_walks_their_trees() {
         let never = AtomicBool::new(false);
         let me = std::process::id() as i32;
         let r = kill(&[Target::Pid(me), Target::Pid(1)], &KillOpts::default(), &[], &never);
@@ -391,6 +398,8 @@ mod tests {
         assert_eq!(r.skipped.len(), 2, "{r:?}");
         assert!(r.skipped.iter().any(|s| s.reason.contains("gpuloop itself")));
         assert!(r.skipped.iter().any(|s| s.reason.contains("never signalled")));
+        // Our own children (other tests' processes) were not touched through our tree.
+        assert_eq!(r.skipped.len() + r.signalled.len(), 2);
     }
 
     #[test]

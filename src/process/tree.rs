@@ -105,6 +105,7 @@ mod tests {
         // that 31 is in, and 32 sits in 31's group but 31 is not its leader.
         let t = Tree::new(vec![
             p(1, 0, 1, 1),
+            p(5, 1, 5, 5),
             p(10, 1, 10, 5),
             p(11, 10, 10, 5),
             p(12, 10, 10, 5),

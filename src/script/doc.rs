@@ -88,7 +88,12 @@ pub fn stdlib_functions(engine: &rhai::Engine) -> Vec<(String, String, Vec<FnMet
         let Ok(ast) = engine.compile(src) else { continue };
         let fns = ast
             .iter_functions()
-            .filter(|f| f.access != rhai::FnAccess::Private && !f.name.starts_with('_'))
+            // Closures compile to `anon$…` functions; they are not part of the module's API.
+            .filter(|f| {
+                f.access != rhai::FnAccess::Private
+                    && !f.name.starts_with('_')
+                    && !f.name.starts_with("anon$")
+            })
             .map(|f| FnMeta {
                 name: format!("{name}::{}", f.name),
                 params: f

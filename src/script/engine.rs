@@ -47,11 +47,21 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     engine.on_progress(|_| {
         crate::interrupt::is_set().then(|| Dynamic::from(INTERRUPT_TOKEN))
     });
+    // SPEC's `until(timeout, fn)` helper: `until` is a function here, not the keyword of
+    // rhai's `do { } until c` loop (write `do { } while !c` instead).
+    #[allow(deprecated)] // rhai marks this hook "volatile", not deprecated
+    engine.on_parse_token(|token, _, _| match token {
+        rhai::Token::Until => rhai::Token::Identifier(Box::new("until".into())),
+        // SPEC's `spawn(cmd)`: rhai reserves `spawn` for a future keyword.
+        rhai::Token::Reserved(s) if s.as_str() == "spawn" => rhai::Token::Identifier(s),
+        t => t,
+    });
     engine.on_print(|s| println!("{s}"));
     engine.on_debug(|s, src, pos| eprintln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
     bindings::gpu::register(&mut engine, &session);
     bindings::process::register(&mut engine, &session);
     bindings::helpers::register(&mut engine);
+    bindings::runner::register(&mut engine, &session);
     engine.set_module_resolver(modules::resolver(opts.script_dir.clone()));
     engine
 }

@@ -10,6 +10,8 @@ use std::sync::Mutex;
 /// The standard library: (module name, source), embedded at build time.
 pub const STDLIB: &[(&str, &str)] = &[
     ("report", include_str!("../../stdlib/report.rhai")),
+    ("cleanup", include_str!("../../stdlib/cleanup.rhai")),
+    ("patch", include_str!("../../stdlib/patch.rhai")),
 ];
 
 /// The resolver chain, in the order SPEC gives.

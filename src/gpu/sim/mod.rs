@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 
-/// A parsed `--sim` spec: `NxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME]`.
+/// A parsed `--sim` spec: `NxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimSpec {
     pub count: usize,
@@ -30,6 +30,10 @@ pub struct SimSpec {
     /// Minor number of each GPU, by index.
     pub minors: Vec<u32>,
     pub name: String,
+    /// How the simulated driver reports processes of another PID namespace: not at all
+    /// (`hidden`, what driver 580 does on H200s), or by their pid there (`raw`, which then
+    /// names a pid that does not exist here).
+    pub foreign_pids_raw: bool,
     /// The spec as given, normalised, to compare with a state directory's.
     pub canonical: String,
 }
@@ -63,6 +67,7 @@ impl SimSpec {
             release_ms: 0,
             minors: (0..count as u32).collect(),
             name: format!("Simulated GPU {}GB", mem_bytes / (1024 * MIB)),
+            foreign_pids_raw: false,
             canonical: String::new(),
         };
         for opt in parts {
@@ -91,9 +96,16 @@ impl SimSpec {
                     s.minors = minors;
                 }
                 "name" => s.name = v.trim().to_string(),
+                "foreign_pids" => {
+                    s.foreign_pids_raw = match v.trim() {
+                        "hidden" => false,
+                        "raw" => true,
+                        _ => return Err(bad(format!("foreign_pids={v:?}: use hidden or raw"))),
+                    }
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown option {other:?} (known: release_ms, minors, name)"
+                        "unknown option {other:?} (known: release_ms, minors, name, foreign_pids)"
                     )))
                 }
             }
@@ -302,8 +314,8 @@ impl SimBackend {
                 continue;
             };
             used[i] += a.mib * MIB;
-            // The driver can only name pids of its own namespace in ours.
-            if !a.leaked && a.ns == self.own_ns {
+            // The driver names pids of another namespace only in `raw` mode.
+            if !a.leaked && (a.ns == self.own_ns || self.spec.foreign_pids_raw) {
                 *procs[i].entry(a.creator).or_default() += a.mib * MIB;
             }
         }
@@ -397,6 +409,16 @@ pub fn watch(alloc: &Path, release_ms: u64) -> Result<(), GpuError> {
     let _ = fs::remove_file(alloc);
     let _ = fs::remove_file(alloc.with_extension("watcher"));
     drop(lock);
+    // When each release happened, for tests and benchmarks that measure how soon it is seen.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let name = alloc.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let log = dir.parent().unwrap_or(dir).join("released.log");
+    if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(log) {
+        use std::io::Write;
+        let _ = writeln!(f, "{name} {stamp:.6}");
+    }
     Ok(())
 }
 

@@ -135,4 +135,17 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          diagnose() says is left.",
         move |sel: Dynamic, opts: Map| wait(&s, sel, opts),
     );
+
+    let s = session.clone();
+    def(
+        engine,
+        "reset_gpu",
+        &["index: i64", "()"],
+        "Resets one GPU, the last resort for memory nobody holds (verdict \"driver\"): runs
+         `nvidia-smi -r -i N` on real GPUs (needs root and an idle GPU), `sim reset` in the
+         simulator. Fails, with the driver's reason, while processes still use the GPU.",
+        move |index: i64| -> RhaiResult<()> {
+            s.backend().and_then(|b| b.reset(index)).map_err(to_script)
+        },
+    );
 }

@@ -28,12 +28,20 @@ fn truthy(v: &Dynamic) -> bool {
 
 pub fn register(engine: &mut Engine) {
     started();
+    // Typed overloads: they replace rhai's own sleep(), which Ctrl-C cannot interrupt.
     def(
         engine,
         "sleep",
-        &["secs: i64 | f64", "()"],
-        "Sleeps for secs seconds (int or float); Ctrl-C interrupts it.",
-        |secs: Dynamic| -> RhaiResult<()> { super::sleep(secs_arg(&secs, "sleep")?) },
+        &["secs: i64", "()"],
+        "Sleeps for secs seconds; Ctrl-C interrupts it.",
+        |secs: i64| -> RhaiResult<()> { super::sleep(secs_arg(&Dynamic::from(secs), "sleep")?) },
+    );
+    def(
+        engine,
+        "sleep",
+        &["secs: f64", "()"],
+        "Sleeps for secs seconds (a float, e.g. 0.25); Ctrl-C interrupts it.",
+        |secs: f64| -> RhaiResult<()> { super::sleep(secs_arg(&Dynamic::from(secs), "sleep")?) },
     );
     def(
         engine,

@@ -3,6 +3,7 @@
 pub mod gpu;
 pub mod helpers;
 pub mod process;
+pub mod runner;
 
 use super::convert::{script_err, RhaiResult};
 use super::errors::INTERRUPT_TOKEN;

@@ -1,0 +1,267 @@
+//! `:help` and `:help NAME`: the functions the engine has, grouped by domain, from its metadata.
+
+use crate::render::Style;
+use crate::script::bindings;
+use crate::script::doc::{self, FnMeta};
+use crate::session::Session;
+use rhai::{Engine, AST};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// The engine's function metadata: global functions and, per static module, its own.
+#[derive(Debug, Default, Deserialize)]
+pub struct Meta {
+    #[serde(default)]
+    pub functions: Vec<FnMeta>,
+    #[serde(default)]
+    pub modules: BTreeMap<String, Meta>,
+}
+
+impl Meta {
+    /// Everything callable now: registered functions, rhai's standard library when `std`,
+    /// the functions defined in `ast`, and the modules the REPL keeps imported.
+    pub fn of(engine: &Engine, ast: &AST, std: bool) -> Meta {
+        engine
+            .gen_fn_metadata_with_ast_to_json(ast, std)
+            .ok()
+            .and_then(|json| serde_json::from_str(&json).ok())
+            .unwrap_or_default()
+    }
+
+    /// The overloads of `name`; `alias::name` looks in that module.
+    fn lookup(&self, name: &str) -> Vec<&FnMeta> {
+        match name.rsplit_once("::") {
+            Some((module, f)) => self.modules.get(module).map_or_else(Vec::new, |m| m.lookup(f)),
+            None => self.functions.iter().filter(|f| f.name == name).collect(),
+        }
+    }
+}
+
+/// The domains `:help` lists, each with the functions its bindings module registers; a
+/// function no domain registers is listed under "More".
+pub struct Domains {
+    groups: Vec<(&'static str, Vec<FnMeta>)>,
+}
+
+impl Domains {
+    pub fn new(session: &Arc<Session>) -> Domains {
+        let fns = |register: &dyn Fn(&mut Engine)| {
+            let mut e = Engine::new_raw();
+            register(&mut e);
+            doc::functions(&e)
+        };
+        Domains {
+            groups: vec![
+                (
+                    "GPUs: inventory, holders, diagnosis, waiting",
+                    fns(&|e| bindings::gpu::register(e, session)),
+                ),
+                ("Processes", fns(&|e| bindings::process::register(e, session))),
+                ("Jobs and patches", fns(&|e| bindings::runner::register(e, session))),
+                ("Helpers", fns(&|e| bindings::helpers::register(e))),
+            ],
+        }
+    }
+}
+
+const COMMANDS: &str = "\
+:help          this list            :help NAME   signature and doc of NAME (also module::NAME)
+:vars          variables in scope   :quit        leave (or Ctrl-D)
+Tab completes names, Ctrl-C clears the line or cancels a running call; history is kept.";
+
+/// `:help`: the commands, then every gpuloop function by domain, the stdlib modules, and
+/// what this session defined and imported.
+pub fn overview(engine: &Engine, ast: &AST, domains: &Domains, style: Style) -> String {
+    let mut out = vec![COMMANDS.to_string()];
+    let ours = doc::functions(engine);
+    let mut seen = BTreeSet::new();
+    let section = |title: &str, fns: Vec<&FnMeta>, out: &mut Vec<String>| {
+        if fns.is_empty() {
+            return;
+        }
+        out.push(format!("\n{}", style.bold(title)));
+        out.extend(summaries(&fns));
+    };
+    for (title, fns) in &domains.groups {
+        seen.extend(fns.iter().map(FnMeta::signature));
+        section(title, fns.iter().collect(), &mut out);
+    }
+    let more: Vec<&FnMeta> = ours.iter().filter(|f| !seen.contains(&f.signature())).collect();
+    section("More", more, &mut out);
+
+    let defined: Vec<FnMeta> = Meta::of(&Engine::new_raw(), ast, false).functions;
+    section("Defined in this session", defined.iter().collect(), &mut out);
+
+    let stdlib = doc::stdlib_functions(engine);
+    if !stdlib.is_empty() {
+        out.push(format!("\n{}", style.bold("Standard library modules (import \"NAME\" as m;)")));
+        for (name, header, _) in &stdlib {
+            // Module headers open with "name: …"; the name is already in the first column.
+            let header = header.strip_prefix(&format!("{name}:")).unwrap_or(header).trim();
+            out.push(format!("  {name:<26} {}", first_sentence(header)));
+        }
+    }
+    let imported = Meta::of(engine, &AST::empty(), false).modules;
+    for (alias, m) in &imported {
+        let fns: Vec<&FnMeta> = m.functions.iter().collect();
+        section(&format!("Imported as {alias}::"), fns, &mut out);
+    }
+    out.join("\n")
+}
+
+/// One line per function name: its overloads folded into optional parameters, and the
+/// first sentence of its doc.
+fn summaries(fns: &[&FnMeta]) -> Vec<String> {
+    let mut by_name: BTreeMap<&str, Vec<&FnMeta>> = BTreeMap::new();
+    // Property getters (`get$pid`) read as fields (`job.pid`), not calls.
+    for f in fns.iter().filter(|f| !f.name.contains('$')) {
+        by_name.entry(f.name.as_str()).or_default().push(f);
+    }
+    by_name
+        .into_iter()
+        .map(|(name, overloads)| {
+            let call = format!("{name}({})", folded_params(&overloads));
+            let doc = overloads.iter().map(|f| f.doc()).find(|d| !d.is_empty()).unwrap_or_default();
+            format!("  {call:<26} {}", first_sentence(&doc)).trim_end().to_string()
+        })
+        .collect()
+}
+
+fn param_names(f: &FnMeta) -> Vec<String> {
+    f.params
+        .iter()
+        .map(|p| p.name.clone().unwrap_or_else(|| "_".into()))
+        .collect()
+}
+
+/// Overloads whose parameters extend one another read as `a[, b[, c]]`; unrelated ones are
+/// joined with `|`: `job[, opts] | target[, opts]`.
+fn folded_params(overloads: &[&FnMeta]) -> String {
+    let mut lists: Vec<Vec<String>> = overloads.iter().map(|f| param_names(f)).collect();
+    lists.sort_by_key(Vec::len);
+    lists.dedup();
+    let mut chains: Vec<Vec<Vec<String>>> = Vec::new();
+    for l in lists {
+        match chains.iter_mut().find(|c| c.last().is_some_and(|last| l.starts_with(last))) {
+            Some(chain) => chain.push(l),
+            None => chains.push(vec![l]),
+        }
+    }
+    chains.iter().map(|c| fold(c)).collect::<Vec<_>>().join(" | ")
+}
+
+/// A chain of parameter lists, each extending the one before, as optional parameters.
+fn fold(chain: &[Vec<String>]) -> String {
+    let Some(first) = chain.first() else {
+        return String::new();
+    };
+    let mut out = first.join(", ");
+    for w in chain.windows(2) {
+        out.push('[');
+        if !w[0].is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(&w[1][w[0].len()..].join(", "));
+    }
+    out.push_str(&"]".repeat(chain.len() - 1));
+    out
+}
+
+/// The doc's first sentence, cut to fit a line.
+fn first_sentence(doc: &str) -> String {
+    let text = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    // A period ends the sentence unless it ends an abbreviation such as "e.g.".
+    let end = text
+        .match_indices(". ")
+        .map(|(i, _)| i)
+        .find(|&i| !text[..i].ends_with("e.g") && !text[..i].ends_with("i.e"))
+        .map_or(text.len(), |i| i + 1);
+    let s = &text[..end];
+    if s.chars().count() > 72 {
+        s.chars().take(71).collect::<String>() + "…"
+    } else {
+        s.to_string()
+    }
+}
+
+/// `:help NAME`: every overload's signature and doc; otherwise the names that come close.
+pub fn topic(engine: &Engine, ast: &AST, name: &str, style: Style) -> String {
+    let meta = Meta::of(engine, ast, true);
+    let mut found: Vec<FnMeta> = meta.lookup(name).into_iter().cloned().collect();
+    if found.is_empty() {
+        // A stdlib module's function, by module name, before it is imported.
+        found = doc::stdlib_functions(engine)
+            .into_iter()
+            .flat_map(|(_, _, fns)| fns)
+            .filter(|f| f.name == name)
+            .collect();
+    }
+    if found.is_empty() {
+        let mut close: BTreeSet<String> = meta
+            .functions
+            .iter()
+            .map(|f| f.name.clone())
+            .filter(|n| n.contains(name) || name.contains(n.as_str()))
+            .filter(|n| !n.starts_with("get$") && !n.starts_with("set$") && !n.starts_with("index$"))
+            .collect();
+        close.retain(|n| n.len() > 1);
+        let hint = if close.is_empty() {
+            ":help lists every function".to_string()
+        } else {
+            format!("did you mean: {}", close.into_iter().take(8).collect::<Vec<_>>().join(", "))
+        };
+        return format!("no function named {name:?} ({hint})");
+    }
+    let mut out = Vec::new();
+    for f in found {
+        out.push(style.bold(&f.signature()));
+        let doc = f.doc();
+        let doc = if doc.is_empty() { "(no documentation)".to_string() } else { doc };
+        out.extend(doc.lines().map(|l| format!("    {l}").trim_end().to_string()));
+        out.push(String::new());
+    }
+    out.pop();
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::doc::Param;
+
+    fn f(params: &[&str]) -> FnMeta {
+        FnMeta {
+            name: "f".into(),
+            params: params
+                .iter()
+                .map(|p| Param {
+                    name: Some(p.to_string()),
+                    ty: None,
+                })
+                .collect(),
+            return_type: None,
+            doc_comments: vec![],
+        }
+    }
+
+    #[test]
+    fn overloads_fold_into_optional_parameters() {
+        let (a, b, c) = (f(&[]), f(&["sel"]), f(&["sel", "opts"]));
+        assert_eq!(folded_params(&[&a, &b, &c]), "[sel[, opts]]");
+        let (t, to) = (f(&["target"]), f(&["target", "opts"]));
+        assert_eq!(folded_params(&[&to, &t]), "target[, opts]");
+        assert_eq!(folded_params(&[&a]), "");
+        let (x, y) = (f(&["x"]), f(&["y", "z"]));
+        assert_eq!(folded_params(&[&x, &y]), "x | y, z");
+        let (j, jo) = (f(&["job"]), f(&["job", "opts"]));
+        assert_eq!(folded_params(&[&j, &t, &jo, &to]), "job[, opts] | target[, opts]");
+    }
+
+    #[test]
+    fn first_sentence_stops_at_the_period() {
+        assert_eq!(first_sentence("One GPU by index.\nAn unknown index is an error."), "One GPU by index.");
+        assert_eq!(first_sentence("no period"), "no period");
+        assert_eq!(first_sentence("Sleeps (e.g. 0.5). Wakes on Ctrl-C."), "Sleeps (e.g. 0.5).");
+    }
+}

@@ -1,0 +1,322 @@
+//! `gpuloop repl`: an interactive prompt on the same engine scripts use, for debugging by hand.
+//!
+//! As in rhai's own REPL, one `Scope` lives across inputs and each input is compiled with it
+//! and appended to a running AST whose statements are cleared after the run, so functions
+//! defined earlier stay callable. Modules imported by name stay imported.
+
+mod editor;
+mod help;
+mod input;
+
+use crate::cli::Config;
+use crate::error::Error;
+use crate::render::{self, Style};
+use crate::script::engine::{build_engine, new_scope, EngineOpts};
+use crate::script::errors::{self, ScriptError};
+use editor::{Helper, Names};
+use rhai::{Dynamic, Engine, Scope, AST};
+use rustyline::error::ReadlineError;
+use rustyline::history::FileHistory;
+use rustyline::{CompletionType, Editor};
+use std::path::PathBuf;
+
+const PROMPT: &str = "gpuloop> ";
+const MORE: &str = "     ... ";
+/// The name errors give for REPL input; line numbers count every line entered this session.
+const SOURCE: &str = "<repl>";
+
+pub fn run(cfg: &Config) -> Result<i32, Error> {
+    Repl::new(cfg)?.run()
+}
+
+struct Repl {
+    engine: Engine,
+    scope: Scope<'static>,
+    /// The functions defined so far (statements are cleared after every run).
+    ast: AST,
+    /// Every line entered, so an error inside a function defined earlier shows its own line.
+    transcript: String,
+    lines: usize,
+    domains: help::Domains,
+    /// gpuloop's and rhai's function names, which do not change during a session.
+    builtin: Names,
+    editor: Editor<Helper, FileHistory>,
+    history: Option<PathBuf>,
+    json: bool,
+    style: Style,
+}
+
+/// What one read from the prompt gave.
+enum Read {
+    Input(String),
+    /// Ctrl-C: the line (and any unfinished input) is dropped.
+    Cleared,
+    /// Ctrl-D.
+    Eof,
+}
+
+impl Repl {
+    fn new(cfg: &Config) -> Result<Repl, Error> {
+        let dir = std::env::current_dir().ok();
+        let engine = build_engine(cfg.session.clone(), &EngineOpts { script_dir: dir });
+        let style = Style::stdout();
+        let config = rustyline::Config::builder()
+            .auto_add_history(false)
+            .bracketed_paste(true)
+            .completion_type(CompletionType::List)
+            .max_history_size(10_000)
+            .map_err(|e| Error::Other(format!("line editor: {e}")))?
+            .build();
+        let mut editor: Editor<Helper, FileHistory> =
+            Editor::with_config(config).map_err(|e| Error::Other(format!("line editor: {e}")))?;
+        // rustyline takes SIGINT over for the editor's lifetime; a running call must see
+        // Ctrl-C through gpuloop's flag. At the prompt Ctrl-C is a key (raw mode), not a signal.
+        crate::interrupt::install();
+        let builtin = builtin_names(&engine);
+        editor.set_helper(Some(Helper {
+            names: Names::default(),
+            color: style.color,
+        }));
+        let history = editor::history_path();
+        if let Some(path) = &history {
+            if path.exists() {
+                if let Err(e) = editor.load_history(path) {
+                    eprintln!("warning: cannot read the REPL history {}: {e}", path.display());
+                }
+            }
+        }
+        let mut repl = Repl {
+            domains: help::Domains::new(&cfg.session),
+            engine,
+            scope: new_scope(&[]),
+            ast: AST::empty(),
+            transcript: String::new(),
+            lines: 0,
+            builtin,
+            editor,
+            history,
+            json: cfg.json,
+            style,
+        };
+        repl.refresh_names();
+        Ok(repl)
+    }
+
+    fn run(&mut self) -> Result<i32, Error> {
+        println!("gpuloop {} REPL: :help lists the functions, :quit or Ctrl-D leaves.", env!("CARGO_PKG_VERSION"));
+        loop {
+            let input = match self.read()? {
+                Read::Input(s) => s,
+                Read::Cleared => continue,
+                Read::Eof => return Ok(0),
+            };
+            let cmd = input.trim();
+            if let Some(cmd) = cmd.strip_prefix(':') {
+                let (name, arg) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));
+                match (name, arg.trim()) {
+                    ("q" | "quit" | "exit", _) => return Ok(0),
+                    ("help" | "h", "") => {
+                        println!("{}", help::overview(&self.engine, &self.ast, &self.domains, self.style))
+                    }
+                    ("help" | "h", topic) => {
+                        println!("{}", help::topic(&self.engine, &self.ast, topic, self.style))
+                    }
+                    ("vars", _) => self.print_vars(),
+                    _ => eprintln!("unknown command :{name} (:help lists the commands)"),
+                }
+                continue;
+            }
+            if let Some(code) = self.eval(&input) {
+                return Ok(code);
+            }
+            self.refresh_names();
+        }
+    }
+
+    /// Reads one complete input: lines are joined while what has been typed so far only
+    /// lacks its end (an open brace, a trailing operator).
+    fn read(&mut self) -> Result<Read, Error> {
+        let mut input = String::new();
+        loop {
+            let prompt = if input.is_empty() { PROMPT } else { MORE };
+            let line = match self.editor.readline(prompt) {
+                Ok(line) => line,
+                Err(ReadlineError::Interrupted) => return Ok(Read::Cleared),
+                Err(ReadlineError::Eof) => return Ok(Read::Eof),
+                Err(e) => return Err(Error::Other(format!("reading the prompt: {e}"))),
+            };
+            if !input.is_empty() {
+                input.push('\n');
+            }
+            input.push_str(&line);
+            if input.trim().is_empty() {
+                return Ok(Read::Cleared);
+            }
+            let command = input.trim_start().starts_with(':');
+            if command || !self.incomplete(&input) {
+                self.remember(&input);
+                return Ok(Read::Input(input));
+            }
+        }
+    }
+
+    fn incomplete(&self, input: &str) -> bool {
+        match self.engine.compile_with_scope(&self.scope, input) {
+            Ok(_) => false,
+            Err(e) => input::incomplete(&e, input),
+        }
+    }
+
+    fn remember(&mut self, input: &str) {
+        if self.editor.add_history_entry(input).is_err() {
+            return;
+        }
+        if let Some(path) = &self.history {
+            let saved = match path.parent() {
+                Some(dir) => std::fs::create_dir_all(dir).map_err(|e| e.to_string()),
+                None => Ok(()),
+            }
+            .and_then(|()| self.editor.append_history(path).map_err(|e| e.to_string()));
+            if let Err(e) = saved {
+                eprintln!("warning: cannot save the REPL history to {}: {e}", path.display());
+                // Once is enough: the session goes on without a history file.
+                self.history = None;
+            }
+        }
+    }
+
+    /// Compiles and runs one input; `Some(code)` when the script called exit().
+    fn eval(&mut self, input: &str) -> Option<i32> {
+        // Line numbers continue across inputs: the source is padded to start at the next line
+        // of the transcript, which error messages quote from.
+        let source = format!("{}{input}", "\n".repeat(self.lines));
+        if !self.transcript.is_empty() {
+            self.transcript.push('\n');
+        }
+        self.transcript.push_str(input);
+        self.lines += input.split('\n').count();
+
+        // A Ctrl-C that arrived after the previous run ended must not cancel this one.
+        crate::interrupt::clear();
+        let mut ast = match self.engine.compile_with_scope(&self.scope, &source) {
+            Ok(ast) => ast,
+            Err(e) => {
+                eprintln!("{}", errors::from_parse(&e, SOURCE, &self.transcript).message());
+                return None;
+            }
+        };
+        ast.set_source(SOURCE);
+        let imports = input::imports(&ast);
+        self.ast += ast;
+        let result = self.engine.eval_ast_with_scope::<Dynamic>(&mut self.scope, &self.ast);
+        self.ast.clear_statements();
+        match result {
+            Ok(v) => {
+                self.keep_imports(&imports);
+                self.print(&v);
+                None
+            }
+            Err(e) => match errors::from_eval(*e, SOURCE, &self.transcript) {
+                ScriptError::Interrupted => {
+                    eprintln!("interrupted");
+                    crate::interrupt::clear();
+                    None
+                }
+                ScriptError::Exit(code) => Some(code),
+                err => {
+                    eprintln!("{}", err.message());
+                    None
+                }
+            },
+        }
+    }
+
+    fn print(&self, v: &Dynamic) {
+        if v.is_unit() {
+            return;
+        }
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(&render::json(v)).unwrap_or_default());
+        } else {
+            println!("{}", render::value(v, self.style));
+        }
+    }
+
+    /// `import "m" as a;` ran: the module stays available as `a::` on later lines.
+    fn keep_imports(&mut self, imports: &[(String, String)]) {
+        for (path, alias) in imports {
+            let module = self.engine.module_resolver().resolve(&self.engine, None, path, rhai::Position::NONE);
+            match module {
+                Ok(m) => {
+                    self.engine.register_static_module(alias, m);
+                }
+                Err(e) => eprintln!("warning: {alias}:: is gone after this line: {e}"),
+            }
+        }
+    }
+
+    fn print_vars(&self) {
+        let mut vars: Vec<_> = self.scope.iter_raw().collect();
+        vars.sort_by_key(|(name, ..)| *name);
+        for (name, constant, value) in vars {
+            let kind = if constant { "const" } else { "let" };
+            let text = render::literal(value);
+            let text = match text.split_once('\n') {
+                Some((first, _)) => format!("{first} …"),
+                None => text,
+            };
+            println!("{kind} {name} = {text}");
+        }
+    }
+
+    /// Completion and hints see what the last input defined.
+    fn refresh_names(&mut self) {
+        let here = help::Meta::of(&self.engine, &self.ast, false);
+        let mut names = Names {
+            functions: self.builtin.functions.clone(),
+            signatures: self.builtin.signatures.clone(),
+            variables: self.scope.iter_raw().map(|(n, ..)| n.to_string()).collect(),
+            modules: here
+                .modules
+                .iter()
+                .map(|(alias, m)| (alias.clone(), m.functions.iter().map(|f| f.name.clone()).collect()))
+                .collect(),
+            stdlib: self.builtin.stdlib.clone(),
+        };
+        for f in &here.functions {
+            names.functions.insert(f.name.clone());
+            add_signature(&mut names, f);
+        }
+        if let Some(h) = self.editor.helper_mut() {
+            h.names = names;
+        }
+    }
+}
+
+fn add_signature(names: &mut Names, f: &crate::script::doc::FnMeta) {
+    let params: Vec<String> = f.params.iter().map(|p| p.name.clone().unwrap_or_else(|| "_".into())).collect();
+    let longest = names.signatures.entry(f.name.clone()).or_default();
+    let text = params.join(", ");
+    if text.len() > longest.len() {
+        *longest = text;
+    }
+}
+
+/// The names that do not change in a session: gpuloop's functions (with parameters, for
+/// hints), rhai's standard library, and the stdlib modules.
+fn builtin_names(engine: &Engine) -> Names {
+    let mut names = Names::default();
+    for f in crate::script::doc::functions(engine) {
+        add_signature(&mut names, &f);
+    }
+    let all = help::Meta::of(engine, &AST::empty(), true);
+    names.functions = all
+        .functions
+        .iter()
+        .map(|f| f.name.clone())
+        // Property accessors and operators are not called by these names.
+        .filter(|n| n.starts_with(|c: char| c.is_alphabetic() || c == '_') && !n.contains('$'))
+        .collect();
+    names.stdlib = crate::script::modules::STDLIB.iter().map(|(n, _)| n.to_string()).collect();
+    names
+}

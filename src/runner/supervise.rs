@@ -1,0 +1,317 @@
+//! Nothing left behind: gpuloop as child subreaper, the registry of live jobs, stopping a
+//! job's whole tree through the kill engine, and reaping the orphans gpuloop inherits.
+//!
+//! A job's descendants escape its tree in two ways: a double fork (the middle process exits,
+//! the grandchild is reparented) and setsid/setpgid (it leaves the process group). As a child
+//! subreaper gpuloop becomes the parent of both, so they stay findable: every process that
+//! gpuloop did not start itself but has as a child is such an orphan ("adopted").
+
+use crate::process::kill::{self, KillOpts, Target};
+use crate::process::tree::Tree;
+use crate::process::{Identity, ProcInfo};
+use nix::sys::signal::Signal;
+use std::collections::HashSet;
+use std::io;
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How often the supervisor thread records job lineage and reaps adopted zombies.
+const TICK: Duration = Duration::from_millis(250);
+/// Grace for what is left at script end when no job asked for a longer one.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+/// Rounds of the stop: processes forked during the grace are caught by the next round.
+const ROUNDS: usize = 5;
+
+/// What gpuloop knows about the jobs it started.
+#[derive(Default)]
+struct State {
+    /// Jobs whose leader has not been reaped yet.
+    live: Vec<Live>,
+    /// Every job's process group (the leader's pid): members are the job's, even orphaned.
+    pgids: HashSet<i32>,
+    /// Every descendant ever seen below a job.
+    seen: HashSet<Identity>,
+}
+
+struct Live {
+    pid: i32,
+    /// The job's grace, used when the script ends with the job still running.
+    grace: Duration,
+    lineage: HashSet<Identity>,
+}
+
+static STATE: LazyLock<Mutex<State>> = LazyLock::new(Mutex::default);
+static CHANGED: Condvar = Condvar::new();
+static SUBREAPER: AtomicBool = AtomicBool::new(false);
+
+fn state() -> MutexGuard<'static, State> {
+    // A panic elsewhere while holding the lock leaves consistent data: keep going.
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Spawns a job's leader and registers it in one step, so the reaper never takes its exit
+/// status from under `Child::wait`.
+pub fn spawn_registered(
+    grace: Duration,
+    spawn: impl FnOnce() -> io::Result<Child>,
+) -> io::Result<Child> {
+    let mut st = state();
+    let child = spawn()?;
+    let pid = child.id() as i32;
+    st.pgids.insert(pid);
+    st.live.push(Live {
+        pid,
+        grace,
+        lineage: HashSet::new(),
+    });
+    Ok(child)
+}
+
+/// The leader was reaped: its lineage stays known, it is no longer live.
+pub fn finished(pid: i32) {
+    let mut st = state();
+    if let Some(i) = st.live.iter().position(|l| l.pid == pid) {
+        let live = st.live.swap_remove(i);
+        st.seen.extend(live.lineage);
+    }
+    CHANGED.notify_all();
+}
+
+/// Who gpuloop is, for telling its own children from adopted ones.
+struct Me {
+    pid: i32,
+    pgid: i32,
+    sid: i32,
+}
+
+fn me() -> Me {
+    let pid = std::process::id() as i32;
+    let (pgid, sid) = crate::process::read_stat(pid).map_or((0, 0), |p| (p.pgid, p.sid));
+    Me { pid, pgid, sid }
+}
+
+/// A child of gpuloop that came from a job: in a job's group, seen below a job, or in
+/// another session (gpuloop's own helpers stay in its session and group).
+fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
+    p.ppid == me.pid
+        && p.pgid != me.pgid
+        && !st.live.iter().any(|l| l.pid == p.pid)
+        && (p.sid != me.sid || st.pgids.contains(&p.pgid) || st.seen.contains(&p.identity()))
+}
+
+/// Records the processes below each live job, so orphans can later be told apart by job.
+fn observe(tree: &Tree, st: &mut State) {
+    for live in &mut st.live {
+        let below = tree
+            .descendants(live.pid)
+            .into_iter()
+            .chain(tree.job_group(live.pid));
+        for pid in below {
+            if let Some(p) = tree.get(pid) {
+                live.lineage.insert(p.identity());
+            }
+        }
+    }
+}
+
+/// The live processes of a job's tree: the leader, its descendants, its process group, and
+/// the adopted orphans that belong to no other live job (`None`: every job and every orphan,
+/// at script end). The kill engine adds the targets' descendants.
+fn targets(table: &[ProcInfo], root: Option<Identity>, me: &Me, st: &State) -> Vec<Target> {
+    let tree = Tree::new(table.to_vec());
+    let belongs_elsewhere = |p: &ProcInfo| {
+        root.is_some_and(|r| {
+            st.live
+                .iter()
+                .filter(|l| l.pid != r.pid)
+                .any(|l| p.pgid == l.pid || l.lineage.contains(&p.identity()))
+        })
+    };
+    let mut pids: Vec<i32> = Vec::new();
+    match root {
+        // A reaped leader's pid may belong to another process by now; then its group is
+        // empty too (a pid is not reused while a group still carries it) and only orphans
+        // are left to find.
+        Some(r) if tree.get(r.pid).is_some_and(|p| p.start != r.start) => {}
+        Some(r) => {
+            pids.push(r.pid);
+            pids.extend(tree.descendants(r.pid));
+            pids.extend(table.iter().filter(|p| p.pgid == r.pid).map(|p| p.pid));
+        }
+        None => pids.extend(st.live.iter().map(|l| l.pid)),
+    }
+    pids.extend(
+        table
+            .iter()
+            .filter(|p| adopted(p, me, st) && !belongs_elsewhere(p))
+            .map(|p| p.pid),
+    );
+    let mut unique = HashSet::new();
+    pids.into_iter()
+        .filter(|&q| unique.insert(q))
+        .filter_map(|q| tree.get(q))
+        .filter(|p| !p.is_zombie() && p.pid != me.pid)
+        .map(|p| Target::Exact(p.identity()))
+        .collect()
+}
+
+/// Stops a job's whole tree (or, with `None`, everything gpuloop started): `signal`, one
+/// shared `grace`, SIGKILL, through the kill engine; repeated for anything forked meanwhile;
+/// then reaps the orphans that died. Returns the pids signalled.
+pub fn stop_tree(
+    root: Option<Identity>,
+    signal: Signal,
+    grace: Duration,
+    protected: &[String],
+) -> Vec<i64> {
+    // The stop must finish even after Ctrl-C (which is often why it runs): never interrupted.
+    let never = AtomicBool::new(false);
+    let me = me();
+    let mut signalled = Vec::new();
+    for round in 0..ROUNDS {
+        let table = crate::process::process_table();
+        let targets = {
+            let mut st = state();
+            observe(&Tree::new(table.clone()), &mut st);
+            targets(&table, root, &me, &st)
+        };
+        if targets.is_empty() {
+            break;
+        }
+        let opts = KillOpts {
+            signal: if round == 0 { signal } else { Signal::SIGKILL },
+            grace: if round == 0 { grace } else { Duration::ZERO },
+            tree: true,
+            dry_run: false,
+            force: false,
+        };
+        let report = kill::kill(&targets, &opts, protected, &never);
+        if report.signalled.is_empty() {
+            // What is left may not be signalled (a protected daemon): nothing more to do.
+            break;
+        }
+        signalled.extend(&report.signalled);
+        if !report.survivors.is_empty() {
+            // Survivors of SIGKILL are stuck in the kernel; more rounds would not move them.
+            eprintln!(
+                "warning: pid(s) {:?} survived SIGKILL (uninterruptible sleep in the kernel or the driver?)",
+                report.survivors
+            );
+            break;
+        }
+    }
+    reap_adopted();
+    signalled
+}
+
+/// Reaps every adopted zombie; gpuloop's own children (`Child` handles) are left alone.
+pub fn reap_adopted() -> usize {
+    let me = me();
+    let st = state();
+    let zombies: Vec<i32> = crate::process::process_table()
+        .into_iter()
+        .filter(|p| p.is_zombie() && adopted(p, &me, &st))
+        .map(|p| p.pid)
+        .collect();
+    let mut reaped = 0;
+    for pid in zombies {
+        let Some(p) = rustix::process::Pid::from_raw(pid) else {
+            continue;
+        };
+        if let Ok(Some(_)) = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG)
+        {
+            reaped += 1;
+        }
+    }
+    reaped
+}
+
+/// True if some child of gpuloop has exited and is not reaped yet (no /proc scan needed).
+fn zombie_child_exists() -> bool {
+    use rustix::process::{waitid, WaitId, WaitIdOptions};
+    matches!(
+        waitid(
+            WaitId::All,
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT
+        ),
+        Ok(Some(_))
+    )
+}
+
+/// Waits (bounded) until no job leader is live: their monitors reaped them.
+fn wait_all_finished(deadline: Instant) -> bool {
+    let mut st = state();
+    while !st.live.is_empty() {
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        st = CHANGED
+            .wait_timeout(st, deadline - now)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+    true
+}
+
+/// Script-wide supervision: makes gpuloop a child subreaper and runs the lineage/reaper
+/// thread; dropping it (when the script ends, however it ends) stops everything the script
+/// started and reaps it.
+pub struct Supervisor {
+    protected: Vec<String>,
+}
+
+impl Supervisor {
+    pub fn start(protected: &[String]) -> Supervisor {
+        // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag and touches no memory of ours.
+        let ok = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
+        if !ok {
+            tracing::warn!(
+                "cannot become a child subreaper: processes that double-fork out of a job may be left behind"
+            );
+        }
+        if ok && !SUBREAPER.swap(true, Ordering::SeqCst) {
+            let _ = std::thread::Builder::new()
+                .name("gpuloop-reaper".into())
+                .spawn(supervise_loop);
+        }
+        Supervisor {
+            protected: protected.to_vec(),
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        if state().pgids.is_empty() {
+            // The script started no job: there is nothing of it to stop.
+            return;
+        }
+        // The longest grace a running job asked for; with none running, the default.
+        let grace = state()
+            .live
+            .iter()
+            .map(|l| l.grace)
+            .max()
+            .unwrap_or(DEFAULT_GRACE);
+        stop_tree(None, Signal::SIGTERM, grace, &self.protected);
+        wait_all_finished(Instant::now() + Duration::from_secs(5));
+        reap_adopted();
+    }
+}
+
+fn supervise_loop() {
+    loop {
+        std::thread::sleep(TICK);
+        let any_live = !state().live.is_empty();
+        if any_live {
+            let tree = Tree::snapshot();
+            observe(&tree, &mut state());
+        }
+        if zombie_child_exists() {
+            reap_adopted();
+        }
+    }
+}

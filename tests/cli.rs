@@ -1,0 +1,56 @@
+//! The one-shot commands and global flags.
+
+use crate::support::*;
+
+#[test]
+fn gpus_table_and_json() {
+    let sim = Sim::new("2x8G");
+    let out = sim.run(&["gpus"]).ok();
+    assert!(out.stdout.contains("GPU") && out.stdout.contains("8192"), "{}", out.stdout);
+    assert_eq!(sim.gpus().as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn eval_prints_the_last_value() {
+    let sim = Sim::new("1x8G");
+    assert_eq!(sim.eval("40 + 2"), "42");
+    assert_eq!(sim.run(&["eval", "let x = 1;"]).ok().stdout, "");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let sim = Sim::new("1x8G");
+    sim.run(&["no-such-command"]).code(2);
+    sim.run(&["kill", "--grace", "-1"]).code(2);
+    sim.run(&["clean", "--timeout", "nan"]).code(2);
+}
+
+#[test]
+fn no_driver_warns_once_and_gpu_is_empty() {
+    // Without --sim on a machine without libnvidia-ml.so.1 (CI), gpu() is [] with one warning.
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return; // a real GPU machine: covered by tests/gpu/run.sh
+    }
+    let out = assert_cmd::Command::new(bin())
+        .env_remove("GPULOOP_SIM")
+        .env("HOME", "/nonexistent")
+        .args(["eval", "[gpu().len(), gpu().len(), holders().len()]"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[0, 0, 0]");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("warning: no NVIDIA driver").count(), 1, "{err}");
+}
+
+#[test]
+fn the_readme_demo_runs_green_and_leaves_nothing() {
+    let sim = Sim::new("8x80G");
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/crashed-job.rhai");
+    let out = sim.run(&["run", demo.to_str().unwrap()]).ok();
+    assert!(out.stdout.contains("[orphaned]") && out.stdout.contains("[inherited]"), "{}", out.stdout);
+    assert!(out.stdout.contains("clean: true"), "{}", out.stdout);
+    let left = sim.eval_json("holders((), #{all: true})");
+    assert_eq!(left, serde_json::json!([]), "the demo left processes behind");
+    assert!(sim.gpus().as_array().unwrap().iter().all(|g| g["mem_used"] == 0));
+}

@@ -1,0 +1,96 @@
+//! diagnose(): every verdict, each reached with real processes in the simulator.
+
+use crate::support::*;
+use serde_json::Value;
+
+fn verdict(sim: &Sim, gpu: i64) -> Value {
+    sim.eval_json(&format!("diagnose({gpu})"))[0].clone()
+}
+
+#[test]
+fn clean_and_held() {
+    let sim = Sim::new("2x8G");
+    let d = verdict(&sim, 0);
+    assert_eq!(d["verdict"], "clean");
+    assert_eq!(d["mem_used_mib"], 0);
+    let p = sim.hold(&["--gpu", "1", "--mib", "128"])[0];
+    let d = verdict(&sim, 1);
+    assert_eq!(d["verdict"], "held");
+    assert_eq!(d["holders"][0]["pid"], p as i64);
+    assert!(d["advice"].as_str().unwrap().contains(&p.to_string()));
+    // diagnose() covers every GPU.
+    assert_eq!(sim.eval("diagnose().len()"), "2");
+}
+
+#[test]
+fn orphaned_when_the_job_launcher_is_gone() {
+    let sim = Sim::new("2x8G");
+    let pids = sim.hold(&["--gpu", "0", "--mib", "64", "--workers", "2"]);
+    assert_eq!(verdict(&sim, 0)["verdict"], "held");
+    sigkill(pids[0]);
+    assert!(gone_within(pids[0], 5));
+    let d = verdict(&sim, 0);
+    assert_eq!(d["verdict"], "orphaned", "{d}");
+    assert_eq!(d["holders"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn inherited_names_the_dead_creator() {
+    let sim = Sim::new("1x8G");
+    let pids = sim.hold(&["--gpu", "0", "--mib", "64", "--fork-child", "--exit-creator"]);
+    let d = verdict(&sim, 0);
+    assert_eq!(d["verdict"], "inherited");
+    assert_eq!(d["ghost_pids"], serde_json::json!([pids[0]]));
+    assert_eq!(d["holders"][0]["pid"], pids[1] as i64);
+}
+
+#[test]
+fn driver_when_nobody_holds_the_memory() {
+    let sim = Sim::new("1x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "900"]).ok();
+    let d = verdict(&sim, 0);
+    assert_eq!(d["verdict"], "driver");
+    assert_eq!(d["mem_used_mib"], 900);
+    assert!(d["advice"].as_str().unwrap().contains("reset"));
+}
+
+/// Runs `gpuloop --json diagnose` inside a new PID namespace with its own /proc, as in a
+/// container without --pid=host; the holder stays outside.
+fn diagnose_in_other_namespace(sim: &Sim) -> Value {
+    let out = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(bin())
+        .args(["--json", "diagnose"])
+        .envs(sim.std_cmd().get_envs().filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))))
+        .output()
+        .expect("unshare");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn other_namespace_when_the_driver_lists_nobody() {
+    let sim = Sim::new("1x8G");
+    sim.hold(&["--gpu", "0", "--mib", "256"]);
+    let d = diagnose_in_other_namespace(&sim);
+    assert_eq!(d[0]["verdict"], "other-namespace", "{d}");
+    assert_eq!(d[0]["mem_used_mib"], 256);
+    assert_eq!(d[0]["ghost_pids"], serde_json::json!([]));
+}
+
+#[test]
+fn other_namespace_when_the_driver_lists_a_pid_that_does_not_exist_here() {
+    let sim = Sim::new("1x8G,foreign_pids=raw");
+    let p = sim.hold(&["--gpu", "0", "--mib", "256"])[0];
+    let d = diagnose_in_other_namespace(&sim);
+    assert_eq!(d[0]["verdict"], "other-namespace", "{d}");
+    assert_eq!(d[0]["ghost_pids"], serde_json::json!([p]));
+}
+
+#[test]
+fn diagnose_one_shot_table() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["sim", "leak", "--gpu", "1", "--mib", "10"]).ok();
+    let out = sim.run(&["diagnose"]).ok();
+    assert!(out.stdout.contains("clean") && out.stdout.contains("driver"), "{}", out.stdout);
+}

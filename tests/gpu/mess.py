@@ -1,0 +1,187 @@
+"""Builds the messes crashed GPU jobs leave behind, with real CUDA allocations (PyTorch).
+
+    python3 mess.py MODE [--gb N] [--gpus 0,1]
+
+Prints one line `READY <json>` once every process holds its memory, with the pids of what it
+started, then keeps running (the launcher sleeps) until killed. Modes:
+  plain       one process holding N GB on the first GPU
+  fork        a process that allocates, forks a child inheriting the CUDA handles, then exits
+  mp          torch.multiprocessing: a launcher and one worker per GPU (each holding N GB)
+  observer    an NVML-only client (pynvml): opens /dev/nvidia*, maps nothing
+  ignore-term a holder that ignores SIGTERM
+  slow-term   a holder whose SIGTERM handler takes 3 s to exit
+  stopped     a holder stopped with SIGSTOP
+  ipc         a CUDA IPC exporter and an importer of its tensor
+  ddp         torch.distributed NCCL ranks (one per GPU) under a launcher
+  vllm        an API process, an engine-core child, one setsid worker per GPU
+"""
+import json, os, signal, sys, time
+
+MODE, GB, GPUS = None, 10.0, None
+
+
+def parse_args():
+    global MODE, GB, GPUS
+    MODE = sys.argv[1]
+    args = sys.argv[2:]
+    while args:
+        a = args.pop(0)
+        if a == "--gb":
+            GB = float(args.pop(0))
+        elif a == "--gpus":
+            GPUS = [int(x) for x in args.pop(0).split(",")]
+
+
+def ready(**info):
+    sys.stdout.write("READY " + json.dumps(info) + "\n")
+    sys.stdout.flush()
+
+
+def hold(dev, gb=None):
+    import torch
+    n = int((GB if gb is None else gb) * 1e9)
+    x = torch.empty(n, dtype=torch.uint8, device=f"cuda:{dev}")
+    x.fill_(1)
+    torch.cuda.synchronize(dev)
+    return x
+
+
+def sleep_forever():
+    while True:
+        time.sleep(3600)
+
+
+def gpus():
+    if GPUS is not None:
+        return GPUS
+    import torch
+    return list(range(torch.cuda.device_count()))
+
+
+def pipe_child(fn):
+    """Forks; the child runs fn(write_end) and sleeps forever; returns the child's pid once it
+    wrote its ready byte."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        fn(w)
+        sleep_forever()
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    return pid
+
+
+def worker(dev, q):
+    x = hold(dev)
+    q.put((dev, os.getpid()))
+    sleep_forever()
+
+
+def rank(r, world, q):
+    import torch, torch.distributed as dist
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    torch.cuda.set_device(r)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=r, world_size=world)
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    x = hold(r)
+    q.put((r, os.getpid(), float(t.item())))
+    sleep_forever()
+
+
+def vllm_worker(dev, q):
+    os.setsid()
+    x = hold(dev)
+    q.put(("worker", os.getpid(), dev))
+    sleep_forever()
+
+
+def engine_core(q):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    ps = [ctx.Process(target=vllm_worker, args=(d, q)) for d in gpus()]
+    for p in ps:
+        p.start()
+    q.put(("engine", os.getpid(), -1))
+    sleep_forever()
+
+
+def ipc_importer(handle_q, q):
+    import torch
+    t = handle_q.get()
+    s = float(t[:16].sum().item())
+    q.put(("importer", os.getpid(), s))
+    sleep_forever()
+
+
+def main():
+    # Spawned children (torch.multiprocessing) re-import this file: only the launcher parses
+    # arguments and dispatches.
+    parse_args()
+    if MODE == "plain":
+        x = hold(gpus()[0])
+        ready(pids=[os.getpid()])
+        sleep_forever()
+    elif MODE in ("ignore-term", "slow-term", "stopped"):
+        if MODE == "ignore-term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if MODE == "slow-term":
+            def slow(*_):
+                time.sleep(3)
+                os._exit(0)
+            signal.signal(signal.SIGTERM, slow)
+        x = hold(gpus()[0])
+        ready(pids=[os.getpid()])
+        if MODE == "stopped":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        sleep_forever()
+    elif MODE == "fork":
+        x = hold(gpus()[0])
+        child = pipe_child(lambda w: os.write(w, b"1"))
+        ready(pids=[os.getpid(), child], creator=os.getpid(), child=child)
+        os._exit(0)
+    elif MODE == "observer":
+        import pynvml
+        pynvml.nvmlInit()
+        ready(pids=[os.getpid()])
+        sleep_forever()
+    elif MODE in ("mp", "ddp", "vllm", "ipc"):
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        if MODE == "mp":
+            ps = [ctx.Process(target=worker, args=(d, q)) for d in gpus()]
+            for p in ps:
+                p.start()
+            got = [q.get(timeout=60) for _ in ps]
+            ready(launcher=os.getpid(), pids=[os.getpid()] + [p for _, p in got])
+        elif MODE == "ddp":
+            world = len(gpus())
+            ps = [ctx.Process(target=rank, args=(r, world, q)) for r in range(world)]
+            for p in ps:
+                p.start()
+            got = [q.get(timeout=90) for _ in ps]
+            ready(launcher=os.getpid(), pids=[os.getpid()] + [g[1] for g in got], allreduce=[g[2] for g in got])
+        elif MODE == "vllm":
+            core = ctx.Process(target=engine_core, args=(q,))
+            core.start()
+            got = [q.get(timeout=90) for _ in range(len(gpus()) + 1)]
+            ready(api=os.getpid(), pids=[os.getpid()] + [g[1] for g in got])
+        elif MODE == "ipc":
+            import torch
+            x = hold(gpus()[0])
+            hq = ctx.Queue()
+            imp = ctx.Process(target=ipc_importer, args=(hq, q))
+            imp.start()
+            hq.put(x)
+            got = q.get(timeout=60)
+            ready(exporter=os.getpid(), importer=got[1], pids=[os.getpid(), got[1]], checksum=got[2])
+        sleep_forever()
+    else:
+        sys.exit(f"unknown mode {MODE}")
+
+
+if __name__ == "__main__":
+    main()

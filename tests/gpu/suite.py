@@ -1,0 +1,433 @@
+"""The real-GPU scenario suite: builds each mess with PyTorch (mess.py), asks gpuloop what it
+sees, cleans up with gpuloop, and compares with the one-liner people type today.
+
+    python3 tests/gpu/suite.py [--bin target/release/gpuloop] [--only NAME,...] [--out DIR]
+
+Runs on a machine of your own with NVIDIA GPUs (it kills every process using the GPUs in the
+one-liner baselines). Writes results.json and results.md to --out (default $OUT or .), prints
+the table last, and exits 1 if any check failed.
+"""
+import json, os, select, shutil, signal, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = "target/release/gpuloop"
+ONLY = None
+OUT = os.environ.get("OUT", ".")
+argv = sys.argv[1:]
+while argv:
+    a = argv.pop(0)
+    if a == "--bin":
+        BIN = argv.pop(0)
+    elif a == "--only":
+        ONLY = argv.pop(0).split(",")
+    elif a == "--out":
+        OUT = argv.pop(0)
+BIN = os.path.abspath(BIN)
+ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+           NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1")
+ENV.pop("GPULOOP_SIM", None)
+ONE_LINER = "fuser -k /dev/nvidia*; sleep 5; nvidia-smi --query-gpu=index,memory.used --format=csv,noheader"
+
+results = []      # one dict per check
+rows = []         # one dict per field scenario (the BENCHMARKS table)
+started = []      # every pid this suite started, killed at the end
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def sh(cmd, timeout=120, **kw):
+    t = time.monotonic()
+    p = subprocess.run(cmd, shell=isinstance(cmd, str), capture_output=True, text=True,
+                       timeout=timeout, env=kw.pop("env", ENV), **kw)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - t
+
+
+def gl(*args, timeout=120):
+    return sh([BIN, *args], timeout=timeout)
+
+
+def gl_json(*args):
+    rc, out, err, _ = gl("--json", *args)
+    if rc != 0:
+        raise RuntimeError(f"gpuloop {' '.join(args)} exited {rc}: {err.strip()}")
+    return json.loads(out)
+
+
+def smi_gpus():
+    rc, out, _, _ = sh(["nvidia-smi", "--query-gpu=index,uuid,memory.used,memory.total",
+                        "--format=csv,noheader,nounits"])
+    rows = []
+    for line in out.strip().splitlines():
+        i, uuid, used, total = [x.strip() for x in line.split(",")]
+        rows.append({"index": int(i), "uuid": uuid, "used": int(used), "total": int(total)})
+    return rows
+
+
+NGPU = len(smi_gpus())
+
+
+def used_mib():
+    return [g["used"] for g in smi_gpus()]
+
+
+def check(name, ok, **detail):
+    results.append(dict(check=name, ok=bool(ok), **detail))
+    log(("PASS " if ok else "FAIL ") + name + " " + json.dumps(detail)[:600])
+
+
+def mess(mode, *extra, timeout=120):
+    """Starts mess.py MODE and returns (Popen, info) once it printed READY."""
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "mess.py"), mode, *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                         start_new_session=True)
+    started.append(p.pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([p.stdout], [], [], 1.0)
+        if r:
+            line = p.stdout.readline()
+            if line.startswith("READY "):
+                info = json.loads(line[6:])
+                started.extend(info.get("pids", []))
+                return p, info
+            if line == "" and p.poll() is not None:
+                break
+    err = p.stderr.read() if p.poll() is not None else ""
+    kill_pids([p.pid])
+    raise RuntimeError(f"mess {mode} did not get ready: {err[-2000:]}")
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def kill_pids(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def wait_free(timeout=30):
+    """Bounded wait until every GPU reads 0 MiB (between scenarios)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if all(u == 0 for u in used_mib()):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def reset_between():
+    kill_pids(list(started))
+    for pid in list(started):
+        end = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < end:
+            time.sleep(0.01)
+    started.clear()
+    if not wait_free(30):
+        log("WARNING: memory still used between scenarios:", used_mib())
+
+
+def poller():
+    """An independent 1 ms NVML poll, in its own process: prints the wall time when every GPU
+    first reads (near) 0 MiB."""
+    code = r'''
+import pynvml, time, sys
+pynvml.nvmlInit()
+hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+print("up", flush=True)
+end = time.time() + 120
+while time.time() < end:
+    if all(pynvml.nvmlDeviceGetMemoryInfo(h).used < (1 << 20) * 256 for h in hs):
+        print("free %.6f" % time.time(), flush=True); break
+    time.sleep(0.001)
+'''
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=ENV)
+    assert p.stdout.readline().strip() == "up"
+    return p
+
+
+def timed_clean(extra=()):
+    """gpuloop clean with the independent poller: (rc, seconds, overhead over the driver's
+    release in ms, output)."""
+    pl = poller()
+    t0 = time.time()
+    rc, out, err, dt = gl("--json", "clean", "--timeout", "60", *extra, timeout=120)
+    t1 = time.time()
+    try:
+        line = pl.communicate(timeout=10)[0].strip()
+    except subprocess.TimeoutExpired:
+        pl.kill(); line = ""
+    free_at = float(line.split()[1]) if line.startswith("free") else None
+    overhead = (t1 - free_at) * 1000 if free_at else None
+    released = (free_at - t0) if free_at else None
+    return rc, t1 - t0, released, overhead, out, err
+
+
+def one_liner():
+    rc, out, err, dt = sh(["bash", "-c", ONE_LINER], timeout=60)
+    used = used_mib()
+    return dt, all(u == 0 for u in used), used
+
+
+def diagnose_verdicts():
+    try:
+        return [d["verdict"] for d in gl_json("diagnose")]
+    except Exception as e:
+        return [f"error: {e}"]
+
+
+def scenario(name):
+    def deco(fn):
+        if ONLY is None or name in ONLY:
+            SCENARIOS.append((name, fn))
+        return fn
+    return deco
+
+
+SCENARIOS = []
+
+# ---------------------------------------------------------------- issue 2: what gpuloop sees
+
+@scenario("inventory")
+def s_inventory():
+    p, info = mess("plain", "--gb", "10", "--gpus", "0")
+    g = gl_json("gpus")
+    s = smi_gpus()
+    ok = len(g) == len(s) == NGPU
+    for a, b in zip(g, s):
+        ok &= a["uuid"] == b["uuid"] and a["index"] == b["index"]
+        ok &= abs(a["mem_used_mib"] - b["used"]) <= max(0.01 * b["total"], 2)
+    check("gpu() agrees with nvidia-smi (index, uuid, memory within 1%)", ok,
+          gpuloop=[(x["index"], x["uuid"][:12], x["mem_used_mib"], x["minor"]) for x in g],
+          smi=[(x["index"], x["uuid"][:12], x["used"]) for x in s])
+    hs = gl_json("holders")
+    me = [h for h in hs if h["pid"] == info["pids"][0]]
+    ok = len(me) == 1 and {"driver", "fd", "map"} <= set(me[0]["evidence"]) and me[0]["mem"] >= 10e9 * 0.99
+    check("a 10 GB PyTorch holder is found with evidence driver+fd+map and its mem", ok,
+          holder={k: me[0][k] for k in ("pid", "gpus", "mem", "evidence", "role", "state")} if me else None)
+    # latency: gpu() and holders() in-process, against spawning nvidia-smi / fuser
+    rc, out, err, _ = gl("eval", "let t = now(); for i in 0..200 { gpu(); } let a = (now() - t) / 200.0; "
+                         "let t = now(); for i in 0..50 { holders(); } let b = (now() - t) / 50.0; [a * 1000.0, b * 1000.0]")
+    lat = json.loads(out.strip().replace("[", "[").replace("]", "]")) if rc == 0 else None
+    smi_t = []
+    for _ in range(20):
+        t = time.monotonic(); sh(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader"]); smi_t.append(time.monotonic() - t)
+    gl_t = []
+    for _ in range(20):
+        t = time.monotonic(); gl("--json", "gpus"); gl_t.append(time.monotonic() - t)
+    fu_t = []
+    for _ in range(20):
+        t = time.monotonic(); sh("fuser -v /dev/nvidia* >/dev/null 2>&1"); fu_t.append(time.monotonic() - t)
+    hl_t = []
+    for _ in range(20):
+        t = time.monotonic(); gl("--json", "holders"); hl_t.append(time.monotonic() - t)
+    med = lambda v: sorted(v)[len(v) // 2] * 1000
+    check("latency measured", lat is not None, gpu_in_process_ms=lat and round(lat[0], 3),
+          holders_in_process_ms=lat and round(lat[1], 3), gpuloop_gpus_cmd_ms=round(med(gl_t), 2),
+          nvidia_smi_cmd_ms=round(med(smi_t), 2), gpuloop_holders_cmd_ms=round(med(hl_t), 2),
+          fuser_v_cmd_ms=round(med(fu_t), 2), ngpu=NGPU)
+
+
+@scenario("inherited")
+def s_inherited():
+    p, info = mess("fork", "--gb", "10", "--gpus", "0")
+    end = time.monotonic() + 10
+    while alive(info["creator"]) and time.monotonic() < end:
+        time.sleep(0.01)
+    hs = gl_json("holders")
+    found = [h for h in hs if h["pid"] == info["child"]]
+    d = gl_json("diagnose", "--gpu", "0")[0]
+    check("a forked child holding inherited handles is found after its creator exited",
+          len(found) == 1 and "map" in found[0]["evidence"],
+          holder=found[0] if found else hs, creator=info["creator"])
+    check("diagnose says inherited, with the dead creator in ghost_pids",
+          d["verdict"] == "inherited" and info["creator"] in d["ghost_pids"],
+          verdict=d["verdict"], ghost_pids=d["ghost_pids"], advice=d["advice"])
+
+
+@scenario("observer")
+def s_observer():
+    p, info = mess("observer")
+    pid = info["pids"][0]
+    default = [h["pid"] for h in gl_json("holders")]
+    allh = [h for h in gl_json("holders", "--all") if h["pid"] == pid]
+    check("an NVML-only observer is role observer and not returned by default",
+          pid not in default and len(allh) == 1 and allh[0]["role"] == "observer",
+          all=allh, default=default)
+
+
+@scenario("namespace")
+def s_namespace():
+    p, info = mess("plain", "--gb", "10", "--gpus", "0")
+    rc, out, err, _ = sh(["unshare", "--pid", "--fork", "--mount-proc", BIN, "--json", "diagnose", "--gpu", "0"])
+    d = json.loads(out)[0] if rc == 0 else {}
+    check("inside unshare --pid --fork --mount-proc, memory held outside is other-namespace",
+          d.get("verdict") == "other-namespace", verdict=d.get("verdict"), advice=d.get("advice"), rc=rc, err=err[-300:])
+
+
+@scenario("nodriver")
+def s_nodriver():
+    rc, out, _, _ = sh("ldconfig -p | awk '/libnvidia-ml.so.1 /{print $NF; exit}'")
+    lib = os.path.realpath(out.strip())
+    rc, out, err, _ = sh(["unshare", "--mount", "sh", "-c", f"mount --bind /dev/null {lib} && exec {BIN} gpus"])
+    check("no driver library: a clean warning, no GPUs, exit 0",
+          rc == 0 and "warning: no NVIDIA driver" in err and "no GPUs" in out and "panicked" not in err,
+          rc=rc, stdout=out.strip(), stderr=err.strip()[:300], lib=lib)
+
+# ------------------------------------------------------------ issue 3: cleanup, time to clean
+
+def clean_row(name, build, verdict_check=None, extra_clean=()):
+    """Builds the mess, diagnoses, cleans with gpuloop (timed), rebuilds it, runs the one-liner."""
+    p, info = build()
+    before = diagnose_verdicts()
+    rc, total, released, overhead, out, err = timed_clean(extra_clean)
+    after = used_mib()
+    clean = rc == 0 and all(u == 0 for u in after)
+    left = [pid for pid in info.get("pids", []) if alive(pid)]
+    check(f"{name}: gpuloop clean frees every GPU (exit 0, 0 MiB)", clean,
+          rc=rc, seconds=round(total, 3), after=after, verdicts=before, left=left, err=err.strip()[-300:])
+    if verdict_check:
+        check(f"{name}: diagnose before cleanup", verdict_check(before), verdicts=before)
+    reset_between()
+    p, info = build()
+    ol_t, ol_clean, ol_used = one_liner()
+    reset_between()
+    rows.append(dict(scenario=name, verdict=",".join(sorted(set(v for v in before if v != "clean"))) or "clean",
+                     gpuloop_clean=clean, gpuloop_s=round(total, 3),
+                     driver_release_s=round(released, 3) if released else None,
+                     overhead_ms=round(overhead, 1) if overhead is not None else None,
+                     one_liner_clean=ol_clean, one_liner_s=round(ol_t, 3)))
+
+
+@scenario("clean-plain")
+def s_clean_plain():
+    clean_row("10 GB PyTorch holder", lambda: mess("plain", "--gb", "10", "--gpus", "0"),
+              lambda v: v[0] == "held")
+
+
+@scenario("clean-mp")
+def s_clean_mp():
+    def build():
+        p, info = mess("mp", "--gb", "10")
+        kill_pids([info["launcher"]])
+        return p, info
+    clean_row("torch.multiprocessing workers, launcher SIGKILLed", build,
+              lambda v: all(x == "orphaned" for x in v))
+
+
+@scenario("clean-fork")
+def s_clean_fork():
+    clean_row("forked child with inherited handles", lambda: mess("fork", "--gb", "10", "--gpus", "0"),
+              lambda v: v[0] == "inherited")
+
+# ----------------------------------------------------------- issue 5: field patterns
+
+@scenario("ddp")
+def s_ddp():
+    def build():
+        p, info = mess("ddp", "--gb", "10")
+        kill_pids([info["launcher"]])
+        return p, info
+    clean_row("torch.distributed NCCL ranks, launcher SIGKILLed", build,
+              lambda v: all(x == "orphaned" for x in v))
+
+
+@scenario("vllm")
+def s_vllm():
+    def build():
+        p, info = mess("vllm", "--gb", "10")
+        kill_pids([info["api"]])
+        return p, info
+    clean_row("vLLM-shaped: API killed, engine core + setsid workers", build,
+              lambda v: all(x in ("orphaned", "held") for x in v))
+
+
+@scenario("ipc")
+def s_ipc():
+    def build():
+        p, info = mess("ipc", "--gb", "10", "--gpus", "0")
+        kill_pids([info["exporter"]])
+        return p, info
+    clean_row("CUDA IPC: exporter killed, importer holds", build)
+
+
+@scenario("ignore-term")
+def s_ignore_term():
+    clean_row("holder ignoring SIGTERM", lambda: mess("ignore-term", "--gb", "10", "--gpus", "0"),
+              extra_clean=("--grace", "2"))
+
+
+@scenario("slow-term")
+def s_slow_term():
+    clean_row("SIGTERM handler taking 3 s", lambda: mess("slow-term", "--gb", "10", "--gpus", "0"))
+
+
+@scenario("stopped")
+def s_stopped():
+    clean_row("holder stopped with SIGSTOP", lambda: mess("stopped", "--gb", "10", "--gpus", "0"))
+
+
+@scenario("run-timeout")
+def s_run_timeout():
+    script = os.path.join(tempfile.mkdtemp(), "job.rhai")
+    with open(script, "w") as f:
+        f.write(f'''let t = now();
+let r = run(["{sys.executable}", "{os.path.join(HERE, "mess.py")}", "mp", "--gb", "10"], #{{timeout: 25, echo: false, grace: 2}});
+let ok = wait_clean((), #{{timeout: 20}});
+print(to_json(#{{timed_out: r.timed_out, clean: ok, seconds: now() - t}}));
+''')
+    # The job holds memory until the timeout; a shorter timeout once it holds would race the
+    # workers' start, so the script's timeout is long and the check is on what is left.
+    rc, out, err, dt = sh([BIN, "run", script], timeout=200)
+    res = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else {}
+    check("run() with a timeout on a multi-GPU job: nothing left after it returns",
+          res.get("timed_out") is True and res.get("clean") is True and all(u == 0 for u in used_mib()),
+          result=res, rc=rc, err=err[-300:])
+
+
+def main():
+    log(f"{NGPU} GPU(s); gpuloop {gl('--version')[1].strip()}; driver:",
+        sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")[1].strip())
+    if not wait_free(30):
+        log("GPUs are not free at the start:", used_mib())
+    if ONLY:
+        SCENARIOS.sort(key=lambda s: ONLY.index(s[0]))
+    for name, fn in SCENARIOS:
+        log(f"--- {name}")
+        try:
+            fn()
+        except Exception as e:
+            check(f"{name}: scenario ran", False, error=repr(e)[:800])
+        finally:
+            reset_between()
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump(dict(ngpu=NGPU, checks=results, rows=rows), f, indent=1)
+    md = ["| scenario | verdict before | gpuloop clean? | gpuloop s | driver release s | overhead ms | one-liner clean? | one-liner s |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['scenario']} | {r['verdict']} | {'yes' if r['gpuloop_clean'] else 'NO'} | {r['gpuloop_s']} | "
+                  f"{r['driver_release_s']} | {r['overhead_ms']} | {'yes' if r['one_liner_clean'] else 'NO'} | {r['one_liner_s']} |")
+    with open(os.path.join(OUT, "results.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    log("\n".join(md))
+    failed = [r["check"] for r in results if not r["ok"]]
+    log(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        kill_pids(list(started))

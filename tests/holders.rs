@@ -1,0 +1,172 @@
+//! holders(): what the fd/mapping scan joined with the driver list finds.
+
+use crate::support::*;
+use serde_json::Value;
+
+fn pids_in(v: &Value) -> Vec<i64> {
+    v.as_array().unwrap().iter().map(|h| h["pid"].as_i64().unwrap()).collect()
+}
+
+#[test]
+fn finds_a_plain_holder_with_every_field() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "1", "--mib", "300"])[0];
+    let hs = sim.eval_json("holders()");
+    assert_eq!(pids_in(&hs), vec![p as i64]);
+    let h = &hs[0];
+    assert_eq!(h["gpus"], serde_json::json!([1]));
+    assert_eq!(h["mem"], 300 * 1024 * 1024);
+    assert_eq!(h["role"], "compute");
+    assert_eq!(h["evidence"], serde_json::json!(["driver", "fd", "map"]));
+    assert_eq!(h["state"], "sleeping");
+    assert_eq!(h["protected"], false);
+    assert_eq!(h["pgid"], p as i64);
+    assert!(h["start"].as_i64().unwrap() > 0);
+    assert!(h["cmdline"].as_str().unwrap().contains("sim hold"));
+    assert_eq!(h["user"], whoami());
+    // By selection: GPU 0 has nobody.
+    assert_eq!(sim.eval("holders(0).len()"), "0");
+    assert_eq!(sim.eval("holders([0, 1]).len()"), "1");
+}
+
+fn whoami() -> String {
+    let uid = unsafe { libc::getuid() };
+    nix_user(uid)
+}
+
+fn nix_user(uid: u32) -> String {
+    std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|p| {
+            p.lines()
+                .find(|l| l.split(':').nth(2) == Some(&uid.to_string()))
+                .and_then(|l| l.split(':').next().map(str::to_string))
+        })
+        .unwrap_or_else(|| uid.to_string())
+}
+
+#[test]
+fn finds_orphaned_workers_after_their_parent_was_killed() {
+    let sim = Sim::new("2x8G");
+    let pids = sim.hold(&["--gpu", "0", "--mib", "100", "--workers", "3"]);
+    let (parent, workers) = (pids[0], &pids[1..]);
+    assert_eq!(workers.len(), 3);
+    sigkill(parent);
+    assert!(gone_within(parent, 5));
+    let hs = sim.eval_json("holders(0)");
+    let mut found = pids_in(&hs);
+    found.sort();
+    let mut want: Vec<i64> = workers.iter().map(|&p| p as i64).collect();
+    want.sort();
+    assert_eq!(found, want);
+    assert_eq!(sim.used_mib(0), 300);
+}
+
+#[test]
+fn an_observer_only_with_all() {
+    let sim = Sim::new("2x8G");
+    let obs = sim.hold(&["--gpu", "0", "--observer"])[0];
+    assert_eq!(sim.eval("holders().len()"), "0");
+    let all = sim.eval_json("holders((), #{all: true})");
+    assert_eq!(pids_in(&all), vec![obs as i64]);
+    assert_eq!(all[0]["role"], "observer");
+    assert_eq!(all[0]["evidence"], serde_json::json!(["fd"]));
+    assert_eq!(all[0]["gpus"], serde_json::json!([0]));
+}
+
+#[test]
+fn a_forked_child_holding_inherited_handles_after_its_creator_exited() {
+    let sim = Sim::new("2x8G");
+    let pids = sim.hold(&["--gpu", "1", "--mib", "200", "--fork-child", "--exit-creator"]);
+    let (creator, child) = (pids[0], pids[1]);
+    assert!(gone_within(creator, 5));
+    let hs = sim.eval_json("holders()");
+    assert_eq!(pids_in(&hs), vec![child as i64]);
+    // The driver names the dead creator, not the child: the scan is what finds it.
+    assert_eq!(hs[0]["evidence"], serde_json::json!(["fd", "map"]));
+    assert_eq!(hs[0]["gpus"], serde_json::json!([1]));
+    let d = sim.eval_json("diagnose(1)");
+    assert_eq!(d[0]["verdict"], "inherited");
+    assert_eq!(d[0]["ghost_pids"], serde_json::json!([creator]));
+    assert_eq!(d[0]["mem_used_mib"], 200);
+}
+
+#[test]
+fn a_process_that_left_the_process_group() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "50", "--setsid"])[0];
+    let hs = sim.eval_json("holders()");
+    assert_eq!(pids_in(&hs), vec![p as i64]);
+    assert_eq!(hs[0]["sid"], p as i64);
+    assert_eq!(hs[0]["pgid"], p as i64);
+}
+
+#[test]
+fn nothing_for_zombies() {
+    // The creator of an allocation exits but its parent (this test) does not reap it yet:
+    // the driver still lists the zombie creator while its forked child holds the handles.
+    let sim = Sim::new("1x8G");
+    sim.gpus(); // sets the state directory up
+    let mut creator = sim
+        .std_cmd()
+        .args(["sim", "hold", "--as-holder", "--gpu", "0", "--mib", "10", "--fork-child", "--exit-creator"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let cpid = creator.id() as i32;
+    let out = std::io::BufReader::new(creator.stdout.take().unwrap());
+    let mut pids = Vec::new();
+    for line in std::io::BufRead::lines(out) {
+        let line = line.unwrap();
+        if let Some(p) = line.strip_prefix("pid ") {
+            pids.push(p.parse::<i32>().unwrap());
+        }
+        if line == "ready" {
+            break;
+        }
+    }
+    let child = pids[1];
+    sim.adopt(child);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while alive(cpid) {
+        assert!(std::time::Instant::now() < end, "creator did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The creator is a zombie now (exists in /proc, state Z).
+    assert!(std::path::Path::new(&format!("/proc/{cpid}")).exists());
+    let all = sim.eval_json("holders((), #{all: true})");
+    assert_eq!(pids_of(&all), vec![child as i64]);
+    let d = sim.eval_json("diagnose(0)");
+    assert_eq!(d[0]["ghost_pids"], serde_json::json!([cpid]));
+    sigkill(child);
+    creator.wait().unwrap();
+}
+
+fn pids_of(v: &Value) -> Vec<i64> {
+    pids_in(v)
+}
+
+#[test]
+fn unknown_gpu_index_is_a_script_error_not_a_panic() {
+    let sim = Sim::new("2x8G");
+    let out = sim.run(&["eval", "holders(9)"]).code(1);
+    assert!(out.stderr.contains("no GPU with index 9"), "{}", out.stderr);
+    assert!(!out.stderr.contains("panicked"));
+    let out = sim.run(&["eval", "gpu(-1)"]).code(1);
+    assert!(out.stderr.contains("no GPU with index -1"), "{}", out.stderr);
+    let out = sim.run(&["holders", "--gpu", "4"]).code(2);
+    assert!(out.stderr.contains("no GPU with index 4"), "{}", out.stderr);
+}
+
+#[test]
+fn holders_one_shot_prints_a_table_and_json() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "64", "--name", "python3"])[0];
+    let out = sim.run(&["holders"]).ok();
+    assert!(out.stdout.contains("PID") && out.stdout.contains(&p.to_string()), "{}", out.stdout);
+    assert!(out.stdout.contains("python3"));
+    let j = sim.run(&["--json", "holders", "--gpu", "0"]).ok().json();
+    assert_eq!(j[0]["pid"], p as i64);
+    assert_eq!(j[0]["name"], "python3");
+}

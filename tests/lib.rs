@@ -1,0 +1,17 @@
+//! The integration suite: the real binary on the simulated backend, with real processes.
+//! One test binary (as in just), modules by feature; `support` has the harness.
+
+mod support;
+
+mod cli;
+mod diagnose;
+mod doc;
+mod holders;
+mod kill;
+mod modules;
+mod patch;
+mod render;
+mod repl;
+mod runner;
+mod scripts;
+mod sim;

@@ -1,0 +1,202 @@
+//! Snapshots of what people see: the GPU and holder tables, diagnosis and kill summaries, and
+//! script values as the REPL and `eval` print them; built from fixed records, not live pids.
+
+use gpuloop::gpu::{Gpu, MIB};
+use gpuloop::inspect::diagnose::Diagnosis;
+use gpuloop::inspect::holders::Holder;
+use gpuloop::process::kill::{KillError, KillReport, Skipped};
+use gpuloop::render::{self, Style};
+use rhai::Dynamic;
+
+const COLOR: Style = Style { color: true };
+
+fn gpu(index: i64, used_mib: i64, util: Option<i64>) -> Gpu {
+    let mut g = Gpu::new(
+        index,
+        index,
+        format!("GPU-0000000{index}-aaaa-4000-8000-000000000000"),
+        "NVIDIA H200".into(),
+        format!("00000000:{:02X}:00.0", 0x18 + index),
+        143_771 * MIB,
+        used_mib * MIB,
+        vec![],
+    );
+    g.util = util;
+    g.temp_c = util.map(|u| 30 + u / 4);
+    g.procs = i64::from(used_mib > 0);
+    g
+}
+
+fn gpus() -> Vec<Gpu> {
+    vec![gpu(0, 0, Some(0)), gpu(1, 81_920, Some(97)), gpu(2, 0, None)]
+}
+
+fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
+    Holder {
+        pid,
+        ppid: 1,
+        pgid: pid,
+        sid: pid,
+        start: 123_456,
+        uid: 1000,
+        user: "alice".into(),
+        name: "python3".into(),
+        cmdline: cmdline.into(),
+        state: state.into(),
+        role: "compute".into(),
+        gpus,
+        mem: 40_960 * MIB,
+        evidence: vec!["driver".into(), "fd".into(), "map".into()],
+        protected: false,
+        host: "local".into(),
+    }
+}
+
+fn holders() -> Vec<Holder> {
+    vec![
+        holder(4242, vec![1], "running", "python3 train.py --config llama.yaml"),
+        holder(
+            4243,
+            vec![1, 2],
+            "disk-sleep",
+            "python3 -m vllm.entrypoints.openai.api_server --model meta-llama/Llama-3-70B --tensor-parallel-size 8",
+        ),
+    ]
+}
+
+fn diagnoses() -> Vec<Diagnosis> {
+    vec![
+        Diagnosis {
+            gpu: 0,
+            mem_used_mib: 0,
+            holders: vec![],
+            ghost_pids: vec![],
+            verdict: "clean".into(),
+            advice: "GPU 0 is free".into(),
+            host: "local".into(),
+        },
+        Diagnosis {
+            gpu: 1,
+            mem_used_mib: 81_920,
+            holders: holders(),
+            ghost_pids: vec![9999],
+            verdict: "orphaned".into(),
+            advice: "the job that started these workers is gone: kill them (gpuloop kill --gpu 1)".into(),
+            host: "local".into(),
+        },
+    ]
+}
+
+fn kill_report() -> KillReport {
+    KillReport {
+        signalled: vec![4242, 4243],
+        exited: vec![4242],
+        survivors: vec![4243],
+        skipped: vec![Skipped {
+            pid: 1,
+            reason: "init".into(),
+        }],
+        errors: vec![KillError {
+            pid: 4243,
+            error: "still in uninterruptible sleep after SIGKILL".into(),
+        }],
+        elapsed_ms: 5012,
+        dry_run: false,
+    }
+}
+
+/// A record as scripts see it: the serde map the bindings hand over.
+fn script<T: serde::Serialize>(v: &T) -> Dynamic {
+    rhai::serde::to_dynamic(v).expect("to_dynamic")
+}
+
+#[test]
+fn gpu_table() {
+    insta::assert_snapshot!(render::gpus(&gpus(), Style::PLAIN));
+}
+
+#[test]
+fn gpu_table_of_several_hosts() {
+    let mut gs = gpus();
+    gs[2].host = "node7".into();
+    insta::assert_snapshot!(render::gpus(&gs, Style::PLAIN));
+}
+
+#[test]
+fn holder_table() {
+    insta::assert_snapshot!(render::holders(&holders(), Style::PLAIN));
+}
+
+#[test]
+fn diagnosis_summary() {
+    insta::assert_snapshot!(render::diagnoses(&diagnoses(), Style::PLAIN));
+}
+
+#[test]
+fn kill_report_summary() {
+    insta::assert_snapshot!(render::kill_report(&kill_report(), Style::PLAIN));
+}
+
+#[test]
+fn empty_lists_say_so() {
+    assert_eq!(render::gpus(&[], Style::PLAIN), "no GPUs");
+    assert_eq!(render::holders(&[], Style::PLAIN), "no holders");
+}
+
+#[test]
+fn colour_does_not_move_anything() {
+    let pairs = [
+        (render::gpus(&gpus(), COLOR), render::gpus(&gpus(), Style::PLAIN)),
+        (render::holders(&holders(), COLOR), render::holders(&holders(), Style::PLAIN)),
+        (render::diagnoses(&diagnoses(), COLOR), render::diagnoses(&diagnoses(), Style::PLAIN)),
+        (render::kill_report(&kill_report(), COLOR), render::kill_report(&kill_report(), Style::PLAIN)),
+    ];
+    for (colored, plain) in pairs {
+        assert_ne!(colored, plain, "colour was asked for");
+        let stripped: Vec<String> = render::strip_ansi(&colored).lines().map(|l| l.trim_end().to_string()).collect();
+        assert_eq!(stripped.join("\n"), plain);
+    }
+}
+
+#[test]
+fn script_values_print_like_the_commands() {
+    // What gpu(), holders(), diagnose() and kill() return prints as the one-shots do.
+    assert_eq!(render::value(&script(&gpus()), Style::PLAIN), render::gpus(&gpus(), Style::PLAIN));
+    assert_eq!(render::value(&script(&holders()), Style::PLAIN), render::holders(&holders(), Style::PLAIN));
+    assert_eq!(
+        render::value(&script(&diagnoses()), Style::PLAIN),
+        render::diagnoses(&diagnoses(), Style::PLAIN)
+    );
+    assert_eq!(
+        render::value(&script(&kill_report()), Style::PLAIN),
+        render::kill_report(&kill_report(), Style::PLAIN)
+    );
+}
+
+#[test]
+fn one_gpu_map_prints_as_a_literal() {
+    insta::assert_snapshot!(render::value(&script(&gpu(1, 81_920, Some(97))), Style::PLAIN));
+}
+
+#[test]
+fn run_result_summary() {
+    let engine = rhai::Engine::new();
+    let ok: Dynamic = engine
+        .eval(r#"#{code: 0, signal: (), ok: true, timed_out: false, stdout: "a\nb\n", stderr: "", elapsed_ms: 1530, pid: 777}"#)
+        .expect("map");
+    let killed: Dynamic = engine
+        .eval(r#"#{code: (), signal: "KILL", ok: false, timed_out: true, stdout: "", stderr: "oom\n", elapsed_ms: 60000, pid: 778}"#)
+        .expect("map");
+    insta::assert_snapshot!(format!(
+        "{}\n{}",
+        render::value(&ok, Style::PLAIN),
+        render::value(&killed, Style::PLAIN)
+    ));
+}
+
+#[test]
+fn json_of_script_values() {
+    let v = script(&gpus());
+    let json = render::json(&v);
+    assert_eq!(json, serde_json::to_value(gpus()).expect("json"));
+}

@@ -1,0 +1,330 @@
+//! The REPL in a real terminal: tmux runs `gpuloop repl`, the tests type into it and read the
+//! screen, waiting (with a deadline) for what should appear.
+
+use crate::support::{bin, Sim};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+static SERVERS: AtomicUsize = AtomicUsize::new(0);
+
+/// One tmux server of its own (a unique socket), with `gpuloop repl` in a 120x40 pane.
+struct Term {
+    socket: String,
+}
+
+impl Term {
+    /// Starts the REPL on the test's simulator, with its history under `state`.
+    fn start(sim: &Sim, state: &Path, extra: &[&str]) -> Term {
+        let socket = format!("gpuloop-test-{}-{}", std::process::id(), SERVERS.fetch_add(1, Ordering::SeqCst));
+        let conf = sim.path().join(format!("{socket}.conf"));
+        // remain-on-exit keeps the pane (and its exit status) after the REPL ends.
+        std::fs::write(&conf, "set -g remain-on-exit on\nset -g status off\nset -g history-limit 10000\n")
+            .expect("write tmux.conf");
+        let t = Term { socket };
+        let env = [
+            format!("GPULOOP_SIM_DIR={}", sim.path().join("state").display()),
+            format!("GPULOOP_SIM={}", sim.spec),
+            format!("XDG_CONFIG_HOME={}", sim.path().join("config").display()),
+            format!("XDG_STATE_HOME={}", state.display()),
+            format!("HOME={}", sim.path().display()),
+            "GPULOOP_PATH=".to_string(),
+        ];
+        let mut args: Vec<String> = vec!["-f".into(), conf.display().to_string()];
+        args.extend(["new-session", "-d", "-s", "repl", "-x", "120", "-y", "40", "-c"].map(String::from));
+        args.push(sim.path().display().to_string());
+        for e in &env {
+            args.extend(["-e".to_string(), e.clone()]);
+        }
+        args.push(bin().display().to_string());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.push("repl".into());
+        t.tmux(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        t.wait_for("the banner", |s| s.contains(":help lists the functions"));
+        t.wait_idle();
+        t
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("tmux is needed for the REPL tests (apt-get install tmux): {e}"));
+        assert!(
+            out.status.success(),
+            "tmux {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `text` literally, then Enter.
+    fn line(&self, text: &str) {
+        // tmux reads a trailing ";" as a command separator; "\;" is the character.
+        let text = match text.strip_suffix(';') {
+            Some(head) => format!("{head}\\;"),
+            None => text.to_string(),
+        };
+        self.tmux(&["send-keys", "-t", "repl", "-l", &text]);
+        self.keys(&["Enter"]);
+    }
+
+    fn type_text(&self, text: &str) {
+        self.tmux(&["send-keys", "-t", "repl", "-l", text]);
+    }
+
+    /// Named keys: "Enter", "C-c", "C-d", "Tab", "Up".
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "repl"];
+        args.extend(keys);
+        self.tmux(&args);
+    }
+
+    /// The whole pane, scrollback included, wrapped lines joined.
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-J", "-t", "repl", "-S", "-10000"])
+    }
+
+    fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            let s = self.screen();
+            if ok(&s) {
+                return s;
+            }
+            assert!(Instant::now() < end, "timed out waiting for {what}; the screen:\n{s}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the REPL sits at an empty prompt, so it reads keys in raw mode: control
+    /// keys typed while a line runs reach the terminal driver instead (Ctrl-C as SIGINT, Ctrl-D
+    /// as end-of-line), and rustyline drops keys read together with a Ctrl-C.
+    fn wait_idle(&self) -> String {
+        self.wait_for("an empty prompt", |s| {
+            s.lines().rev().find(|l| !l.trim().is_empty()).is_some_and(|l| l.trim() == "gpuloop>")
+        })
+    }
+
+    /// Waits for a line that reads exactly `text` (after trimming).
+    fn wait_line(&self, text: &str) -> String {
+        self.wait_for(&format!("a line {text:?}"), |s| s.lines().any(|l| l.trim() == text))
+    }
+
+    /// Waits for the REPL to end; its exit status.
+    fn exit_status(&self) -> i32 {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            let st = self.tmux(&["display-message", "-p", "-t", "repl", "#{pane_dead} #{pane_dead_status}"]);
+            if let Some(code) = st.trim().strip_prefix("1 ") {
+                return code.parse().expect("exit status");
+            }
+            if Instant::now() >= end {
+                let pid = self.tmux(&["display-message", "-p", "-t", "repl", "#{pane_pid} #{pane_dead}"]);
+                let pid = pid.split_whitespace().next().unwrap_or("0").to_string();
+                let info = std::process::Command::new("sh").arg("-c").arg(format!("cat /proc/{pid}/cmdline | tr '\\0' ' '; echo; head -3 /proc/{pid}/status; P=$(awk '{{print $4}}' /proc/{pid}/stat); echo parent $P; tr '\\0' ' ' < /proc/$P/cmdline; echo; grep -E 'State|Sig|PPid' /proc/$P/status; for t in /proc/$P/task/*; do cat $t/comm $t/wchan; echo; done")).output().unwrap();
+                panic!("DEBUG {}", String::from_utf8_lossy(&info.stdout));
+            }
+            assert!(Instant::now() < end, "the REPL did not exit; the screen:\n{}", self.screen());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Term {
+    fn drop(&mut self) {
+        // Ends this server only (its own socket) and with it the REPL it runs.
+        let _ = Command::new("tmux").arg("-L").arg(&self.socket).arg("kill-server").output();
+    }
+}
+
+fn state_dir(sim: &Sim) -> PathBuf {
+    sim.path().join("xdg-state")
+}
+
+#[test]
+fn function_defined_on_one_line_is_callable_on_the_next() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("fn double(x) { x * 2 }");
+    t.line("let n = double(20);");
+    t.line("double(n) + 2");
+    t.wait_line("82");
+    t.wait_idle();
+    t.keys(&["C-d"]);
+    assert_eq!(t.exit_status(), 0);
+}
+
+#[test]
+fn multi_line_fn_over_three_lines() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("fn add(a, b) {");
+    t.wait_for("the continuation prompt", |s| s.lines().any(|l| l.trim_start().starts_with("...")));
+    t.line("    a +");
+    t.line("b }");
+    t.line("add(40, 2)");
+    let s = t.wait_line("42");
+    assert!(!s.contains("error"), "{s}");
+}
+
+#[test]
+fn syntax_error_shows_the_caret_and_the_repl_goes_on() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("let y = 1 +* 2;");
+    let s = t.wait_for("the caret", |s| s.lines().any(|l| l.trim_end().ends_with('^')));
+    assert!(s.contains("error: Unexpected '*'"), "{s}");
+    let lines: Vec<&str> = s.lines().collect();
+    let caret = lines.iter().position(|l| l.trim_end().ends_with('^')).unwrap_or_default();
+    let source = lines[caret - 1];
+    assert!(source.ends_with("| let y = 1 +* 2;"), "{s}");
+    assert_eq!(source.find('*'), lines[caret].find('^'), "the caret is under the '*':\n{s}");
+    t.line("40 + 2");
+    t.wait_line("42");
+}
+
+#[test]
+fn history_survives_a_restart() {
+    let sim = Sim::new("2x8G");
+    let state = state_dir(&sim);
+    {
+        let t = Term::start(&sim, &state, &[]);
+        t.line("let marker = 4242;");
+        t.wait_idle();
+        t.line(":quit");
+        assert_eq!(t.exit_status(), 0);
+    }
+    let file = std::fs::read_to_string(state.join("gpuloop").join("history")).expect("history file");
+    assert!(file.contains("let marker = 4242;"), "{file}");
+    let t = Term::start(&sim, &state, &[]);
+    // Up brings back the last entry of the previous session (":quit"), then the one before.
+    t.keys(&["Up", "Up"]);
+    t.wait_for("the recalled line", |s| s.contains("gpuloop> let marker = 4242;"));
+    t.keys(&["Enter"]);
+    t.line("marker + 1");
+    t.wait_line("4243");
+}
+
+#[test]
+fn help_kill_shows_its_doc() {
+    let sim = Sim::new("2x8G");
+    let engine = gpuloop::script::engine::build_engine(
+        std::sync::Arc::new(gpuloop::session::Session::new(
+            gpuloop::session::BackendChoice::Auto,
+            gpuloop::config::UserConfig::default(),
+            0,
+        )),
+        &Default::default(),
+    );
+    let kill = gpuloop::script::doc::functions(&engine)
+        .into_iter()
+        .find(|f| f.name == "kill")
+        .expect("kill is registered");
+    let first = kill.doc().lines().next().unwrap_or_default().to_string();
+    assert!(!first.is_empty());
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line(":help kill");
+    let s = t.wait_for("kill's doc", |s| s.contains(&first));
+    assert!(s.contains("kill(target"), "{s}");
+    t.line(":help");
+    t.wait_for("the overview", |s| s.contains("kill(target[, opts])") && s.contains("wait_clean([sel[, opts]])"));
+}
+
+#[test]
+fn gpu_prints_a_table() {
+    let sim = Sim::new("4x16G");
+    sim.hold(&["--gpu", "1", "--mib", "100"]);
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("gpu()");
+    let s = t.wait_for("the table", |s| s.contains("USED MiB"));
+    let table: Vec<Vec<&str>> = s
+        .lines()
+        .skip_while(|l| !l.contains("USED MiB"))
+        .skip(1)
+        .take(4)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(table.len(), 4, "{s}");
+    for (i, row) in table.iter().enumerate() {
+        assert_eq!(row[0], i.to_string(), "{s}");
+        assert!(row.contains(&"16384"), "{s}");
+    }
+    assert!(table[1].contains(&"100"), "GPU 1 holds 100 MiB:\n{s}");
+}
+
+#[test]
+fn ctrl_c_cancels_a_running_wait_clean() {
+    let sim = Sim::new("2x8G");
+    sim.hold(&["--gpu", "0", "--mib", "64"]);
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line(r#"print("waiting"); wait_clean(0, #{timeout: 600})"#);
+    t.wait_line("waiting");
+    t.keys(&["C-c"]);
+    t.wait_line("interrupted");
+    t.wait_idle();
+    t.line("1 + 1");
+    t.wait_line("2");
+}
+
+#[test]
+fn ctrl_c_clears_the_line() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.type_text("this is not rhai (");
+    t.wait_for("the typed text", |s| s.contains("gpuloop> this is not rhai ("));
+    t.keys(&["C-c"]);
+    t.wait_idle();
+    t.line("6 * 7");
+    let s = t.wait_line("42");
+    assert!(!s.contains("error"), "{s}");
+}
+
+#[test]
+fn tab_completes_functions_and_variables() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("let held_before = 7;");
+    t.type_text("wait_cl");
+    t.keys(&["Tab"]);
+    t.wait_for("the completed name", |s| s.contains("gpuloop> wait_clean"));
+    t.keys(&["C-c"]);
+    t.wait_idle();
+    t.type_text("held_b");
+    t.keys(&["Tab"]);
+    t.wait_for("the completed variable", |s| s.contains("gpuloop> held_before"));
+    t.keys(&["Enter"]);
+    t.wait_line("7");
+}
+
+#[test]
+fn imported_module_stays_imported() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line(r#"import "report" as r;"#);
+    t.line("r::summary()");
+    t.wait_for("the summary", |s| s.contains("2 GPU(s), 0 with memory used"));
+}
+
+#[test]
+fn json_flag_prints_values_as_json() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &["--json"]);
+    t.line("#{answer: 42}");
+    t.wait_line(r#""answer": 42"#);
+}
+
+#[test]
+fn reads_from_a_pipe_without_a_terminal() {
+    let sim = Sim::new("2x8G");
+    let out = sim.run_with(&["repl"], |c| {
+        c.env("XDG_STATE_HOME", sim.path().join("xdg-state"))
+            .write_stdin("fn f(x) {\n  x * 3\n}\nf(14)\n");
+    });
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.lines().any(|l| l.trim().ends_with("42")), "{out:?}");
+}

@@ -1,0 +1,434 @@
+//! run() and spawn(): results, options, bounded capture, and nothing left behind on timeout,
+//! Ctrl-C and script end (checked in /proc, with pids the jobs write down themselves).
+
+use crate::support::*;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Pids a job wrote to a file. Each test's sleeps have their own duration (the marker), so
+/// the final cleanup SIGKILLs only processes of that test that somehow survived.
+struct Pids {
+    file: PathBuf,
+    marker: u32,
+}
+
+impl Pids {
+    fn new(sim: &Sim, name: &str, marker: u32) -> Pids {
+        Pids {
+            file: sim.path().join(name),
+            marker,
+        }
+    }
+
+    fn path(&self) -> &str {
+        self.file.to_str().unwrap()
+    }
+
+    fn read(&self) -> Vec<i32> {
+        std::fs::read_to_string(&self.file)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|p| p.parse().expect("pid"))
+            .collect()
+    }
+
+    /// Waits (bounded) until the job wrote `n` pids.
+    fn wait_for(&self, n: usize) -> Vec<i32> {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let pids = self.read();
+            if pids.len() >= n || Instant::now() > end {
+                return pids;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Pids {
+    fn drop(&mut self) {
+        let (exec, shell) = (
+            format!("sleep\0{}", self.marker),
+            format!("sleep {}", self.marker),
+        );
+        for pid in self.read() {
+            let ours = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.starts_with(&exec) || c.contains(&shell)
+            });
+            if ours {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// The last line of stdout as JSON (scripts print their findings with to_json).
+fn last_json(out: &Out) -> serde_json::Value {
+    let line = out.stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", out.stdout, out.stderr))
+}
+
+/// A script snippet: after the run, which of the written pids still exist in /proc
+/// (zombies included: the tree must also have been reaped).
+fn report_left(pids: &Pids) -> String {
+    format!(
+        r#"let pids = read_file("{}").split("\n").filter(|p| p != "");
+           let left = pids.filter(|p| file_exists("/proc/" + p));
+           print(to_json(#{{timed_out: r.timed_out, signal: r.signal, code: r.code, ok: r.ok, pids: pids, left: left}}));"#,
+        pids.path()
+    )
+}
+
+#[test]
+fn exit_codes_signals_and_ok() {
+    let sim = Sim::new("1x1G");
+    let v = sim.eval_json(
+        r#"[run("exit 3", #{echo: false}), run("kill -SEGV $$", #{echo: false}), run(["true"])]"#,
+    );
+    assert_eq!(v[0]["code"], 3);
+    assert_eq!(v[0]["ok"], false);
+    assert_eq!(v[0]["signal"], serde_json::Value::Null);
+    assert_eq!(v[1]["code"], serde_json::Value::Null);
+    assert_eq!(v[1]["signal"], "SEGV");
+    assert_eq!(v[1]["ok"], false);
+    assert_eq!(v[2]["code"], 0);
+    assert_eq!(v[2]["ok"], true);
+    assert_eq!(v[2]["timed_out"], false);
+    assert!(v[2]["pid"].as_i64().unwrap() > 1);
+    assert!(v[2]["elapsed_ms"].as_i64().unwrap() >= 0);
+}
+
+#[test]
+fn env_cwd_and_argv_without_a_shell() {
+    let sim = Sim::new("1x1G");
+    let dir = sim.path().display().to_string();
+    let v = sim.eval_json(&format!(
+        r#"[run("echo $FOO; pwd", #{{cwd: "{dir}", env: #{{FOO: "bar baz"}}, echo: false}}).stdout,
+            run(["printf", "%s|", "a b", "$HOME", "*", 7], #{{echo: false}}).stdout,
+            run("echo $GPULOOP_EXE", #{{echo: false}}).stdout]"#
+    ));
+    let canonical = sim.path().canonicalize().unwrap();
+    assert_eq!(v[0], format!("bar baz\n{}\n", canonical.display()));
+    // No shell: nothing expanded, every argument as given.
+    assert_eq!(v[1], "a b|$HOME|*|7|");
+    let exe = std::path::Path::new(v[2].as_str().unwrap().trim())
+        .canonicalize()
+        .unwrap();
+    assert_eq!(exe, bin().canonicalize().unwrap());
+}
+
+#[test]
+fn output_is_echoed_live_and_captured() {
+    let sim = Sim::new("1x1G");
+    let out = sim
+        .run(&[
+            "eval",
+            r#"let r = run("echo to-out; echo to-err >&2"); r.stdout + r.stderr"#,
+        ])
+        .ok();
+    assert!(out.stdout.starts_with("to-out\n"), "{}", out.stdout);
+    assert!(
+        out.stdout.trim_end().ends_with("to-out\nto-err"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stderr.contains("to-err"), "{}", out.stderr);
+}
+
+#[test]
+fn check_throws_with_the_stderr_tail() {
+    let sim = Sim::new("1x1G");
+    let out = sim
+        .script(
+            "check.rhai",
+            "run(\"for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25; do echo line-$i >&2; done; echo 'RuntimeError: CUDA error: out of memory' >&2; exit 2\", #{check: true, echo: false});\nprint(\"not reached\");\n",
+            &[],
+        )
+        .code(1);
+    assert!(out.stderr.contains("exited with code 2"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("RuntimeError: CUDA error: out of memory"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("line-25"), "{}", out.stderr);
+    // Only the tail: the first lines are not repeated in the error.
+    assert!(!out.stderr.contains("line-1\n"), "{}", out.stderr);
+    assert!(out.stderr.contains("check.rhai:1"), "{}", out.stderr);
+    assert!(!out.stdout.contains("not reached"));
+}
+
+#[test]
+fn bad_commands_and_options_are_clear_errors() {
+    let sim = Sim::new("1x1G");
+    for (code, want) in [
+        (
+            r#"run(["/nonexistent/prog"])"#,
+            "cannot start `/nonexistent/prog`",
+        ),
+        (
+            r#"run("true", #{cwd: "/nonexistent/dir"})"#,
+            "cwd /nonexistent/dir",
+        ),
+        (r#"run([])"#, "argv array is empty"),
+        (
+            r#"run("true", #{tiemout: 1})"#,
+            "unknown option \"tiemout\"",
+        ),
+        (r#"run("true", #{env: "A=1"})"#, "option env must be a map"),
+        (r#"run(42)"#, "expected a command string or an argv array"),
+        (r#"spawn("true", #{timeout: -1})"#, "non-negative"),
+    ] {
+        let out = sim.run(&["eval", code]).code(1);
+        assert!(out.stderr.contains(want), "{code}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn timeout_stops_a_double_forked_grandchild_and_reaps_it() {
+    let sim = Sim::new("1x1G");
+    let pids = Pids::new(&sim, "pids", 301);
+    // The middle shell exits at once: its sleep is orphaned (reparented to gpuloop) but
+    // stays in the job's process group; the leader execs into a sleep too.
+    let job = format!(
+        "sh -c 'sleep 301 & echo $! >> {p}'; echo $$ >> {p}; exec sleep 301",
+        p = pids.path()
+    );
+    let src = format!(
+        "let r = run({job:?}, #{{timeout: 2, echo: false}});\n{}",
+        report_left(&pids)
+    );
+    let out = sim.script("double_fork.rhai", &src, &[]).ok();
+    let v = last_json(&out);
+    assert_eq!(v["pids"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["left"], serde_json::json!([]), "{v}");
+    assert_eq!(v["timed_out"], true);
+    assert_eq!(v["signal"], "TERM");
+    assert_eq!(v["code"], serde_json::Value::Null);
+    assert_eq!(v["ok"], false);
+}
+
+#[test]
+fn timeout_stops_what_left_the_group_with_setsid() {
+    let sim = Sim::new("1x1G");
+    let pids = Pids::new(&sim, "pids", 302);
+    // A new session with a child of its own, and a double fork into a new session (neither
+    // in the job's tree nor in its group), while the leader ignores TERM (needs the KILL).
+    let job = format!(
+        "setsid sh -c 'sleep 302 & echo $! >> {p}; echo $$ >> {p}; exec sleep 302' & \
+         (setsid sleep 302 & echo $! >> {p}) ; trap '' TERM; echo $$ >> {p}; sleep 302; sleep 302",
+        p = pids.path()
+    );
+    let src = format!(
+        "let r = run({job:?}, #{{timeout: 2, grace: 0.3, echo: false}});\n{}",
+        report_left(&pids)
+    );
+    let out = sim.script("setsid.rhai", &src, &[]).ok();
+    let v = last_json(&out);
+    assert_eq!(v["pids"].as_array().unwrap().len(), 4, "{v}");
+    assert_eq!(v["left"], serde_json::json!([]), "{v}");
+    assert_eq!(v["timed_out"], true);
+    // The leader shell ignored TERM: KILL ended it.
+    assert_eq!(v["signal"], "KILL");
+}
+
+#[test]
+fn sigint_stops_the_whole_tree_then_the_script_with_130() {
+    let sim = Sim::new("1x1G");
+    let pids = Pids::new(&sim, "pids", 303);
+    let job = format!(
+        "sh -c 'sleep 303 & echo $! >> {p}'; (setsid sleep 303 & echo $! >> {p}); echo $$ >> {p}; exec sleep 303",
+        p = pids.path()
+    );
+    let script = sim.path().join("int.rhai");
+    std::fs::write(&script, format!("run({job:?});\nprint(\"not reached\");\n")).unwrap();
+    let child = std::process::Command::new(bin())
+        .args(["run", script.to_str().unwrap()])
+        .env("GPULOOP_SIM_DIR", sim.path().join("state"))
+        .env("GPULOOP_SIM", &sim.spec)
+        .env("XDG_CONFIG_HOME", sim.path().join("config"))
+        .env("HOME", sim.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let written = pids.wait_for(3);
+    assert_eq!(written.len(), 3, "the job did not start its tree");
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("not reached"));
+    for p in written {
+        assert!(!alive(p), "pid {p} of the job survived Ctrl-C");
+    }
+}
+
+#[test]
+fn script_end_stops_spawned_jobs_and_their_orphans() {
+    let sim = Sim::new("1x1G");
+    let pids = Pids::new(&sim, "pids", 304);
+    let job = format!(
+        "(setsid sleep 304 & echo $! >> {p}); echo $$ >> {p}; exec sleep 304",
+        p = pids.path()
+    );
+    let src = format!(
+        "let j = spawn({job:?}, #{{echo: false}});\n\
+         if !until(30, || file_exists(\"{p}\") && read_file(\"{p}\").split(\"\\n\").filter(|l| l != \"\").len() == 2) {{ throw \"no pids\"; }}\n\
+         print(j.running());\n",
+        p = pids.path()
+    );
+    let out = sim.script("end.rhai", &src, &[]).ok();
+    assert_eq!(out.stdout.trim(), "true");
+    let written = pids.read();
+    assert_eq!(written.len(), 2);
+    for p in written {
+        assert!(!alive(p), "pid {p} outlived the script");
+    }
+}
+
+#[test]
+fn spawn_handle_wait_kill_and_running() {
+    let sim = Sim::new("1x1G");
+    let v = sim.eval_json(
+        r#"let j = spawn("echo started; exec sleep 305", #{echo: false});
+           let early = j.wait(0.05);
+           let r = j.kill(#{grace: 1});
+           let again = j.wait();
+           let quick = spawn(["sh", "-c", "echo done; exit 4"], #{echo: false});
+           let q = quick.wait(60);
+           #{pid: j.pid, early: early, killed: r, again: again, running: j.running(), quick: q,
+             quick_running: quick.running()}"#,
+    );
+    assert_eq!(v["early"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["killed"]["signal"], "TERM");
+    assert_eq!(v["killed"]["stdout"], "started\n");
+    assert_eq!(v["killed"]["pid"], v["pid"]);
+    assert_eq!(v["again"], v["killed"]);
+    assert_eq!(v["running"], false);
+    assert_eq!(v["quick"]["code"], 4);
+    assert_eq!(v["quick"]["stdout"], "done\n");
+    assert_eq!(v["quick_running"], false);
+    assert!(!alive(v["pid"].as_i64().unwrap() as i32));
+}
+
+#[test]
+fn a_spawned_job_with_check_throws_from_wait() {
+    let sim = Sim::new("1x1G");
+    let out = sim
+        .run(&[
+            "eval",
+            r#"spawn("echo bad >&2; exit 9", #{check: true, echo: false}).wait()"#,
+        ])
+        .code(1);
+    assert!(out.stderr.contains("exited with code 9"), "{}", out.stderr);
+    assert!(out.stderr.contains("bad"), "{}", out.stderr);
+}
+
+#[test]
+fn a_gigabyte_of_output_keeps_memory_small_and_the_tail_intact() {
+    let sim = Sim::new("1x1G");
+    let src = r#"
+        let r = run("head -c 1073741824 /dev/zero | tr '\\0' x; echo; echo THE-END", #{echo: false});
+        let hwm = read_file("/proc/self/status").split("\n").filter(|l| l.starts_with("VmHWM:"))[0];
+        hwm.replace("VmHWM:", "");
+        hwm.replace("kB", "");
+        hwm.trim();
+        print(to_json(#{hwm_kb: parse_int(hwm), len: r.stdout.len(), ok: r.ok,
+            tail: r.stdout.ends_with("xxxx\nTHE-END\n"), marker: r.stdout.contains(" bytes dropped]\n"),
+            head: r.stdout.starts_with("xxxxxxxx")}));
+    "#;
+    let out = sim.script("big.rhai", src, &[]).ok();
+    let v = last_json(&out);
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["tail"], true, "{v}");
+    assert_eq!(v["head"], true, "{v}");
+    assert_eq!(v["marker"], true, "{v}");
+    // What is kept: 256 KiB of head and 1 MiB of tail, not the gigabyte.
+    assert!(v["len"].as_i64().unwrap() < 2 * 1024 * 1024, "{v}");
+    let hwm_mib = v["hwm_kb"].as_i64().unwrap() / 1024;
+    assert!(hwm_mib < 200, "gpuloop's peak RSS was {hwm_mib} MiB");
+}
+
+#[test]
+fn invalid_utf8_is_echoed_raw_and_captured_lossy() {
+    let sim = Sim::new("1x1G");
+    let out = sim
+        .cmd()
+        .args([
+            "eval",
+            r#"let r = run("printf 'ok \\377\\376 end\\n'; printf 'e \\377\\n' >&2"); to_json([r.stdout, r.stderr])"#,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The terminal gets the job's bytes as they are.
+    assert!(out.stdout.windows(9).any(|w| w == b"ok \xff\xfe end"));
+    let last = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_string();
+    let v: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(v[0], "ok \u{fffd}\u{fffd} end\n");
+    assert_eq!(v[1], "e \u{fffd}\n");
+}
+
+#[test]
+fn a_job_that_closes_stdout_early_is_still_waited_for() {
+    let sim = Sim::new("1x1G");
+    let v = sim.eval_json(
+        r#"run("echo before; exec 1>&-; sleep 0.3; echo after-close >&2; exit 7", #{echo: false})"#,
+    );
+    assert_eq!(v["code"], 7);
+    assert_eq!(v["stdout"], "before\n");
+    assert_eq!(v["stderr"], "after-close\n");
+}
+
+#[test]
+fn a_background_child_holding_the_pipe_does_not_block_run() {
+    let sim = Sim::new("1x1G");
+    let pids = Pids::new(&sim, "pids", 306);
+    // The leader exits at once; its background sleep keeps stdout open.
+    let job = format!(
+        "sleep 306 & echo $! >> {p}; echo leader-done",
+        p = pids.path()
+    );
+    let v = sim.eval_json(&format!("run({job:?}, #{{echo: false}})"));
+    assert_eq!(v["code"], 0);
+    assert_eq!(v["stdout"], "leader-done\n");
+    // ... and the script's end stopped it.
+    for p in pids.read() {
+        assert!(!alive(p), "pid {p} outlived the script");
+    }
+}
+
+#[test]
+fn gpuloop_exe_lets_a_job_hold_simulated_gpus_that_holders_then_sees() {
+    let sim = Sim::new("2x8G");
+    let v = sim.eval_json(
+        r#"run("$GPULOOP_EXE sim hold --gpu 1 --mib 300 --setsid --name tp-worker", #{echo: false, check: true});
+           let hs = holders(1);
+           #{names: hs.map(|h| h.name), pids: hs.map(|h| h.pid), used: gpu(1).mem_used_mib}"#,
+    );
+    for p in v["pids"].as_array().unwrap() {
+        sim.adopt(p.as_i64().unwrap() as i32);
+    }
+    assert_eq!(v["names"], serde_json::json!(["tp-worker"]));
+    assert_eq!(v["used"], 300);
+    // The holder was an orphan of the job: stopped when the script ended.
+    assert_eq!(sim.used_mib(1), 0);
+}

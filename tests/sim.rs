@@ -1,0 +1,109 @@
+//! The simulator itself: specs, gpu() fields, memory held by live processes only, leaks, release delay.
+
+use crate::support::*;
+
+#[test]
+fn gpu_fields_and_counts_for_several_specs() {
+    for (spec, count, total_mib) in [("1x8G", 1, 8192), ("4x16G", 4, 16384), ("8x80G", 8, 81920), ("2x512M", 2, 512)] {
+        let sim = Sim::new(spec);
+        let all = sim.gpus();
+        let gpus = all.as_array().unwrap();
+        assert_eq!(gpus.len(), count, "{spec}");
+        for (i, g) in gpus.iter().enumerate() {
+            assert_eq!(g["index"], i as i64);
+            assert_eq!(g["minor"], i as i64);
+            assert_eq!(g["mem_total_mib"], total_mib);
+            assert_eq!(g["mem_total"].as_i64().unwrap(), total_mib * 1024 * 1024);
+            assert_eq!(g["mem_used"], 0);
+            assert_eq!(g["mem_free"], g["mem_total"]);
+            assert_eq!(g["procs"], 0);
+            assert_eq!(g["host"], "local");
+            assert!(g["uuid"].as_str().unwrap().starts_with("GPU-"));
+        }
+    }
+}
+
+#[test]
+fn gpu_by_index_from_a_script() {
+    let sim = Sim::new("4x16G");
+    assert_eq!(sim.eval("gpu(3).index"), "3");
+    assert_eq!(sim.eval("gpu().len()"), "4");
+    assert_eq!(sim.eval("gpu(0).mem_total_mib"), "16384");
+}
+
+#[test]
+fn bad_specs_are_usage_errors() {
+    for bad in ["8", "0x80G", "8x80Q", "2x8G,bogus=1", "2x8G,minors=0:0"] {
+        let sim = Sim::new("1x8G");
+        let out = sim.run(&["--sim", bad, "gpus"]).code(2);
+        assert!(out.stderr.contains("bad --sim spec"), "{bad}: {}", out.stderr);
+        assert!(!out.stderr.contains("panicked"));
+    }
+}
+
+#[test]
+fn minors_can_differ_from_indices() {
+    let sim = Sim::new("3x8G,minors=2:0:1");
+    let g = sim.gpus();
+    assert_eq!(g[0]["minor"], 2);
+    // A holder of GPU index 0 opens /dev/nvidia2: holders() maps it back to index 0.
+    sim.hold(&["--gpu", "0", "--mib", "100"]);
+    let hs = sim.eval_json("holders()");
+    assert_eq!(hs[0]["gpus"], serde_json::json!([0]));
+    assert!(sim.path().join("state/dev/nvidia2").exists());
+}
+
+#[test]
+fn memory_is_used_exactly_while_a_process_holds_it() {
+    let sim = Sim::new("2x8G");
+    let pids = sim.hold(&["--gpu", "1", "--mib", "1234"]);
+    assert_eq!(sim.used_mib(1), 1234);
+    assert_eq!(sim.used_mib(0), 0);
+    assert_eq!(sim.gpus()[1]["procs"], 1);
+    sigkill(pids[0]);
+    assert!(gone_within(pids[0], 5));
+    assert_eq!(sim.used_mib(1), 0);
+}
+
+#[test]
+fn a_leak_stays_until_reset_and_reset_refuses_a_busy_gpu() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "500"]).ok();
+    assert_eq!(sim.used_mib(0), 500);
+    assert_eq!(sim.gpus()[0]["procs"], 0);
+    sim.hold(&["--gpu", "1", "--mib", "10"]);
+    let busy = sim.run(&["sim", "reset", "--gpu", "1"]).code(1);
+    assert!(busy.stderr.contains("in use"), "{}", busy.stderr);
+    sim.run(&["sim", "reset", "--gpu", "0"]).ok();
+    assert_eq!(sim.used_mib(0), 0);
+    assert_eq!(sim.used_mib(1), 10);
+}
+
+#[test]
+fn sim_commands_reject_unknown_gpus() {
+    let sim = Sim::new("2x8G");
+    let out = sim.run(&["sim", "hold", "--gpu", "7", "--mib", "1"]).code(2);
+    assert!(out.stderr.contains("no GPU with index 7"), "{}", out.stderr);
+    sim.run(&["sim", "leak", "--gpu", "5", "--mib", "1"]).code(2);
+}
+
+#[test]
+fn release_delay_keeps_memory_used_after_the_holder_died() {
+    let sim = Sim::new("1x8G,release_ms=400");
+    let pids = sim.hold(&["--gpu", "0", "--mib", "64"]);
+    let t0 = std::time::Instant::now();
+    sigkill(pids[0]);
+    assert!(gone_within(pids[0], 5));
+    // Read right after the death, well inside the delay, it is still used…
+    let first = sim.used_mib(0);
+    let read_at = t0.elapsed();
+    if read_at < std::time::Duration::from_millis(300) {
+        assert_eq!(first, 64, "memory freed before the release delay");
+    }
+    // …and it is freed after it.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sim.used_mib(0) != 0 {
+        assert!(std::time::Instant::now() < end, "never released");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

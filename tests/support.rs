@@ -1,0 +1,176 @@
+//! The harness: a private simulator per test, holders started through `gpuloop sim hold`,
+//! and every process the test started killed (by pid, after checking it is ours) at the end.
+
+#![allow(dead_code)]
+
+use assert_cmd::Command;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub struct Sim {
+    pub dir: tempfile::TempDir,
+    pub spec: String,
+    started: Mutex<Vec<i32>>,
+}
+
+/// The output of one gpuloop invocation.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn ok(self) -> Out {
+        assert_eq!(self.code, 0, "expected success:\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        self
+    }
+    pub fn code(self, code: i32) -> Out {
+        assert_eq!(self.code, code, "expected exit {code}:\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        self
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+}
+
+pub fn bin() -> PathBuf {
+    assert_cmd::cargo::cargo_bin("gpuloop")
+}
+
+impl Sim {
+    pub fn new(spec: &str) -> Sim {
+        Sim {
+            dir: tempfile::Builder::new().prefix("gpuloop-test-").tempdir().expect("tempdir"),
+            spec: spec.to_string(),
+            started: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A gpuloop command on this simulator, with the user's config kept out.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::from_std(self.std_cmd());
+        c.timeout(std::time::Duration::from_secs(120));
+        c
+    }
+
+    /// The same, as a plain std Command (for processes the test keeps running).
+    pub fn std_cmd(&self) -> std::process::Command {
+        let mut c = std::process::Command::new(bin());
+        c.env("GPULOOP_SIM_DIR", self.dir.path().join("state"))
+            .env("GPULOOP_SIM", &self.spec)
+            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
+            .env("XDG_STATE_HOME", self.dir.path().join("state-home"))
+            .env("HOME", self.dir.path())
+            .env("NO_COLOR", "1")
+            .env_remove("GPULOOP_PATH");
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Out {
+        self.run_with(args, |_| {})
+    }
+
+    pub fn run_with(&self, args: &[&str], f: impl FnOnce(&mut Command)) -> Out {
+        let mut c = self.cmd();
+        c.args(args);
+        f(&mut c);
+        let o = c.output().expect("run gpuloop");
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// `gpuloop eval CODE`, expected to succeed; its stdout trimmed.
+    pub fn eval(&self, code: &str) -> String {
+        self.run(&["eval", code]).ok().stdout.trim().to_string()
+    }
+
+    /// `gpuloop --json eval CODE`, parsed.
+    pub fn eval_json(&self, code: &str) -> serde_json::Value {
+        self.run(&["--json", "eval", code]).ok().json()
+    }
+
+    /// Runs a script given as text (written into the test's directory).
+    pub fn script(&self, name: &str, src: &str, args: &[&str]) -> Out {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, src).unwrap();
+        let mut a = vec!["run", p.to_str().unwrap()];
+        if !args.is_empty() {
+            a.push("--");
+            a.extend(args);
+        }
+        self.run(&a)
+    }
+
+    /// `gpuloop sim hold ARGS`: the pids it prints, remembered for the final kill.
+    pub fn hold(&self, args: &[&str]) -> Vec<i32> {
+        let out = self.run(&[&["sim", "hold"], args].concat()).ok();
+        let pids: Vec<i32> = out.stdout.lines().map(|l| l.trim().parse().expect("pid")).collect();
+        self.started.lock().unwrap().extend(&pids);
+        pids
+    }
+
+    /// Remember a process this test started some other way, for the final kill.
+    pub fn adopt(&self, pid: i32) {
+        self.started.lock().unwrap().push(pid);
+    }
+
+    pub fn gpus(&self) -> serde_json::Value {
+        self.run(&["--json", "gpus"]).ok().json()
+    }
+
+    pub fn used_mib(&self, gpu: usize) -> i64 {
+        self.gpus()[gpu]["mem_used_mib"].as_i64().unwrap()
+    }
+}
+
+/// True if the process exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().chars().next()))
+        .flatten()
+        .is_some_and(|st| st != 'Z' && st != 'X')
+}
+
+/// Waits (bounded) until the process is gone; a helper for processes signalled by the test.
+pub fn gone_within(pid: i32, secs: u64) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if !alive(pid) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    !alive(pid)
+}
+
+pub fn sigkill(pid: i32) {
+    // Only our own processes: their command line names the simulator's holder.
+    let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).contains("sim"))
+        .unwrap_or(false);
+    if ours {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let pids = self.started.lock().map(|p| p.clone()).unwrap_or_default();
+        for &p in &pids {
+            sigkill(p);
+        }
+        for &p in &pids {
+            gone_within(p, 5);
+        }
+    }
+}
