@@ -69,7 +69,12 @@ pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitO
         |dirty: &Dirty, elapsed: Duration| {
             if tty {
                 let mut err = std::io::stderr().lock();
-                let _ = write!(err, "\r\x1b[2Kwaiting: {} ({:.1}s)", describe_dirty(dirty), elapsed.as_secs_f64());
+                let _ = write!(
+                    err,
+                    "\r\x1b[2Kwaiting: {} ({:.1}s)",
+                    describe_dirty(dirty),
+                    elapsed.as_secs_f64()
+                );
                 let _ = err.flush();
                 shown = true;
             }

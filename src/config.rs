@@ -93,8 +93,14 @@ mod tests {
         assert!(c.protected.contains(&"nvidia-persistenced".to_string()));
         assert!(c.protected.contains(&"my-exporter".to_string()));
         std::fs::write(&p, "protected = [\"only-this\"]\n").unwrap();
-        assert_eq!(UserConfig::from_file(&p).unwrap().protected, vec!["only-this"]);
+        assert_eq!(
+            UserConfig::from_file(&p).unwrap().protected,
+            vec!["only-this"]
+        );
         std::fs::write(&p, "protectd = []\n").unwrap();
-        assert!(UserConfig::from_file(&p).unwrap_err().to_string().contains("unknown field"));
+        assert!(UserConfig::from_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field"));
     }
 }

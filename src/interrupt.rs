@@ -33,6 +33,11 @@ pub fn is_set() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
 }
 
+/// True if the interrupt was SIGTERM (someone asked gpuloop to stop, not to cancel a call).
+pub fn terminated() -> bool {
+    SIGNAL.load(Ordering::Relaxed) == libc::SIGTERM
+}
+
 /// Clears the flag (the REPL does after cancelling one call).
 pub fn clear() {
     INTERRUPTED.store(false, Ordering::SeqCst);

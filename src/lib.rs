@@ -3,7 +3,7 @@
 //! Rooms: `gpu` (backends: NVML, simulator, none), `process` (fd scan, identity, signals,
 //! trees), `inspect` (holders, diagnose, wait_clean), `actions` (what scripts and one-shot
 //! commands share), `script` (the Rhai engine and its bindings), `render` (tables for people),
-//! `cli` (arguments, commands, exit codes).
+//! `repl` (the interactive prompt), `cli` (arguments, commands, exit codes).
 
 pub mod actions;
 pub mod cli;

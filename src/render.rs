@@ -89,7 +89,10 @@ fn join(v: &[i64]) -> String {
 }
 
 fn trimmed(t: Table) -> String {
-    t.lines().map(|l| l.trim_end().to_string()).collect::<Vec<_>>().join("\n")
+    t.lines()
+        .map(|l| l.trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Rows from several hosts get a HOST column; a single local machine does not need one.
@@ -102,13 +105,26 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
         return "no GPUs".into();
     }
     let hosts = multi_host(gpus.iter().map(|g| g.host.as_str()));
-    let mut header = vec!["GPU", "NAME", "USED MiB", "TOTAL MiB", "UTIL%", "TEMP", "PROCS", "BUS"];
+    let mut header = vec![
+        "GPU",
+        "NAME",
+        "USED MiB",
+        "TOTAL MiB",
+        "UTIL%",
+        "TEMP",
+        "PROCS",
+        "BUS",
+    ];
     if hosts {
         header.insert(0, "HOST");
     }
     let mut t = table(&header, style);
     for g in gpus {
-        let used = if g.mem_used_mib > 0 { Color::Yellow } else { Color::Green };
+        let used = if g.mem_used_mib > 0 {
+            Color::Yellow
+        } else {
+            Color::Green
+        };
         let mut row = vec![
             Cell::new(g.index),
             Cell::new(&g.name),
@@ -142,7 +158,9 @@ pub fn holders(hs: &[Holder], style: Style) -> String {
         return "no holders".into();
     }
     let hosts = multi_host(hs.iter().map(|h| h.host.as_str()));
-    let mut header = vec!["PID", "USER", "NAME", "GPUS", "MiB", "STATE", "ROLE", "EVIDENCE", "COMMAND"];
+    let mut header = vec![
+        "PID", "USER", "NAME", "GPUS", "MiB", "STATE", "ROLE", "EVIDENCE", "COMMAND",
+    ];
     if hosts {
         header.insert(0, "HOST");
     }
@@ -188,14 +206,28 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             .join(", ");
         // Pad before painting, so escape codes do not upset the alignment.
         let verdict = format!("{:<15}", d.verdict);
-        let verdict = if d.verdict == "clean" { style.green(&verdict) } else { style.red(&verdict) };
-        let gpu = if hosts { format!("{}:{}", d.host, d.gpu) } else { d.gpu.to_string() };
-        let mut line = format!("GPU {gpu}  {:>7} MiB  {verdict}  {}", d.mem_used_mib, d.advice);
+        let verdict = if d.verdict == "clean" {
+            style.green(&verdict)
+        } else {
+            style.red(&verdict)
+        };
+        let gpu = if hosts {
+            format!("{}:{}", d.host, d.gpu)
+        } else {
+            d.gpu.to_string()
+        };
+        let mut line = format!(
+            "GPU {gpu}  {:>7} MiB  {verdict}  {}",
+            d.mem_used_mib, d.advice
+        );
         if !holders.is_empty() && d.verdict != "clean" {
             line.push_str(&format!("\n        holders: {holders}"));
         }
         if !d.ghost_pids.is_empty() {
-            line.push_str(&format!("\n        driver lists dead/invisible pids: {}", join(&d.ghost_pids)));
+            line.push_str(&format!(
+                "\n        driver lists dead/invisible pids: {}",
+                join(&d.ghost_pids)
+            ));
         }
         out.push(line.trim_end().to_string());
     }
@@ -204,7 +236,11 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
 
 pub fn kill_report(r: &KillReport, style: Style) -> String {
     let mut out = Vec::new();
-    let verb = if r.dry_run { "would signal" } else { "signalled" };
+    let verb = if r.dry_run {
+        "would signal"
+    } else {
+        "signalled"
+    };
     out.push(format!("{verb}: {}", list_or_none(&r.signalled)));
     if !r.dry_run {
         out.push(format!("exited: {}", style.green(&list_or_none(&r.exited))));
@@ -263,7 +299,9 @@ fn all_of<T>(a: &Array, f: fn(&Map) -> Option<T>) -> Option<Vec<T>> {
     if a.is_empty() {
         return None;
     }
-    a.iter().map(|v| v.read_lock::<Map>().and_then(|m| f(&m))).collect()
+    a.iter()
+        .map(|v| v.read_lock::<Map>().and_then(|m| f(&m)))
+        .collect()
 }
 
 fn int(m: &Map, k: &str) -> Option<i64> {
@@ -280,18 +318,27 @@ fn opt_int(m: &Map, k: &str) -> Option<Option<i64>> {
 }
 
 fn string(m: &Map, k: &str) -> Option<String> {
-    m.get(k)?.read_lock::<rhai::ImmutableString>().map(|s| s.to_string())
+    m.get(k)?
+        .read_lock::<rhai::ImmutableString>()
+        .map(|s| s.to_string())
 }
 
 fn ints(m: &Map, k: &str) -> Option<Vec<i64>> {
-    m.get(k)?.read_lock::<Array>()?.iter().map(|v| v.as_int().ok()).collect()
+    m.get(k)?
+        .read_lock::<Array>()?
+        .iter()
+        .map(|v| v.as_int().ok())
+        .collect()
 }
 
 fn strings(m: &Map, k: &str) -> Option<Vec<String>> {
     m.get(k)?
         .read_lock::<Array>()?
         .iter()
-        .map(|v| v.read_lock::<rhai::ImmutableString>().map(|s| s.to_string()))
+        .map(|v| {
+            v.read_lock::<rhai::ImmutableString>()
+                .map(|s| s.to_string())
+        })
         .collect()
 }
 
@@ -343,8 +390,12 @@ fn holder_of(m: &Map) -> Option<Holder> {
         gpus: ints(m, "gpus")?,
         mem: int(m, "mem").unwrap_or(0),
         evidence: strings(m, "evidence")?,
-        protected: m.get("protected").and_then(|v| v.as_bool().ok()).unwrap_or(false),
+        protected: m
+            .get("protected")
+            .and_then(|v| v.as_bool().ok())
+            .unwrap_or(false),
         host: string(m, "host").unwrap_or_else(|| "local".into()),
+        maps: Vec::new(),
     })
 }
 
@@ -380,7 +431,10 @@ fn kill_report_of(m: &Map) -> Option<KillReport> {
             })
         })?,
         elapsed_ms: int(m, "elapsed_ms")?,
-        dry_run: m.get("dry_run").and_then(|v| v.as_bool().ok()).unwrap_or(false),
+        dry_run: m
+            .get("dry_run")
+            .and_then(|v| v.as_bool().ok())
+            .unwrap_or(false),
     })
 }
 
@@ -392,13 +446,28 @@ fn run_summary(m: &Map, style: Style) -> Option<String> {
     let pid = int(m, "pid")?;
     let lines = |k: &str| string(m, k).map(|s| s.lines().count());
     let (out, err) = (lines("stdout")?, lines("stderr")?);
-    let how = match (opt_int(m, "code")?, m.get("signal").and_then(|s| s.read_lock::<rhai::ImmutableString>().map(|s| s.to_string()))) {
+    let how = match (
+        opt_int(m, "code")?,
+        m.get("signal").and_then(|s| {
+            s.read_lock::<rhai::ImmutableString>()
+                .map(|s| s.to_string())
+        }),
+    ) {
         (Some(code), _) => format!("exit {code}"),
+        (None, Some(sig)) if sig.starts_with("SIG") => format!("killed by {sig}"),
         (None, Some(sig)) => format!("killed by SIG{sig}"),
         (None, None) => "no exit status".into(),
     };
-    let how = if timed_out { format!("timed out, {how}") } else { how };
-    let how = if ok { style.green(&how) } else { style.red(&how) };
+    let how = if timed_out {
+        format!("timed out, {how}")
+    } else {
+        how
+    };
+    let how = if ok {
+        style.green(&how)
+    } else {
+        style.red(&how)
+    };
     Some(format!(
         "run: {how} after {:.1} s (pid {pid}); stdout {out} line(s), stderr {err} line(s)",
         elapsed as f64 / 1000.0
@@ -422,7 +491,10 @@ fn pretty(v: &Dynamic, indent: usize) -> String {
     let pad = " ".repeat(indent + 4);
     let end = " ".repeat(indent);
     if let Some(a) = v.read_lock::<Array>() {
-        let items: Vec<String> = a.iter().map(|x| format!("{pad}{},", pretty(x, indent + 4))).collect();
+        let items: Vec<String> = a
+            .iter()
+            .map(|x| format!("{pad}{},", pretty(x, indent + 4)))
+            .collect();
         return format!("[\n{}\n{end}]", items.join("\n"));
     }
     if let Some(m) = v.read_lock::<Map>() {
@@ -440,7 +512,10 @@ fn flat(v: &Dynamic) -> String {
         return format!("[{}]", a.iter().map(flat).collect::<Vec<_>>().join(", "));
     }
     if let Some(m) = v.read_lock::<Map>() {
-        let items: Vec<String> = m.iter().map(|(k, x)| format!("{}: {}", key(k), flat(x))).collect();
+        let items: Vec<String> = m
+            .iter()
+            .map(|(k, x)| format!("{}: {}", key(k), flat(x)))
+            .collect();
         return format!("#{{{}}}", items.join(", "));
     }
     // rhai's Debug form is its literal syntax: quoted strings, 'c', (), Fn("f"), 1.0.
@@ -449,7 +524,10 @@ fn flat(v: &Dynamic) -> String {
 
 /// Map keys bare where Rhai accepts them so, quoted otherwise.
 fn key(k: &str) -> String {
-    let ident = k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    let ident = k
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if ident {
         k.to_string()
@@ -524,12 +602,17 @@ mod tests {
     #[test]
     fn literal_is_rhai_syntax() {
         let v = eval(r#"#{a: 1, "b c": "x\ny", d: [1, 2.5, 'c', ()], _e: true}"#);
-        assert_eq!(literal(&v), r#"#{_e: true, a: 1, "b c": "x\ny", d: [1, 2.5, 'c', ()]}"#);
+        assert_eq!(
+            literal(&v),
+            r#"#{_e: true, a: 1, "b c": "x\ny", d: [1, 2.5, 'c', ()]}"#
+        );
     }
 
     #[test]
     fn long_literal_spreads_over_lines() {
-        let v = eval(r#"#{list: [1, 2, 3], text: "a long string that does not fit on one line with the rest of this map, surely not"}"#);
+        let v = eval(
+            r#"#{list: [1, 2, 3], text: "a long string that does not fit on one line with the rest of this map, surely not"}"#,
+        );
         assert_eq!(
             literal(&v),
             "#{\n    list: [1, 2, 3],\n    text: \"a long string that does not fit on one line with the rest of this map, surely not\",\n}"

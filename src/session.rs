@@ -14,7 +14,10 @@ use std::sync::OnceLock;
 pub enum BackendChoice {
     /// NVML if the driver library loads, else "no driver".
     Auto,
-    Sim { dir: PathBuf, spec: Option<String> },
+    Sim {
+        dir: PathBuf,
+        spec: Option<String>,
+    },
 }
 
 pub struct Session {

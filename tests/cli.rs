@@ -6,7 +6,11 @@ use crate::support::*;
 fn gpus_table_and_json() {
     let sim = Sim::new("2x8G");
     let out = sim.run(&["gpus"]).ok();
-    assert!(out.stdout.contains("GPU") && out.stdout.contains("8192"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("GPU") && out.stdout.contains("8192"),
+        "{}",
+        out.stdout
+    );
     assert_eq!(sim.gpus().as_array().unwrap().len(), 2);
 }
 
@@ -48,9 +52,22 @@ fn the_readme_demo_runs_green_and_leaves_nothing() {
     let sim = Sim::new("8x80G");
     let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/crashed-job.rhai");
     let out = sim.run(&["run", demo.to_str().unwrap()]).ok();
-    assert!(out.stdout.contains("[orphaned]") && out.stdout.contains("[inherited]"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("[orphaned]") && out.stdout.contains("[inherited]"),
+        "{}",
+        out.stdout
+    );
     assert!(out.stdout.contains("clean: true"), "{}", out.stdout);
     let left = sim.eval_json("holders((), #{all: true})");
-    assert_eq!(left, serde_json::json!([]), "the demo left processes behind");
-    assert!(sim.gpus().as_array().unwrap().iter().all(|g| g["mem_used"] == 0));
+    assert_eq!(
+        left,
+        serde_json::json!([]),
+        "the demo left processes behind"
+    );
+    assert!(sim
+        .gpus()
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|g| g["mem_used"] == 0));
 }

@@ -37,7 +37,14 @@ fn orphaned_when_the_job_launcher_is_gone() {
 #[test]
 fn inherited_names_the_dead_creator() {
     let sim = Sim::new("1x8G");
-    let pids = sim.hold(&["--gpu", "0", "--mib", "64", "--fork-child", "--exit-creator"]);
+    let pids = sim.hold(&[
+        "--gpu",
+        "0",
+        "--mib",
+        "64",
+        "--fork-child",
+        "--exit-creator",
+    ]);
     let d = verdict(&sim, 0);
     assert_eq!(d["verdict"], "inherited");
     assert_eq!(d["ghost_pids"], serde_json::json!([pids[0]]));
@@ -61,10 +68,18 @@ fn diagnose_in_other_namespace(sim: &Sim) -> Value {
         .args(["--pid", "--fork", "--mount-proc"])
         .arg(bin())
         .args(["--json", "diagnose"])
-        .envs(sim.std_cmd().get_envs().filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))))
+        .envs(
+            sim.std_cmd()
+                .get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+        )
         .output()
         .expect("unshare");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -92,5 +107,36 @@ fn diagnose_one_shot_table() {
     let sim = Sim::new("2x8G");
     sim.run(&["sim", "leak", "--gpu", "1", "--mib", "10"]).ok();
     let out = sim.run(&["diagnose"]).ok();
-    assert!(out.stdout.contains("clean") && out.stdout.contains("driver"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("clean") && out.stdout.contains("driver"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn a_context_footprint_on_another_gpu_is_named_and_its_holder_left_alone() {
+    // A CUDA context maps every GPU it can see and keeps a few MiB on each (seen on H200s);
+    // the driver lists it only on the GPU it uses.
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "100", "--map-all"])[0];
+    assert_eq!(sim.used_mib(1), 3);
+    assert_eq!(sim.eval("holders(1).len()"), "0");
+    assert_eq!(
+        sim.eval_json("holders(0)")[0]["gpus"],
+        serde_json::json!([0])
+    );
+    let d = verdict(&sim, 1);
+    assert_eq!(d["verdict"], "held", "{d}");
+    assert_eq!(d["holders"][0]["pid"], p as i64);
+    assert!(d["advice"].as_str().unwrap().contains("footprint"), "{d}");
+    // Cleaning GPU 1 does not stop GPU 0's job; it says GPU 1 is not at 0 MiB, and why.
+    let out = sim
+        .run(&["clean", "--gpu", "1", "--timeout", "0.2"])
+        .code(1);
+    assert!(out.stdout.contains("footprint"), "{}", out.stdout);
+    assert!(alive(p));
+    sim.run(&["clean", "--gpu", "0"]).ok();
+    assert!(!alive(p));
+    assert_eq!(sim.used_mib(1), 0);
 }

@@ -7,7 +7,11 @@ use gpuloop::session::{BackendChoice, Session};
 use std::sync::Arc;
 
 fn engine() -> rhai::Engine {
-    let session = Session::new(BackendChoice::Auto, gpuloop::config::UserConfig::default(), 0);
+    let session = Session::new(
+        BackendChoice::Auto,
+        gpuloop::config::UserConfig::default(),
+        0,
+    );
     build_engine(Arc::new(session), &EngineOpts::default())
 }
 
@@ -15,9 +19,19 @@ fn engine() -> rhai::Engine {
 fn every_registered_function_has_a_doc_comment() {
     let e = engine();
     let fns = doc::functions(&e);
-    assert!(fns.iter().any(|f| f.name == "holders"), "the metadata lists gpuloop's functions");
-    let undocumented: Vec<String> = fns.iter().filter(|f| f.doc().is_empty()).map(|f| f.signature()).collect();
-    assert!(undocumented.is_empty(), "functions without a doc comment: {undocumented:?}");
+    assert!(
+        fns.iter().any(|f| f.name == "holders"),
+        "the metadata lists gpuloop's functions"
+    );
+    let undocumented: Vec<String> = fns
+        .iter()
+        .filter(|f| f.doc().is_empty())
+        .map(|f| f.signature())
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "functions without a doc comment: {undocumented:?}"
+    );
 }
 
 #[test]
@@ -26,9 +40,19 @@ fn every_stdlib_function_has_a_doc_comment() {
     let modules = doc::stdlib_functions(&e);
     assert!(!modules.is_empty());
     for (module, header, fns) in modules {
-        assert!(!header.is_empty(), "stdlib module {module} has no //! header");
-        let undocumented: Vec<String> = fns.iter().filter(|f| f.doc().is_empty()).map(|f| f.signature()).collect();
-        assert!(undocumented.is_empty(), "stdlib functions without a doc comment: {undocumented:?}");
+        assert!(
+            !header.is_empty(),
+            "stdlib module {module} has no //! header"
+        );
+        let undocumented: Vec<String> = fns
+            .iter()
+            .filter(|f| f.doc().is_empty())
+            .map(|f| f.signature())
+            .collect();
+        assert!(
+            undocumented.is_empty(),
+            "stdlib functions without a doc comment: {undocumented:?}"
+        );
     }
 }
 
@@ -43,15 +67,29 @@ fn doc_prints_the_reference() {
 fn doc_definitions_writes_rhai_definition_files() {
     let sim = Sim::new("2x8G");
     let dir = sim.path().join("defs");
-    sim.run(&["doc", "--definitions", dir.to_str().expect("utf-8 path")]).ok();
+    sim.run(&["doc", "--definitions", dir.to_str().expect("utf-8 path")])
+        .ok();
     let mut text = String::new();
     for entry in std::fs::read_dir(&dir).expect("definitions dir") {
         let path = entry.expect("entry").path();
-        assert!(path.to_string_lossy().ends_with(".d.rhai"), "{}", path.display());
+        assert!(
+            path.to_string_lossy().ends_with(".d.rhai"),
+            "{}",
+            path.display()
+        );
         text.push_str(&std::fs::read_to_string(&path).expect("read"));
     }
-    for name in ["fn gpu(", "fn holders(", "fn kill(", "fn wait_clean(", "fn diagnose("] {
-        assert!(text.contains(name), "{name} missing from the definitions:\n{text}");
+    for name in [
+        "fn gpu(",
+        "fn holders(",
+        "fn kill(",
+        "fn wait_clean(",
+        "fn diagnose(",
+    ] {
+        assert!(
+            text.contains(name),
+            "{name} missing from the definitions:\n{text}"
+        );
     }
 }
 
@@ -69,7 +107,10 @@ fn completions_name_every_subcommand() {
         let out = sim.run(&["completions", shell]).ok();
         assert!(!out.stdout.trim().is_empty(), "{shell}: empty script");
         for sub in &subcommands {
-            assert!(out.stdout.contains(sub.as_str()), "{shell} completions do not name {sub}");
+            assert!(
+                out.stdout.contains(sub.as_str()),
+                "{shell} completions do not name {sub}"
+            );
         }
     }
 }

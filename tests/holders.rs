@@ -4,7 +4,11 @@ use crate::support::*;
 use serde_json::Value;
 
 fn pids_in(v: &Value) -> Vec<i64> {
-    v.as_array().unwrap().iter().map(|h| h["pid"].as_i64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["pid"].as_i64().unwrap())
+        .collect()
 }
 
 #[test]
@@ -77,7 +81,14 @@ fn an_observer_only_with_all() {
 #[test]
 fn a_forked_child_holding_inherited_handles_after_its_creator_exited() {
     let sim = Sim::new("2x8G");
-    let pids = sim.hold(&["--gpu", "1", "--mib", "200", "--fork-child", "--exit-creator"]);
+    let pids = sim.hold(&[
+        "--gpu",
+        "1",
+        "--mib",
+        "200",
+        "--fork-child",
+        "--exit-creator",
+    ]);
     let (creator, child) = (pids[0], pids[1]);
     assert!(gone_within(creator, 5));
     let hs = sim.eval_json("holders()");
@@ -109,7 +120,17 @@ fn nothing_for_zombies() {
     sim.gpus(); // sets the state directory up
     let mut creator = sim
         .std_cmd()
-        .args(["sim", "hold", "--as-holder", "--gpu", "0", "--mib", "10", "--fork-child", "--exit-creator"])
+        .args([
+            "sim",
+            "hold",
+            "--as-holder",
+            "--gpu",
+            "0",
+            "--mib",
+            "10",
+            "--fork-child",
+            "--exit-creator",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -154,7 +175,11 @@ fn unknown_gpu_index_is_a_script_error_not_a_panic() {
     assert!(out.stderr.contains("no GPU with index 9"), "{}", out.stderr);
     assert!(!out.stderr.contains("panicked"));
     let out = sim.run(&["eval", "gpu(-1)"]).code(1);
-    assert!(out.stderr.contains("no GPU with index -1"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no GPU with index -1"),
+        "{}",
+        out.stderr
+    );
     let out = sim.run(&["holders", "--gpu", "4"]).code(2);
     assert!(out.stderr.contains("no GPU with index 4"), "{}", out.stderr);
 }
@@ -164,7 +189,11 @@ fn holders_one_shot_prints_a_table_and_json() {
     let sim = Sim::new("2x8G");
     let p = sim.hold(&["--gpu", "0", "--mib", "64", "--name", "python3"])[0];
     let out = sim.run(&["holders"]).ok();
-    assert!(out.stdout.contains("PID") && out.stdout.contains(&p.to_string()), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("PID") && out.stdout.contains(&p.to_string()),
+        "{}",
+        out.stdout
+    );
     assert!(out.stdout.contains("python3"));
     let j = sim.run(&["--json", "holders", "--gpu", "0"]).ok().json();
     assert_eq!(j[0]["pid"], p as i64);

@@ -33,7 +33,14 @@ fn clean_frees_one_gpu_of_orphans_and_an_inheriting_child_and_nothing_else() {
     let workers = sim.hold(&["--gpu", "1", "--mib", "100", "--workers", "2"]);
     sigkill(workers[0]);
     assert!(gone_within(workers[0], 5));
-    let fork = sim.hold(&["--gpu", "1", "--mib", "50", "--fork-child", "--exit-creator"]);
+    let fork = sim.hold(&[
+        "--gpu",
+        "1",
+        "--mib",
+        "50",
+        "--fork-child",
+        "--exit-creator",
+    ]);
     let other = sim.hold(&["--gpu", "2", "--mib", "70"])[0];
     assert_eq!(sim.used_mib(1), 250);
     let out = sim.run(&["clean", "--gpu", "1"]).ok();
@@ -68,7 +75,13 @@ fn a_protected_daemon_survives_clean_and_kill_without_force() {
     assert_eq!(sim.eval("wait_clean(0, #{timeout: 5})"), "true");
     let r = sim.eval_json(&format!("kill({d})"));
     assert_eq!(r["signalled"], serde_json::json!([]));
-    assert!(r["skipped"][0]["reason"].as_str().unwrap().contains("protected"), "{r}");
+    assert!(
+        r["skipped"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("protected"),
+        "{r}"
+    );
     assert!(alive(d));
     let all = sim.eval_json("holders((), #{all: true})");
     assert_eq!(all[0]["role"], "daemon");
@@ -86,7 +99,11 @@ fn dry_run_signals_nothing_and_says_what_it_would() {
     assert_eq!(r["dry_run"], true);
     assert_eq!(r["exited"], serde_json::json!([]));
     let out = sim.run(&["kill", "--dry-run"]).ok();
-    assert!(out.stdout.contains(&format!("would signal: {p}")), "{}", out.stdout);
+    assert!(
+        out.stdout.contains(&format!("would signal: {p}")),
+        "{}",
+        out.stdout
+    );
     assert!(alive(p));
     assert_eq!(sim.used_mib(0), 10);
 }
@@ -97,7 +114,13 @@ fn a_holder_map_whose_start_changed_is_skipped() {
     let p = sim.hold(&["--gpu", "0", "--mib", "10"])[0];
     let r = sim.eval_json("let h = holders()[0]; h.start += 1; kill(h)");
     assert_eq!(r["signalled"], serde_json::json!([]));
-    assert!(r["skipped"][0]["reason"].as_str().unwrap().contains("another process"), "{r}");
+    assert!(
+        r["skipped"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("another process"),
+        "{r}"
+    );
     assert!(alive(p));
 }
 
@@ -106,15 +129,26 @@ fn own_pid_and_pid_one_are_refused() {
     let sim = Sim::new("1x8G");
     let r = sim.eval_json("kill([1, 0])");
     assert_eq!(r["signalled"], serde_json::json!([]));
-    assert!(r["skipped"][0]["reason"].as_str().unwrap().contains("never signalled"));
-    let out = sim.script(
-        "self.rhai",
-        r#"let me = parse_json(read_file("/proc/self/stat").split(" ")[0]);
+    assert!(r["skipped"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("never signalled"));
+    let out = sim
+        .script(
+            "self.rhai",
+            r#"let me = parse_json(read_file("/proc/self/stat").split(" ")[0]);
            let r = kill(me); print(to_json(r));"#,
-        &[],
-    ).ok();
+            &[],
+        )
+        .ok();
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
-    assert!(r["skipped"][0]["reason"].as_str().unwrap().contains("gpuloop itself"), "{r}");
+    assert!(
+        r["skipped"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("gpuloop itself"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -128,7 +162,11 @@ fn a_vanished_target_is_already_gone_not_an_error() {
     assert_eq!(r["signalled"], serde_json::json!([]));
     // Gone, or a zombie whose parent (init here) has not reaped it yet: either way, said so.
     let reason = r["skipped"][0]["reason"].as_str().unwrap();
-    assert!(reason == "already gone" || reason.starts_with("zombie: it holds nothing, but its parent (pid "), "{r}");
+    assert!(
+        reason == "already gone"
+            || reason.starts_with("zombie: it holds nothing, but its parent (pid "),
+        "{r}"
+    );
 }
 
 #[test]
@@ -136,7 +174,12 @@ fn tree_kill_takes_the_workers_of_a_launcher() {
     let sim = Sim::new("1x8G");
     let pids = sim.hold(&["--gpu", "0", "--mib", "10", "--workers", "2"]);
     let r = sim.eval_json(&format!("kill({})", pids[0]));
-    let mut got: Vec<i64> = r["exited"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    let mut got: Vec<i64> = r["exited"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
     got.sort();
     let mut want: Vec<i64> = pids.iter().map(|&p| p as i64).collect();
     want.sort();
@@ -151,7 +194,10 @@ fn a_stopped_holder_is_still_freed() {
     unsafe { libc::kill(p, libc::SIGSTOP) };
     let r = sim.eval_json(&format!("kill({p}, #{{grace: 30}})"));
     assert_eq!(r["exited"], serde_json::json!([p]), "{r}");
-    assert!(r["elapsed_ms"].as_i64().unwrap() < 30_000, "TERM was not acted on: {r}");
+    assert!(
+        r["elapsed_ms"].as_i64().unwrap() < 30_000,
+        "TERM was not acted on: {r}"
+    );
 }
 
 #[test]
@@ -163,7 +209,11 @@ fn wait_clean_times_out_on_a_leak_and_logs_the_driver_verdict() {
     assert!(out.stderr.contains("[driver]"), "{}", out.stderr);
     // clean on it exits 1 with the diagnosis.
     let out = sim.run(&["clean", "--timeout", "0.2"]).code(1);
-    assert!(out.stdout.contains("driver") && out.stdout.contains("NOT clean"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("driver") && out.stdout.contains("NOT clean"),
+        "{}",
+        out.stdout
+    );
 }
 
 #[test]
@@ -185,17 +235,76 @@ fn wait_clean_returns_after_the_driver_release_not_before() {
     assert_eq!(it.next(), Some("true"));
     let returned: f64 = it.next().unwrap().parse().unwrap();
     let log = std::fs::read_to_string(sim.path().join("state/released.log")).unwrap();
-    let released: f64 = log.lines().last().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(returned >= released, "wait_clean returned {:.3}s before the release", released - returned);
-    println!("wait_clean saw the release {:.1} ms after it", (returned - released) * 1e3);
+    let released: f64 = log
+        .lines()
+        .last()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        returned >= released,
+        "wait_clean returned {:.3}s before the release",
+        released - returned
+    );
+    println!(
+        "wait_clean saw the release {:.1} ms after it",
+        (returned - released) * 1e3
+    );
 }
 
 #[test]
 fn wait_clean_with_bad_options_is_a_clear_error() {
     let sim = Sim::new("1x8G");
     let out = sim.run(&["eval", "wait_clean(0, #{timout: 1})"]).code(1);
-    assert!(out.stderr.contains("unknown option \"timout\""), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("unknown option \"timout\""),
+        "{}",
+        out.stderr
+    );
     let out = sim.run(&["eval", "kill(1, #{signal: \"NOPE\"})"]).code(1);
     assert!(out.stderr.contains("unknown signal"), "{}", out.stderr);
     sim.run(&["kill", "--signal", "NOPE"]).code(2);
+}
+
+#[test]
+fn an_eight_gpu_tensor_parallel_job_at_full_size_is_cleaned() {
+    // The shape of the real problem: 8 ranks, one per 141 GiB GPU, ~70 GiB each, every rank
+    // mapping all 8 GPUs (as CUDA contexts do); the launcher is SIGKILLed.
+    let sim = Sim::new("8x141G,release_ms=150");
+    let mut launchers = Vec::new();
+    for g in 0..8 {
+        let ps = sim.hold(&[
+            "--gpu",
+            &g.to_string(),
+            "--mib",
+            "71680",
+            "--workers",
+            "1",
+            "--map-all",
+        ]);
+        launchers.push(ps[0]);
+    }
+    for &l in &launchers {
+        sigkill(l);
+        assert!(gone_within(l, 5));
+    }
+    let before = sim.eval_json("diagnose()");
+    assert!(
+        before
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["verdict"] == "orphaned"),
+        "{before}"
+    );
+    sim.run(&["clean"]).ok();
+    let gpus = sim.gpus();
+    assert_eq!(gpus.as_array().unwrap().len(), 8);
+    for g in gpus.as_array().unwrap() {
+        assert_eq!(g["mem_used_mib"], 0, "{g}");
+        assert_eq!(g["mem_total_mib"], 141 * 1024);
+    }
 }

@@ -36,23 +36,48 @@ fn imports_resolve_in_order() {
             c.env("GPULOOP_PATH", &gpuloop_path);
         })
         .ok();
-    assert_eq!(out.stdout, "script-dir\ngpuloop-path\nconfig-dir\nuser-report\n");
+    assert_eq!(
+        out.stdout,
+        "script-dir\ngpuloop-path\nconfig-dir\nuser-report\n"
+    );
 }
 
 #[test]
 fn the_stdlib_report_module_summarises() {
     let sim = Sim::new("2x8G");
     let p = sim.hold(&["--gpu", "1", "--mib", "42", "--name", "trainer"])[0];
-    let out = sim.script("r.rhai", "import \"report\" as r; print(r::summary());", &[]).ok();
-    assert!(out.stdout.contains("2 GPU(s), 1 with memory used, 1 compute holder(s)"), "{}", out.stdout);
-    assert!(out.stdout.contains(&format!("GPU 1: 42/8192 MiB  trainer({p})")), "{}", out.stdout);
-    assert!(out.stdout.contains("GPU 0: 0/8192 MiB  free"), "{}", out.stdout);
+    let out = sim
+        .script(
+            "r.rhai",
+            "import \"report\" as r; print(r::summary());",
+            &[],
+        )
+        .ok();
+    assert!(
+        out.stdout
+            .contains("2 GPU(s), 1 with memory used, 1 compute holder(s)"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("GPU 1: 42/8192 MiB  trainer({p})")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("GPU 0: 0/8192 MiB  free"),
+        "{}",
+        out.stdout
+    );
 }
 
 #[test]
 fn a_missing_module_is_a_clear_error() {
     let sim = Sim::new("1x8G");
-    let out = sim.script("m.rhai", "import \"no_such_module\" as m;", &[]).code(1);
+    let out = sim
+        .script("m.rhai", "import \"no_such_module\" as m;", &[])
+        .code(1);
     assert!(out.stderr.contains("no_such_module"), "{}", out.stderr);
     assert!(out.stderr.contains("m.rhai:1:"), "{}", out.stderr);
 }

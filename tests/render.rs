@@ -28,10 +28,15 @@ fn gpu(index: i64, used_mib: i64, util: Option<i64>) -> Gpu {
 }
 
 fn gpus() -> Vec<Gpu> {
-    vec![gpu(0, 0, Some(0)), gpu(1, 81_920, Some(97)), gpu(2, 0, None)]
+    vec![
+        gpu(0, 0, Some(0)),
+        gpu(1, 81_920, Some(97)),
+        gpu(2, 0, None),
+    ]
 }
 
 fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
+    let gpus_clone = gpus.clone();
     Holder {
         pid,
         ppid: 1,
@@ -49,6 +54,7 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         evidence: vec!["driver".into(), "fd".into(), "map".into()],
         protected: false,
         host: "local".into(),
+        maps: gpus_clone,
     }
 }
 
@@ -81,7 +87,8 @@ fn diagnoses() -> Vec<Diagnosis> {
             holders: holders(),
             ghost_pids: vec![9999],
             verdict: "orphaned".into(),
-            advice: "the job that started these workers is gone: kill them (gpuloop kill --gpu 1)".into(),
+            advice: "the job that started these workers is gone: kill them (gpuloop kill --gpu 1)"
+                .into(),
             host: "local".into(),
         },
     ]
@@ -146,14 +153,29 @@ fn empty_lists_say_so() {
 #[test]
 fn colour_does_not_move_anything() {
     let pairs = [
-        (render::gpus(&gpus(), COLOR), render::gpus(&gpus(), Style::PLAIN)),
-        (render::holders(&holders(), COLOR), render::holders(&holders(), Style::PLAIN)),
-        (render::diagnoses(&diagnoses(), COLOR), render::diagnoses(&diagnoses(), Style::PLAIN)),
-        (render::kill_report(&kill_report(), COLOR), render::kill_report(&kill_report(), Style::PLAIN)),
+        (
+            render::gpus(&gpus(), COLOR),
+            render::gpus(&gpus(), Style::PLAIN),
+        ),
+        (
+            render::holders(&holders(), COLOR),
+            render::holders(&holders(), Style::PLAIN),
+        ),
+        (
+            render::diagnoses(&diagnoses(), COLOR),
+            render::diagnoses(&diagnoses(), Style::PLAIN),
+        ),
+        (
+            render::kill_report(&kill_report(), COLOR),
+            render::kill_report(&kill_report(), Style::PLAIN),
+        ),
     ];
     for (colored, plain) in pairs {
         assert_ne!(colored, plain, "colour was asked for");
-        let stripped: Vec<String> = render::strip_ansi(&colored).lines().map(|l| l.trim_end().to_string()).collect();
+        let stripped: Vec<String> = render::strip_ansi(&colored)
+            .lines()
+            .map(|l| l.trim_end().to_string())
+            .collect();
         assert_eq!(stripped.join("\n"), plain);
     }
 }
@@ -161,8 +183,14 @@ fn colour_does_not_move_anything() {
 #[test]
 fn script_values_print_like_the_commands() {
     // What gpu(), holders(), diagnose() and kill() return prints as the one-shots do.
-    assert_eq!(render::value(&script(&gpus()), Style::PLAIN), render::gpus(&gpus(), Style::PLAIN));
-    assert_eq!(render::value(&script(&holders()), Style::PLAIN), render::holders(&holders(), Style::PLAIN));
+    assert_eq!(
+        render::value(&script(&gpus()), Style::PLAIN),
+        render::gpus(&gpus(), Style::PLAIN)
+    );
+    assert_eq!(
+        render::value(&script(&holders()), Style::PLAIN),
+        render::holders(&holders(), Style::PLAIN)
+    );
     assert_eq!(
         render::value(&script(&diagnoses()), Style::PLAIN),
         render::diagnoses(&diagnoses(), Style::PLAIN)
@@ -175,7 +203,10 @@ fn script_values_print_like_the_commands() {
 
 #[test]
 fn one_gpu_map_prints_as_a_literal() {
-    insta::assert_snapshot!(render::value(&script(&gpu(1, 81_920, Some(97))), Style::PLAIN));
+    insta::assert_snapshot!(render::value(
+        &script(&gpu(1, 81_920, Some(97))),
+        Style::PLAIN
+    ));
 }
 
 #[test]

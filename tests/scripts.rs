@@ -5,17 +5,29 @@ use crate::support::*;
 #[test]
 fn a_syntax_error_exits_2_with_file_line_col_and_caret() {
     let sim = Sim::new("1x8G");
-    let out = sim.script("bad.rhai", "let a = 1;\nlet b = a +* 2;\n", &[]).code(2);
+    let out = sim
+        .script("bad.rhai", "let a = 1;\nlet b = a +* 2;\n", &[])
+        .code(2);
     let p = sim.path().join("bad.rhai");
-    assert!(out.stderr.contains(&format!("{}:2:", p.display())), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("{}:2:", p.display())),
+        "{}",
+        out.stderr
+    );
     assert!(out.stderr.contains("let b = a +* 2;"), "{}", out.stderr);
-    assert!(out.stderr.lines().any(|l| l.trim_end().ends_with('^')), "{}", out.stderr);
+    assert!(
+        out.stderr.lines().any(|l| l.trim_end().ends_with('^')),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]
 fn a_runtime_error_exits_1_with_position() {
     let sim = Sim::new("1x8G");
-    let out = sim.script("rt.rhai", "let x = 1;\nlet y = x + nope;\n", &[]).code(1);
+    let out = sim
+        .script("rt.rhai", "let x = 1;\nlet y = x + nope;\n", &[])
+        .code(1);
     assert!(out.stderr.contains("rt.rhai:2:13"), "{}", out.stderr);
     assert!(out.stderr.contains("nope"), "{}", out.stderr);
     assert!(!out.stderr.contains("panicked"));
@@ -24,7 +36,9 @@ fn a_runtime_error_exits_1_with_position() {
 #[test]
 fn an_error_inside_a_function_points_into_it() {
     let sim = Sim::new("1x8G");
-    let out = sim.script("f.rhai", "fn f(x) {\n  x.no_such_method()\n}\nf(1);\n", &[]).code(1);
+    let out = sim
+        .script("f.rhai", "fn f(x) {\n  x.no_such_method()\n}\nf(1);\n", &[])
+        .code(1);
     assert!(out.stderr.contains("f.rhai:2:"), "{}", out.stderr);
     assert!(out.stderr.contains("in call to f()"), "{}", out.stderr);
 }
@@ -32,7 +46,12 @@ fn an_error_inside_a_function_points_into_it() {
 #[test]
 fn exit_sets_the_code_and_throw_is_a_runtime_error() {
     let sim = Sim::new("1x8G");
-    sim.script("e.rhai", "print(\"before\"); exit(7); print(\"after\");", &[]).code(7);
+    sim.script(
+        "e.rhai",
+        "print(\"before\"); exit(7); print(\"after\");",
+        &[],
+    )
+    .code(7);
     sim.script("e0.rhai", "exit();", &[]).code(0);
     let out = sim.script("t.rhai", "throw \"boom\";", &[]).code(1);
     assert!(out.stderr.contains("boom"), "{}", out.stderr);
@@ -41,7 +60,13 @@ fn exit_sets_the_code_and_throw_is_a_runtime_error() {
 #[test]
 fn args_reach_the_script_and_stdin_scripts_run() {
     let sim = Sim::new("1x8G");
-    let out = sim.script("a.rhai", "print(ARGS.len()); print(ARGS[1]);", &["x", "--flag"]).ok();
+    let out = sim
+        .script(
+            "a.rhai",
+            "print(ARGS.len()); print(ARGS[1]);",
+            &["x", "--flag"],
+        )
+        .ok();
     assert_eq!(out.stdout, "2\n--flag\n");
     let out = sim.run_with(&["run", "-"], |c| {
         c.write_stdin("print(gpu().len() + 40);");
@@ -59,7 +84,9 @@ fn missing_script_and_check() {
     let good = sim.path().join("good.rhai");
     let bad = sim.path().join("bad.rhai");
     sim.run(&["check", good.to_str().unwrap()]).ok();
-    let out = sim.run(&["check", good.to_str().unwrap(), bad.to_str().unwrap()]).code(2);
+    let out = sim
+        .run(&["check", good.to_str().unwrap(), bad.to_str().unwrap()])
+        .code(2);
     assert!(out.stderr.contains("bad.rhai:1:"), "{}", out.stderr);
 }
 
@@ -77,8 +104,14 @@ fn helpers_files_json_env() {
         f.display()
     );
     let v = sim.eval_json(&code);
-    assert_eq!(v, serde_json::json!([2, "z = 1\nb = z\n", true, false, null, 2.5]));
-    assert_eq!(std::fs::read_to_string(sim.path().join("lib.py.out")).unwrap(), r#"{"k":[1,2.5,null,true]}"#);
+    assert_eq!(
+        v,
+        serde_json::json!([2, "z = 1\nb = z\n", true, false, null, 2.5])
+    );
+    assert_eq!(
+        std::fs::read_to_string(sim.path().join("lib.py.out")).unwrap(),
+        r#"{"k":[1,2.5,null,true]}"#
+    );
     let out = sim.run(&["eval", "parse_json(\"{oops\")"]).code(1);
     assert!(out.stderr.contains("parse_json"), "{}", out.stderr);
     let out = sim.run(&["eval", "read_file(\"/no/such/file\")"]).code(1);
@@ -96,7 +129,9 @@ fn retry_and_until() {
            [r, u, never]"#,
     );
     assert_eq!(v, serde_json::json!([30, true, false]));
-    let out = sim.run(&["eval", "retry(2, || { throw \"always\" })"]).code(1);
+    let out = sim
+        .run(&["eval", "retry(2, || { throw \"always\" })"])
+        .code(1);
     assert!(out.stderr.contains("always"), "{}", out.stderr);
     assert!(out.stderr.contains("attempt 1/2 failed"), "{}", out.stderr);
 }
@@ -104,15 +139,29 @@ fn retry_and_until() {
 #[test]
 fn log_and_warn_go_to_stderr() {
     let sim = Sim::new("1x8G");
-    let out = sim.run(&["eval", "log(\"hello\"); warn(\"careful\"); sleep(0.01); now() > 1.0e9"]).ok();
+    let out = sim
+        .run(&[
+            "eval",
+            "log(\"hello\"); warn(\"careful\"); sleep(0.01); now() > 1.0e9",
+        ])
+        .ok();
     assert_eq!(out.stdout.trim(), "true");
-    assert!(out.stderr.contains("hello") && out.stderr.contains("warning: careful"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("hello") && out.stderr.contains("warning: careful"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]
 fn sigint_stops_a_sleeping_script_with_130() {
     let sim = Sim::new("1x8G");
-    let mut child = sim.std_cmd().args(["eval", "print(\"started\"); sleep(60)"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = sim
+        .std_cmd()
+        .args(["eval", "print(\"started\"); sleep(60)"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     std::io::BufRead::read_line(&mut out, &mut line).unwrap();

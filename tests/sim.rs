@@ -4,7 +4,12 @@ use crate::support::*;
 
 #[test]
 fn gpu_fields_and_counts_for_several_specs() {
-    for (spec, count, total_mib) in [("1x8G", 1, 8192), ("4x16G", 4, 16384), ("8x80G", 8, 81920), ("2x512M", 2, 512)] {
+    for (spec, count, total_mib) in [
+        ("1x8G", 1, 8192),
+        ("4x16G", 4, 16384),
+        ("8x80G", 8, 81920),
+        ("2x512M", 2, 512),
+    ] {
         let sim = Sim::new(spec);
         let all = sim.gpus();
         let gpus = all.as_array().unwrap();
@@ -36,7 +41,11 @@ fn bad_specs_are_usage_errors() {
     for bad in ["8", "0x80G", "8x80Q", "2x8G,bogus=1", "2x8G,minors=0:0"] {
         let sim = Sim::new("1x8G");
         let out = sim.run(&["--sim", bad, "gpus"]).code(2);
-        assert!(out.stderr.contains("bad --sim spec"), "{bad}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("bad --sim spec"),
+            "{bad}: {}",
+            out.stderr
+        );
         assert!(!out.stderr.contains("panicked"));
     }
 }
@@ -82,9 +91,12 @@ fn a_leak_stays_until_reset_and_reset_refuses_a_busy_gpu() {
 #[test]
 fn sim_commands_reject_unknown_gpus() {
     let sim = Sim::new("2x8G");
-    let out = sim.run(&["sim", "hold", "--gpu", "7", "--mib", "1"]).code(2);
+    let out = sim
+        .run(&["sim", "hold", "--gpu", "7", "--mib", "1"])
+        .code(2);
     assert!(out.stderr.contains("no GPU with index 7"), "{}", out.stderr);
-    sim.run(&["sim", "leak", "--gpu", "5", "--mib", "1"]).code(2);
+    sim.run(&["sim", "leak", "--gpu", "5", "--mib", "1"])
+        .code(2);
 }
 
 #[test]

@@ -23,15 +23,24 @@ pub struct Out {
 
 impl Out {
     pub fn ok(self) -> Out {
-        assert_eq!(self.code, 0, "expected success:\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code, 0,
+            "expected success:\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
         self
     }
     pub fn code(self, code: i32) -> Out {
-        assert_eq!(self.code, code, "expected exit {code}:\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code, code,
+            "expected exit {code}:\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
         self
     }
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
     }
 }
 
@@ -42,7 +51,10 @@ pub fn bin() -> PathBuf {
 impl Sim {
     pub fn new(spec: &str) -> Sim {
         Sim {
-            dir: tempfile::Builder::new().prefix("gpuloop-test-").tempdir().expect("tempdir"),
+            dir: tempfile::Builder::new()
+                .prefix("gpuloop-test-")
+                .tempdir()
+                .expect("tempdir"),
             spec: spec.to_string(),
             started: Mutex::new(Vec::new()),
         }
@@ -113,7 +125,11 @@ impl Sim {
     /// `gpuloop sim hold ARGS`: the pids it prints, remembered for the final kill.
     pub fn hold(&self, args: &[&str]) -> Vec<i32> {
         let out = self.run(&[&["sim", "hold"], args].concat()).ok();
-        let pids: Vec<i32> = out.stdout.lines().map(|l| l.trim().parse().expect("pid")).collect();
+        let pids: Vec<i32> = out
+            .stdout
+            .lines()
+            .map(|l| l.trim().parse().expect("pid"))
+            .collect();
         self.started.lock().unwrap().extend(&pids);
         pids
     }

@@ -139,6 +139,10 @@ pub enum SimCmd {
         /// With --fork-child: the creator exits, only the child holds.
         #[arg(long, requires = "fork_child")]
         exit_creator: bool,
+        /// Map every GPU's node and keep a 3 MiB footprint on the others, as a CUDA context
+        /// does when it can see several GPUs.
+        #[arg(long)]
+        map_all: bool,
         #[arg(long, hide = true)]
         as_holder: bool,
     },

@@ -44,8 +44,14 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Kill { sel, kill } => {
             let targets = actions::holder_targets(&actions::holders(s, &selection(sel), false)?);
             let report = actions::kill(s, &targets, &kill_opts(kill)?);
-            emit(cfg, &report, || render::kill_report(&report, Style::stdout()))?;
-            Ok(if report.survivors.is_empty() && report.errors.is_empty() { 0 } else { 1 })
+            emit(cfg, &report, || {
+                render::kill_report(&report, Style::stdout())
+            })?;
+            Ok(if report.survivors.is_empty() && report.errors.is_empty() {
+                0
+            } else {
+                1
+            })
         }
         Cmd::Clean { sel, timeout, kill } => clean(cfg, &selection(sel), *timeout, kill),
         Cmd::Sim(cmd) => sim(cfg, cmd),
@@ -58,7 +64,9 @@ fn selection(sel: &GpuSel) -> Selection {
 
 fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
     if !(0.0..=1e9).contains(&v) {
-        return Err(Error::Usage(format!("{what} must be a non-negative number of seconds")));
+        return Err(Error::Usage(format!(
+            "{what} must be a non-negative number of seconds"
+        )));
     }
     Ok(Duration::from_secs_f64(v))
 }
@@ -66,7 +74,10 @@ fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
 fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
     Ok(KillOpts {
         signal: parse_signal(&k.signal).ok_or_else(|| {
-            Error::Usage(format!("unknown signal {:?} (use TERM, INT, KILL, HUP, …)", k.signal))
+            Error::Usage(format!(
+                "unknown signal {:?} (use TERM, INT, KILL, HUP, …)",
+                k.signal
+            ))
         })?,
         grace: seconds(k.grace, "--grace")?,
         tree: true,
@@ -131,7 +142,13 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
         .map_err(|e| Error::Usage(format!("cannot read script {script}: {e}")))?;
     let dir = Path::new(script)
         .parent()
-        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
         .and_then(|p| p.canonicalize().ok());
     Ok((script.to_string(), src, dir))
 }
@@ -155,7 +172,10 @@ fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     let mut scope = new_scope(&[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
     if cfg.json {
-        println!("{}", serde_json::to_string_pretty(&render::json(&v)).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&render::json(&v)).unwrap_or_default()
+        );
     } else if !v.is_unit() {
         println!("{}", render::value(&v, Style::stdout()));
     }
@@ -230,6 +250,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             workers,
             setsid,
             exit_creator,
+            map_all,
             ..
         } => HoldOpts {
             gpu: *gpu,
@@ -241,6 +262,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             workers: *workers,
             setsid: *setsid,
             exit_creator: *exit_creator,
+            map_all: *map_all,
         },
         _ => HoldOpts::default(),
     }

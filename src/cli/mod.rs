@@ -62,7 +62,13 @@ pub fn main() -> i32 {
         }
     };
     // The simulator's holder and watcher must start no threads before they fork.
-    if let Cmd::Sim(SimCmd::Hold { as_holder: true, .. } | SimCmd::Watch { .. }) = &args.cmd {
+    if let Cmd::Sim(
+        SimCmd::Hold {
+            as_holder: true, ..
+        }
+        | SimCmd::Watch { .. },
+    ) = &args.cmd
+    {
         return match commands::sim_internal(&args) {
             Ok(code) => code,
             Err(e) => report(e),

@@ -156,7 +156,9 @@ pub struct NoDriver {
 
 impl NoDriver {
     pub fn new() -> NoDriver {
-        NoDriver { nodes: DeviceNodes::new("/dev") }
+        NoDriver {
+            nodes: DeviceNodes::new("/dev"),
+        }
     }
 }
 
@@ -209,7 +211,10 @@ mod tests {
         assert_eq!(n.classify(b"/dev/nvidia12"), Some(Node::Gpu(12)));
         assert_eq!(n.classify(b"/dev/nvidiactl"), Some(Node::Shared));
         assert_eq!(n.classify(b"/dev/nvidia-uvm"), Some(Node::Shared));
-        assert_eq!(n.classify(b"/dev/nvidia-caps/nvidia-cap1"), Some(Node::Shared));
+        assert_eq!(
+            n.classify(b"/dev/nvidia-caps/nvidia-cap1"),
+            Some(Node::Shared)
+        );
         assert_eq!(n.classify(b"/dev/null"), None);
         assert_eq!(n.classify(b"/dev/nvidi"), None);
     }

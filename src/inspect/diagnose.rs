@@ -32,9 +32,20 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, foreign_ns: bool) -> Vec<Diagn
         .iter()
         .filter(|g| super::selected(sel, g.index))
         .map(|g| {
-            let holders = inv.holders(&Some(vec![g.index]), false);
+            let mut holders = inv.holders(&Some(vec![g.index]), false);
+            // Memory on a GPU nobody is listed on can be the footprint of a CUDA process that
+            // uses another GPU but maps this one too: name it rather than blame the driver.
+            let footprint = holders.is_empty() && g.mem_used_mib > 0;
+            if footprint {
+                holders = inv
+                    .holders
+                    .iter()
+                    .filter(|h| h.is_compute() && h.maps.contains(&g.index))
+                    .cloned()
+                    .collect();
+            }
             let ghosts = inv.ghosts.get(&g.index).cloned().unwrap_or_default();
-            let (verdict, advice) = verdict(
+            let (verdict, mut advice) = verdict(
                 g.index,
                 g.mem_used_mib,
                 &holders,
@@ -44,6 +55,13 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, foreign_ns: bool) -> Vec<Diagn
                 inv.unreadable,
                 |pid| tree.orphaned(pid as i32),
             );
+            if footprint && !holders.is_empty() && ghosts.is_empty() {
+                advice = format!(
+                    "{} MiB is the CUDA footprint of {} (it uses other GPUs and maps this one too; CUDA_VISIBLE_DEVICES keeps it off)",
+                    g.mem_used_mib,
+                    pids(&holders.iter().collect::<Vec<_>>())
+                );
+            }
             Diagnosis {
                 gpu: g.index,
                 mem_used_mib: g.mem_used_mib,
@@ -172,6 +190,7 @@ mod tests {
             evidence: evidence.iter().map(|s| s.to_string()).collect(),
             protected: false,
             host: "local".into(),
+            maps: vec![0],
         }
     }
 
@@ -182,13 +201,21 @@ mod tests {
             verdict(0, used, hs, ghosts, listed, foreign, unread, no).0
         };
         assert_eq!(v(&[], &[], 0, false, false, 0), "clean");
-        assert_eq!(v(&[h(5, &["driver", "fd", "map"])], &[], 100, true, false, 0), "held");
-        assert_eq!(v(&[h(6, &["fd", "map"])], &[5], 100, true, false, 0), "inherited");
+        assert_eq!(
+            v(&[h(5, &["driver", "fd", "map"])], &[], 100, true, false, 0),
+            "held"
+        );
+        assert_eq!(
+            v(&[h(6, &["fd", "map"])], &[5], 100, true, false, 0),
+            "inherited"
+        );
         assert_eq!(v(&[], &[5], 100, true, false, 0), "other-namespace");
         assert_eq!(v(&[], &[], 100, false, true, 0), "other-namespace");
         assert_eq!(v(&[], &[], 100, false, false, 3), "permission");
         assert_eq!(v(&[], &[], 100, false, false, 0), "driver");
-        let orphan = verdict(0, 100, &[h(7, &["driver"])], &[], true, false, 0, |p| p == 7);
+        let orphan = verdict(0, 100, &[h(7, &["driver"])], &[], true, false, 0, |p| {
+            p == 7
+        });
         assert_eq!(orphan.0, "orphaned");
         assert!(orphan.1.contains("7 (python3)"));
     }

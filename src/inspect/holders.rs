@@ -29,6 +29,10 @@ pub struct Holder {
     pub evidence: Vec<String>,
     pub protected: bool,
     pub host: String,
+    /// GPUs whose device node it maps: a CUDA context maps every GPU it can see, and keeps
+    /// a few MiB on each, even those the driver does not list it on.
+    #[serde(skip)]
+    pub maps: Vec<i64>,
 }
 
 impl Holder {
@@ -145,7 +149,14 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
             let inherited = [stat.pgid, stat.sid, stat.ppid]
                 .iter()
                 .find_map(|p| ghost_gpus.get(&i64::from(*p)));
-            make_holder(stat, &user, driver.get(&stat.pid), inherited, &index_of_minor, protected)
+            make_holder(
+                stat,
+                &user,
+                driver.get(&stat.pid),
+                inherited,
+                &index_of_minor,
+                protected,
+            )
         })
         .collect();
     Inventory {
@@ -166,8 +177,18 @@ fn make_holder(
 ) -> Holder {
     let cmdline = proc::cmdline(stat.pid);
     let is_daemon = is_protected(&stat.comm, &cmdline, protected);
-    let mapped: BTreeSet<i64> = user.mapped.minors.iter().map(|&m| index_of_minor(m)).collect();
-    let open: BTreeSet<i64> = user.open.minors.iter().map(|&m| index_of_minor(m)).collect();
+    let mapped: BTreeSet<i64> = user
+        .mapped
+        .minors
+        .iter()
+        .map(|&m| index_of_minor(m))
+        .collect();
+    let open: BTreeSet<i64> = user
+        .open
+        .minors
+        .iter()
+        .map(|&m| index_of_minor(m))
+        .collect();
     let listed = driver.is_some();
     let maps_any = !user.mapped.is_empty();
     let role = if is_daemon {
@@ -182,7 +203,7 @@ fn make_holder(
     let gpus: BTreeSet<i64> = match (driver, inherited) {
         (Some(d), _) => d.0.clone(),
         (None, Some(g)) => g.clone(),
-        (None, None) if !mapped.is_empty() => mapped,
+        (None, None) if !mapped.is_empty() => mapped.clone(),
         (None, None) => open,
     };
     let mut evidence = Vec::new();
@@ -208,6 +229,7 @@ fn make_holder(
         cmdline,
         state: proc::state_name(stat.state).to_string(),
         role: role.to_string(),
+        maps: mapped.iter().copied().collect(),
         gpus: gpus.into_iter().collect(),
         mem: driver.map_or(0, |d| d.1),
         evidence,

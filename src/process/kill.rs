@@ -87,7 +87,11 @@ pub fn parse_signal(s: &str) -> Option<Signal> {
         return Signal::try_from(n).ok();
     }
     let up = s.to_ascii_uppercase();
-    let name = if up.starts_with("SIG") { up } else { format!("SIG{up}") };
+    let name = if up.starts_with("SIG") {
+        up
+    } else {
+        format!("SIG{up}")
+    };
     Signal::from_str(&name).ok()
 }
 
@@ -121,7 +125,10 @@ impl<'a> Guard<'a> {
             return Some("that is gpuloop itself".into());
         }
         if self.never.contains(&p.pid) {
-            return Some(format!("pid {} ({}) is an ancestor of gpuloop", p.pid, p.comm));
+            return Some(format!(
+                "pid {} ({}) is an ancestor of gpuloop",
+                p.pid, p.comm
+            ));
         }
         if p.is_zombie() {
             return Some(format!(
@@ -256,7 +263,9 @@ pub fn kill(
                             exited: false,
                         });
                     }
-                    Err(rustix::io::Errno::SRCH) => skip(&mut report, id.pid, "already gone".into()),
+                    Err(rustix::io::Errno::SRCH) => {
+                        skip(&mut report, id.pid, "already gone".into())
+                    }
                     Err(e) => report.errors.push(KillError {
                         pid: id.pid.into(),
                         error: describe_errno(e, opts.signal),
@@ -317,8 +326,8 @@ fn pin(id: Identity) -> Result<Option<OwnedFd>, String> {
 }
 
 fn send(fd: &OwnedFd, sig: Signal) -> rustix::io::Result<()> {
-    let sig = rustix::process::Signal::from_named_raw(sig as i32)
-        .ok_or(rustix::io::Errno::INVAL)?;
+    let sig =
+        rustix::process::Signal::from_named_raw(sig as i32).ok_or(rustix::io::Errno::INVAL)?;
     pidfd_send_signal(fd, sig)
 }
 
@@ -385,7 +394,11 @@ mod tests {
         let list = vec!["nvidia-persistenced".to_string(), "Xorg".to_string()];
         assert!(is_protected("nvidia-persiste", "", &list));
         assert!(is_protected("Xorg", "/usr/lib/xorg/Xorg :0", &list));
-        assert!(is_protected("x", "/usr/bin/nvidia-persistenced --verbose", &list));
+        assert!(is_protected(
+            "x",
+            "/usr/bin/nvidia-persistenced --verbose",
+            &list
+        ));
         assert!(!is_protected("python3", "python3 train.py", &list));
     }
 
@@ -393,11 +406,22 @@ mod tests {
     fn refuses_self_and_pid_one_and_never_walks_their_trees() {
         let never = AtomicBool::new(false);
         let me = std::process::id() as i32;
-        let r = kill(&[Target::Pid(me), Target::Pid(1)], &KillOpts::default(), &[], &never);
+        let r = kill(
+            &[Target::Pid(me), Target::Pid(1)],
+            &KillOpts::default(),
+            &[],
+            &never,
+        );
         assert!(r.signalled.is_empty());
         assert_eq!(r.skipped.len(), 2, "{r:?}");
-        assert!(r.skipped.iter().any(|s| s.reason.contains("gpuloop itself")));
-        assert!(r.skipped.iter().any(|s| s.reason.contains("never signalled")));
+        assert!(r
+            .skipped
+            .iter()
+            .any(|s| s.reason.contains("gpuloop itself")));
+        assert!(r
+            .skipped
+            .iter()
+            .any(|s| s.reason.contains("never signalled")));
         // Our own children (other tests' processes) were not touched through our tree.
         assert_eq!(r.skipped.len() + r.signalled.len(), 2);
     }
@@ -405,10 +429,16 @@ mod tests {
     #[test]
     fn kills_a_child_by_identity_and_skips_a_replaced_one() {
         let never = AtomicBool::new(false);
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id() as i32;
         let start = super::super::read_stat(pid).unwrap().start;
-        let wrong = Target::Exact(Identity { pid, start: start + 1 });
+        let wrong = Target::Exact(Identity {
+            pid,
+            start: start + 1,
+        });
         let r = kill(&[wrong], &KillOpts::default(), &[], &never);
         assert!(r.signalled.is_empty() && r.skipped[0].reason.contains("another process"));
         let right = Target::Exact(Identity { pid, start });

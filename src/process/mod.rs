@@ -115,7 +115,9 @@ pub fn state_name(c: char) -> &'static str {
 /// The real uid of a process (the owner of its /proc directory).
 pub fn uid(pid: i32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
 }
 
 /// A user name for a uid, cached; the number when the user database does not know it.
@@ -165,10 +167,14 @@ mod tests {
 
     #[test]
     fn parses_stat_with_odd_comm() {
-        let line = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let line =
+            "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         let p = parse_stat(4242, line).unwrap();
         assert_eq!(p.comm, "a) b (c)");
-        assert_eq!((p.state, p.ppid, p.pgid, p.sid, p.start), ('S', 1, 4242, 4242, 987654));
+        assert_eq!(
+            (p.state, p.ppid, p.pgid, p.sid, p.start),
+            ('S', 1, 4242, 4242, 987654)
+        );
     }
 
     #[test]

@@ -11,8 +11,9 @@ use std::path::PathBuf;
 
 /// Rhai's keywords, completed like names.
 const KEYWORDS: &[&str] = &[
-    "as", "break", "catch", "const", "continue", "else", "false", "fn", "for", "if", "import", "in",
-    "let", "loop", "private", "return", "switch", "this", "throw", "true", "try", "until", "while",
+    "as", "break", "catch", "const", "continue", "else", "false", "fn", "for", "if", "import",
+    "in", "let", "loop", "private", "return", "switch", "this", "throw", "true", "try", "until",
+    "while",
 ];
 
 /// The REPL's own commands.
@@ -63,21 +64,30 @@ fn word_start(before: &str) -> usize {
 /// The partial module name in an `import "…` at the cursor.
 fn open_import(before: &str) -> Option<&str> {
     let (head, partial) = before.rsplit_once('"')?;
-    (head.trim_end().ends_with("import") && !partial.contains(char::is_whitespace)).then_some(partial)
+    (head.trim_end().ends_with("import") && !partial.contains(char::is_whitespace))
+        .then_some(partial)
 }
 
 impl Names {
     /// Completions for the text before the cursor: (where the replaced word starts, candidates).
     pub fn complete(&self, before: &str) -> (usize, Vec<String>) {
         if let Some(partial) = open_import(before) {
-            let found = self.stdlib.iter().filter(|m| m.starts_with(partial)).cloned().collect();
+            let found = self
+                .stdlib
+                .iter()
+                .filter(|m| m.starts_with(partial))
+                .cloned()
+                .collect();
             return (before.len() - partial.len(), found);
         }
         let start = word_start(before);
         let word = &before[start..];
         let head = &before[..start];
         if head.trim().is_empty() && head.ends_with(':') || head == ":" {
-            let found = COMMANDS.iter().filter(|c| c[1..].starts_with(word)).map(|c| c.to_string());
+            let found = COMMANDS
+                .iter()
+                .filter(|c| c[1..].starts_with(word))
+                .map(|c| c.to_string());
             return (start - 1, found.collect());
         }
         if let Some((alias, partial)) = word.rsplit_once("::") {
@@ -100,8 +110,18 @@ impl Names {
         // After a dot only methods make sense.
         if !head.ends_with('.') {
             found.extend(self.variables.iter().filter(matching).cloned());
-            found.extend(KEYWORDS.iter().filter(|k| k.starts_with(word)).map(|k| k.to_string()));
-            found.extend(self.modules.keys().filter(matching).map(|a| format!("{a}::")));
+            found.extend(
+                KEYWORDS
+                    .iter()
+                    .filter(|k| k.starts_with(word))
+                    .map(|k| k.to_string()),
+            );
+            found.extend(
+                self.modules
+                    .keys()
+                    .filter(matching)
+                    .map(|a| format!("{a}::")),
+            );
         }
         (start, found.into_iter().collect())
     }
@@ -126,7 +146,11 @@ impl Names {
             .keys()
             .chain(&self.variables)
             .cloned()
-            .chain(self.modules.iter().flat_map(|(a, ms)| ms.iter().map(move |m| format!("{a}::{m}"))));
+            .chain(
+                self.modules
+                    .iter()
+                    .flat_map(|(a, ms)| ms.iter().map(move |m| format!("{a}::{m}"))),
+            );
         let best = candidates
             .filter(|c| c.len() > word.len() && c.starts_with(word))
             .min_by(|a, b| a.len().cmp(&b.len()).then(a.cmp(b)))?;
@@ -155,7 +179,12 @@ impl rustyline::hint::Hint for Hint {
 impl Completer for Helper {
     type Candidate = String;
 
-    fn complete(&self, line: &str, pos: usize, _: &Context<'_>) -> rustyline::Result<(usize, Vec<String>)> {
+    fn complete(
+        &self,
+        line: &str,
+        pos: usize,
+        _: &Context<'_>,
+    ) -> rustyline::Result<(usize, Vec<String>)> {
         Ok(self.names.complete(&line[..pos]))
     }
 }
@@ -187,7 +216,8 @@ impl rustyline::Helper for Helper {}
 
 /// `$XDG_STATE_HOME/gpuloop/history`, by default `~/.local/state/gpuloop/history`.
 pub fn history_path() -> Option<PathBuf> {
-    let state = dirs::state_dir().or_else(|| dirs::home_dir().map(|h| h.join(".local").join("state")))?;
+    let state =
+        dirs::state_dir().or_else(|| dirs::home_dir().map(|h| h.join(".local").join("state")))?;
     Some(state.join("gpuloop").join("history"))
 }
 
@@ -199,12 +229,18 @@ mod tests {
         let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
         Names {
             functions: set(&["holders", "gpu", "len", "wait_clean", "helper_fn"]),
-            signatures: [("holders", "sel, opts"), ("wait_clean", "sel, opts"), ("gpu", "index")]
-                .iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect(),
+            signatures: [
+                ("holders", "sel, opts"),
+                ("wait_clean", "sel, opts"),
+                ("gpu", "index"),
+            ]
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect(),
             variables: set(&["held", "gpus_before"]),
-            modules: [("r".to_string(), set(&["summary", "gpu_lines"]))].into_iter().collect(),
+            modules: [("r".to_string(), set(&["summary", "gpu_lines"]))]
+                .into_iter()
+                .collect(),
             stdlib: vec!["report".into()],
         }
     }
@@ -212,8 +248,14 @@ mod tests {
     #[test]
     fn completes_functions_variables_and_keywords() {
         let n = names();
-        assert_eq!(n.complete("let x = hel"), (8, vec!["held".into(), "helper_fn".into()]));
-        assert_eq!(n.complete("gp"), (0, vec!["gpu".into(), "gpus_before".into()]));
+        assert_eq!(
+            n.complete("let x = hel"),
+            (8, vec!["held".into(), "helper_fn".into()])
+        );
+        assert_eq!(
+            n.complete("gp"),
+            (0, vec!["gpu".into(), "gpus_before".into()])
+        );
         assert_eq!(n.complete("wh"), (0, vec!["while".into()]));
     }
 
@@ -221,7 +263,10 @@ mod tests {
     fn completes_module_members() {
         let n = names();
         assert_eq!(n.complete("print(r::s"), (6, vec!["r::summary".into()]));
-        assert_eq!(n.complete("r::"), (0, vec!["r::gpu_lines".into(), "r::summary".into()]));
+        assert_eq!(
+            n.complete("r::"),
+            (0, vec!["r::gpu_lines".into(), "r::summary".into()])
+        );
         assert_eq!(n.complete("import \"re"), (8, vec!["report".into()]));
     }
 
@@ -233,14 +278,20 @@ mod tests {
     #[test]
     fn completes_commands() {
         assert_eq!(names().complete(":he"), (0, vec![":help".into()]));
-        assert_eq!(names().complete(":help wai"), (6, vec!["wait_clean".into()]));
+        assert_eq!(
+            names().complete(":help wai"),
+            (6, vec!["wait_clean".into()])
+        );
     }
 
     #[test]
     fn hints_rest_of_name_and_parameters() {
         let n = names();
         let h = n.hint("let x = wait_c").expect("hint");
-        assert_eq!((h.display.as_str(), h.completion.as_deref()), ("lean", Some("lean")));
+        assert_eq!(
+            (h.display.as_str(), h.completion.as_deref()),
+            ("lean", Some("lean"))
+        );
         let h = n.hint("holders(").expect("hint");
         assert_eq!((h.display.as_str(), h.completion), ("sel, opts)", None));
         assert!(n.hint("x").is_none());

@@ -32,7 +32,10 @@ impl Meta {
     /// The overloads of `name`; `alias::name` looks in that module.
     fn lookup(&self, name: &str) -> Vec<&FnMeta> {
         match name.rsplit_once("::") {
-            Some((module, f)) => self.modules.get(module).map_or_else(Vec::new, |m| m.lookup(f)),
+            Some((module, f)) => self
+                .modules
+                .get(module)
+                .map_or_else(Vec::new, |m| m.lookup(f)),
             None => self.functions.iter().filter(|f| f.name == name).collect(),
         }
     }
@@ -57,8 +60,14 @@ impl Domains {
                     "GPUs: inventory, holders, diagnosis, waiting",
                     fns(&|e| bindings::gpu::register(e, session)),
                 ),
-                ("Processes", fns(&|e| bindings::process::register(e, session))),
-                ("Jobs and patches", fns(&|e| bindings::runner::register(e, session))),
+                (
+                    "Processes",
+                    fns(&|e| bindings::process::register(e, session)),
+                ),
+                (
+                    "Jobs and patches",
+                    fns(&|e| bindings::runner::register(e, session)),
+                ),
                 ("Helpers", fns(&|e| bindings::helpers::register(e))),
             ],
         }
@@ -87,18 +96,31 @@ pub fn overview(engine: &Engine, ast: &AST, domains: &Domains, style: Style) -> 
         seen.extend(fns.iter().map(FnMeta::signature));
         section(title, fns.iter().collect(), &mut out);
     }
-    let more: Vec<&FnMeta> = ours.iter().filter(|f| !seen.contains(&f.signature())).collect();
+    let more: Vec<&FnMeta> = ours
+        .iter()
+        .filter(|f| !seen.contains(&f.signature()))
+        .collect();
     section("More", more, &mut out);
 
     let defined: Vec<FnMeta> = Meta::of(&Engine::new_raw(), ast, false).functions;
-    section("Defined in this session", defined.iter().collect(), &mut out);
+    section(
+        "Defined in this session",
+        defined.iter().collect(),
+        &mut out,
+    );
 
     let stdlib = doc::stdlib_functions(engine);
     if !stdlib.is_empty() {
-        out.push(format!("\n{}", style.bold("Standard library modules (import \"NAME\" as m;)")));
+        out.push(format!(
+            "\n{}",
+            style.bold("Standard library modules (import \"NAME\" as m;)")
+        ));
         for (name, header, _) in &stdlib {
             // Module headers open with "name: …"; the name is already in the first column.
-            let header = header.strip_prefix(&format!("{name}:")).unwrap_or(header).trim();
+            let header = header
+                .strip_prefix(&format!("{name}:"))
+                .unwrap_or(header)
+                .trim();
             out.push(format!("  {name:<26} {}", first_sentence(header)));
         }
     }
@@ -122,8 +144,14 @@ fn summaries(fns: &[&FnMeta]) -> Vec<String> {
         .into_iter()
         .map(|(name, overloads)| {
             let call = format!("{name}({})", folded_params(&overloads));
-            let doc = overloads.iter().map(|f| f.doc()).find(|d| !d.is_empty()).unwrap_or_default();
-            format!("  {call:<26} {}", first_sentence(&doc)).trim_end().to_string()
+            let doc = overloads
+                .iter()
+                .map(|f| f.doc())
+                .find(|d| !d.is_empty())
+                .unwrap_or_default();
+            format!("  {call:<26} {}", first_sentence(&doc))
+                .trim_end()
+                .to_string()
         })
         .collect()
 }
@@ -143,12 +171,19 @@ fn folded_params(overloads: &[&FnMeta]) -> String {
     lists.dedup();
     let mut chains: Vec<Vec<Vec<String>>> = Vec::new();
     for l in lists {
-        match chains.iter_mut().find(|c| c.last().is_some_and(|last| l.starts_with(last))) {
+        match chains
+            .iter_mut()
+            .find(|c| c.last().is_some_and(|last| l.starts_with(last)))
+        {
             Some(chain) => chain.push(l),
             None => chains.push(vec![l]),
         }
     }
-    chains.iter().map(|c| fold(c)).collect::<Vec<_>>().join(" | ")
+    chains
+        .iter()
+        .map(|c| fold(c))
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// A chain of parameter lists, each extending the one before, as optional parameters.
@@ -203,13 +238,18 @@ pub fn topic(engine: &Engine, ast: &AST, name: &str, style: Style) -> String {
             .iter()
             .map(|f| f.name.clone())
             .filter(|n| n.contains(name) || name.contains(n.as_str()))
-            .filter(|n| !n.starts_with("get$") && !n.starts_with("set$") && !n.starts_with("index$"))
+            .filter(|n| {
+                !n.starts_with("get$") && !n.starts_with("set$") && !n.starts_with("index$")
+            })
             .collect();
         close.retain(|n| n.len() > 1);
         let hint = if close.is_empty() {
             ":help lists every function".to_string()
         } else {
-            format!("did you mean: {}", close.into_iter().take(8).collect::<Vec<_>>().join(", "))
+            format!(
+                "did you mean: {}",
+                close.into_iter().take(8).collect::<Vec<_>>().join(", ")
+            )
         };
         return format!("no function named {name:?} ({hint})");
     }
@@ -217,8 +257,15 @@ pub fn topic(engine: &Engine, ast: &AST, name: &str, style: Style) -> String {
     for f in found {
         out.push(style.bold(&f.signature()));
         let doc = f.doc();
-        let doc = if doc.is_empty() { "(no documentation)".to_string() } else { doc };
-        out.extend(doc.lines().map(|l| format!("    {l}").trim_end().to_string()));
+        let doc = if doc.is_empty() {
+            "(no documentation)".to_string()
+        } else {
+            doc
+        };
+        out.extend(
+            doc.lines()
+                .map(|l| format!("    {l}").trim_end().to_string()),
+        );
         out.push(String::new());
     }
     out.pop();
@@ -255,13 +302,22 @@ mod tests {
         let (x, y) = (f(&["x"]), f(&["y", "z"]));
         assert_eq!(folded_params(&[&x, &y]), "x | y, z");
         let (j, jo) = (f(&["job"]), f(&["job", "opts"]));
-        assert_eq!(folded_params(&[&j, &t, &jo, &to]), "job[, opts] | target[, opts]");
+        assert_eq!(
+            folded_params(&[&j, &t, &jo, &to]),
+            "job[, opts] | target[, opts]"
+        );
     }
 
     #[test]
     fn first_sentence_stops_at_the_period() {
-        assert_eq!(first_sentence("One GPU by index.\nAn unknown index is an error."), "One GPU by index.");
+        assert_eq!(
+            first_sentence("One GPU by index.\nAn unknown index is an error."),
+            "One GPU by index."
+        );
         assert_eq!(first_sentence("no period"), "no period");
-        assert_eq!(first_sentence("Sleeps (e.g. 0.5). Wakes on Ctrl-C."), "Sleeps (e.g. 0.5).");
+        assert_eq!(
+            first_sentence("Sleeps (e.g. 0.5). Wakes on Ctrl-C."),
+            "Sleeps (e.g. 0.5)."
+        );
     }
 }

@@ -86,7 +86,14 @@ mod tests {
 
     #[test]
     fn mistakes_are_errors_not_continuations() {
-        for src in ["let x = 1 +* 2;", "let = 3;", "1 2", "}", "\"abc", "let x = (1 2"] {
+        for src in [
+            "let x = 1 +* 2;",
+            "let = 3;",
+            "1 2",
+            "}",
+            "\"abc",
+            "let x = (1 2",
+        ] {
             assert_eq!(check(src), Some(false), "{src:?} is an error");
         }
     }

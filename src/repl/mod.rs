@@ -18,6 +18,7 @@ use rhai::{Dynamic, Engine, Scope, AST};
 use rustyline::error::ReadlineError;
 use rustyline::history::FileHistory;
 use rustyline::{CompletionType, Editor};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 const PROMPT: &str = "gpuloop> ";
@@ -26,6 +27,8 @@ const MORE: &str = "     ... ";
 const SOURCE: &str = "<repl>";
 
 pub fn run(cfg: &Config) -> Result<i32, Error> {
+    // Jobs spawned at the prompt live across lines; whatever is left is stopped on the way out.
+    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
     Repl::new(cfg)?.run()
 }
 
@@ -77,11 +80,18 @@ impl Repl {
             names: Names::default(),
             color: style.color,
         }));
-        let history = editor::history_path();
+        // Lines piped in are a batch, not something to recall.
+        let history = std::io::stdin()
+            .is_terminal()
+            .then(editor::history_path)
+            .flatten();
         if let Some(path) = &history {
             if path.exists() {
                 if let Err(e) = editor.load_history(path) {
-                    eprintln!("warning: cannot read the REPL history {}: {e}", path.display());
+                    eprintln!(
+                        "warning: cannot read the REPL history {}: {e}",
+                        path.display()
+                    );
                 }
             }
         }
@@ -103,9 +113,18 @@ impl Repl {
     }
 
     fn run(&mut self) -> Result<i32, Error> {
-        println!("gpuloop {} REPL: :help lists the functions, :quit or Ctrl-D leaves.", env!("CARGO_PKG_VERSION"));
+        println!(
+            "gpuloop {} REPL: :help lists the functions, :quit or Ctrl-D leaves.",
+            env!("CARGO_PKG_VERSION")
+        );
         loop {
-            let input = match self.read()? {
+            let read = self.read()?;
+            // SIGTERM cancels a running call like Ctrl-C, and then ends the REPL (its jobs are
+            // stopped on the way out like at Ctrl-D).
+            if crate::interrupt::terminated() {
+                return Ok(130);
+            }
+            let input = match read {
                 Read::Input(s) => s,
                 Read::Cleared => continue,
                 Read::Eof => return Ok(0),
@@ -116,10 +135,16 @@ impl Repl {
                 match (name, arg.trim()) {
                     ("q" | "quit" | "exit", _) => return Ok(0),
                     ("help" | "h", "") => {
-                        println!("{}", help::overview(&self.engine, &self.ast, &self.domains, self.style))
+                        println!(
+                            "{}",
+                            help::overview(&self.engine, &self.ast, &self.domains, self.style)
+                        )
                     }
                     ("help" | "h", topic) => {
-                        println!("{}", help::topic(&self.engine, &self.ast, topic, self.style))
+                        println!(
+                            "{}",
+                            help::topic(&self.engine, &self.ast, topic, self.style)
+                        )
                     }
                     ("vars", _) => self.print_vars(),
                     _ => eprintln!("unknown command :{name} (:help lists the commands)"),
@@ -178,7 +203,10 @@ impl Repl {
             }
             .and_then(|()| self.editor.append_history(path).map_err(|e| e.to_string()));
             if let Err(e) = saved {
-                eprintln!("warning: cannot save the REPL history to {}: {e}", path.display());
+                eprintln!(
+                    "warning: cannot save the REPL history to {}: {e}",
+                    path.display()
+                );
                 // Once is enough: the session goes on without a history file.
                 self.history = None;
             }
@@ -201,14 +229,19 @@ impl Repl {
         let mut ast = match self.engine.compile_with_scope(&self.scope, &source) {
             Ok(ast) => ast,
             Err(e) => {
-                eprintln!("{}", errors::from_parse(&e, SOURCE, &self.transcript).message());
+                eprintln!(
+                    "{}",
+                    errors::from_parse(&e, SOURCE, &self.transcript).message()
+                );
                 return None;
             }
         };
         ast.set_source(SOURCE);
         let imports = input::imports(&ast);
         self.ast += ast;
-        let result = self.engine.eval_ast_with_scope::<Dynamic>(&mut self.scope, &self.ast);
+        let result = self
+            .engine
+            .eval_ast_with_scope::<Dynamic>(&mut self.scope, &self.ast);
         self.ast.clear_statements();
         match result {
             Ok(v) => {
@@ -217,6 +250,7 @@ impl Repl {
                 None
             }
             Err(e) => match errors::from_eval(*e, SOURCE, &self.transcript) {
+                ScriptError::Interrupted if crate::interrupt::terminated() => Some(130),
                 ScriptError::Interrupted => {
                     eprintln!("interrupted");
                     crate::interrupt::clear();
@@ -236,7 +270,10 @@ impl Repl {
             return;
         }
         if self.json {
-            println!("{}", serde_json::to_string_pretty(&render::json(v)).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&render::json(v)).unwrap_or_default()
+            );
         } else {
             println!("{}", render::value(v, self.style));
         }
@@ -245,7 +282,12 @@ impl Repl {
     /// `import "m" as a;` ran: the module stays available as `a::` on later lines.
     fn keep_imports(&mut self, imports: &[(String, String)]) {
         for (path, alias) in imports {
-            let module = self.engine.module_resolver().resolve(&self.engine, None, path, rhai::Position::NONE);
+            let module = self.engine.module_resolver().resolve(
+                &self.engine,
+                None,
+                path,
+                rhai::Position::NONE,
+            );
             match module {
                 Ok(m) => {
                     self.engine.register_static_module(alias, m);
@@ -279,7 +321,12 @@ impl Repl {
             modules: here
                 .modules
                 .iter()
-                .map(|(alias, m)| (alias.clone(), m.functions.iter().map(|f| f.name.clone()).collect()))
+                .map(|(alias, m)| {
+                    (
+                        alias.clone(),
+                        m.functions.iter().map(|f| f.name.clone()).collect(),
+                    )
+                })
                 .collect(),
             stdlib: self.builtin.stdlib.clone(),
         };
@@ -294,7 +341,11 @@ impl Repl {
 }
 
 fn add_signature(names: &mut Names, f: &crate::script::doc::FnMeta) {
-    let params: Vec<String> = f.params.iter().map(|p| p.name.clone().unwrap_or_else(|| "_".into())).collect();
+    let params: Vec<String> = f
+        .params
+        .iter()
+        .map(|p| p.name.clone().unwrap_or_else(|| "_".into()))
+        .collect();
     let longest = names.signatures.entry(f.name.clone()).or_default();
     let text = params.join(", ");
     if text.len() > longest.len() {
@@ -317,6 +368,9 @@ fn builtin_names(engine: &Engine) -> Names {
         // Property accessors and operators are not called by these names.
         .filter(|n| n.starts_with(|c: char| c.is_alphabetic() || c == '_') && !n.contains('$'))
         .collect();
-    names.stdlib = crate::script::modules::STDLIB.iter().map(|(n, _)| n.to_string()).collect();
+    names.stdlib = crate::script::modules::STDLIB
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
     names
 }

@@ -143,7 +143,12 @@ pub fn secs_arg(v: &Dynamic, what: &str) -> RhaiResult<Duration> {
         .as_int()
         .map(|i| i as f64)
         .or_else(|_| v.as_float())
-        .map_err(|_| script_err(format!("{what}: expected seconds (a number), found a {}", v.type_name())))?;
+        .map_err(|_| {
+            script_err(format!(
+                "{what}: expected seconds (a number), found a {}",
+                v.type_name()
+            ))
+        })?;
     if !(0.0..=1e9).contains(&s) {
         return Err(script_err(format!("{what}: seconds must be non-negative")));
     }

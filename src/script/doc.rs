@@ -57,7 +57,12 @@ impl FnMeta {
         self.doc_comments
             .iter()
             .flat_map(|c| c.lines())
-            .map(|l| l.trim_start_matches("///").trim_start_matches("/**").trim_end_matches("*/").trim())
+            .map(|l| {
+                l.trim_start_matches("///")
+                    .trim_start_matches("/**")
+                    .trim_end_matches("*/")
+                    .trim()
+            })
             .collect::<Vec<_>>()
             .join("\n")
             .trim()
@@ -71,7 +76,8 @@ pub fn functions(engine: &rhai::Engine) -> Vec<FnMeta> {
     let mut fns = serde_json::from_str::<Meta>(&json)
         .map(|m| m.functions)
         .unwrap_or_default();
-    fns.sort_by(|a, b| a.name.cmp(&b.name).then(a.params.len().cmp(&b.params.len())));
+    // Overloads with as many parameters come in hash order: the signature settles it.
+    fns.sort_by_cached_key(|f| (f.name.clone(), f.params.len(), f.signature()));
     fns
 }
 
@@ -85,8 +91,10 @@ pub fn stdlib_functions(engine: &rhai::Engine) -> Vec<(String, String, Vec<FnMet
             .map(|l| l.trim_start_matches("//!").trim())
             .collect::<Vec<_>>()
             .join(" ");
-        let Ok(ast) = engine.compile(src) else { continue };
-        let fns = ast
+        let Ok(ast) = engine.compile(src) else {
+            continue;
+        };
+        let mut fns: Vec<FnMeta> = ast
             .iter_functions()
             // Closures compile to `anon$…` functions; they are not part of the module's API.
             .filter(|f| {
@@ -108,6 +116,8 @@ pub fn stdlib_functions(engine: &rhai::Engine) -> Vec<(String, String, Vec<FnMet
                 doc_comments: f.comments.iter().map(|c| c.to_string()).collect(),
             })
             .collect();
+        // The AST keeps functions in a hash map: sort, so the reference reads the same each time.
+        fns.sort_by_cached_key(|f| (f.name.clone(), f.params.len(), f.signature()));
         out.push((name.to_string(), header, fns));
     }
     out
@@ -145,7 +155,9 @@ pub fn print(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
                 .definitions()
                 .include_standard_packages(false)
                 .write_to_dir(dir)
-                .map_err(|e| Error::Other(format!("writing definitions to {}: {e}", dir.display())))?;
+                .map_err(|e| {
+                    Error::Other(format!("writing definitions to {}: {e}", dir.display()))
+                })?;
             println!("wrote Rhai definitions to {}", dir.display());
         }
         None => print!("{}", markdown(&engine)),

@@ -44,9 +44,7 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     let mut engine = Engine::new();
     engine.set_max_expr_depths(256, 256);
     // Long loops notice Ctrl-C between statements.
-    engine.on_progress(|_| {
-        crate::interrupt::is_set().then(|| Dynamic::from(INTERRUPT_TOKEN))
-    });
+    engine.on_progress(|_| crate::interrupt::is_set().then(|| Dynamic::from(INTERRUPT_TOKEN)));
     // SPEC's `until(timeout, fn)` helper: `until` is a function here, not the keyword of
     // rhai's `do { } until c` loop (write `do { } while !c` instead).
     #[allow(deprecated)] // rhai marks this hook "volatile", not deprecated

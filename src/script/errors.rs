@@ -38,7 +38,12 @@ impl ScriptError {
 pub const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
 
 pub fn from_parse(err: &ParseError, file: &str, source: &str) -> ScriptError {
-    ScriptError::Compile(render(&err.err_type().to_string(), err.position(), file, source))
+    ScriptError::Compile(render(
+        &err.err_type().to_string(),
+        err.position(),
+        file,
+        source,
+    ))
 }
 
 pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
@@ -119,7 +124,11 @@ pub fn render(msg: &str, pos: Position, file: &str, source: &str) -> String {
         return format!("error: {msg}\n --> {file}");
     };
     let col = col.unwrap_or(1);
-    let text = source.split('\n').nth(line - 1).unwrap_or("").trim_end_matches('\r');
+    let text = source
+        .split('\n')
+        .nth(line - 1)
+        .unwrap_or("")
+        .trim_end_matches('\r');
     let num = line.to_string();
     let pad = " ".repeat(num.len());
     // Tabs keep their width in the caret line so it lines up.

@@ -2,9 +2,9 @@
 
 pub mod bindings;
 pub mod convert;
+pub mod doc;
 pub mod engine;
 pub mod errors;
-pub mod doc;
 pub mod modules;
 
 pub use engine::{build_engine, run_source, EngineOpts};

@@ -59,7 +59,10 @@ impl ModuleResolver for Stdlib {
             return Ok(m);
         }
         let Some((_, src)) = STDLIB.iter().find(|(n, _)| *n == name) else {
-            return Err(Box::new(EvalAltResult::ErrorModuleNotFound(path.into(), pos)));
+            return Err(Box::new(EvalAltResult::ErrorModuleNotFound(
+                path.into(),
+                pos,
+            )));
         };
         let mut ast = engine.compile(src).map_err(|e| {
             Box::new(EvalAltResult::ErrorInModule(

@@ -147,7 +147,8 @@ hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCo
 print("up", flush=True)
 end = time.time() + 120
 while time.time() < end:
-    if all(pynvml.nvmlDeviceGetMemoryInfo(h).used < (1 << 20) * 256 for h in hs):
+    # v2: "used" without the reserved memory (v1 counts ~0.5 GiB reserved as used on H200s)
+    if all(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used < (1 << 20) * 64 for h in hs):
         print("free %.6f" % time.time(), flush=True); break
     time.sleep(0.001)
 '''
@@ -215,6 +216,11 @@ def s_inventory():
     ok = len(me) == 1 and {"driver", "fd", "map"} <= set(me[0]["evidence"]) and me[0]["mem"] >= 10e9 * 0.99
     check("a 10 GB PyTorch holder is found with evidence driver+fd+map and its mem", ok,
           holder={k: me[0][k] for k in ("pid", "gpus", "mem", "evidence", "role", "state")} if me else None)
+    if NGPU > 1:
+        d1 = gl_json("diagnose", "--gpu", "1")[0]
+        check("a few MiB on GPU 1 from the GPU-0 holder's context are named, not blamed on the driver",
+              d1["mem_used_mib"] == 0 or (d1["verdict"] == "held" and any(h["pid"] == info["pids"][0] for h in d1["holders"])),
+              diagnosis={k: d1[k] for k in ("mem_used_mib", "verdict", "advice")})
     # latency: gpu() and holders() in-process, against spawning nvidia-smi / fuser
     rc, out, err, _ = gl("eval", "let t = now(); for i in 0..200 { gpu(); } let a = (now() - t) / 200.0; "
                          "let t = now(); for i in 0..50 { holders(); } let b = (now() - t) / 50.0; [a * 1000.0, b * 1000.0]")

@@ -35,7 +35,13 @@ pub struct HoldOpts {
     pub setsid: bool,
     /// With `fork_child`: the creator exits once the child holds.
     pub exit_creator: bool,
+    /// Map every GPU's node and keep a small footprint on the others, as a CUDA context
+    /// does on a machine with several GPUs and no CUDA_VISIBLE_DEVICES.
+    pub map_all: bool,
 }
+
+/// MiB a context keeps on each GPU it sees but does not use (3 MiB measured on H200s).
+pub const FOOTPRINT_MIB: i64 = 3;
 
 impl HoldOpts {
     /// The arguments that make the re-executed gpuloop the holder.
@@ -58,6 +64,7 @@ impl HoldOpts {
             (self.fork_child, "--fork-child"),
             (self.setsid, "--setsid"),
             (self.exit_creator, "--exit-creator"),
+            (self.map_all, "--map-all"),
         ] {
             if on {
                 a.push(flag.into());
@@ -99,7 +106,9 @@ pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
     if !(opts.setsid && opts.workers == 0) {
         cmd.process_group(0);
     }
-    let mut child = cmd.spawn().map_err(|e| err(format!("cannot start holder: {e}")))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| err(format!("cannot start holder: {e}")))?;
     let stdout = child.stdout.take().ok_or_else(|| err("no pipe".into()))?;
     let report = read_report(stdout, READY_TIMEOUT);
     let report = match report {
@@ -107,7 +116,10 @@ pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
         Err(why) => {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(err(format!("holder did not get ready: {why} (see {}/holders.log)", sim.dir.display())));
+            return Err(err(format!(
+                "holder did not get ready: {why} (see {}/holders.log)",
+                sim.dir.display()
+            )));
         }
     };
     if opts.exit_creator {
@@ -204,6 +216,7 @@ pub fn run_holder(sim: &SimBackend, opts: &HoldOpts) -> ! {
 struct Held {
     _files: Vec<File>,
     _alloc: Option<nix::fcntl::Flock<File>>,
+    _footprints: Vec<nix::fcntl::Flock<File>>,
 }
 
 fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
@@ -255,8 +268,20 @@ fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
 fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
     let node = sim.node_path(opts.gpu).map_err(|e| e.to_string())?;
     let ctl = sim.dir.join("dev/nvidiactl");
+    let mut paths = vec![ctl, node];
+    let others: Vec<i64> = if opts.map_all && !opts.observer {
+        (0..sim.spec.count as i64)
+            .filter(|&g| g != opts.gpu)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for &g in &others {
+        paths.push(sim.node_path(g).map_err(|e| e.to_string())?);
+    }
     let mut files = Vec::new();
-    for path in [&ctl, &node] {
+    let mut footprints = Vec::new();
+    for path in &paths {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
@@ -268,15 +293,25 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
         files.push(f);
     }
     let alloc = if opts.mib > 0 && !opts.observer {
-        let (path, lock) = sim.allocate(opts.gpu, opts.mib).map_err(|e| e.to_string())?;
+        let (path, lock) = sim
+            .allocate(opts.gpu, opts.mib, false)
+            .map_err(|e| e.to_string())?;
         report(&format!("alloc {}", path.display()));
         Some(lock)
     } else {
         None
     };
+    for &g in &others {
+        let (path, lock) = sim
+            .allocate(g, FOOTPRINT_MIB, true)
+            .map_err(|e| e.to_string())?;
+        report(&format!("alloc {}", path.display()));
+        footprints.push(lock);
+    }
     Ok(Held {
         _files: files,
         _alloc: alloc,
+        _footprints: footprints,
     })
 }
 

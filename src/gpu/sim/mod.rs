@@ -148,6 +148,10 @@ pub struct Allocation {
     /// Memory with no holder at all (a stuck driver): only a reset frees it.
     #[serde(default)]
     pub leaked: bool,
+    /// A context's footprint on a GPU it can see but does not use: memory the driver
+    /// attributes to nobody (no process is listed on that GPU for it).
+    #[serde(default)]
+    pub footprint: bool,
 }
 
 /// The simulator's state directory, set up for one spec.
@@ -315,7 +319,7 @@ impl SimBackend {
             };
             used[i] += a.mib * MIB;
             // The driver names pids of another namespace only in `raw` mode.
-            if !a.leaked && (a.ns == self.own_ns || self.spec.foreign_pids_raw) {
+            if !a.leaked && !a.footprint && (a.ns == self.own_ns || self.spec.foreign_pids_raw) {
                 *procs[i].entry(a.creator).or_default() += a.mib * MIB;
             }
         }
@@ -339,6 +343,7 @@ impl SimBackend {
             creator: 0,
             ns: self.host_ns,
             leaked: true,
+            footprint: false,
         };
         let path = self.alloc_dir().join(format!(
             "leak-g{gpu}-{}.json",
@@ -353,7 +358,13 @@ impl SimBackend {
     }
 
     /// Creates an allocation held by this process; the returned lock is the handle.
-    pub fn allocate(&self, gpu: i64, mib: i64) -> Result<(PathBuf, Flock<File>), GpuError> {
+    /// A `footprint` allocation is not listed by the simulated driver.
+    pub fn allocate(
+        &self,
+        gpu: i64,
+        mib: i64,
+        footprint: bool,
+    ) -> Result<(PathBuf, Flock<File>), GpuError> {
         self.minor(gpu)?;
         let pid = std::process::id() as i32;
         let alloc = Allocation {
@@ -362,6 +373,7 @@ impl SimBackend {
             creator: pid,
             ns: self.own_ns,
             leaked: false,
+            footprint,
         };
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -403,8 +415,7 @@ pub fn watch(alloc: &Path, release_ms: u64) -> Result<(), GpuError> {
     .map_err(|e| state_err(dir, e))?;
     let file = File::open(alloc).map_err(|e| state_err(dir, e))?;
     // Blocks until every process holding the allocation's handle is gone.
-    let lock =
-        Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| state_err(dir, e))?;
+    let lock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| state_err(dir, e))?;
     std::thread::sleep(std::time::Duration::from_millis(release_ms));
     let _ = fs::remove_file(alloc);
     let _ = fs::remove_file(alloc.with_extension("watcher"));
@@ -413,7 +424,10 @@ pub fn watch(alloc: &Path, release_ms: u64) -> Result<(), GpuError> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    let name = alloc.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = alloc
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let log = dir.parent().unwrap_or(dir).join("released.log");
     if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(log) {
         use std::io::Write;
@@ -485,19 +499,38 @@ mod tests {
     #[test]
     fn parses_specs() {
         let s = SimSpec::parse("8x80G").unwrap();
-        assert_eq!((s.count, s.mem_bytes, s.release_ms), (8, 80 * 1024 * MIB, 0));
+        assert_eq!(
+            (s.count, s.mem_bytes, s.release_ms),
+            (8, 80 * 1024 * MIB, 0)
+        );
         assert_eq!(s.minors, (0..8).collect::<Vec<_>>());
         let s = SimSpec::parse("2x8G,release_ms=300,minors=1:0").unwrap();
-        assert_eq!((s.count, s.release_ms, s.minors.clone()), (2, 300, vec![1, 0]));
+        assert_eq!(
+            (s.count, s.release_ms, s.minors.clone()),
+            (2, 300, vec![1, 0])
+        );
         assert_eq!(SimSpec::parse("4x512M").unwrap().mem_bytes, 512 * MIB);
-        assert_eq!(SimSpec::parse("1x141GiB").unwrap().mem_bytes, 141 * 1024 * MIB);
+        assert_eq!(
+            SimSpec::parse("1x141GiB").unwrap().mem_bytes,
+            141 * 1024 * MIB
+        );
     }
 
     #[test]
     fn rejects_bad_specs() {
         for bad in [
-            "", "8", "x80G", "0x80G", "8x", "8x80Q", "8x-1G", "2x8G,foo=1", "2x8G,release_ms=x",
-            "2x8G,minors=0:0", "2x8G,minors=0", "100x1G",
+            "",
+            "8",
+            "x80G",
+            "0x80G",
+            "8x",
+            "8x80Q",
+            "8x-1G",
+            "2x8G,foo=1",
+            "2x8G,release_ms=x",
+            "2x8G,minors=0:0",
+            "2x8G,minors=0",
+            "100x1G",
         ] {
             let err = SimSpec::parse(bad).unwrap_err().to_string();
             assert!(err.contains("bad --sim spec"), "{bad}: {err}");

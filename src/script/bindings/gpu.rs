@@ -98,8 +98,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
             timeout: o.secs("timeout", Some(d.timeout))?.unwrap_or(d.timeout),
             max_used_mib: super::not_negative(o.int("max_used_mib", 0)?, "max_used_mib")?,
             poll: Duration::from_millis(
-                super::not_negative(o.int("poll_ms", d.poll.as_millis() as i64)?, "poll_ms")?
-                    .max(1) as u64,
+                super::not_negative(o.int("poll_ms", d.poll.as_millis() as i64)?, "poll_ms")?.max(1)
+                    as u64,
             ),
         };
         match actions::wait_clean(s, &selection(&sel)?, &w).map_err(to_script)? {

@@ -121,8 +121,11 @@ pub fn register(engine: &mut Engine) {
                 .map_err(|e| script_err(format!("replace_in_file({path:?}): {e}")))?;
             let n = text.matches(old.as_str()).count();
             if n > 0 {
-                write_atomic(path.as_str(), text.replace(old.as_str(), new.as_str()).as_bytes())
-                    .map_err(|e| script_err(format!("replace_in_file({path:?}): {e}")))?;
+                write_atomic(
+                    path.as_str(),
+                    text.replace(old.as_str(), new.as_str()).as_bytes(),
+                )
+                .map_err(|e| script_err(format!("replace_in_file({path:?}): {e}")))?;
             }
             Ok(n as i64)
         },
@@ -140,8 +143,8 @@ pub fn register(engine: &mut Engine) {
         &["text: String", "?"],
         "Parses JSON into maps, arrays, strings, numbers, booleans and ().",
         |text: ImmutableString| -> RhaiResult<Dynamic> {
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| script_err(format!("parse_json: {e}")))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| script_err(format!("parse_json: {e}")))?;
             rhai::serde::to_dynamic(v)
         },
     );

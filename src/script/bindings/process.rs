@@ -46,7 +46,11 @@ fn pid_of(pid: i64) -> RhaiResult<i32> {
 }
 
 pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
-    let o = Opts::new(opts, "kill", &["signal", "grace", "tree", "dry_run", "force"])?;
+    let o = Opts::new(
+        opts,
+        "kill",
+        &["signal", "grace", "tree", "dry_run", "force"],
+    )?;
     let d = KillOpts::default();
     let signal = match o.string("signal")? {
         None => d.signal,
