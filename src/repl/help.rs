@@ -275,21 +275,9 @@ pub fn topic(engine: &Engine, ast: &AST, name: &str, style: Style) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::script::doc::Param;
 
     fn f(params: &[&str]) -> FnMeta {
-        FnMeta {
-            name: "f".into(),
-            params: params
-                .iter()
-                .map(|p| Param {
-                    name: Some(p.to_string()),
-                    ty: None,
-                })
-                .collect(),
-            return_type: None,
-            doc_comments: vec![],
-        }
+        FnMeta::untyped("f".into(), params.iter().map(|p| p.to_string()), vec![])
     }
 
     #[test]

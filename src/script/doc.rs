@@ -34,6 +34,25 @@ pub struct Param {
 }
 
 impl FnMeta {
+    /// A script function's metadata: parameter names, no types (Rhai scripts have none).
+    pub fn untyped(
+        name: String,
+        params: impl Iterator<Item = String>,
+        doc_comments: Vec<String>,
+    ) -> FnMeta {
+        FnMeta {
+            name,
+            params: params
+                .map(|p| Param {
+                    name: Some(p),
+                    ty: None,
+                })
+                .collect(),
+            return_type: None,
+            doc_comments,
+        }
+    }
+
     pub fn signature(&self) -> String {
         let params = self
             .params
@@ -102,18 +121,12 @@ pub fn stdlib_functions(engine: &rhai::Engine) -> Vec<(String, String, Vec<FnMet
                     && !f.name.starts_with('_')
                     && !f.name.starts_with("anon$")
             })
-            .map(|f| FnMeta {
-                name: format!("{name}::{}", f.name),
-                params: f
-                    .params
-                    .iter()
-                    .map(|p| Param {
-                        name: Some(p.to_string()),
-                        ty: None,
-                    })
-                    .collect(),
-                return_type: None,
-                doc_comments: f.comments.iter().map(|c| c.to_string()).collect(),
+            .map(|f| {
+                FnMeta::untyped(
+                    format!("{name}::{}", f.name),
+                    f.params.iter().map(|p| p.to_string()),
+                    f.comments.iter().map(|c| c.to_string()).collect(),
+                )
             })
             .collect();
         // The AST keeps functions in a hash map: sort, so the reference reads the same each time.

@@ -417,10 +417,8 @@ pub fn watch(alloc: &Path, release_ms: u64) -> Result<(), GpuError> {
     // Blocks until every process holding the allocation's handle is gone.
     let lock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| state_err(dir, e))?;
     std::thread::sleep(std::time::Duration::from_millis(release_ms));
-    let _ = fs::remove_file(alloc);
-    let _ = fs::remove_file(alloc.with_extension("watcher"));
-    drop(lock);
-    // When each release happened, for tests and benchmarks that measure how soon it is seen.
+    // When each release happens, for tests and benchmarks that measure how soon it is seen;
+    // logged before the memory reads free, so a reader that saw it free finds the line.
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -431,8 +429,12 @@ pub fn watch(alloc: &Path, release_ms: u64) -> Result<(), GpuError> {
     let log = dir.parent().unwrap_or(dir).join("released.log");
     if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(log) {
         use std::io::Write;
-        let _ = writeln!(f, "{name} {stamp:.6}");
+        // One write of the whole line: O_APPEND keeps concurrent watchers' lines whole.
+        let _ = f.write_all(format!("{name} {stamp:.6}\n").as_bytes());
     }
+    let _ = fs::remove_file(alloc);
+    let _ = fs::remove_file(alloc.with_extension("watcher"));
+    drop(lock);
     Ok(())
 }
 
