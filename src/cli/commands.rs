@@ -104,7 +104,16 @@ fn clean(cfg: &Config, sel: &Selection, timeout: f64, kill: &KillFlags) -> Resul
         timeout: seconds(timeout, "--timeout")?,
         ..WaitOpts::default()
     };
-    let r = actions::clean(&cfg.session, sel, &kill_opts(kill)?, &wait)?;
+    let kill_opts = kill_opts(kill)?;
+    if kill_opts.dry_run {
+        // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
+        let targets = actions::holder_targets(&actions::holders(&cfg.session, sel, false)?);
+        let report = actions::kill(&cfg.session, &targets, &kill_opts);
+        return emit(cfg, &report, || {
+            render::kill_report(&report, Style::stdout())
+        });
+    }
+    let r = actions::clean(&cfg.session, sel, &kill_opts, &wait)?;
     if crate::interrupt::is_set() {
         return Ok(130);
     }
