@@ -83,7 +83,8 @@ pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitO
     if shown {
         eprint!("\r\x1b[2K");
     }
-    if let Ok(WaitOutcome::TimedOut) = outcome {
+    // A zero timeout asks "is it clean now?": the answer is the value, not a warning.
+    if matches!(outcome, Ok(WaitOutcome::TimedOut)) && !opts.timeout.is_zero() {
         eprintln!(
             "warning: GPUs not clean after {:.1}s:",
             opts.timeout.as_secs_f64()

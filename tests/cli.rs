@@ -71,3 +71,27 @@ fn the_readme_demo_runs_green_and_leaves_nothing() {
         .iter()
         .all(|g| g["mem_used"] == 0));
 }
+
+#[test]
+fn verbose_logs_what_it_measured_and_did() {
+    let sim = Sim::new("1x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "5"])[0];
+    let out = sim.run(&["-v", "clean"]).ok();
+    assert!(
+        out.stderr.contains("inventory: 1 GPU(s) from sim"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(&format!("kill: TERM -> pid {p}")),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("wait_clean: clean after"),
+        "{}",
+        out.stderr
+    );
+    let quiet = sim.run(&["clean"]).ok();
+    assert!(!quiet.stderr.contains("inventory:"), "{}", quiet.stderr);
+}

@@ -140,3 +140,51 @@ fn a_context_footprint_on_another_gpu_is_named_and_its_holder_left_alone() {
     assert!(!alive(p));
     assert_eq!(sim.used_mib(1), 0);
 }
+
+#[test]
+fn permission_when_the_holder_is_another_users_process() {
+    // gpuloop runs as `nobody`; the holder (a child that inherited a dead creator's handles)
+    // is root's, so its fds cannot be read. Needs root to set that up.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let sim = Sim::new("1x8G");
+    let pids = sim.hold(&[
+        "--gpu",
+        "0",
+        "--mib",
+        "64",
+        "--fork-child",
+        "--exit-creator",
+    ]);
+    assert!(gone_within(pids[0], 5));
+    use std::os::unix::fs::PermissionsExt;
+    for d in [
+        sim.path().to_path_buf(),
+        sim.path().join("state"),
+        sim.path().join("state/alloc"),
+    ] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(bin())
+        .args(["--json", "diagnose"]);
+    for (k, v) in sim.std_cmd().get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    let out = cmd.output().expect("setpriv");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d[0]["verdict"], "permission", "{d}");
+    assert!(
+        d[0]["advice"].as_str().unwrap().contains("run as root"),
+        "{d}"
+    );
+}

@@ -308,3 +308,66 @@ fn an_eight_gpu_tensor_parallel_job_at_full_size_is_cleaned() {
         assert_eq!(g["mem_total_mib"], 141 * 1024);
     }
 }
+
+#[test]
+fn cleanup_ensure_clean_escalates_and_resets_a_leak_only_when_allowed() {
+    let sim = Sim::new("2x8G");
+    let stubborn = sim.hold(&["--gpu", "0", "--mib", "30", "--ignore-term"])[0];
+    sim.run(&["sim", "leak", "--gpu", "1", "--mib", "40"]).ok();
+    let r = sim.eval_json(
+        r#"import "cleanup" as c; c::ensure_clean((), #{grace: 0.2, timeout: 0.5, quiet: true})"#,
+    );
+    assert_eq!(r["clean"], false, "{r}");
+    assert!(
+        !alive(stubborn),
+        "the TERM-ignoring holder survived the ladder"
+    );
+    assert_eq!(r["verdicts"][0]["verdict"], "clean");
+    assert_eq!(r["verdicts"][1]["verdict"], "driver");
+    assert_eq!(sim.used_mib(1), 40, "reset without allow_reset");
+    let r = sim.eval_json(
+        r#"import "cleanup" as c; c::ensure_clean([1], #{timeout: 2, allow_reset: true, quiet: true})"#,
+    );
+    assert_eq!(r["clean"], true, "{r}");
+    assert!(r["steps"].to_string().contains("reset GPU 1"), "{r}");
+    assert_eq!(sim.used_mib(1), 0);
+}
+
+#[test]
+fn the_clean_node_recipe_prints_before_and_after_and_sets_the_exit_code() {
+    let sim = Sim::new("2x8G");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/clean-node.rhai");
+    let script = script.to_str().unwrap();
+    let p = sim.hold(&["--gpu", "1", "--mib", "500", "--name", "vllm-worker"])[0];
+    let out = sim
+        .run(&["run", script, "--", "--gpus", "1", "--timeout", "5"])
+        .ok();
+    assert!(
+        out.stdout.contains("before:") && out.stdout.contains(&format!("vllm-worker({p})")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("after:") && out.stdout.contains("clean in"),
+        "{}",
+        out.stdout
+    );
+    assert!(!alive(p));
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "9"]).ok();
+    let out = sim.run(&["run", script, "--", "--timeout", "0.3"]).code(1);
+    assert!(
+        out.stdout.contains("[driver]") && out.stdout.contains("NOT clean"),
+        "{}",
+        out.stdout
+    );
+    let out = sim
+        .run(&["run", script, "--", "--timeout", "1", "--allow-reset"])
+        .ok();
+    assert!(out.stdout.contains("reset GPU 0"), "{}", out.stdout);
+    let out = sim.run(&["run", script, "--", "--bogus"]).code(1);
+    assert!(
+        out.stderr.contains("unknown argument --bogus"),
+        "{}",
+        out.stderr
+    );
+}

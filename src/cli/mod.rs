@@ -75,6 +75,7 @@ pub fn main() -> i32 {
         };
     }
     crate::interrupt::install();
+    init_logs(args.verbose);
     // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`).
     if let Ok(exe) = std::env::current_exe() {
         std::env::set_var("GPULOOP_EXE", exe);
@@ -84,6 +85,25 @@ pub fn main() -> i32 {
         Ok(code) => code,
         Err(e) => report(e),
     }
+}
+
+/// `-v`: what gpuloop decides and measures (debug), `-vv`: every poll and signal (trace).
+fn init_logs(verbose: u8) {
+    let level = match verbose {
+        0 => return,
+        1 => "gpuloop=debug",
+        _ => "gpuloop=trace",
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+        .with_writer(std::io::stderr)
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
+        .with_target(false)
+        .without_time()
+        .try_init();
 }
 
 fn report(e: Error) -> i32 {

@@ -135,15 +135,6 @@ fn verdict(
             ),
         );
     }
-    if !ghosts.is_empty() {
-        return (
-            "other-namespace",
-            format!(
-                "{used_mib} MiB used by pid(s) {} that do not exist here: they run in another PID namespace (a container); run gpuloop there or on the host",
-                list(ghosts)
-            ),
-        );
-    }
     if foreign_ns && !driver_lists_any {
         return (
             "other-namespace",
@@ -152,11 +143,22 @@ fn verdict(
             ),
         );
     }
+    // Processes we may not look into can hide the holder (and explain a dead-looking
+    // creator too): say so before guessing at namespaces.
     if unreadable > 0 {
         return (
             "permission",
             format!(
                 "{used_mib} MiB used; {unreadable} process(es) could not be inspected (other users'): run as root (sudo gpuloop diagnose)"
+            ),
+        );
+    }
+    if !ghosts.is_empty() {
+        return (
+            "other-namespace",
+            format!(
+                "{used_mib} MiB used by pid(s) {} that do not exist here: they run in another PID namespace (a container); run gpuloop there or on the host",
+                list(ghosts)
             ),
         );
     }
@@ -212,6 +214,7 @@ mod tests {
         assert_eq!(v(&[], &[5], 100, true, false, 0), "other-namespace");
         assert_eq!(v(&[], &[], 100, false, true, 0), "other-namespace");
         assert_eq!(v(&[], &[], 100, false, false, 3), "permission");
+        assert_eq!(v(&[], &[5], 100, true, false, 3), "permission");
         assert_eq!(v(&[], &[], 100, false, false, 0), "driver");
         let orphan = verdict(0, 100, &[h(7, &["driver"])], &[], true, false, 0, |p| {
             p == 7

@@ -55,8 +55,19 @@ pub struct Inventory {
 impl Inventory {
     /// Looks at the driver and /proc once.
     pub fn take(backend: &dyn Backend, protected: &[String]) -> Result<Inventory, GpuError> {
+        let started = std::time::Instant::now();
         let gpus = backend.gpus()?;
+        let driver_ms = started.elapsed().as_secs_f64() * 1e3;
         let scan = scan::scan(backend.nodes());
+        tracing::debug!(
+            "inventory: {} GPU(s) from {} in {driver_ms:.1} ms; scanned {} processes in {:.1} ms: {} with GPU nodes open, {} unreadable",
+            gpus.len(),
+            backend.kind(),
+            scan.scanned,
+            started.elapsed().as_secs_f64() * 1e3 - driver_ms,
+            scan.users.len(),
+            scan.unreadable.len()
+        );
         Ok(join(gpus, scan, protected))
     }
 

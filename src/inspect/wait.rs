@@ -52,7 +52,9 @@ pub fn wait_clean(
         }
         None => backend.gpus()?.iter().map(|g| g.index).collect(),
     };
+    let mut polls = 0u64;
     loop {
+        polls += 1;
         let used = backend.mem_used(&indices)?;
         let mut dirty: Dirty = used
             .iter()
@@ -70,6 +72,10 @@ pub fn wait_clean(
                 }
             }
             if dirty.is_empty() {
+                tracing::debug!(
+                    "wait_clean: clean after {polls} poll(s), {:.1} ms",
+                    started.elapsed().as_secs_f64() * 1e3
+                );
                 return Ok(WaitOutcome::Clean);
             }
         }
@@ -80,6 +86,7 @@ pub fn wait_clean(
         if interrupted.load(Ordering::Relaxed) {
             return Ok(WaitOutcome::Interrupted);
         }
+        tracing::trace!("wait_clean: poll {polls}: still dirty {dirty:?}");
         progress(&dirty, now - started);
         std::thread::sleep(opts.poll.min(deadline - now));
     }

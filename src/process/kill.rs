@@ -252,6 +252,7 @@ pub fn kill(
                 let stopped = super::read_stat(id.pid).is_ok_and(|p| p.state == 'T');
                 match send(&fd, opts.signal) {
                     Ok(()) => {
+                        tracing::debug!("kill: {} -> pid {}", signal_name(opts.signal), id.pid);
                         // A stopped process would not act on TERM until continued.
                         if stopped && opts.signal != Signal::SIGKILL {
                             let _ = send(&fd, Signal::SIGCONT);
@@ -287,12 +288,19 @@ pub fn kill(
     if opts.signal != Signal::SIGKILL && !opts.grace.is_zero() {
         let mut escalated = false;
         for v in victims.iter().filter(|v| !v.exited) {
+            tracing::debug!("kill: grace over, KILL -> pid {}", v.pid);
             escalated |= send(&v.fd, Signal::SIGKILL).is_ok();
         }
         if escalated {
             wait_exits(&mut victims, Instant::now() + KILL_WAIT, interrupted);
         }
     }
+    tracing::debug!(
+        "kill: {} signalled, {} exited, {} ms",
+        victims.len(),
+        victims.iter().filter(|v| v.exited).count(),
+        started.elapsed().as_millis()
+    );
     for v in &victims {
         if v.exited {
             report.exited.push(v.pid.into());
