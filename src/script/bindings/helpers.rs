@@ -154,7 +154,12 @@ pub fn register(engine: &mut Engine) {
         &["value: ?", "String"],
         "Renders a value as JSON (maps, arrays, strings, numbers, booleans; () is null).",
         |v: Dynamic| -> RhaiResult<String> {
-            let json: serde_json::Value = rhai::serde::from_dynamic(&v)?;
+            let json: serde_json::Value = rhai::serde::from_dynamic(&v).map_err(|_| {
+                script_err(format!(
+                    "to_json: a {} has no JSON form (maps, arrays, strings, numbers, booleans and () do)",
+                    v.type_name()
+                ))
+            })?;
             serde_json::to_string(&json).map_err(to_script)
         },
     );
