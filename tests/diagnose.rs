@@ -64,15 +64,9 @@ fn driver_when_nobody_holds_the_memory() {
 /// Runs `gpuloop --json diagnose` inside a new PID namespace with its own /proc, as in a
 /// container without --pid=host; the holder stays outside.
 fn diagnose_in_other_namespace(sim: &Sim) -> Value {
-    let out = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc"])
-        .arg(bin())
+    let out = sim
+        .wrapped(&["unshare", "--pid", "--fork", "--mount-proc"])
         .args(["--json", "diagnose"])
-        .envs(
-            sim.std_cmd()
-                .get_envs()
-                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
-        )
         .output()
         .expect("unshare");
     assert!(
@@ -166,16 +160,16 @@ fn permission_when_the_holder_is_another_users_process() {
     ] {
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let mut cmd = std::process::Command::new("setpriv");
-    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(bin())
-        .args(["--json", "diagnose"]);
-    for (k, v) in sim.std_cmd().get_envs() {
-        if let Some(v) = v {
-            cmd.env(k, v);
-        }
-    }
-    let out = cmd.output().expect("setpriv");
+    let out = sim
+        .wrapped(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
+        .args(["--json", "diagnose"])
+        .output()
+        .expect("setpriv");
     assert!(
         out.status.success(),
         "{}",

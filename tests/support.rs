@@ -84,6 +84,20 @@ impl Sim {
         c
     }
 
+    /// gpuloop started through another program (`unshare …`, `setpriv …`), with this
+    /// simulator's environment.
+    pub fn wrapped(&self, wrapper: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new(wrapper[0]);
+        c.args(&wrapper[1..]).arg(bin());
+        for (k, v) in self.std_cmd().get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c
+    }
+
     pub fn run(&self, args: &[&str]) -> Out {
         self.run_with(args, |_| {})
     }
