@@ -42,8 +42,13 @@ pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
     kill::kill(targets, opts, s.protected(), s.interrupted())
 }
 
-/// Targets for every compute holder on the selection, pinned by identity.
-pub fn holder_targets(holders: &[Holder]) -> Vec<Target> {
+/// Stops every compute holder of the selection, each pinned by its identity.
+pub fn kill_holders(s: &Session, sel: &Selection, opts: &KillOpts) -> Result<KillReport, GpuError> {
+    let targets = holder_targets(&holders(s, sel, false)?);
+    Ok(kill(s, &targets, opts))
+}
+
+fn holder_targets(holders: &[Holder]) -> Vec<Target> {
     holders
         .iter()
         .map(|h| {
@@ -123,8 +128,7 @@ pub fn clean(
     kill_opts: &KillOpts,
     wait_opts: &WaitOpts,
 ) -> Result<CleanReport, GpuError> {
-    let targets = holder_targets(&holders(s, sel, false)?);
-    let kill = kill(s, &targets, kill_opts);
+    let kill = kill_holders(s, sel, kill_opts)?;
     let outcome = wait_clean(s, sel, wait_opts)?;
     let after = diagnoses(s, sel)?;
     Ok(CleanReport {

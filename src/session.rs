@@ -68,12 +68,7 @@ impl Session {
     pub fn sim(&self) -> Result<SimBackend, GpuError> {
         match &self.choice {
             BackendChoice::Sim { dir, spec } => SimBackend::open(dir, spec.as_deref()),
-            BackendChoice::Auto => {
-                let dir = std::env::var_os("GPULOOP_SIM_DIR")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(crate::gpu::sim::default_dir);
-                SimBackend::open(&dir, None)
-            }
+            BackendChoice::Auto => SimBackend::open(&crate::gpu::sim::state_dir(), None),
         }
     }
 

@@ -15,6 +15,14 @@ fn engine() -> rhai::Engine {
     build_engine(Arc::new(session), &EngineOpts::default())
 }
 
+/// Signatures of the functions whose doc comment is empty.
+fn undocumented(fns: &[doc::FnMeta]) -> Vec<String> {
+    fns.iter()
+        .filter(|f| f.doc().is_empty())
+        .map(|f| f.signature())
+        .collect()
+}
+
 #[test]
 fn every_registered_function_has_a_doc_comment() {
     let e = engine();
@@ -23,11 +31,7 @@ fn every_registered_function_has_a_doc_comment() {
         fns.iter().any(|f| f.name == "holders"),
         "the metadata lists gpuloop's functions"
     );
-    let undocumented: Vec<String> = fns
-        .iter()
-        .filter(|f| f.doc().is_empty())
-        .map(|f| f.signature())
-        .collect();
+    let undocumented = undocumented(&fns);
     assert!(
         undocumented.is_empty(),
         "functions without a doc comment: {undocumented:?}"
@@ -44,11 +48,7 @@ fn every_stdlib_function_has_a_doc_comment() {
             !header.is_empty(),
             "stdlib module {module} has no //! header"
         );
-        let undocumented: Vec<String> = fns
-            .iter()
-            .filter(|f| f.doc().is_empty())
-            .map(|f| f.signature())
-            .collect();
+        let undocumented = undocumented(&fns);
         assert!(
             undocumented.is_empty(),
             "stdlib functions without a doc comment: {undocumented:?}"

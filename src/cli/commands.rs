@@ -41,18 +41,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             let ds = actions::diagnoses(s, &selection(sel))?;
             emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))
         }
-        Cmd::Kill { sel, kill } => {
-            let targets = actions::holder_targets(&actions::holders(s, &selection(sel), false)?);
-            let report = actions::kill(s, &targets, &kill_opts(kill)?);
-            emit(cfg, &report, || {
-                render::kill_report(&report, Style::stdout())
-            })?;
-            Ok(if report.survivors.is_empty() && report.errors.is_empty() {
-                0
-            } else {
-                1
-            })
-        }
+        Cmd::Kill { sel, kill } => kill_holders(cfg, &selection(sel), &kill_opts(kill)?),
         Cmd::Clean { sel, timeout, kill } => clean(cfg, &selection(sel), *timeout, kill),
         Cmd::Sim(cmd) => sim(cfg, cmd),
     }
@@ -99,6 +88,19 @@ fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Re
     Ok(0)
 }
 
+/// `gpuloop kill`: exit 0 when every target is gone, 1 with survivors or errors.
+fn kill_holders(cfg: &Config, sel: &Selection, opts: &KillOpts) -> Result<i32, Error> {
+    let report = actions::kill_holders(&cfg.session, sel, opts)?;
+    emit(cfg, &report, || {
+        render::kill_report(&report, Style::stdout())
+    })?;
+    Ok(if report.survivors.is_empty() && report.errors.is_empty() {
+        0
+    } else {
+        1
+    })
+}
+
 fn clean(cfg: &Config, sel: &Selection, timeout: f64, kill: &KillFlags) -> Result<i32, Error> {
     let wait = WaitOpts {
         timeout: seconds(timeout, "--timeout")?,
@@ -107,11 +109,7 @@ fn clean(cfg: &Config, sel: &Selection, timeout: f64, kill: &KillFlags) -> Resul
     let kill_opts = kill_opts(kill)?;
     if kill_opts.dry_run {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
-        let targets = actions::holder_targets(&actions::holders(&cfg.session, sel, false)?);
-        let report = actions::kill(&cfg.session, &targets, &kill_opts);
-        return emit(cfg, &report, || {
-            render::kill_report(&report, Style::stdout())
-        });
+        return kill_holders(cfg, sel, &kill_opts);
     }
     let r = actions::clean(&cfg.session, sel, &kill_opts, &wait)?;
     if crate::interrupt::is_set() {
@@ -279,10 +277,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
 
 /// The holder and watcher processes: single-threaded, no signal handlers, no config.
 pub fn sim_internal(args: &Args) -> Result<i32, Error> {
-    let dir = std::env::var_os("GPULOOP_SIM_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(crate::gpu::sim::default_dir);
-    let sim = SimBackend::open(&dir, args.sim.as_deref())?;
+    let sim = SimBackend::open(&crate::gpu::sim::state_dir(), args.sim.as_deref())?;
     match &args.cmd {
         Cmd::Sim(SimCmd::Watch { alloc }) => {
             crate::gpu::sim::watch(alloc, sim.spec.release_ms)?;

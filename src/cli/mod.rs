@@ -7,7 +7,6 @@ use crate::error::Error;
 use crate::session::{BackendChoice, Session};
 use args::{Args, Cmd, SimCmd};
 use clap::Parser;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Validated settings every command needs.
@@ -18,17 +17,11 @@ pub struct Config {
 
 impl Config {
     fn from_args(args: &Args) -> Result<Config, Error> {
-        let sim_dir = || {
-            std::env::var_os("GPULOOP_SIM_DIR")
-                .filter(|d| !d.is_empty())
-                .map(PathBuf::from)
-                .unwrap_or_else(crate::gpu::sim::default_dir)
-        };
         let choice = match &args.sim {
             Some(spec) => {
                 // Reject a bad spec before anything runs.
                 crate::gpu::sim::SimSpec::parse(spec)?;
-                let dir = sim_dir();
+                let dir = crate::gpu::sim::state_dir();
                 // Jobs that scripts start (run(), `gpuloop sim hold`) see the same simulator.
                 std::env::set_var("GPULOOP_SIM", spec);
                 std::env::set_var("GPULOOP_SIM_DIR", &dir);
@@ -39,7 +32,7 @@ impl Config {
             }
             // `gpuloop sim …` without --sim uses the spec the state directory has.
             None if matches!(args.cmd, Cmd::Sim(_)) => BackendChoice::Sim {
-                dir: sim_dir(),
+                dir: crate::gpu::sim::state_dir(),
                 spec: None,
             },
             None => BackendChoice::Auto,

@@ -29,17 +29,6 @@ pub fn resolver(script_dir: Option<PathBuf>) -> ModuleResolversCollection {
     chain
 }
 
-/// Every place `import` looks, for messages and `gpuloop doc`.
-pub fn search_path(script_dir: Option<PathBuf>) -> Vec<String> {
-    let mut out: Vec<String> = script_dir.iter().map(|d| d.display().to_string()).collect();
-    if let Some(path) = std::env::var_os("GPULOOP_PATH") {
-        out.extend(std::env::split_paths(&path).map(|p| p.display().to_string()));
-    }
-    out.extend(crate::config::config_dir().map(|d| d.join("modules").display().to_string()));
-    out.push("<stdlib>".into());
-    out
-}
-
 /// The embedded standard library, compiled on first import with the importing engine.
 #[derive(Default)]
 pub struct Stdlib {

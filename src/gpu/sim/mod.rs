@@ -128,8 +128,16 @@ fn parse_size(s: &str) -> Option<i64> {
     (n > 0).then_some(n * mul)
 }
 
+/// The simulator's state directory: `GPULOOP_SIM_DIR`, else a per-user default.
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("GPULOOP_SIM_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(default_dir)
+}
+
 /// Where the simulator keeps its state when `GPULOOP_SIM_DIR` is not set.
-pub fn default_dir() -> PathBuf {
+fn default_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d).join("gpuloop-sim"),
         _ => std::env::temp_dir().join(format!("gpuloop-sim-{}", nix::unistd::getuid())),
