@@ -5,6 +5,9 @@
 //! commands share), `script` (the Rhai engine and its bindings), `render` (tables for people),
 //! `repl` (the interactive prompt), `cli` (arguments, commands, exit codes).
 
+// stdout goes through `output`, which ends quietly on a closed pipe.
+#![warn(clippy::print_stdout)]
+
 pub mod actions;
 pub mod cli;
 pub mod config;
@@ -12,6 +15,7 @@ pub mod error;
 pub mod gpu;
 pub mod inspect;
 pub mod interrupt;
+pub mod output;
 pub mod process;
 pub mod render;
 pub mod repl;

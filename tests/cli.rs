@@ -95,3 +95,41 @@ fn verbose_logs_what_it_measured_and_did() {
     let quiet = sim.run(&["clean"]).ok();
     assert!(!quiet.stderr.contains("inventory:"), "{}", quiet.stderr);
 }
+
+/// Runs gpuloop with its stdout a pipe whose reader is already gone (`… | head -1` once head
+/// has exited): every write fails with EPIPE.
+fn with_closed_stdout(sim: &Sim, args: &[&str], stdin: &str) -> Out {
+    use std::io::Write;
+    let (r, w) = nix::unistd::pipe().unwrap();
+    drop(r);
+    let mut c = sim.std_cmd();
+    c.args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::from(w))
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    let o = child.wait_with_output().unwrap();
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    let sim = Sim::new("64x80G");
+    for args in [
+        &["--json", "gpus"][..],
+        &["gpus"],
+        &["completions", "bash"],
+        &["doc"],
+        &["eval", "for i in 0..100000 { print(i) }"],
+        &["run", "-"],
+    ] {
+        let out = with_closed_stdout(&sim, args, "loop { print(\"y\"); }");
+        assert_eq!(out.code, 0, "{args:?}: {}", out.stderr);
+        assert_eq!(out.stderr, "", "{args:?}");
+    }
+}

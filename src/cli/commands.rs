@@ -22,11 +22,13 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Run { script, args } => run_script(cfg, script, args),
         Cmd::Eval { code } => eval(cfg, code),
         Cmd::Check { scripts } => check(cfg, scripts),
-        Cmd::Repl => crate::repl::run(cfg),
-        Cmd::Doc { definitions } => crate::script::doc::print(cfg, definitions.as_deref()),
+        Cmd::Repl => crate::repl::run(cfg.session.clone(), cfg.json),
+        Cmd::Doc { definitions } => doc(cfg, definitions.as_deref()),
         Cmd::Completions { shell } => {
             let mut cmd = <Args as clap::CommandFactory>::command();
-            clap_complete::generate(*shell, &mut cmd, "gpuloop", &mut std::io::stdout());
+            let mut out = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "gpuloop", &mut out);
+            crate::output::bytes(&out);
             Ok(0)
         }
         Cmd::Gpus => {
@@ -78,12 +80,12 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
 /// Prints JSON with --json, else the table.
 fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Result<i32, Error> {
     if cfg.json {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string_pretty(v).map_err(|e| Error::Other(e.to_string()))?
         );
     } else {
-        println!("{}", table());
+        crate::outln!("{}", table());
     }
     Ok(0)
 }
@@ -137,6 +139,19 @@ fn clean(cfg: &Config, sel: &Selection, timeout: f64, kill: &KillFlags) -> Resul
     Ok(if r.clean { 0 } else { 1 })
 }
 
+/// `gpuloop doc`: the reference in Markdown, or definition files for editors.
+fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
+    let engine = build_engine(cfg.session.clone(), &EngineOpts::default());
+    match definitions {
+        Some(dir) => {
+            crate::script::doc::write_definitions(&engine, dir).map_err(Error::Other)?;
+            crate::outln!("wrote Rhai definitions to {}", dir.display());
+        }
+        None => crate::output::text(&crate::script::doc::markdown(&engine)),
+    }
+    Ok(0)
+}
+
 fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBuf>), Error> {
     if script == "-" {
         let mut src = String::new();
@@ -179,12 +194,12 @@ fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     let mut scope = new_scope(&[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
     if cfg.json {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string_pretty(&render::json(&v)).unwrap_or_default()
         );
     } else if !v.is_unit() {
-        println!("{}", render::value(&v, Style::stdout()));
+        crate::outln!("{}", render::value(&v, Style::stdout()));
     }
     Ok(0)
 }
@@ -201,7 +216,7 @@ fn check(cfg: &Config, scripts: &[std::path::PathBuf]) -> Result<i32, Error> {
                 failed += 1;
             }
             Ok(src) => match crate::script::engine::compile(&engine, &file, &src) {
-                Ok(_) => println!("ok: {file}"),
+                Ok(_) => crate::outln!("ok: {file}"),
                 Err(e) => {
                     eprintln!("{}", e.message());
                     failed += 1;
@@ -222,10 +237,10 @@ fn sim(cfg: &Config, cmd: &SimCmd) -> Result<i32, Error> {
             }
             let pids = hold::launch(&sim, &opts)?;
             if cfg.json {
-                println!("{}", serde_json::to_string(&pids).unwrap_or_default());
+                crate::outln!("{}", serde_json::to_string(&pids).unwrap_or_default());
             } else {
                 for p in pids {
-                    println!("{p}");
+                    crate::outln!("{p}");
                 }
             }
             Ok(0)

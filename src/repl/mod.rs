@@ -8,11 +8,11 @@ mod editor;
 mod help;
 mod input;
 
-use crate::cli::Config;
 use crate::error::Error;
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, EngineOpts};
 use crate::script::errors::{self, ScriptError};
+use crate::session::Session;
 use editor::{Helper, Names};
 use rhai::{Dynamic, Engine, Scope, AST};
 use rustyline::error::ReadlineError;
@@ -20,16 +20,18 @@ use rustyline::history::FileHistory;
 use rustyline::{CompletionType, Editor};
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 const PROMPT: &str = "gpuloop> ";
 const MORE: &str = "     ... ";
 /// The name errors give for REPL input; line numbers count every line entered this session.
 const SOURCE: &str = "<repl>";
 
-pub fn run(cfg: &Config) -> Result<i32, Error> {
+/// Runs the prompt on `session`; `json` prints values as JSON.
+pub fn run(session: Arc<Session>, json: bool) -> Result<i32, Error> {
     // Jobs spawned at the prompt live across lines; whatever is left is stopped on the way out.
-    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
-    Repl::new(cfg)?.run()
+    let _jobs = crate::runner::Supervisor::start(session.protected());
+    Repl::new(session, json)?.run()
 }
 
 struct Repl {
@@ -59,9 +61,10 @@ enum Read {
 }
 
 impl Repl {
-    fn new(cfg: &Config) -> Result<Repl, Error> {
+    fn new(session: Arc<Session>, json: bool) -> Result<Repl, Error> {
         let dir = std::env::current_dir().ok();
-        let engine = build_engine(cfg.session.clone(), &EngineOpts { script_dir: dir });
+        let domains = help::Domains::new(&session);
+        let engine = build_engine(session, &EngineOpts { script_dir: dir });
         let style = Style::stdout();
         let config = rustyline::Config::builder()
             .auto_add_history(false)
@@ -96,7 +99,7 @@ impl Repl {
             }
         }
         let mut repl = Repl {
-            domains: help::Domains::new(&cfg.session),
+            domains,
             engine,
             scope: new_scope(&[]),
             ast: AST::empty(),
@@ -105,7 +108,7 @@ impl Repl {
             builtin,
             editor,
             history,
-            json: cfg.json,
+            json,
             style,
         };
         repl.refresh_names();
@@ -113,7 +116,7 @@ impl Repl {
     }
 
     fn run(&mut self) -> Result<i32, Error> {
-        println!(
+        crate::outln!(
             "gpuloop {} REPL: :help lists the functions, :quit or Ctrl-D leaves.",
             env!("CARGO_PKG_VERSION")
         );
@@ -135,13 +138,13 @@ impl Repl {
                 match (name, arg.trim()) {
                     ("q" | "quit" | "exit", _) => return Ok(0),
                     ("help" | "h", "") => {
-                        println!(
+                        crate::outln!(
                             "{}",
                             help::overview(&self.engine, &self.ast, &self.domains, self.style)
                         )
                     }
                     ("help" | "h", topic) => {
-                        println!(
+                        crate::outln!(
                             "{}",
                             help::topic(&self.engine, &self.ast, topic, self.style)
                         )
@@ -270,12 +273,12 @@ impl Repl {
             return;
         }
         if self.json {
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string_pretty(&render::json(v)).unwrap_or_default()
             );
         } else {
-            println!("{}", render::value(v, self.style));
+            crate::outln!("{}", render::value(v, self.style));
         }
     }
 
@@ -307,7 +310,7 @@ impl Repl {
                 Some((first, _)) => format!("{first} …"),
                 None => text,
             };
-            println!("{kind} {name} = {text}");
+            crate::outln!("{kind} {name} = {text}");
         }
     }
 

@@ -363,11 +363,7 @@ impl Reader {
     /// stdout of gpuloop's own is not the job's problem.
     fn echo_chunk(&self, chunk: &[u8]) {
         match self.echo {
-            Some(Echo::Stdout) => {
-                let mut out = std::io::stdout().lock();
-                let _ = out.write_all(chunk);
-                let _ = out.flush();
-            }
+            Some(Echo::Stdout) => crate::output::bytes(chunk),
             Some(Echo::Stderr) => {
                 let _ = std::io::stderr().lock().write_all(chunk);
             }

@@ -1,9 +1,6 @@
 //! `gpuloop doc`: the reference of every registered function, from the engine's own metadata,
 //! and of the stdlib modules, from their doc comments.
 
-use crate::cli::Config;
-use crate::error::Error;
-use crate::script::engine::{build_engine, EngineOpts};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -158,22 +155,12 @@ pub fn markdown(engine: &rhai::Engine) -> String {
     out
 }
 
-pub fn print(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
-    let engine = build_engine(cfg.session.clone(), &EngineOpts::default());
-    match definitions {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| Error::Usage(format!("cannot create {}: {e}", dir.display())))?;
-            engine
-                .definitions()
-                .include_standard_packages(false)
-                .write_to_dir(dir)
-                .map_err(|e| {
-                    Error::Other(format!("writing definitions to {}: {e}", dir.display()))
-                })?;
-            println!("wrote Rhai definitions to {}", dir.display());
-        }
-        None => print!("{}", markdown(&engine)),
-    }
-    Ok(0)
+/// Writes Rhai definition files for editors into `dir`.
+pub fn write_definitions(engine: &rhai::Engine, dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    engine
+        .definitions()
+        .include_standard_packages(false)
+        .write_to_dir(dir)
+        .map_err(|e| format!("writing definitions to {}: {e}", dir.display()))
 }

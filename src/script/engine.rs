@@ -44,7 +44,14 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     let mut engine = Engine::new();
     engine.set_max_expr_depths(256, 256);
     // Long loops notice Ctrl-C between statements.
-    engine.on_progress(|_| crate::interrupt::is_set().then(|| Dynamic::from(INTERRUPT_TOKEN)));
+    // A closed stdout (`gpuloop run s.rhai | head`) ends the script quietly, as exit(0).
+    engine.on_progress(|_| {
+        if crate::interrupt::is_set() {
+            Some(Dynamic::from(INTERRUPT_TOKEN))
+        } else {
+            crate::output::closed().then(|| Dynamic::from(0_i64))
+        }
+    });
     // SPEC's `until(timeout, fn)` helper: `until` is a function here, not the keyword of
     // rhai's `do { } until c` loop (write `do { } while !c` instead).
     #[allow(deprecated)] // rhai marks this hook "volatile", not deprecated
@@ -54,7 +61,7 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
         rhai::Token::Reserved(s) if s.as_str() == "spawn" => rhai::Token::Identifier(s),
         t => t,
     });
-    engine.on_print(|s| println!("{s}"));
+    engine.on_print(crate::output::line);
     engine.on_debug(|s, src, pos| eprintln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
     bindings::gpu::register(&mut engine, &session);
     bindings::process::register(&mut engine, &session);

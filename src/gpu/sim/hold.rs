@@ -204,7 +204,7 @@ fn spawn_watcher(sim: &SimBackend, alloc: &Path) -> Result<(), GpuError> {
 pub fn run_holder(sim: &SimBackend, opts: &HoldOpts) -> ! {
     let result = holder_main(sim, opts);
     if let Err(e) = result {
-        println!("error {e}");
+        crate::output::line(&format!("error {e}"));
         std::process::exit(1);
     }
     loop {
