@@ -4,6 +4,7 @@
 use crate::gpu::{Gpu, GpuError};
 use crate::inspect::diagnose::{diagnose, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
+use crate::inspect::select::{self, Selector};
 use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
 use crate::inspect::{check_selection, Selection};
 use crate::process::kill::{self, KillOpts, KillReport, Target};
@@ -29,8 +30,33 @@ pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
     Ok(inv)
 }
 
+/// The GPU indices that selectors (`0`, `0-3`, `GPU-0fb0…`, a bus id) name. The GPU list is
+/// read only when a UUID or bus id needs it.
+pub fn select(s: &Session, sels: &[Selector]) -> Result<Vec<i64>, GpuError> {
+    let gpus = if sels.iter().all(|x| matches!(x, Selector::Index(_))) {
+        Vec::new()
+    } else {
+        gpus(s)?
+    };
+    select::resolve(sels, &gpus)
+}
+
 pub fn holders(s: &Session, sel: &Selection, all: bool) -> Result<Vec<Holder>, GpuError> {
     Ok(inventory(s, sel)?.holders(sel, all))
+}
+
+/// Holders as `holders`, of one owner only when `uid` is given (`--user`, `--mine`).
+pub fn holders_of(
+    s: &Session,
+    sel: &Selection,
+    all: bool,
+    uid: Option<u32>,
+) -> Result<Vec<Holder>, GpuError> {
+    let mut hs = holders(s, sel, all)?;
+    if let Some(uid) = uid {
+        hs.retain(|h| h.uid == i64::from(uid));
+    }
+    Ok(hs)
 }
 
 pub fn diagnoses(s: &Session, sel: &Selection) -> Result<Vec<Diagnosis>, GpuError> {
@@ -42,9 +68,15 @@ pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
     kill::kill(targets, opts, s.protected(), s.interrupted())
 }
 
-/// Stops every compute holder of the selection, each pinned by its identity.
-pub fn kill_holders(s: &Session, sel: &Selection, opts: &KillOpts) -> Result<KillReport, GpuError> {
-    let targets = holder_targets(&holders(s, sel, false)?);
+/// Stops every compute holder of the selection (of one owner with `uid`), each pinned by its
+/// identity.
+pub fn kill_holders(
+    s: &Session,
+    sel: &Selection,
+    uid: Option<u32>,
+    opts: &KillOpts,
+) -> Result<KillReport, GpuError> {
+    let targets = holder_targets(&holders_of(s, sel, false, uid)?);
     Ok(kill(s, &targets, opts))
 }
 
@@ -125,10 +157,11 @@ pub struct CleanReport {
 pub fn clean(
     s: &Session,
     sel: &Selection,
+    uid: Option<u32>,
     kill_opts: &KillOpts,
     wait_opts: &WaitOpts,
 ) -> Result<CleanReport, GpuError> {
-    let kill = kill_holders(s, sel, kill_opts)?;
+    let kill = kill_holders(s, sel, uid, kill_opts)?;
     let outcome = wait_clean(s, sel, wait_opts)?;
     let after = diagnoses(s, sel)?;
     Ok(CleanReport {

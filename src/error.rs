@@ -24,7 +24,12 @@ impl Error {
         match self {
             Error::Usage(_) | Error::Config(_) => 2,
             Error::Script(e) => e.code(),
-            Error::Gpu(GpuError::NoSuchGpu { .. } | GpuError::BadSimSpec { .. }) => 2,
+            Error::Gpu(
+                GpuError::NoSuchGpu { .. }
+                | GpuError::NoSuchGpuId { .. }
+                | GpuError::BadSelector(_)
+                | GpuError::BadSimSpec { .. },
+            ) => 2,
             Error::Gpu(_) | Error::Other(_) => 1,
         }
     }

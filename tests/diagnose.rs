@@ -69,8 +69,10 @@ fn diagnose_in_other_namespace(sim: &Sim) -> Value {
         .args(["--json", "diagnose"])
         .output()
         .expect("unshare");
-    assert!(
-        out.status.success(),
+    // Not clean: exit 1, with the verdicts on stdout.
+    assert_eq!(
+        out.status.code(),
+        Some(1),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -97,15 +99,45 @@ fn other_namespace_when_the_driver_lists_a_pid_that_does_not_exist_here() {
 }
 
 #[test]
-fn diagnose_one_shot_table() {
+fn diagnose_one_shot_table_exits_1_when_a_selected_gpu_is_not_clean() {
     let sim = Sim::new("2x8G");
     sim.run(&["sim", "leak", "--gpu", "1", "--mib", "10"]).ok();
-    let out = sim.run(&["diagnose"]).ok();
+    let out = sim.run(&["diagnose"]).code(1);
     assert!(
         out.stdout.contains("clean") && out.stdout.contains("driver"),
         "{}",
         out.stdout
     );
+    // GPU 0 alone is clean; --check prints nothing and only sets the exit code.
+    sim.run(&["diagnose", "--gpu", "0"]).ok();
+    assert_eq!(
+        sim.run(&["diagnose", "--check", "--gpu", "0"]).ok().stdout,
+        ""
+    );
+    assert_eq!(sim.run(&["diagnose", "--check"]).code(1).stdout, "");
+}
+
+#[test]
+fn wait_waits_for_the_memory_and_kills_nothing() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "1", "--mib", "10"])[0];
+    // GPU 0 is clean at once; GPU 1 stays held: wait gives up at its timeout, holder alive.
+    sim.run(&["wait", "--gpu", "0", "--timeout", "60"]).ok();
+    let out = sim
+        .run(&["--json", "wait", "--gpu", "1", "--timeout", "0.5"])
+        .code(1);
+    assert_eq!(out.json()["clean"], false);
+    assert_eq!(out.json()["gpus"][0]["verdict"], "held");
+    assert!(alive(p));
+    // The holder leaves while wait is waiting: it returns clean.
+    let mut w = sim.std_cmd();
+    w.args(["wait", "--timeout", "120"])
+        .stdout(std::process::Stdio::piped());
+    let w = w.spawn().unwrap();
+    sigkill(p);
+    let o = w.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).ends_with("clean\n"));
 }
 
 #[test]
@@ -170,8 +202,9 @@ fn permission_when_the_holder_is_another_users_process() {
         .args(["--json", "diagnose"])
         .output()
         .expect("setpriv");
-    assert!(
-        out.status.success(),
+    assert_eq!(
+        out.status.code(),
+        Some(1),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -14,4 +14,5 @@ mod render;
 mod repl;
 mod runner;
 mod scripts;
+mod select;
 mod sim;

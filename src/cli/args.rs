@@ -48,36 +48,64 @@ pub enum Cmd {
         definitions: Option<PathBuf>,
     },
     /// List the GPUs.
-    Gpus,
+    Gpus {
+        #[command(flatten)]
+        sel: GpuSel,
+    },
     /// List the processes holding GPUs.
     Holders {
         #[command(flatten)]
         sel: GpuSel,
+        #[command(flatten)]
+        owner: Owner,
         /// Also observers (NVML-only clients) and protected GPU daemons.
         #[arg(long)]
         all: bool,
     },
-    /// Say why GPU memory is still used.
+    /// Say why GPU memory is still used (exit 1 if a selected GPU is not clean).
     Diagnose {
         #[command(flatten)]
         sel: GpuSel,
+        /// Print nothing: only the exit code says whether every selected GPU is clean.
+        #[arg(long)]
+        check: bool,
     },
-    /// Stop the compute holders of the selected GPUs (TERM, grace, KILL).
+    /// Stop the compute holders of the selected GPUs, or the given PIDs (TERM, grace, KILL).
+    ///
+    /// As root this stops every user's processes on those GPUs: --user or --mine narrows it.
     Kill {
+        /// Processes to stop instead of the GPUs' holders (same safety rules: never pid 1,
+        /// gpuloop or its ancestors; protected daemons only with --force).
+        #[arg(value_name = "PID", allow_negative_numbers = true)]
+        pids: Vec<i64>,
         #[command(flatten)]
         sel: GpuSel,
+        #[command(flatten)]
+        owner: Owner,
         #[command(flatten)]
         kill: KillFlags,
     },
     /// Kill the holders, wait until the GPUs are free, report (exit 1 if not clean).
+    ///
+    /// As root this stops every user's processes on those GPUs: --user or --mine narrows it.
     Clean {
         #[command(flatten)]
         sel: GpuSel,
+        #[command(flatten)]
+        owner: Owner,
         /// Seconds to wait for the memory to be released.
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
         timeout: f64,
         #[command(flatten)]
         kill: KillFlags,
+    },
+    /// Wait until the selected GPUs are free, killing nothing (exit 1 if not clean in time).
+    Wait {
+        #[command(flatten)]
+        sel: GpuSel,
+        /// Seconds to wait for the memory to be released.
+        #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
+        timeout: f64,
     },
     /// Shell completions.
     Completions { shell: clap_complete::Shell },
@@ -88,9 +116,20 @@ pub enum Cmd {
 
 #[derive(Debug, Clone, ClapArgs)]
 pub struct GpuSel {
-    /// GPU index (repeatable); default all.
-    #[arg(long = "gpu", value_name = "N")]
-    pub gpus: Vec<i64>,
+    /// GPUs as nvidia-smi -i takes them: 0, 0,1, 0-3, a UUID (or a unique prefix of one) or a
+    /// PCI bus id; repeatable; default every GPU.
+    #[arg(long = "gpu", value_name = "ID", allow_hyphen_values = true)]
+    pub gpus: Vec<String>,
+}
+
+#[derive(Debug, Clone, ClapArgs)]
+pub struct Owner {
+    /// Only processes of this user (a name or a uid).
+    #[arg(long, value_name = "USER", conflicts_with = "mine")]
+    pub user: Option<String>,
+    /// Only your own processes.
+    #[arg(long)]
+    pub mine: bool,
 }
 
 #[derive(Debug, Clone, ClapArgs)]
@@ -99,7 +138,7 @@ pub struct KillFlags {
     #[arg(long, default_value = "TERM")]
     pub signal: String,
     /// Seconds before survivors get SIGKILL (0: no escalation).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub grace: f64,
     /// Say what would be signalled, signal nothing.
     #[arg(long)]
@@ -114,9 +153,9 @@ pub enum SimCmd {
     /// Start real processes holding simulated GPU memory; prints their pids, one per line
     /// (the started process first, then the children it forked), once they hold.
     Hold {
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         gpu: i64,
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         mib: i64,
         /// Process name (comm), e.g. nvidia-persistenced.
         #[arg(long)]
@@ -131,8 +170,8 @@ pub enum SimCmd {
         #[arg(long)]
         fork_child: bool,
         /// Fork N workers that each hold MIB; the first process holds nothing.
-        #[arg(long, default_value_t = 0)]
-        workers: u32,
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        workers: i64,
         /// Leave the process group (setsid), as vLLM workers do.
         #[arg(long)]
         setsid: bool,
@@ -148,14 +187,14 @@ pub enum SimCmd {
     },
     /// Mark memory used with no holder at all (a stuck driver); only `sim reset` frees it.
     Leak {
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         gpu: i64,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         mib: i64,
     },
     /// Reset a simulated GPU (fails while processes hold it, as on real GPUs).
     Reset {
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         gpu: i64,
     },
     /// The release watcher (started by `sim hold` when release_ms is set).

@@ -1,16 +1,18 @@
 //! One function per command; each returns the exit code or an `Error`.
 
-use super::args::{Args, Cmd, GpuSel, KillFlags, SimCmd};
+use super::args::{Args, Cmd, GpuSel, KillFlags, Owner, SimCmd};
 use super::Config;
 use crate::actions;
 use crate::error::Error;
 use crate::gpu::sim::hold::{self, HoldOpts};
 use crate::gpu::sim::SimBackend;
-use crate::inspect::wait::WaitOpts;
+use crate::inspect::select;
+use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::Selection;
-use crate::process::kill::{parse_signal, KillOpts};
+use crate::process::kill::{parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
+use crate::session::Session;
 use serde::Serialize;
 use std::io::Read;
 use std::path::Path;
@@ -31,26 +33,79 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             crate::output::bytes(&out);
             Ok(0)
         }
-        Cmd::Gpus => {
-            let gpus = actions::gpus(s)?;
+        Cmd::Gpus { sel } => {
+            let sel = selection(s, sel)?;
+            let mut gpus = actions::gpus(s)?;
+            crate::inspect::check_selection(&sel, &gpus)?;
+            gpus.retain(|g| crate::inspect::selected(&sel, g.index));
             emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))
         }
-        Cmd::Holders { sel, all } => {
-            let hs = actions::holders(s, &selection(sel), *all)?;
+        Cmd::Holders { sel, owner, all } => {
+            let hs = actions::holders_of(s, &selection(s, sel)?, *all, owner_uid(owner)?)?;
             emit(cfg, &hs, || render::holders(&hs, Style::stdout()))
         }
-        Cmd::Diagnose { sel } => {
-            let ds = actions::diagnoses(s, &selection(sel))?;
-            emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))
+        Cmd::Diagnose { sel, check } => {
+            let ds = actions::diagnoses(s, &selection(s, sel)?)?;
+            if !check {
+                emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))?;
+            }
+            Ok(if ds.iter().all(|d| d.verdict == "clean") {
+                0
+            } else {
+                1
+            })
         }
-        Cmd::Kill { sel, kill } => kill_holders(cfg, &selection(sel), &kill_opts(kill)?),
-        Cmd::Clean { sel, timeout, kill } => clean(cfg, &selection(sel), *timeout, kill),
+        Cmd::Kill {
+            pids,
+            sel,
+            owner,
+            kill,
+        } => {
+            let opts = kill_opts(kill)?;
+            if pids.is_empty() {
+                return kill_holders(cfg, &selection(s, sel)?, owner_uid(owner)?, &opts);
+            }
+            if !sel.gpus.is_empty() || owner.user.is_some() || owner.mine {
+                return Err(Error::Usage(
+                    "kill: give PIDs or --gpu/--user/--mine, not both".into(),
+                ));
+            }
+            kill_pids(cfg, pids, &opts)
+        }
+        Cmd::Clean {
+            sel,
+            owner,
+            timeout,
+            kill,
+        } => clean(cfg, &selection(s, sel)?, owner_uid(owner)?, *timeout, kill),
+        Cmd::Wait { sel, timeout } => wait(cfg, &selection(s, sel)?, *timeout),
         Cmd::Sim(cmd) => sim(cfg, cmd),
     }
 }
 
-fn selection(sel: &GpuSel) -> Selection {
-    (!sel.gpus.is_empty()).then(|| sel.gpus.clone())
+/// `--gpu` values (each a comma list of indices, ranges, UUIDs, bus ids) as GPU indices.
+fn selection(s: &Session, sel: &GpuSel) -> Result<Selection, Error> {
+    let mut sels = Vec::new();
+    for text in &sel.gpus {
+        sels.extend(select::parse(text)?);
+    }
+    if sels.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(actions::select(s, &sels)?))
+}
+
+/// `--user U` or `--mine` as a uid.
+fn owner_uid(owner: &Owner) -> Result<Option<u32>, Error> {
+    if owner.mine {
+        return Ok(Some(nix::unistd::getuid().as_raw()));
+    }
+    match &owner.user {
+        None => Ok(None),
+        Some(u) => crate::process::user_id(u)
+            .map(Some)
+            .ok_or_else(|| Error::Usage(format!("--user: no user {u:?} on this machine"))),
+    }
 }
 
 fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
@@ -91,10 +146,33 @@ fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Re
 }
 
 /// `gpuloop kill`: exit 0 when every target is gone, 1 with survivors or errors.
-fn kill_holders(cfg: &Config, sel: &Selection, opts: &KillOpts) -> Result<i32, Error> {
-    let report = actions::kill_holders(&cfg.session, sel, opts)?;
+fn kill_holders(
+    cfg: &Config,
+    sel: &Selection,
+    uid: Option<u32>,
+    opts: &KillOpts,
+) -> Result<i32, Error> {
+    let report = actions::kill_holders(&cfg.session, sel, uid, opts)?;
+    kill_done(cfg, &report)
+}
+
+/// `gpuloop kill PID…`: bare pids, resolved now, under the same rules as holders.
+fn kill_pids(cfg: &Config, pids: &[i64], opts: &KillOpts) -> Result<i32, Error> {
+    let mut targets = Vec::new();
+    for &p in pids {
+        let pid = i32::try_from(p)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| Error::Usage(format!("kill: {p} is not a process id")))?;
+        targets.push(Target::Pid(pid));
+    }
+    let report = actions::kill(&cfg.session, &targets, opts);
+    kill_done(cfg, &report)
+}
+
+fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
     emit(cfg, &report, || {
-        render::kill_report(&report, Style::stdout())
+        render::kill_report(report, Style::stdout())
     })?;
     Ok(if report.survivors.is_empty() && report.errors.is_empty() {
         0
@@ -103,7 +181,13 @@ fn kill_holders(cfg: &Config, sel: &Selection, opts: &KillOpts) -> Result<i32, E
     })
 }
 
-fn clean(cfg: &Config, sel: &Selection, timeout: f64, kill: &KillFlags) -> Result<i32, Error> {
+fn clean(
+    cfg: &Config,
+    sel: &Selection,
+    uid: Option<u32>,
+    timeout: f64,
+    kill: &KillFlags,
+) -> Result<i32, Error> {
     let wait = WaitOpts {
         timeout: seconds(timeout, "--timeout")?,
         ..WaitOpts::default()
@@ -111,9 +195,9 @@ fn clean(cfg: &Config, sel: &Selection, timeout: f64, kill: &KillFlags) -> Resul
     let kill_opts = kill_opts(kill)?;
     if kill_opts.dry_run {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
-        return kill_holders(cfg, sel, &kill_opts);
+        return kill_holders(cfg, sel, uid, &kill_opts);
     }
-    let r = actions::clean(&cfg.session, sel, &kill_opts, &wait)?;
+    let r = actions::clean(&cfg.session, sel, uid, &kill_opts, &wait)?;
     if crate::interrupt::is_set() {
         return Ok(130);
     }
@@ -150,6 +234,41 @@ fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
         None => crate::output::text(&crate::script::doc::markdown(&engine)),
     }
     Ok(0)
+}
+
+/// `gpuloop wait`: wait_clean as a command; kills nothing.
+fn wait(cfg: &Config, sel: &Selection, timeout: f64) -> Result<i32, Error> {
+    let opts = WaitOpts {
+        timeout: seconds(timeout, "--timeout")?,
+        ..WaitOpts::default()
+    };
+    let outcome = actions::wait_clean(&cfg.session, sel, &opts)?;
+    let clean = match outcome {
+        WaitOutcome::Interrupted => return Ok(130),
+        WaitOutcome::Clean => true,
+        WaitOutcome::TimedOut => false,
+    };
+    let after = actions::diagnoses(&cfg.session, sel)?;
+    #[derive(Serialize)]
+    struct Out<'a> {
+        clean: bool,
+        gpus: &'a [crate::inspect::diagnose::Diagnosis],
+    }
+    emit(
+        cfg,
+        &Out {
+            clean,
+            gpus: &after,
+        },
+        || {
+            format!(
+                "{}\n{}",
+                render::diagnoses(&after, Style::stdout()),
+                if clean { "clean" } else { "NOT clean" }
+            )
+        },
+    )?;
+    Ok(if clean { 0 } else { 1 })
 }
 
 fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBuf>), Error> {
@@ -230,11 +349,18 @@ fn check(cfg: &Config, scripts: &[std::path::PathBuf]) -> Result<i32, Error> {
 fn sim(cfg: &Config, cmd: &SimCmd) -> Result<i32, Error> {
     let sim = cfg.session.sim()?;
     match cmd {
-        SimCmd::Hold { .. } => {
-            let opts = hold_opts(cmd);
-            if opts.mib < 0 {
-                return Err(Error::Usage("--mib must not be negative".into()));
+        SimCmd::Hold { mib, workers, .. } => {
+            if *mib < 0 {
+                return Err(Error::Usage(format!(
+                    "--mib must be non-negative, got {mib}"
+                )));
             }
+            if !(0..=4096).contains(workers) {
+                return Err(Error::Usage(format!(
+                    "--workers must be between 0 and 4096, got {workers}"
+                )));
+            }
+            let opts = hold_opts(cmd);
             let pids = hold::launch(&sim, &opts)?;
             if cfg.json {
                 crate::outln!("{}", serde_json::to_string(&pids).unwrap_or_default());
@@ -281,7 +407,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             observer: *observer,
             ignore_term: *ignore_term,
             fork_child: *fork_child,
-            workers: *workers,
+            workers: u32::try_from(*workers).unwrap_or(0),
             setsid: *setsid,
             exit_creator: *exit_creator,
             map_all: *map_all,

@@ -77,6 +77,10 @@ impl Gpu {
 pub enum GpuError {
     #[error("no GPU with index {index} (this machine has {count})")]
     NoSuchGpu { index: i64, count: usize },
+    #[error("no GPU with UUID or bus id {id:?} (this machine has {count})")]
+    NoSuchGpuId { id: String, count: usize },
+    #[error("GPU selector {0}")]
+    BadSelector(String),
     #[error("NVML: {0}")]
     Nvml(String),
     #[error("bad --sim spec {spec:?}: {why}")]

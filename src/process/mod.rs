@@ -120,6 +120,17 @@ pub fn uid(pid: i32) -> Option<u32> {
         .map(|m| m.uid())
 }
 
+/// The uid a user name (or a number) stands for; `None` when the user database does not know it.
+pub fn user_id(name: &str) -> Option<u32> {
+    if let Ok(uid) = name.parse::<u32>() {
+        return Some(uid);
+    }
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
+}
+
 /// A user name for a uid, cached; the number when the user database does not know it.
 pub fn user_name(uid: u32) -> String {
     static CACHE: OnceLock<Mutex<HashMap<u32, String>>> = OnceLock::new();

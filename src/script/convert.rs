@@ -1,5 +1,6 @@
 //! Crossing the script boundary: serde structs to maps, and options/selectors from Rhai values.
 
+use crate::inspect::select::{self, Selector};
 use rhai::{Array, Dynamic, EvalAltResult, Map, Position};
 use serde::Serialize;
 use std::time::Duration;
@@ -27,32 +28,34 @@ pub fn to_array<T: Serialize>(items: &[T]) -> RhaiResult<Array> {
     items.iter().map(to_map).collect()
 }
 
-/// A GPU selector: `()` is all, an int is one GPU, an array of ints is several.
-pub fn selection(v: &Dynamic) -> RhaiResult<Option<Vec<i64>>> {
+/// A GPU selector: `()` is all; an index, a string as `--gpu` takes it (`"0,1"`, `"0-3"`, a
+/// UUID or a unique prefix of one, a bus id), or an array of those.
+pub fn selectors(v: &Dynamic) -> RhaiResult<Option<Vec<Selector>>> {
     if v.is_unit() {
         return Ok(None);
     }
-    if let Some(i) = v.clone().try_cast::<i64>() {
-        return Ok(Some(vec![i]));
+    let one = |x: &Dynamic| -> RhaiResult<Vec<Selector>> {
+        if let Ok(i) = x.as_int() {
+            return Ok(vec![Selector::Index(i)]);
+        }
+        if let Ok(text) = x.clone().into_immutable_string() {
+            return select::parse(&text).map_err(to_script);
+        }
+        Err(script_err(format!(
+            "GPU selector: expected an index, a string such as \"0-3\" or a UUID, an array of those, or (); found a {}",
+            x.type_name()
+        )))
+    };
+    match v.clone().try_cast::<Array>() {
+        Some(a) => {
+            let mut out = Vec::new();
+            for x in &a {
+                out.extend(one(x)?);
+            }
+            Ok(Some(out))
+        }
+        None => one(v).map(Some),
     }
-    if let Some(a) = v.clone().try_cast::<Array>() {
-        return a
-            .iter()
-            .map(|x| {
-                x.clone().try_cast::<i64>().ok_or_else(|| {
-                    script_err(format!(
-                        "GPU selector: expected GPU indices, found a {}",
-                        x.type_name()
-                    ))
-                })
-            })
-            .collect::<RhaiResult<Vec<i64>>>()
-            .map(Some);
-    }
-    Err(script_err(format!(
-        "GPU selector: expected an index, an array of indices or (), found a {}",
-        v.type_name()
-    )))
 }
 
 /// An options map, checked against the names a function knows.

@@ -460,7 +460,12 @@ impl Backend for SimBackend {
                 let mut g = Gpu::new(
                     i as i64,
                     i64::from(self.spec.minors[i]),
-                    format!("GPU-5151aaaa-0000-4000-8000-{i:012}"),
+                    // Distinct from the first digits on, as real UUIDs are, so that prefixes
+                    // (`--gpu GPU-3c6e`) select one GPU.
+                    format!(
+                        "GPU-{:08x}-5151-4000-8000-{i:012}",
+                        (i as u32 + 1).wrapping_mul(0x9e37_79b9)
+                    ),
                     self.spec.name.clone(),
                     format!("00000000:{:02X}:00.0", 0x18 + i),
                     self.spec.mem_bytes,

@@ -2,12 +2,23 @@
 
 use crate::actions;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
-use crate::script::convert::{selection, to_array, to_map, to_script, Opts, RhaiResult};
+use crate::inspect::Selection;
+use crate::script::convert::{
+    script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
+};
 use crate::script::engine::def;
 use crate::session::Session;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A script's GPU selector as indices (UUIDs and bus ids looked up on this machine).
+fn selection(s: &Session, sel: &Dynamic) -> RhaiResult<Selection> {
+    match selectors(sel)? {
+        None => Ok(None),
+        Some(sels) => actions::select(s, &sels).map(Some).map_err(to_script),
+    }
+}
 
 pub fn register(engine: &mut Engine, session: &Arc<Session>) {
     let s = session.clone();
@@ -48,23 +59,34 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
     def(
         engine,
         "holders",
-        &["sel: i64 | Array", "Array"],
-        "Compute holders of the selected GPUs (an index or an array of indices).",
+        &["sel: i64 | String | Array", "Array"],
+        "Compute holders of the selected GPUs: an index, a string as `--gpu` takes it (\"0,1\",
+         \"0-3\", a UUID or a unique prefix of one, a PCI bus id), or an array of those.",
         move |sel: Dynamic| -> RhaiResult<Array> {
-            to_array(&actions::holders(&s, &selection(&sel)?, false).map_err(to_script)?)
+            to_array(&actions::holders(&s, &selection(&s, &sel)?, false).map_err(to_script)?)
         },
     );
     let s = session.clone();
     def(
         engine,
         "holders",
-        &["sel: i64 | Array | ()", "opts: Map", "Array"],
+        &["sel: i64 | String | Array | ()", "opts: Map", "Array"],
         "Holders with options: #{all: true} also returns observers (NVML-only clients such as
-         nvidia-smi, which open the nodes but map nothing) and protected GPU daemons.",
+         nvidia-smi, which open the nodes but map nothing) and protected GPU daemons;
+         #{user: \"alice\"} (a name or a uid) only that user's processes.",
         move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-            let o = Opts::new(&opts, "holders", &["all"])?;
+            let o = Opts::new(&opts, "holders", &["all", "user"])?;
             let all = o.bool("all", false)?;
-            to_array(&actions::holders(&s, &selection(&sel)?, all).map_err(to_script)?)
+            let uid = match o.raw("user") {
+                None => None,
+                Some(u) => {
+                    let name = u.to_string();
+                    Some(crate::process::user_id(&name).ok_or_else(|| {
+                        script_err(format!("holders: no user {name:?} on this machine"))
+                    })?)
+                }
+            };
+            to_array(&actions::holders_of(&s, &selection(&s, &sel)?, all, uid).map_err(to_script)?)
         },
     );
 
@@ -84,10 +106,10 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
     def(
         engine,
         "diagnose",
-        &["sel: i64 | Array", "Array"],
+        &["sel: i64 | String | Array", "Array"],
         "diagnose() for the selected GPUs.",
         move |sel: Dynamic| -> RhaiResult<Array> {
-            to_array(&actions::diagnoses(&s, &selection(&sel)?).map_err(to_script)?)
+            to_array(&actions::diagnoses(&s, &selection(&s, &sel)?).map_err(to_script)?)
         },
     );
 
@@ -102,7 +124,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
                     as u64,
             ),
         };
-        match actions::wait_clean(s, &selection(&sel)?, &w).map_err(to_script)? {
+        match actions::wait_clean(s, &selection(s, &sel)?, &w).map_err(to_script)? {
             WaitOutcome::Clean => Ok(true),
             WaitOutcome::TimedOut => Ok(false),
             WaitOutcome::Interrupted => Err(super::interrupted()),
@@ -121,7 +143,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
     def(
         engine,
         "wait_clean",
-        &["sel: i64 | Array | ()", "bool"],
+        &["sel: i64 | String | Array | ()", "bool"],
         "wait_clean() for the selected GPUs.",
         move |sel: Dynamic| wait(&s, sel, Map::new()),
     );
@@ -129,7 +151,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
     def(
         engine,
         "wait_clean",
-        &["sel: i64 | Array | ()", "opts: Map", "bool"],
+        &["sel: i64 | String | Array | ()", "opts: Map", "bool"],
         "wait_clean() with options: timeout (seconds, default 30), max_used_mib (default 0),
          poll_ms (default 20). On a terminal it shows progress; at the timeout it logs what
          diagnose() says is left.",
