@@ -1,4 +1,5 @@
-//! Ctrl-C and SIGTERM: a flag every wait checks, so nothing blocks past an interrupt.
+//! Ctrl-C, SIGTERM and every other catchable signal that would end gpuloop: a flag every
+//! wait checks, so nothing blocks past an interrupt and the jobs are stopped on the way out.
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -11,16 +12,52 @@ extern "C" fn on_signal(sig: libc::c_int) {
     SIGNAL.store(sig, Ordering::SeqCst);
 }
 
-/// Installs the handlers for SIGINT and SIGTERM (idempotent).
+/// The signals whose default action ends the process and that arrive from outside (a hangup,
+/// a `kill`, a timer): each must first stop the jobs, so each is caught. SIGPIPE is not
+/// here: the Rust runtime ignores it, so a closed pipe is an error where it is written.
+/// Faults (SEGV, BUS, ILL, FPE, ABRT) cannot be handled safely; SIGKILL and SIGSTOP cannot
+/// be caught: `runner::supervise`'s guard process covers those deaths.
+pub const TERMINATING: &[Signal] = &[
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGALRM,
+    Signal::SIGTERM,
+    Signal::SIGSTKFLT,
+    Signal::SIGVTALRM,
+    Signal::SIGPROF,
+    Signal::SIGIO,
+    Signal::SIGPWR,
+    Signal::SIGXCPU,
+    Signal::SIGXFSZ,
+];
+
+/// Installs the handlers for every signal of `TERMINATING` and the real-time signals
+/// (idempotent).
 pub fn install() {
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
         SaFlags::SA_RESTART,
         SigSet::empty(),
     );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+    for &sig in TERMINATING {
         // SAFETY: the handler only stores to atomics, which is async-signal-safe.
         let _ = unsafe { sigaction(sig, &action) };
+    }
+    // Real-time signals end a process by default too; nix has no type for them.
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    for sig in libc::SIGRTMIN()..=libc::SIGRTMAX() {
+        // SAFETY: a zeroed sigaction with a handler that only stores to atomics; the C
+        // library may reserve some of these numbers, which then fail harmlessly.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = handler;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
     }
 }
 
@@ -33,9 +70,11 @@ pub fn is_set() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
 }
 
-/// True if the interrupt was SIGTERM (someone asked gpuloop to stop, not to cancel a call).
+/// True if the interrupt was a signal other than Ctrl-C (SIGTERM, a hangup, …): someone
+/// asked gpuloop to stop, not to cancel one call.
 pub fn terminated() -> bool {
-    SIGNAL.load(Ordering::Relaxed) == libc::SIGTERM
+    let sig = SIGNAL.load(Ordering::Relaxed);
+    sig != 0 && sig != libc::SIGINT
 }
 
 /// Clears the flag (the REPL does after cancelling one call).

@@ -252,7 +252,14 @@ fn the_patch_and_rerun_example_runs_green() {
         "{}",
         out.stdout
     );
-    assert!(out.stderr.contains("killing 2 holder(s)"), "{}", out.stderr);
+    // Each crash left its two workers: run() stopped them when the job's main process
+    // exited (issue 10, defect 13), before rerun_until had to kill any holder.
+    assert!(
+        out.stderr
+            .contains("the job left 2 process(es) running (stopped)"),
+        "{}",
+        out.stderr
+    );
     // The repository's copy of the library is untouched, and the GPUs are free.
     assert_eq!(
         std::fs::read_to_string(example.join("model.py")).unwrap(),

@@ -421,7 +421,7 @@ fn a_background_child_holding_the_pipe_does_not_block_run() {
 fn gpuloop_exe_lets_a_job_hold_simulated_gpus_that_holders_then_sees() {
     let sim = Sim::new("2x8G");
     let v = sim.eval_json(
-        r#"run("$GPULOOP_EXE sim hold --gpu 1 --mib 300 --setsid --name tp-worker", #{echo: false, check: true});
+        r#"run("$GPULOOP_EXE sim hold --gpu 1 --mib 300 --setsid --name tp-worker", #{echo: false, check: true, keep_children: true});
            let hs = holders(1);
            #{names: hs.map(|h| h.name), pids: hs.map(|h| h.pid), used: gpu(1).mem_used_mib}"#,
     );
@@ -432,4 +432,176 @@ fn gpuloop_exe_lets_a_job_hold_simulated_gpus_that_holders_then_sees() {
     assert_eq!(v["used"], 300);
     // The holder was an orphan of the job: stopped when the script ended.
     assert_eq!(sim.used_mib(1), 0);
+}
+
+/// Issue 10, defect 2: `grace: 0` turned off SIGKILL, so a job that traps TERM was never
+/// stopped (not at its timeout, not by job.kill(), not at script end), with a false
+/// "survived SIGKILL" warning. For a job it means SIGKILL at once.
+#[test]
+fn grace_zero_kills_a_term_trapping_job_at_once_without_a_false_warning() {
+    let sim = Sim::new("1x1G");
+    let pids = Pids::new(&sim, "pids", 307);
+    let job = format!(
+        "trap '' TERM; echo $$ >> {p}; sleep 307 & echo $! >> {p}; wait; sleep 307",
+        p = pids.path()
+    );
+    let src = format!(
+        r#"let r = run({job:?}, #{{timeout: 1, grace: 0, echo: false}});
+           let j = spawn({job:?}, #{{echo: false, grace: 0}});
+           if !until(60, || read_file("{p}").split("\n").filter(|l| l != "").len() == 4) {{ throw "no pids"; }}
+           let k = j.kill();
+           let e = spawn({job:?}, #{{echo: false, grace: 0}});
+           if !until(60, || read_file("{p}").split("\n").filter(|l| l != "").len() == 6) {{ throw "no pids"; }}
+           print(to_json(#{{run: r.signal, timed_out: r.timed_out, kill: k.signal}}));"#,
+        p = pids.path()
+    );
+    let out = sim.script("grace0.rhai", &src, &[]).ok();
+    let v = last_json(&out);
+    assert_eq!(v["run"], "KILL", "{v}");
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert_eq!(v["kill"], "KILL", "{v}");
+    assert!(!out.stderr.contains("survived"), "{}", out.stderr);
+    // The third job was stopped at script end, with grace 0 too.
+    let written = pids.read();
+    assert_eq!(written.len(), 6, "{written:?}");
+    for p in written {
+        assert!(gone_within(p, 30), "pid {p} of a grace-0 job survived");
+    }
+}
+
+/// Issue 10, defect 3: SIGHUP, SIGQUIT, SIGUSR1 or SIGALRM to gpuloop left every run() job
+/// running (only INT and TERM were handled). Each terminating signal now stops the jobs
+/// first; a SIGKILLed gpuloop's jobs die by PR_SET_PDEATHSIG and the guard process.
+#[test]
+fn every_terminating_signal_stops_the_jobs_first() {
+    use std::os::unix::process::CommandExt;
+    let sim = Sim::new("1x1G");
+    let cases = [
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGQUIT, "QUIT"),
+        (libc::SIGUSR1, "USR1"),
+        (libc::SIGUSR2, "USR2"),
+        (libc::SIGALRM, "ALRM"),
+        (libc::SIGTERM, "TERM"),
+        (libc::SIGINT, "INT"),
+        (libc::SIGXCPU, "XCPU"),
+        (libc::SIGRTMIN() + 3, "RTMIN+3"),
+        (libc::SIGKILL, "KILL"),
+    ];
+    for (i, (sig, name)) in cases.into_iter().enumerate() {
+        let marker = 320 + i as u32;
+        let pids = Pids::new(&sim, &format!("pids-{name}"), marker);
+        // A leader, a background child in its group, a double-forked grandchild in the
+        // group, and (except for KILL, where only what the guard was told in time can be
+        // found) a child that left the group with setsid.
+        let escape = if sig == libc::SIGKILL {
+            String::new()
+        } else {
+            format!(
+                "(setsid sleep {marker} & echo $! >> {p}); ",
+                p = pids.path()
+            )
+        };
+        let job = format!(
+            "sleep {marker} & echo $! >> {p}; sh -c 'sleep {marker} & echo $! >> {p}'; {escape}echo $$ >> {p}; exec sleep {marker}",
+            p = pids.path()
+        );
+        let want = if escape.is_empty() { 3 } else { 4 };
+        let script = sim.path().join(format!("sig-{name}.rhai"));
+        std::fs::write(&script, format!("run({job:?});\nprint(\"not reached\");\n")).unwrap();
+        let mut cmd = sim.std_cmd();
+        cmd.args(["run", script.to_str().unwrap()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        // `setsid gpuloop run s.rhai`: no terminal, no group to share a signal with.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        let written = pids.wait_for(want);
+        assert_eq!(
+            written.len(),
+            want,
+            "{name}: the job did not start its tree"
+        );
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if sig == libc::SIGKILL {
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&out.status),
+                Some(libc::SIGKILL)
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(130), "{name}: {stderr}");
+        }
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("not reached"));
+        for p in written {
+            assert!(gone_within(p, 30), "{name}: pid {p} of the job survived");
+        }
+    }
+}
+
+/// Issue 10, defect 13: run() returned while the job's children kept running (241
+/// background children piled up across attempts). When the leader exits, run() stops what
+/// the job left and lists it in `leftovers`; `keep_children: true` keeps it.
+#[test]
+fn run_stops_what_the_job_left_when_its_leader_exits() {
+    let sim = Sim::new("1x1G");
+    let pids = Pids::new(&sim, "pids", 308);
+    let kept = Pids::new(&sim, "kept", 309);
+    let job = |p: &Pids, m: u32| {
+        format!(
+            "sleep {m} & echo $! >> {f}; (setsid sleep {m} & echo $! >> {f}); \
+             sh -c 'trap \"\" TERM; sleep {m}' & echo $! >> {f}; echo leader-done",
+            f = p.path()
+        )
+    };
+    let src = format!(
+        r#"let r = run({stop:?}, #{{echo: false, grace: 0.5}});
+           let stopped = read_file("{sp}").split("\n").filter(|l| l != "");
+           let left = stopped.filter(|p| file_exists("/proc/" + p));
+           let k = run({keep:?}, #{{echo: false, keep_children: true}});
+           let mine = read_file("{kp}").split("\n").filter(|l| l != "");
+           let alive = mine.filter(|p| file_exists("/proc/" + p));
+           print(to_json(#{{stopped: stopped, left: left, leftovers: r.leftovers, code: r.code,
+                            stdout: r.stdout, kept: mine, alive: alive, kept_leftovers: k.leftovers}}));"#,
+        stop = job(&pids, 308),
+        keep = job(&kept, 309),
+        sp = pids.path(),
+        kp = kept.path(),
+    );
+    let out = sim.script("leftovers.rhai", &src, &[]).ok();
+    let v = last_json(&out);
+    assert_eq!(v["code"], 0, "{v}");
+    assert_eq!(v["stdout"], "leader-done\n", "{v}");
+    assert_eq!(v["stopped"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["left"], serde_json::json!([]), "{v}");
+    let as_ints = |x: &serde_json::Value| -> Vec<i64> {
+        let mut v: Vec<i64> = x
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_i64().or_else(|| p.as_str()?.parse().ok()).unwrap())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    // Every pid the job wrote down is among the leftovers (with the TERM-ignoring sh's
+    // sleep, which it did not write down).
+    let leftovers = as_ints(&v["leftovers"]);
+    for p in as_ints(&v["stopped"]) {
+        assert!(leftovers.contains(&p), "{p} not in {leftovers:?}");
+    }
+    // Kept: all alive after run() returned, listed, and stopped at script end.
+    assert_eq!(as_ints(&v["alive"]), as_ints(&v["kept"]), "{v}");
+    let kept_leftovers = as_ints(&v["kept_leftovers"]);
+    for p in as_ints(&v["kept"]) {
+        assert!(kept_leftovers.contains(&p), "{p} not in {kept_leftovers:?}");
+        assert!(gone_within(p as i32, 30), "pid {p} outlived the script");
+    }
 }

@@ -112,6 +112,9 @@ pub enum Cmd {
     /// The GPU simulator: start holders, leak memory, reset.
     #[command(subcommand)]
     Sim(SimCmd),
+    /// The guard process that stops a killed gpuloop's jobs (started by gpuloop itself).
+    #[command(hide = true, name = crate::runner::guard::SUBCOMMAND)]
+    Guard,
 }
 
 #[derive(Debug, Clone, ClapArgs)]

@@ -80,6 +80,8 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         } => clean(cfg, &selection(s, sel)?, owner_uid(owner)?, *timeout, kill),
         Cmd::Wait { sel, timeout } => wait(cfg, &selection(s, sel)?, *timeout),
         Cmd::Sim(cmd) => sim(cfg, cmd),
+        // Handled in `cli::main` before anything starts; kept for a complete match.
+        Cmd::Guard => Ok(crate::runner::guard::main()),
     }
 }
 

@@ -67,11 +67,15 @@ pub fn main() -> i32 {
             Err(e) => report(e),
         };
     }
+    if let Cmd::Guard = &args.cmd {
+        return crate::runner::guard::main();
+    }
     crate::interrupt::install();
     init_logs(args.verbose);
     // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`).
     if let Ok(exe) = std::env::current_exe() {
-        std::env::set_var("GPULOOP_EXE", exe);
+        std::env::set_var("GPULOOP_EXE", &exe);
+        crate::runner::guard::enable(exe);
     }
     let result = Config::from_args(&args).and_then(|cfg| commands::dispatch(&args, &cfg));
     match result {

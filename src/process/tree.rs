@@ -29,6 +29,15 @@ impl Tree {
         self.by_pid.get(&pid)
     }
 
+    /// The direct children of `pid`.
+    pub fn children(&self, pid: i32) -> impl Iterator<Item = &ProcInfo> {
+        self.children
+            .get(&pid)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| self.get(*c))
+    }
+
     /// Every process below `root` (not `root` itself), breadth first.
     pub fn descendants(&self, root: i32) -> Vec<i32> {
         let mut out = Vec::new();

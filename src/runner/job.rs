@@ -127,8 +127,7 @@ impl Job {
             cmd: shown.clone(),
             source: e,
         };
-        let mut child =
-            supervise::spawn_registered(opts.grace, || command.spawn()).map_err(spawn_err)?;
+        let mut child = supervise::spawn_registered(opts.grace, command).map_err(spawn_err)?;
         let pid = child.id() as i32;
         // Our unreaped child: its pid cannot be reused, so its stat is its own.
         let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
@@ -188,6 +187,7 @@ impl Job {
             started,
             timeout: opts.timeout,
             grace: opts.grace,
+            keep_children: opts.keep_children,
             protected: opts.protected.clone(),
             pidfd,
             shared,
@@ -377,6 +377,7 @@ struct Monitor {
     started: Instant,
     timeout: Option<Duration>,
     grace: Duration,
+    keep_children: bool,
     protected: Vec<String>,
     pidfd: Option<OwnedFd>,
     shared: Arc<Shared>,
@@ -407,6 +408,30 @@ impl Monitor {
         let elapsed = self.started.elapsed();
         self.shared.lock().exited = true;
         supervise::finished(self.id.pid);
+        // What the job left running (background children, daemons it forked) would outlive
+        // the result and pile up across re-runs, holding GPUs: stop it, unless kept.
+        let leftovers = if self.keep_children {
+            supervise::leftovers(self.id)
+        } else {
+            let _one = self
+                .shared
+                .stopping
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace, &self.protected)
+        };
+        if !leftovers.is_empty() {
+            tracing::debug!(
+                "job pid {}: {} process(es) left running when it exited{}: {leftovers:?}",
+                self.id.pid,
+                leftovers.len(),
+                if self.keep_children {
+                    " (kept)"
+                } else {
+                    ", stopped"
+                }
+            );
+        }
 
         self.exited.store(true, Ordering::SeqCst);
         let drain_end = Instant::now() + DRAIN;
@@ -437,6 +462,7 @@ impl Monitor {
             stderr: text(1),
             elapsed_ms: elapsed.as_millis() as i64,
             pid: self.id.pid.into(),
+            leftovers,
         });
         drop(st);
         self.shared.changed.notify_all();

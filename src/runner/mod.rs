@@ -2,10 +2,12 @@
 //! bounded memory, a timeout, and its whole tree stopped (TERM, grace, KILL) when it must go.
 //!
 //! `job` spawns and waits, `capture` keeps head and tail of each stream, `supervise` makes
-//! gpuloop a child subreaper and stops trees through the kill engine, `patch` applies the
-//! unified diffs a patch-and-rerun loop is made of.
+//! gpuloop a child subreaper and stops trees through the kill engine, `guard` outlives a
+//! killed gpuloop to stop its jobs, `patch` applies the unified diffs a patch-and-rerun loop
+//! is made of.
 
 pub mod capture;
+pub mod guard;
 pub mod job;
 pub mod patch;
 pub mod supervise;
@@ -64,6 +66,8 @@ pub struct JobOpts {
     pub grace: Duration,
     /// Process names never signalled (the GPU daemons of the user's config).
     pub protected: Vec<String>,
+    /// Leave what the job left running when its leader exits (else it is stopped).
+    pub keep_children: bool,
 }
 
 impl Default for JobOpts {
@@ -75,6 +79,7 @@ impl Default for JobOpts {
             echo: true,
             grace: Duration::from_secs(5),
             protected: Vec::new(),
+            keep_children: false,
         }
     }
 }
@@ -93,6 +98,9 @@ pub struct Outcome {
     pub stderr: String,
     pub elapsed_ms: i64,
     pub pid: i64,
+    /// The job's processes still running when its leader exited (stopped by then, unless
+    /// `keep_children`).
+    pub leftovers: Vec<i64>,
 }
 
 impl Outcome {
@@ -204,6 +212,7 @@ mod tests {
             stderr: "e1\ne2\ne3\ne4\n".into(),
             elapsed_ms: 5,
             pid: 42,
+            leftovers: Vec::new(),
         };
         assert_eq!(o.how(None), "exited with code 3");
         assert_eq!(o.stderr_tail(2), "e3\ne4");

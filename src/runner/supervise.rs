@@ -5,16 +5,25 @@
 //! the grandchild is reparented) and setsid/setpgid (it leaves the process group). As a child
 //! subreaper gpuloop becomes the parent of both, so they stay findable: every process that
 //! gpuloop did not start itself but has as a child is such an orphan ("adopted").
+//!
+//! Two last lines of defence cover a gpuloop that dies without stopping its jobs (SIGKILL,
+//! an abort): every leader gets `PR_SET_PDEATHSIG` (forked by one thread that lives as long
+//! as gpuloop, since the signal follows the forking *thread*), and a guard process
+//! (`guard`) that learns every job's group and lineage kills what is left when gpuloop's
+//! pipe to it closes without a goodbye.
 
+use super::guard;
 use crate::process::kill::{self, KillOpts, Target};
 use crate::process::tree::Tree;
 use crate::process::{Identity, ProcInfo};
 use nix::sys::signal::Signal;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
-use std::process::Child;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, LazyLock, Mutex, MutexGuard};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How often the supervisor thread records job lineage and reaps adopted zombies.
@@ -31,8 +40,10 @@ struct State {
     live: Vec<Live>,
     /// Every job's process group (the leader's pid): members are the job's, even orphaned.
     pgids: HashSet<i32>,
-    /// Every descendant ever seen below a job.
-    seen: HashSet<Identity>,
+    /// Every descendant ever seen below a job, and the job (leader pid) it was seen under.
+    seen: HashMap<Identity, i32>,
+    /// What the guard was told.
+    told: HashSet<Identity>,
 }
 
 struct Live {
@@ -51,14 +62,73 @@ fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+type Fork = Box<dyn FnOnce() + Send>;
+
+/// The thread every job is forked from. It never ends, so a leader's `PR_SET_PDEATHSIG`
+/// fires when gpuloop dies, not when the script thread that asked for the job ends.
+fn spawner() -> Option<&'static Mutex<Sender<Fork>>> {
+    static SPAWNER: OnceLock<Option<Mutex<Sender<Fork>>>> = OnceLock::new();
+    SPAWNER
+        .get_or_init(|| {
+            let (tx, rx) = channel::<Fork>();
+            std::thread::Builder::new()
+                .name("gpuloop-spawner".into())
+                .spawn(move || {
+                    for fork in rx {
+                        fork();
+                    }
+                })
+                .ok()
+                .map(|_| Mutex::new(tx))
+        })
+        .as_ref()
+}
+
+/// Runs `command.spawn()` on the spawner thread (inline if it could not start).
+fn spawn_on_spawner(mut command: Command) -> io::Result<Child> {
+    let Some(tx) = spawner() else {
+        return command.spawn();
+    };
+    let (done_tx, done_rx) = channel();
+    let fork: Fork = Box::new(move || {
+        let _ = done_tx.send(command.spawn());
+    });
+    let sent = tx.lock().unwrap_or_else(|e| e.into_inner()).send(fork);
+    if let Err(unsent) = sent {
+        // The thread is gone: fork here.
+        (unsent.0)();
+    }
+    done_rx
+        .recv()
+        .unwrap_or_else(|_| Err(io::Error::other("the spawner thread ended")))
+}
+
+/// Makes the child die with gpuloop: `PR_SET_PDEATHSIG` (SIGKILL), then a check that the
+/// parent did not die before it was set (the signal would never come).
+fn die_with_parent(command: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec the closure calls only prctl, getppid and getpid, which
+    // are async-signal-safe, and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(io::Error::other("gpuloop exited while starting the job"));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Spawns a job's leader and registers it in one step, so the reaper never takes its exit
-/// status from under `Child::wait`.
-pub fn spawn_registered(
-    grace: Duration,
-    spawn: impl FnOnce() -> io::Result<Child>,
-) -> io::Result<Child> {
+/// status from under `Child::wait`. The leader dies with gpuloop (`PR_SET_PDEATHSIG`) and
+/// the guard learns its process group.
+pub fn spawn_registered(grace: Duration, mut command: Command) -> io::Result<Child> {
+    die_with_parent(&mut command);
     let mut st = state();
-    let child = spawn()?;
+    let child = spawn_on_spawner(command)?;
     let pid = child.id() as i32;
     st.pgids.insert(pid);
     st.live.push(Live {
@@ -66,6 +136,8 @@ pub fn spawn_registered(
         grace,
         lineage: HashSet::new(),
     });
+    let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
+    guard::tell_group(Identity { pid, start });
     Ok(child)
 }
 
@@ -74,7 +146,7 @@ pub fn finished(pid: i32) {
     let mut st = state();
     if let Some(i) = st.live.iter().position(|l| l.pid == pid) {
         let live = st.live.swap_remove(i);
-        st.seen.extend(live.lineage);
+        st.seen.extend(live.lineage.into_iter().map(|id| (id, pid)));
     }
     CHANGED.notify_all();
 }
@@ -98,11 +170,13 @@ fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
     p.ppid == me.pid
         && p.pgid != me.pgid
         && !st.live.iter().any(|l| l.pid == p.pid)
-        && (p.sid != me.sid || st.pgids.contains(&p.pgid) || st.seen.contains(&p.identity()))
+        && (p.sid != me.sid || st.pgids.contains(&p.pgid) || st.seen.contains_key(&p.identity()))
 }
 
-/// Records the processes below each live job, so orphans can later be told apart by job.
+/// Records the processes below each live job, so orphans can later be told apart by job;
+/// the guard learns each new one, and each orphan a job left with gpuloop.
 fn observe(tree: &Tree, st: &mut State) {
+    let mut new = Vec::new();
     for live in &mut st.live {
         let below = tree
             .descendants(live.pid)
@@ -110,23 +184,40 @@ fn observe(tree: &Tree, st: &mut State) {
             .chain(tree.job_group(live.pid));
         for pid in below {
             if let Some(p) = tree.get(pid) {
-                live.lineage.insert(p.identity());
+                if live.lineage.insert(p.identity()) {
+                    new.push(p.identity());
+                }
             }
         }
+    }
+    if guard::enabled() {
+        let me = me();
+        let adopted: Vec<Identity> = tree
+            .children(me.pid)
+            .filter(|p| !p.is_zombie() && adopted(p, &me, st))
+            .map(ProcInfo::identity)
+            .collect();
+        new.extend(adopted);
+        new.retain(|id| st.told.insert(*id));
+        guard::tell_members(&new);
     }
 }
 
 /// The live processes of a job's tree: the leader, its descendants, its process group, and
-/// the adopted orphans that belong to no other live job (`None`: every job and every orphan,
+/// the adopted orphans that belong to no other job (`None`: every job and every orphan,
 /// at script end). The kill engine adds the targets' descendants.
 fn targets(table: &[ProcInfo], root: Option<Identity>, me: &Me, st: &State) -> Vec<Target> {
     let tree = Tree::new(table.to_vec());
     let belongs_elsewhere = |p: &ProcInfo| {
         root.is_some_and(|r| {
-            st.live
+            let other_group = p.pgid != r.pid && st.pgids.contains(&p.pgid);
+            let other_live = st
+                .live
                 .iter()
                 .filter(|l| l.pid != r.pid)
-                .any(|l| p.pgid == l.pid || l.lineage.contains(&p.identity()))
+                .any(|l| l.lineage.contains(&p.identity()));
+            let other_done = st.seen.get(&p.identity()).is_some_and(|&j| j != r.pid);
+            other_group || other_live || other_done
         })
     };
     let mut pids: Vec<i32> = Vec::new();
@@ -171,18 +262,15 @@ pub fn stop_tree(
     let me = me();
     let mut signalled = Vec::new();
     for round in 0..ROUNDS {
-        let table = crate::process::process_table();
-        let targets = {
-            let mut st = state();
-            observe(&Tree::new(table.clone()), &mut st);
-            targets(&table, root, &me, &st)
-        };
+        let targets = current_targets(root, &me);
         if targets.is_empty() {
             break;
         }
+        // For a job, no grace means SIGKILL at once (for kill() it means "no escalation").
+        let first = round == 0 && !grace.is_zero();
         let opts = KillOpts {
-            signal: if round == 0 { signal } else { Signal::SIGKILL },
-            grace: if round == 0 { grace } else { Duration::ZERO },
+            signal: if first { signal } else { Signal::SIGKILL },
+            grace: if first { grace } else { Duration::ZERO },
             tree: true,
             dry_run: false,
             force: false,
@@ -204,6 +292,32 @@ pub fn stop_tree(
     }
     reap_adopted();
     signalled
+}
+
+/// What `stop_tree` would signal now (before the kill engine adds their descendants).
+fn current_targets(root: Option<Identity>, me: &Me) -> Vec<Target> {
+    let table = crate::process::process_table();
+    let mut st = state();
+    observe(&Tree::new(table.clone()), &mut st);
+    targets(&table, root, me, &st)
+}
+
+/// The processes a job left running after its leader exited (`root` is the reaped leader):
+/// its process group, its recorded lineage, the orphans that belong to no other job, and
+/// everything below them. Nothing is signalled.
+pub fn leftovers(root: Identity) -> Vec<i64> {
+    let me = me();
+    let targets = current_targets(Some(root), &me);
+    let tree = Tree::snapshot();
+    let mut pids: Vec<i64> = Vec::new();
+    for t in targets {
+        for pid in std::iter::once(t.pid()).chain(tree.descendants(t.pid())) {
+            if pid != me.pid && !pids.contains(&i64::from(pid)) {
+                pids.push(pid.into());
+            }
+        }
+    }
+    pids
 }
 
 /// Reaps every adopted zombie; gpuloop's own children (`Child` handles) are left alone.
@@ -289,6 +403,8 @@ impl Drop for Supervisor {
             // The script started no job: there is nothing of it to stop.
             return;
         }
+        // However the stop below goes, gpuloop is alive to finish it: the guard may go.
+        let _bye = guard::Goodbye;
         // The longest grace a running job asked for; with none running, the default.
         let grace = state()
             .live

@@ -19,7 +19,15 @@ pub struct JobHandle {
     check: bool,
 }
 
-const RUN_OPTS: &[&str] = &["timeout", "cwd", "env", "echo", "grace", "check"];
+const RUN_OPTS: &[&str] = &[
+    "timeout",
+    "cwd",
+    "env",
+    "echo",
+    "grace",
+    "check",
+    "keep_children",
+];
 
 /// A command string (for `sh -c`) or an argv array (numbers become their text).
 fn command(func: &str, v: &Dynamic) -> RhaiResult<Cmd> {
@@ -87,6 +95,7 @@ fn job_opts(func: &'static str, s: &Session, opts: &Map) -> RhaiResult<(JobOpts,
         echo: o.bool("echo", d.echo)?,
         grace: o.secs("grace", Some(d.grace))?.unwrap_or(d.grace),
         protected: s.protected().to_vec(),
+        keep_children: o.bool("keep_children", false)?,
     };
     Ok((job, o.bool("check", false)?))
 }
@@ -179,7 +188,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "run",
         &["cmd: String | Array", "Map"],
         "Runs a job to its end and returns #{code, signal, ok, timed_out, stdout, stderr,
-         elapsed_ms, pid}. cmd is a string (run by sh -c) or an argv array (no shell).
+         elapsed_ms, pid, leftovers}. cmd is a string (run by sh -c) or an argv array (no shell).
          code is () when a signal ended it (signal is then \"TERM\", \"KILL\", \"SEGV\", ...);
          ok is code == 0 and not timed out. Output is echoed live and captured; stdin is
          /dev/null. Bounded memory: each of stdout and stderr keeps its first 256 KiB and last
@@ -187,7 +196,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          U+FFFD. The job gets its own process group and GPULOOP_EXE (this gpuloop) in its
          environment. On timeout, Ctrl-C and script end its whole tree (descendants, its
          process group, and orphans that double-forked or called setsid) gets TERM, the grace,
-         then KILL, and is reaped. Ctrl-C then ends the script (exit 130).",
+         then KILL, and is reaped. Ctrl-C then ends the script (exit 130). When the main
+         process exits, what the job left running is stopped the same way before run()
+         returns; leftovers lists those pids.",
         move |cmd: Dynamic| run(&s, &cmd, &Map::new()),
     );
     let s = session.clone();
@@ -196,8 +207,10 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "run",
         &["cmd: String | Array", "opts: Map", "Map"],
         "run() with options: timeout (seconds, default none), cwd, env (a map added to the
-         environment), echo (default true), grace (seconds between TERM and KILL, default 5),
-         check (default false: when true a failure throws, with the end of stderr).",
+         environment), echo (default true), grace (seconds between TERM and KILL, default 5;
+         0 means KILL at once), check (default false: when true a failure throws, with the
+         end of stderr), keep_children (default false: when true, what the job leaves running
+         after its main process exits is kept, and still listed in leftovers).",
         move |cmd: Dynamic, opts: Map| run(&s, &cmd, &opts),
     );
     let s = session.clone();
@@ -254,7 +267,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "kill",
         &["job: &mut Job", "opts: Map", "Map"],
         "job.kill() with options: signal (default \"TERM\"), grace (seconds before KILL,
-         default the job's).",
+         default the job's; 0 means KILL at once).",
         |h: &mut JobHandle, opts: Map| stop(h, &opts),
     );
     def(
