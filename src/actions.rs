@@ -87,6 +87,7 @@ fn holder_targets(holders: &[Holder]) -> Vec<Target> {
             Target::Exact(crate::process::Identity {
                 pid: h.pid as i32,
                 start: h.start as u64,
+                ino: h.pidfs_ino.map(|i| i as u64),
             })
         })
         .collect()

@@ -381,6 +381,7 @@ fn holder_of(m: &Map) -> Option<Holder> {
         pgid: int(m, "pgid").unwrap_or(0),
         sid: int(m, "sid").unwrap_or(0),
         start: int(m, "start")?,
+        pidfs_ino: int(m, "pidfs_ino"),
         uid: int(m, "uid").unwrap_or(-1),
         user: string(m, "user").unwrap_or_default(),
         name: string(m, "name")?,

@@ -371,3 +371,26 @@ fn the_clean_node_recipe_prints_before_and_after_and_sets_the_exit_code() {
         out.stderr
     );
 }
+
+/// Issue 10, defect 12: a holder map with a missing or non-integer `start` was treated as a
+/// bare pid, and killed whatever had the pid. It is an error now, and nothing is signalled.
+#[test]
+fn a_holder_map_without_a_valid_start_is_an_error_not_a_bare_pid() {
+    let sim = Sim::new("1x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "10"])[0];
+    for (edit, says) in [
+        ("h.start = \"123\";", "start must be an integer"),
+        ("h.remove(\"start\");", "has no start"),
+        ("h.start = 1.5;", "start must be an integer"),
+        ("h.pidfs_ino = \"x\";", "pidfs_ino must be an integer"),
+    ] {
+        let out = sim
+            .run(&["eval", &format!("let h = holders()[0]; {edit} kill(h)")])
+            .code(1);
+        assert!(out.stderr.contains(says), "{edit}: {}", out.stderr);
+        assert!(alive(p), "{edit} signalled the holder");
+    }
+    // The map as holders() returns it still works; and a bare integer pid is a pid.
+    let r = sim.eval_json("kill(holders()[0])");
+    assert_eq!(r["exited"], serde_json::json!([p]));
+}

@@ -7,6 +7,7 @@ mod cli;
 mod diagnose;
 mod doc;
 mod holders;
+mod identity;
 mod kill;
 mod modules;
 mod patch;

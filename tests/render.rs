@@ -43,6 +43,7 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         pgid: pid,
         sid: pid,
         start: 123_456,
+        pidfs_ino: None,
         uid: 1000,
         user: "alice".into(),
         name: "python3".into(),

@@ -181,6 +181,7 @@ mod tests {
             pgid: pid,
             sid: pid,
             start: 1,
+            pidfs_ino: None,
             uid: 0,
             user: "root".into(),
             name: "python3".into(),

@@ -2,8 +2,9 @@
 
 use super::Selection;
 use crate::gpu::{Backend, Gpu, GpuError};
+use crate::process::identity::{self, ProcDir};
 use crate::process::scan::{self, NodeSet, NodeUser};
-use crate::process::{self as proc, kill::is_protected, ProcInfo};
+use crate::process::{self as proc, kill::is_protected};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,6 +16,9 @@ pub struct Holder {
     pub pgid: i64,
     pub sid: i64,
     pub start: i64,
+    /// The inode of its pidfd where the kernel has pidfs (unique for the boot): with it,
+    /// kill() tells apart two processes that had the same pid within one clock tick.
+    pub pidfs_ino: Option<i64>,
     pub uid: i64,
     pub user: String,
     pub name: String,
@@ -122,38 +126,36 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
     let me = std::process::id() as i32;
     let mut ghosts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     let mut ghost_gpus: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new();
-    let mut live = Vec::new();
+    let mut holders = Vec::new();
     let pids: BTreeSet<i32> = driver.keys().chain(users.keys()).copied().collect();
     for pid in pids {
         // A driver-listed pid is trusted only if that process here uses a GPU node (or hides
         // its fds from us): drivers return garbage entries, and pids of another namespace
-        // can name unrelated processes here.
-        let plausible = users.contains_key(&pid) || unreadable.contains(&pid);
-        let stat = proc::read_stat(pid)
-            .ok()
-            .filter(|p| !p.is_zombie() && plausible);
-        let Some(stat) = stat else {
+        // can name unrelated processes here. The facts come from the scan, read through the
+        // process's own /proc directory, never re-read by pid (which may be reused by now).
+        let user = match users.remove(&pid) {
+            Some(u) => Some(u),
+            None if unreadable.contains(&pid) => hidden_user(pid),
+            None => None,
+        };
+        let Some(user) = user.filter(|u| !u.info.is_zombie() && pid != me) else {
             // Listed by the driver but not alive here: a dead creator or another namespace.
             if let Some((idx, _)) = driver.get(&pid) {
-                for &i in idx {
-                    ghosts.entry(i).or_default().push(pid.into());
+                if pid != me {
+                    for &i in idx {
+                        ghosts.entry(i).or_default().push(pid.into());
+                    }
+                    ghost_gpus.insert(pid.into(), idx.clone());
                 }
-                ghost_gpus.insert(pid.into(), idx.clone());
             }
             continue;
         };
-        if pid != me {
-            live.push(stat);
-        }
+        holders.push(user);
     }
-    let holders = live
+    let holders = holders
         .iter()
-        .map(|stat| {
-            let user = users.remove(&stat.pid).unwrap_or(NodeUser {
-                pid: stat.pid,
-                open: NodeSet::default(),
-                mapped: NodeSet::default(),
-            });
+        .map(|user| {
+            let stat = &user.info;
             // A CUDA context maps the nodes of every GPU it can see, so for a process the
             // driver does not list, the GPUs of the dead creator it descends from (a forked
             // child keeps its creator's process group and session) say more than its maps.
@@ -161,8 +163,7 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
                 .iter()
                 .find_map(|p| ghost_gpus.get(&i64::from(*p)));
             make_holder(
-                stat,
-                &user,
+                user,
                 driver.get(&stat.pid),
                 inherited,
                 &index_of_minor,
@@ -178,15 +179,34 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
     }
 }
 
+/// A process whose fds we may not read: what its /proc directory still tells (stat, owner).
+fn hidden_user(pid: i32) -> Option<NodeUser> {
+    let dir = ProcDir::open(pid).ok()?;
+    let (info, ino) = match identity::pin_dir(&dir) {
+        Ok(Some(p)) => (p.info, p.ino),
+        Ok(None) => return None,
+        Err(_) => (dir.stat().ok()?, None),
+    };
+    Some(NodeUser {
+        pid,
+        open: NodeSet::default(),
+        mapped: NodeSet::default(),
+        info,
+        ino,
+        cmdline: dir.cmdline(),
+        uid: dir.uid().ok(),
+    })
+}
+
 fn make_holder(
-    stat: &ProcInfo,
     user: &NodeUser,
     driver: Option<&(BTreeSet<i64>, i64)>,
     inherited: Option<&BTreeSet<i64>>,
     index_of_minor: &dyn Fn(u32) -> i64,
     protected: &[String],
 ) -> Holder {
-    let cmdline = proc::cmdline(stat.pid);
+    let stat = &user.info;
+    let cmdline = user.cmdline.clone();
     let is_daemon = is_protected(&stat.comm, &cmdline, protected);
     let mapped: BTreeSet<i64> = user
         .mapped
@@ -227,13 +247,14 @@ fn make_holder(
     if maps_any {
         evidence.push("map".to_string());
     }
-    let uid = proc::uid(stat.pid).unwrap_or(u32::MAX);
+    let uid = user.uid.unwrap_or(u32::MAX);
     Holder {
         pid: stat.pid.into(),
         ppid: stat.ppid.into(),
         pgid: stat.pgid.into(),
         sid: stat.sid.into(),
         start: stat.start as i64,
+        pidfs_ino: user.ino.map(|i| i as i64),
         uid: uid.into(),
         user: proc::user_name(uid),
         name: stat.comm.clone(),

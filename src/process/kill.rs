@@ -1,15 +1,18 @@
 //! Identity-safe signalling: pidfds, one shared grace, escalation to SIGKILL, exits awaited.
 
+use super::identity::{self, Pinned};
 use super::tree::Tree;
 use super::{Identity, ProcInfo};
 use nix::sys::signal::Signal;
 use rustix::event::{poll, PollFd, PollFlags};
-use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags};
+use rustix::process::pidfd_send_signal;
 use serde::Serialize;
 use std::collections::HashSet;
-use std::os::fd::OwnedFd;
+use std::io::Write;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// What to stop: a bare pid (resolved now) or an identity seen earlier (checked before signalling).
@@ -158,8 +161,7 @@ pub fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {
 }
 
 struct Victim {
-    pid: i32,
-    fd: OwnedFd,
+    pinned: Pinned,
     exited: bool,
 }
 
@@ -191,21 +193,22 @@ pub fn kill(
     let mut seen: HashSet<i32> = HashSet::new();
     // Returns whether `p` was taken: a refused target's tree is never walked (its children
     // may be gpuloop's siblings, or a daemon's helpers).
-    let mut consider = |report: &mut KillReport, p: &ProcInfo, chosen: &mut Vec<Identity>| {
-        if !seen.insert(p.pid) {
-            return false;
-        }
-        match guard.refuse(p, opts.force) {
-            Some(reason) => {
-                skip(report, p.pid, reason);
-                false
+    let mut consider =
+        |report: &mut KillReport, p: &ProcInfo, id: Identity, chosen: &mut Vec<Identity>| {
+            if !seen.insert(p.pid) {
+                return false;
             }
-            None => {
-                chosen.push(p.identity());
-                true
+            match guard.refuse(p, opts.force) {
+                Some(reason) => {
+                    skip(report, p.pid, reason);
+                    false
+                }
+                None => {
+                    chosen.push(id);
+                    true
+                }
             }
-        }
-    };
+        };
     for t in targets {
         let pid = t.pid();
         if pid <= 1 {
@@ -216,8 +219,8 @@ pub fn kill(
             skip(&mut report, pid, "already gone".into());
             continue;
         };
-        if let Target::Exact(id) = t {
-            if id.start != p.start {
+        let id = match t {
+            Target::Exact(id) if id.start != p.start => {
                 skip(
                     &mut report,
                     pid,
@@ -228,11 +231,13 @@ pub fn kill(
                 );
                 continue;
             }
-        }
-        if consider(&mut report, p, &mut chosen) && opts.tree {
+            Target::Exact(id) => *id,
+            Target::Pid(_) => p.identity(),
+        };
+        if consider(&mut report, p, id, &mut chosen) && opts.tree {
             for q in tree.descendants(pid).into_iter().chain(tree.job_group(pid)) {
                 if let Some(q) = tree.get(q) {
-                    consider(&mut report, q, &mut chosen);
+                    consider(&mut report, q, q.identity(), &mut chosen);
                 }
             }
         }
@@ -244,37 +249,38 @@ pub fn kill(
         return report;
     }
 
-    // 2. Pin each process with a pidfd, re-check its identity, then signal through the pidfd.
-    let mut victims = Vec::new();
+    // 2. Pin every process with a pidfd and check its identity through it (issue 10, defect 1:
+    // the start time and, where the kernel has pidfs, the pidfd's inode), then signal all of
+    // them through their pidfds: whatever reuses a pid from now on is out of reach.
+    let mut pinned = Vec::new();
     for id in chosen {
-        match pin(id) {
-            Ok(Some(fd)) => {
-                let stopped = super::read_stat(id.pid).is_ok_and(|p| p.state == 'T');
-                match send(&fd, opts.signal) {
-                    Ok(()) => {
-                        tracing::debug!("kill: {} -> pid {}", signal_name(opts.signal), id.pid);
-                        // A stopped process would not act on TERM until continued.
-                        if stopped && opts.signal != Signal::SIGKILL {
-                            let _ = send(&fd, Signal::SIGCONT);
-                        }
-                        report.signalled.push(id.pid.into());
-                        victims.push(Victim {
-                            pid: id.pid,
-                            fd,
-                            exited: false,
-                        });
-                    }
-                    Err(rustix::io::Errno::SRCH) => {
-                        skip(&mut report, id.pid, "already gone".into())
-                    }
-                    Err(e) => report.errors.push(KillError {
-                        pid: id.pid.into(),
-                        error: describe_errno(e, opts.signal),
-                    }),
-                }
-            }
+        match identity::pin(&id) {
+            Ok(Some(p)) => pinned.push(p),
             Ok(None) => skip(&mut report, id.pid, "already gone".into()),
             Err(reason) => skip(&mut report, id.pid, reason),
+        }
+    }
+    let mut victims = Vec::new();
+    for p in pinned {
+        let pid = p.info.pid;
+        match send(&p, opts.signal) {
+            Ok(()) => {
+                tracing::debug!("kill: {} -> pid {pid}", signal_name(opts.signal));
+                // A stopped process would not act on TERM until continued.
+                if p.info.state == 'T' && opts.signal != Signal::SIGKILL {
+                    let _ = send(&p, Signal::SIGCONT);
+                }
+                report.signalled.push(pid.into());
+                victims.push(Victim {
+                    pinned: p,
+                    exited: false,
+                });
+            }
+            Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, "already gone".into()),
+            Err(e) => report.errors.push(KillError {
+                pid: pid.into(),
+                error: describe_errno(e, opts.signal),
+            }),
         }
     }
 
@@ -288,8 +294,8 @@ pub fn kill(
     if opts.signal != Signal::SIGKILL && !opts.grace.is_zero() {
         let mut escalated = false;
         for v in victims.iter().filter(|v| !v.exited) {
-            tracing::debug!("kill: grace over, KILL -> pid {}", v.pid);
-            escalated |= send(&v.fd, Signal::SIGKILL).is_ok();
+            tracing::debug!("kill: grace over, KILL -> pid {}", v.pinned.info.pid);
+            escalated |= send(&v.pinned, Signal::SIGKILL).is_ok();
         }
         if escalated {
             wait_exits(&mut victims, Instant::now() + KILL_WAIT, interrupted);
@@ -302,41 +308,55 @@ pub fn kill(
         started.elapsed().as_millis()
     );
     for v in &victims {
+        let pid = i64::from(v.pinned.info.pid);
         if v.exited {
-            report.exited.push(v.pid.into());
+            report.exited.push(pid);
         } else {
-            report.survivors.push(v.pid.into());
+            report.survivors.push(pid);
         }
     }
     report.elapsed_ms = started.elapsed().as_millis() as i64;
     report
 }
 
-/// Opens a pidfd and checks it is still the process we chose; `None` if it is gone.
-fn pin(id: Identity) -> Result<Option<OwnedFd>, String> {
-    let Some(pid) = Pid::from_raw(id.pid) else {
-        return Ok(None);
-    };
-    let fd = match pidfd_open(pid, PidfdFlags::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::SRCH) => return Ok(None),
-        Err(e) => return Err(format!("pidfd_open: {e}")),
-    };
-    // The pidfd now refers to whatever holds the pid; make sure that is the one we chose.
-    match super::read_stat(id.pid) {
-        Ok(p) if p.start == id.start => Ok(Some(fd)),
-        Ok(p) => Err(format!(
-            "pid {} is now another process ({}): not signalled",
-            id.pid, p.comm
-        )),
-        Err(_) => Ok(None),
+/// Sends `sig` through the pidfd of a pinned process (never by pid), and logs it when
+/// `GPULOOP_SIGNAL_LOG` names a file.
+fn send(p: &Pinned, sig: Signal) -> rustix::io::Result<()> {
+    let raw =
+        rustix::process::Signal::from_named_raw(sig as i32).ok_or(rustix::io::Errno::INVAL)?;
+    let r = pidfd_send_signal(&p.fd, raw);
+    if r.is_ok() {
+        log_signal(&p.identity(), sig);
     }
+    r
 }
 
-fn send(fd: &OwnedFd, sig: Signal) -> rustix::io::Result<()> {
-    let sig =
-        rustix::process::Signal::from_named_raw(sig as i32).ok_or(rustix::io::Errno::INVAL)?;
-    pidfd_send_signal(fd, sig)
+/// The file named by `GPULOOP_SIGNAL_LOG`, read once.
+fn signal_log() -> Option<&'static PathBuf> {
+    static LOG: OnceLock<Option<PathBuf>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        std::env::var_os("GPULOOP_SIGNAL_LOG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+    .as_ref()
+}
+
+/// Appends "pid start ino SIGNAL" (ino `-` without pidfs) to the signal log: one line per
+/// signal delivered, written in one append so that lines of concurrent gpuloops never mix.
+/// For audits and the churn test, which checks every line against the processes it meant.
+fn log_signal(id: &Identity, sig: Signal) {
+    let Some(path) = signal_log() else { return };
+    let ino = id.ino.map_or_else(|| "-".to_string(), |i| i.to_string());
+    let line = format!("{} {} {ino} {}\n", id.pid, id.start, signal_name(sig));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        tracing::warn!("cannot write the signal log {}: {e}", path.display());
+    }
 }
 
 fn describe_errno(e: rustix::io::Errno, sig: Signal) -> String {
@@ -364,7 +384,7 @@ fn wait_exits(victims: &mut [Victim], deadline: Instant, interrupted: &AtomicBoo
         let wait = (deadline - now).min(Duration::from_millis(100));
         let mut fds: Vec<PollFd> = live
             .iter()
-            .map(|&i| PollFd::new(&victims[i].fd, PollFlags::IN))
+            .map(|&i| PollFd::new(&victims[i].pinned.fd, PollFlags::IN))
             .collect();
         let ts = rustix::time::Timespec {
             tv_sec: wait.as_secs() as i64,
@@ -443,13 +463,10 @@ mod tests {
             .unwrap();
         let pid = child.id() as i32;
         let start = super::super::read_stat(pid).unwrap().start;
-        let wrong = Target::Exact(Identity {
-            pid,
-            start: start + 1,
-        });
+        let wrong = Target::Exact(Identity::new(pid, start + 1));
         let r = kill(&[wrong], &KillOpts::default(), &[], &never);
         assert!(r.signalled.is_empty() && r.skipped[0].reason.contains("another process"));
-        let right = Target::Exact(Identity { pid, start });
+        let right = Target::Exact(Identity::new(pid, start));
         let r = kill(&[right], &KillOpts::default(), &[], &never);
         assert_eq!(r.signalled, vec![i64::from(pid)]);
         assert_eq!(r.exited, vec![i64::from(pid)], "{r:?}");

@@ -1,5 +1,6 @@
-//! Processes as /proc shows them: stat fields, identity `(pid, start)`, users, command lines.
+//! Processes as /proc shows them: stat fields, identity `(pid, start, pidfs inode)`, users, command lines.
 
+pub mod identity;
 pub mod kill;
 pub mod scan;
 pub mod tree;
@@ -22,19 +23,30 @@ pub struct ProcInfo {
     pub start: u64,
 }
 
-/// A process identity that survives PID reuse.
+/// A process identity that survives PID reuse: the pid, its start time in clock ticks and,
+/// where the kernel has pidfs, the inode of its pidfd (unique for the boot, so two processes
+/// that had the same pid within one clock tick still differ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct Identity {
     pub pid: i32,
     pub start: u64,
+    pub ino: Option<u64>,
+}
+
+impl Identity {
+    /// An identity known by pid and start time only.
+    pub fn new(pid: i32, start: u64) -> Identity {
+        Identity {
+            pid,
+            start,
+            ino: None,
+        }
+    }
 }
 
 impl ProcInfo {
     pub fn identity(&self) -> Identity {
-        Identity {
-            pid: self.pid,
-            start: self.start,
-        }
+        Identity::new(self.pid, self.start)
     }
 
     pub fn is_zombie(&self) -> bool {
@@ -154,7 +166,12 @@ pub fn cmdline(pid: i32) -> String {
     let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return String::new();
     };
-    let trimmed = raw.strip_suffix(b"\0").unwrap_or(&raw);
+    cmdline_text(&raw)
+}
+
+/// The text of a raw /proc/PID/cmdline: NULs as spaces, the trailing one dropped.
+pub fn cmdline_text(raw: &[u8]) -> String {
+    let trimmed = raw.strip_suffix(b"\0").unwrap_or(raw);
     String::from_utf8_lossy(trimmed).replace('\0', " ")
 }
 

@@ -1,6 +1,9 @@
 //! The GPU scan: one parallel pass over /proc finding every process with a GPU device node open,
-//! and, for those, which nodes it has mapped (what a CUDA context does).
+//! and, for those, which nodes it has mapped (what a CUDA context does). Everything known about
+//! a process is read through its /proc directory fd, so it all belongs to one process.
 
+use super::identity::{self, ProcDir};
+use super::ProcInfo;
 use crate::gpu::{DeviceNodes, Node};
 use rayon::prelude::*;
 use std::ffi::CStr;
@@ -33,12 +36,18 @@ impl NodeSet {
     }
 }
 
-/// A process that has GPU device nodes open.
+/// A process that has GPU device nodes open, with its identity and facts read through the
+/// same /proc directory fd as its fds and maps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeUser {
     pub pid: i32,
     pub open: NodeSet,
     pub mapped: NodeSet,
+    pub info: ProcInfo,
+    /// The pidfs inode of the process, where the kernel has pidfs.
+    pub ino: Option<u64>,
+    pub cmdline: String,
+    pub uid: Option<u32>,
 }
 
 /// What one scan found.
@@ -78,29 +87,63 @@ pub fn scan(nodes: &DeviceNodes) -> Scan {
 }
 
 /// Looks at one process; processes that vanish mid-scan are simply not users.
+///
+/// Issue 10, defect 1: the fds, the maps and the stat used to be read by pid at different
+/// times, so a holder that died in between lent its evidence to whatever reused its pid.
+/// Now all of it is read through one /proc directory fd and the pidfd is opened before the
+/// stat: every fact is the same process's, or the process is dropped as gone.
 fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
-    let open = match open_nodes(pid, nodes) {
+    let Ok(dir) = ProcDir::open(pid) else {
+        return Outcome::None;
+    };
+    let open = match open_nodes_in(&dir, nodes) {
         Ok(set) if set.is_empty() => return Outcome::None,
         Ok(set) => set,
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Outcome::Denied,
         Err(_) => return Outcome::None,
     };
-    let mapped = match mapped_nodes(pid, nodes) {
-        Ok(set) => set,
+    let (info, ino) = match identity::pin_dir(&dir) {
+        Ok(Some(p)) => (p.info, p.ino),
+        Ok(None) => return Outcome::None,
+        // No pidfd (an old kernel, no fds left): the stat, read through `dir`, still is its own.
+        Err(_) => match dir.stat() {
+            Ok(info) => (info, None),
+            Err(_) => return Outcome::None,
+        },
+    };
+    if info.is_zombie() {
+        return Outcome::None;
+    }
+    let mapped = match dir.read("maps") {
+        Ok(maps) => parse_maps(&maps, nodes),
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => NodeSet::default(),
         Err(_) => return Outcome::None,
     };
-    Outcome::User(NodeUser { pid, open, mapped })
+    let cmdline = dir.cmdline();
+    let uid = dir.uid().ok();
+    // A last read through `dir`: if the process is gone now, the maps and command line above
+    // may be empty for that reason, so it is not reported at all.
+    if dir.stat().is_err() {
+        return Outcome::None;
+    }
+    Outcome::User(NodeUser {
+        pid,
+        open,
+        mapped,
+        info,
+        ino,
+        cmdline,
+        uid,
+    })
 }
 
 /// The device nodes among a process's open fds: one readlinkat per fd into a stack buffer.
 pub fn open_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
-    let path = format!("/proc/{pid}/fd");
-    let dirfd: OwnedFd = rustix::fs::open(
-        path.as_str(),
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
+    open_nodes_in(&ProcDir::open(pid)?, nodes)
+}
+
+fn open_nodes_in(proc_dir: &ProcDir, nodes: &DeviceNodes) -> io::Result<NodeSet> {
+    let dirfd: OwnedFd = proc_dir.open_at("fd", true)?;
     let mut set = NodeSet::default();
     let mut dir = rustix::fs::Dir::read_from(&dirfd)?;
     let mut buf = [0u8; 512];
@@ -131,12 +174,6 @@ pub fn open_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
         }
     }
     Ok(set)
-}
-
-/// The device nodes a process has mapped, from /proc/PID/maps.
-pub fn mapped_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
-    let maps = std::fs::read(format!("/proc/{pid}/maps"))?;
-    Ok(parse_maps(&maps, nodes))
 }
 
 /// Finds node paths in maps text; the path is the sixth field of a line.

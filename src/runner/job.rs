@@ -131,7 +131,7 @@ impl Job {
         let pid = child.id() as i32;
         // Our unreaped child: its pid cannot be reused, so its stat is its own.
         let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
-        let id = Identity { pid, start };
+        let id = Identity::new(pid, start);
         let pidfd = Pid::from_raw(pid).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
 
         let shared = Arc::new(Shared {

@@ -15,18 +15,7 @@ fn targets(v: &Dynamic) -> RhaiResult<Vec<Target>> {
         return Ok(vec![Target::Pid(pid_of(pid)?)]);
     }
     if let Some(m) = v.clone().try_cast::<Map>() {
-        let pid = m
-            .get("pid")
-            .and_then(|p| p.as_int().ok())
-            .ok_or_else(|| script_err("kill: a map target needs an integer pid (a holder map)"))?;
-        let pid = pid_of(pid)?;
-        return Ok(vec![match m.get("start").and_then(|s| s.as_int().ok()) {
-            Some(start) => Target::Exact(Identity {
-                pid,
-                start: start as u64,
-            }),
-            None => Target::Pid(pid),
-        }]);
+        return Ok(vec![Target::Exact(map_identity(&m)?)]);
     }
     if let Some(a) = v.clone().try_cast::<Array>() {
         let mut out = Vec::new();
@@ -39,6 +28,42 @@ fn targets(v: &Dynamic) -> RhaiResult<Vec<Target>> {
         "kill: expected a pid, a holder map or an array of them, found a {}",
         v.type_name()
     )))
+}
+
+/// The identity a holder map carries: an integer `pid` and `start`, and `pidfs_ino` where
+/// the kernel has pidfs. Issue 10, defect 12: a map without a valid `start` is an error, never
+/// a bare pid (that would signal whatever has the pid now). Bare pids are only integers.
+fn map_identity(m: &Map) -> RhaiResult<Identity> {
+    let int = |key: &str| -> RhaiResult<Option<i64>> {
+        match m.get(key) {
+            None => Ok(None),
+            Some(v) if v.is_unit() => Ok(None),
+            Some(v) => v.as_int().map(Some).map_err(|t| {
+                script_err(format!(
+                    "kill: a holder map's {key} must be an integer, found a {t}"
+                ))
+            }),
+        }
+    };
+    let pid = int("pid")?.ok_or_else(|| {
+        script_err("kill: a map target needs an integer pid (a holder map from holders())")
+    })?;
+    let pid = pid_of(pid)?;
+    let start = int("start")?.ok_or_else(|| {
+        script_err(format!(
+            "kill: the map for pid {pid} has no start, so its identity cannot be checked \
+             (use a holder map from holders(), or pass the bare pid {pid})"
+        ))
+    })?;
+    let start = u64::try_from(start)
+        .map_err(|_| script_err(format!("kill: start {start} is not a valid start time")))?;
+    let ino = int("pidfs_ino")?
+        .map(|i| {
+            u64::try_from(i)
+                .map_err(|_| script_err(format!("kill: pidfs_ino {i} is not a valid inode")))
+        })
+        .transpose()?;
+    Ok(Identity { pid, start, ino })
 }
 
 fn pid_of(pid: i64) -> RhaiResult<i32> {
@@ -77,7 +102,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["target: i64 | Map | Array", "Map"],
         "Stops processes safely: SIGTERM to every target (and its descendants) at once, one
          shared 5 s grace, then SIGKILL to survivors; exits are awaited, not slept for.
-         Holder maps are checked by (pid, start), so a recycled pid is never hit. Never signals
+         Holder maps are checked by (pid, start, pidfs_ino) through a pidfd, so a recycled pid
+         is never hit; a map without an integer start is an error. Never signals
          pid <= 1, gpuloop or its ancestors; GPU daemons only with force. Returns a map:
          signalled, exited, survivors (pids), skipped (#{pid, reason}), errors (#{pid, error}),
          elapsed_ms.",

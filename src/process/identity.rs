@@ -1,0 +1,252 @@
+//! Binding what is read about a process to that one process: /proc directory fds, pidfds and
+//! their pidfs inodes, so evidence and signals never drift to a process that reused the pid.
+//!
+//! A `/proc/PID` directory fd refers to the process that had the pid when it was opened: reads
+//! through it fail once that process is gone, even if the pid now names another one. A pidfd
+//! opened while such a directory fd still reads is therefore the same process, and on kernels
+//! with pidfs (6.9+) its inode number is unique for the boot, a finer identity than the start
+//! time in clock ticks (a pid can be reused within one 10 ms tick).
+
+use super::{parse_stat, Identity, ProcInfo};
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::OnceLock;
+
+/// `PIDFS_MAGIC` from linux/magic.h: the file system of pidfds on kernels with pidfs.
+const PIDFS_MAGIC: i64 = 0x5049_4446;
+
+/// An open /proc/PID directory: every read through it is about the process it was opened for.
+pub struct ProcDir {
+    pub pid: i32,
+    fd: OwnedFd,
+}
+
+/// Maps "the process is gone" errors (ESRCH from a dead task's /proc files) to `NotFound`.
+fn gone_as_not_found(e: io::Error) -> io::Error {
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        io::Error::new(io::ErrorKind::NotFound, "process is gone")
+    } else {
+        e
+    }
+}
+
+impl ProcDir {
+    /// Opens /proc/PID; `NotFound` when there is no such process.
+    pub fn open(pid: i32) -> io::Result<ProcDir> {
+        let fd = rustix::fs::open(
+            format!("/proc/{pid}").as_str(),
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        Ok(ProcDir { pid, fd })
+    }
+
+    /// Opens a file or directory below this process's /proc directory.
+    pub fn open_at(&self, name: &str, dir: bool) -> io::Result<OwnedFd> {
+        let mut flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
+        if dir {
+            flags |= rustix::fs::OFlags::DIRECTORY;
+        }
+        rustix::fs::openat(&self.fd, name, flags, rustix::fs::Mode::empty())
+            .map_err(|e| gone_as_not_found(e.into()))
+    }
+
+    /// The whole content of one of its files (stat, maps, cmdline, status, …).
+    pub fn read(&self, name: &str) -> io::Result<Vec<u8>> {
+        let mut f = std::fs::File::from(self.open_at(name, false)?);
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf).map_err(gone_as_not_found)?;
+        Ok(buf)
+    }
+
+    /// Its stat; `NotFound` once the process this directory was opened for is gone.
+    pub fn stat(&self) -> io::Result<ProcInfo> {
+        let text = self.read("stat")?;
+        parse_stat(self.pid, &String::from_utf8_lossy(&text))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
+    }
+
+    /// The owner of the process (its real uid).
+    pub fn uid(&self) -> io::Result<u32> {
+        Ok(rustix::fs::fstat(&self.fd)?.st_uid)
+    }
+
+    /// The command line with NULs as spaces; empty for kernel threads and the unreadable.
+    pub fn cmdline(&self) -> String {
+        self.read("cmdline")
+            .map(|raw| super::cmdline_text(&raw))
+            .unwrap_or_default()
+    }
+
+    /// /proc/PID/status as text (signal masks, NSpid, …).
+    pub fn status(&self) -> io::Result<String> {
+        Ok(String::from_utf8_lossy(&self.read("status")?).into_owned())
+    }
+}
+
+/// A process held by a pidfd whose identity was checked: signals sent through `fd` reach it
+/// or nobody (ESRCH once it has exited), whatever now has its pid.
+pub struct Pinned {
+    pub fd: OwnedFd,
+    /// Its stat, read while the pidfd was known to refer to it.
+    pub info: ProcInfo,
+    /// The pidfs inode of `fd`, where the kernel has pidfs.
+    pub ino: Option<u64>,
+}
+
+impl Pinned {
+    pub fn identity(&self) -> Identity {
+        Identity {
+            pid: self.info.pid,
+            start: self.info.start,
+            ino: self.ino,
+        }
+    }
+}
+
+/// True if this kernel's pidfds live on pidfs, where each process has its own inode.
+pub fn pidfs() -> bool {
+    static PIDFS: OnceLock<bool> = OnceLock::new();
+    *PIDFS.get_or_init(|| {
+        let Some(me) = Pid::from_raw(std::process::id() as i32) else {
+            return false;
+        };
+        pidfd_open(me, PidfdFlags::empty())
+            .ok()
+            .and_then(|fd| rustix::fs::fstatfs(&fd).ok())
+            // f_type is i64 on x86_64 but narrower elsewhere.
+            .is_some_and(|s| {
+                #[allow(clippy::unnecessary_cast)]
+                let t = s.f_type as i64;
+                t == PIDFS_MAGIC
+            })
+    })
+}
+
+/// The pidfs inode of a pidfd (unique per process for the boot), or `None` without pidfs.
+pub fn pidfd_ino(fd: impl AsFd) -> Option<u64> {
+    if !pidfs() {
+        return None;
+    }
+    rustix::fs::fstat(fd).ok().map(|s| s.st_ino)
+}
+
+/// Opens a pidfd for the process `dir` was opened for. `Ok(None)` when it is gone.
+///
+/// The pidfd is opened by number, then the stat is read through `dir`: that read succeeds
+/// only while `dir`'s process still has the pid, so the pidfd, opened in between, is that
+/// process, and the stat is its own.
+pub fn pin_dir(dir: &ProcDir) -> io::Result<Option<Pinned>> {
+    let Some(pid) = Pid::from_raw(dir.pid) else {
+        return Ok(None);
+    };
+    let fd = match pidfd_open(pid, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let info = match dir.stat() {
+        Ok(info) => info,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let ino = pidfd_ino(&fd);
+    Ok(Some(Pinned { fd, info, ino }))
+}
+
+/// Why a pinned process is not the one `want` names, if it is not.
+pub fn mismatch(want: &Identity, got: &Pinned) -> Option<String> {
+    let p = &got.info;
+    if p.start != want.start {
+        return Some(format!(
+            "pid {} is now another process ({}, started at tick {} not {}): not signalled",
+            p.pid, p.comm, p.start, want.start
+        ));
+    }
+    match (want.ino, got.ino) {
+        (Some(w), Some(g)) if w != g => Some(format!(
+            "pid {} is now another process ({}, started in the same clock tick; pidfs inode {g} not {w}): not signalled",
+            p.pid, p.comm
+        )),
+        _ => None,
+    }
+}
+
+/// Pins the process `want` names: `Ok(None)` if it is gone, `Err(reason)` if the pid now
+/// belongs to another process.
+pub fn pin(want: &Identity) -> Result<Option<Pinned>, String> {
+    let dir = match ProcDir::open(want.pid) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open /proc/{}: {e}", want.pid)),
+    };
+    match pin_dir(&dir) {
+        Ok(Some(p)) => match mismatch(want, &p) {
+            Some(why) => Err(why),
+            None => Ok(Some(p)),
+        },
+        Ok(None) => Ok(None),
+        Err(e) => Err(format!("pidfd_open: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn reap(mut child: std::process::Child) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Issue 10, defect 1 ("a recycled pid can be killed"): evidence read through the /proc
+    /// directory of a process is never another process's, even once its pid is free for reuse.
+    #[test]
+    fn a_recycled_pid_can_be_killed_evidence_is_bound_to_the_process() {
+        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let dir = ProcDir::open(pid).unwrap();
+        let before = dir.stat().unwrap();
+        assert_eq!(before.pid, pid);
+        assert!(dir.read("maps").is_ok());
+        reap(child);
+        // Reaped: the pid is free and may name another process now; through `dir` nothing
+        // can be read any more, so nothing can be mistaken for this process's.
+        for name in ["stat", "maps", "cmdline", "status"] {
+            let e = dir.read(name).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NotFound, "{name}: {e}");
+        }
+        assert!(dir.open_at("fd", true).is_err());
+        assert!(pin_dir(&dir).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_recycled_pid_can_be_killed_the_same_tick_is_told_apart_by_pidfs_inode() {
+        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let dir = ProcDir::open(pid).unwrap();
+        let p = pin_dir(&dir).unwrap().unwrap();
+        let id = p.identity();
+        assert_eq!(pin(&id).unwrap().unwrap().identity(), id);
+        if pidfs() {
+            // Another process with the same pid and start tick: only the inode differs.
+            let other = Identity {
+                ino: id.ino.map(|i| i + 1),
+                ..id
+            };
+            let why = pin(&other).err().unwrap();
+            assert!(why.contains("same clock tick"), "{why}");
+        }
+        let later = Identity {
+            start: id.start + 1,
+            ..id
+        };
+        assert!(pin(&later).err().unwrap().contains("another process"));
+        reap(child);
+        assert!(pin(&id).unwrap().is_none());
+    }
+}
