@@ -121,7 +121,7 @@ impl Watch {
             let mut f = line.split_ascii_whitespace();
             let kind = f.next();
             let id = match (f.next().map(str::parse), f.next().map(str::parse)) {
-                (Some(Ok(pid)), Some(Ok(start))) => Some(Identity { pid, start }),
+                (Some(Ok(pid)), Some(Ok(start))) => Some(Identity::new(pid, start)),
                 _ => None,
             };
             match (kind, id) {
@@ -217,17 +217,8 @@ mod tests {
     #[test]
     fn reads_groups_and_members_and_stops_at_bye() {
         let w = Watch::read("g 10 100\np 12 105\njunk\np x 1\n".as_bytes());
-        assert_eq!(
-            w.groups,
-            vec![Identity {
-                pid: 10,
-                start: 100
-            }]
-        );
-        assert!(w.members.contains(&Identity {
-            pid: 12,
-            start: 105
-        }));
+        assert_eq!(w.groups, vec![Identity::new(10, 100)]);
+        assert!(w.members.contains(&Identity::new(12, 105)));
         assert!(!w.bye);
         let w = Watch::read("g 10 100\nbye\ng 11 1\n".as_bytes());
         assert!(w.bye);

@@ -137,7 +137,7 @@ pub fn spawn_registered(grace: Duration, mut command: Command) -> io::Result<Chi
         lineage: HashSet::new(),
     });
     let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
-    guard::tell_group(Identity { pid, start });
+    guard::tell_group(Identity::new(pid, start));
     Ok(child)
 }
 
