@@ -170,3 +170,49 @@ fn sigint_stops_a_sleeping_script_with_130() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
 }
+
+/// Issue 10, defect 7: `exit(-1)` exited 0 (clamped), and `exit("failed")`, `exit(false)`
+/// and `exit(1.0)` exited 0. Integers map to their status (out of range: 1); anything else
+/// exits 1 with the value on stderr.
+#[test]
+fn exit_keeps_the_status_and_never_turns_a_failure_into_success() {
+    let sim = Sim::new("1x1G");
+    for (code, status, stderr) in [
+        ("exit(-1)", 1, ""),
+        ("exit(256)", 1, ""),
+        ("exit(7)", 7, ""),
+        ("exit(255)", 255, ""),
+        ("exit(0)", 0, ""),
+        ("exit()", 0, ""),
+        (r#"exit("failed")"#, 1, "failed"),
+        ("exit(false)", 1, "false"),
+        ("exit(1.0)", 1, "1.0"),
+        ("exit(0.0)", 1, "0.0"),
+        ("fn f() { exit(-5) } f()", 1, ""),
+    ] {
+        let out = sim.run(&["eval", code]).code(status);
+        assert_eq!(out.stderr.trim(), stderr, "{code}");
+    }
+}
+
+/// Issue 10, defect 8: `log(2.5)` called rhai's log10 and printed nothing, so
+/// `log(now() - t0)` lost the message. log and warn accept any value.
+#[test]
+fn log_of_a_float_prints_it_instead_of_taking_a_logarithm() {
+    let sim = Sim::new("1x1G");
+    let out = sim
+        .run(&[
+            "eval",
+            r#"log(2.5); log(3); log(true); log([1, "a"]); log(#{x: ()}); warn(0.5); warn(42); log(100.0, 10.0)"#,
+        ])
+        .ok();
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    let want = ["2.5", "3", "true", "[1, \"a\"]", "#{\"x\": ()}"];
+    for (line, want) in lines.iter().zip(want) {
+        assert!(line.ends_with(&format!("] {want}")), "{line:?} vs {want}");
+    }
+    assert_eq!(lines[5], "warning: 0.5");
+    assert_eq!(lines[6], "warning: 42");
+    // The two-argument logarithm is still rhai's.
+    assert_eq!(out.stdout.trim(), "2.0");
+}

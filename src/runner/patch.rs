@@ -4,7 +4,7 @@
 use diffy::patch_set::{FileOperation, ParseOptions, PatchKind, PatchSet};
 use diffy::{Line, Patch};
 use std::borrow::Cow;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -67,19 +67,21 @@ pub fn apply(
             target.display()
         )));
     }
+    // Every path is checked before any hunk: a path outside the directory is the error.
+    let paths = changes
+        .iter()
+        .map(|change| match (&change.path, is_dir) {
+            (Some(p), true) => inside(target, p),
+            (None, true) => Err(PatchError::Unsupported(format!(
+                "the diff names no file; give the file to patch, not the directory {}",
+                target.display()
+            ))),
+            (_, false) => Ok(target.to_path_buf()),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut planned: Vec<(PathBuf, Option<String>)> = Vec::new();
     let mut hunks = 0;
-    for change in &changes {
-        let path = match (&change.path, is_dir) {
-            (Some(p), true) => target.join(p),
-            (None, true) => {
-                return Err(PatchError::Unsupported(format!(
-                    "the diff names no file; give the file to patch, not the directory {}",
-                    target.display()
-                )))
-            }
-            (_, false) => target.to_path_buf(),
-        };
+    for (change, path) in changes.iter().zip(paths) {
         let (create, delete) = match direction {
             Direction::Apply => (change.create, change.delete),
             Direction::Revert => (change.delete, change.create),
@@ -114,6 +116,41 @@ pub fn apply(
         files: planned.into_iter().map(|(p, _)| p).collect(),
         hunks,
     })
+}
+
+/// `dir`/`rel`, refused when it would leave `dir`: an absolute path, a `..` component, or
+/// a symbolic link on the way that points out. Diffs come from tools and LLM fixers; a
+/// header like `+++ b/../../etc/profile` must not write anywhere but inside the directory.
+fn inside(dir: &Path, rel: &str) -> Result<PathBuf, PatchError> {
+    let outside = |why: &str| {
+        PatchError::Unsupported(format!(
+            "the diff names {rel:?}, {why}: only files inside {} are patched (nothing was written)",
+            dir.display()
+        ))
+    };
+    let p = Path::new(rel);
+    if rel.is_empty() || p.is_absolute() {
+        return Err(outside("an absolute path"));
+    }
+    if p.components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(outside("a path that leaves the directory"));
+    }
+    let joined = dir.join(p);
+    let root = dir.canonicalize().map_err(|e| PatchError::Io {
+        path: dir.display().to_string(),
+        why: e.to_string(),
+    })?;
+    // The deepest part that exists, symbolic links resolved, must still be inside.
+    let mut probe = joined.clone();
+    while std::fs::symlink_metadata(&probe).is_err() && probe.pop() {}
+    match probe.canonicalize() {
+        Ok(real) if real.starts_with(&root) => Ok(joined),
+        Ok(_) => Err(outside("which a symbolic link points out of the directory")),
+        // A dangling link: where it points is outside anything we can check.
+        Err(_) => Err(outside("which goes through a dangling symbolic link")),
+    }
 }
 
 /// True if `diff` is applied to `target`: it reverts cleanly and does not apply again.
@@ -412,6 +449,40 @@ mod tests {
         assert!(e.contains("names no file"), "{e}");
         let r = apply(d.path(), DIFF, Direction::Apply, false).unwrap();
         assert_eq!(r.files, vec![d.path().join("f.txt")]);
+    }
+
+    /// Issue 10, defect 6: `+++ b/../outside.txt` and absolute paths were honoured.
+    #[test]
+    fn apply_patch_refuses_paths_that_leave_the_directory() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("repo");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("f.txt"), BASE).unwrap();
+        std::fs::write(top.path().join("outside.txt"), BASE).unwrap();
+        std::os::unix::fs::symlink(top.path(), dir.join("up")).unwrap();
+        let outside = top.path().join("outside.txt");
+        let hunk = "@@ -2,3 +2,3 @@\n b\n-c\n+C\n d\n";
+        let good = format!("--- a/f.txt\n+++ b/f.txt\n{hunk}");
+        for name in [
+            "../outside.txt".to_string(),
+            "sub/../../outside.txt".to_string(),
+            outside.display().to_string(),
+            "up/outside.txt".to_string(),
+        ] {
+            // A good change first: all or nothing, so it must not be written either.
+            let diff = format!("{good}--- a/{name}\n+++ b/{name}\n{hunk}");
+            let diff = diff.replace("a//", "/").replace("b//", "/");
+            for direction in [Direction::Apply, Direction::Revert] {
+                let e = apply(&dir, &diff, direction, false).unwrap_err();
+                assert!(e.to_string().contains("nothing was written"), "{name}: {e}");
+            }
+            assert_eq!(std::fs::read_to_string(&outside).unwrap(), BASE, "{name}");
+            assert_eq!(std::fs::read_to_string(dir.join("f.txt")).unwrap(), BASE);
+        }
+        // Inside is fine, also through ./ and a link that stays inside.
+        std::os::unix::fs::symlink(&dir, dir.join("here")).unwrap();
+        let diff = format!("--- a/./here/f.txt\n+++ b/./here/f.txt\n{hunk}");
+        assert_eq!(apply(&dir, &diff, Direction::Apply, false).unwrap().hunks, 1);
     }
 
     #[test]

@@ -34,6 +34,12 @@ impl ScriptError {
     }
 }
 
+/// The process status for `exit(code)`: 0 to 255 as given, anything else 1 (a failure
+/// must never read as success, as `exit(-1)` clamped to 0 did).
+pub fn exit_status(code: i64) -> i32 {
+    u8::try_from(code).map_or(1, i32::from)
+}
+
 /// The token a native function throws (through `ErrorTerminated`) when Ctrl-C was pressed.
 pub const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
 
@@ -49,7 +55,7 @@ pub fn from_parse(err: &ParseError, file: &str, source: &str) -> ScriptError {
 pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
     if let EvalAltResult::ErrorTerminated(token, _) = &err {
         if let Ok(code) = token.as_int() {
-            return ScriptError::Exit(code.clamp(0, 255) as i32);
+            return ScriptError::Exit(exit_status(code));
         }
         return ScriptError::Interrupted;
     }
@@ -75,7 +81,7 @@ pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
             }
             EvalAltResult::ErrorTerminated(token, _) => {
                 return match token.as_int() {
-                    Ok(code) => ScriptError::Exit(code.clamp(0, 255) as i32),
+                    Ok(code) => ScriptError::Exit(exit_status(code)),
                     Err(_) => ScriptError::Interrupted,
                 }
             }

@@ -22,6 +22,10 @@ fn call(ctx: &NativeCallContext, f: &FnPtr, arg: i64) -> RhaiResult<Dynamic> {
     }
 }
 
+fn log_line(msg: &Dynamic) {
+    eprintln!("[{:>7.2}s] {msg}", started().elapsed().as_secs_f64());
+}
+
 fn truthy(v: &Dynamic) -> bool {
     v.as_bool().unwrap_or(!v.is_unit())
 }
@@ -58,16 +62,31 @@ pub fn register(engine: &mut Engine) {
         engine,
         "log",
         &["msg: ?", "()"],
-        "Writes a line to stderr with the seconds since gpuloop started: [  1.25s] msg.",
-        |msg: Dynamic| {
-            eprintln!("[{:>7.2}s] {msg}", started().elapsed().as_secs_f64());
-        },
+        "Writes a line to stderr with the seconds since gpuloop started: [  1.25s] msg.
+         Any value is written as text.",
+        |msg: Dynamic| log_line(&msg),
+    );
+    // rhai's own log(FLOAT) is log10: log(now() - t0) must print, not compute and drop.
+    def(
+        engine,
+        "log",
+        &["msg: f64", "()"],
+        "log() of a float: writes it (rhai's logarithm is log(x, 10.0) here).",
+        |msg: f64| log_line(&Dynamic::from(msg)),
+    );
+    def(
+        engine,
+        "log",
+        &["msg: i64", "()"],
+        "log() of an integer: writes it.",
+        |msg: i64| log_line(&Dynamic::from(msg)),
     );
     def(
         engine,
         "warn",
         &["msg: ?", "()"],
-        "Writes a warning line to stderr (yellow on a terminal, unless NO_COLOR is set).",
+        "Writes a warning line to stderr (yellow on a terminal, unless NO_COLOR is set).
+         Any value is written as text.",
         |msg: Dynamic| {
             let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
             if color {
@@ -174,8 +193,19 @@ pub fn register(engine: &mut Engine) {
         engine,
         "exit",
         &["code: i64", "()"],
-        "Ends the script with this exit code (0-255).",
+        "Ends the script with this exit code (0-255; any other number exits 1).",
         |code: i64| -> RhaiResult<()> { Err(exit_with(code)) },
+    );
+    def(
+        engine,
+        "exit",
+        &["reason: ?", "()"],
+        "Ends the script with exit code 1, printing the value (a message, a float, a bool,
+         ...) to stderr: exit(\"GPU 3 still held\").",
+        |reason: Dynamic| -> RhaiResult<()> {
+            eprintln!("{reason}");
+            Err(exit_with(1))
+        },
     );
     def(
         engine,
@@ -224,9 +254,10 @@ pub fn register(engine: &mut Engine) {
     );
 }
 
+/// `errors::exit_status` maps the code to the process status.
 fn exit_with(code: i64) -> Box<EvalAltResult> {
     Box::new(EvalAltResult::ErrorTerminated(
-        Dynamic::from(code.clamp(0, 255)),
+        Dynamic::from(code),
         Position::NONE,
     ))
 }
