@@ -81,3 +81,57 @@ fn a_missing_module_is_a_clear_error() {
     assert!(out.stderr.contains("no_such_module"), "{}", out.stderr);
     assert!(out.stderr.contains("m.rhai:1:"), "{}", out.stderr);
 }
+
+/// Issue 10, defect 9: `cleanup::ensure_clean(0, #{graze: 0.2, tiemout: 1})` silently used
+/// defaults, `patch::rerun_until` checked `fix` only after a failure, and errors like
+/// "Function not found: ! (i64)" named no option. The stdlib checks its options with the
+/// built-ins' helper (`check_opts`), before it does anything.
+#[test]
+fn stdlib_options_are_checked_up_front_and_errors_name_the_option() {
+    let sim = Sim::new("1x1G");
+    let ran = sim.path().join("ran");
+    for (code, want) in [
+        (
+            r#"import "cleanup" as c; c::ensure_clean(0, #{graze: 0.2, tiemout: 1})"#.to_string(),
+            r#"cleanup::ensure_clean: unknown option "graze""#.to_string(),
+        ),
+        (
+            r#"import "cleanup" as c; c::ensure_clean(0, #{allow_reset: 1})"#.to_string(),
+            "cleanup::ensure_clean: option allow_reset must be true or false".to_string(),
+        ),
+        (
+            r#"import "cleanup" as c; c::ensure_clean(0, #{timeout: -2})"#.to_string(),
+            "cleanup::ensure_clean: option timeout must be a non-negative".to_string(),
+        ),
+        (
+            format!(
+                r#"import "patch" as p; p::rerun_until("touch {}", #{{fix: 3}})"#,
+                ran.display()
+            ),
+            "patch::rerun_until: option fix must be a closure (Fn)".to_string(),
+        ),
+        (
+            format!(
+                r#"import "patch" as p; p::rerun_until("touch {}", #{{run: #{{tiemout: 1}}}})"#,
+                ran.display()
+            ),
+            r#"patch::rerun_until: option run: unknown option "tiemout""#.to_string(),
+        ),
+        (
+            r#"check_opts("mine::f", #{n: "x"}, #{n: "int|array"})"#.to_string(),
+            "mine::f: option n must be an integer or an array, not a string".to_string(),
+        ),
+    ] {
+        let out = sim.run(&["eval", &code]).code(1);
+        assert!(out.stderr.contains(&want), "{code}: {}", out.stderr);
+        assert!(!out.stderr.contains("Runtime error"), "{}", out.stderr);
+    }
+    assert!(
+        !ran.exists(),
+        "rerun_until ran the job before checking its options"
+    );
+    assert_eq!(
+        sim.eval(r#"to_json(check_opts("f", (), #{a: "int"})) + to_json(check_opts("f", #{a: 1}, #{a: "int"}))"#),
+        r#"{}{"a":1}"#
+    );
+}

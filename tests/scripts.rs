@@ -216,3 +216,29 @@ fn log_of_a_float_prints_it_instead_of_taking_a_logarithm() {
     // The two-argument logarithm is still rhai's.
     assert_eq!(out.stdout.trim(), "2.0");
 }
+
+/// Issue 10, defect 11: `read_file()` on a FIFO blocked (and ignored Ctrl-C), and
+/// `write_file()` on a FIFO replaced it with a regular file. Both refuse non-regular files.
+#[test]
+fn read_file_and_write_file_refuse_a_fifo_instead_of_blocking_or_replacing_it() {
+    let sim = Sim::new("1x1G");
+    let fifo = sim.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let f = fifo.display();
+    for call in [
+        format!(r#"read_file("{f}")"#),
+        format!(r#"write_file("{f}", "x")"#),
+        format!(r#"replace_in_file("{f}", "a", "b")"#),
+        r#"read_file("/dev/null")"#.to_string(),
+    ] {
+        let out = sim.run(&["eval", &call]).code(1);
+        assert!(
+            out.stderr.contains("not a regular file"),
+            "{call}: {}",
+            out.stderr
+        );
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+}

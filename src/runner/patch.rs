@@ -482,7 +482,10 @@ mod tests {
         // Inside is fine, also through ./ and a link that stays inside.
         std::os::unix::fs::symlink(&dir, dir.join("here")).unwrap();
         let diff = format!("--- a/./here/f.txt\n+++ b/./here/f.txt\n{hunk}");
-        assert_eq!(apply(&dir, &diff, Direction::Apply, false).unwrap().hunks, 1);
+        assert_eq!(
+            apply(&dir, &diff, Direction::Apply, false).unwrap().hunks,
+            1
+        );
     }
 
     #[test]

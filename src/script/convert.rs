@@ -61,11 +61,11 @@ pub fn selectors(v: &Dynamic) -> RhaiResult<Option<Vec<Selector>>> {
 /// An options map, checked against the names a function knows.
 pub struct Opts<'a> {
     map: &'a Map,
-    func: &'static str,
+    func: &'a str,
 }
 
 impl<'a> Opts<'a> {
-    pub fn new(map: &'a Map, func: &'static str, known: &[&str]) -> RhaiResult<Opts<'a>> {
+    pub fn new(map: &'a Map, func: &'a str, known: &[&str]) -> RhaiResult<Opts<'a>> {
         for k in map.keys() {
             if !known.contains(&k.as_str()) {
                 return Err(script_err(format!(
@@ -138,6 +138,79 @@ impl<'a> Opts<'a> {
     pub fn raw(&self, key: &str) -> Option<&Dynamic> {
         self.get(key)
     }
+
+    /// Checks that option `key`, if given, is one of `kinds` ("int|string", see `KINDS`).
+    pub fn kind(&self, key: &str, kinds: &str) -> RhaiResult<()> {
+        let Some(v) = self.get(key) else {
+            return Ok(());
+        };
+        let mut wants = Vec::new();
+        for kind in kinds.split('|').map(str::trim) {
+            let (want, fits) = match kind {
+                "int" => ("an integer", v.is_int()),
+                "secs" => ("seconds (a number)", v.is_int() || v.is_float()),
+                "number" => ("a number", v.is_int() || v.is_float()),
+                "bool" => ("true or false", v.is_bool()),
+                "string" => ("a string", v.is_string()),
+                "Fn" => ("a closure (Fn)", v.is_fnptr()),
+                "map" => ("a map", v.is_map()),
+                "array" => ("an array", v.is_array()),
+                "selector" => (
+                    "a GPU selector (an index, an array of them or a string)",
+                    v.is_int() || v.is_array() || v.is_string(),
+                ),
+                "any" => ("anything", true),
+                other => {
+                    return Err(script_err(format!(
+                        "check_opts: unknown kind {other:?} for option {key} (kinds: {})",
+                        KINDS.join(", ")
+                    )))
+                }
+            };
+            if fits {
+                // Seconds also have a range.
+                return if kind == "secs" {
+                    self.secs(key, None).map(|_| ())
+                } else {
+                    Ok(())
+                };
+            }
+            wants.push(want);
+        }
+        Err(self.wrong(key, &wants.join(" or "), v))
+    }
+}
+
+/// The kinds `Opts::kind` (and the scripts' `check_opts`) know.
+pub const KINDS: &[&str] = &[
+    "int", "secs", "number", "bool", "string", "Fn", "map", "array", "selector", "any",
+];
+
+/// Checks a script's options map against a spec (`#{name: "kind", …}`) the way the
+/// built-in functions check theirs: an unknown name or a wrong type is an error naming the
+/// function and the option. `()` counts as no options. Returns the options map.
+pub fn check_spec(func: &str, opts: &Dynamic, spec: &Map) -> RhaiResult<Map> {
+    let map = if opts.is_unit() {
+        Map::new()
+    } else {
+        opts.clone().try_cast::<Map>().ok_or_else(|| {
+            script_err(format!(
+                "{func}: options must be a map, not a {}",
+                opts.type_name()
+            ))
+        })?
+    };
+    let known: Vec<&str> = spec.keys().map(|k| k.as_str()).collect();
+    let o = Opts::new(&map, func, &known)?;
+    for (key, kinds) in spec {
+        let kinds = kinds.clone().into_immutable_string().map_err(|_| {
+            script_err(format!(
+                "check_opts: the kind of option {key} must be a string like \"int|string\""
+            ))
+        })?;
+        o.kind(key, &kinds)?;
+    }
+    Ok(map)
 }
 
 /// Seconds from a script number (int or float).

@@ -70,13 +70,13 @@ pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
                     err = *inner;
                 } else {
                     context.push(format!("in {name}() of module {src:?}"));
-                    err = EvalAltResult::ErrorRuntime(inner.to_string().into(), pos);
+                    err = EvalAltResult::ErrorRuntime(text_of(&inner).into(), pos);
                     break;
                 }
             }
             EvalAltResult::ErrorInModule(name, inner, pos) => {
                 context.push(format!("in module {name:?}"));
-                err = EvalAltResult::ErrorRuntime(inner.to_string().into(), pos);
+                err = EvalAltResult::ErrorRuntime(text_of(&inner).into(), pos);
                 break;
             }
             EvalAltResult::ErrorTerminated(token, _) => {
@@ -101,6 +101,14 @@ pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
         out.push_str(&format!("\n  note: {c}"));
     }
     ScriptError::Runtime(out)
+}
+
+/// An error's message without rhai's "Runtime error: " wrapper of thrown values.
+fn text_of(e: &EvalAltResult) -> String {
+    match e {
+        EvalAltResult::ErrorRuntime(v, _) => v.to_string(),
+        e => e.to_string(),
+    }
 }
 
 fn loc(file: &str, pos: Position) -> String {

@@ -1,6 +1,6 @@
 //! The small helpers of SPEC: time, logging, files, JSON, exit, and loops of closures.
 
-use crate::script::convert::{script_err, secs_arg, to_script, RhaiResult};
+use crate::script::convert::{check_spec, script_err, secs_arg, to_script, RhaiResult};
 use crate::script::engine::def;
 use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, NativeCallContext, Position};
 use std::io::IsTerminal;
@@ -109,9 +109,10 @@ pub fn register(engine: &mut Engine) {
         engine,
         "read_file",
         &["path: String", "String"],
-        "The whole file as a string (invalid UTF-8 is replaced).",
+        "The whole file as a string (invalid UTF-8 is replaced). Only regular files: a FIFO,
+         a device or a directory is an error.",
         |path: ImmutableString| -> RhaiResult<String> {
-            std::fs::read(path.as_str())
+            read_regular(path.as_str())
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .map_err(|e| script_err(format!("read_file({path:?}): {e}")))
         },
@@ -120,7 +121,8 @@ pub fn register(engine: &mut Engine) {
         engine,
         "write_file",
         &["path: String", "text: String", "()"],
-        "Writes text to a file, replacing it (written to a temporary file, then renamed).",
+        "Writes text to a file, replacing it (written to a temporary file, then renamed).
+         Only regular files: a FIFO, a device or a directory at path is an error, untouched.",
         |path: ImmutableString, text: ImmutableString| -> RhaiResult<()> {
             write_atomic(path.as_str(), text.as_bytes())
                 .map_err(|e| script_err(format!("write_file({path:?}): {e}")))
@@ -136,7 +138,10 @@ pub fn register(engine: &mut Engine) {
             if old.is_empty() {
                 return Err(script_err("replace_in_file: old must not be empty"));
             }
-            let text = std::fs::read_to_string(path.as_str())
+            let text = read_regular(path.as_str())
+                .and_then(|b| {
+                    String::from_utf8(b).map_err(|_| std::io::Error::other("not UTF-8 text"))
+                })
                 .map_err(|e| script_err(format!("replace_in_file({path:?}): {e}")))?;
             let n = text.matches(old.as_str()).count();
             if n > 0 {
@@ -209,6 +214,20 @@ pub fn register(engine: &mut Engine) {
     );
     def(
         engine,
+        "check_opts",
+        &["func: String", "opts: Map | ()", "spec: Map", "Map"],
+        "Checks a function's options the way the built-in functions do, for modules and
+         recipes: spec maps each known option to its kind (\"int\", \"secs\", \"number\",
+         \"bool\", \"string\", \"Fn\", \"map\", \"array\", \"selector\", \"any\"; several as
+         \"int|string\"). An unknown option or a wrong type throws an error naming func and
+         the option; () options are none. Returns the options map:
+         let o = check_opts(\"mymod::f\", opts, #{timeout: \"secs\", quiet: \"bool\"});",
+        |func: ImmutableString, opts: Dynamic, spec: rhai::Map| -> RhaiResult<rhai::Map> {
+            check_spec(&func, &opts, &spec)
+        },
+    );
+    def(
+        engine,
         "retry",
         &["n: i64", "f: Fn", "?"],
         "Calls f (with the attempt number 1..n if it takes an argument) until it succeeds:
@@ -262,8 +281,58 @@ fn exit_with(code: i64) -> Box<EvalAltResult> {
     ))
 }
 
+/// What a file that is not a regular file is, for messages.
+fn kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
+}
+
+fn not_regular(t: std::fs::FileType) -> std::io::Error {
+    std::io::Error::other(format!(
+        "{}, not a regular file: only regular files are read and written",
+        kind(t)
+    ))
+}
+
+/// Reads a regular file. Opened without blocking, so a FIFO is refused instead of
+/// waiting for a writer that may never come (where Ctrl-C could not reach).
+fn read_regular(path: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let t = f.metadata()?.file_type();
+    if !t.is_file() {
+        return Err(not_regular(t));
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Replaces a regular file (or creates one) atomically; anything else at the path (a FIFO,
+/// a device) is refused, never replaced.
 pub fn write_atomic(path: &str, bytes: &[u8]) -> std::io::Result<()> {
     let p = std::path::Path::new(path);
+    if let Ok(meta) = std::fs::metadata(p) {
+        if !meta.is_file() {
+            return Err(not_regular(meta.file_type()));
+        }
+    }
     let name = p
         .file_name()
         .ok_or_else(|| std::io::Error::other("not a file path"))?;
