@@ -6,8 +6,8 @@ use crate::inspect::diagnose::{diagnose, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
 use crate::inspect::select::{self, Selector};
 use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
-use crate::inspect::{check_selection, Selection};
-use crate::process::kill::{self, KillOpts, KillReport, Target};
+use crate::inspect::{check_selection, Filter, Selection};
+use crate::process::kill::{self, KillOpts, KillReport, Skipped, Target};
 use crate::session::Session;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -45,39 +45,80 @@ pub fn holders(s: &Session, sel: &Selection, all: bool) -> Result<Vec<Holder>, G
     Ok(inventory(s, sel)?.holders(sel, all))
 }
 
-/// Holders as `holders`, of one owner only when `uid` is given (`--user`, `--mine`).
+/// Holders as `holders`, narrowed by a filter: one owner (`--user`, `--mine`), one Slurm job
+/// (`--job`).
 pub fn holders_of(
     s: &Session,
     sel: &Selection,
     all: bool,
-    uid: Option<u32>,
+    filter: &Filter,
 ) -> Result<Vec<Holder>, GpuError> {
     let mut hs = holders(s, sel, all)?;
-    if let Some(uid) = uid {
-        hs.retain(|h| h.uid == i64::from(uid));
-    }
+    hs.retain(|h| filter.matches(h));
     Ok(hs)
 }
 
 pub fn diagnoses(s: &Session, sel: &Selection) -> Result<Vec<Diagnosis>, GpuError> {
+    diagnoses_of(s, sel, &Filter::default())
+}
+
+/// diagnose() of the selected GPUs; with a filter, only of those its holders use.
+pub fn diagnoses_of(
+    s: &Session,
+    sel: &Selection,
+    filter: &Filter,
+) -> Result<Vec<Diagnosis>, GpuError> {
     let inv = inventory(s, sel)?;
-    Ok(diagnose(&inv, sel, s.backend()?.foreign_pid_namespace()))
+    let sel = narrowed(&inv, sel, filter);
+    Ok(diagnose(&inv, &sel, s.backend()?.foreign_pid_namespace()))
+}
+
+/// The selection cut down to the GPUs that the filtered holders use.
+fn narrowed(inv: &Inventory, sel: &Selection, filter: &Filter) -> Selection {
+    // An owner's processes share GPUs with others'; a job's GPUs are its own.
+    if filter.job.is_none() {
+        return sel.clone();
+    }
+    let mut gpus: Vec<i64> = inv
+        .holders(sel, false)
+        .iter()
+        .filter(|h| filter.matches(h))
+        .flat_map(|h| h.gpus.clone())
+        .filter(|g| crate::inspect::selected(sel, *g))
+        .collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    Some(gpus)
 }
 
 pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
     kill::kill(targets, opts, s.protected(), s.interrupted())
 }
 
-/// Stops every compute holder of the selection (of one owner with `uid`), each pinned by its
-/// identity.
+/// Stops every compute holder of the selection (narrowed by `filter`), each pinned by its
+/// identity. A systemd unit's main process is left alone unless `force`: systemd would only
+/// restart it.
 pub fn kill_holders(
     s: &Session,
     sel: &Selection,
-    uid: Option<u32>,
+    filter: &Filter,
     opts: &KillOpts,
 ) -> Result<KillReport, GpuError> {
-    let targets = holder_targets(&holders_of(s, sel, false, uid)?);
-    Ok(kill(s, &targets, opts))
+    let hs = holders_of(s, sel, false, filter)?;
+    let (units, hs): (Vec<Holder>, Vec<Holder>) = hs
+        .into_iter()
+        .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
+    let mut report = kill(s, &holder_targets(&hs), opts);
+    for h in units {
+        let unit = h.origin.service.as_deref().unwrap_or("its unit");
+        report.skipped.push(Skipped {
+            pid: h.pid,
+            reason: format!(
+                "main process of systemd unit {unit}, which would restart it: systemctl stop {unit} (or --force)"
+            ),
+        });
+    }
+    Ok(report)
 }
 
 fn holder_targets(holders: &[Holder]) -> Vec<Target> {
@@ -155,14 +196,16 @@ pub struct CleanReport {
     pub after: Vec<Diagnosis>,
 }
 
+/// With a filter, its holders are stopped and the GPUs they used verified.
 pub fn clean(
     s: &Session,
     sel: &Selection,
-    uid: Option<u32>,
+    filter: &Filter,
     kill_opts: &KillOpts,
     wait_opts: &WaitOpts,
 ) -> Result<CleanReport, GpuError> {
-    let kill = kill_holders(s, sel, uid, kill_opts)?;
+    let sel = &narrowed(&inventory(s, sel)?, sel, filter);
+    let kill = kill_holders(s, sel, filter, kill_opts)?;
     let outcome = wait_clean(s, sel, wait_opts)?;
     let after = diagnoses(s, sel)?;
     Ok(CleanReport {

@@ -158,9 +158,13 @@ pub fn holders(hs: &[Holder], style: Style) -> String {
         return "no holders".into();
     }
     let hosts = multi_host(hs.iter().map(|h| h.host.as_str()));
+    let jobs = hs.iter().any(|h| h.origin.job.is_some());
     let mut header = vec![
-        "PID", "USER", "NAME", "GPUS", "MiB", "STATE", "ROLE", "EVIDENCE", "COMMAND",
+        "PID", "PARENT", "USER", "NAME", "GPUS", "MiB", "STATE", "ROLE", "EVIDENCE", "COMMAND",
     ];
+    if jobs {
+        header.insert(3, "JOB");
+    }
     if hosts {
         header.insert(0, "HOST");
     }
@@ -172,6 +176,7 @@ pub fn holders(hs: &[Holder], style: Style) -> String {
         }
         let mut row = vec![
             Cell::new(h.pid),
+            Cell::new(parent(h)),
             Cell::new(&h.user),
             Cell::new(&h.name),
             Cell::new(join(&h.gpus)),
@@ -181,14 +186,34 @@ pub fn holders(hs: &[Holder], style: Style) -> String {
             Cell::new(h.evidence.join("+")),
             Cell::new(cmd),
         ];
+        if jobs {
+            row.insert(
+                3,
+                Cell::new(h.origin.job.map(|j| j.to_string()).unwrap_or_default()),
+            );
+        }
         if hosts {
             row.insert(0, Cell::new(&h.host));
         }
         t.add_row(row);
     }
     let shift = usize::from(hosts);
-    right(&mut t, &[0, 4].map(|c| c + shift));
+    right(&mut t, &[0, 5 + usize::from(jobs)].map(|c| c + shift));
     trimmed(t)
+}
+
+/// "4242 torchrun", a systemd unit's main process "1 systemd [vllm.service]", and an orphan
+/// "1 init (reparented)".
+fn parent(h: &Holder) -> String {
+    let mut s = format!("{} {}", h.ppid, h.origin.ppid_comm);
+    if h.origin.service_main {
+        if let Some(unit) = &h.origin.service {
+            s.push_str(&format!(" [{unit}]"));
+        }
+    } else if h.origin.reparented {
+        s.push_str(" (reparented)");
+    }
+    s.trim_end().to_string()
 }
 
 pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
@@ -396,6 +421,7 @@ fn holder_of(m: &Map) -> Option<Holder> {
             .and_then(|v| v.as_bool().ok())
             .unwrap_or(false),
         host: string(m, "host").unwrap_or_else(|| "local".into()),
+        origin: rhai::serde::from_dynamic(&Dynamic::from_map(m.clone())).unwrap_or_default(),
         maps: Vec::new(),
     })
 }

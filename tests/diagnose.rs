@@ -34,6 +34,98 @@ fn orphaned_when_the_job_launcher_is_gone() {
     assert_eq!(d["holders"].as_array().unwrap().len(), 2);
 }
 
+/// Issue 15's two rows: a launcher in a process group of its own (`setsid python3
+/// launcher.py`), and one in the caller's group (`python3 launcher.py &` in a script); both
+/// read `held` while the launcher lives and `orphaned` once it is SIGKILLed.
+#[test]
+fn orphaned_in_both_rows_once_the_launcher_is_killed() {
+    let sim = Sim::new("2x8G");
+    let own = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    let shared = sim.hold(&["--gpu", "1", "--mib", "64", "--shared-group"])[0];
+    let me = unsafe { libc::getpgrp() };
+    let hs = sim.eval_json("holders()");
+    let by_pid = |hs: &Value, pid: i32| -> Value {
+        hs.as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["pid"] == pid as i64)
+            .cloned()
+            .unwrap_or_else(|| panic!("no holder {pid} in {hs}"))
+    };
+    let (h0, h1) = (by_pid(&hs, own), by_pid(&hs, shared));
+    assert_eq!(
+        h1["pgid"], me as i64,
+        "the second row shares the caller's group"
+    );
+    assert_ne!(h0["pgid"], me as i64);
+    let mut launchers = Vec::new();
+    for h in [&h0, &h1] {
+        assert_eq!(h["reparented"], false, "{h}");
+        assert_eq!(h["launcher"]["pid"], h["ppid"], "{h}");
+        launchers.push(h["ppid"].as_i64().unwrap() as i32);
+    }
+    for gpu in [0, 1] {
+        assert_eq!(verdict(&sim, gpu)["verdict"], "held");
+    }
+    for &l in &launchers {
+        sigkill(l);
+        assert!(gone_within(l, 10));
+    }
+    let hs = sim.eval_json("holders()");
+    for (gpu, pid) in [(0, own), (1, shared)] {
+        let h = by_pid(&hs, pid);
+        assert_eq!(h["reparented"], true, "{h}");
+        assert_eq!(h["launcher"], Value::Null, "{h}");
+        let d = verdict(&sim, gpu);
+        assert_eq!(d["verdict"], "orphaned", "GPU {gpu}: {d}");
+        assert!(d["advice"].as_str().unwrap().contains(&pid.to_string()));
+    }
+}
+
+/// A process of a Slurm job (SLURM_JOB_ID in its environment, which setsid'd workers keep)
+/// is selected by job, and diagnose names the job and its user.
+#[test]
+fn job_attribution_selects_and_names_the_job() {
+    let sim = Sim::new("2x8G");
+    let job = sim.hold_with(
+        &["--gpu", "0", "--mib", "64", "--setsid"],
+        &[("SLURM_JOB_ID", "812")],
+    )[0];
+    let other = sim.hold_with(&["--gpu", "1", "--mib", "64"], &[("SLURM_JOB_ID", "813")])[0];
+    let hs = sim.eval_json("holders((), #{job: 812})");
+    assert_eq!(hs.as_array().unwrap().len(), 1, "{hs}");
+    assert_eq!(hs[0]["pid"], job as i64);
+    assert_eq!(hs[0]["job"], 812);
+    let user = hs[0]["user"].as_str().unwrap().to_string();
+    let uid = hs[0]["uid"].as_i64().unwrap();
+    assert_eq!(
+        sim.eval(&format!("holders((), #{{user: {user:?}}}).len()")),
+        "2"
+    );
+    assert_eq!(
+        sim.eval(&format!("holders((), #{{user: {uid}, job: 813}}).len()")),
+        "1"
+    );
+    let out = sim.run(&["--json", "holders", "--job", "813"]).ok().json();
+    assert_eq!(out[0]["pid"], other as i64);
+    // Not clean: diagnose exits 1.
+    let d = sim
+        .run(&["--json", "diagnose", "--job", "812"])
+        .code(1)
+        .json();
+    assert_eq!(d.as_array().unwrap().len(), 1, "only the job's GPU: {d}");
+    let advice = d[0]["advice"].as_str().unwrap();
+    assert!(
+        advice.contains(&format!("Slurm job 812 of {user}")),
+        "{advice}"
+    );
+    // clean --job stops that job's processes only.
+    sim.run(&["clean", "--job", "812", "--grace", "2"]).ok();
+    assert!(gone_within(job, 10));
+    assert!(alive(other));
+    assert_eq!(sim.used_mib(1), 64);
+}
+
 #[test]
 fn inherited_names_the_dead_creator() {
     let sim = Sim::new("1x8G");

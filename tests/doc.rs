@@ -60,6 +60,20 @@ fn every_stdlib_function_has_a_doc_comment() {
 fn doc_prints_the_reference() {
     let sim = Sim::new("2x8G");
     let out = sim.run(&["doc"]).ok();
+    // Lineage and attribution fields of holder maps (issues 14 and 15) are described.
+    for field in [
+        "ppid_comm",
+        "reparented",
+        "launcher",
+        "service",
+        "job",
+        "container",
+        "cgroup",
+        "#{job: 812}",
+        "\"service\"",
+    ] {
+        assert!(out.stdout.contains(field), "doc lacks {field}");
+    }
     insta::assert_snapshot!(out.stdout);
 }
 

@@ -24,7 +24,12 @@ fn finds_a_plain_holder_with_every_field() {
     assert_eq!(h["evidence"], serde_json::json!(["driver", "fd", "map"]));
     assert_eq!(h["state"], "sleeping");
     assert_eq!(h["protected"], false);
-    assert_eq!(h["pgid"], p as i64);
+    // Its launcher stays alive as its parent and leads the job's process group.
+    assert_eq!(h["pgid"], h["ppid"]);
+    assert_eq!(h["ppid_comm"], "launcher");
+    assert_eq!(h["launcher"]["pid"], h["ppid"]);
+    assert_eq!(h["launcher"]["name"], "launcher");
+    assert_eq!(h["reparented"], false);
     assert!(h["start"].as_i64().unwrap() > 0);
     assert!(h["cmdline"].as_str().unwrap().contains("sim hold"));
     assert_eq!(h["user"], whoami());
@@ -114,54 +119,35 @@ fn a_process_that_left_the_process_group() {
 
 #[test]
 fn nothing_for_zombies() {
-    // The creator of an allocation exits but its parent (this test) does not reap it yet:
-    // the driver still lists the zombie creator while its forked child holds the handles.
+    // The creator of an allocation dies but its parent (the launcher, stopped) does not reap
+    // it yet: the driver still lists the zombie creator while its forked child holds the handles.
     let sim = Sim::new("1x8G");
-    sim.gpus(); // sets the state directory up
-    let mut creator = sim
-        .std_cmd()
-        .args([
-            "sim",
-            "hold",
-            "--as-holder",
-            "--gpu",
-            "0",
-            "--mib",
-            "10",
-            "--fork-child",
-            "--exit-creator",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let cpid = creator.id() as i32;
-    let out = std::io::BufReader::new(creator.stdout.take().unwrap());
-    let mut pids = Vec::new();
-    for line in std::io::BufRead::lines(out) {
-        let line = line.unwrap();
-        if let Some(p) = line.strip_prefix("pid ") {
-            pids.push(p.parse::<i32>().unwrap());
-        }
-        if line == "ready" {
-            break;
-        }
-    }
-    let child = pids[1];
-    sim.adopt(child);
+    let pids = sim.hold(&["--gpu", "0", "--mib", "10", "--fork-child"]);
+    let (creator, child) = (pids[0], pids[1]);
+    let launcher = ppid(creator);
+    unsafe { libc::kill(launcher, libc::SIGSTOP) };
     let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while alive(cpid) {
+    while state_of(launcher) != Some('T') {
+        assert!(std::time::Instant::now() < end, "launcher did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    sigkill(creator);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while alive(creator) {
         assert!(std::time::Instant::now() < end, "creator did not exit");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     // The creator is a zombie now (exists in /proc, state Z).
-    assert!(std::path::Path::new(&format!("/proc/{cpid}")).exists());
+    assert!(std::path::Path::new(&format!("/proc/{creator}")).exists());
     let all = sim.eval_json("holders((), #{all: true})");
     assert_eq!(pids_of(&all), vec![child as i64]);
     let d = sim.eval_json("diagnose(0)");
-    assert_eq!(d[0]["ghost_pids"], serde_json::json!([cpid]));
-    sigkill(child);
-    creator.wait().unwrap();
+    assert_eq!(d[0]["ghost_pids"], serde_json::json!([creator]));
+    unsafe { libc::kill(launcher, libc::SIGCONT) };
+    assert!(
+        gone_within(launcher, 10),
+        "the launcher ends with its last child"
+    );
 }
 
 fn pids_of(v: &Value) -> Vec<i64> {

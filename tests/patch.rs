@@ -252,11 +252,12 @@ fn the_patch_and_rerun_example_runs_green() {
         "{}",
         out.stdout
     );
-    // Each crash left its two workers: run() stopped them when the job's main process
-    // exited (issue 10, defect 13), before rerun_until had to kill any holder.
+    // Each crash left its two workers and their launchers (each `sim hold` keeps one alive
+    // as its holder's parent): run() stopped them when the job's main process exited
+    // (issue 10, defect 13), before rerun_until had to kill any holder.
     assert!(
         out.stderr
-            .contains("the job left 2 process(es) running (stopped)"),
+            .contains("the job left 4 process(es) running (stopped)"),
         "{}",
         out.stderr
     );

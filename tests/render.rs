@@ -55,20 +55,31 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         evidence: vec!["driver".into(), "fd".into(), "map".into()],
         protected: false,
         host: "local".into(),
+        origin: Default::default(),
         maps: gpus_clone,
     }
 }
 
 fn holders() -> Vec<Holder> {
-    vec![
-        holder(4242, vec![1], "running", "python3 train.py --config llama.yaml"),
-        holder(
-            4243,
-            vec![1, 2],
-            "disk-sleep",
-            "python3 -m vllm.entrypoints.openai.api_server --model meta-llama/Llama-3-70B --tensor-parallel-size 8",
-        ),
-    ]
+    let mut running = holder(
+        4242,
+        vec![1],
+        "running",
+        "python3 train.py --config llama.yaml",
+    );
+    running.ppid = 4200;
+    running.origin.ppid_comm = "torchrun".into();
+    // A worker of a killed launcher, reparented to init, left by a Slurm job.
+    let mut orphan = holder(
+        4243,
+        vec![1, 2],
+        "disk-sleep",
+        "python3 -m vllm.entrypoints.openai.api_server --model meta-llama/Llama-3-70B --tensor-parallel-size 8",
+    );
+    orphan.origin.ppid_comm = "systemd".into();
+    orphan.origin.reparented = true;
+    orphan.origin.job = Some(812);
+    vec![running, orphan]
 }
 
 fn diagnoses() -> Vec<Diagnosis> {

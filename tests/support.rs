@@ -138,7 +138,16 @@ impl Sim {
 
     /// `gpuloop sim hold ARGS`: the pids it prints, remembered for the final kill.
     pub fn hold(&self, args: &[&str]) -> Vec<i32> {
-        let out = self.run(&[&["sim", "hold"], args].concat()).ok();
+        self.hold_with(args, &[])
+    }
+
+    /// `gpuloop sim hold ARGS` with extra environment (which the holders inherit).
+    pub fn hold_with(&self, args: &[&str], env: &[(&str, &str)]) -> Vec<i32> {
+        let out = self
+            .run_with(&[&["sim", "hold"], args].concat(), |c| {
+                c.envs(env.iter().copied());
+            })
+            .ok();
         let pids: Vec<i32> = out
             .stdout
             .lines()
@@ -169,6 +178,23 @@ pub fn alive(pid: i32) -> bool {
         .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().chars().next()))
         .flatten()
         .is_some_and(|st| st != 'Z' && st != 'X')
+}
+
+/// The state letter of a process (`None` if it is gone).
+pub fn state_of(pid: i32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit(')').next()?.trim_start().chars().next()
+}
+
+/// The parent pid of a process (0 if it is gone).
+pub fn ppid(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit(')').next()?.to_string();
+            rest.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// Waits (bounded) until the process is gone; a helper for processes signalled by the test.

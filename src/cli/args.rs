@@ -69,6 +69,9 @@ pub enum Cmd {
         /// Print nothing: only the exit code says whether every selected GPU is clean.
         #[arg(long)]
         check: bool,
+        /// Only the GPUs that this Slurm job's processes hold.
+        #[arg(long, value_name = "JOBID")]
+        job: Option<i64>,
     },
     /// Stop the compute holders of the selected GPUs, or the given PIDs (TERM, grace, KILL).
     ///
@@ -133,6 +136,9 @@ pub struct Owner {
     /// Only your own processes.
     #[arg(long)]
     pub mine: bool,
+    /// Only processes of this Slurm job (from their environment or cgroup).
+    #[arg(long, value_name = "JOBID")]
+    pub job: Option<i64>,
 }
 
 #[derive(Debug, Clone, ClapArgs)]
@@ -146,7 +152,8 @@ pub struct KillFlags {
     /// Say what would be signalled, signal nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Also stop protected GPU daemons.
+    /// Also stop protected GPU daemons and systemd units' main processes (systemd restarts
+    /// those: stop the unit instead).
     #[arg(long)]
     pub force: bool,
 }
@@ -154,7 +161,8 @@ pub struct KillFlags {
 #[derive(Debug, Subcommand)]
 pub enum SimCmd {
     /// Start real processes holding simulated GPU memory; prints their pids, one per line
-    /// (the started process first, then the children it forked), once they hold.
+    /// (the holder first, then the children it forked; with --workers the launcher first, then
+    /// the workers), once they hold. A launcher process stays alive as their parent.
     Hold {
         #[arg(long, allow_negative_numbers = true)]
         gpu: i64,
@@ -185,6 +193,11 @@ pub enum SimCmd {
         /// does when it can see several GPUs.
         #[arg(long)]
         map_all: bool,
+        /// Keep the launcher (the holders' parent, which stays alive as theirs) in the
+        /// caller's process group, as `launcher &` in a script does; by default it leads its
+        /// own group, as a job an interactive shell or setsid starts.
+        #[arg(long)]
+        shared_group: bool,
         #[arg(long, hide = true)]
         as_holder: bool,
     },

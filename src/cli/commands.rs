@@ -8,7 +8,7 @@ use crate::gpu::sim::hold::{self, HoldOpts};
 use crate::gpu::sim::SimBackend;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
-use crate::inspect::Selection;
+use crate::inspect::{Filter, Selection};
 use crate::process::kill::{parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
@@ -41,11 +41,15 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))
         }
         Cmd::Holders { sel, owner, all } => {
-            let hs = actions::holders_of(s, &selection(s, sel)?, *all, owner_uid(owner)?)?;
+            let hs = actions::holders_of(s, &selection(s, sel)?, *all, &owner_filter(owner)?)?;
             emit(cfg, &hs, || render::holders(&hs, Style::stdout()))
         }
-        Cmd::Diagnose { sel, check } => {
-            let ds = actions::diagnoses(s, &selection(s, sel)?)?;
+        Cmd::Diagnose { sel, check, job } => {
+            let filter = Filter {
+                uid: None,
+                job: *job,
+            };
+            let ds = actions::diagnoses_of(s, &selection(s, sel)?, &filter)?;
             if !check {
                 emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))?;
             }
@@ -63,11 +67,11 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         } => {
             let opts = kill_opts(kill)?;
             if pids.is_empty() {
-                return kill_holders(cfg, &selection(s, sel)?, owner_uid(owner)?, &opts);
+                return kill_holders(cfg, &selection(s, sel)?, &owner_filter(owner)?, &opts);
             }
-            if !sel.gpus.is_empty() || owner.user.is_some() || owner.mine {
+            if !sel.gpus.is_empty() || owner.user.is_some() || owner.mine || owner.job.is_some() {
                 return Err(Error::Usage(
-                    "kill: give PIDs or --gpu/--user/--mine, not both".into(),
+                    "kill: give PIDs or --gpu/--user/--mine/--job, not both".into(),
                 ));
             }
             kill_pids(cfg, pids, &opts)
@@ -77,7 +81,13 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             owner,
             timeout,
             kill,
-        } => clean(cfg, &selection(s, sel)?, owner_uid(owner)?, *timeout, kill),
+        } => clean(
+            cfg,
+            &selection(s, sel)?,
+            &owner_filter(owner)?,
+            *timeout,
+            kill,
+        ),
         Cmd::Wait { sel, timeout } => wait(cfg, &selection(s, sel)?, *timeout),
         Cmd::Sim(cmd) => sim(cfg, cmd),
         // Handled in `cli::main` before anything starts; kept for a complete match.
@@ -97,17 +107,23 @@ fn selection(s: &Session, sel: &GpuSel) -> Result<Selection, Error> {
     Ok(Some(actions::select(s, &sels)?))
 }
 
-/// `--user U` or `--mine` as a uid.
-fn owner_uid(owner: &Owner) -> Result<Option<u32>, Error> {
-    if owner.mine {
-        return Ok(Some(nix::unistd::getuid().as_raw()));
-    }
-    match &owner.user {
-        None => Ok(None),
-        Some(u) => crate::process::user_id(u)
-            .map(Some)
-            .ok_or_else(|| Error::Usage(format!("--user: no user {u:?} on this machine"))),
-    }
+/// `--user U` or `--mine` as a uid, and `--job N`, as a holder filter.
+fn owner_filter(owner: &Owner) -> Result<Filter, Error> {
+    let uid =
+        if owner.mine {
+            Some(nix::unistd::getuid().as_raw())
+        } else {
+            match &owner.user {
+                None => None,
+                Some(u) => Some(crate::process::user_id(u).ok_or_else(|| {
+                    Error::Usage(format!("--user: no user {u:?} on this machine"))
+                })?),
+            }
+        };
+    Ok(Filter {
+        uid,
+        job: owner.job,
+    })
 }
 
 fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
@@ -151,10 +167,10 @@ fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Re
 fn kill_holders(
     cfg: &Config,
     sel: &Selection,
-    uid: Option<u32>,
+    filter: &Filter,
     opts: &KillOpts,
 ) -> Result<i32, Error> {
-    let report = actions::kill_holders(&cfg.session, sel, uid, opts)?;
+    let report = actions::kill_holders(&cfg.session, sel, filter, opts)?;
     kill_done(cfg, &report)
 }
 
@@ -186,7 +202,7 @@ fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
 fn clean(
     cfg: &Config,
     sel: &Selection,
-    uid: Option<u32>,
+    filter: &Filter,
     timeout: f64,
     kill: &KillFlags,
 ) -> Result<i32, Error> {
@@ -197,9 +213,9 @@ fn clean(
     let kill_opts = kill_opts(kill)?;
     if kill_opts.dry_run {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
-        return kill_holders(cfg, sel, uid, &kill_opts);
+        return kill_holders(cfg, sel, filter, &kill_opts);
     }
-    let r = actions::clean(&cfg.session, sel, uid, &kill_opts, &wait)?;
+    let r = actions::clean(&cfg.session, sel, filter, &kill_opts, &wait)?;
     if crate::interrupt::is_set() {
         return Ok(130);
     }
@@ -401,6 +417,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             setsid,
             exit_creator,
             map_all,
+            shared_group,
             ..
         } => HoldOpts {
             gpu: *gpu,
@@ -413,6 +430,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             setsid: *setsid,
             exit_creator: *exit_creator,
             map_all: *map_all,
+            shared_group: *shared_group,
         },
         _ => HoldOpts::default(),
     }

@@ -12,7 +12,8 @@ pub struct Diagnosis {
     pub mem_used_mib: i64,
     pub holders: Vec<Holder>,
     pub ghost_pids: Vec<i64>,
-    /// "clean", "held", "orphaned", "inherited", "other-namespace", "permission", "driver".
+    /// "clean", "held", "orphaned", "inherited", "service", "other-namespace", "permission",
+    /// "driver".
     pub verdict: String,
     pub advice: String,
     pub host: String,
@@ -53,7 +54,9 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, foreign_ns: bool) -> Vec<Diagn
                 !g.driver_procs.is_empty(),
                 foreign_ns,
                 inv.unreadable,
-                |pid| tree.orphaned(pid as i32),
+                |h: &Holder| {
+                    tree.orphaned(h.pid as i32) || (h.origin.reparented && !h.origin.service_main)
+                },
             );
             if footprint && !holders.is_empty() && ghosts.is_empty() {
                 advice = format!(
@@ -75,11 +78,47 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, foreign_ns: bool) -> Vec<Diagn
         .collect()
 }
 
+/// "4711 (python3)", with the Slurm job and user, or the container, when known.
 fn pids(hs: &[&Holder]) -> String {
     hs.iter()
-        .map(|h| format!("{} ({})", h.pid, h.name))
+        .map(|h| match (&h.origin.job, &h.origin.container) {
+            (Some(job), _) => format!("{} ({}, Slurm job {job} of {})", h.pid, h.name, h.user),
+            (None, Some(c)) => format!(
+                "{} ({}, container {})",
+                h.pid,
+                h.name,
+                c.get(..12).unwrap_or(c)
+            ),
+            (None, None) => format!("{} ({})", h.pid, h.name),
+        })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Advice for holders that are a systemd unit's main process: stop the unit, not the pid.
+fn service_advice(gpu: i64, units: &[&Holder]) -> String {
+    let mut names: Vec<String> = units
+        .iter()
+        .filter_map(|h| {
+            let unit = h.origin.service.as_deref()?;
+            let user_unit = h
+                .origin
+                .cgroup
+                .as_deref()
+                .is_some_and(|c| c.contains("/user@"));
+            Some(if user_unit {
+                format!("systemctl --user stop {unit} (as {})", h.user)
+            } else {
+                format!("systemctl stop {unit}")
+            })
+        })
+        .collect();
+    names.dedup();
+    format!(
+        "{} hold(s) GPU {gpu} as a systemd unit's main process; killing it only makes systemd restart it: {}",
+        pids(units),
+        names.join("; ")
+    )
 }
 
 fn list(ps: &[i64]) -> String {
@@ -96,7 +135,7 @@ fn verdict(
     driver_lists_any: bool,
     foreign_ns: bool,
     unreadable: usize,
-    orphaned: impl Fn(i64) -> bool,
+    orphaned: impl Fn(&Holder) -> bool,
 ) -> (&'static str, String) {
     if holders.is_empty() && used_mib == 0 {
         return ("clean", format!("GPU {gpu} is free"));
@@ -116,7 +155,15 @@ fn verdict(
                 ),
             );
         }
-        let orphans: Vec<&Holder> = holders.iter().filter(|h| orphaned(h.pid)).collect();
+        // A job's process is the job's, even when its node runs jobs from a service's cgroup.
+        let units: Vec<&Holder> = holders
+            .iter()
+            .filter(|h| h.origin.service_main && h.origin.job.is_none())
+            .collect();
+        if !units.is_empty() {
+            return ("service", service_advice(gpu, &units));
+        }
+        let orphans: Vec<&Holder> = holders.iter().filter(|h| orphaned(h)).collect();
         if !orphans.is_empty() {
             return (
                 "orphaned",
@@ -193,13 +240,14 @@ mod tests {
             evidence: evidence.iter().map(|s| s.to_string()).collect(),
             protected: false,
             host: "local".into(),
+            origin: Default::default(),
             maps: vec![0],
         }
     }
 
     #[test]
     fn each_verdict() {
-        let no = |_| false;
+        let no = |_: &Holder| false;
         let v = |hs: &[Holder], ghosts: &[i64], used, listed, foreign, unread| {
             verdict(0, used, hs, ghosts, listed, foreign, unread, no).0
         };
@@ -217,10 +265,22 @@ mod tests {
         assert_eq!(v(&[], &[], 100, false, false, 3), "permission");
         assert_eq!(v(&[], &[5], 100, true, false, 3), "permission");
         assert_eq!(v(&[], &[], 100, false, false, 0), "driver");
-        let orphan = verdict(0, 100, &[h(7, &["driver"])], &[], true, false, 0, |p| {
-            p == 7
+        let orphan = verdict(0, 100, &[h(7, &["driver"])], &[], true, false, 0, |h| {
+            h.pid == 7
         });
         assert_eq!(orphan.0, "orphaned");
         assert!(orphan.1.contains("7 (python3)"));
+        let mut unit = h(8, &["driver"]);
+        unit.origin.service = Some("vllm.service".into());
+        unit.origin.service_main = true;
+        unit.origin.reparented = true;
+        let (v, advice) = verdict(0, 100, &[unit.clone()], &[], true, false, 0, |_| true);
+        assert_eq!(v, "service");
+        assert!(advice.contains("systemctl stop vllm.service"), "{advice}");
+        // A Slurm job's process is never a unit's, whatever cgroup slurmd left it in.
+        unit.origin.job = Some(812);
+        let (v, advice) = verdict(0, 100, &[unit], &[], true, false, 0, |_| true);
+        assert_eq!(v, "orphaned");
+        assert!(advice.contains("Slurm job 812 of root"), "{advice}");
     }
 }

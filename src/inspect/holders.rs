@@ -3,6 +3,7 @@
 use super::Selection;
 use crate::gpu::{Backend, Gpu, GpuError};
 use crate::process::identity::{self, ProcDir};
+use crate::process::origin::{self, Origin};
 use crate::process::scan::{self, NodeSet, NodeUser};
 use crate::process::{self as proc, kill::is_protected};
 use serde::Serialize;
@@ -33,6 +34,10 @@ pub struct Holder {
     pub evidence: Vec<String>,
     pub protected: bool,
     pub host: String,
+    /// Lineage (ppid_comm, reparented, launcher, service) and attribution (job, container,
+    /// cgroup).
+    #[serde(flatten)]
+    pub origin: Origin,
     /// GPUs whose device node it maps: a CUDA context maps every GPU it can see, and keeps
     /// a few MiB on each, even those the driver does not list it on.
     #[serde(skip)]
@@ -267,5 +272,6 @@ fn make_holder(
         evidence,
         protected: is_daemon,
         host: "local".into(),
+        origin: origin::origin(stat),
     }
 }

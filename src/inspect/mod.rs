@@ -26,3 +26,18 @@ pub fn check_selection(sel: &Selection, gpus: &[crate::gpu::Gpu]) -> Result<(), 
 pub fn selected(sel: &Selection, index: i64) -> bool {
     sel.as_ref().is_none_or(|s| s.contains(&index))
 }
+
+/// Which holders a caller wants besides the GPU selection: `#{user: "alice"}`, `#{job: 812}`,
+/// `--user U`, `--job N`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub uid: Option<u32>,
+    pub job: Option<i64>,
+}
+
+impl Filter {
+    pub fn matches(&self, h: &holders::Holder) -> bool {
+        self.uid.is_none_or(|u| h.uid == i64::from(u))
+            && self.job.is_none_or(|j| h.origin.job == Some(j))
+    }
+}

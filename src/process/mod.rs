@@ -2,6 +2,7 @@
 
 pub mod identity;
 pub mod kill;
+pub mod origin;
 pub mod scan;
 pub mod tree;
 
@@ -187,6 +188,46 @@ pub fn self_and_ancestors() -> Vec<i32> {
         pid = p.ppid;
     }
     out
+}
+
+/// Runs a program to its end with a deadline and returns its stdout; `None` if it cannot
+/// start, fails, or overruns (then it is killed and reaped).
+pub fn command_output(
+    program: &str,
+    args: &[&str],
+    timeout: std::time::Duration,
+) -> Option<String> {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut stdout = child.stdout.take()?;
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = stdout.read_to_string(&mut out);
+        out
+    });
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(2))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let out = reader.join().ok()?;
+    status.filter(|s| s.success()).map(|_| out)
 }
 
 #[cfg(test)]

@@ -155,22 +155,19 @@ pub fn finished(pid: i32) {
 struct Me {
     pid: i32,
     pgid: i32,
-    sid: i32,
 }
 
 fn me() -> Me {
     let pid = std::process::id() as i32;
-    let (pgid, sid) = crate::process::read_stat(pid).map_or((0, 0), |p| (p.pgid, p.sid));
-    Me { pid, pgid, sid }
+    let pgid = crate::process::read_stat(pid).map_or(0, |p| p.pgid);
+    Me { pid, pgid }
 }
 
-/// A child of gpuloop that came from a job: in a job's group, seen below a job, or in
-/// another session (gpuloop's own helpers stay in its session and group).
+/// A child of gpuloop that came from a job: gpuloop's own helpers stay in its process group,
+/// and its jobs' leaders are registered; any other child was reparented to gpuloop, the
+/// subreaper, from a job (a launcher in a group of its own that outlived a quick job is one).
 fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
-    p.ppid == me.pid
-        && p.pgid != me.pgid
-        && !st.live.iter().any(|l| l.pid == p.pid)
-        && (p.sid != me.sid || st.pgids.contains(&p.pgid) || st.seen.contains_key(&p.identity()))
+    p.ppid == me.pid && p.pgid != me.pgid && !st.live.iter().any(|l| l.pid == p.pid)
 }
 
 /// Records the processes below each live job, so orphans can later be told apart by job;

@@ -103,6 +103,16 @@ impl<'a> Opts<'a> {
         }
     }
 
+    pub fn opt_int(&self, key: &str) -> RhaiResult<Option<i64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_int()
+                .map(Some)
+                .map_err(|_| self.wrong(key, "an integer", v)),
+        }
+    }
+
     /// Seconds given as int or float.
     pub fn secs(&self, key: &str, default: Option<Duration>) -> RhaiResult<Option<Duration>> {
         match self.get(key) {

@@ -78,9 +78,14 @@ def check(name, ok, **detail):
     log(("PASS " if ok else "FAIL ") + name + " " + json.dumps(detail)[:600])
 
 
-def mess(mode, *extra, timeout=120):
-    """Starts mess.py MODE and returns (Popen, info) once it printed READY."""
-    p = subprocess.Popen([sys.executable, os.path.join(HERE, "mess.py"), mode, *extra],
+def mess(mode, *extra, timeout=120, in_script=False):
+    """Starts mess.py MODE and returns (Popen, info) once it printed READY. With `in_script`,
+    it runs as a background job of a non-interactive bash script (`python3 mess.py … &; wait`),
+    so it shares the script's process group instead of leading its own."""
+    argv = [sys.executable, os.path.join(HERE, "mess.py"), mode, *extra]
+    if in_script:
+        argv = ["bash", "-c", '"$@" & wait', "script", *argv]
+    p = subprocess.Popen(argv,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                          start_new_session=True)
     started.append(p.pid)
@@ -330,6 +335,37 @@ def s_clean_mp():
         return p, info
     clean_row("torch.multiprocessing workers, launcher SIGKILLed", build,
               lambda v: all(x == "orphaned" for x in v))
+
+
+@scenario("lineage-rows")
+def s_lineage_rows():
+    """Issue 15: the launcher in its own process group (setsid) and as a background job of a
+    script; both read `held` while it lives and `orphaned` once it is SIGKILLed."""
+    for row, in_script in (("own group", False), ("script's group", True)):
+        p, info = mess("mp", "--gb", "4", in_script=in_script)
+        launcher, workers = info["launcher"], info["pids"][1:]
+        hs = [h for h in gl_json("holders") if h["pid"] in workers]
+        check(f"lineage {row}: workers name their launcher",
+              len(hs) == len(workers) and all((h.get("launcher") or {}).get("pid") == launcher
+                                              and not h["reparented"] for h in hs),
+              holders=[(h["pid"], h["ppid"], h["pgid"], h.get("launcher"), h["reparented"]) for h in hs])
+        before = [v for v in diagnose_verdicts() if v != "clean"]
+        check(f"lineage {row}: held while the launcher lives",
+              before and all(v == "held" for v in before), verdicts=before)
+        kill_pids([launcher])
+        end = time.monotonic() + 10
+        while alive(launcher) and time.monotonic() < end:
+            time.sleep(0.01)
+        hs = [h for h in gl_json("holders") if h["pid"] in workers]
+        after = [v for v in diagnose_verdicts() if v != "clean"]
+        check(f"lineage {row}: orphaned once the launcher is SIGKILLed",
+              after and all(v == "orphaned" for v in after)
+              and all(h["reparented"] and h.get("launcher") is None for h in hs),
+              verdicts=after, holders=[(h["pid"], h["ppid"], h["ppid_comm"], h["pgid"]) for h in hs])
+        rc, out, err, t = gl("clean", "--timeout", "30")
+        check(f"lineage {row}: clean frees it", rc == 0 and all(u == 0 for u in used_mib()),
+              rc=rc, seconds=round(t, 3), err=err.strip()[-300:])
+        reset_between()
 
 
 @scenario("clean-fork")

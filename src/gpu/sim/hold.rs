@@ -1,7 +1,10 @@
 //! `gpuloop sim hold`: real processes that hold simulated GPU memory the way CUDA programs do.
 //!
-//! The launcher re-executes gpuloop as the holder (so the holder starts single-threaded and
-//! may fork), reads what it reports on a pipe, and returns once everything holds.
+//! `sim hold` re-executes gpuloop as the job's launcher (so it starts single-threaded and may
+//! fork), reads what it reports on a pipe, and returns once everything holds. The launcher
+//! forks the holders and stays alive as their parent until they are gone, as
+//! `python3 launcher.py` does: a plain holder reads as a running job (`held`), and killing the
+//! launcher leaves real orphans.
 
 use super::SimBackend;
 use crate::gpu::GpuError;
@@ -38,6 +41,10 @@ pub struct HoldOpts {
     /// Map every GPU's node and keep a small footprint on the others, as a CUDA context
     /// does on a machine with several GPUs and no CUDA_VISIBLE_DEVICES.
     pub map_all: bool,
+    /// The launcher stays in the caller's process group, as `launcher &` in a non-interactive
+    /// script does; by default it leads a group of its own, as a job an interactive shell or
+    /// `setsid` starts.
+    pub shared_group: bool,
 }
 
 /// MiB a context keeps on each GPU it sees but does not use (3 MiB measured on H200s).
@@ -59,6 +66,7 @@ impl HoldOpts {
             a.extend(["--name".into(), n.clone()]);
         }
         for (on, flag) in [
+            (self.shared_group, "--shared-group"),
             (self.observer, "--observer"),
             (self.ignore_term, "--ignore-term"),
             (self.fork_child, "--fork-child"),
@@ -101,9 +109,7 @@ pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
         .stdout(Stdio::piped())
         // Never the caller's stderr: holders outlive us and would keep its pipe open.
         .stderr(Stdio::from(log));
-    // Like a job started from a shell: its own process group, led by the first process;
-    // except when that process itself must call setsid(), which a group leader cannot.
-    if !(opts.setsid && opts.workers == 0) {
+    if !opts.shared_group {
         cmd.process_group(0);
     }
     let mut child = cmd
@@ -123,6 +129,7 @@ pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
         }
     };
     if opts.exit_creator {
+        // The launcher ends once it has reaped the creator, its only child.
         let _ = child.wait();
     }
     if sim.spec.release_ms > 0 {
@@ -219,30 +226,28 @@ struct Held {
     _footprints: Vec<nix::fcntl::Flock<File>>,
 }
 
+/// The launcher: it holds nothing, forks the holders and, once they all hold, waits for them.
 fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
-    if let Some(name) = &opts.name {
-        set_comm(name);
+    set_comm("launcher");
+    if opts.workers > 0 {
+        report(&format!("pid {}", std::process::id()));
     }
+    for _ in 0..opts.workers.max(1) {
+        fork_synced(|| holder(sim, opts))?;
+    }
+    finish_ready();
+    // Reap the holders as they end; with none left, the launcher's job is done.
+    while nix::sys::wait::wait().is_ok() {}
+    std::process::exit(0);
+}
+
+/// One holding process (a worker, or the plain holder); `Ok(false)` when it must exit once
+/// reported (the creator of `exit_creator`, whose forked child keeps the handles).
+fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<bool, String> {
+    set_comm(opts.name.as_deref().unwrap_or("gpuloop"));
     if opts.ignore_term {
         // SAFETY: setting a signal disposition to SIG_IGN installs no handler code.
         unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }.map_err(|e| e.to_string())?;
-    }
-    if opts.workers > 0 {
-        // The job's launcher: holds nothing itself, its workers hold the GPU.
-        report(&format!("pid {}", std::process::id()));
-        for _ in 0..opts.workers {
-            fork_synced(|| {
-                if opts.setsid {
-                    setsid().map_err(|e| e.to_string())?;
-                }
-                let held = hold_gpu(sim, opts)?;
-                report(&format!("pid {}", std::process::id()));
-                std::mem::forget(held);
-                Ok(())
-            })?;
-        }
-        finish_ready();
-        return Ok(());
     }
     if opts.setsid {
         setsid().map_err(|e| format!("setsid: {e}"))?;
@@ -253,16 +258,11 @@ fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
         // The child inherits the node fds, the mappings and the allocation's handle.
         fork_synced(|| {
             report(&format!("pid {}", std::process::id()));
-            Ok(())
+            Ok(true)
         })?;
-        if opts.exit_creator {
-            finish_ready();
-            std::process::exit(0);
-        }
     }
-    finish_ready();
     std::mem::forget(held);
-    Ok(())
+    Ok(!(opts.fork_child && opts.exit_creator))
 }
 
 fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
@@ -350,20 +350,27 @@ fn detach_stdout() {
     }
 }
 
-/// Forks; the child runs `setup`, then the parent continues once the child has reported.
-fn fork_synced(setup: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+/// Forks; the child runs `setup`, then the parent continues once the child has reported. The
+/// child then stays (pausing forever) or, when `setup` says `false`, exits.
+fn fork_synced(setup: impl FnOnce() -> Result<bool, String>) -> Result<(), String> {
     let (rd, wr): (OwnedFd, OwnedFd) = pipe().map_err(|e| e.to_string())?;
     // SAFETY: the holder is single-threaded (a fresh exec that started no threads).
     match unsafe { fork() }.map_err(|e| e.to_string())? {
         ForkResult::Child => {
             drop(rd);
-            if let Err(e) = setup() {
-                report(&format!("error {e}"));
-                std::process::exit(1);
-            }
+            let stay = match setup() {
+                Ok(stay) => stay,
+                Err(e) => {
+                    report(&format!("error {e}"));
+                    std::process::exit(1);
+                }
+            };
             let _ = nix::unistd::write(&wr, b"1");
             drop(wr);
             detach_stdout();
+            if !stay {
+                std::process::exit(0);
+            }
             loop {
                 nix::unistd::pause();
             }

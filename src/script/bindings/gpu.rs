@@ -2,7 +2,7 @@
 
 use crate::actions;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
-use crate::inspect::Selection;
+use crate::inspect::{Filter, Selection};
 use crate::script::convert::{
     script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
 };
@@ -50,7 +50,12 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "Compute holders of every GPU: processes the driver lists or that map a GPU device node
          (orphaned workers and forked children holding inherited handles included). Maps:
          pid, ppid, pgid, sid, start, uid, user, name, cmdline, state, role, gpus, mem (bytes),
-         evidence (\"driver\", \"fd\", \"map\"), protected, host.",
+         evidence (\"driver\", \"fd\", \"map\"), protected, host; lineage: ppid_comm (the
+         parent's name), reparented (the parent is init or a subreaper, or started after it: its
+         own parent is gone), launcher (#{pid, start, name} of the nearest live ancestor that is
+         not a shell, init or subreaper, or ()), service (the systemd unit from its cgroup, or
+         ()); attribution: job (Slurm job id from its environment or cgroup, or ()), container
+         (docker/containerd id or Kubernetes pod uid, or ()), cgroup (its cgroup path, or ()).",
         move || -> RhaiResult<Array> {
             to_array(&actions::holders(&s, &None, false).map_err(to_script)?)
         },
@@ -73,9 +78,10 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array | ()", "opts: Map", "Array"],
         "Holders with options: #{all: true} also returns observers (NVML-only clients such as
          nvidia-smi, which open the nodes but map nothing) and protected GPU daemons;
-         #{user: \"alice\"} (a name or a uid) only that user's processes.",
+         #{user: \"alice\"} (a name or a uid) only that user's processes; #{job: 812} only
+         that Slurm job's.",
         move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-            let o = Opts::new(&opts, "holders", &["all", "user"])?;
+            let o = Opts::new(&opts, "holders", &["all", "user", "job"])?;
             let all = o.bool("all", false)?;
             let uid = match o.raw("user") {
                 None => None,
@@ -86,7 +92,13 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
                     })?)
                 }
             };
-            to_array(&actions::holders_of(&s, &selection(&s, &sel)?, all, uid).map_err(to_script)?)
+            let filter = Filter {
+                uid,
+                job: o.opt_int("job")?,
+            };
+            to_array(
+                &actions::holders_of(&s, &selection(&s, &sel)?, all, &filter).map_err(to_script)?,
+            )
         },
     );
 
@@ -97,7 +109,10 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["Array"],
         "Why memory is still used, per GPU: maps of gpu, mem_used_mib, holders, ghost_pids
          (pids the driver lists that are dead or not visible here), verdict (\"clean\", \"held\",
-         \"orphaned\", \"inherited\", \"other-namespace\", \"permission\", \"driver\") and advice.",
+         \"orphaned\" (the job's launcher is gone: its group or session leader exited, or it was
+         reparented to init or a subreaper), \"inherited\", \"service\" (a systemd unit's main
+         process holds it: systemctl stop UNIT), \"other-namespace\", \"permission\",
+         \"driver\") and advice.",
         move || -> RhaiResult<Array> {
             to_array(&actions::diagnoses(&s, &None).map_err(to_script)?)
         },

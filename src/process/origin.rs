@@ -1,0 +1,369 @@
+//! Where a process comes from: its lineage (parent, launcher, reparenting), and, from one
+//! cgroup reader plus its environment, the systemd unit, Slurm job and container it runs in.
+
+use super::{read_stat, ProcInfo};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The nearest live ancestor that started a holder: neither a shell, init, nor a subreaper.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launcher {
+    pub pid: i64,
+    /// With the pid, the identity: `kill(h.launcher)` checks it like a holder map.
+    pub start: i64,
+    pub name: String,
+}
+
+/// Lineage and attribution of one process, as holder maps carry them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Origin {
+    /// The parent's name (comm).
+    pub ppid_comm: String,
+    /// The parent is init or a subreaper, or started after the process: its own parent is gone.
+    pub reparented: bool,
+    pub launcher: Option<Launcher>,
+    /// The systemd unit whose cgroup the process is in.
+    pub service: Option<String>,
+    /// The Slurm job id, from the job's cgroup or the process's environment.
+    pub job: Option<i64>,
+    /// A docker/containerd/podman container id, or a Kubernetes pod uid.
+    pub container: Option<String>,
+    pub cgroup: Option<String>,
+    /// True if the process is its unit's main process (killing it makes systemd act).
+    #[serde(skip)]
+    pub service_main: bool,
+}
+
+/// Shells and session plumbing: they run a job but are not the job's launcher.
+const SHELLS: &[&str] = &[
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "fish",
+    "ksh",
+    "mksh",
+    "tcsh",
+    "csh",
+    "busybox",
+    "sudo",
+    "su",
+    "sshd",
+    "sshd-session",
+    "login",
+    "screen",
+    "timeout",
+    "xargs",
+];
+
+/// Processes that adopt orphans: init systems, container inits and shims.
+const SUBREAPERS: &[&str] = &[
+    "systemd",
+    "init",
+    "tini",
+    "tini-static",
+    "dumb-init",
+    "docker-init",
+    "catatonit",
+    "conmon",
+    "s6-svscan",
+    "s6-supervise",
+    "runsv",
+];
+
+fn is_shell(comm: &str) -> bool {
+    SHELLS.contains(&comm) || comm.starts_with("tmux")
+}
+
+/// True for init (pid 1 as gpuloop sees it) and the known subreapers.
+pub fn is_reaper(p: &ProcInfo) -> bool {
+    p.pid == 1 || SUBREAPERS.contains(&p.comm.as_str()) || p.comm.starts_with("containerd-shim")
+}
+
+/// The last pid of /proc/PID/status NSpid: 1 for the init of a PID namespace.
+fn ns_pid(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// Reads the origin of `p` from /proc (its ancestors, cgroup and environment).
+pub fn origin(p: &ProcInfo) -> Origin {
+    let parent = (p.ppid > 0).then(|| read_stat(p.ppid).ok()).flatten();
+    let own_init = p.pid > 1 && ns_pid(p.pid) == Some(1);
+    let reparented = match &parent {
+        // A container's init is started by its shim, which adopts it: not an orphan.
+        Some(q) => !own_init && (is_reaper(q) || q.start > p.start),
+        None => false,
+    };
+    let cg = read_cgroup(p.pid);
+    let service = cg.service.clone();
+    let service_main = service
+        .as_deref()
+        .is_some_and(|unit| is_main_process(p, parent.as_ref(), unit, cg.user_unit));
+    Origin {
+        ppid_comm: parent.as_ref().map(|q| q.comm.clone()).unwrap_or_default(),
+        reparented,
+        launcher: launcher(p),
+        service,
+        job: cg
+            .job
+            .or_else(|| env_var(p.pid, "SLURM_JOB_ID").and_then(|j| j.parse().ok())),
+        container: cg.container,
+        cgroup: cg.path,
+        service_main,
+    }
+}
+
+/// The nearest live ancestor that is not a shell, init or subreaper.
+fn launcher(p: &ProcInfo) -> Option<Launcher> {
+    let mut pid = p.ppid;
+    for _ in 0..64 {
+        let a = read_stat(pid).ok()?;
+        if is_reaper(&a) || a.pid <= 1 {
+            return None;
+        }
+        if !is_shell(&a.comm) {
+            return Some(Launcher {
+                pid: a.pid.into(),
+                start: a.start as i64,
+                name: a.comm,
+            });
+        }
+        pid = a.ppid;
+    }
+    None
+}
+
+/// Whether `p` is the main process of `unit`: systemd's MainPID for a system unit; for a user
+/// unit (whose manager gpuloop cannot ask as another user), a direct child of the manager.
+fn is_main_process(p: &ProcInfo, parent: Option<&ProcInfo>, unit: &str, user_unit: bool) -> bool {
+    if user_unit {
+        return parent.is_some_and(|q| q.comm == "systemd");
+    }
+    main_pid(unit) == Some(p.pid)
+}
+
+/// systemd's MainPID of a system unit, asked once per unit and call; `None` without systemd.
+fn main_pid(unit: &str) -> Option<i32> {
+    type Asked = HashMap<String, (Instant, Option<i32>)>;
+    static CACHE: OnceLock<Mutex<Asked>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some((at, pid)) = cache.lock().ok().and_then(|c| c.get(unit).copied()) {
+        if at.elapsed() < Duration::from_secs(1) {
+            return pid;
+        }
+    }
+    let pid = crate::process::command_output(
+        "systemctl",
+        &["show", "--property=MainPID", "--value", unit],
+        Duration::from_secs(2),
+    )
+    .and_then(|out| out.trim().parse::<i32>().ok())
+    .filter(|&p| p > 0);
+    if let Ok(mut c) = cache.lock() {
+        c.insert(unit.to_string(), (Instant::now(), pid));
+    }
+    pid
+}
+
+/// One variable of /proc/PID/environ (readable for one's own processes, or as root).
+pub fn env_var(pid: i32, name: &str) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    raw.split(|&b| b == 0).find_map(|kv| {
+        let kv = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+        Some(String::from_utf8_lossy(kv).into_owned())
+    })
+}
+
+/// What a process's cgroup membership says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cgroup {
+    /// The unified (v2) path, else the systemd (v1 name=systemd) one, else the first set path.
+    pub path: Option<String>,
+    pub service: Option<String>,
+    /// The service runs under a user manager (user@UID.service).
+    pub user_unit: bool,
+    pub job: Option<i64>,
+    pub container: Option<String>,
+}
+
+/// Reads /proc/PID/cgroup; the one cgroup reader for units, jobs and containers.
+pub fn read_cgroup(pid: i32) -> Cgroup {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| parse_cgroup(&t))
+        .unwrap_or_default()
+}
+
+/// Parses /proc/PID/cgroup text, v1 (`4:memory:/slurm/uid_0/job_812/step_0`) and v2
+/// (`0::/system.slice/slurmstepd.scope/job_812/step_0/user/task_0`) alike.
+pub fn parse_cgroup(text: &str) -> Cgroup {
+    let mut unified = None;
+    let mut systemd = None;
+    let mut any = None;
+    let mut job = None;
+    let mut container = None;
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if path.is_empty() || path == "/" {
+            continue;
+        }
+        match ctrl {
+            "" => unified = Some(path),
+            "name=systemd" => systemd = Some(path),
+            _ => any = any.or(Some(path)),
+        }
+        for comp in path.split('/') {
+            if let Some(n) = comp.strip_prefix("job_").and_then(|n| n.parse().ok()) {
+                job = job.or(Some(n));
+            }
+        }
+        container = container.or_else(|| container_of(path));
+    }
+    let unit_path = unified.or(systemd);
+    let (service, user_unit) = unit_path.map(service_of).unwrap_or((None, false));
+    Cgroup {
+        path: unified.or(systemd).or(any).map(str::to_string),
+        service,
+        user_unit,
+        job,
+        container,
+    }
+}
+
+/// The deepest `.service` component of a path, unless a scope follows it (a session or a
+/// container is a scope: it restarts nothing); and whether it sits under a user manager.
+fn service_of(path: &str) -> (Option<String>, bool) {
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let Some(at) = comps.iter().rposition(|c| c.ends_with(".service")) else {
+        return (None, false);
+    };
+    if comps[at + 1..].iter().any(|c| c.ends_with(".scope")) {
+        return (None, false);
+    }
+    let unit = comps[at];
+    let under_user = comps[..at].iter().any(|c| c.starts_with("user@"));
+    if unit.starts_with("user@") {
+        // The user manager itself (or its init.scope): not a unit of its own to stop here.
+        return (None, false);
+    }
+    (Some(unit.to_string()), under_user)
+}
+
+/// A container id or pod uid named by a cgroup path (docker, containerd, CRI-O, podman,
+/// Kubernetes with either cgroup driver).
+fn container_of(path: &str) -> Option<String> {
+    let is_id = |s: &str| s.len() >= 12 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    // A Kubernetes pod: "pod<uid>" (cgroupfs) or "kubepods-burstable-pod<uid_>.slice" (systemd).
+    if comps.iter().any(|c| c.starts_with("kubepods")) {
+        for c in &comps {
+            let c = c.trim_end_matches(".slice");
+            let uid = match c.rfind("-pod") {
+                Some(at) if c.starts_with("kubepods") => &c[at + 4..],
+                _ => match c.strip_prefix("pod") {
+                    Some(uid) => uid,
+                    None => continue,
+                },
+            };
+            if uid.len() >= 32 {
+                return Some(uid.replace('_', "-"));
+            }
+        }
+    }
+    for (i, c) in comps.iter().enumerate() {
+        let c = c.trim_end_matches(".scope");
+        for prefix in ["docker-", "cri-containerd-", "crio-", "libpod-"] {
+            if let Some(id) = c.strip_prefix(prefix) {
+                if is_id(id) {
+                    return Some(id.to_string());
+                }
+            }
+        }
+        if i > 0 && matches!(comps[i - 1], "docker" | "libpod_parent") && is_id(c) {
+            return Some(c.to_string());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_jobs_in_v1_and_v2() {
+        let v1 = "12:memory:/slurm/uid_1000/job_812/step_0/task_0\n1:name=systemd:/system.slice/slurmd.service\n";
+        let c = parse_cgroup(v1);
+        assert_eq!(c.job, Some(812));
+        assert_eq!(c.path.as_deref(), Some("/system.slice/slurmd.service"));
+        assert_eq!(c.service.as_deref(), Some("slurmd.service"));
+        let v2 = "0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n";
+        let c = parse_cgroup(v2);
+        assert_eq!((c.job, c.service), (Some(77), None));
+    }
+
+    #[test]
+    fn services_user_units_and_scopes() {
+        let c = parse_cgroup("0::/system.slice/vllm.service\n");
+        assert_eq!(
+            (c.service.as_deref(), c.user_unit),
+            (Some("vllm.service"), false)
+        );
+        let c = parse_cgroup(
+            "0::/user.slice/user-1000.slice/user@1000.service/app.slice/train.service\n",
+        );
+        assert_eq!(
+            (c.service.as_deref(), c.user_unit),
+            (Some("train.service"), true)
+        );
+        let c = parse_cgroup("0::/user.slice/user-1000.slice/user@1000.service/init.scope\n");
+        assert_eq!(c.service, None);
+        let c = parse_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n");
+        assert_eq!(c.service, None);
+        assert_eq!(parse_cgroup("0::/\n"), Cgroup::default());
+    }
+
+    #[test]
+    fn containers_and_pods() {
+        let id = "4f3c2a1b0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a";
+        let c = parse_cgroup(&format!("0::/system.slice/docker-{id}.scope\n"));
+        assert_eq!((c.container.as_deref(), c.service), (Some(id), None));
+        let c = parse_cgroup(&format!("4:pids:/docker/{id}\n"));
+        assert_eq!(c.container.as_deref(), Some(id));
+        let c = parse_cgroup(&format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_5e6f_7a8b_9c0d_1e2f3a4b5c6d.slice/cri-containerd-{id}.scope\n"
+        ));
+        assert_eq!(
+            c.container.as_deref(),
+            Some("1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d")
+        );
+        let c = parse_cgroup(&format!(
+            "0::/kubepods/besteffort/pod1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d/{id}\n"
+        ));
+        assert_eq!(
+            c.container.as_deref(),
+            Some("1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d")
+        );
+    }
+
+    #[test]
+    fn own_origin_is_read() {
+        let me = read_stat(std::process::id() as i32).unwrap();
+        let o = origin(&me);
+        assert!(!o.ppid_comm.is_empty());
+        // The test's own environment is readable: a job id set there is found.
+        assert_eq!(
+            o.job,
+            std::env::var("SLURM_JOB_ID")
+                .ok()
+                .and_then(|j| j.parse().ok())
+        );
+    }
+}
