@@ -92,12 +92,30 @@ fn narrowed(inv: &Inventory, sel: &Selection, filter: &Filter) -> Selection {
 }
 
 pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
-    kill::kill(targets, opts, s.protected(), s.interrupted())
+    let tty = std::io::stderr().is_terminal();
+    let mut line = Progress::new(tty);
+    let report = kill::kill_with_progress(
+        targets,
+        opts,
+        s.protected(),
+        s.interrupted(),
+        &mut |left, all, kill_in| {
+            line.show(&match kill_in {
+                Some(t) => format!(
+                    "waiting for {left} of {all} to exit, KILL in {:.1} s",
+                    t.as_secs_f64()
+                ),
+                None => format!("waiting for {left} of {all} to exit"),
+            })
+        },
+    );
+    line.clear();
+    report
 }
 
 /// Stops every compute holder of the selection (narrowed by `filter`), each pinned by its
-/// identity. A systemd unit's main process is left alone unless `force`: systemd would only
-/// restart it.
+/// identity; the report says which GPUs each held. A systemd unit's main process is left
+/// alone unless `force`: systemd would only restart it.
 pub fn kill_holders(
     s: &Session,
     sel: &Selection,
@@ -109,6 +127,11 @@ pub fn kill_holders(
         .into_iter()
         .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
     let mut report = kill(s, &holder_targets(&hs), opts);
+    for t in &mut report.targets {
+        if let Some(h) = hs.iter().find(|h| h.pid == t.pid) {
+            t.gpus.clone_from(&h.gpus);
+        }
+    }
     for h in units {
         let unit = h.origin.service.as_deref().unwrap_or("its unit");
         report.skipped.push(Skipped {
@@ -134,36 +157,40 @@ fn holder_targets(holders: &[Holder]) -> Vec<Target> {
         .collect()
 }
 
+/// One line of live progress on a terminal's stderr, rewritten in place.
+struct Progress {
+    tty: bool,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(tty: bool) -> Progress {
+        Progress { tty, shown: false }
+    }
+
+    fn show(&mut self, text: &str) {
+        if self.tty {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K{text}");
+            let _ = err.flush();
+            self.shown = true;
+        }
+    }
+
+    fn clear(&mut self) {
+        if self.shown {
+            eprint!("\r\x1b[2K");
+            self.shown = false;
+        }
+    }
+}
+
 /// wait_clean with a live one-line progress on a terminal and, at the timeout, what is left
 /// logged as diagnose() says it.
 pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitOutcome, GpuError> {
-    let tty = std::io::stderr().is_terminal();
-    let mut shown = false;
-    let outcome = wait::wait_clean(
-        s.backend()?,
-        sel,
-        opts,
-        s.protected(),
-        s.interrupted(),
-        |dirty: &Dirty, elapsed: Duration| {
-            if tty {
-                let mut err = std::io::stderr().lock();
-                let _ = write!(
-                    err,
-                    "\r\x1b[2Kwaiting: {} ({:.1}s)",
-                    describe_dirty(dirty),
-                    elapsed.as_secs_f64()
-                );
-                let _ = err.flush();
-                shown = true;
-            }
-        },
-    );
-    if shown {
-        eprint!("\r\x1b[2K");
-    }
+    let outcome = wait_quietly(s, sel, opts)?;
     // A zero timeout asks "is it clean now?": the answer is the value, not a warning.
-    if matches!(outcome, Ok(WaitOutcome::TimedOut)) && !opts.timeout.is_zero() {
+    if outcome == WaitOutcome::TimedOut && !opts.timeout.is_zero() {
         eprintln!(
             "warning: GPUs not clean after {:.1}s:",
             opts.timeout.as_secs_f64()
@@ -174,6 +201,33 @@ pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitO
             }
         }
     }
+    Ok(outcome)
+}
+
+/// wait_clean with its progress line but no log at the timeout, for commands that report
+/// what is left themselves.
+pub fn wait_quietly(
+    s: &Session,
+    sel: &Selection,
+    opts: &WaitOpts,
+) -> Result<WaitOutcome, GpuError> {
+    let mut line = Progress::new(std::io::stderr().is_terminal());
+    let of = opts.timeout.as_secs_f64();
+    let outcome = wait::wait_clean(
+        s.backend()?,
+        sel,
+        opts,
+        s.protected(),
+        s.interrupted(),
+        |dirty: &Dirty, elapsed: Duration| {
+            line.show(&format!(
+                "waiting: {}, {:.1} s of {of:.0} s",
+                describe_dirty(dirty),
+                elapsed.as_secs_f64()
+            ))
+        },
+    );
+    line.clear();
     outcome
 }
 
@@ -193,6 +247,8 @@ pub struct CleanReport {
     pub kill: KillReport,
     pub clean: bool,
     pub outcome: WaitOutcome,
+    /// How long the memory took to come back after the kill (the whole wait).
+    pub wait_ms: i64,
     pub after: Vec<Diagnosis>,
 }
 
@@ -206,12 +262,16 @@ pub fn clean(
 ) -> Result<CleanReport, GpuError> {
     let sel = &narrowed(&inventory(s, sel)?, sel, filter);
     let kill = kill_holders(s, sel, filter, kill_opts)?;
-    let outcome = wait_clean(s, sel, wait_opts)?;
+    let waited = std::time::Instant::now();
+    // What is left is in the report: no warning that says it a second time.
+    let outcome = wait_quietly(s, sel, wait_opts)?;
+    let wait_ms = waited.elapsed().as_millis() as i64;
     let after = diagnoses(s, sel)?;
     Ok(CleanReport {
         kill,
         clean: outcome == WaitOutcome::Clean,
         outcome,
+        wait_ms,
         after,
     })
 }

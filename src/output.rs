@@ -1,10 +1,78 @@
 //! Standard output for everything gpuloop prints: a closed pipe (`gpuloop gpus | head -1`)
 //! ends the output quietly instead of panicking, as coreutils and ripgrep do.
 
+use std::io::IsTerminal;
 use std::io::{ErrorKind, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 static CLOSED: AtomicBool = AtomicBool::new(false);
+/// `--color`: 0 auto, 1 always, 2 never.
+static COLOR: AtomicU8 = AtomicU8::new(0);
+/// `--wide`: tables show whole command lines.
+static WIDE: AtomicBool = AtomicBool::new(false);
+
+/// When output gets ANSI colour (`--color`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ColorChoice {
+    /// On a terminal, unless `NO_COLOR` is set (no-color.org).
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+/// Set once by the command line, before anything prints.
+pub fn set_color(choice: ColorChoice) {
+    let v = match choice {
+        ColorChoice::Auto => 0,
+        ColorChoice::Always => 1,
+        ColorChoice::Never => 2,
+    };
+    COLOR.store(v, Ordering::Relaxed);
+}
+
+fn color_on(is_terminal: bool) -> bool {
+    match COLOR.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+    }
+}
+
+/// Whether stdout gets colour.
+pub fn color_stdout() -> bool {
+    color_on(std::io::stdout().is_terminal())
+}
+
+/// Whether stderr gets colour.
+pub fn color_stderr() -> bool {
+    color_on(std::io::stderr().is_terminal())
+}
+
+/// `--wide`: never cut a table's command column.
+pub fn set_wide(wide: bool) {
+    WIDE.store(wide, Ordering::Relaxed);
+}
+
+/// How wide stdout's lines may be: the terminal's width, or `None` (no limit) with `--wide`
+/// or when stdout is not a terminal, as `ps` does.
+pub fn width() -> Option<usize> {
+    if WIDE.load(Ordering::Relaxed) || !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into the struct we pass.
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
+    if ok && ws.ws_col > 0 {
+        return Some(usize::from(ws.ws_col));
+    }
+    std::env::var("COLUMNS").ok()?.parse().ok()
+}
 
 /// Writes `text` and a newline to stdout.
 pub fn line(text: &str) {

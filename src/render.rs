@@ -4,25 +4,30 @@
 use crate::gpu::{Gpu, MIB};
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
-use crate::process::kill::{KillError, KillReport, Skipped};
+use crate::process::kill::KillReport;
 use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
 use rhai::{Array, Dynamic, Map};
-use std::io::IsTerminal;
 
-/// Whether output gets ANSI colour.
+/// Whether output gets ANSI colour, and how wide its lines may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Style {
     pub color: bool,
+    /// The line width to fit (a terminal's); `None`: no limit.
+    pub width: Option<usize>,
 }
 
 impl Style {
-    pub const PLAIN: Style = Style { color: false };
+    pub const PLAIN: Style = Style {
+        color: false,
+        width: None,
+    };
 
-    /// Colour only when stdout is a terminal and `NO_COLOR` is unset or empty (no-color.org).
+    /// Colour as `--color` says (by default only on a terminal, unless `NO_COLOR` is set);
+    /// the terminal's width unless `--wide`.
     pub fn stdout() -> Style {
-        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
         Style {
-            color: !no_color && std::io::stdout().is_terminal(),
+            color: crate::output::color_stdout(),
+            width: crate::output::width(),
         }
     }
 
@@ -168,38 +173,63 @@ pub fn holders(hs: &[Holder], style: Style) -> String {
     if hosts {
         header.insert(0, "HOST");
     }
-    let mut t = table(&header, style);
-    for h in hs {
-        let mut cmd = h.cmdline.clone();
-        if cmd.chars().count() > 60 {
-            cmd = cmd.chars().take(57).collect::<String>() + "...";
+    let rows = |cmd: &dyn Fn(&str) -> String| {
+        let mut t = table(&header, style);
+        for h in hs {
+            t.add_row(holder_row(h, cmd(&h.cmdline), hosts, jobs, style));
         }
-        let mut row = vec![
-            Cell::new(h.pid),
-            Cell::new(parent(h)),
-            Cell::new(&h.user),
-            Cell::new(&h.name),
-            Cell::new(join(&h.gpus)),
-            Cell::new(h.mem / MIB),
-            colored(h.state.clone(), state_color(&h.state), style),
-            Cell::new(&h.role),
-            Cell::new(h.evidence.join("+")),
-            Cell::new(cmd),
-        ];
-        if jobs {
-            row.insert(
-                3,
-                Cell::new(h.origin.job.map(|j| j.to_string()).unwrap_or_default()),
-            );
-        }
-        if hosts {
-            row.insert(0, Cell::new(&h.host));
-        }
-        t.add_row(row);
+        let shift = usize::from(hosts);
+        right(&mut t, &[0, 5 + usize::from(jobs)].map(|c| c + shift));
+        trimmed(t)
+    };
+    let Some(width) = style.width else {
+        return rows(&|c| c.to_string());
+    };
+    // The COMMAND column gets what the terminal has left (`--wide` for all of it).
+    let rest = rows(&|_| String::new())
+        .lines()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    // Without commands, the longest line is the header, ending in "COMMAND".
+    let room = width.saturating_sub(rest - "COMMAND".len()).max(10);
+    rows(&|c| cut(c, room))
+}
+
+/// `text` in at most `room` characters, with "…" where it was cut.
+fn cut(text: &str, room: usize) -> String {
+    if text.chars().count() <= room {
+        return text.to_string();
     }
-    let shift = usize::from(hosts);
-    right(&mut t, &[0, 5 + usize::from(jobs)].map(|c| c + shift));
-    trimmed(t)
+    text.chars()
+        .take(room.saturating_sub(1))
+        .collect::<String>()
+        + "…"
+}
+
+fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) -> Vec<Cell> {
+    let mut row = vec![
+        Cell::new(h.pid),
+        Cell::new(parent(h)),
+        Cell::new(&h.user),
+        Cell::new(&h.name),
+        Cell::new(join(&h.gpus)),
+        Cell::new(h.mem_mib),
+        colored(h.state.clone(), state_color(&h.state), style),
+        Cell::new(&h.role),
+        Cell::new(h.evidence.join("+")),
+        Cell::new(cmd),
+    ];
+    if jobs {
+        row.insert(
+            3,
+            Cell::new(h.origin.job.map(|j| j.to_string()).unwrap_or_default()),
+        );
+    }
+    if hosts {
+        row.insert(0, Cell::new(&h.host));
+    }
+    row
 }
 
 /// "4242 torchrun", a systemd unit's main process "1 systemd [vllm.service]", and an orphan
@@ -241,10 +271,14 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
         } else {
             d.gpu.to_string()
         };
-        let mut line = format!(
-            "GPU {gpu}  {:>7} MiB  {verdict}  {}",
-            d.mem_used_mib, d.advice
-        );
+        let head = format!("GPU {gpu}  {:>7} MiB  ", d.mem_used_mib);
+        // The advice column starts after the padded verdict; long advice wraps under it.
+        let indent = head.chars().count() + 17;
+        let advice = match style.width {
+            Some(w) => wrap(&d.advice, w.saturating_sub(indent).max(30), indent),
+            None => d.advice.clone(),
+        };
+        let mut line = format!("{head}{verdict}  {advice}");
         if !holders.is_empty() && d.verdict != "clean" {
             line.push_str(&format!("\n        holders: {holders}"));
         }
@@ -259,19 +293,74 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
     out.join("\n")
 }
 
+/// `text` in lines of at most `width` characters, broken only between words, and never
+/// inside a command in parentheses or backticks or between a flag and its value (a unit
+/// longer than a line stays whole); lines after the first are indented.
+fn wrap(text: &str, width: usize, indent: usize) -> String {
+    let mut units: Vec<String> = Vec::new();
+    let mut depth = 0i32;
+    let mut ticks = false;
+    let mut glue = false;
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        match units.last_mut() {
+            Some(u) if depth > 0 || ticks || glue => {
+                u.push(' ');
+                u.push_str(word);
+            }
+            _ => units.push(word.to_string()),
+        }
+        depth += word.matches('(').count() as i32 - word.matches(')').count() as i32;
+        depth = depth.max(0);
+        ticks ^= word.matches('`').count() % 2 == 1;
+        glue = word.starts_with('-') && !word.ends_with(',') && !word.ends_with('.');
+    }
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in &units {
+        let len = line.chars().count();
+        if len > 0 && len + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    lines.push(line);
+    lines.join(&format!("\n{}", " ".repeat(indent)))
+}
+
 pub fn kill_report(r: &KillReport, style: Style) -> String {
     let mut out = Vec::new();
-    let verb = if r.dry_run {
-        "would signal"
-    } else {
-        "signalled"
+    let on = |gpus: &[i64]| match gpus {
+        [] => String::new(),
+        g => format!(" on GPU {}", join(g)),
     };
-    out.push(format!("{verb}: {}", list_or_none(&r.signalled)));
-    if !r.dry_run {
-        out.push(format!("exited: {}", style.green(&list_or_none(&r.exited))));
-        if !r.survivors.is_empty() {
-            out.push(format!("survivors: {}", style.red(&join(&r.survivors))));
+    let secs = |ms: Option<i64>| format!("{:.1} s", ms.unwrap_or(0) as f64 / 1000.0);
+    if r.dry_run {
+        match r.targets.first() {
+            None => out.push("would signal: none".to_string()),
+            Some(t) => out.push(format!("would send {} to:", t.signal)),
         }
+        for t in &r.targets {
+            out.push(format!("  {} ({}){}", t.pid, t.name, on(&t.gpus)));
+        }
+    } else if r.targets.is_empty() {
+        out.push("signalled: none".to_string());
+    }
+    for t in r.targets.iter().filter(|_| !r.dry_run) {
+        let who = format!("{} ({}){}", t.pid, t.name, on(&t.gpus));
+        out.push(match t.ended_by.as_deref() {
+            Some(sig) if sig == t.signal => {
+                style.green(&format!("{who} exited on {sig} after {}", secs(t.exit_ms)))
+            }
+            Some(sig) => format!(
+                "{who} ignored {}, got {sig} after {}",
+                t.signal,
+                secs(t.exit_ms)
+            ),
+            None => style.red(&format!("{who} still running after {}", t.signal)),
+        });
     }
     for s in &r.skipped {
         out.push(format!("skipped {}: {}", s.pid, s.reason));
@@ -281,14 +370,6 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
     }
     out.push(format!("({} ms)", r.elapsed_ms));
     out.join("\n")
-}
-
-fn list_or_none(v: &[i64]) -> String {
-    if v.is_empty() {
-        "none".into()
-    } else {
-        join(v)
-    }
 }
 
 /// A script value for people: arrays of GPU or holder maps as tables, diagnoses, kill and run
@@ -415,6 +496,7 @@ fn holder_of(m: &Map) -> Option<Holder> {
         role: string(m, "role").unwrap_or_default(),
         gpus: ints(m, "gpus")?,
         mem: int(m, "mem").unwrap_or(0),
+        mem_mib: int(m, "mem").unwrap_or(0) / MIB,
         evidence: strings(m, "evidence")?,
         protected: m
             .get("protected")
@@ -430,6 +512,7 @@ fn holder_of(m: &Map) -> Option<Holder> {
 fn diagnosis_of(m: &Map) -> Option<Diagnosis> {
     Some(Diagnosis {
         gpu: int(m, "gpu")?,
+        mem_used: int(m, "mem_used").unwrap_or(0),
         mem_used_mib: int(m, "mem_used_mib")?,
         holders: maps(m, "holders", holder_of)?,
         ghost_pids: ints(m, "ghost_pids")?,
@@ -441,28 +524,19 @@ fn diagnosis_of(m: &Map) -> Option<Diagnosis> {
 
 /// A map as kill() returns it.
 fn kill_report_of(m: &Map) -> Option<KillReport> {
-    Some(KillReport {
-        signalled: ints(m, "signalled")?,
-        exited: ints(m, "exited")?,
-        survivors: ints(m, "survivors")?,
-        skipped: maps(m, "skipped", |s| {
-            Some(Skipped {
-                pid: int(s, "pid")?,
-                reason: string(s, "reason")?,
-            })
-        })?,
-        errors: maps(m, "errors", |e| {
-            Some(KillError {
-                pid: int(e, "pid")?,
-                error: string(e, "error")?,
-            })
-        })?,
-        elapsed_ms: int(m, "elapsed_ms")?,
-        dry_run: m
-            .get("dry_run")
-            .and_then(|v| v.as_bool().ok())
-            .unwrap_or(false),
-    })
+    // Only a map with the report's own fields is one: a user's look-alike prints as a map.
+    [
+        "signalled",
+        "exited",
+        "survivors",
+        "skipped",
+        "errors",
+        "elapsed_ms",
+    ]
+    .iter()
+    .all(|k| m.contains_key(*k))
+    .then(|| rhai::serde::from_dynamic(&Dynamic::from_map(m.clone())).ok())
+    .flatten()
 }
 
 /// A run() result in one line (its output was already streamed; `r.stdout` shows it again).

@@ -43,7 +43,13 @@ impl Session {
             BackendChoice::Sim { dir, spec } => {
                 SimBackend::open(dir, spec.as_deref()).map(|b| Box::new(b) as Box<dyn Backend>)
             }
-            BackendChoice::Auto => Ok(match NvmlBackend::load() {
+            BackendChoice::Auto => Ok({
+                if std::env::var_os("GPULOOP_SIM_DIR").is_some_and(|d| !d.is_empty()) {
+                    eprintln!(
+                        "note: GPULOOP_SIM_DIR is set but the simulator is not selected: using the NVIDIA driver (add --sim SPEC or set GPULOOP_SIM for the simulated GPUs)"
+                    );
+                }
+                match NvmlBackend::load() {
                 Ok(b) => Box::new(b),
                 Err(e) => {
                     let why = e.to_string();
@@ -55,6 +61,7 @@ impl Session {
                         "warning: no NVIDIA driver ({why}); gpu() returns [], holders() still scans /dev/nvidia* fds"
                     );
                     Box::new(NoDriver::new())
+                }
                 }
             }),
         });

@@ -133,3 +133,74 @@ fn a_closed_stdout_ends_every_command_quietly() {
         assert_eq!(out.stderr, "", "{args:?}");
     }
 }
+
+#[test]
+fn json_is_one_shape_everywhere_and_errors_are_json_too() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "1", "--mib", "64"])[0];
+    // The same fields, in the same order, from a command and from a script.
+    let keys =
+        |v: &serde_json::Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    let raw = |args: &[&str]| sim.run(&[&["--json"], args].concat()).ok().stdout;
+    let cmd = raw(&["gpus"]);
+    let script = raw(&["eval", "gpu()"]);
+    assert_eq!(cmd, script);
+    let h = &sim.run(&["--json", "holders"]).ok().json()[0];
+    assert_eq!(
+        (&h["pid"], &h["mem"], &h["mem_mib"]),
+        (
+            &serde_json::json!(p),
+            &serde_json::json!(64 << 20),
+            &serde_json::json!(64)
+        )
+    );
+    assert_eq!(raw(&["holders"]), raw(&["eval", "holders()"]));
+    let d = sim.run(&["--json", "diagnose"]).code(1).json();
+    assert_eq!(
+        (&d[1]["mem_used"], &d[1]["mem_used_mib"]),
+        (&serde_json::json!(64 << 20), &serde_json::json!(64))
+    );
+    let mut sorted = keys(&d[1]);
+    sorted.sort();
+    assert_eq!(keys(&d[1]), sorted);
+    // print() under --json goes to stderr: stdout is only the value.
+    let out = sim
+        .run(&["--json", "eval", "print(\"hello\"); 40 + 2"])
+        .ok();
+    assert_eq!(out.json(), 42);
+    assert_eq!(out.stderr, "hello\n");
+    // Errors under --json are JSON on stderr, with the usual exit codes.
+    for (args, code, want) in [
+        (
+            &["--json", "gpus", "--gpu", "7"][..],
+            2,
+            "no GPU with index 7",
+        ),
+        (&["--json", "eval", "throw \"nope\""], 1, "nope"),
+        (&["--json", "no-such-command"], 2, "unrecognized subcommand"),
+    ] {
+        let out = sim.run(args).code(code);
+        assert_eq!(out.stdout, "", "{args:?}");
+        let e: serde_json::Value = serde_json::from_str(out.stderr.trim())
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", out.stderr));
+        assert!(e["error"].as_str().unwrap().contains(want), "{e}");
+    }
+}
+
+#[test]
+fn color_is_auto_always_or_never() {
+    let sim = Sim::new("1x8G");
+    // NO_COLOR is set by the harness and stdout is a pipe: auto means none.
+    assert!(!sim.run(&["gpus"]).ok().stdout.contains('\x1b'));
+    assert!(sim
+        .run(&["--color", "always", "gpus"])
+        .ok()
+        .stdout
+        .contains("\x1b[1m"));
+    assert!(!sim
+        .run(&["--color", "never", "diagnose"])
+        .ok()
+        .stdout
+        .contains('\x1b'));
+    sim.run(&["--color", "sometimes", "gpus"]).code(2);
+}

@@ -95,17 +95,80 @@ fn dry_run_signals_nothing_and_says_what_it_would() {
     let sim = Sim::new("1x8G");
     let p = sim.hold(&["--gpu", "0", "--mib", "10"])[0];
     let r = sim.eval_json("kill(holders(), #{dry_run: true})");
-    assert_eq!(r["signalled"], serde_json::json!([p]));
+    assert_eq!(r["signalled"], serde_json::json!([]));
+    assert_eq!(r["would_signal"], serde_json::json!([p]));
     assert_eq!(r["dry_run"], true);
     assert_eq!(r["exited"], serde_json::json!([]));
-    let out = sim.run(&["kill", "--dry-run"]).ok();
+    let out = sim.run(&["--json", "clean", "--dry-run"]).ok();
+    assert_eq!(out.json()["would_signal"], serde_json::json!([p]));
+    let t = &out.json()["targets"][0];
+    assert_eq!(
+        (&t["pid"], &t["name"], &t["signal"], &t["gpus"]),
+        (
+            &serde_json::json!(p),
+            &serde_json::json!("python3"),
+            &serde_json::json!("TERM"),
+            &serde_json::json!([0])
+        )
+    );
+    let out = sim.run(&["kill", "--dry-run", "--signal", "INT"]).ok();
     assert!(
-        out.stdout.contains(&format!("would signal: {p}")),
+        out.stdout
+            .contains(&format!("would send INT to:\n  {p} (python3) on GPU 0")),
         "{}",
         out.stdout
     );
     assert!(alive(p));
     assert_eq!(sim.used_mib(0), 10);
+}
+
+#[test]
+fn reports_say_which_signal_ended_each_process_and_when_memory_came_back() {
+    let sim = Sim::new("2x8G");
+    let stubborn = sim.hold(&[
+        "--gpu",
+        "0",
+        "--mib",
+        "10",
+        "--ignore-term",
+        "--name",
+        "trainer",
+    ])[0];
+    let polite = sim.hold(&["--gpu", "1", "--mib", "10"])[0];
+    let out = sim.run(&["clean", "--grace", "0.5"]).ok();
+    assert!(
+        out.stdout.contains(&format!(
+            "{stubborn} (trainer) on GPU 0 ignored TERM, got KILL after"
+        )) && out
+            .stdout
+            .contains(&format!("{polite} (python3) on GPU 1 exited on TERM after")),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("clean: memory back"), "{}", out.stdout);
+    // Nothing said twice: what is left is in the report, not also in a warning.
+    assert_eq!(out.stderr, "");
+    let p = sim.hold(&["--gpu", "0", "--mib", "10", "--ignore-term"])[0];
+    let r = sim.run(&["--json", "clean", "--grace", "0.3"]).ok().json();
+    assert_eq!(r["kill"]["targets"][0]["pid"], p);
+    assert_eq!(r["kill"]["targets"][0]["ended_by"], "KILL");
+    assert!(r["kill"]["targets"][0]["exit_ms"].as_i64().unwrap() >= 300);
+    assert!(r["wait_ms"].as_i64().is_some());
+}
+
+#[test]
+fn clean_that_times_out_warns_once() {
+    let sim = Sim::new("1x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "10"]).ok();
+    let out = sim.run(&["clean", "--timeout", "0.3"]).code(1);
+    assert!(out.stdout.contains("NOT clean"), "{}", out.stdout);
+    assert_eq!(
+        out.stdout.matches("[driver]").count() + out.stdout.matches(" driver ").count(),
+        1,
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stderr.contains("warning"), "{}", out.stderr);
 }
 
 #[test]

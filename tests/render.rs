@@ -4,11 +4,14 @@
 use gpuloop::gpu::{Gpu, MIB};
 use gpuloop::inspect::diagnose::Diagnosis;
 use gpuloop::inspect::holders::Holder;
-use gpuloop::process::kill::{KillError, KillReport, Skipped};
+use gpuloop::process::kill::{KillError, KillReport, Skipped, Stopped};
 use gpuloop::render::{self, Style};
 use rhai::Dynamic;
 
-const COLOR: Style = Style { color: true };
+const COLOR: Style = Style {
+    color: true,
+    width: None,
+};
 
 fn gpu(index: i64, used_mib: i64, util: Option<i64>) -> Gpu {
     let mut g = Gpu::new(
@@ -52,6 +55,7 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         role: "compute".into(),
         gpus,
         mem: 40_960 * MIB,
+        mem_mib: 40_960,
         evidence: vec!["driver".into(), "fd".into(), "map".into()],
         protected: false,
         host: "local".into(),
@@ -86,6 +90,7 @@ fn diagnoses() -> Vec<Diagnosis> {
     vec![
         Diagnosis {
             gpu: 0,
+            mem_used: 0,
             mem_used_mib: 0,
             holders: vec![],
             ghost_pids: vec![],
@@ -95,6 +100,7 @@ fn diagnoses() -> Vec<Diagnosis> {
         },
         Diagnosis {
             gpu: 1,
+            mem_used: 81_920 * MIB,
             mem_used_mib: 81_920,
             holders: holders(),
             ghost_pids: vec![9999],
@@ -119,9 +125,51 @@ fn kill_report() -> KillReport {
             pid: 4243,
             error: "still in uninterruptible sleep after SIGKILL".into(),
         }],
+        targets: vec![
+            Stopped {
+                pid: 4242,
+                name: "python3".into(),
+                gpus: vec![0, 1],
+                signal: "TERM".into(),
+                ended_by: Some("KILL".into()),
+                exit_ms: Some(5003),
+            },
+            Stopped {
+                pid: 4243,
+                name: "pt_main_thread".into(),
+                gpus: vec![1],
+                signal: "TERM".into(),
+                ended_by: None,
+                exit_ms: None,
+            },
+            Stopped {
+                pid: 4250,
+                name: "torchrun".into(),
+                gpus: vec![],
+                signal: "TERM".into(),
+                ended_by: Some("TERM".into()),
+                exit_ms: Some(120),
+            },
+        ],
         elapsed_ms: 5012,
         dry_run: false,
+        would_signal: vec![],
     }
+}
+
+/// The same targets in a dry run: nothing signalled, what would be.
+fn dry_run_report() -> KillReport {
+    let mut r = kill_report();
+    r.dry_run = true;
+    r.would_signal = std::mem::take(&mut r.signalled);
+    r.exited.clear();
+    r.survivors.clear();
+    r.errors.clear();
+    for t in &mut r.targets {
+        t.ended_by = None;
+        t.exit_ms = None;
+    }
+    r
 }
 
 /// A record as scripts see it: the serde map the bindings hand over.
@@ -154,6 +202,16 @@ fn diagnosis_summary() {
 #[test]
 fn kill_report_summary() {
     insta::assert_snapshot!(render::kill_report(&kill_report(), Style::PLAIN));
+}
+
+#[test]
+fn dry_run_report_names_signal_and_gpus() {
+    insta::assert_snapshot!(render::kill_report(&dry_run_report(), Style::PLAIN));
+    // As a script prints the map kill(…, #{dry_run: true}) returns.
+    assert_eq!(
+        render::value(&script(&dry_run_report()), Style::PLAIN),
+        render::kill_report(&dry_run_report(), Style::PLAIN)
+    );
 }
 
 #[test]
@@ -242,4 +300,24 @@ fn json_of_script_values() {
     let v = script(&gpus());
     let json = render::json(&v);
     assert_eq!(json, serde_json::to_value(gpus()).expect("json"));
+}
+
+const NARROW: Style = Style {
+    color: false,
+    width: Some(130),
+};
+
+#[test]
+fn holder_table_fits_the_terminal_and_diagnosis_advice_wraps_between_words() {
+    let table = render::holders(&holders(), NARROW);
+    assert!(table.lines().all(|l| l.chars().count() <= 130), "{table}");
+    let narrow = Style {
+        width: Some(90),
+        ..NARROW
+    };
+    let advice = render::diagnoses(&diagnoses(), narrow);
+    assert!(advice.lines().all(|l| l.chars().count() <= 90), "{advice}");
+    // A flag is never cut in two.
+    assert!(advice.contains("(gpuloop kill --gpu 1)"), "{advice}");
+    insta::assert_snapshot!(format!("{table}\n\n{advice}"));
 }

@@ -440,3 +440,22 @@ fn jobs_spawned_at_the_prompt_are_stopped_when_it_exits() {
         "the job outlived the REPL"
     );
 }
+
+#[test]
+fn kill_and_wait_show_live_progress_on_a_terminal() {
+    let sim = Sim::new("1x8G");
+    sim.hold(&["--gpu", "0", "--mib", "700", "--ignore-term"]);
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("wait_clean(0, #{timeout: 300})");
+    t.wait_for("the wait's progress with its timeout", |s| {
+        s.contains("waiting: GPU 0 700 MiB, ") && s.contains(" s of 300 s")
+    });
+    t.keys(&["C-c"]);
+    t.wait_line("interrupted");
+    t.line("kill(holders(), #{grace: 300})");
+    t.wait_for("the grace's progress", |s| {
+        s.contains("waiting for 1 of 1 to exit, KILL in ")
+    });
+    t.keys(&["C-c"]);
+    t.wait_idle();
+}

@@ -119,3 +119,101 @@ fn release_delay_keeps_memory_used_after_the_holder_died() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+#[test]
+fn hold_beyond_the_gpus_memory_fails_like_a_real_allocation() {
+    let sim = Sim::new("1x16G");
+    sim.hold(&["--gpu", "0", "--mib", "16000"]);
+    let out = sim
+        .run(&["sim", "hold", "--gpu", "0", "--mib", "99999"])
+        .code(1);
+    assert!(
+        out.stderr.contains(
+            "out of memory: tried to allocate 99999 MiB on GPU 0 (16384 MiB total, 384 MiB free)"
+        ),
+        "{}",
+        out.stderr
+    );
+    // Workers each allocate their own share.
+    sim.run(&[
+        "sim",
+        "hold",
+        "--gpu",
+        "0",
+        "--mib",
+        "200",
+        "--workers",
+        "2",
+    ])
+    .code(1);
+    assert_eq!(sim.used_mib(0), 16000);
+}
+
+#[test]
+fn holders_are_named_like_a_job_and_launchers_reap_their_workers() {
+    let sim = Sim::new("1x8G");
+    let named = sim.hold(&["--gpu", "0", "--mib", "1", "--name", "vllm-worker"])[0];
+    let pids = sim.hold(&["--gpu", "0", "--mib", "1", "--workers", "2"]);
+    let hs = sim.eval_json("holders().map(|h| [h.pid, h.name])");
+    assert!(
+        hs.as_array()
+            .unwrap()
+            .contains(&serde_json::json!([named, "vllm-worker"])),
+        "{hs}"
+    );
+    assert!(
+        hs.as_array()
+            .unwrap()
+            .contains(&serde_json::json!([pids[1], "python3"])),
+        "{hs}"
+    );
+    // A worker that dies is reaped by its launcher, not left a zombie.
+    sigkill(pids[1]);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::path::Path::new(&format!("/proc/{}", pids[1])).exists() {
+        assert!(
+            std::time::Instant::now() < end,
+            "worker {} left a zombie",
+            pids[1]
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(alive(pids[0]));
+}
+
+#[test]
+fn sim_ls_lists_and_sim_stop_ends_the_simulators_own_holders() {
+    let sim = Sim::new("2x8G");
+    let a = sim.hold(&["--gpu", "0", "--mib", "5", "--ignore-term"])[0];
+    let job = sim.hold(&["--gpu", "1", "--mib", "5", "--workers", "2"]);
+    let ls = sim.run(&["--json", "sim", "ls"]).ok().json();
+    let mut listed: Vec<i64> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["pid"].as_i64().unwrap())
+        .collect();
+    listed.sort();
+    let mut want = vec![a as i64, job[1] as i64, job[2] as i64];
+    want.sort();
+    assert_eq!(listed, want);
+    let out = sim.run(&["sim", "stop"]).ok();
+    for p in [a, job[0], job[1], job[2]] {
+        assert!(gone_within(p, 30), "{p} still alive: {}", out.stdout);
+    }
+    assert_eq!(sim.run(&["sim", "ls"]).ok().stdout.trim(), "no holders");
+}
+
+#[test]
+fn a_sim_state_dir_without_the_simulator_selected_is_noted() {
+    let sim = Sim::new("1x8G");
+    let out = sim.run_with(&["gpus"], |c| {
+        c.env_remove("GPULOOP_SIM");
+    });
+    assert!(
+        out.stderr
+            .contains("GPULOOP_SIM_DIR is set but the simulator is not selected"),
+        "{}",
+        out.stderr
+    );
+}

@@ -20,6 +20,12 @@ pub struct Args {
     /// More logs (-v, -vv).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// When to colour the output.
+    #[arg(long, global = true, value_name = "WHEN", default_value = "auto")]
+    pub color: ColorArg,
+    /// Show whole command lines in tables (otherwise cut to the terminal's width).
+    #[arg(long, global = true)]
+    pub wide: bool,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -213,7 +219,30 @@ pub enum SimCmd {
         #[arg(long, allow_negative_numbers = true)]
         gpu: i64,
     },
+    /// List the live simulated holders.
+    Ls,
+    /// End every live simulated holder (the simulator's own processes, by pid).
+    Stop,
     /// The release watcher (started by `sim hold` when release_ms is set).
     #[command(hide = true)]
     Watch { alloc: PathBuf },
+}
+
+/// `--color auto|always|never`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ColorArg {
+    /// On a terminal, unless NO_COLOR is set.
+    Auto,
+    Always,
+    Never,
+}
+
+impl From<ColorArg> for crate::output::ColorChoice {
+    fn from(c: ColorArg) -> Self {
+        match c {
+            ColorArg::Auto => crate::output::ColorChoice::Auto,
+            ColorArg::Always => crate::output::ColorChoice::Always,
+            ColorArg::Never => crate::output::ColorChoice::Never,
+        }
+    }
 }

@@ -150,12 +150,14 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
     })
 }
 
-/// Prints JSON with --json, else the table.
+/// Prints JSON with --json, else the table. Keys come in one order everywhere, sorted by
+/// name, as scripts' maps print under `eval --json`.
 fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Result<i32, Error> {
     if cfg.json {
+        let sorted = serde_json::to_value(v).map_err(|e| Error::Other(e.to_string()))?;
         crate::outln!(
             "{}",
-            serde_json::to_string_pretty(v).map_err(|e| Error::Other(e.to_string()))?
+            serde_json::to_string_pretty(&sorted).map_err(|e| Error::Other(e.to_string()))?
         );
     } else {
         crate::outln!("{}", table());
@@ -223,19 +225,27 @@ fn clean(
     struct Out<'a> {
         clean: bool,
         kill: &'a crate::process::kill::KillReport,
+        /// How long the memory took to come back after the kill.
+        wait_ms: i64,
         gpus: &'a [crate::inspect::diagnose::Diagnosis],
     }
     let out = Out {
         clean: r.clean,
         kill: &r.kill,
+        wait_ms: r.wait_ms,
         gpus: &r.after,
     };
     emit(cfg, &out, || {
+        let secs = r.wait_ms as f64 / 1000.0;
         format!(
             "{}\n{}\n{}",
             render::kill_report(&r.kill, Style::stdout()),
             render::diagnoses(&r.after, Style::stdout()),
-            if r.clean { "clean" } else { "NOT clean" }
+            if r.clean {
+                format!("clean: memory back {secs:.1} s after the kill")
+            } else {
+                format!("NOT clean after {secs:.1} s")
+            }
         )
     })?;
     Ok(if r.clean { 0 } else { 1 })
@@ -260,7 +270,7 @@ fn wait(cfg: &Config, sel: &Selection, timeout: f64) -> Result<i32, Error> {
         timeout: seconds(timeout, "--timeout")?,
         ..WaitOpts::default()
     };
-    let outcome = actions::wait_clean(&cfg.session, sel, &opts)?;
+    let outcome = actions::wait_quietly(&cfg.session, sel, &opts)?;
     let clean = match outcome {
         WaitOutcome::Interrupted => return Ok(130),
         WaitOutcome::Clean => true,
@@ -317,7 +327,13 @@ fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error>
     // Whatever the script started (run/spawn) is stopped when this goes out of scope.
     let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
     let session = cfg.session.clone();
-    let engine = build_engine(session, &EngineOpts { script_dir: dir });
+    let engine = build_engine(
+        session,
+        &EngineOpts {
+            script_dir: dir,
+            json: cfg.json,
+        },
+    );
     let mut scope = new_scope(args);
     let _ = run_source(&engine, &mut scope, &file, &src)?;
     Ok(0)
@@ -327,7 +343,13 @@ fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
     let session = cfg.session.clone();
     let dir = std::env::current_dir().ok();
-    let engine = build_engine(session, &EngineOpts { script_dir: dir });
+    let engine = build_engine(
+        session,
+        &EngineOpts {
+            script_dir: dir,
+            json: cfg.json,
+        },
+    );
     let mut scope = new_scope(&[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
     if cfg.json {
@@ -400,8 +422,49 @@ fn sim(cfg: &Config, cmd: &SimCmd) -> Result<i32, Error> {
             crate::gpu::Backend::reset(&sim, *gpu)?;
             Ok(0)
         }
+        SimCmd::Ls => {
+            let hs = sim_holders(cfg)?;
+            emit(cfg, &hs, || render::holders(&hs, Style::stdout()))
+        }
+        SimCmd::Stop => {
+            let mut targets: Vec<Target> = Vec::new();
+            for h in sim_holders(cfg)? {
+                // A `--workers` launcher holds nothing itself: it is the holders' parent.
+                let mut pid = h.pid as i32;
+                while let Ok(p) = crate::process::read_stat(pid) {
+                    if !is_sim_holder(&crate::process::cmdline(pid)) {
+                        break;
+                    }
+                    let t = Target::Exact(p.identity());
+                    if !targets.contains(&t) {
+                        targets.push(t);
+                    }
+                    pid = p.ppid;
+                }
+            }
+            let opts = KillOpts {
+                signal: nix::sys::signal::Signal::SIGKILL,
+                tree: false,
+                // A simulated nvidia-persistenced is still the simulator's own.
+                force: true,
+                ..KillOpts::default()
+            };
+            kill_done(cfg, &actions::kill(&cfg.session, &targets, &opts))
+        }
         SimCmd::Watch { .. } => Err(Error::Usage("sim watch is internal".into())),
     }
+}
+
+/// Every process holding the simulator's device nodes that `gpuloop sim hold` started:
+/// others that opened them (a test, a script) are not the simulator's to stop.
+fn sim_holders(cfg: &Config) -> Result<Vec<crate::inspect::holders::Holder>, Error> {
+    let mut hs = actions::holders(&cfg.session, &None, true)?;
+    hs.retain(|h| is_sim_holder(&h.cmdline));
+    Ok(hs)
+}
+
+fn is_sim_holder(cmdline: &str) -> bool {
+    cmdline.contains(" sim hold ") && cmdline.contains("--as-holder")
 }
 
 fn hold_opts(cmd: &SimCmd) -> HoldOpts {

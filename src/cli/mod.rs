@@ -50,7 +50,16 @@ pub fn main() -> i32 {
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
-            let _ = e.print();
+            // --help and --version are answers, not errors.
+            let answer = matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            );
+            if !answer && std::env::args().any(|a| a == "--json") {
+                json_error(&e.render().to_string());
+            } else {
+                let _ = e.print();
+            }
             return e.exit_code();
         }
     };
@@ -64,13 +73,15 @@ pub fn main() -> i32 {
     {
         return match commands::sim_internal(&args) {
             Ok(code) => code,
-            Err(e) => report(e),
+            Err(e) => report(e, false),
         };
     }
     if let Cmd::Guard = &args.cmd {
         return crate::runner::guard::main();
     }
     crate::interrupt::install();
+    crate::output::set_color(args.color.into());
+    crate::output::set_wide(args.wide);
     init_logs(args.verbose);
     // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`).
     if let Ok(exe) = std::env::current_exe() {
@@ -80,7 +91,7 @@ pub fn main() -> i32 {
     let result = Config::from_args(&args).and_then(|cfg| commands::dispatch(&args, &cfg));
     match result {
         Ok(code) => code,
-        Err(e) => report(e),
+        Err(e) => report(e, args.json),
     }
 }
 
@@ -94,23 +105,29 @@ fn init_logs(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(level))
         .with_writer(std::io::stderr)
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
-        )
+        .with_ansi(crate::output::color_stderr())
         .with_target(false)
         .without_time()
         .try_init();
 }
 
-fn report(e: Error) -> i32 {
+/// Prints the error (as `{"error": …}` under --json, so that a program reading JSON gets
+/// JSON on both streams) and returns its exit code.
+fn report(e: Error, json: bool) -> i32 {
     let msg = e.to_string();
     if !msg.is_empty() {
-        if matches!(e, Error::Script(_)) {
+        if json {
+            json_error(&msg);
+        } else if matches!(e, Error::Script(_)) {
             eprintln!("{msg}");
         } else {
             eprintln!("gpuloop: {msg}");
         }
     }
     e.code()
+}
+
+fn json_error(msg: &str) {
+    let msg = msg.trim_end().trim_start_matches("error: ");
+    eprintln!("{}", serde_json::json!({ "error": msg }));
 }

@@ -79,6 +79,15 @@ pub enum GpuError {
     NoSuchGpu { index: i64, count: usize },
     #[error("no GPU with UUID or bus id {id:?} (this machine has {count})")]
     NoSuchGpuId { id: String, count: usize },
+    #[error(
+        "out of memory: tried to allocate {mib} MiB on GPU {index} ({total_mib} MiB total, {free_mib} MiB free)"
+    )]
+    OutOfMemory {
+        index: i64,
+        mib: i64,
+        free_mib: i64,
+        total_mib: i64,
+    },
     #[error("GPU selector {0}")]
     BadSelector(String),
     #[error("NVML: {0}")]

@@ -9,6 +9,8 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 pub struct Diagnosis {
     pub gpu: i64,
+    /// Bytes used on the GPU, and the same in MiB.
+    pub mem_used: i64,
     pub mem_used_mib: i64,
     pub holders: Vec<Holder>,
     pub ghost_pids: Vec<i64>,
@@ -67,6 +69,7 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, foreign_ns: bool) -> Vec<Diagn
             }
             Diagnosis {
                 gpu: g.index,
+                mem_used: g.mem_used,
                 mem_used_mib: g.mem_used_mib,
                 holders,
                 ghost_pids: ghosts,
@@ -237,6 +240,7 @@ mod tests {
             role: "compute".into(),
             gpus: vec![0],
             mem: 0,
+            mem_mib: 0,
             evidence: evidence.iter().map(|s| s.to_string()).collect(),
             protected: false,
             host: "local".into(),

@@ -30,6 +30,8 @@ pub struct Holder {
     pub gpus: Vec<i64>,
     /// Bytes the driver attributes to it on the selected GPUs.
     pub mem: i64,
+    /// The same in MiB.
+    pub mem_mib: i64,
     /// "driver", "fd", "map".
     pub evidence: Vec<String>,
     pub protected: bool,
@@ -105,6 +107,7 @@ impl Inventory {
                 .filter(|d| i64::from(d.pid) == h.pid)
                 .map(|d| d.mem)
                 .sum();
+            h.mem_mib = h.mem / crate::gpu::MIB;
         }
         h
     }
@@ -269,6 +272,7 @@ fn make_holder(
         maps: mapped.iter().copied().collect(),
         gpus: gpus.into_iter().collect(),
         mem: driver.map_or(0, |d| d.1),
+        mem_mib: driver.map_or(0, |d| d.1) / crate::gpu::MIB,
         evidence,
         protected: is_daemon,
         host: "local".into(),

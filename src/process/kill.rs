@@ -6,7 +6,7 @@ use super::{Identity, ProcInfo};
 use nix::sys::signal::Signal;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::pidfd_send_signal;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::PathBuf;
@@ -55,29 +55,53 @@ impl Default for KillOpts {
     }
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Skipped {
     pub pid: i64,
     pub reason: String,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KillError {
     pub pid: i64,
     pub error: String,
 }
 
+/// One process kill() signalled (or, in a dry run, would signal), and what ended it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Stopped {
+    pub pid: i64,
+    pub name: String,
+    /// GPUs it held (filled in by the caller that knows them; empty for a bare pid).
+    pub gpus: Vec<i64>,
+    /// The first signal: "TERM", "INT", "KILL", …
+    pub signal: String,
+    /// The signal it exited after (the first, or "KILL" when it outlived the grace); `None`
+    /// while it lives or in a dry run.
+    pub ended_by: Option<String>,
+    /// Milliseconds from the first signal to its exit.
+    pub exit_ms: Option<i64>,
+}
+
 /// The report `kill()` returns to scripts.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct KillReport {
+    pub dry_run: bool,
     pub signalled: Vec<i64>,
+    /// In a dry run: what would be signalled (`signalled` is then empty).
+    pub would_signal: Vec<i64>,
     pub exited: Vec<i64>,
     pub survivors: Vec<i64>,
     pub skipped: Vec<Skipped>,
     pub errors: Vec<KillError>,
+    /// Every process signalled (or that would be), with its name and what ended it.
+    pub targets: Vec<Stopped>,
     pub elapsed_ms: i64,
-    pub dry_run: bool,
 }
+
+/// Live progress during the grace: (still running, signalled, time left before KILL).
+pub type Progress<'a> = &'a mut dyn FnMut(usize, usize, Option<Duration>);
 
 /// How long SIGKILLed processes get to disappear before they are reported as survivors
 /// (a process stuck in the driver, in uninterruptible sleep, can outlive SIGKILL).
@@ -163,6 +187,10 @@ pub fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {
 struct Victim {
     pinned: Pinned,
     exited: bool,
+    /// When it was seen gone.
+    exit_at: Option<Instant>,
+    /// SIGKILL was sent after the grace.
+    escalated: bool,
 }
 
 /// Signals every target at once, waits for exits on pidfds, escalates after one shared grace.
@@ -171,6 +199,17 @@ pub fn kill(
     opts: &KillOpts,
     protected: &[String],
     interrupted: &AtomicBool,
+) -> KillReport {
+    kill_with_progress(targets, opts, protected, interrupted, &mut |_, _, _| {})
+}
+
+/// `kill`, telling `progress` how many are left while it waits.
+pub fn kill_with_progress(
+    targets: &[Target],
+    opts: &KillOpts,
+    protected: &[String],
+    interrupted: &AtomicBool,
+    progress: Progress,
 ) -> KillReport {
     let started = Instant::now();
     let guard = Guard::new(protected);
@@ -243,8 +282,24 @@ pub fn kill(
         }
     }
 
+    let first = signal_name(opts.signal).to_string();
+    let stopped = |pid: i32, name: String, ended_by: Option<&str>, exit_ms: Option<i64>| Stopped {
+        pid: pid.into(),
+        name,
+        gpus: Vec::new(),
+        signal: first.clone(),
+        ended_by: ended_by.map(str::to_string),
+        exit_ms,
+    };
     if opts.dry_run {
-        report.signalled = chosen.iter().map(|id| id.pid.into()).collect();
+        report.would_signal = chosen.iter().map(|id| id.pid.into()).collect();
+        report.targets = chosen
+            .iter()
+            .map(|id| {
+                let name = tree.get(id.pid).map(|p| p.comm.clone()).unwrap_or_default();
+                stopped(id.pid, name, None, None)
+            })
+            .collect();
         report.elapsed_ms = started.elapsed().as_millis() as i64;
         return report;
     }
@@ -260,6 +315,7 @@ pub fn kill(
             Err(reason) => skip(&mut report, id.pid, reason),
         }
     }
+    let signalled_at = Instant::now();
     let mut victims = Vec::new();
     for p in pinned {
         let pid = p.info.pid;
@@ -274,6 +330,8 @@ pub fn kill(
                 victims.push(Victim {
                     pinned: p,
                     exited: false,
+                    exit_at: None,
+                    escalated: false,
                 });
             }
             Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, "already gone".into()),
@@ -290,15 +348,28 @@ pub fn kill(
     } else {
         opts.grace
     };
-    wait_exits(&mut victims, started + first_wait, interrupted);
-    if opts.signal != Signal::SIGKILL && !opts.grace.is_zero() {
+    let escalation = (opts.signal != Signal::SIGKILL && !opts.grace.is_zero())
+        .then_some(signalled_at + first_wait);
+    wait_exits(
+        &mut victims,
+        signalled_at + first_wait,
+        interrupted,
+        &mut |left, all| progress(left, all, escalation.map(|t| t - Instant::now().min(t))),
+    );
+    if escalation.is_some() {
         let mut escalated = false;
-        for v in victims.iter().filter(|v| !v.exited) {
+        for v in victims.iter_mut().filter(|v| !v.exited) {
             tracing::debug!("kill: grace over, KILL -> pid {}", v.pinned.info.pid);
-            escalated |= send(&v.pinned, Signal::SIGKILL).is_ok();
+            v.escalated = send(&v.pinned, Signal::SIGKILL).is_ok();
+            escalated |= v.escalated;
         }
         if escalated {
-            wait_exits(&mut victims, Instant::now() + KILL_WAIT, interrupted);
+            wait_exits(
+                &mut victims,
+                Instant::now() + KILL_WAIT,
+                interrupted,
+                &mut |left, all| progress(left, all, None),
+            );
         }
     }
     tracing::debug!(
@@ -314,6 +385,18 @@ pub fn kill(
         } else {
             report.survivors.push(pid);
         }
+        let ended_by = match (v.exited, v.escalated) {
+            (false, _) => None,
+            (true, true) => Some("KILL"),
+            (true, false) => Some(first.as_str()),
+        };
+        let exit_ms = v
+            .exit_at
+            .map(|t| t.saturating_duration_since(signalled_at).as_millis() as i64);
+        let name = v.pinned.info.comm.clone();
+        report
+            .targets
+            .push(stopped(v.pinned.info.pid, name, ended_by, exit_ms));
     }
     report.elapsed_ms = started.elapsed().as_millis() as i64;
     report
@@ -370,12 +453,18 @@ fn describe_errno(e: rustix::io::Errno, sig: Signal) -> String {
 }
 
 /// Waits on the pidfds until every victim exited, the deadline passed, or Ctrl-C.
-fn wait_exits(victims: &mut [Victim], deadline: Instant, interrupted: &AtomicBool) {
+fn wait_exits(
+    victims: &mut [Victim],
+    deadline: Instant,
+    interrupted: &AtomicBool,
+    progress: &mut dyn FnMut(usize, usize),
+) {
     loop {
         let live: Vec<usize> = (0..victims.len()).filter(|&i| !victims[i].exited).collect();
         if live.is_empty() {
             return;
         }
+        progress(live.len(), victims.len());
         let now = Instant::now();
         if now >= deadline || interrupted.load(Ordering::Relaxed) {
             return;
@@ -398,6 +487,7 @@ fn wait_exits(victims: &mut [Victim], deadline: Instant, interrupted: &AtomicBoo
         for (k, &i) in live.iter().enumerate() {
             if ready[k] {
                 victims[i].exited = true;
+                victims[i].exit_at = Some(Instant::now());
             }
         }
     }

@@ -64,7 +64,13 @@ impl Repl {
     fn new(session: Arc<Session>, json: bool) -> Result<Repl, Error> {
         let dir = std::env::current_dir().ok();
         let domains = help::Domains::new(&session);
-        let engine = build_engine(session, &EngineOpts { script_dir: dir });
+        let engine = build_engine(
+            session,
+            &EngineOpts {
+                script_dir: dir,
+                json,
+            },
+        );
         let style = Style::stdout();
         let config = rustyline::Config::builder()
             .auto_add_history(false)

@@ -12,6 +12,8 @@ use std::sync::Arc;
 pub struct EngineOpts {
     /// Directory of the running script: first place `import` looks.
     pub script_dir: Option<PathBuf>,
+    /// stdout carries JSON (`--json`): print() goes to stderr, so the JSON stays parseable.
+    pub json: bool,
 }
 
 /// Registers a script function with its doc comment; `params` are `"name: type"` strings
@@ -61,7 +63,11 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
         rhai::Token::Reserved(s) if s.as_str() == "spawn" => rhai::Token::Identifier(s),
         t => t,
     });
-    engine.on_print(crate::output::line);
+    if opts.json {
+        engine.on_print(|s| eprintln!("{s}"));
+    } else {
+        engine.on_print(crate::output::line);
+    }
     engine.on_debug(|s, src, pos| eprintln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
     bindings::gpu::register(&mut engine, &session);
     bindings::process::register(&mut engine, &session);

@@ -91,6 +91,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// once every one of them holds.
 pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
     sim.minor(opts.gpu)?;
+    if !opts.observer {
+        // Each worker allocates its own `mib`, as a tensor-parallel rank does.
+        let mib = opts.mib.saturating_mul(i64::from(opts.workers.max(1)));
+        sim.check_capacity(opts.gpu, mib)?;
+    }
     let err = |why: String| GpuError::SimState {
         dir: sim.dir.clone(),
         why,
@@ -207,6 +212,9 @@ fn spawn_watcher(sim: &SimBackend, alloc: &Path) -> Result<(), GpuError> {
     Ok(())
 }
 
+/// The process name (comm) of a simulated holder when no --name is given.
+pub const DEFAULT_NAME: &str = "python3";
+
 /// The holder side; runs in the re-executed, single-threaded gpuloop and never returns.
 pub fn run_holder(sim: &SimBackend, opts: &HoldOpts) -> ! {
     let result = holder_main(sim, opts);
@@ -244,7 +252,8 @@ fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
 /// One holding process (a worker, or the plain holder); `Ok(false)` when it must exit once
 /// reported (the creator of `exit_creator`, whose forked child keeps the handles).
 fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<bool, String> {
-    set_comm(opts.name.as_deref().unwrap_or("gpuloop"));
+    // A name a GPU job would have, rather than gpuloop's own.
+    set_comm(opts.name.as_deref().unwrap_or(DEFAULT_NAME));
     if opts.ignore_term {
         // SAFETY: setting a signal disposition to SIG_IGN installs no handler code.
         unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }.map_err(|e| e.to_string())?;

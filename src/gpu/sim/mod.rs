@@ -365,6 +365,23 @@ impl SimBackend {
         Ok(path)
     }
 
+    /// Fails as a real allocation does when `mib` more would not fit on the GPU.
+    pub fn check_capacity(&self, gpu: i64, mib: i64) -> Result<(), GpuError> {
+        let i = self.minor(gpu).map(|_| gpu as usize)?;
+        let (used, _) = self.usage()?;
+        let total_mib = self.spec.mem_bytes / MIB;
+        let free_mib = (total_mib - used.get(i).copied().unwrap_or(0) / MIB).max(0);
+        if mib > free_mib {
+            return Err(GpuError::OutOfMemory {
+                index: gpu,
+                mib,
+                free_mib,
+                total_mib,
+            });
+        }
+        Ok(())
+    }
+
     /// Creates an allocation held by this process; the returned lock is the handle.
     /// A `footprint` allocation is not listed by the simulated driver.
     pub fn allocate(

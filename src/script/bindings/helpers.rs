@@ -3,7 +3,6 @@
 use crate::script::convert::{check_spec, script_err, secs_arg, to_script, RhaiResult};
 use crate::script::engine::def;
 use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, NativeCallContext, Position};
-use std::io::IsTerminal;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -88,8 +87,7 @@ pub fn register(engine: &mut Engine) {
         "Writes a warning line to stderr (yellow on a terminal, unless NO_COLOR is set).
          Any value is written as text.",
         |msg: Dynamic| {
-            let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            if color {
+            if crate::output::color_stderr() {
                 eprintln!("\x1b[33mwarning:\x1b[0m {msg}");
             } else {
                 eprintln!("warning: {msg}");
