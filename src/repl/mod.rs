@@ -261,6 +261,10 @@ impl Repl {
             Err(e) => match errors::from_eval(*e, SOURCE, &self.transcript) {
                 ScriptError::Interrupted if crate::interrupt::terminated() => Some(130),
                 ScriptError::Interrupted => {
+                    // The terminal may have echoed "^C" on the line: say it on a clean one.
+                    if std::io::stderr().is_terminal() {
+                        eprint!("\r\x1b[2K");
+                    }
                     eprintln!("interrupted");
                     crate::interrupt::clear();
                     None
