@@ -2,7 +2,7 @@
 //! the bindings and the CLI both call these, so `gpuloop clean` and a script behave alike.
 
 use crate::gpu::{Gpu, GpuError};
-use crate::inspect::diagnose::{diagnose, Diagnosis};
+use crate::inspect::diagnose::{self, diagnose, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
 use crate::inspect::select::{self, Selector};
 use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
@@ -13,6 +13,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 pub fn gpus(s: &Session) -> Result<Vec<Gpu>, GpuError> {
+    s.warn_no_driver();
     s.backend()?.gpus()
 }
 
@@ -25,6 +26,7 @@ pub fn gpu(s: &Session, index: i64) -> Result<Gpu, GpuError> {
 }
 
 pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
+    s.warn_no_driver();
     let inv = Inventory::take(s.backend()?, s.protected())?;
     check_selection(sel, &inv.gpus)?;
     Ok(inv)
@@ -68,9 +70,18 @@ pub fn diagnoses_of(
     sel: &Selection,
     filter: &Filter,
 ) -> Result<Vec<Diagnosis>, GpuError> {
+    let backend = s.backend()?;
+    if let Some(why) = backend.missing_driver() {
+        return Ok(diagnose::no_driver(sel, why));
+    }
     let inv = inventory(s, sel)?;
     let sel = narrowed(&inv, sel, filter);
-    Ok(diagnose(&inv, &sel, s.backend()?.foreign_pid_namespace()))
+    let restarters = s.restarters();
+    let ctx = diagnose::Context {
+        foreign_ns: backend.foreign_pid_namespace(),
+        restarters: &restarters,
+    };
+    Ok(diagnose(&inv, &sel, &ctx))
 }
 
 /// The selection cut down to the GPUs that the filtered holders use.
@@ -110,6 +121,8 @@ pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
         },
     );
     line.clear();
+    // Later waits and diagnoses watch for the restarters it found.
+    s.note_restarters(&report.restarters);
     report
 }
 
@@ -190,18 +203,36 @@ impl Progress {
 pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitOutcome, GpuError> {
     let outcome = wait_quietly(s, sel, opts)?;
     // A zero timeout asks "is it clean now?": the answer is the value, not a warning.
-    if outcome == WaitOutcome::TimedOut && !opts.timeout.is_zero() {
-        eprintln!(
-            "warning: GPUs not clean after {:.1}s:",
-            opts.timeout.as_secs_f64()
-        );
-        if let Ok(ds) = diagnoses(s, sel) {
-            for d in ds.iter().filter(|d| d.verdict != "clean") {
-                eprintln!("  GPU {} [{}] {}", d.gpu, d.verdict, d.advice);
-            }
+    let why = match &outcome {
+        WaitOutcome::TimedOut if !opts.timeout.is_zero() => {
+            format!("not clean after {:.1}s", opts.timeout.as_secs_f64())
+        }
+        WaitOutcome::Stalled => format!(
+            "not clean: nothing holds the memory left and it has not moved for {:.1}s, so waiting longer cannot help",
+            opts.stall.as_secs_f64()
+        ),
+        WaitOutcome::Respawned(r) => format!("not clean: {}", r.restarted()),
+        WaitOutcome::Unsettled => format!(
+            "not clean: it read clean, then something came back within the {:.1}s settle time",
+            opts.settle.as_secs_f64()
+        ),
+        _ => return Ok(outcome),
+    };
+    eprintln!("warning: GPUs {why}:");
+    if let Ok(ds) = diagnoses(s, sel) {
+        for d in ds.iter().filter(|d| !d.is_clean()) {
+            eprintln!("  {}", describe_diagnosis(d));
         }
     }
     Ok(outcome)
+}
+
+/// "GPU 2 [daemon] …", one line of a warning.
+pub fn describe_diagnosis(d: &Diagnosis) -> String {
+    match d.gpu {
+        Some(g) => format!("GPU {g} [{}] {}", d.verdict, d.advice),
+        None => format!("[{}] {}", d.verdict, d.advice),
+    }
 }
 
 /// wait_clean with its progress line but no log at the timeout, for commands that report
@@ -213,10 +244,13 @@ pub fn wait_quietly(
 ) -> Result<WaitOutcome, GpuError> {
     let mut line = Progress::new(std::io::stderr().is_terminal());
     let of = opts.timeout.as_secs_f64();
+    // The restarters this session's kills found: a holder they start again ends the wait.
+    let mut opts = opts.clone();
+    opts.restarters.extend(s.restarters());
     let outcome = wait::wait_clean(
         s.backend()?,
         sel,
-        opts,
+        &opts,
         s.protected(),
         s.interrupted(),
         |dirty: &Dirty, elapsed: Duration| {
@@ -228,6 +262,9 @@ pub fn wait_quietly(
         },
     );
     line.clear();
+    if matches!(outcome, Ok(WaitOutcome::NoDriver(_))) {
+        s.warn_no_driver();
+    }
     outcome
 }
 
@@ -260,16 +297,25 @@ pub fn clean(
     kill_opts: &KillOpts,
     wait_opts: &WaitOpts,
 ) -> Result<CleanReport, GpuError> {
+    if let Some(why) = s.backend()?.missing_driver() {
+        return Err(GpuError::NoDriver(why.to_string()));
+    }
     let sel = &narrowed(&inventory(s, sel)?, sel, filter);
     let kill = kill_holders(s, sel, filter, kill_opts)?;
     let waited = std::time::Instant::now();
-    // What is left is in the report: no warning that says it a second time.
-    let outcome = wait_quietly(s, sel, wait_opts)?;
+    let mut wait_opts = wait_opts.clone();
+    // What survived the kill may still be on its way out: no early stop while it lives.
+    wait_opts
+        .exiting
+        .extend(kill.survivors.iter().map(|&p| p as i32));
+    // What is left is in the report: no warning that says it a second time. diagnose()
+    // knows the restarters this kill found: a holder they started again reads "respawning".
+    let outcome = wait_quietly(s, sel, &wait_opts)?;
     let wait_ms = waited.elapsed().as_millis() as i64;
     let after = diagnoses(s, sel)?;
     Ok(CleanReport {
         kill,
-        clean: outcome == WaitOutcome::Clean,
+        clean: outcome.is_clean(),
         outcome,
         wait_ms,
         after,

@@ -2,7 +2,7 @@
 //! (the REPL and `eval`), in colour only on a terminal; plus the JSON form of a Rhai value.
 
 use crate::gpu::{Gpu, MIB};
-use crate::inspect::diagnose::Diagnosis;
+use crate::inspect::diagnose::{Diagnosis, FootprintOf};
 use crate::inspect::holders::Holder;
 use crate::process::kill::KillReport;
 use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
@@ -266,10 +266,11 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
         } else {
             style.red(&verdict)
         };
+        let index = d.gpu.map_or("all".to_string(), |g| g.to_string());
         let gpu = if hosts {
-            format!("{}:{}", d.host, d.gpu)
+            format!("{}:{index}", d.host)
         } else {
-            d.gpu.to_string()
+            index
         };
         let head = format!("GPU {gpu}  {:>7} MiB  ", d.mem_used_mib);
         // The advice column starts after the padded verdict; long advice wraps under it.
@@ -364,6 +365,9 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
     }
     for s in &r.skipped {
         out.push(format!("skipped {}: {}", s.pid, s.reason));
+    }
+    for p in &r.restarters {
+        out.push(style.red(&p.describe()));
     }
     for e in &r.errors {
         out.push(style.red(&format!("error {}: {}", e.pid, e.error)));
@@ -511,10 +515,19 @@ fn holder_of(m: &Map) -> Option<Holder> {
 /// A map as diagnose() returns it.
 fn diagnosis_of(m: &Map) -> Option<Diagnosis> {
     Some(Diagnosis {
-        gpu: int(m, "gpu")?,
+        gpu: opt_int(m, "gpu")?,
         mem_used: int(m, "mem_used").unwrap_or(0),
         mem_used_mib: int(m, "mem_used_mib")?,
         holders: maps(m, "holders", holder_of)?,
+        daemons: maps(m, "daemons", holder_of).unwrap_or_default(),
+        footprint: maps(m, "footprint", |f| {
+            Some(FootprintOf {
+                pid: int(f, "pid")?,
+                name: string(f, "name")?,
+                gpus: ints(f, "gpus")?,
+            })
+        })
+        .unwrap_or_default(),
         ghost_pids: ints(m, "ghost_pids")?,
         verdict: string(m, "verdict")?,
         advice: string(m, "advice")?,

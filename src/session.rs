@@ -5,9 +5,10 @@ use crate::config::UserConfig;
 use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::sim::SimBackend;
 use crate::gpu::{Backend, GpuError, NoDriver};
+use crate::process::restart::Restarter;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 /// Which backend this session uses.
 #[derive(Debug, Clone)]
@@ -25,6 +26,9 @@ pub struct Session {
     backend: OnceLock<Result<Box<dyn Backend>, GpuError>>,
     pub config: UserConfig,
     pub verbose: u8,
+    warned_no_driver: AtomicBool,
+    /// Parents that outlived holders this session stopped, and may start them again.
+    restarters: Mutex<Vec<Restarter>>,
 }
 
 impl Session {
@@ -34,6 +38,8 @@ impl Session {
             backend: OnceLock::new(),
             config,
             verbose,
+            warned_no_driver: AtomicBool::new(false),
+            restarters: Mutex::new(Vec::new()),
         }
     }
 
@@ -51,17 +57,8 @@ impl Session {
                 }
                 match NvmlBackend::load() {
                 Ok(b) => Box::new(b),
-                Err(e) => {
-                    let why = e.to_string();
-                    let why = why
-                        .trim_start_matches("NVML: ")
-                        .trim_start_matches("a libloading error occurred: ")
-                        .to_string();
-                    eprintln!(
-                        "warning: no NVIDIA driver ({why}); gpu() returns [], holders() still scans /dev/nvidia* fds"
-                    );
-                    Box::new(NoDriver::new())
-                }
+                Err(GpuError::NoDriver(why)) => Box::new(NoDriver::new(why)),
+                Err(e) => Box::new(NoDriver::new(e.to_string())),
                 }
             }),
         });
@@ -69,6 +66,50 @@ impl Session {
             Ok(b) => Ok(b.as_ref()),
             Err(e) => Err(e.clone()),
         }
+    }
+
+    /// `Err(NoDriver)` when the driver did not load: for the one-shots, which exit 1 on it.
+    pub fn require_driver(&self) -> Result<&dyn Backend, GpuError> {
+        let b = self.backend()?;
+        match b.missing_driver() {
+            Some(why) => Err(GpuError::NoDriver(why.to_string())),
+            None => Ok(b),
+        }
+    }
+
+    /// Scripts go on without a driver (gpu() is []), told so once per session.
+    pub fn warn_no_driver(&self) {
+        let Ok(b) = self.backend() else { return };
+        if let Some(why) = b.missing_driver() {
+            if !self.warned_no_driver.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "warning: no NVIDIA driver: {why}; gpu() returns [], holders() still scans /dev/nvidia* fds, nothing reads as clean"
+                );
+            }
+        }
+    }
+
+    /// Remembers restarters a kill found, so later waits and diagnoses can name them.
+    pub fn note_restarters(&self, found: &[Restarter]) {
+        if let Ok(mut rs) = self.restarters.lock() {
+            for r in found {
+                if !rs.iter().any(|k| k.identity == r.identity) {
+                    rs.push(r.clone());
+                }
+            }
+        }
+    }
+
+    /// The restarters noted so far that are still alive.
+    pub fn restarters(&self) -> Vec<Restarter> {
+        let Ok(mut rs) = self.restarters.lock() else {
+            return Vec::new();
+        };
+        rs.retain(|r| {
+            crate::process::read_stat(r.identity.pid)
+                .is_ok_and(|p| p.start == r.identity.start && !p.is_zombie())
+        });
+        rs.clone()
     }
 
     /// The simulator, for `gpuloop sim …`.

@@ -245,13 +245,12 @@ fn a_context_footprint_on_another_gpu_is_named_and_its_holder_left_alone() {
         serde_json::json!([0])
     );
     let d = verdict(&sim, 1);
-    assert_eq!(d["verdict"], "held", "{d}");
-    assert_eq!(d["holders"][0]["pid"], p as i64);
+    assert_eq!(d["verdict"], "footprint", "{d}");
+    assert_eq!(d["footprint"][0]["pid"], p as i64);
     assert!(d["advice"].as_str().unwrap().contains("footprint"), "{d}");
-    // Cleaning GPU 1 does not stop GPU 0's job; it says GPU 1 is not at 0 MiB, and why.
-    let out = sim
-        .run(&["clean", "--gpu", "1", "--timeout", "0.2"])
-        .code(1);
+    // Cleaning GPU 1 does not stop GPU 0's job; GPU 1 is clean for that selection, and the
+    // report says what the 3 MiB are.
+    let out = sim.run(&["clean", "--gpu", "1", "--timeout", "0.2"]).ok();
     assert!(out.stdout.contains("footprint"), "{}", out.stdout);
     assert!(alive(p));
     sim.run(&["clean", "--gpu", "0"]).ok();

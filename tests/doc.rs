@@ -128,3 +128,18 @@ fn completions_name_every_subcommand() {
         }
     }
 }
+
+#[test]
+fn the_doc_and_the_readme_name_every_verdict() {
+    let sim = Sim::new("1x8G");
+    let doc = sim.run(&["doc"]).ok().stdout;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for v in gpuloop::inspect::diagnose::VERDICTS {
+        assert!(doc.contains(&format!("\"{v}\"")), "gpuloop doc lacks {v}");
+        assert!(
+            readme.contains(&format!("| `{v}` |")),
+            "README's verdict table lacks {v}"
+        );
+    }
+}

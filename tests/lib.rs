@@ -6,6 +6,7 @@ mod support;
 mod cli;
 mod diagnose;
 mod doc;
+mod edges;
 mod holders;
 mod identity;
 mod kill;

@@ -5,6 +5,7 @@ use gpuloop::gpu::{Gpu, MIB};
 use gpuloop::inspect::diagnose::Diagnosis;
 use gpuloop::inspect::holders::Holder;
 use gpuloop::process::kill::{KillError, KillReport, Skipped, Stopped};
+use gpuloop::process::restart::Restarter;
 use gpuloop::render::{self, Style};
 use rhai::Dynamic;
 
@@ -89,20 +90,24 @@ fn holders() -> Vec<Holder> {
 fn diagnoses() -> Vec<Diagnosis> {
     vec![
         Diagnosis {
-            gpu: 0,
+            gpu: Some(0),
             mem_used: 0,
             mem_used_mib: 0,
             holders: vec![],
+            daemons: vec![],
+            footprint: vec![],
             ghost_pids: vec![],
             verdict: "clean".into(),
             advice: "GPU 0 is free".into(),
             host: "local".into(),
         },
         Diagnosis {
-            gpu: 1,
+            gpu: Some(1),
             mem_used: 81_920 * MIB,
             mem_used_mib: 81_920,
             holders: holders(),
+            daemons: vec![],
+            footprint: vec![],
             ghost_pids: vec![9999],
             verdict: "orphaned".into(),
             advice: "the job that started these workers is gone: kill them (gpuloop kill --gpu 1)"
@@ -154,6 +159,12 @@ fn kill_report() -> KillReport {
         elapsed_ms: 5012,
         dry_run: false,
         would_signal: vec![],
+        restarters: vec![Restarter {
+            pid: 4200,
+            name: "bash".into(),
+            holder: 4242,
+            identity: gpuloop::process::Identity::new(4200, 1),
+        }],
     }
 }
 

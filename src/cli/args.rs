@@ -106,6 +106,8 @@ pub enum Cmd {
         #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
         timeout: f64,
         #[command(flatten)]
+        wait: WaitFlags,
+        #[command(flatten)]
         kill: KillFlags,
     },
     /// Wait until the selected GPUs are free, killing nothing (exit 1 if not clean in time).
@@ -115,6 +117,8 @@ pub enum Cmd {
         /// Seconds to wait for the memory to be released.
         #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
         timeout: f64,
+        #[command(flatten)]
+        wait: WaitFlags,
     },
     /// Shell completions.
     Completions { shell: clap_complete::Shell },
@@ -147,6 +151,32 @@ pub struct Owner {
     pub job: Option<i64>,
 }
 
+/// How `clean` and `wait` judge "clean".
+#[derive(Debug, Clone, ClapArgs)]
+pub struct WaitFlags {
+    /// Keep watching this many seconds after it reads clean: a holder coming back (a
+    /// restarter) makes it not clean.
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        value_name = "SECS",
+        allow_negative_numbers = true
+    )]
+    pub settle: f64,
+    /// Demand 0 MiB, also where the rest is the CUDA footprint of jobs on other GPUs.
+    #[arg(long)]
+    pub strict: bool,
+    /// Stop waiting once nothing holds the memory left and it has not moved this long
+    /// (0: wait the whole timeout).
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "SECS",
+        allow_negative_numbers = true
+    )]
+    pub stall: f64,
+}
+
 #[derive(Debug, Clone, ClapArgs)]
 pub struct KillFlags {
     /// Signal to send first.
@@ -162,6 +192,9 @@ pub struct KillFlags {
     /// those: stop the unit instead).
     #[arg(long)]
     pub force: bool,
+    /// Also stop the holders' restarters (live parents that would start them again).
+    #[arg(long)]
+    pub parents: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -204,6 +237,14 @@ pub enum SimCmd {
         /// own group, as a job an interactive shell or setsid starts.
         #[arg(long)]
         shared_group: bool,
+        /// The process started is the holder: it prints its pid, holds until killed and never
+        /// detaches (for unshare, a supervisor or a job scheduler).
+        #[arg(long, conflicts_with_all = ["workers", "fork_child", "supervise", "setsid", "shared_group"])]
+        foreground: bool,
+        /// The launcher (first pid printed) restarts its holder (the second) whenever it dies,
+        /// like torchrun's agent.
+        #[arg(long, conflicts_with_all = ["workers", "fork_child"])]
+        supervise: bool,
         #[arg(long, hide = true)]
         as_holder: bool,
     },

@@ -1,11 +1,13 @@
 //! One function per command; each returns the exit code or an `Error`.
 
-use super::args::{Args, Cmd, GpuSel, KillFlags, Owner, SimCmd};
+use super::args::{Args, Cmd, GpuSel, KillFlags, Owner, SimCmd, WaitFlags};
 use super::Config;
 use crate::actions;
 use crate::error::Error;
 use crate::gpu::sim::hold::{self, HoldOpts};
 use crate::gpu::sim::SimBackend;
+use crate::gpu::GpuError;
+use crate::inspect::holders::Inventory;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, Selection};
@@ -34,6 +36,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             Ok(0)
         }
         Cmd::Gpus { sel } => {
+            s.require_driver()?;
             let sel = selection(s, sel)?;
             let mut gpus = actions::gpus(s)?;
             crate::inspect::check_selection(&sel, &gpus)?;
@@ -41,10 +44,18 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))
         }
         Cmd::Holders { sel, owner, all } => {
+            let backend = s.backend()?;
+            if let Some(why) = backend.missing_driver() {
+                // The fd scan still finds who has the nodes open; the exit code says the rest.
+                let hs = Inventory::take(backend, s.protected())?.holders(&None, *all);
+                emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+                return Err(GpuError::NoDriver(why.to_string()).into());
+            }
             let hs = actions::holders_of(s, &selection(s, sel)?, *all, &owner_filter(owner)?)?;
             emit(cfg, &hs, || render::holders(&hs, Style::stdout()))
         }
         Cmd::Diagnose { sel, check, job } => {
+            s.require_driver()?;
             let filter = Filter {
                 uid: None,
                 job: *job,
@@ -53,7 +64,8 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             if !check {
                 emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))?;
             }
-            Ok(if ds.iter().all(|d| d.verdict == "clean") {
+            // Another GPU's CUDA footprint does not make this one dirty (wait_clean agrees).
+            Ok(if ds.iter().all(|d| d.is_clean()) {
                 0
             } else {
                 1
@@ -80,15 +92,15 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             sel,
             owner,
             timeout,
+            wait,
             kill,
-        } => clean(
-            cfg,
-            &selection(s, sel)?,
-            &owner_filter(owner)?,
-            *timeout,
-            kill,
-        ),
-        Cmd::Wait { sel, timeout } => wait(cfg, &selection(s, sel)?, *timeout),
+        } => {
+            let wait = wait_opts(*timeout, wait)?;
+            clean(cfg, &selection(s, sel)?, &owner_filter(owner)?, &wait, kill)
+        }
+        Cmd::Wait { sel, timeout, wait } => {
+            wait_only(cfg, &selection(s, sel)?, &wait_opts(*timeout, wait)?)
+        }
         Cmd::Sim(cmd) => sim(cfg, cmd),
         // Handled in `cli::main` before anything starts; kept for a complete match.
         Cmd::Guard => Ok(crate::runner::guard::main()),
@@ -147,6 +159,7 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
         tree: true,
         dry_run: k.dry_run,
         force: k.force,
+        parents: k.parents,
     })
 }
 
@@ -201,23 +214,30 @@ fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
     })
 }
 
+fn wait_opts(timeout: f64, w: &WaitFlags) -> Result<WaitOpts, Error> {
+    Ok(WaitOpts {
+        timeout: seconds(timeout, "--timeout")?,
+        settle: seconds(w.settle, "--settle")?,
+        stall: seconds(w.stall, "--stall")?,
+        strict: w.strict,
+        ..WaitOpts::default()
+    })
+}
+
 fn clean(
     cfg: &Config,
     sel: &Selection,
     filter: &Filter,
-    timeout: f64,
+    wait: &WaitOpts,
     kill: &KillFlags,
 ) -> Result<i32, Error> {
-    let wait = WaitOpts {
-        timeout: seconds(timeout, "--timeout")?,
-        ..WaitOpts::default()
-    };
+    cfg.session.require_driver()?;
     let kill_opts = kill_opts(kill)?;
     if kill_opts.dry_run {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
         return kill_holders(cfg, sel, filter, &kill_opts);
     }
-    let r = actions::clean(&cfg.session, sel, filter, &kill_opts, &wait)?;
+    let r = actions::clean(&cfg.session, sel, filter, &kill_opts, wait)?;
     if crate::interrupt::is_set() {
         return Ok(130);
     }
@@ -265,16 +285,13 @@ fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
 }
 
 /// `gpuloop wait`: wait_clean as a command; kills nothing.
-fn wait(cfg: &Config, sel: &Selection, timeout: f64) -> Result<i32, Error> {
-    let opts = WaitOpts {
-        timeout: seconds(timeout, "--timeout")?,
-        ..WaitOpts::default()
-    };
-    let outcome = actions::wait_quietly(&cfg.session, sel, &opts)?;
+/// `gpuloop wait`: wait_clean, then the report (which says what is left: the wait is quiet).
+fn wait_only(cfg: &Config, sel: &Selection, opts: &WaitOpts) -> Result<i32, Error> {
+    cfg.session.require_driver()?;
+    let outcome = actions::wait_quietly(&cfg.session, sel, opts)?;
     let clean = match outcome {
         WaitOutcome::Interrupted => return Ok(130),
-        WaitOutcome::Clean => true,
-        WaitOutcome::TimedOut => false,
+        o => o.is_clean(),
     };
     let after = actions::diagnoses(&cfg.session, sel)?;
     #[derive(Serialize)]
@@ -481,6 +498,8 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             exit_creator,
             map_all,
             shared_group,
+            foreground,
+            supervise,
             ..
         } => HoldOpts {
             gpu: *gpu,
@@ -494,6 +513,8 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             exit_creator: *exit_creator,
             map_all: *map_all,
             shared_group: *shared_group,
+            foreground: *foreground,
+            supervise: *supervise,
         },
         _ => HoldOpts::default(),
     }
@@ -507,7 +528,17 @@ pub fn sim_internal(args: &Args) -> Result<i32, Error> {
             crate::gpu::sim::watch(alloc, sim.spec.release_ms)?;
             Ok(0)
         }
-        Cmd::Sim(cmd) => hold::run_holder(&sim, &hold_opts(cmd)),
+        Cmd::Sim(cmd) => {
+            let opts = hold_opts(cmd);
+            if opts.mib < 0 {
+                return Err(Error::Usage("--mib must not be negative".into()));
+            }
+            if opts.foreground {
+                hold::run_foreground(&sim, &opts)
+            } else {
+                hold::run_holder(&sim, &opts)
+            }
+        }
         _ => Ok(2),
     }
 }

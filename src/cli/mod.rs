@@ -68,6 +68,9 @@ pub fn main() -> i32 {
         SimCmd::Hold {
             as_holder: true, ..
         }
+        | SimCmd::Hold {
+            foreground: true, ..
+        }
         | SimCmd::Watch { .. },
     ) = &args.cmd
     {

@@ -98,6 +98,9 @@ pub enum GpuError {
     SimState { dir: PathBuf, why: String },
     #[error("GPU reset of GPU {index} failed: {why}")]
     Reset { index: i64, why: String },
+    /// The driver library did not load or initialise; nothing can be verified.
+    #[error("no NVIDIA driver: {0}")]
+    NoDriver(String),
 }
 
 /// Where a backend's device nodes live: `/dev` for the driver, `$GPULOOP_SIM_DIR/dev` in the
@@ -160,24 +163,26 @@ pub trait Backend: Send + Sync {
     fn foreign_pid_namespace(&self) -> bool;
     /// Resets one GPU (a last resort for memory nobody holds).
     fn reset(&self, index: i64) -> Result<(), GpuError>;
-}
-
-/// The backend used when the NVIDIA driver library cannot be loaded.
-pub struct NoDriver {
-    nodes: DeviceNodes,
-}
-
-impl NoDriver {
-    pub fn new() -> NoDriver {
-        NoDriver {
-            nodes: DeviceNodes::new("/dev"),
-        }
+    /// Why there is no driver (what failed to load or initialise); `None` when there is one.
+    fn missing_driver(&self) -> Option<&str> {
+        None
     }
 }
 
-impl Default for NoDriver {
-    fn default() -> Self {
-        Self::new()
+/// The backend used when the NVIDIA driver library cannot be loaded or initialised: it knows
+/// no GPUs, so nothing read through it may ever count as clean.
+pub struct NoDriver {
+    nodes: DeviceNodes,
+    why: String,
+}
+
+impl NoDriver {
+    /// `why`: what failed, as the user should read it ("libnvidia-ml.so.1: cannot open …").
+    pub fn new(why: impl Into<String>) -> NoDriver {
+        NoDriver {
+            nodes: DeviceNodes::new("/dev"),
+            why: why.into(),
+        }
     }
 }
 
@@ -194,8 +199,11 @@ impl Backend for NoDriver {
     fn foreign_pid_namespace(&self) -> bool {
         false
     }
-    fn reset(&self, index: i64) -> Result<(), GpuError> {
-        Err(GpuError::NoSuchGpu { index, count: 0 })
+    fn reset(&self, _index: i64) -> Result<(), GpuError> {
+        Err(GpuError::NoDriver(self.why.clone()))
+    }
+    fn missing_driver(&self) -> Option<&str> {
+        Some(&self.why)
     }
 }
 

@@ -18,13 +18,50 @@ fn nvml_err(e: NvmlError) -> GpuError {
     GpuError::Nvml(e.to_string())
 }
 
+/// The driver's user-space library, as every NVIDIA tool loads it.
+const LIB: &str = "libnvidia-ml.so.1";
+
+/// What failed, for "no NVIDIA driver: …": the library not loading, or the driver refusing init.
+fn no_driver_reason(lib: &OsStr, e: NvmlError) -> String {
+    let lib = lib.to_string_lossy();
+    match e {
+        NvmlError::LibloadingError(e) => {
+            let why = e.to_string();
+            let why = why
+                .trim_start_matches("DlOpen { desc: \"")
+                .trim_end_matches("\" }");
+            // dlopen's message names the file already ("libnvidia-ml.so.1: cannot open …").
+            let why = if why.contains(lib.as_ref()) {
+                why.to_string()
+            } else {
+                format!("{lib}: {why}")
+            };
+            format!("{why} (is the NVIDIA driver installed?)")
+        }
+        NvmlError::FailedToLoadSymbol(s) => {
+            format!("{lib} is not a usable NVML library (missing {s})")
+        }
+        e => format!("{lib} loaded but the driver did not initialise ({e})"),
+    }
+}
+
 impl NvmlBackend {
-    /// Loads the driver library; `Err` means "no driver here" and is not fatal for callers.
+    /// Loads and initialises the driver library (`GPULOOP_NVML_LIB` names another file);
+    /// `Err(GpuError::NoDriver)` says what failed, as nvidia-smi would.
     pub fn load() -> Result<NvmlBackend, GpuError> {
+        let lib = std::env::var_os("GPULOOP_NVML_LIB")
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| LIB.into());
+        let started = std::time::Instant::now();
         let nvml = Nvml::builder()
-            .lib_path(OsStr::new("libnvidia-ml.so.1"))
+            .lib_path(&lib)
             .init()
-            .map_err(nvml_err)?;
+            .map_err(|e| GpuError::NoDriver(no_driver_reason(&lib, e)))?;
+        tracing::debug!(
+            "nvml: {} loaded and initialised in {:.1} ms",
+            lib.to_string_lossy(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
         Ok(NvmlBackend {
             nvml,
             nodes: DeviceNodes::new("/dev"),

@@ -2,27 +2,107 @@
 
 use super::holders::{Holder, Inventory};
 use super::Selection;
+use crate::process::restart::{self, Restarter};
 use crate::process::tree::Tree;
 use crate::process::ProcInfo;
 use serde::Serialize;
 
+/// Every verdict diagnose() gives; `gpuloop doc`, `:help diagnose` and the README name each.
+pub const VERDICTS: &[&str] = &[
+    "clean",
+    "held",
+    "respawning",
+    "orphaned",
+    "inherited",
+    "service",
+    "daemon",
+    "footprint",
+    "other-namespace",
+    "permission",
+    "driver",
+    "no-driver",
+];
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Diagnosis {
-    pub gpu: i64,
+    /// The GPU index; `None` only for the one "no-driver" entry that stands for all GPUs.
+    pub gpu: Option<i64>,
     /// Bytes used on the GPU, and the same in MiB.
     pub mem_used: i64,
     pub mem_used_mib: i64,
+    /// Compute holders of this GPU: the same processes as holders() for it.
     pub holders: Vec<Holder>,
+    /// Protected GPU daemons on this GPU (never stopped without force).
+    pub daemons: Vec<Holder>,
+    /// Processes of other GPUs whose CUDA context keeps a few MiB here.
+    pub footprint: Vec<FootprintOf>,
     pub ghost_pids: Vec<i64>,
-    /// "clean", "held", "orphaned", "inherited", "service", "other-namespace", "permission",
-    /// "driver".
+    /// One of `VERDICTS`.
     pub verdict: String,
     pub advice: String,
     pub host: String,
 }
 
+impl Diagnosis {
+    /// Nothing to do here: free, or only the CUDA footprint of other GPUs' jobs.
+    pub fn is_clean(&self) -> bool {
+        matches!(self.verdict.as_str(), "clean" | "footprint")
+    }
+}
+
+/// A process whose CUDA context maps a GPU it does not use.
+#[derive(Debug, Clone, Serialize)]
+pub struct FootprintOf {
+    pub pid: i64,
+    pub name: String,
+    /// The GPUs it computes on.
+    pub gpus: Vec<i64>,
+}
+
+impl FootprintOf {
+    fn of(h: &Holder) -> FootprintOf {
+        FootprintOf {
+            pid: h.pid,
+            name: h.name.clone(),
+            gpus: h.gpus.clone(),
+        }
+    }
+}
+
+/// What diagnose() needs besides the inventory.
+#[derive(Debug, Default)]
+pub struct Context<'a> {
+    /// gpuloop runs in a child PID namespace the driver does not report in.
+    pub foreign_ns: bool,
+    /// Parents known to restart holders (from this session's kills).
+    pub restarters: &'a [Restarter],
+}
+
+/// The diagnosis of a machine whose driver did not load: one entry per selected GPU, or one
+/// for all when none was selected. Never clean.
+pub fn no_driver(sel: &Selection, why: &str) -> Vec<Diagnosis> {
+    let entry = |gpu: Option<i64>| Diagnosis {
+        gpu,
+        mem_used: 0,
+        mem_used_mib: 0,
+        holders: Vec::new(),
+        daemons: Vec::new(),
+        footprint: Vec::new(),
+        ghost_pids: Vec::new(),
+        verdict: "no-driver".into(),
+        advice: format!(
+            "no NVIDIA driver: {why}; GPU memory cannot be read, so nothing can be verified clean"
+        ),
+        host: "local".into(),
+    };
+    match sel {
+        Some(s) => s.iter().map(|&g| entry(Some(g))).collect(),
+        None => vec![entry(None)],
+    }
+}
+
 /// Diagnoses every selected GPU from one inventory.
-pub fn diagnose(inv: &Inventory, sel: &Selection, foreign_ns: bool) -> Vec<Diagnosis> {
+pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosis> {
     // Orphan checks need the group and session leaders of the holders only.
     let leaders: Vec<ProcInfo> = inv
         .holders
@@ -35,43 +115,42 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, foreign_ns: bool) -> Vec<Diagn
         .iter()
         .filter(|g| super::selected(sel, g.index))
         .map(|g| {
-            let mut holders = inv.holders(&Some(vec![g.index]), false);
-            // Memory on a GPU nobody is listed on can be the footprint of a CUDA process that
-            // uses another GPU but maps this one too: name it rather than blame the driver.
-            let footprint = holders.is_empty() && g.mem_used_mib > 0;
-            if footprint {
-                holders = inv
-                    .holders
-                    .iter()
-                    .filter(|h| h.is_compute() && h.maps.contains(&g.index))
-                    .cloned()
-                    .collect();
-            }
+            let one = Some(vec![g.index]);
+            let holders = inv.holders(&one, false);
+            let daemons: Vec<Holder> = inv
+                .holders(&one, true)
+                .into_iter()
+                .filter(|h| h.role == "daemon")
+                .collect();
+            let footprint: Vec<&Holder> = inv.footprint_on(g.index, &None);
             let ghosts = inv.ghosts.get(&g.index).cloned().unwrap_or_default();
-            let (verdict, mut advice) = verdict(
-                g.index,
-                g.mem_used_mib,
-                &holders,
-                &ghosts,
-                !g.driver_procs.is_empty(),
-                foreign_ns,
-                inv.unreadable,
+            let facts = Facts {
+                gpu: g.index,
+                used_mib: g.mem_used_mib,
+                holders: &holders,
+                daemons: &daemons,
+                footprint: &footprint,
+                footprint_only: Inventory::footprint_explains(g, footprint.len(), 0),
+                ghosts: &ghosts,
+                driver_lists_any: !g.driver_procs.is_empty(),
+                foreign_ns: ctx.foreign_ns,
+                unreadable: inv.unreadable,
+                clients: &inv.holders,
+            };
+            let (verdict, advice) = verdict(
+                &facts,
                 |h: &Holder| {
                     tree.orphaned(h.pid as i32) || (h.origin.reparented && !h.origin.service_main)
                 },
+                |pid| restart::started_by(pid as i32, ctx.restarters).cloned(),
             );
-            if footprint && !holders.is_empty() && ghosts.is_empty() {
-                advice = format!(
-                    "{} MiB is the CUDA footprint of {} (it uses other GPUs and maps this one too; CUDA_VISIBLE_DEVICES keeps it off)",
-                    g.mem_used_mib,
-                    pids(&holders.iter().collect::<Vec<_>>())
-                );
-            }
             Diagnosis {
-                gpu: g.index,
+                gpu: Some(g.index),
                 mem_used: g.mem_used,
                 mem_used_mib: g.mem_used_mib,
+                footprint: footprint.iter().map(|h| FootprintOf::of(h)).collect(),
                 holders,
+                daemons,
                 ghost_pids: ghosts,
                 verdict: verdict.to_string(),
                 advice,
@@ -96,6 +175,10 @@ fn pids(hs: &[&Holder]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn list(ps: &[i64]) -> String {
+    ps.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
 }
 
 /// Advice for holders that are a systemd unit's main process: stop the unit, not the pid.
@@ -124,26 +207,66 @@ fn service_advice(gpu: i64, units: &[&Holder]) -> String {
     )
 }
 
-fn list(ps: &[i64]) -> String {
-    ps.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
+/// "3 MiB: CUDA footprint of pid 3616 (python3), a GPU-0 job".
+fn footprint_note(used_mib: i64, fp: &[&Holder]) -> String {
+    let who = fp
+        .iter()
+        .map(|h| {
+            let gpus = h
+                .gpus
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            format!("pid {} ({}), a GPU-{gpus} job", h.pid, h.name)
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!("{used_mib} MiB: CUDA footprint of {who}")
 }
 
-/// The verdict rules, in order; kept apart from the inventory so each rule is testable.
-#[allow(clippy::too_many_arguments)]
-fn verdict(
+/// Everything the verdict rules look at for one GPU.
+struct Facts<'a> {
     gpu: i64,
     used_mib: i64,
-    holders: &[Holder],
-    ghosts: &[i64],
+    /// Compute holders of this GPU.
+    holders: &'a [Holder],
+    daemons: &'a [Holder],
+    /// Compute holders of other GPUs that map this one.
+    footprint: &'a [&'a Holder],
+    /// What is used is no more than their footprint, and the driver lists nobody here.
+    footprint_only: bool,
+    ghosts: &'a [i64],
     driver_lists_any: bool,
     foreign_ns: bool,
     unreadable: usize,
+    /// Every process with a driver node open (a reset fails while there is one).
+    clients: &'a [Holder],
+}
+
+/// The verdict rules, in order; kept apart from the inventory so each rule is testable.
+fn verdict(
+    f: &Facts,
     orphaned: impl Fn(&Holder) -> bool,
+    respawned: impl Fn(i64) -> Option<Restarter>,
 ) -> (&'static str, String) {
+    let (gpu, used_mib, holders, ghosts) = (f.gpu, f.used_mib, f.holders, f.ghosts);
     if holders.is_empty() && used_mib == 0 {
         return ("clean", format!("GPU {gpu} is free"));
     }
     if !holders.is_empty() {
+        if let Some((h, r)) = holders
+            .iter()
+            .find_map(|h| respawned(h.pid).map(|r| (h, r)))
+        {
+            return (
+                "respawning",
+                format!(
+                    "pid {} ({}) started {} ({}) again after its holder {} was stopped: stop the restarter (gpuloop clean --gpu {gpu} --parents)",
+                    r.pid, r.name, h.pid, h.name, r.holder
+                ),
+            );
+        }
         let unlisted: Vec<&Holder> = holders
             .iter()
             .filter(|h| !h.evidence.iter().any(|e| e == "driver"))
@@ -185,7 +308,42 @@ fn verdict(
             ),
         );
     }
-    if foreign_ns && !driver_lists_any {
+    let fp_mib: i64 = if f.footprint_only { used_mib } else { 0 };
+    let also_footprint = if f.footprint.is_empty() || f.footprint_only {
+        String::new()
+    } else {
+        format!(
+            "; pid(s) {} of other GPUs also keep a few MiB here (CUDA footprint)",
+            pids(f.footprint)
+        )
+    };
+    if !f.daemons.is_empty() {
+        let who = f
+            .daemons
+            .iter()
+            .map(|d| match d.mem / crate::gpu::MIB {
+                0 => format!("{} (pid {}) has it open", d.name, d.pid),
+                mib => format!("{} (pid {}) holds {mib} MiB", d.name, d.pid),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        return (
+            "daemon",
+            format!(
+                "{used_mib} MiB used: {who}; it is a protected GPU daemon: stopping its service (systemctl stop …) or gpuloop kill --gpu {gpu} --force frees it{also_footprint}"
+            ),
+        );
+    }
+    if fp_mib > 0 {
+        return (
+            "footprint",
+            format!(
+                "{}; it goes when that job ends (CUDA_VISIBLE_DEVICES keeps it off GPU {gpu})",
+                footprint_note(fp_mib, f.footprint)
+            ),
+        );
+    }
+    if f.foreign_ns && !f.driver_lists_any {
         return (
             "other-namespace",
             format!(
@@ -195,11 +353,12 @@ fn verdict(
     }
     // Processes we may not look into can hide the holder (and explain a dead-looking
     // creator too): say so before guessing at namespaces.
-    if unreadable > 0 {
+    if f.unreadable > 0 {
         return (
             "permission",
             format!(
-                "{used_mib} MiB used; {unreadable} process(es) could not be inspected (other users'): run as root (sudo gpuloop diagnose)"
+                "{used_mib} MiB used; {} process(es) could not be inspected (other users'): run as root (sudo gpuloop diagnose)",
+                f.unreadable
             ),
         );
     }
@@ -212,11 +371,19 @@ fn verdict(
             ),
         );
     }
+    // A reset is all that frees it, and it fails while any process has the driver open.
+    let reset = if f.clients.is_empty() {
+        format!("only a GPU reset frees it (nvidia-smi -r -i {gpu}, or cleanup::ensure_clean with allow_reset)")
+    } else {
+        let clients: Vec<&Holder> = f.clients.iter().collect();
+        format!(
+            "only a GPU reset frees it, and a reset fails while driver clients are open: stop {} first, then nvidia-smi -r -i {gpu}",
+            pids(&clients)
+        )
+    };
     (
         "driver",
-        format!(
-            "{used_mib} MiB used and no process holds it: only a GPU reset frees it (nvidia-smi -r -i {gpu}, or cleanup::ensure_clean with allow_reset)"
-        ),
+        format!("{used_mib} MiB used and no process holds it: {reset}{also_footprint}"),
     )
 }
 
@@ -249,42 +416,131 @@ mod tests {
         }
     }
 
+    fn facts<'a>(
+        holders: &'a [Holder],
+        ghosts: &'a [i64],
+        used_mib: i64,
+        listed: bool,
+        foreign_ns: bool,
+        unreadable: usize,
+    ) -> Facts<'a> {
+        Facts {
+            gpu: 0,
+            used_mib,
+            holders,
+            daemons: &[],
+            footprint: &[],
+            footprint_only: false,
+            ghosts,
+            driver_lists_any: listed,
+            foreign_ns,
+            unreadable,
+            clients: &[],
+        }
+    }
+
     #[test]
     fn each_verdict() {
-        let no = |_: &Holder| false;
-        let v = |hs: &[Holder], ghosts: &[i64], used, listed, foreign, unread| {
-            verdict(0, used, hs, ghosts, listed, foreign, unread, no).0
-        };
-        assert_eq!(v(&[], &[], 0, false, false, 0), "clean");
-        assert_eq!(
-            v(&[h(5, &["driver", "fd", "map"])], &[], 100, true, false, 0),
-            "held"
+        let v = |f: Facts| verdict(&f, |_: &Holder| false, |_| None).0;
+        assert_eq!(v(facts(&[], &[], 0, false, false, 0)), "clean");
+        let held = [h(5, &["driver", "fd", "map"])];
+        assert_eq!(v(facts(&held, &[], 100, true, false, 0)), "held");
+        let child = [h(6, &["fd", "map"])];
+        assert_eq!(v(facts(&child, &[5], 100, true, false, 0)), "inherited");
+        assert_eq!(v(facts(&[], &[5], 100, true, false, 0)), "other-namespace");
+        assert_eq!(v(facts(&[], &[], 100, false, true, 0)), "other-namespace");
+        assert_eq!(v(facts(&[], &[], 100, false, false, 3)), "permission");
+        assert_eq!(v(facts(&[], &[5], 100, true, false, 3)), "permission");
+        assert_eq!(v(facts(&[], &[], 100, false, false, 0)), "driver");
+        let orphan = verdict(
+            &facts(&[h(7, &["driver"])], &[], 100, true, false, 0),
+            |h| h.pid == 7,
+            |_| None,
         );
-        assert_eq!(
-            v(&[h(6, &["fd", "map"])], &[5], 100, true, false, 0),
-            "inherited"
-        );
-        assert_eq!(v(&[], &[5], 100, true, false, 0), "other-namespace");
-        assert_eq!(v(&[], &[], 100, false, true, 0), "other-namespace");
-        assert_eq!(v(&[], &[], 100, false, false, 3), "permission");
-        assert_eq!(v(&[], &[5], 100, true, false, 3), "permission");
-        assert_eq!(v(&[], &[], 100, false, false, 0), "driver");
-        let orphan = verdict(0, 100, &[h(7, &["driver"])], &[], true, false, 0, |h| {
-            h.pid == 7
-        });
         assert_eq!(orphan.0, "orphaned");
         assert!(orphan.1.contains("7 (python3)"));
         let mut unit = h(8, &["driver"]);
         unit.origin.service = Some("vllm.service".into());
         unit.origin.service_main = true;
         unit.origin.reparented = true;
-        let (v, advice) = verdict(0, 100, &[unit.clone()], &[], true, false, 0, |_| true);
+        let units = [unit.clone()];
+        let (v, advice) = verdict(&facts(&units, &[], 100, true, false, 0), |_| true, |_| None);
         assert_eq!(v, "service");
         assert!(advice.contains("systemctl stop vllm.service"), "{advice}");
         // A Slurm job's process is never a unit's, whatever cgroup slurmd left it in.
         unit.origin.job = Some(812);
-        let (v, advice) = verdict(0, 100, &[unit], &[], true, false, 0, |_| true);
+        let units = [unit];
+        let (v, advice) = verdict(&facts(&units, &[], 100, true, false, 0), |_| true, |_| None);
         assert_eq!(v, "orphaned");
         assert!(advice.contains("Slurm job 812 of root"), "{advice}");
+    }
+
+    #[test]
+    fn daemon_footprint_respawning_and_reset_advice() {
+        let mut d = h(9, &["driver", "fd", "map"]);
+        d.name = "nv-hostengine".into();
+        d.role = "daemon".into();
+        d.mem = 500 * crate::gpu::MIB;
+        let daemons = [d.clone()];
+        let other = h(3616, &["driver", "fd", "map"]);
+        let fp = [&other];
+        // A daemon's memory is the daemon's, with a footprint beside it: never "footprint".
+        let f = Facts {
+            daemons: &daemons,
+            footprint: &fp,
+            ..facts(&[], &[], 503, true, false, 0)
+        };
+        let (v, advice) = verdict(&f, |_: &Holder| false, |_| None);
+        assert_eq!(v, "daemon");
+        assert!(
+            advice.contains("nv-hostengine (pid 9) holds 500 MiB"),
+            "{advice}"
+        );
+        assert!(
+            advice.contains("--force") && !advice.contains("reset"),
+            "{advice}"
+        );
+        // Only the footprint of a GPU-0 job.
+        let f = Facts {
+            footprint: &fp,
+            footprint_only: true,
+            ..facts(&[], &[], 3, false, false, 0)
+        };
+        let (v, advice) = verdict(&f, |_: &Holder| false, |_| None);
+        assert_eq!(v, "footprint");
+        assert!(
+            advice.starts_with("3 MiB: CUDA footprint of pid 3616 (python3), a GPU-0 job"),
+            "{advice}"
+        );
+        // Memory nobody holds while a client has the driver open: no plain reset advice.
+        let clients = [other.clone()];
+        let f = Facts {
+            clients: &clients,
+            ..facts(&[], &[], 900, false, false, 0)
+        };
+        let (v, advice) = verdict(&f, |_: &Holder| false, |_| None);
+        assert_eq!(v, "driver");
+        assert!(
+            advice.contains("fails while driver clients are open: stop 3616 (python3)"),
+            "{advice}"
+        );
+        // A holder started again by the parent of one that was stopped.
+        let r = Restarter {
+            pid: 1237,
+            name: "bash".into(),
+            holder: 1240,
+            identity: crate::process::Identity::new(1237, 1),
+        };
+        let held = [h(1300, &["driver", "fd", "map"])];
+        let (v, advice) = verdict(
+            &facts(&held, &[], 100, true, false, 0),
+            |_| false,
+            |_| Some(r.clone()),
+        );
+        assert_eq!(v, "respawning");
+        assert!(
+            advice.starts_with("pid 1237 (bash) started 1300"),
+            "{advice}"
+        );
     }
 }

@@ -52,10 +52,16 @@ impl Holder {
     }
 }
 
+/// The most a CUDA context keeps on a GPU it maps but does not use: 3-4 MiB measured on
+/// H200s with driver 580; the bound leaves room for other GPUs, and stays far below any job
+/// (an MPS server's 2000 MiB is never "a footprint").
+pub const FOOTPRINT_MAX_MIB: i64 = 16;
+
 /// Everything one look at the machine found; diagnose() and wait_clean() reuse it.
 pub struct Inventory {
     pub gpus: Vec<Gpu>,
-    /// Every holder, all roles.
+    /// Every holder, all roles: every process with a driver node open (while one is, a GPU
+    /// reset fails).
     pub holders: Vec<Holder>,
     /// Per GPU index: pids the driver lists that are dead or not visible here.
     pub ghosts: BTreeMap<i64, Vec<i64>>,
@@ -93,6 +99,27 @@ impl Inventory {
             })
             .map(|h| self.with_mem_on(h, sel))
             .collect()
+    }
+
+    /// Compute holders that map GPU `g` without using it (a CUDA context's footprint there)
+    /// and whose compute GPUs all lie outside `sel` (`None`: outside `g`).
+    pub fn footprint_on(&self, g: i64, sel: &Selection) -> Vec<&Holder> {
+        self.holders
+            .iter()
+            .filter(|h| h.is_compute() && h.maps.contains(&g) && !h.gpus.contains(&g))
+            .filter(|h| match sel {
+                Some(s) => !h.gpus.iter().any(|x| s.contains(x)),
+                None => true,
+            })
+            .collect()
+    }
+
+    /// True when what is used on `gpu` beyond `max_used_mib` can only be the footprint of
+    /// `footprint` processes: the driver lists nobody there and it is a few MiB each.
+    pub fn footprint_explains(gpu: &Gpu, footprint: usize, max_used_mib: i64) -> bool {
+        footprint > 0
+            && gpu.driver_procs.is_empty()
+            && gpu.mem_used_mib <= max_used_mib + footprint as i64 * FOOTPRINT_MAX_MIB
     }
 
     /// A copy of `h` whose `mem` counts only the selected GPUs.

@@ -1,8 +1,10 @@
-//! wait_clean(): poll until the selected GPUs are free, returning within one poll of the release.
+//! wait_clean(): poll until the selected GPUs are free, returning within one poll of the release,
+//! early when waiting cannot help, and (with `settle`) only once a restart would have shown.
 
 use super::holders::Inventory;
 use super::Selection;
 use crate::gpu::{Backend, GpuError, MIB};
+use crate::process::restart::{self, Restarter};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -11,6 +13,17 @@ pub struct WaitOpts {
     pub timeout: Duration,
     pub max_used_mib: i64,
     pub poll: Duration,
+    /// Demand `max_used_mib` even where the rest is the CUDA footprint of other GPUs' jobs.
+    pub strict: bool,
+    /// Keep watching this long after it reads clean: a new compute holder makes it not clean.
+    pub settle: Duration,
+    /// Stop early when nothing holds the memory left and it has not moved for this long
+    /// (zero: never stop early).
+    pub stall: Duration,
+    /// Pids signalled and still alive: while one lives, memory may still be on its way out.
+    pub exiting: Vec<i32>,
+    /// Parents known to restart holders (from the last kill): a holder they start ends the wait.
+    pub restarters: Vec<Restarter>,
 }
 
 impl Default for WaitOpts {
@@ -19,22 +32,77 @@ impl Default for WaitOpts {
             timeout: Duration::from_secs(30),
             max_used_mib: 0,
             poll: Duration::from_millis(20),
+            strict: false,
+            settle: Duration::ZERO,
+            stall: Duration::from_secs(1),
+            exiting: Vec::new(),
+            restarters: Vec::new(),
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WaitOutcome {
     Clean,
     TimedOut,
     Interrupted,
+    /// Nothing holds the memory left, nothing is exiting, and it stopped moving.
+    Stalled,
+    /// A holder came back, started by a parent of one that was stopped.
+    Respawned(Restarter),
+    /// It read clean, then a compute holder or memory came back within `settle`.
+    Unsettled,
+    /// No driver: nothing can be verified.
+    NoDriver(String),
+}
+
+impl WaitOutcome {
+    pub fn is_clean(&self) -> bool {
+        *self == WaitOutcome::Clean
+    }
 }
 
 /// What is still dirty at one poll: (GPU index, MiB used, compute holders).
 pub type Dirty = Vec<(i64, i64, usize)>;
 
-/// Polls memory (cheap) every `poll`; only when memory reads clean does it scan /proc to
-/// confirm no compute holder is left, so the hot loop costs one driver query.
+/// How often the /proc scan is repeated while memory sits still (it is also taken whenever
+/// memory moves or reads clean).
+const RESCAN: Duration = Duration::from_millis(250);
+
+/// One judgement of the selection from an inventory.
+struct Judgement {
+    dirty: Dirty,
+    respawned: Option<Restarter>,
+}
+
+fn judge(inv: &Inventory, indices: &[i64], opts: &WaitOpts) -> Judgement {
+    let sel = Some(indices.to_vec());
+    let mut dirty = Dirty::new();
+    let mut respawned = None;
+    for g in inv.gpus.iter().filter(|g| indices.contains(&g.index)) {
+        let holders = inv.holders(&Some(vec![g.index]), false);
+        if respawned.is_none() {
+            respawned = holders
+                .iter()
+                .find_map(|h| restart::started_by(h.pid as i32, &opts.restarters))
+                .cloned();
+        }
+        let footprint = if opts.strict {
+            0
+        } else {
+            inv.footprint_on(g.index, &sel).len()
+        };
+        let mem_ok = g.mem_used_mib <= opts.max_used_mib
+            || Inventory::footprint_explains(g, footprint, opts.max_used_mib);
+        if !holders.is_empty() || !mem_ok {
+            dirty.push((g.index, g.mem_used_mib, holders.len()));
+        }
+    }
+    Judgement { dirty, respawned }
+}
+
+/// Polls memory (cheap) every `poll`; the /proc scan runs only when memory reads clean or
+/// moves, and every `RESCAN` while it sits still, so the hot loop costs one driver query.
 pub fn wait_clean(
     backend: &dyn Backend,
     sel: &Selection,
@@ -43,6 +111,9 @@ pub fn wait_clean(
     interrupted: &AtomicBool,
     mut progress: impl FnMut(&Dirty, Duration),
 ) -> Result<WaitOutcome, GpuError> {
+    if let Some(why) = backend.missing_driver() {
+        return Ok(WaitOutcome::NoDriver(why.to_string()));
+    }
     let started = Instant::now();
     let deadline = started + opts.timeout;
     let indices: Vec<i64> = match sel {
@@ -53,41 +124,77 @@ pub fn wait_clean(
         None => backend.gpus()?.iter().map(|g| g.index).collect(),
     };
     let mut polls = 0u64;
+    let mut last_used: Option<Vec<(i64, i64)>> = None;
+    let mut moved_at = started;
+    let mut scanned: Option<(Instant, Judgement)> = None;
+    let mut clean_since: Option<Instant> = None;
     loop {
         polls += 1;
         let used = backend.mem_used(&indices)?;
-        let mut dirty: Dirty = used
-            .iter()
-            .filter(|(_, b)| b / MIB > opts.max_used_mib)
-            .map(|&(i, b)| (i, b / MIB, 0))
-            .collect();
-        if dirty.is_empty() {
+        let now = Instant::now();
+        let moved = last_used.as_ref() != Some(&used);
+        if moved {
+            moved_at = now;
+            last_used = Some(used.clone());
+        }
+        let mem_dirty = used.iter().any(|(_, b)| b / MIB > opts.max_used_mib);
+        // Memory reading clean is confirmed at once; while settling it is re-checked as when
+        // dirty: at once when memory moves, else every RESCAN.
+        let rescan = (!mem_dirty && clean_since.is_none())
+            || moved
+            || scanned
+                .as_ref()
+                .is_none_or(|(at, _)| now.duration_since(*at) >= RESCAN);
+        if rescan {
             let inv = Inventory::take(backend, protected)?;
-            for h in inv.holders(&Some(indices.clone()), false) {
-                for &g in h.gpus.iter().filter(|g| indices.contains(g)) {
-                    match dirty.iter_mut().find(|d| d.0 == g) {
-                        Some(d) => d.2 += 1,
-                        None => dirty.push((g, 0, 1)),
-                    }
-                }
-            }
-            if dirty.is_empty() {
+            scanned = Some((now, judge(&inv, &indices, opts)));
+        }
+        let Some((_, j)) = scanned.as_ref() else {
+            continue;
+        };
+        if let Some(r) = &j.respawned {
+            return Ok(WaitOutcome::Respawned(r.clone()));
+        }
+        if j.dirty.is_empty() {
+            let since = *clean_since.get_or_insert(now);
+            if now.duration_since(since) >= opts.settle {
                 tracing::debug!(
                     "wait_clean: clean after {polls} poll(s), {:.1} ms",
                     started.elapsed().as_secs_f64() * 1e3
                 );
                 return Ok(WaitOutcome::Clean);
             }
+        } else if clean_since.is_some() {
+            tracing::debug!("wait_clean: dirty again while settling: {:?}", j.dirty);
+            return Ok(WaitOutcome::Unsettled);
+        } else {
+            // Nobody left to wait for: no compute holder on a dirty GPU, nothing exiting.
+            let unheld = j.dirty.iter().all(|d| d.2 == 0)
+                && !opts.exiting.iter().any(|&p| crate::process::alive(p));
+            if unheld && !opts.stall.is_zero() && now.duration_since(moved_at) >= opts.stall {
+                tracing::debug!(
+                    "wait_clean: nothing holds {:?} and it has not moved for {:?}",
+                    j.dirty,
+                    opts.stall
+                );
+                return Ok(WaitOutcome::Stalled);
+            }
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(WaitOutcome::TimedOut);
+        if clean_since.is_none() {
+            tracing::trace!("wait_clean: poll {polls}: still dirty {:?}", j.dirty);
+            progress(&j.dirty, now - started);
+            if now >= deadline {
+                return Ok(WaitOutcome::TimedOut);
+            }
         }
         if interrupted.load(Ordering::Relaxed) {
             return Ok(WaitOutcome::Interrupted);
         }
-        tracing::trace!("wait_clean: poll {polls}: still dirty {dirty:?}");
-        progress(&dirty, now - started);
-        std::thread::sleep(opts.poll.min(deadline - now));
+        let next = if clean_since.is_some() {
+            opts.poll
+        } else {
+            opts.poll.min(deadline.saturating_duration_since(now))
+        };
+        std::thread::sleep(next);
     }
 }

@@ -1,6 +1,7 @@
 //! Identity-safe signalling: pidfds, one shared grace, escalation to SIGKILL, exits awaited.
 
 use super::identity::{self, Pinned};
+use super::restart::{self, Restarter};
 use super::tree::Tree;
 use super::{Identity, ProcInfo};
 use nix::sys::signal::Signal;
@@ -41,6 +42,8 @@ pub struct KillOpts {
     pub dry_run: bool,
     /// Allow protected processes (GPU daemons).
     pub force: bool,
+    /// Also the targets' restarters: live parents that may start them again.
+    pub parents: bool,
 }
 
 impl Default for KillOpts {
@@ -51,6 +54,7 @@ impl Default for KillOpts {
             tree: true,
             dry_run: false,
             force: false,
+            parents: false,
         }
     }
 }
@@ -98,6 +102,9 @@ pub struct KillReport {
     /// Every process signalled (or that would be), with its name and what ended it.
     pub targets: Vec<Stopped>,
     pub elapsed_ms: i64,
+    /// Live parents of the targets that may start them again (not signalled without `parents`).
+    #[serde(default)]
+    pub restarters: Vec<Restarter>,
 }
 
 /// Live progress during the grace: (still running, signalled, time left before KILL).
@@ -229,6 +236,8 @@ pub fn kill_with_progress(
 
     // 1. Resolve targets against one snapshot, then gather their trees from it.
     let mut chosen: Vec<Identity> = Vec::new();
+    // The targets themselves, as taken (their parents are the restarters).
+    let mut taken: Vec<Identity> = Vec::new();
     let mut seen: HashSet<i32> = HashSet::new();
     // Returns whether `p` was taken: a refused target's tree is never walked (its children
     // may be gpuloop's siblings, or a daemon's helpers).
@@ -273,12 +282,28 @@ pub fn kill_with_progress(
             Target::Exact(id) => *id,
             Target::Pid(_) => p.identity(),
         };
-        if consider(&mut report, p, id, &mut chosen) && opts.tree {
+        if !consider(&mut report, p, id, &mut chosen) {
+            continue;
+        }
+        taken.push(id);
+        if opts.tree {
             for q in tree.descendants(pid).into_iter().chain(tree.job_group(pid)) {
                 if let Some(q) = tree.get(q) {
                     consider(&mut report, q, q.identity(), &mut chosen);
                 }
             }
+        }
+    }
+    // Parents that would start the targets again: stopped with `parents` (same rules as any
+    // target), reported otherwise.
+    for r in restart::find(&tree, &taken, &guard.never) {
+        let same = |c: &Identity| c.pid == r.identity.pid && c.start == r.identity.start;
+        if chosen.iter().any(same) {
+            continue; // already stopped as part of a target's tree
+        }
+        let parent = tree.get(r.identity.pid).filter(|_| opts.parents);
+        if !parent.is_some_and(|p| consider(&mut report, p, p.identity(), &mut chosen)) {
+            report.restarters.push(r);
         }
     }
 
@@ -398,6 +423,13 @@ pub fn kill_with_progress(
             .targets
             .push(stopped(v.pinned.info.pid, name, ended_by, exit_ms));
     }
+    // A parent that only waited for its holder exits with it; the ones still running after
+    // their holder ended are those that may start it again.
+    let (waited, rest): (Vec<Restarter>, Vec<Restarter>) = std::mem::take(&mut report.restarters)
+        .into_iter()
+        .partition(|r| report.exited.contains(&r.holder));
+    report.restarters = restart::still_running(waited, restart::EXIT_WINDOW);
+    report.restarters.extend(rest);
     report.elapsed_ms = started.elapsed().as_millis() as i64;
     report
 }

@@ -3,6 +3,7 @@
 pub mod identity;
 pub mod kill;
 pub mod origin;
+pub mod restart;
 pub mod scan;
 pub mod tree;
 

@@ -297,6 +297,20 @@ mod tests {
     }
 
     #[test]
+    fn help_diagnose_names_every_verdict() {
+        use crate::session::{BackendChoice, Session};
+        let session = Session::new(BackendChoice::Auto, crate::config::UserConfig::default(), 0);
+        let engine = crate::script::engine::build_engine(
+            std::sync::Arc::new(session),
+            &crate::script::engine::EngineOpts::default(),
+        );
+        let text = topic(&engine, &AST::empty(), "diagnose", Style::PLAIN);
+        for v in crate::inspect::diagnose::VERDICTS {
+            assert!(text.contains(&format!("\"{v}\"")), "{v} missing:\n{text}");
+        }
+    }
+
+    #[test]
     fn first_sentence_stops_at_the_period() {
         assert_eq!(
             first_sentence("One GPU by index.\nAn unknown index is an error."),

@@ -176,8 +176,7 @@ pub fn main() -> i32 {
         signal: Signal::SIGKILL,
         grace: Duration::ZERO,
         tree: true,
-        dry_run: false,
-        force: false,
+        ..KillOpts::default()
     };
     let never = AtomicBool::new(false);
     // More rounds catch what forked while the first was being killed.

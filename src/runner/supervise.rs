@@ -269,8 +269,7 @@ pub fn stop_tree(
             signal: if first { signal } else { Signal::SIGKILL },
             grace: if first { grace } else { Duration::ZERO },
             tree: true,
-            dry_run: false,
-            force: false,
+            ..KillOpts::default()
         };
         let report = kill::kill(&targets, &opts, protected, &never);
         if report.signalled.is_empty() {

@@ -291,10 +291,12 @@ def s_namespace():
 def s_nodriver():
     rc, out, _, _ = sh("ldconfig -p | awk '/libnvidia-ml.so.1 /{print $NF; exit}'")
     lib = os.path.realpath(out.strip())
-    rc, out, err, _ = sh(["unshare", "--mount", "sh", "-c", f"mount --bind /dev/null {lib} && exec {BIN} gpus"])
-    check("no driver library: a clean warning, no GPUs, exit 0",
-          rc == 0 and "warning: no NVIDIA driver" in err and "no GPUs" in out and "panicked" not in err,
-          rc=rc, stdout=out.strip(), stderr=err.strip()[:300], lib=lib)
+    for args in (["gpus"], ["diagnose"], ["clean", "--timeout", "5"]):
+        rc, out, err, _ = sh(["unshare", "--mount", "sh", "-c",
+                              f"mount --bind /dev/null {lib} && exec {BIN} {' '.join(args)}"])
+        check(f"no driver library: {args[0]} exits 1 saying what failed to load, never clean",
+              rc == 1 and "no NVIDIA driver:" in err and "clean" not in out and "panicked" not in err,
+              rc=rc, stdout=out.strip(), stderr=err.strip()[:300], lib=lib)
 
 # ------------------------------------------------------------ issue 3: cleanup, time to clean
 

@@ -45,6 +45,10 @@ pub struct HoldOpts {
     /// script does; by default it leads a group of its own, as a job an interactive shell or
     /// `setsid` starts.
     pub shared_group: bool,
+    /// The process started is the holder itself: no launcher, no detaching.
+    pub foreground: bool,
+    /// The launcher restarts its holder whenever it dies, and is printed first.
+    pub supervise: bool,
 }
 
 /// MiB a context keeps on each GPU it sees but does not use (3 MiB measured on H200s).
@@ -73,6 +77,7 @@ impl HoldOpts {
             (self.setsid, "--setsid"),
             (self.exit_creator, "--exit-creator"),
             (self.map_all, "--map-all"),
+            (self.supervise, "--supervise"),
         ] {
             if on {
                 a.push(flag.into());
@@ -232,21 +237,55 @@ struct Held {
     _files: Vec<File>,
     _alloc: Option<nix::fcntl::Flock<File>>,
     _footprints: Vec<nix::fcntl::Flock<File>>,
+    /// The allocation files, for the launcher's release watchers.
+    allocs: Vec<PathBuf>,
+}
+
+impl Held {
+    /// Tells the launcher about the allocations (it starts their release watchers).
+    fn report_allocs(&self) {
+        for a in &self.allocs {
+            report(&format!("alloc {}", a.display()));
+        }
+    }
 }
 
 /// The launcher: it holds nothing, forks the holders and, once they all hold, waits for them.
 fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
     set_comm("launcher");
-    if opts.workers > 0 {
+    if opts.workers > 0 || opts.supervise {
         report(&format!("pid {}", std::process::id()));
     }
     for _ in 0..opts.workers.max(1) {
         fork_synced(|| holder(sim, opts))?;
     }
     finish_ready();
+    if opts.supervise {
+        restart_forever(sim, opts);
+    }
     // Reap the holders as they end; with none left, the launcher's job is done.
     while nix::sys::wait::wait().is_ok() {}
     std::process::exit(0);
+}
+
+/// `--supervise`: a new holder each time one dies, like torchrun's elastic agent or a
+/// `while true` shell loop. Holders started after "ready" get no release watcher: their
+/// memory goes at once.
+fn restart_forever(sim: &SimBackend, opts: &HoldOpts) -> ! {
+    use nix::sys::wait::{wait, WaitStatus};
+    loop {
+        match wait() {
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
+                // A short pause, as a restart policy has, so a failing holder cannot spin.
+                std::thread::sleep(Duration::from_millis(50));
+                while fork_synced(|| holder(sim, opts)).is_err() {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => std::thread::sleep(Duration::from_secs(1)),
+        }
+    }
 }
 
 /// One holding process (a worker, or the plain holder); `Ok(false)` when it must exit once
@@ -262,6 +301,7 @@ fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<bool, String> {
         setsid().map_err(|e| format!("setsid: {e}"))?;
     }
     let held = hold_gpu(sim, opts)?;
+    held.report_allocs();
     report(&format!("pid {}", std::process::id()));
     if opts.fork_child {
         // The child inherits the node fds, the mappings and the allocation's handle.
@@ -272,6 +312,39 @@ fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<bool, String> {
     }
     std::mem::forget(held);
     Ok(!(opts.fork_child && opts.exit_creator))
+}
+
+/// `--foreground`: this very process holds, prints its pid, and stays until killed.
+pub fn run_foreground(sim: &SimBackend, opts: &HoldOpts) -> ! {
+    let held = (|| {
+        if let Some(name) = &opts.name {
+            set_comm(name);
+        }
+        if opts.ignore_term {
+            // SAFETY: setting a signal disposition to SIG_IGN installs no handler code.
+            unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }.map_err(|e| e.to_string())?;
+        }
+        let held = hold_gpu(sim, opts)?;
+        if sim.spec.release_ms > 0 {
+            for a in &held.allocs {
+                spawn_watcher(sim, a).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok::<Held, String>(held)
+    })();
+    match held {
+        Ok(held) => {
+            report(&std::process::id().to_string());
+            std::mem::forget(held);
+            loop {
+                nix::unistd::pause();
+            }
+        }
+        Err(e) => {
+            eprintln!("gpuloop: sim hold: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
@@ -301,11 +374,12 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
         }
         files.push(f);
     }
+    let mut allocs = Vec::new();
     let alloc = if opts.mib > 0 && !opts.observer {
         let (path, lock) = sim
             .allocate(opts.gpu, opts.mib, false)
             .map_err(|e| e.to_string())?;
-        report(&format!("alloc {}", path.display()));
+        allocs.push(path);
         Some(lock)
     } else {
         None
@@ -314,13 +388,14 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
         let (path, lock) = sim
             .allocate(g, FOOTPRINT_MIB, true)
             .map_err(|e| e.to_string())?;
-        report(&format!("alloc {}", path.display()));
+        allocs.push(path);
         footprints.push(lock);
     }
     Ok(Held {
         _files: files,
         _alloc: alloc,
         _footprints: footprints,
+        allocs,
     })
 }
 

@@ -107,12 +107,21 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         engine,
         "diagnose",
         &["Array"],
-        "Why memory is still used, per GPU: maps of gpu, mem_used_mib, holders, ghost_pids
-         (pids the driver lists that are dead or not visible here), verdict (\"clean\", \"held\",
-         \"orphaned\" (the job's launcher is gone: its group or session leader exited, or it was
-         reparented to init or a subreaper), \"inherited\", \"service\" (a systemd unit's main
-         process holds it: systemctl stop UNIT), \"other-namespace\", \"permission\",
-         \"driver\") and advice.",
+        "Why memory is still used, per GPU: maps of gpu, mem_used_mib, holders (the GPU's
+         compute holders, as holders(i)), daemons (protected GPU daemons on it), footprint
+         (#{pid, name, gpus} of other GPUs' processes whose CUDA context keeps a few MiB here),
+         ghost_pids (pids the driver lists that are dead or not visible here), verdict and
+         advice (one line to act on; it never advises a reset while a driver client is open).
+         Verdicts: \"clean\"; \"held\" (compute holders); \"respawning\" (a parent of a holder
+         this session stopped started it again); \"orphaned\" (the job's launcher is gone: its
+         group or session leader exited, or it was reparented to init or a subreaper);
+         \"inherited\" (the creator died, a forked child holds its handles); \"service\" (a
+         systemd unit's main process holds it: systemctl stop UNIT); \"daemon\" (a protected GPU
+         daemon holds it: stop its service, or kill with force); \"footprint\" (only the CUDA
+         footprint of processes of other GPUs); \"other-namespace\" (held from another PID
+         namespace); \"permission\" (processes gpuloop may not inspect); \"driver\" (used,
+         nobody holds it: only a reset frees it); \"no-driver\" (the driver did not load:
+         nothing is verified; gpu is () when no GPU was selected).",
         move || -> RhaiResult<Array> {
             to_array(&actions::diagnoses(&s, &None).map_err(to_script)?)
         },
@@ -129,7 +138,19 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
     );
 
     let wait = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<bool> {
-        let o = Opts::new(&opts, "wait_clean", &["timeout", "max_used_mib", "poll_ms"])?;
+        let o = Opts::new(
+            &opts,
+            "wait_clean",
+            &[
+                "timeout",
+                "max_used_mib",
+                "poll_ms",
+                "strict",
+                "settle",
+                "stall",
+                "quiet",
+            ],
+        )?;
         let d = WaitOpts::default();
         let w = WaitOpts {
             timeout: o.secs("timeout", Some(d.timeout))?.unwrap_or(d.timeout),
@@ -138,11 +159,22 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
                 super::not_negative(o.int("poll_ms", d.poll.as_millis() as i64)?, "poll_ms")?.max(1)
                     as u64,
             ),
+            strict: o.bool("strict", d.strict)?,
+            settle: o.secs("settle", Some(d.settle))?.unwrap_or(d.settle),
+            stall: o.secs("stall", Some(d.stall))?.unwrap_or(d.stall),
+            ..d
         };
-        match actions::wait_clean(s, &selection(s, &sel)?, &w).map_err(to_script)? {
+        let quiet = o.bool("quiet", false)?;
+        let sel = selection(s, &sel)?;
+        let outcome = if quiet {
+            actions::wait_quietly(s, &sel, &w)
+        } else {
+            actions::wait_clean(s, &sel, &w)
+        };
+        match outcome.map_err(to_script)? {
             WaitOutcome::Clean => Ok(true),
-            WaitOutcome::TimedOut => Ok(false),
             WaitOutcome::Interrupted => Err(super::interrupted()),
+            _ => Ok(false),
         }
     };
     let s = session.clone();
@@ -151,7 +183,11 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "wait_clean",
         &["bool"],
         "Waits until every GPU has no memory used and no compute holder; true as soon as that
-         is so (within one poll), false after 30 s. Observers and daemons do not make a GPU dirty.",
+         is so (within one poll), false after 30 s, or earlier when nothing holds the memory left
+         and it stopped moving (waiting cannot help), or a stopped holder's parent started it
+         again. Observers and daemons do not make a GPU dirty; the few MiB a CUDA context keeps
+         on GPUs outside the selection that it does not use do not either (see strict). False
+         without a driver.",
         move || wait(&s, Dynamic::UNIT, Map::new()),
     );
     let s = session.clone();
@@ -168,7 +204,12 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "wait_clean",
         &["sel: i64 | String | Array | ()", "opts: Map", "bool"],
         "wait_clean() with options: timeout (seconds, default 30), max_used_mib (default 0),
-         poll_ms (default 20). On a terminal it shows progress; at the timeout it logs what
+         poll_ms (default 20), strict (default false: true demands max_used_mib even where the
+         rest is the CUDA footprint of jobs on GPUs outside the selection), settle (seconds to
+         keep watching after it reads clean: a compute holder coming back makes it false),
+         stall (seconds, default 1: stop early once nothing holds the memory left and it has not
+         moved this long; 0 waits the whole timeout), quiet (default false: true skips the
+         warning). On a terminal it shows progress; when not clean it warns once with what
          diagnose() says is left.",
         move |sel: Dynamic, opts: Map| wait(&s, sel, opts),
     );

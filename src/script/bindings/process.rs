@@ -74,7 +74,7 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
     let o = Opts::new(
         opts,
         "kill",
-        &["signal", "grace", "tree", "dry_run", "force"],
+        &["signal", "grace", "tree", "dry_run", "force", "parents"],
     )?;
     let d = KillOpts::default();
     let signal = match o.string("signal")? {
@@ -91,6 +91,7 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
         tree: o.bool("tree", d.tree)?,
         dry_run: o.bool("dry_run", d.dry_run)?,
         force: o.bool("force", d.force)?,
+        parents: o.bool("parents", d.parents)?,
     })
 }
 
@@ -106,7 +107,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          is never hit; a map without an integer start is an error. Never signals
          pid <= 1, gpuloop or its ancestors; GPU daemons only with force. Returns a map:
          signalled, exited, survivors (pids), skipped (#{pid, reason}), errors (#{pid, error}),
-         elapsed_ms.",
+         restarters (#{pid, name, holder}: live parents of the targets that may start them
+         again, e.g. a shell loop or torchrun's agent; later waits and diagnoses watch for
+         them), elapsed_ms.",
         move |target: Dynamic| -> RhaiResult<Dynamic> {
             let report = actions::kill(&s, &targets(&target)?, &KillOpts::default());
             to_map(&report)
@@ -119,7 +122,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["target: i64 | Map | Array", "opts: Map", "Map"],
         "kill() with options: signal (\"TERM\" default, any name like \"INT\", \"KILL\"),
          grace (seconds before SIGKILL, default 5, 0 = no escalation), tree (default true:
-         descendants too), dry_run (report, signal nothing), force (allow protected daemons).",
+         descendants too), dry_run (report, signal nothing), force (allow protected daemons),
+         parents (default false: also stop the targets' restarters, under the same identity and
+         protection rules).",
         move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
             let report = actions::kill(&s, &targets(&target)?, &kill_opts(&opts)?);
             if crate::interrupt::is_set() {

@@ -1,0 +1,218 @@
+//! Restarters: live parents of stopped holders that may start them again (a shell loop,
+//! torchrun's elastic agent, a Ray raylet), found in the snapshot taken before signalling.
+
+use super::tree::Tree;
+use super::{Identity, ProcInfo};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// A parent that outlived the holder it started.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Restarter {
+    pub pid: i64,
+    pub name: String,
+    /// The holder it started (stopped by this kill).
+    pub holder: i64,
+    /// Known to the kill that found it; a report read back from a script has none.
+    #[serde(skip, default = "unknown")]
+    pub identity: Identity,
+}
+
+fn unknown() -> Identity {
+    Identity::new(0, 0)
+}
+
+impl Restarter {
+    /// "pid 1237 (bash) started holder 1240 and is still running: it may restart it".
+    pub fn describe(&self) -> String {
+        format!(
+            "pid {} ({}) started holder {} and is still running: it may restart it",
+            self.pid, self.name, self.holder
+        )
+    }
+
+    /// "pid 1237 (bash) started holder 1240 again": what a wait saw it do.
+    pub fn restarted(&self) -> String {
+        format!(
+            "pid {} ({}) started holder {} again after it was stopped",
+            self.pid, self.name, self.holder
+        )
+    }
+}
+
+/// Shells, whose login or interactive instances start things by hand and restart nothing.
+const SHELLS: &[&str] = &["bash", "sh", "dash", "zsh", "fish", "ksh", "tcsh", "csh"];
+
+/// A login shell (`-bash`) or an interactive one (a shell given no command and no script).
+fn is_interactive_shell(p: &ProcInfo, cmdline: &str) -> bool {
+    let mut argv = cmdline.split(' ').filter(|a| !a.is_empty());
+    let argv0 = argv.next().unwrap_or("");
+    if argv0.starts_with('-') {
+        return true;
+    }
+    let base = argv0.rsplit('/').next().unwrap_or(argv0);
+    let shell = SHELLS.contains(&p.comm.as_str()) || SHELLS.contains(&base);
+    // `bash -c '…'`, `bash job.sh`: a script runs there, and may loop.
+    shell && argv.all(|a| a.starts_with('-') && a != "-c")
+}
+
+/// Why a live parent cannot restart anything, if so: init, service managers (their units are
+/// a service's business), processes started after the child (it was reparented to them).
+fn not_a_restarter(
+    parent: &ProcInfo,
+    child: &ProcInfo,
+    never: &HashSet<i32>,
+    cmdline: &dyn Fn(i32) -> String,
+) -> bool {
+    parent.pid <= 1
+        || parent.is_zombie()
+        || never.contains(&parent.pid)
+        || parent.start > child.start
+        || matches!(parent.comm.as_str(), "systemd" | "init")
+        || is_interactive_shell(parent, &cmdline(parent.pid))
+}
+
+/// The live parents of `stopped` (the holders taken) that are not themselves stopped, nor
+/// gpuloop or its ancestors (`never`), nor a login or interactive shell.
+pub fn find(tree: &Tree, stopped: &[Identity], never: &HashSet<i32>) -> Vec<Restarter> {
+    find_with(tree, stopped, never, &super::cmdline)
+}
+
+fn find_with(
+    tree: &Tree,
+    stopped: &[Identity],
+    never: &HashSet<i32>,
+    cmdline: &dyn Fn(i32) -> String,
+) -> Vec<Restarter> {
+    let taken: HashSet<i32> = stopped.iter().map(|id| id.pid).collect();
+    let mut out: Vec<Restarter> = Vec::new();
+    for id in stopped {
+        let Some(child) = tree.get(id.pid) else {
+            continue;
+        };
+        let Some(parent) = tree.get(child.ppid) else {
+            continue;
+        };
+        if taken.contains(&parent.pid)
+            || not_a_restarter(parent, child, never, cmdline)
+            || out.iter().any(|r| r.pid == i64::from(parent.pid))
+        {
+            continue;
+        }
+        out.push(Restarter {
+            pid: parent.pid.into(),
+            name: parent.comm.clone(),
+            holder: child.pid.into(),
+            identity: parent.identity(),
+        });
+    }
+    out
+}
+
+/// How long a parent gets to exit after its holder did: a launcher that only waited for its
+/// child (`bash -c cmd`, a plain `python3 launcher.py`) exits then; a restarter keeps running.
+pub const EXIT_WINDOW: Duration = Duration::from_millis(250);
+
+/// The restarters still running `within` after their holders ended (checked every few ms, so
+/// the usual case, a parent exiting at once, costs about nothing).
+pub fn still_running(mut rs: Vec<Restarter>, within: Duration) -> Vec<Restarter> {
+    let deadline = Instant::now() + within;
+    let running = |r: &Restarter| {
+        super::read_stat(r.identity.pid)
+            .is_ok_and(|p| p.start == r.identity.start && !p.is_zombie())
+    };
+    loop {
+        rs.retain(running);
+        if rs.is_empty() || Instant::now() >= deadline {
+            return rs;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The restarter among `pid`'s ancestors (a few levels: `bash -c` may run `sh` that runs
+/// python), if one of `restarters` started it.
+pub fn started_by(pid: i32, restarters: &[Restarter]) -> Option<&Restarter> {
+    if restarters.is_empty() {
+        return None;
+    }
+    let mut p = super::read_stat(pid).ok()?;
+    for _ in 0..8 {
+        let parent = super::read_stat(p.ppid).ok()?;
+        if let Some(r) = restarters.iter().find(|r| r.identity == parent.identity()) {
+            return Some(r);
+        }
+        if parent.pid <= 1 {
+            return None;
+        }
+        p = parent;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: i32, ppid: i32, comm: &str, start: u64) -> ProcInfo {
+        ProcInfo {
+            pid,
+            comm: comm.into(),
+            state: 'S',
+            ppid,
+            pgid: pid,
+            sid: pid,
+            start,
+        }
+    }
+
+    #[test]
+    fn tells_interactive_shells_from_script_shells() {
+        let bash = p(5, 1, "bash", 1);
+        assert!(is_interactive_shell(&bash, "-bash"));
+        assert!(is_interactive_shell(&bash, "bash"));
+        assert!(is_interactive_shell(&bash, "/bin/bash -l"));
+        assert!(!is_interactive_shell(
+            &bash,
+            "bash -c while true; do python3 holder.py; done"
+        ));
+        assert!(!is_interactive_shell(&bash, "bash run.sh"));
+        assert!(!is_interactive_shell(
+            &p(6, 1, "torchrun", 1),
+            "/usr/bin/python3 /usr/bin/torchrun train.py"
+        ));
+    }
+
+    #[test]
+    fn finds_live_parents_that_are_not_taken_nor_protected() {
+        // 10 (an agent) started 11; 20 started 21 but was taken too; 31 was reparented to
+        // 30 (younger than it); 50, a login shell, started 51.
+        let t = Tree::new(vec![
+            p(1, 0, "init", 0),
+            p(10, 1, "agent", 5),
+            p(11, 10, "python3", 6),
+            p(20, 1, "agent", 5),
+            p(21, 20, "python3", 6),
+            p(30, 1, "subreaper", 9),
+            p(31, 30, "python3", 6),
+            p(41, 1, "python3", 6),
+            p(50, 1, "bash", 5),
+            p(51, 50, "python3", 6),
+        ]);
+        let cmdline = |pid: i32| if pid == 50 { "-bash" } else { "agent" }.to_string();
+        let ids: Vec<Identity> = [11, 20, 21, 31, 41, 51]
+            .iter()
+            .map(|&pid| t.get(pid).unwrap().identity())
+            .collect();
+        let rs = find_with(&t, &ids, &HashSet::new(), &cmdline);
+        assert_eq!(rs.len(), 1, "{rs:?}");
+        assert_eq!((rs[0].pid, rs[0].holder), (10, 11));
+        assert_eq!(
+            rs[0].describe(),
+            "pid 10 (agent) started holder 11 and is still running: it may restart it"
+        );
+        // gpuloop's own ancestors are never restarters.
+        assert!(find_with(&t, &ids, &HashSet::from([10]), &cmdline).is_empty());
+    }
+}

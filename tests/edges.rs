@@ -1,0 +1,323 @@
+//! Truth at the edges (issue 11): daemons, foreign footprints, memory nobody holds,
+//! restarters and a missing driver, each reached with real processes in the simulator.
+
+use crate::support::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+fn diagnosis(sim: &Sim, gpu: i64) -> Value {
+    sim.eval_json(&format!("diagnose({gpu})"))[0].clone()
+}
+
+fn advice(d: &Value) -> &str {
+    d["advice"].as_str().unwrap_or_default()
+}
+
+#[test]
+fn memory_a_protected_daemon_holds_is_the_daemons_not_the_drivers() {
+    let sim = Sim::new("3x8G");
+    let daemon = sim.hold(&["--gpu", "2", "--mib", "500", "--name", "nv-hostengine"])[0];
+    let d = diagnosis(&sim, 2);
+    assert_eq!(d["verdict"], "daemon", "{d}");
+    let a = advice(&d);
+    assert!(
+        a.contains(&format!("nv-hostengine (pid {daemon}) holds 500 MiB")),
+        "{a}"
+    );
+    assert!(a.contains("--force") && a.contains("service"), "{a}");
+    assert!(
+        !a.contains("reset"),
+        "a reset fails while the daemon has the driver open: {a}"
+    );
+    assert_eq!(d["daemons"][0]["pid"], daemon);
+    // force (or stopping the service) is what frees it.
+    let out = sim.run(&[
+        "eval",
+        "kill(holders(2, #{all: true}), #{force: true, grace: 2}); wait_clean(2, #{timeout: 10})",
+    ]);
+    assert_eq!(out.ok().stdout.trim(), "true");
+}
+
+#[test]
+fn an_mps_server_beside_a_context_footprint_is_not_called_a_footprint() {
+    let sim = Sim::new("2x8G");
+    let server = sim.hold(&[
+        "--gpu",
+        "0",
+        "--mib",
+        "2000",
+        "--name",
+        "nvidia-cuda-mps-server",
+    ])[0];
+    let ctx = sim.hold(&["--gpu", "1", "--mib", "100", "--map-all"])[0];
+    let d = diagnosis(&sim, 0);
+    assert_eq!(d["mem_used_mib"], 2003);
+    assert_eq!(d["verdict"], "daemon", "{d}");
+    let a = advice(&d);
+    assert!(a.contains(&format!("(pid {server}) holds 2000 MiB")), "{a}");
+    assert!(
+        !a.contains("2003 MiB is") && !a.contains("2003 MiB:"),
+        "{a}"
+    );
+    assert_eq!(d["footprint"][0]["pid"], ctx);
+}
+
+#[test]
+fn no_reset_is_advised_while_a_driver_client_is_open() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "900"]).ok();
+    let d = diagnosis(&sim, 0);
+    assert_eq!(d["verdict"], "driver");
+    assert!(advice(&d).contains("nvidia-smi -r -i 0"), "{d}");
+    assert!(!advice(&d).contains("clients are open"), "{d}");
+    // An NVML client on another GPU has the driver open: a reset would fail now.
+    let observer = sim.hold(&["--gpu", "1", "--observer", "--name", "nvtop"])[0];
+    let d = diagnosis(&sim, 0);
+    assert_eq!(d["verdict"], "driver");
+    let a = advice(&d);
+    assert!(
+        a.contains("a reset fails while driver clients are open")
+            && a.contains(&format!("{observer} (nvtop)")),
+        "{a}"
+    );
+}
+
+#[test]
+fn a_selective_clean_passes_beside_a_foreign_footprint() {
+    // A GPU-0 job whose CUDA context keeps 3 MiB on GPU 1, and a holder on GPU 1.
+    let sim = Sim::new("2x8G");
+    let job = sim.hold(&["--gpu", "0", "--mib", "100", "--map-all"])[0];
+    let other = sim.hold(&["--gpu", "1", "--mib", "200"])[0];
+    let out = sim.run(&["clean", "--gpu", "1", "--timeout", "60"]).ok();
+    assert!(
+        out.stdout.contains(&format!(
+            "3 MiB: CUDA footprint of pid {job} (python3), a GPU-0 job"
+        )),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("NOT clean"), "{}", out.stdout);
+    assert!(alive(job) && !alive(other));
+    // holders and diagnose agree on who is on GPU 1: nobody; the job is named as a footprint.
+    assert_eq!(
+        sim.run(&["--json", "holders", "--gpu", "1"]).ok().json(),
+        serde_json::json!([])
+    );
+    let d = sim.run(&["--json", "diagnose", "--gpu", "1"]).ok().json()[0].clone();
+    assert_eq!(d["verdict"], "footprint", "{d}");
+    assert_eq!(d["holders"], serde_json::json!([]));
+    assert_eq!(d["footprint"][0]["pid"], job);
+    assert_eq!(d["footprint"][0]["gpus"], serde_json::json!([0]));
+    // strict demands 0 MiB.
+    assert_eq!(
+        sim.eval("[wait_clean(1, #{timeout: 0}), wait_clean(1, #{timeout: 0, strict: true})]"),
+        "[true, false]"
+    );
+    let out = sim
+        .run(&["clean", "--gpu", "1", "--strict", "--timeout", "0.3"])
+        .code(1);
+    assert!(out.stdout.contains("NOT clean"), "{}", out.stdout);
+    // Cleaning both GPUs stops the job: its footprint was its own, not a foreign one.
+    sim.run(&["clean", "--gpu", "0", "--gpu", "1"]).ok();
+    assert!(!alive(job));
+    assert_eq!(sim.used_mib(1), 0);
+}
+
+#[test]
+fn memory_nobody_holds_stops_the_wait_early_and_warns_once() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "900"]).ok();
+    // Timeouts far beyond the harness's 120 s: only the early stop lets these finish.
+    let out = sim
+        .run(&["clean", "--gpu", "0", "--timeout", "3600"])
+        .code(1);
+    assert!(
+        out.stdout.contains("driver") && out.stdout.contains("NOT clean"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stderr.contains("warning"),
+        "the report says it once: {}",
+        out.stderr
+    );
+    let out = sim
+        .run(&["eval", "wait_clean(0, #{timeout: 3600, stall: 0.5})"])
+        .ok();
+    assert_eq!(out.stdout.trim(), "false");
+    assert_eq!(out.stderr.matches("warning").count(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("[driver]"), "{}", out.stderr);
+    // The GPU next to it is clean, and a clean one is still true at once.
+    assert_eq!(sim.eval("wait_clean(1, #{timeout: 3600})"), "true");
+}
+
+/// Waits (bounded) until GPU `gpu` has a compute holder again.
+fn wait_for_holder(sim: &Sim, gpu: i64) {
+    let out = sim.run(&[
+        "eval",
+        &format!("until(60, || holders({gpu}).len() > 0); holders({gpu}).len()"),
+    ]);
+    assert_eq!(out.ok().stdout.trim(), "1");
+}
+
+/// `sim hold --supervise`: (supervisor, first holder).
+fn supervised(sim: &Sim) -> (i32, i32) {
+    let pids = sim.hold(&["--gpu", "0", "--mib", "100", "--supervise"]);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    (pids[0], pids[1])
+}
+
+#[test]
+fn a_restarter_is_named_and_settle_catches_the_respawn() {
+    let sim = Sim::new("2x8G");
+    let (sup, first) = supervised(&sim);
+    // Whether the wait sees the restart or not, the report names the parent.
+    let out = sim.run(&["clean", "--gpu", "0", "--grace", "2"]);
+    assert!(
+        out.stdout.contains(&format!(
+            "pid {sup} (launcher) started holder {first} and is still running: it may restart it"
+        )),
+        "{}",
+        out.stdout
+    );
+    assert!(alive(sup));
+    // Once it has started the holder again, a clean with settle stops it, sees the
+    // restarter start another, and says so: not clean, respawning.
+    wait_for_holder(&sim, 0);
+    let out = sim
+        .run(&["clean", "--gpu", "0", "--grace", "2", "--settle", "5"])
+        .code(1);
+    assert!(out.stdout.contains("respawning"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains(&format!("pid {sup} (launcher) started")),
+        "{}",
+        out.stdout
+    );
+    // --parents stops the restarter too; then it stays clean.
+    let out = sim
+        .run(&[
+            "clean",
+            "--gpu",
+            "0",
+            "--grace",
+            "2",
+            "--parents",
+            "--settle",
+            "1",
+        ])
+        .ok();
+    assert!(out.stdout.contains(&sup.to_string()), "{}", out.stdout);
+    assert!(gone_within(sup, 10));
+    assert_eq!(sim.used_mib(0), 0);
+}
+
+#[test]
+fn scripts_see_restarters_and_stop_them_with_parents() {
+    let sim = Sim::new("2x8G");
+    let (sup, first) = supervised(&sim);
+    let out = sim.script(
+        "restart.rhai",
+        r#"
+        let r = kill(holders(0), #{grace: 2});
+        let settled = wait_clean(0, #{settle: 5, timeout: 20, quiet: true});
+        let verdict = diagnose(0)[0].verdict;
+        until(60, || holders(0).len() > 0);
+        let again = kill(holders(0), #{grace: 2, parents: true});
+        print(to_json(#{
+            restarters: r.restarters, settled: settled, verdict: verdict,
+            signalled: again.signalled, left: again.restarters,
+            clean: wait_clean(0, #{settle: 1, timeout: 20})
+        }));
+        "#,
+        &[],
+    );
+    let v: Value = serde_json::from_str(out.ok().stdout.trim()).unwrap();
+    assert_eq!(v["restarters"][0]["pid"], sup, "{v}");
+    assert_eq!(v["restarters"][0]["holder"], first, "{v}");
+    assert_eq!(v["settled"], false, "{v}");
+    assert!(
+        v["verdict"] == "respawning" || v["verdict"] == "clean",
+        "between restarts it may read clean, never plain held: {v}"
+    );
+    assert!(
+        v["signalled"].as_array().unwrap().contains(&sup.into()),
+        "{v}"
+    );
+    assert_eq!(v["left"], serde_json::json!([]), "{v}");
+    assert_eq!(v["clean"], true, "{v}");
+    assert!(gone_within(sup, 10));
+}
+
+#[test]
+fn sim_hold_foreground_is_the_holder_itself() {
+    let sim = Sim::new("2x8G");
+    let mut child = sim
+        .std_cmd()
+        .args(["sim", "hold", "--gpu", "1", "--mib", "64", "--foreground"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    sim.adopt(child.id() as i32);
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), child.id().to_string());
+    let hs = sim.eval_json("holders(1)");
+    assert_eq!(hs[0]["pid"], child.id() as i64, "{hs}");
+    assert_eq!(sim.used_mib(1), 64);
+    // It never detached: the process we started is the one that holds, and it ends there.
+    sim.run(&["clean", "--gpu", "1"]).ok();
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    assert_eq!(sim.used_mib(1), 0);
+}
+
+/// gpuloop with the NVML backend forced onto a library that does not exist.
+fn no_driver(sim: &Sim, args: &[&str]) -> Out {
+    sim.run_with(args, |c| {
+        c.env_remove("GPULOOP_SIM")
+            .env("GPULOOP_NVML_LIB", "/nonexistent/libnvidia-ml.so.1");
+    })
+}
+
+#[test]
+fn no_driver_never_reads_as_clean() {
+    let sim = Sim::new("1x8G");
+    for args in [
+        &["gpus"][..],
+        &["--json", "gpus"],
+        &["diagnose"],
+        &["diagnose", "--gpu", "0"],
+        &["clean"],
+        &["holders"],
+    ] {
+        let out = no_driver(&sim, args).code(1);
+        assert!(
+            out.stderr
+                .contains("no NVIDIA driver: /nonexistent/libnvidia-ml.so.1: cannot open"),
+            "{args:?}: {}",
+            out.stderr
+        );
+        assert!(!out.stdout.contains("clean"), "{args:?}: {}", out.stdout);
+    }
+    let out = no_driver(
+        &sim,
+        &[
+            "--json",
+            "eval",
+            "#{gpus: gpu(), clean: wait_clean(), d: diagnose(), d0: diagnose([0])}",
+        ],
+    )
+    .ok();
+    let v = out.json();
+    assert_eq!(v["gpus"], serde_json::json!([]));
+    assert_eq!(v["clean"], false);
+    assert_eq!(v["d"][0]["verdict"], "no-driver");
+    assert_eq!(v["d"][0]["gpu"], Value::Null);
+    assert_eq!(v["d0"][0]["gpu"], 0);
+    assert_eq!(v["d0"][0]["verdict"], "no-driver");
+    assert_eq!(out.stderr.matches("warning").count(), 1, "{}", out.stderr);
+}
