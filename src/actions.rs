@@ -128,14 +128,17 @@ pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
 
 /// Stops every compute holder of the selection (narrowed by `filter`), each pinned by its
 /// identity; the report says which GPUs each held. A systemd unit's main process is left
-/// alone unless `force`: systemd would only restart it.
+/// alone unless `force`: systemd would only restart it. With `force`, the protected daemons
+/// of the selection are stopped too (issue 11, item 2: as `kill(holders(sel, #{all: true}),
+/// #{force: true})` does), never mere observers.
 pub fn kill_holders(
     s: &Session,
     sel: &Selection,
     filter: &Filter,
     opts: &KillOpts,
 ) -> Result<KillReport, GpuError> {
-    let hs = holders_of(s, sel, false, filter)?;
+    let mut hs = holders_of(s, sel, opts.force, filter)?;
+    hs.retain(|h| h.is_compute() || h.protected);
     let (units, hs): (Vec<Holder>, Vec<Holder>) = hs
         .into_iter()
         .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
@@ -308,9 +311,15 @@ pub fn clean(
     wait_opts
         .exiting
         .extend(kill.survivors.iter().map(|&p| p as i32));
-    // What is left is in the report: no warning that says it a second time. diagnose()
-    // knows the restarters this kill found: a holder they started again reads "respawning".
-    let outcome = wait_quietly(s, sel, &wait_opts)?;
+    // Interrupted during the grace: stop here, the caller reports what was signalled.
+    // Otherwise what is left is in the report: no warning that says it a second time.
+    // diagnose() knows the restarters this kill found: a holder they started again reads
+    // "respawning".
+    let outcome = if kill.interrupted {
+        WaitOutcome::Interrupted
+    } else {
+        wait_quietly(s, sel, &wait_opts)?
+    };
     let wait_ms = waited.elapsed().as_millis() as i64;
     let after = diagnoses(s, sel)?;
     Ok(CleanReport {

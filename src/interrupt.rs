@@ -2,14 +2,33 @@
 //! wait checks, so nothing blocks past an interrupt and the jobs are stopped on the way out.
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// Every interrupt ever received; `clear()` does not reset it.
+static COUNT: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
     SIGNAL.store(sig, Ordering::SeqCst);
+    COUNT.fetch_add(1, Ordering::SeqCst);
+}
+
+/// "Interrupted since this was made": a stop that an interrupt started (a job stopped on
+/// Ctrl-C) is cut short only by the next one.
+pub struct After(u32);
+
+impl After {
+    pub fn now() -> After {
+        After(COUNT.load(Ordering::SeqCst))
+    }
+}
+
+impl crate::process::kill::Interrupt for After {
+    fn is_set(&self) -> bool {
+        COUNT.load(Ordering::SeqCst) > self.0
+    }
 }
 
 /// The signals whose default action ends the process and that arrive from outside (a hangup,

@@ -363,6 +363,21 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
             None => style.red(&format!("{who} still running after {}", t.signal)),
         });
     }
+    if r.interrupted {
+        out.push(style.red(&format!(
+            "interrupted during the grace; still running, not KILLed: {}",
+            join(&r.survivors)
+        )));
+    }
+    for k in r.killed_at_once.iter().filter(|_| !r.dry_run) {
+        out.push(format!("KILL at once {}: {}", k.pid, k.reason));
+    }
+    for s in r.stuck.iter().filter(|_| !r.dry_run) {
+        out.push(style.red(&format!(
+            "stuck {} ({}): in the kernel or the driver (D state, wchan {}); it goes when that call returns, or after a reset",
+            s.pid, s.name, s.wchan
+        )));
+    }
     for s in &r.skipped {
         out.push(format!("skipped {}: {}", s.pid, s.reason));
     }

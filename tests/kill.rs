@@ -15,16 +15,128 @@ fn a_term_respecting_holder_exits_on_term_before_the_grace() {
     assert!(!alive(p));
 }
 
+/// Issue 11, item 6: a holder whose SigIgn has TERM cannot act on it; waiting out the grace
+/// only costs time, so it gets KILL at once and the report says why.
 #[test]
-fn a_term_ignoring_holder_is_killed_after_the_grace() {
+fn a_term_ignoring_holder_is_killed_at_once_and_the_report_says_why() {
     let sim = Sim::new("1x8G");
     let p = sim.hold(&["--gpu", "0", "--mib", "64", "--ignore-term"])[0];
-    let r = sim.eval_json(&format!("kill({p}, #{{grace: 0.3}})"));
+    let r = sim.eval_json(&format!("kill({p}, #{{grace: 60}})"));
     assert_eq!(r["exited"], serde_json::json!([p]));
     assert_eq!(r["survivors"], serde_json::json!([]));
-    assert!(r["elapsed_ms"].as_i64().unwrap() >= 300, "{r}");
+    assert!(r["elapsed_ms"].as_i64().unwrap() < 60_000, "{r}");
+    let why = r["killed_at_once"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("ignores TERM (SigIgn)"), "{r}");
     assert!(!alive(p));
     assert_eq!(sim.used_mib(0), 0);
+    // The same rule for any signal asked for: INT ignored is INT futile.
+    let q = sim.hold(&["--gpu", "0", "--mib", "8", "--ignore-term"])[0];
+    let r = sim.eval_json(&format!("kill({q}, #{{signal: \"INT\", grace: 60}})"));
+    assert_eq!(
+        r["killed_at_once"],
+        serde_json::json!([]),
+        "INT is not ignored: {r}"
+    );
+    assert_eq!(r["exited"], serde_json::json!([q]));
+}
+
+/// A holder that catches TERM and carries on: it needs the KILL after the grace.
+fn term_catcher(sim: &Sim) -> std::process::Child {
+    let mut c = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import signal, sys, time\n\
+             signal.signal(signal.SIGTERM, lambda *a: None)\n\
+             print('ready', flush=True)\n\
+             time.sleep(1000)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(c.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    sim.adopt(c.id() as i32);
+    c
+}
+
+#[test]
+fn a_term_catching_process_is_killed_after_the_grace() {
+    let sim = Sim::new("1x8G");
+    let mut c = term_catcher(&sim);
+    let p = c.id();
+    let r = sim.eval_json(&format!("kill({p}, #{{grace: 0.3}})"));
+    assert_eq!(r["exited"], serde_json::json!([p]));
+    assert_eq!(r["killed_at_once"], serde_json::json!([]));
+    assert!(r["elapsed_ms"].as_i64().unwrap() >= 300, "{r}");
+    assert!(c.wait().unwrap().code().is_none());
+}
+
+/// Issue 11, item 6: a PID-namespace init without a TERM handler never gets TERM (the kernel
+/// drops it), so every container holder cost the whole grace. It gets KILL at once now.
+#[test]
+fn a_namespace_init_without_a_term_handler_is_killed_at_once() {
+    let sim = Sim::new("1x8G");
+    let mut outer = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "sleep", "1000"])
+        .spawn()
+        .expect("unshare");
+    sim.adopt(outer.id() as i32);
+    // The namespace's init is unshare's child.
+    let children = format!("/proc/{0}/task/{0}/children", outer.id());
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let init: i32 = loop {
+        let kids = std::fs::read_to_string(&children).unwrap_or_default();
+        let sleeping = kids
+            .split_whitespace()
+            .filter_map(|k| k.parse().ok())
+            .find(|&k: &i32| {
+                std::fs::read_to_string(format!("/proc/{k}/comm"))
+                    .is_ok_and(|c| c.trim() == "sleep")
+            });
+        if let Some(k) = sleeping {
+            break k;
+        }
+        assert!(std::time::Instant::now() < end, "no namespace init");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let r = sim.eval_json(&format!("kill({init}, #{{grace: 60}})"));
+    assert_eq!(r["exited"], serde_json::json!([init]), "{r}");
+    let why = r["killed_at_once"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("init of its own PID namespace"), "{r}");
+    assert!(r["elapsed_ms"].as_i64().unwrap() < 60_000, "{r}");
+    let _ = outer.wait();
+}
+
+/// Issue 10, defect 5: `kill(2)` signalled kthreadd and its kernel threads. Kernel threads are
+/// refused like pid 1 (shown with dry_run, so nothing is signalled even if that broke).
+#[test]
+fn kernel_threads_are_refused_like_pid_one() {
+    let is_kthreadd = std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd");
+    if !is_kthreadd {
+        // In a PID namespace of its own (a container) the host's kernel threads are not
+        // visible at all: nothing to refuse, and pid 2 is an ordinary process.
+        eprintln!("skipped: no kthreadd at pid 2 here");
+        return;
+    }
+    let sim = Sim::new("1x8G");
+    let r = sim.eval_json("kill(2, #{dry_run: true})");
+    assert_eq!(r["signalled"], serde_json::json!([]), "{r}");
+    assert!(
+        r["skipped"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("kernel thread"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -148,7 +260,9 @@ fn reports_say_which_signal_ended_each_process_and_when_memory_came_back() {
     assert!(out.stdout.contains("clean: memory back"), "{}", out.stdout);
     // Nothing said twice: what is left is in the report, not also in a warning.
     assert_eq!(out.stderr, "");
-    let p = sim.hold(&["--gpu", "0", "--mib", "10", "--ignore-term"])[0];
+    // A TERM handler that does nothing: only the KILL after the grace ends it (one that
+    // ignores TERM outright is KILLed at once, see below).
+    let p = sim.hold(&["--gpu", "0", "--mib", "10", "--catch-term"])[0];
     let r = sim.run(&["--json", "clean", "--grace", "0.3"]).ok().json();
     assert_eq!(r["kill"]["targets"][0]["pid"], p);
     assert_eq!(r["kill"]["targets"][0]["ended_by"], "KILL");
@@ -456,4 +570,174 @@ fn a_holder_map_without_a_valid_start_is_an_error_not_a_bare_pid() {
     // The map as holders() returns it still works; and a bare integer pid is a pid.
     let r = sim.eval_json("kill(holders()[0])");
     assert_eq!(r["exited"], serde_json::json!([p]));
+}
+
+/// Issue 11, item 7: a holder asleep in the driver (D state) outlives SIGKILL. kill() reports
+/// it as stuck, with its wchan, not as a plain survivor; diagnose says "stuck"; once the
+/// driver lets go (`sim release`) the pending KILL ends it and the memory is free.
+#[test]
+fn a_stuck_holder_is_reported_stuck_with_its_wchan_and_goes_on_release() {
+    let sim = Sim::new("1x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "32", "--stuck"])[0];
+    let d = sim.run(&["--json", "diagnose"]).json();
+    assert_eq!(d[0]["verdict"], "stuck", "{d}");
+    let advice = d[0]["advice"].as_str().unwrap();
+    assert!(
+        advice.contains(&format!("pid {p}")) && advice.contains("D state, wchan __refrigerator"),
+        "{advice}"
+    );
+    let out = sim.run(&["--json", "kill", "--grace", "0.2"]).code(1);
+    let r = out.json();
+    assert_eq!(r["survivors"], serde_json::json!([]), "{r}");
+    assert_eq!(r["stuck"][0]["pid"], p, "{r}");
+    assert_eq!(r["stuck"][0]["wchan"], "__refrigerator", "{r}");
+    assert!(alive(p));
+    assert_eq!(sim.used_mib(0), 32);
+    sim.run(&["sim", "release"]).ok();
+    assert!(
+        gone_within(p, 10),
+        "the KILLed holder did not go on release"
+    );
+    assert_eq!(sim.used_mib(0), 0);
+}
+
+/// Issue 11, item 2: `--force` on the command line did nothing (only compute holders were
+/// ever targets); it now takes the protected holders of the selection too, never observers.
+#[test]
+fn force_on_the_command_line_includes_the_protected_holders() {
+    let sim = Sim::new("2x8G");
+    let d = sim.hold(&["--gpu", "0", "--mib", "16", "--name", "nv-hostengine"])[0];
+    let other = sim.hold(&["--gpu", "1", "--mib", "0", "--name", "nvidia-persistenced"])[0];
+    let watcher = sim.hold(&["--gpu", "0", "--observer"])[0];
+    let r = sim.run(&["--json", "kill", "--gpu", "0"]).ok().json();
+    assert_eq!(r["signalled"], serde_json::json!([]), "{r}");
+    assert!(alive(d));
+    let r = sim
+        .run(&["--json", "kill", "--gpu", "0", "--force"])
+        .ok()
+        .json();
+    assert_eq!(r["signalled"], serde_json::json!([d]), "{r}");
+    assert!(gone_within(d, 10));
+    assert!(alive(watcher), "an observer was stopped");
+    assert!(alive(other), "a daemon of another GPU was stopped");
+    let d2 = sim.hold(&["--gpu", "0", "--mib", "16", "--name", "nv-hostengine"])[0];
+    let j = sim
+        .run(&["--json", "clean", "--gpu", "0", "--force"])
+        .ok()
+        .json();
+    assert_eq!(j["kill"]["signalled"], serde_json::json!([d2]), "{j}");
+    assert_eq!(j["clean"], true, "{j}");
+    assert!(alive(other));
+}
+
+/// Waits (bounded) until the signal log has a line for `pid` with `sig`.
+fn logged(log: &std::path::Path, pid: u32, sig: &str) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < end {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.lines().any(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.first() == Some(&pid.to_string().as_str()) && f.last() == Some(&sig)
+        }) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}
+
+/// Waits (bounded) for a gpuloop the test started; its exit code.
+fn exit_code(child: &mut std::process::Child) -> Option<i32> {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    while std::time::Instant::now() < end {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    None
+}
+
+fn sigint(child: &std::process::Child) {
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+}
+
+/// Issue 10, defect 4: an interrupt during the grace sent SIGKILL at once and `gpuloop kill`
+/// exited 1. The policy now: Ctrl-C stops the waiting and KILLs nobody; the report says what
+/// was signalled and what still runs; exit 130. The same for kill and clean.
+#[test]
+fn an_interrupt_during_the_grace_stops_waiting_kills_nobody_and_exits_130() {
+    let sim = Sim::new("1x8G");
+    let log = sim.path().join("signals.log");
+    for cmd in ["kill", "clean"] {
+        let _ = std::fs::remove_file(&log);
+        let p = sim.hold(&["--gpu", "0", "--mib", "16", "--catch-term"])[0];
+        let mut g = sim
+            .std_cmd()
+            .args([cmd, "--grace", "120"])
+            .env("GPULOOP_SIGNAL_LOG", &log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert!(logged(&log, p as u32, "TERM"), "{cmd}: no TERM sent");
+        sigint(&g);
+        let code = exit_code(&mut g);
+        let mut out = String::new();
+        std::io::Read::read_to_string(g.stdout.as_mut().unwrap(), &mut out).unwrap();
+        assert_eq!(code, Some(130), "{cmd}: {out}");
+        assert!(
+            out.contains(&format!("still running, not KILLed: {p}")),
+            "{cmd}: {out}"
+        );
+        assert!(alive(p), "{cmd}: the holder was KILLed");
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(!text.contains("KILL"), "{cmd}: {text}");
+        sigkill(p);
+        assert!(gone_within(p, 10));
+    }
+}
+
+/// Issue 10, defect 4: three Ctrl-Cs during a job stop still waited the whole grace. The
+/// first Ctrl-C starts the stop (TERM, grace); the next one cuts the grace short: KILL now.
+#[test]
+fn a_second_interrupt_during_a_job_stop_cuts_the_grace_short() {
+    let sim = Sim::new("1x8G");
+    let log = sim.path().join("signals.log");
+    let pidfile = sim.path().join("job.pid");
+    let script = sim.path().join("job.rhai");
+    std::fs::write(
+        &script,
+        format!(
+            "run([\"python3\", \"-c\", \"import os, signal, time\\nsignal.signal(signal.SIGTERM, lambda *a: None)\\nopen('{pf}', 'w').write(str(os.getpid()))\\ntime.sleep(1000)\"], #{{grace: 120, echo: false}});",
+            pf = pidfile.display()
+        ),
+    )
+    .unwrap();
+    let mut g = sim
+        .std_cmd()
+        .args(["run", script.to_str().unwrap()])
+        .env("GPULOOP_SIGNAL_LOG", &log)
+        .spawn()
+        .unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let job: u32 = loop {
+        if let Some(p) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break p;
+        }
+        if std::time::Instant::now() > end {
+            let _ = g.kill();
+            panic!("the job did not start");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    sigint(&g);
+    assert!(logged(&log, job, "TERM"), "the job stop did not start");
+    sigint(&g);
+    assert_eq!(exit_code(&mut g), Some(130));
+    assert!(logged(&log, job, "KILL"));
+    assert!(gone_within(job as i32, 10));
 }

@@ -4,7 +4,7 @@
 use gpuloop::gpu::{Gpu, MIB};
 use gpuloop::inspect::diagnose::Diagnosis;
 use gpuloop::inspect::holders::Holder;
-use gpuloop::process::kill::{KillError, KillReport, Skipped, Stopped};
+use gpuloop::process::kill::{KillError, KillReport, Skipped, Stopped, Stuck};
 use gpuloop::process::restart::Restarter;
 use gpuloop::render::{self, Style};
 use rhai::Dynamic;
@@ -156,6 +156,16 @@ fn kill_report() -> KillReport {
                 exit_ms: Some(120),
             },
         ],
+        killed_at_once: vec![Skipped {
+            pid: 4244,
+            reason: "pid 4244 ignores TERM (SigIgn): sent KILL at once".into(),
+        }],
+        stuck: vec![Stuck {
+            pid: 4245,
+            name: "python3".into(),
+            wchan: "__refrigerator".into(),
+        }],
+        interrupted: false,
         elapsed_ms: 5012,
         dry_run: false,
         would_signal: vec![],

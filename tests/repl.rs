@@ -444,7 +444,7 @@ fn jobs_spawned_at_the_prompt_are_stopped_when_it_exits() {
 #[test]
 fn kill_and_wait_show_live_progress_on_a_terminal() {
     let sim = Sim::new("1x8G");
-    sim.hold(&["--gpu", "0", "--mib", "700", "--ignore-term"]);
+    sim.hold(&["--gpu", "0", "--mib", "700", "--catch-term"]);
     let t = Term::start(&sim, &state_dir(&sim), &[]);
     t.line("wait_clean(0, #{timeout: 300})");
     t.wait_for("the wait's progress with its timeout", |s| {

@@ -221,6 +221,10 @@ pub fn sigkill(pid: i32) {
 
 impl Drop for Sim {
     fn drop(&mut self) {
+        // Stuck holders (`sim hold --stuck`) ignore SIGKILL until released.
+        if self.path().join("state/stuck.cgroup").exists() {
+            let _ = self.std_cmd().args(["sim", "release"]).output();
+        }
         let pids = self.started.lock().map(|p| p.clone()).unwrap_or_default();
         for &p in &pids {
             sigkill(p);

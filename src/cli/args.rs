@@ -245,9 +245,19 @@ pub enum SimCmd {
         /// like torchrun's agent.
         #[arg(long, conflicts_with_all = ["workers", "fork_child"])]
         supervise: bool,
+        /// Catch SIGTERM and carry on (a handler that does nothing): only SIGKILL ends it.
+        #[arg(long)]
+        catch_term: bool,
+        /// Once holding, sleep uninterruptibly (D state) like a process stuck in the driver:
+        /// SIGKILL does not end it until `sim release` (cgroup-v1 freezer; needs root).
+        #[arg(long, conflicts_with = "foreground")]
+        stuck: bool,
         #[arg(long, hide = true)]
         as_holder: bool,
     },
+    /// Let the stuck holders (`sim hold --stuck`) go, as a driver call that returns: those
+    /// KILLed meanwhile exit now.
+    Release,
     /// Mark memory used with no holder at all (a stuck driver); only `sim reset` frees it.
     Leak {
         #[arg(long, allow_negative_numbers = true)]

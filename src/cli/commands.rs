@@ -160,6 +160,7 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
         dry_run: k.dry_run,
         force: k.force,
         parents: k.parents,
+        on_interrupt: Default::default(),
     })
 }
 
@@ -178,7 +179,8 @@ fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Re
     Ok(0)
 }
 
-/// `gpuloop kill`: exit 0 when every target is gone, 1 with survivors or errors.
+/// `gpuloop kill`: exit 0 when every target is gone, 1 with survivors, stuck processes or
+/// errors, 130 when interrupted during the grace.
 fn kill_holders(
     cfg: &Config,
     sel: &Selection,
@@ -207,7 +209,9 @@ fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
     emit(cfg, &report, || {
         render::kill_report(report, Style::stdout())
     })?;
-    Ok(if report.survivors.is_empty() && report.errors.is_empty() {
+    Ok(if report.interrupted {
+        130
+    } else if report.survivors.is_empty() && report.errors.is_empty() && report.stuck.is_empty() {
         0
     } else {
         1
@@ -238,6 +242,10 @@ fn clean(
         return kill_holders(cfg, sel, filter, &kill_opts);
     }
     let r = actions::clean(&cfg.session, sel, filter, &kill_opts, wait)?;
+    if r.kill.interrupted {
+        // What was signalled and what still runs (TERMed, not KILLed), then 130.
+        return kill_done(cfg, &r.kill);
+    }
     if crate::interrupt::is_set() {
         return Ok(130);
     }
@@ -466,7 +474,34 @@ fn sim(cfg: &Config, cmd: &SimCmd) -> Result<i32, Error> {
                 force: true,
                 ..KillOpts::default()
             };
-            kill_done(cfg, &actions::kill(&cfg.session, &targets, &opts))
+            // Stuck holders go only once released: thaw them after the KILL is pending.
+            let mut report = actions::kill(&cfg.session, &targets, &opts);
+            if !report.stuck.is_empty() {
+                crate::gpu::sim::stuck::release(&sim)?;
+                let end = std::time::Instant::now() + Duration::from_secs(5);
+                while report
+                    .stuck
+                    .iter()
+                    .any(|s| crate::process::alive(s.pid as i32))
+                    && std::time::Instant::now() < end
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let (gone, stuck) = report
+                    .stuck
+                    .drain(..)
+                    .partition(|s| !crate::process::alive(s.pid as i32));
+                report.stuck = stuck;
+                report
+                    .exited
+                    .extend(gone.into_iter().map(|s: crate::process::kill::Stuck| s.pid));
+            }
+            kill_done(cfg, &report)
+        }
+        SimCmd::Release => {
+            let n = crate::gpu::sim::stuck::release(&sim)?;
+            crate::outln!("released {n} stuck holder(s)");
+            Ok(0)
         }
         SimCmd::Watch { .. } => Err(Error::Usage("sim watch is internal".into())),
     }
@@ -500,6 +535,8 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             shared_group,
             foreground,
             supervise,
+            catch_term,
+            stuck,
             ..
         } => HoldOpts {
             gpu: *gpu,
@@ -515,6 +552,8 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             shared_group: *shared_group,
             foreground: *foreground,
             supervise: *supervise,
+            catch_term: *catch_term,
+            stuck: *stuck,
         },
         _ => HoldOpts::default(),
     }

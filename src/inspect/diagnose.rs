@@ -11,6 +11,7 @@ use serde::Serialize;
 pub const VERDICTS: &[&str] = &[
     "clean",
     "held",
+    "stuck",
     "respawning",
     "orphaned",
     "inherited",
@@ -137,13 +138,16 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 unreadable: inv.unreadable,
                 clients: &inv.holders,
             };
-            let (verdict, advice) = verdict(
-                &facts,
-                |h: &Holder| {
-                    tree.orphaned(h.pid as i32) || (h.origin.reparented && !h.origin.service_main)
-                },
-                |pid| restart::started_by(pid as i32, ctx.restarters).cloned(),
-            );
+            let (verdict, advice) = stuck_verdict(&holders).unwrap_or_else(|| {
+                verdict(
+                    &facts,
+                    |h: &Holder| {
+                        tree.orphaned(h.pid as i32)
+                            || (h.origin.reparented && !h.origin.service_main)
+                    },
+                    |pid| restart::started_by(pid as i32, ctx.restarters).cloned(),
+                )
+            });
             Diagnosis {
                 gpu: Some(g.index),
                 mem_used: g.mem_used,
@@ -158,6 +162,31 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
             }
         })
         .collect()
+}
+
+/// Issue 11, item 7: a holder asleep uninterruptibly (D) in the driver does not go on
+/// SIGKILL; killing more is no use. A D state is often a moment of I/O, so it counts only if
+/// it is still there a little later, and the process is still the one listed.
+fn stuck_verdict(holders: &[Holder]) -> Option<(&'static str, String)> {
+    holders
+        .iter()
+        .filter(|h| h.state == "disk-sleep")
+        .find_map(|h| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let dir = crate::process::identity::ProcDir::open(h.pid as i32).ok()?;
+            let now = dir.stat().ok()?;
+            (now.start as i64 == h.start && now.state == 'D').then(|| {
+                (
+                    "stuck",
+                    format!(
+                        "pid {} ({}) is in the driver (D state, wchan {}): it frees when the driver returns, or after a reset",
+                        h.pid,
+                        h.name,
+                        crate::process::kill::wchan(&dir)
+                    ),
+                )
+            })
+        })
 }
 
 /// "4711 (python3)", with the Slurm job and user, or the container, when known.

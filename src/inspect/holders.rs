@@ -217,8 +217,8 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
 /// A process whose fds we may not read: what its /proc directory still tells (stat, owner).
 fn hidden_user(pid: i32) -> Option<NodeUser> {
     let dir = ProcDir::open(pid).ok()?;
-    let (info, ino) = match identity::pin_dir(&dir) {
-        Ok(Some(p)) => (p.info, p.ino),
+    let (info, ino) = match identity::bound_identity(&dir) {
+        Ok(Some(found)) => found,
         Ok(None) => return None,
         Err(_) => (dir.stat().ok()?, None),
     };

@@ -91,6 +91,8 @@ impl ProcDir {
 /// or nobody (ESRCH once it has exited), whatever now has its pid.
 pub struct Pinned {
     pub fd: OwnedFd,
+    /// Its /proc directory: later reads through it (status, wchan) are about it or fail.
+    pub dir: ProcDir,
     /// Its stat, read while the pidfd was known to refer to it.
     pub info: ProcInfo,
     /// The pidfs inode of `fd`, where the kernel has pidfs.
@@ -139,7 +141,16 @@ pub fn pidfd_ino(fd: impl AsFd) -> Option<u64> {
 /// The pidfd is opened by number, then the stat is read through `dir`: that read succeeds
 /// only while `dir`'s process still has the pid, so the pidfd, opened in between, is that
 /// process, and the stat is its own.
-pub fn pin_dir(dir: &ProcDir) -> io::Result<Option<Pinned>> {
+pub fn pin_dir(dir: ProcDir) -> io::Result<Option<Pinned>> {
+    Ok(bound_pidfd(&dir)?.map(|(fd, info, ino)| Pinned { fd, dir, info, ino }))
+}
+
+/// The stat and pidfs inode of the process `dir` was opened for, read as `pin_dir` does.
+pub fn bound_identity(dir: &ProcDir) -> io::Result<Option<(ProcInfo, Option<u64>)>> {
+    Ok(bound_pidfd(dir)?.map(|(_, info, ino)| (info, ino)))
+}
+
+fn bound_pidfd(dir: &ProcDir) -> io::Result<Option<(OwnedFd, ProcInfo, Option<u64>)>> {
     let Some(pid) = Pid::from_raw(dir.pid) else {
         return Ok(None);
     };
@@ -154,7 +165,7 @@ pub fn pin_dir(dir: &ProcDir) -> io::Result<Option<Pinned>> {
         Err(e) => return Err(e),
     };
     let ino = pidfd_ino(&fd);
-    Ok(Some(Pinned { fd, info, ino }))
+    Ok(Some((fd, info, ino)))
 }
 
 /// Why a pinned process is not the one `want` names, if it is not.
@@ -183,7 +194,7 @@ pub fn pin(want: &Identity) -> Result<Option<Pinned>, String> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot open /proc/{}: {e}", want.pid)),
     };
-    match pin_dir(&dir) {
+    match pin_dir(dir) {
         Ok(Some(p)) => match mismatch(want, &p) {
             Some(why) => Err(why),
             None => Ok(Some(p)),
@@ -221,15 +232,14 @@ mod tests {
             assert_eq!(e.kind(), io::ErrorKind::NotFound, "{name}: {e}");
         }
         assert!(dir.open_at("fd", true).is_err());
-        assert!(pin_dir(&dir).unwrap().is_none());
+        assert!(pin_dir(dir).unwrap().is_none());
     }
 
     #[test]
     fn a_recycled_pid_can_be_killed_the_same_tick_is_told_apart_by_pidfs_inode() {
         let child = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id() as i32;
-        let dir = ProcDir::open(pid).unwrap();
-        let p = pin_dir(&dir).unwrap().unwrap();
+        let p = pin_dir(ProcDir::open(pid).unwrap()).unwrap().unwrap();
         let id = p.identity();
         assert_eq!(pin(&id).unwrap().unwrap().identity(), id);
         if pidfs() {

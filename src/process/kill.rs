@@ -44,6 +44,8 @@ pub struct KillOpts {
     pub force: bool,
     /// Also the targets' restarters: live parents that may start them again.
     pub parents: bool,
+    /// What an interrupt during the grace does.
+    pub on_interrupt: OnInterrupt,
 }
 
 impl Default for KillOpts {
@@ -55,6 +57,7 @@ impl Default for KillOpts {
             dry_run: false,
             force: false,
             parents: false,
+            on_interrupt: OnInterrupt::StopWaiting,
         }
     }
 }
@@ -101,10 +104,46 @@ pub struct KillReport {
     pub errors: Vec<KillError>,
     /// Every process signalled (or that would be), with its name and what ended it.
     pub targets: Vec<Stopped>,
+    /// Sent SIGKILL instead of the signal asked for, which they could not act on.
+    pub killed_at_once: Vec<Skipped>,
+    /// KILLed but still there, asleep in the kernel or the driver (D state).
+    pub stuck: Vec<Stuck>,
+    /// An interrupt ended the grace: `survivors` got the signal but no SIGKILL.
+    pub interrupted: bool,
     pub elapsed_ms: i64,
     /// Live parents of the targets that may start them again (not signalled without `parents`).
     #[serde(default)]
     pub restarters: Vec<Restarter>,
+}
+/// A process that SIGKILL has not ended yet because it sleeps uninterruptibly.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Stuck {
+    pub pid: i64,
+    pub name: String,
+    /// The kernel function it sleeps in (/proc/PID/wchan), "?" if hidden.
+    pub wchan: String,
+}
+
+/// What ends a grace early. Ctrl-C never turns into SIGKILL by itself for kill() and clean:
+/// the first interrupt stops the waiting and the report says who got the signal and who is
+/// still running. Stopping a job gpuloop started is different, because a job must never be
+/// left behind: the stop finishes, and an interrupt during it cuts the grace short (KILL now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnInterrupt {
+    #[default]
+    StopWaiting,
+    KillNow,
+}
+
+/// Something that says "interrupted": the session's Ctrl-C flag, or `interrupt::After`.
+pub trait Interrupt {
+    fn is_set(&self) -> bool;
+}
+
+impl Interrupt for AtomicBool {
+    fn is_set(&self) -> bool {
+        self.load(Ordering::Relaxed)
+    }
 }
 
 /// Live progress during the grace: (still running, signalled, time left before KILL).
@@ -155,6 +194,13 @@ impl<'a> Guard<'a> {
         if p.pid <= 1 {
             return Some(format!("pid {} is never signalled", p.pid));
         }
+        // Issue 10, defect 5: kill(2) used to signal kthreadd and every kernel thread.
+        if p.is_kernel_thread() {
+            return Some(format!(
+                "pid {} ({}) is a kernel thread: never signalled",
+                p.pid, p.comm
+            ));
+        }
         if p.pid == self.me {
             return Some("that is gpuloop itself".into());
         }
@@ -198,6 +244,8 @@ struct Victim {
     exit_at: Option<Instant>,
     /// SIGKILL was sent after the grace.
     escalated: bool,
+    /// SIGKILL was sent to it (at once or after the grace).
+    killed: bool,
 }
 
 /// Signals every target at once, waits for exits on pidfds, escalates after one shared grace.
@@ -205,7 +253,7 @@ pub fn kill(
     targets: &[Target],
     opts: &KillOpts,
     protected: &[String],
-    interrupted: &AtomicBool,
+    interrupted: &dyn Interrupt,
 ) -> KillReport {
     kill_with_progress(targets, opts, protected, interrupted, &mut |_, _, _| {})
 }
@@ -215,7 +263,7 @@ pub fn kill_with_progress(
     targets: &[Target],
     opts: &KillOpts,
     protected: &[String],
-    interrupted: &AtomicBool,
+    interrupted: &dyn Interrupt,
     progress: Progress,
 ) -> KillReport {
     let started = Instant::now();
@@ -342,57 +390,86 @@ pub fn kill_with_progress(
     }
     let signalled_at = Instant::now();
     let mut victims = Vec::new();
+    let escalates = opts.signal != Signal::SIGKILL && !opts.grace.is_zero();
     for p in pinned {
         let pid = p.info.pid;
-        match send(&p, opts.signal) {
+        // Issue 11, item 6: a signal the process cannot act on only costs the whole grace.
+        let futile = escalates.then(|| futile_signal(&p, opts.signal)).flatten();
+        let sig = if futile.is_some() {
+            Signal::SIGKILL
+        } else {
+            opts.signal
+        };
+        match send(&p, sig) {
             Ok(()) => {
-                tracing::debug!("kill: {} -> pid {pid}", signal_name(opts.signal));
+                tracing::debug!("kill: {} -> pid {pid}", signal_name(sig));
                 // A stopped process would not act on TERM until continued.
-                if p.info.state == 'T' && opts.signal != Signal::SIGKILL {
+                if p.info.state == 'T' && sig != Signal::SIGKILL {
                     let _ = send(&p, Signal::SIGCONT);
+                }
+                if let Some(reason) = futile {
+                    report.killed_at_once.push(Skipped {
+                        pid: pid.into(),
+                        reason,
+                    });
                 }
                 report.signalled.push(pid.into());
                 victims.push(Victim {
                     pinned: p,
                     exited: false,
                     exit_at: None,
-                    escalated: false,
+                    escalated: sig != opts.signal,
+                    killed: sig == Signal::SIGKILL,
                 });
             }
             Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, "already gone".into()),
             Err(e) => report.errors.push(KillError {
                 pid: pid.into(),
-                error: describe_errno(e, opts.signal),
+                error: describe_errno(e, sig),
             }),
         }
     }
 
-    // 3. One shared grace, then SIGKILL for the survivors, and wait for those too.
-    let first_wait = if opts.signal == Signal::SIGKILL {
+    // 3. One shared grace, then SIGKILL for the survivors, and wait for those too. An
+    // interrupt during the grace either stops the waiting, KILLing nobody (`StopWaiting`:
+    // kill() and clean), or cuts the grace short (`KillNow`: stopping a job).
+    let first_wait = if victims.iter().all(|v| v.killed) {
         KILL_WAIT
     } else {
         opts.grace
     };
-    let escalation = (opts.signal != Signal::SIGKILL && !opts.grace.is_zero())
-        .then_some(signalled_at + first_wait);
-    wait_exits(
+    let escalation = escalates.then_some(signalled_at + first_wait);
+    // SIGKILLs already sent while stopping a job are waited for whatever happens.
+    let never = AtomicBool::new(false);
+    let first_interrupt: &dyn Interrupt =
+        if opts.on_interrupt == OnInterrupt::KillNow && victims.iter().all(|v| v.killed) {
+            &never
+        } else {
+            interrupted
+        };
+    let cut = wait_exits(
         &mut victims,
         signalled_at + first_wait,
-        interrupted,
+        first_interrupt,
         &mut |left, all| progress(left, all, escalation.map(|t| t - Instant::now().min(t))),
     );
-    if escalation.is_some() {
-        let mut escalated = false;
-        for v in victims.iter_mut().filter(|v| !v.exited) {
+    report.interrupted = cut && opts.on_interrupt == OnInterrupt::StopWaiting;
+    if escalates && !report.interrupted {
+        for v in victims.iter_mut().filter(|v| !v.exited && !v.killed) {
             tracing::debug!("kill: grace over, KILL -> pid {}", v.pinned.info.pid);
             v.escalated = send(&v.pinned, Signal::SIGKILL).is_ok();
-            escalated |= v.escalated;
+            v.killed = v.escalated;
         }
-        if escalated {
-            wait_exits(
+        if victims.iter().any(|v| v.killed && !v.exited) {
+            // The KILLs are sent; a job stop waits for them whatever happens (short, bounded).
+            let stop: &dyn Interrupt = match opts.on_interrupt {
+                OnInterrupt::StopWaiting => interrupted,
+                OnInterrupt::KillNow => &never,
+            };
+            report.interrupted |= wait_exits(
                 &mut victims,
                 Instant::now() + KILL_WAIT,
-                interrupted,
+                stop,
                 &mut |left, all| progress(left, all, None),
             );
         }
@@ -407,6 +484,8 @@ pub fn kill_with_progress(
         let pid = i64::from(v.pinned.info.pid);
         if v.exited {
             report.exited.push(pid);
+        } else if let Some(s) = v.killed.then(|| stuck(&v.pinned)).flatten() {
+            report.stuck.push(s);
         } else {
             report.survivors.push(pid);
         }
@@ -432,6 +511,64 @@ pub fn kill_with_progress(
     report.restarters.extend(rest);
     report.elapsed_ms = started.elapsed().as_millis() as i64;
     report
+}
+
+/// Why `sig` cannot end this process, if it cannot: it ignores the signal (`SigIgn`), or it is
+/// the init of its own PID namespace with no handler for it (`SigCgt`), which the kernel
+/// then drops. SIGKILL and SIGSTOP always work.
+fn futile_signal(p: &Pinned, sig: Signal) -> Option<String> {
+    if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
+        return None;
+    }
+    let status = p.dir.status().ok()?;
+    futile_in_status(&status, sig, p.info.pid)
+}
+
+/// `futile_signal` on the text of /proc/PID/status.
+fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let mask = |name: &str| field(name).and_then(|v| u64::from_str_radix(v, 16).ok());
+    let bit = 1u64 << (sig as i32 - 1);
+    let name = signal_name(sig);
+    if mask("SigIgn:").is_some_and(|m| m & bit != 0) {
+        return Some(format!(
+            "pid {pid} ignores {name} (SigIgn): sent KILL at once"
+        ));
+    }
+    let ns_init = field("NSpid:").is_some_and(|v| {
+        let ids: Vec<&str> = v.split_whitespace().collect();
+        ids.len() > 1 && ids.last() == Some(&"1")
+    });
+    if ns_init && mask("SigCgt:").is_some_and(|m| m & bit == 0) {
+        return Some(format!(
+            "pid {pid} is the init of its own PID namespace and has no {name} handler (SigCgt), so the kernel drops {name}: sent KILL at once"
+        ));
+    }
+    None
+}
+
+/// A KILLed process that is still there because it sleeps uninterruptibly (`D`), in the
+/// driver or the kernel: it goes when that call returns.
+fn stuck(p: &Pinned) -> Option<Stuck> {
+    let info = p.dir.stat().ok()?;
+    (info.state == 'D').then(|| Stuck {
+        pid: info.pid.into(),
+        name: info.comm.clone(),
+        wchan: wchan(&p.dir),
+    })
+}
+
+/// Where a process sleeps in the kernel (/proc/PID/wchan), or "?" where that is hidden.
+pub fn wchan(dir: &super::identity::ProcDir) -> String {
+    match dir.read("wchan") {
+        Ok(w) if !w.is_empty() && w != b"0" => String::from_utf8_lossy(&w).trim().to_string(),
+        _ => "?".into(),
+    }
 }
 
 /// Sends `sig` through the pidfd of a pinned process (never by pid), and logs it when
@@ -484,22 +621,26 @@ fn describe_errno(e: rustix::io::Errno, sig: Signal) -> String {
     }
 }
 
-/// Waits on the pidfds until every victim exited, the deadline passed, or Ctrl-C.
+/// Waits on the pidfds until every victim exited, the deadline passed, or an interrupt;
+/// true if an interrupt ended it with victims left.
 fn wait_exits(
     victims: &mut [Victim],
     deadline: Instant,
-    interrupted: &AtomicBool,
+    interrupted: &dyn Interrupt,
     progress: &mut dyn FnMut(usize, usize),
-) {
+) -> bool {
     loop {
         let live: Vec<usize> = (0..victims.len()).filter(|&i| !victims[i].exited).collect();
         if live.is_empty() {
-            return;
+            return false;
+        }
+        if interrupted.is_set() {
+            return true;
         }
         progress(live.len(), victims.len());
         let now = Instant::now();
-        if now >= deadline || interrupted.load(Ordering::Relaxed) {
-            return;
+        if now >= deadline {
+            return false;
         }
         // Wake at least every 100 ms to notice Ctrl-C.
         let wait = (deadline - now).min(Duration::from_millis(100));

@@ -21,9 +21,14 @@ pub struct ProcInfo {
     pub ppid: i32,
     pub pgid: i32,
     pub sid: i32,
+    /// The kernel's per-process flags (PF_*), e.g. `PF_KTHREAD` for kernel threads.
+    pub flags: u32,
     /// Start time in clock ticks since boot; with the pid it identifies the process.
     pub start: u64,
 }
+
+/// `PF_KTHREAD` from linux/sched.h: set on every kernel thread.
+const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// A process identity that survives PID reuse: the pid, its start time in clock ticks and,
 /// where the kernel has pidfs, the inode of its pidfd (unique for the boot, so two processes
@@ -54,6 +59,11 @@ impl ProcInfo {
     pub fn is_zombie(&self) -> bool {
         matches!(self.state, 'Z' | 'X' | 'x')
     }
+
+    /// A kernel thread (kthreadd and its children): never signalled.
+    pub fn is_kernel_thread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0
+    }
 }
 
 /// Parses the text of /proc/PID/stat; the comm may hold spaces and parentheses.
@@ -66,8 +76,9 @@ pub fn parse_stat(pid: i32, text: &str) -> Option<ProcInfo> {
     let ppid = f.next()?.parse().ok()?;
     let pgid = f.next()?.parse().ok()?;
     let sid = f.next()?.parse().ok()?;
-    // starttime is the 20th field after the comm.
-    let start = f.nth(15)?.parse().ok()?;
+    // Then tty_nr, tpgid, flags; starttime is the 13th field after flags.
+    let flags = f.nth(2)?.parse().ok()?;
+    let start = f.nth(12)?.parse().ok()?;
     Some(ProcInfo {
         pid,
         comm,
@@ -75,6 +86,7 @@ pub fn parse_stat(pid: i32, text: &str) -> Option<ProcInfo> {
         ppid,
         pgid,
         sid,
+        flags,
         start,
     })
 }
@@ -242,9 +254,21 @@ mod tests {
         let p = parse_stat(4242, line).unwrap();
         assert_eq!(p.comm, "a) b (c)");
         assert_eq!(
-            (p.state, p.ppid, p.pgid, p.sid, p.start),
-            ('S', 1, 4242, 4242, 987654)
+            (p.state, p.ppid, p.pgid, p.sid, p.flags, p.start),
+            ('S', 1, 4242, 4242, 4194560, 987654)
         );
+        assert!(!p.is_kernel_thread());
+    }
+
+    #[test]
+    fn kthreadd_is_a_kernel_thread() {
+        // Pid 2 is kthreadd on the host, but only in the initial PID namespace.
+        if let Some(p) = read_stat(2).ok().filter(|p| p.comm == "kthreadd") {
+            assert!(p.is_kernel_thread());
+        }
+        assert!(!read_stat(std::process::id() as i32)
+            .unwrap()
+            .is_kernel_thread());
     }
 
     #[test]

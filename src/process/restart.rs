@@ -158,6 +158,7 @@ mod tests {
     fn p(pid: i32, ppid: i32, comm: &str, start: u64) -> ProcInfo {
         ProcInfo {
             pid,
+            flags: 0,
             comm: comm.into(),
             state: 'S',
             ppid,

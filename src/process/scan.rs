@@ -102,8 +102,8 @@ fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Outcome::Denied,
         Err(_) => return Outcome::None,
     };
-    let (info, ino) = match identity::pin_dir(&dir) {
-        Ok(Some(p)) => (p.info, p.ino),
+    let (info, ino) = match identity::bound_identity(&dir) {
+        Ok(Some(found)) => found,
         Ok(None) => return Outcome::None,
         // No pidfd (an old kernel, no fds left): the stat, read through `dir`, still is its own.
         Err(_) => match dir.stat() {

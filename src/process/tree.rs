@@ -99,6 +99,7 @@ mod tests {
     fn p(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcInfo {
         ProcInfo {
             pid,
+            flags: 0,
             comm: format!("p{pid}"),
             state: 'S',
             ppid,

@@ -7,7 +7,7 @@
 //! says `bye`; when the pipe closes without that, gpuloop died, and the guard SIGKILLs
 //! those processes (by identity, through the kill engine) and their descendants.
 
-use crate::process::kill::{self, KillOpts, Target};
+use crate::process::kill::{self, KillOpts, OnInterrupt, Target};
 use crate::process::Identity;
 use nix::sys::signal::Signal;
 use std::collections::HashSet;
@@ -176,6 +176,7 @@ pub fn main() -> i32 {
         signal: Signal::SIGKILL,
         grace: Duration::ZERO,
         tree: true,
+        on_interrupt: OnInterrupt::KillNow,
         ..KillOpts::default()
     };
     let never = AtomicBool::new(false);
@@ -204,6 +205,7 @@ mod tests {
     fn p(pid: i32, pgid: i32, start: u64) -> ProcInfo {
         ProcInfo {
             pid,
+            flags: 0,
             comm: format!("p{pid}"),
             state: 'S',
             ppid: 1,

@@ -13,7 +13,7 @@
 //! pipe to it closes without a goodbye.
 
 use super::guard;
-use crate::process::kill::{self, KillOpts, Target};
+use crate::process::kill::{self, KillOpts, OnInterrupt, Target};
 use crate::process::tree::Tree;
 use crate::process::{Identity, ProcInfo};
 use nix::sys::signal::Signal;
@@ -254,8 +254,9 @@ pub fn stop_tree(
     grace: Duration,
     protected: &[String],
 ) -> Vec<i64> {
-    // The stop must finish even after Ctrl-C (which is often why it runs): never interrupted.
-    let never = AtomicBool::new(false);
+    // The stop must finish even after Ctrl-C (which is often why it runs); one more
+    // interrupt during it cuts the grace short: KILL at once (issue 10, defect 4).
+    let more = crate::interrupt::After::now();
     let me = me();
     let mut signalled = Vec::new();
     for round in 0..ROUNDS {
@@ -269,20 +270,26 @@ pub fn stop_tree(
             signal: if first { signal } else { Signal::SIGKILL },
             grace: if first { grace } else { Duration::ZERO },
             tree: true,
+            on_interrupt: OnInterrupt::KillNow,
             ..KillOpts::default()
         };
-        let report = kill::kill(&targets, &opts, protected, &never);
+        let report = kill::kill(&targets, &opts, protected, &more);
         if report.signalled.is_empty() {
             // What is left may not be signalled (a protected daemon): nothing more to do.
             break;
         }
         signalled.extend(&report.signalled);
-        if !report.survivors.is_empty() {
-            // Survivors of SIGKILL are stuck in the kernel; more rounds would not move them.
+        for s in &report.stuck {
             eprintln!(
-                "warning: pid(s) {:?} survived SIGKILL (uninterruptible sleep in the kernel or the driver?)",
-                report.survivors
+                "warning: pid {} ({}) is stuck in the kernel or the driver (D state, wchan {}): it goes when that call returns",
+                s.pid, s.name, s.wchan
             );
+        }
+        if !report.survivors.is_empty() {
+            eprintln!("warning: pid(s) {:?} survived SIGKILL", report.survivors);
+        }
+        if !report.survivors.is_empty() || !report.stuck.is_empty() {
+            // More rounds would not move what SIGKILL did not.
             break;
         }
     }

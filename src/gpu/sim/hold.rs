@@ -49,6 +49,11 @@ pub struct HoldOpts {
     pub foreground: bool,
     /// The launcher restarts its holder whenever it dies, and is printed first.
     pub supervise: bool,
+    /// Catch SIGTERM and carry on (a handler, not SIG_IGN): only SIGKILL after the grace ends it.
+    pub catch_term: bool,
+    /// Once holding, sleep uninterruptibly like a process stuck in the driver: SIGKILL does
+    /// not end it until `sim release` (see `stuck`).
+    pub stuck: bool,
 }
 
 /// MiB a context keeps on each GPU it sees but does not use (3 MiB measured on H200s).
@@ -78,6 +83,7 @@ impl HoldOpts {
             (self.exit_creator, "--exit-creator"),
             (self.map_all, "--map-all"),
             (self.supervise, "--supervise"),
+            (self.catch_term, "--catch-term"),
         ] {
             if on {
                 a.push(flag.into());
@@ -141,6 +147,15 @@ pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
     if opts.exit_creator {
         // The launcher ends once it has reaped the creator, its only child.
         let _ = child.wait();
+    }
+    if opts.stuck {
+        let live: Vec<i32> = report
+            .pids
+            .iter()
+            .copied()
+            .filter(|&p| crate::process::alive(p))
+            .collect();
+        super::stuck::freeze(sim, &live)?;
     }
     if sim.spec.release_ms > 0 {
         for alloc in &report.allocs {
@@ -296,6 +311,11 @@ fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<bool, String> {
     if opts.ignore_term {
         // SAFETY: setting a signal disposition to SIG_IGN installs no handler code.
         unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }.map_err(|e| e.to_string())?;
+    }
+    if opts.catch_term {
+        // SAFETY: the handler does nothing at all, which is async-signal-safe.
+        unsafe { signal(Signal::SIGTERM, SigHandler::Handler(ignore_signal)) }
+            .map_err(|e| e.to_string())?;
     }
     if opts.setsid {
         setsid().map_err(|e| format!("setsid: {e}"))?;
@@ -471,6 +491,8 @@ fn fork_synced(setup: impl FnOnce() -> Result<bool, String>) -> Result<(), Strin
         }
     }
 }
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
 
 fn set_comm(name: &str) {
     if let Ok(c) = std::ffi::CString::new(name) {

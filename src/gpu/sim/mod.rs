@@ -13,6 +13,7 @@
 //!   "used" for that long, as the driver's asynchronous teardown does.
 
 pub mod hold;
+pub mod stuck;
 
 use super::{Backend, DeviceNodes, DriverProc, Gpu, GpuError, MIB};
 use nix::fcntl::{Flock, FlockArg};

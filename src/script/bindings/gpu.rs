@@ -112,8 +112,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          (#{pid, name, gpus} of other GPUs' processes whose CUDA context keeps a few MiB here),
          ghost_pids (pids the driver lists that are dead or not visible here), verdict and
          advice (one line to act on; it never advises a reset while a driver client is open).
-         Verdicts: \"clean\"; \"held\" (compute holders); \"respawning\" (a parent of a holder
-         this session stopped started it again); \"orphaned\" (the job's launcher is gone: its
+         Verdicts: \"clean\"; \"held\" (compute holders); \"stuck\" (a holder asleep in the
+         driver, D state: SIGKILL takes effect only when the driver call returns, or after a
+         reset); \"respawning\" (a parent of a holder this session stopped started it again); \"orphaned\" (the job's launcher is gone: its
          group or session leader exited, or it was reparented to init or a subreaper);
          \"inherited\" (the creator died, a forked child holds its handles); \"service\" (a
          systemd unit's main process holds it: systemctl stop UNIT); \"daemon\" (a protected GPU

@@ -92,7 +92,24 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
         dry_run: o.bool("dry_run", d.dry_run)?,
         force: o.bool("force", d.force)?,
         parents: o.bool("parents", d.parents)?,
+        on_interrupt: Default::default(),
     })
+}
+
+/// Runs the kill; an interrupt during the grace ends the script (exit 130) after saying
+/// what was signalled and what still runs, un-KILLed.
+fn run_kill(s: &Session, target: &Dynamic, opts: &KillOpts) -> RhaiResult<Dynamic> {
+    let report = actions::kill(s, &targets(target)?, opts);
+    if report.interrupted {
+        eprintln!(
+            "kill interrupted during the grace: signalled {:?}, exited {:?}, still running (not KILLed) {:?}",
+            report.signalled, report.exited, report.survivors
+        );
+    }
+    if report.interrupted || crate::interrupt::is_set() {
+        return Err(super::interrupted());
+    }
+    to_map(&report)
 }
 
 pub fn register(engine: &mut Engine, session: &Arc<Session>) {
@@ -104,15 +121,18 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "Stops processes safely: SIGTERM to every target (and its descendants) at once, one
          shared 5 s grace, then SIGKILL to survivors; exits are awaited, not slept for.
          Holder maps are checked by (pid, start, pidfs_ino) through a pidfd, so a recycled pid
-         is never hit; a map without an integer start is an error. Never signals
-         pid <= 1, gpuloop or its ancestors; GPU daemons only with force. Returns a map:
-         signalled, exited, survivors (pids), skipped (#{pid, reason}), errors (#{pid, error}),
-         restarters (#{pid, name, holder}: live parents of the targets that may start them
-         again, e.g. a shell loop or torchrun's agent; later waits and diagnoses watch for
-         them), elapsed_ms.",
+         is never hit; a map without an integer start is an error. Never signals pid <= 1,
+         kernel threads, gpuloop or its ancestors; GPU daemons only with force. A target that
+         cannot act on the signal (it ignores it, or is a PID-namespace init without a handler
+         for it) gets SIGKILL at once. Returns a map: signalled, exited, survivors (pids),
+         skipped (#{pid, reason}), errors (#{pid, error}), killed_at_once (#{pid, reason}),
+         stuck (#{pid, name, wchan}: KILLed but asleep in the driver, D state), restarters
+         (#{pid, name, holder}: live parents of the targets that may start them again, e.g. a
+         shell loop or torchrun's agent; later waits and diagnoses watch for them), elapsed_ms.
+         Ctrl-C during the grace stops the waiting and KILLs nobody: the script ends (130)
+         saying what was signalled and what still runs.",
         move |target: Dynamic| -> RhaiResult<Dynamic> {
-            let report = actions::kill(&s, &targets(&target)?, &KillOpts::default());
-            to_map(&report)
+            run_kill(&s, &target, &KillOpts::default())
         },
     );
     let s = session.clone();
@@ -126,11 +146,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          parents (default false: also stop the targets' restarters, under the same identity and
          protection rules).",
         move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
-            let report = actions::kill(&s, &targets(&target)?, &kill_opts(&opts)?);
-            if crate::interrupt::is_set() {
-                return Err(super::interrupted());
-            }
-            to_map(&report)
+            run_kill(&s, &target, &kill_opts(&opts)?)
         },
     );
 }
