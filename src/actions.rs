@@ -160,7 +160,8 @@ pub fn kill_holders(
     Ok(report)
 }
 
-fn holder_targets(holders: &[Holder]) -> Vec<Target> {
+/// Holders as kill targets, each pinned by its identity.
+pub fn holder_targets(holders: &[Holder]) -> Vec<Target> {
     holders
         .iter()
         .map(|h| {

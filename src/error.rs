@@ -35,6 +35,15 @@ impl Error {
     }
 }
 
+impl From<crate::slurm::SlurmError> for Error {
+    fn from(e: crate::slurm::SlurmError) -> Self {
+        match e {
+            crate::slurm::SlurmError::Gpu(g) => Error::Gpu(g),
+            other => Error::Usage(other.to_string()),
+        }
+    }
+}
+
 impl From<ScriptError> for Error {
     fn from(e: ScriptError) -> Self {
         Error::Script(e)

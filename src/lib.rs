@@ -22,3 +22,4 @@ pub mod repl;
 pub mod runner;
 pub mod script;
 pub mod session;
+pub mod slurm;

@@ -18,3 +18,4 @@ mod runner;
 mod scripts;
 mod select;
 mod sim;
+mod slurm;

@@ -120,6 +120,20 @@ pub enum Cmd {
         #[command(flatten)]
         wait: WaitFlags,
     },
+    /// Slurm's Epilog=: stop what the finished job left on its GPUs, verify, or drain the node.
+    ///
+    /// Reads SLURM_JOB_ID, SLURM_JOB_USER, SLURM_JOB_GPUS (or CUDA_VISIBLE_DEVICES) and
+    /// SLURMD_NODENAME. Never touches another running job's processes. Exit 1 after draining.
+    Epilog {
+        #[command(flatten)]
+        hook: HookFlags,
+    },
+    /// Slurm's Prolog=: verify the starting job's GPUs; clean what belongs to no running job,
+    /// or drain the node and exit 1 so Slurm requeues the job.
+    Prolog {
+        #[command(flatten)]
+        hook: HookFlags,
+    },
     /// Shell completions.
     Completions { shell: clap_complete::Shell },
     /// The GPU simulator: start holders, leak memory, reset.
@@ -175,6 +189,19 @@ pub struct WaitFlags {
         allow_negative_numbers = true
     )]
     pub stall: f64,
+}
+
+#[derive(Debug, Clone, ClapArgs)]
+pub struct HookFlags {
+    /// Seconds to wait for the memory to be released before draining.
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
+    pub timeout: f64,
+    /// Seconds between SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
+    pub grace: f64,
+    /// Say what would be stopped and drained; stop and drain nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Clone, ClapArgs)]

@@ -1,6 +1,6 @@
 //! One function per command; each returns the exit code or an `Error`.
 
-use super::args::{Args, Cmd, GpuSel, KillFlags, Owner, SimCmd, WaitFlags};
+use super::args::{Args, Cmd, GpuSel, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
 use super::Config;
 use crate::actions;
 use crate::error::Error;
@@ -15,6 +15,7 @@ use crate::process::kill::{parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
 use crate::session::Session;
+use crate::slurm::{Hook, HookOpts, JobEnv};
 use serde::Serialize;
 use std::io::Read;
 use std::path::Path;
@@ -101,6 +102,8 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Wait { sel, timeout, wait } => {
             wait_only(cfg, &selection(s, sel)?, &wait_opts(*timeout, wait)?)
         }
+        Cmd::Epilog { hook: h } => hook(cfg, Hook::Epilog, h),
+        Cmd::Prolog { hook: h } => hook(cfg, Hook::Prolog, h),
         Cmd::Sim(cmd) => sim(cfg, cmd),
         // Handled in `cli::main` before anything starts; kept for a complete match.
         Cmd::Guard => Ok(crate::runner::guard::main()),
@@ -136,6 +139,17 @@ fn owner_filter(owner: &Owner) -> Result<Filter, Error> {
         uid,
         job: owner.job,
     })
+}
+
+/// `gpuloop epilog` / `gpuloop prolog`.
+fn hook(cfg: &Config, which: Hook, h: &HookFlags) -> Result<i32, Error> {
+    let opts = HookOpts {
+        timeout: seconds(h.timeout, "--timeout")?,
+        grace: seconds(h.grace, "--grace")?,
+        dry_run: h.dry_run,
+    };
+    let env = JobEnv::from(|k| std::env::var(k).ok())?;
+    Ok(crate::slurm::run(&cfg.session, which, &env, &opts)?)
 }
 
 fn seconds(v: f64, what: &str) -> Result<Duration, Error> {

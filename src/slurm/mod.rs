@@ -1,0 +1,427 @@
+//! Slurm policy: `gpuloop epilog` and `gpuloop prolog`, built from `actions`. Each stops what a
+//! job left on its GPUs (never another running job's processes), verifies the memory is back,
+//! and otherwise drains the node with a reason that says why, one syslog-style line per action.
+
+pub mod scontrol;
+
+use crate::actions;
+use crate::gpu::{GpuError, MIB};
+use crate::inspect::diagnose::Diagnosis;
+use crate::inspect::holders::Holder;
+use crate::inspect::wait::{self, WaitOpts, WaitOutcome};
+use crate::process::kill::KillOpts;
+use crate::session::Session;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    #[error("{0}: run it as Slurm's Epilog=/Prolog=, which sets it (or set it by hand to try)")]
+    NoJob(String),
+    #[error("{0}")]
+    BadEnv(String),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+/// Which hook is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// After a job: clean what it left.
+    Epilog,
+    /// Before a job: verify its GPUs, clean what belongs to no running job.
+    Prolog,
+}
+
+impl Hook {
+    fn name(self) -> &'static str {
+        match self {
+            Hook::Epilog => "epilog",
+            Hook::Prolog => "prolog",
+        }
+    }
+}
+
+/// The job as Slurm describes it to a prolog or epilog through the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobEnv {
+    pub job: i64,
+    pub user: String,
+    /// The job's GPUs as Slurm numbers them (`SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`):
+    /// the N of /dev/nvidiaN with the usual `File=/dev/nvidia[0-7]`.
+    pub gpus: Vec<i64>,
+    pub node: String,
+}
+
+impl JobEnv {
+    /// Reads the job from `var` (the process environment in real use).
+    pub fn from(var: impl Fn(&str) -> Option<String>) -> Result<JobEnv, SlurmError> {
+        let id = var("SLURM_JOB_ID")
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| SlurmError::NoJob("SLURM_JOB_ID is not set".into()))?;
+        let job = id
+            .trim()
+            .parse()
+            .map_err(|_| SlurmError::BadEnv(format!("SLURM_JOB_ID={id:?} is not a job id")))?;
+        let list = var("SLURM_JOB_GPUS")
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| var("CUDA_VISIBLE_DEVICES"))
+            .unwrap_or_default();
+        let gpus = parse_gpus(&list)?;
+        let node = var("SLURMD_NODENAME")
+            .filter(|v| !v.is_empty())
+            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+            .map(|h| h.trim().to_string())
+            .map(|h| h.split('.').next().unwrap_or_default().to_string())
+            .unwrap_or_default();
+        Ok(JobEnv {
+            job,
+            user: var("SLURM_JOB_USER").unwrap_or_default(),
+            gpus,
+            node,
+        })
+    }
+}
+
+/// "0,1" or "2" (empty: no GPUs); anything else (UUIDs, MIG names) is an error.
+fn parse_gpus(list: &str) -> Result<Vec<i64>, SlurmError> {
+    let mut out = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let n: i64 = part.parse().map_err(|_| {
+            SlurmError::BadEnv(format!(
+                "the job's GPU list {list:?} is not GPU numbers (SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)"
+            ))
+        })?;
+        out.push(n);
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone)]
+pub struct HookOpts {
+    pub timeout: Duration,
+    pub grace: Duration,
+    pub dry_run: bool,
+}
+
+/// Writes one syslog-style line per action to stderr (which slurmd keeps in its log).
+pub struct Log {
+    tag: String,
+}
+
+impl Log {
+    fn new(hook: Hook, env: &JobEnv) -> Log {
+        Log {
+            tag: format!(
+                "gpuloop-{}[{}]: job={} user={}",
+                hook.name(),
+                std::process::id(),
+                env.job,
+                if env.user.is_empty() { "?" } else { &env.user }
+            ),
+        }
+    }
+
+    fn line(&self, msg: &str) {
+        eprintln!("{}: {msg}", self.tag);
+    }
+}
+
+/// Runs the hook; returns the exit code: 0 clean, 1 not clean (the node was drained).
+pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32, SlurmError> {
+    let started = Instant::now();
+    let log = Log::new(hook, env);
+    // Nothing can be verified without the driver: the node is not fit for GPU jobs.
+    if let Some(why) = s.backend()?.missing_driver() {
+        let reason = truncate(
+            format!("gpuloop: no NVIDIA driver job={}: {why}", env.job),
+            255,
+        );
+        return drain(&log, env, opts, &reason);
+    }
+    let inv = actions::inventory(s, &None)?;
+    // Slurm's numbers are device minors; the driver's indices can differ.
+    let mut sel = Vec::new();
+    for &n in &env.gpus {
+        match inv.gpus.iter().find(|g| g.minor == n) {
+            Some(g) => sel.push(g.index),
+            None => {
+                let reason = format!(
+                    "gpuloop: GPU {n} of job {} missing ({} GPUs seen)",
+                    env.job,
+                    inv.gpus.len()
+                );
+                return drain(&log, env, opts, &reason);
+            }
+        }
+    }
+    let running = scontrol::running_jobs(&env.node);
+    if running.is_none() {
+        log.line("squeue failed: every other job is taken as running");
+    }
+    let others_running =
+        |job: i64| job != env.job && running.as_ref().is_none_or(|r| r.contains(&job));
+    let on_sel = |h: &Holder| h.gpus.iter().any(|g| sel.contains(g));
+    let mut targets = Vec::new();
+    for h in inv.holders(&None, false) {
+        let mine = h.origin.job == Some(env.job);
+        let take = match hook {
+            // The finished job's processes anywhere, and strays on its GPUs.
+            Hook::Epilog => mine || (on_sel(&h) && !h.origin.job.is_some_and(others_running)),
+            // Strays on the starting job's GPUs; the job's own processes may be starting.
+            Hook::Prolog => !mine && on_sel(&h) && !h.origin.job.is_some_and(others_running),
+        };
+        if !take {
+            if on_sel(&h) {
+                log.line(&format!("leaving {} alone: {}", who(&h), whose(&h)));
+            }
+            continue;
+        }
+        if h.origin.service_main && h.origin.job.is_none() {
+            let unit = h.origin.service.as_deref().unwrap_or("?");
+            log.line(&format!(
+                "leaving {} alone: main process of systemd unit {unit} (systemctl stop {unit})",
+                who(&h)
+            ));
+            continue;
+        }
+        targets.push(h);
+    }
+    let kill_opts = KillOpts {
+        grace: opts.grace,
+        dry_run: opts.dry_run,
+        ..KillOpts::default()
+    };
+    for h in &targets {
+        log.line(&format!(
+            "{} {} ({}, {})",
+            if opts.dry_run {
+                "would stop"
+            } else {
+                "stopping"
+            },
+            who(h),
+            whose(h),
+            lineage(h)
+        ));
+    }
+    let mut stubborn = Vec::new();
+    if !targets.is_empty() && !opts.dry_run {
+        let r = actions::kill(s, &actions::holder_targets(&targets), &kill_opts);
+        log.line(&format!(
+            "signalled {} process(es), {} exited, {} survived, in {} ms",
+            r.signalled.len(),
+            r.exited.len(),
+            r.survivors.len(),
+            r.elapsed_ms
+        ));
+        for sk in r.skipped.iter().filter(|sk| sk.reason != "already gone") {
+            log.line(&format!("skipped pid {}: {}", sk.pid, sk.reason));
+        }
+        for e in &r.errors {
+            log.line(&format!("could not stop pid {}: {}", e.pid, e.error));
+        }
+        stubborn = r.survivors;
+    }
+    if opts.dry_run {
+        let ds = actions::diagnoses(s, &Some(sel.clone()))?;
+        let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| d.verdict != "clean").collect();
+        match dirty.first() {
+            None => log.line("GPUs clean: nothing to do"),
+            Some(d) if targets.is_empty() => log.line(&format!(
+                "would drain node {}: {}",
+                env.node,
+                reason(d, env.job)
+            )),
+            Some(_) => log.line("would wait for the memory, and drain the node if it stays used"),
+        }
+        return Ok(0);
+    }
+    let outcome = if sel.is_empty() {
+        WaitOutcome::Clean
+    } else {
+        let backend = s.backend()?;
+        let wopts = WaitOpts {
+            timeout: opts.timeout,
+            exiting: stubborn.iter().map(|&p| p as i32).collect(),
+            ..WaitOpts::default()
+        };
+        wait::wait_clean(
+            backend,
+            &Some(sel.clone()),
+            &wopts,
+            s.protected(),
+            s.interrupted(),
+            |_, _| {},
+        )?
+    };
+    if outcome == WaitOutcome::Clean && stubborn.is_empty() {
+        log.line(&format!(
+            "GPUs {} clean in {:.2} s",
+            if sel.is_empty() {
+                "(none)".to_string()
+            } else {
+                join(&sel)
+            },
+            started.elapsed().as_secs_f64()
+        ));
+        return Ok(0);
+    }
+    let ds = actions::diagnoses(s, &Some(sel.clone()))?;
+    let why = match ds.iter().find(|d| d.verdict != "clean") {
+        Some(d) => reason(d, env.job),
+        None => format!(
+            "gpuloop: job={} pid={} survived SIGKILL",
+            env.job,
+            join(&stubborn)
+        ),
+    };
+    drain(&log, env, opts, &why)
+}
+
+fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<i32, SlurmError> {
+    if opts.dry_run {
+        log.line(&format!("would drain node {}: {reason}", env.node));
+        return Ok(0);
+    }
+    match scontrol::drain(&env.node, reason) {
+        Ok(()) => log.line(&format!("drained node {}: {reason}", env.node)),
+        Err(e) => log.line(&format!(
+            "could not drain node {} ({e}); exiting 1 so Slurm drains it: {reason}",
+            env.node
+        )),
+    }
+    Ok(1)
+}
+
+/// The drain reason: under 256 characters, starting with `gpuloop:`, naming the GPU, the
+/// memory, the verdict and the pid/job, e.g. `gpuloop: GPU 2 75GiB orphaned job=812 pid=4711`.
+pub fn reason(d: &Diagnosis, job: i64) -> String {
+    let mem = if d.mem_used_mib >= 1024 {
+        format!("{}GiB", d.mem_used_mib / 1024)
+    } else {
+        format!("{}MiB", d.mem_used_mib)
+    };
+    let gpu = d.gpu.map_or_else(|| "*".to_string(), |g| g.to_string());
+    let mut s = format!("gpuloop: GPU {gpu} {mem} {}", d.verdict);
+    let jobs: BTreeSet<i64> = d.holders.iter().filter_map(|h| h.origin.job).collect();
+    let jobs: Vec<i64> = if jobs.is_empty() {
+        vec![job]
+    } else {
+        jobs.into_iter().collect()
+    };
+    s.push_str(&format!(" job={}", join(&jobs)));
+    if !d.holders.is_empty() {
+        let pids: Vec<i64> = d.holders.iter().map(|h| h.pid).collect();
+        s.push_str(&format!(" pid={}", join(&pids)));
+    } else if !d.ghost_pids.is_empty() {
+        s.push_str(&format!(" ghost={}", join(&d.ghost_pids)));
+    }
+    truncate(s, 255)
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max - 3;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+fn join(xs: &[i64]) -> String {
+    xs.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn who(h: &Holder) -> String {
+    format!(
+        "pid {} ({}) on GPU {} {}MiB",
+        h.pid,
+        h.name,
+        join(&h.gpus),
+        h.mem / MIB
+    )
+}
+
+fn whose(h: &Holder) -> String {
+    match h.origin.job {
+        Some(j) => format!("job {j} of {}", h.user),
+        None => format!("no job, user {}", h.user),
+    }
+}
+
+fn lineage(h: &Holder) -> String {
+    match (&h.origin.launcher, h.origin.reparented) {
+        (_, true) => format!("reparented to {} {}: orphaned", h.ppid, h.origin.ppid_comm),
+        (Some(l), false) => format!("launched by {} ({})", l.pid, l.name),
+        (None, false) => format!("parent {} {}", h.ppid, h.origin.ppid_comm),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Result<JobEnv, SlurmError> {
+        JobEnv::from(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn job_env_from_slurm_variables() {
+        let e = env(&[
+            ("SLURM_JOB_ID", "812"),
+            ("SLURM_JOB_USER", "alice"),
+            ("SLURM_JOB_GPUS", "2,3"),
+            ("CUDA_VISIBLE_DEVICES", "0,1"),
+            ("SLURMD_NODENAME", "gpu07.cluster"),
+        ])
+        .unwrap();
+        assert_eq!(
+            e,
+            JobEnv {
+                job: 812,
+                user: "alice".into(),
+                gpus: vec![2, 3],
+                node: "gpu07".into()
+            }
+        );
+        let e = env(&[("SLURM_JOB_ID", "9"), ("CUDA_VISIBLE_DEVICES", "1")]).unwrap();
+        assert_eq!(e.gpus, vec![1]);
+        assert!(env(&[("SLURM_JOB_ID", "9")]).unwrap().gpus.is_empty());
+        assert!(matches!(env(&[]), Err(SlurmError::NoJob(_))));
+        assert!(matches!(
+            env(&[("SLURM_JOB_ID", "x")]),
+            Err(SlurmError::BadEnv(_))
+        ));
+        assert!(matches!(
+            env(&[("SLURM_JOB_ID", "9"), ("SLURM_JOB_GPUS", "GPU-abc")]),
+            Err(SlurmError::BadEnv(_))
+        ));
+    }
+
+    #[test]
+    fn drain_reasons_are_short_and_name_the_culprit() {
+        let d = Diagnosis {
+            gpu: Some(2),
+            mem_used: 76_800 * MIB,
+            mem_used_mib: 76_800,
+            holders: vec![],
+            daemons: vec![],
+            footprint: vec![],
+            ghost_pids: vec![],
+            verdict: "driver".into(),
+            advice: String::new(),
+            host: "local".into(),
+        };
+        assert_eq!(reason(&d, 812), "gpuloop: GPU 2 75GiB driver job=812");
+        let long = truncate("x".repeat(400), 255);
+        assert_eq!(long.len(), 255);
+    }
+}

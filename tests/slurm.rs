@@ -1,0 +1,570 @@
+//! `gpuloop epilog` / `gpuloop prolog` against a real Slurm: slurmctld and slurmd started here
+//! (auth/none, everything under a temp dir, free ports), four fake GPUs as character devices
+//! in gres.conf, and the simulator's GPUs 0-3 numbered as Slurm numbers them, so a sim holder
+//! started inside a job holds that job's GPUs. One Slurm serves every case, in order.
+
+use crate::support::*;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+struct Slurm {
+    dir: PathBuf,
+    node: String,
+    conf: PathBuf,
+    daemons: Vec<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let end = Instant::now() + DEADLINE;
+    while !ok() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Slurm {
+    /// Writes the configuration and starts both daemons; whatever started is stopped by Drop,
+    /// also when a later step fails.
+    fn start(sim: &Sim) -> Slurm {
+        let dir = sim.path().join("slurm");
+        let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .expect("hostname")
+            .trim()
+            .split('.')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        for sub in ["state", "spool", "gres"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        for i in 0..4u64 {
+            let path = dir.join(format!("gres/nvidia{i}"));
+            let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+            // Character devices of the NVIDIA major: Slurm sets CUDA_VISIBLE_DEVICES and
+            // SLURM_JOB_GPUS only for those.
+            let rc = unsafe {
+                libc::mknod(
+                    c.as_ptr(),
+                    libc::S_IFCHR | 0o600,
+                    libc::makedev(195, i as u32),
+                )
+            };
+            assert_eq!(
+                rc,
+                0,
+                "mknod {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        let bin = bin();
+        let mut env = String::new();
+        for (k, v) in sim.std_cmd().get_envs() {
+            if let Some(v) = v {
+                env.push_str(&format!(
+                    "export {}='{}'\n",
+                    k.to_string_lossy(),
+                    v.to_string_lossy()
+                ));
+            }
+        }
+        for hook in ["epilog", "prolog"] {
+            let p = dir.join(format!("{hook}.sh"));
+            std::fs::write(
+                &p,
+                format!(
+                    "#!/bin/sh\n{env}exec {} {hook} --timeout 5 --grace 1 2>>{}\n",
+                    bin.display(),
+                    dir.join("hooks.log").display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+        }
+        let d = dir.display();
+        let conf = dir.join("slurm.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "ClusterName=gpuloop\nSlurmctldHost={node}(127.0.0.1)\nSlurmctldPort={}\nSlurmdPort={}\n\
+                 AuthType=auth/none\nCredType=cred/none\nSlurmUser=root\nSlurmdUser=root\n\
+                 StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\n\
+                 SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
+                 SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd.log\n\
+                 ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
+                 SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
+                 ReturnToService=2\nMailProg=/bin/true\nSlurmdParameters=config_overrides\n\
+                 JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
+                 GresTypes=gpu\nEpilog={d}/epilog.sh\nProlog={d}/prolog.sh\nPrologFlags=Alloc\n\
+                 NodeName={node} NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:4 State=UNKNOWN\n\
+                 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n",
+                free_port(),
+                free_port()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("gres.conf"),
+            format!("AutoDetect=off\nName=gpu File={d}/gres/nvidia[0-3]\n"),
+        )
+        .unwrap();
+        let mut s = Slurm {
+            dir: dir.clone(),
+            node: node.clone(),
+            conf,
+            daemons: Vec::new(),
+        };
+        for (daemon, args) in [
+            ("slurmctld", vec!["-D", "-i"]),
+            ("slurmd", vec!["-D", "-N", &node]),
+        ] {
+            let log = std::fs::File::create(dir.join(format!("{daemon}.out"))).unwrap();
+            let child = Command::new(daemon)
+                .args(&args)
+                .env("SLURM_CONF", &s.conf)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("cannot start {daemon} (is Slurm installed? .ci/run installs it): {e}")
+                });
+            s.daemons.push(child);
+        }
+        wait_until("the node to come up idle", || s.state() == "idle");
+        s
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+
+    fn out(&self, program: &str, args: &[&str]) -> String {
+        let o = self.cmd(program).args(args).output().expect(program);
+        assert!(
+            o.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// The node's state as sinfo prints it: idle, mixed, allocated, completing, drained, ...
+    fn state(&self) -> String {
+        self.cmd("sinfo")
+            .args(["-h", "-N", "-o", "%T"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    }
+
+    fn reason(&self) -> String {
+        self.out("sinfo", &["-h", "-R", "-o", "%E"])
+    }
+
+    fn job_field(&self, job: i64, field: &str) -> String {
+        let out = self.out("scontrol", &["show", "job", &job.to_string(), "-o"]);
+        out.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Submits a batch script (stdout to a file: an escaped process never holds a pipe of ours).
+    fn sbatch(&self, sim: &Sim, gpus: u32, body: &str) -> i64 {
+        let script = self.dir.join(format!("job-{}.sh", free_port()));
+        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).unwrap();
+        let mut c = self.cmd("sbatch");
+        for (k, v) in sim.std_cmd().get_envs() {
+            if let Some(v) = v {
+                c.env(k, v);
+            }
+        }
+        let o = c
+            .env("GPULOOP", bin())
+            .env("OUT", &self.dir)
+            .args(["--parsable", "-c", "1", &format!("--gres=gpu:{gpus}")])
+            .arg(format!("--output={}/job-%j.out", self.dir.display()))
+            .arg(&script)
+            .output()
+            .expect("sbatch");
+        assert!(
+            o.status.success(),
+            "sbatch: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .expect("job id")
+    }
+
+    /// Waits until the job has ended and its epilog has run (the node left "completing").
+    fn wait_done(&self, job: i64) {
+        wait_until(&format!("job {job} to end"), || {
+            let st = self.job_field(job, "JobState");
+            matches!(
+                st.as_str(),
+                "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL"
+            )
+        });
+        wait_until("the epilog to finish", || {
+            !self.state().contains("completing")
+        });
+    }
+
+    fn resume(&self) {
+        self.out(
+            "scontrol",
+            &["update", &format!("nodename={}", self.node), "state=resume"],
+        );
+        wait_until("the node to be idle again", || self.state() == "idle");
+    }
+
+    fn hooks_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("hooks.log")).unwrap_or_default()
+    }
+
+    fn pids_of(&self, name: &str) -> Vec<i32> {
+        let p = self.dir.join(name);
+        wait_until(name, || {
+            std::fs::read_to_string(&p).is_ok_and(|s| s.ends_with('\n'))
+        });
+        std::fs::read_to_string(&p)
+            .unwrap()
+            .split_whitespace()
+            .map(|l| l.parse().unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        // Jobs first (their steps are slurmd's), then the daemons, by pid; a zombie is gone.
+        let _ = self
+            .cmd("scancel")
+            .args(["--full", "-w", &self.node])
+            .output();
+        for d in &self.daemons {
+            unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+        }
+        for d in &mut self.daemons {
+            let end = Instant::now() + Duration::from_secs(10);
+            while matches!(d.try_wait(), Ok(None)) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+}
+
+/// Submits a job that starts `gpuloop sim hold ARGS` on its first GPU, then runs `then`;
+/// returns the job and the holder pids (remembered for the final kill).
+fn hold_in_job(
+    sim: &Sim,
+    slurm: &Slurm,
+    gpus: u32,
+    name: &str,
+    args: &str,
+    then: &str,
+) -> (i64, Vec<i32>) {
+    let job = slurm.sbatch(
+        sim,
+        gpus,
+        &format!(
+            "echo gpus=$SLURM_JOB_GPUS\n\"$GPULOOP\" sim hold --gpu ${{SLURM_JOB_GPUS%%,*}} {args} > \"$OUT/{name}.tmp\"\nmv \"$OUT/{name}.tmp\" \"$OUT/{name}\"\n{then}"
+        ),
+    );
+    let pids = slurm.pids_of(name);
+    for &p in &pids {
+        sim.adopt(p);
+    }
+    (job, pids)
+}
+
+fn gpus_of(slurm: &Slurm, job: i64) -> Vec<i64> {
+    let f = slurm.dir.join(format!("job-{job}.out"));
+    let text = std::fs::read_to_string(&f).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("gpus="))
+        .map(|g| g.split(',').map(|x| x.parse().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+/// The four cases of issue 14, against one Slurm.
+#[test]
+fn epilog_and_prolog_against_a_real_slurm() {
+    if unsafe { libc::geteuid() } != 0 {
+        if std::env::var_os("GPULOOP_SKIP_SLURM").is_some() {
+            eprintln!(
+                "SKIPPED: the Slurm tests need root (mknod, slurmd); GPULOOP_SKIP_SLURM is set"
+            );
+            return;
+        }
+        panic!("the Slurm tests need root (mknod, slurmd as SlurmUser=root); run .ci/run as root, or set GPULOOP_SKIP_SLURM=1 to skip them");
+    }
+    let sim = Sim::new("4x16G");
+    sim.gpus();
+    let slurm = Slurm::start(&sim);
+    escaped_worker_is_cleaned_and_the_node_stays_idle(&sim, &slurm, false);
+    escaped_worker_is_cleaned_and_the_node_stays_idle(&sim, &slurm, true);
+    two_jobs_side_by_side(&sim, &slurm);
+    a_leak_nobody_holds_drains_the_node(&sim, &slurm);
+    prolog_cleans_a_stray_and_the_job_runs(&sim, &slurm);
+    prolog_that_cannot_clean_requeues_and_drains(&sim, &slurm);
+    // What the hooks said, for the record (shown with --nocapture).
+    eprintln!("{}", slurm.hooks_log());
+}
+
+/// A job whose setsid'd worker keeps its GPU after the job ended (with `ignore_term`, one
+/// that ignores SIGTERM): the epilog stops it, the memory is back, the node stays idle.
+fn escaped_worker_is_cleaned_and_the_node_stays_idle(sim: &Sim, slurm: &Slurm, ignore_term: bool) {
+    let flag = if ignore_term { "--ignore-term" } else { "" };
+    let name = format!("escaped{}.pids", u8::from(ignore_term));
+    let (job, pids) = hold_in_job(
+        sim,
+        slurm,
+        1,
+        &name,
+        &format!("--mib 1000 --setsid {flag}"),
+        "",
+    );
+    slurm.wait_done(job);
+    let gpu = gpus_of(slurm, job)[0];
+    assert_eq!(slurm.state(), "idle", "{}", slurm.hooks_log());
+    for &p in &pids {
+        assert!(
+            !alive(p),
+            "pid {p} of job {job} outlived the epilog:\n{}",
+            slurm.hooks_log()
+        );
+    }
+    assert_eq!(sim.used_mib(gpu as usize), 0);
+    let log = slurm.hooks_log();
+    assert!(
+        log.contains("gpuloop-epilog[")
+            && log.contains(&format!("job={job}"))
+            && log.contains(&format!("stopping pid {}", pids[0])),
+        "{log}"
+    );
+}
+
+/// Two jobs on GPUs 0,1 and 2,3: the first one's epilog never touches the second's processes.
+fn two_jobs_side_by_side(sim: &Sim, slurm: &Slurm) {
+    let (second, theirs) = hold_in_job(
+        sim,
+        slurm,
+        2,
+        "second.pids",
+        "--mib 500",
+        "while [ ! -e \"$OUT/second.go\" ]; do sleep 0.1; done",
+    );
+    let (first, mine) = hold_in_job(sim, slurm, 2, "first.pids", "--mib 700 --setsid", "");
+    wait_until("the first job to end", || {
+        slurm.job_field(first, "JobState") == "COMPLETED"
+    });
+    wait_until("the first job's epilog", || {
+        !mine.iter().any(|&p| alive(p))
+            || slurm
+                .hooks_log()
+                .contains(&format!("job={first} user=root: GPUs"))
+    });
+    let (g1, g2) = (gpus_of(slurm, first), gpus_of(slurm, second));
+    assert!(g1.iter().all(|g| !g2.contains(g)), "{g1:?} {g2:?}");
+    for &p in &mine {
+        assert!(
+            !alive(p),
+            "the first job's pid {p} survived:\n{}",
+            slurm.hooks_log()
+        );
+    }
+    for &p in &theirs {
+        assert!(
+            alive(p),
+            "the first job's epilog stopped the second job's pid {p}:\n{}",
+            slurm.hooks_log()
+        );
+    }
+    assert_eq!(sim.used_mib(g2[0] as usize), 500);
+    assert_eq!(slurm.job_field(second, "JobState"), "RUNNING");
+    std::fs::write(slurm.dir.join("second.go"), "").unwrap();
+    slurm.wait_done(second);
+    assert_eq!(slurm.state(), "idle", "{}", slurm.hooks_log());
+    for &p in &theirs {
+        assert!(!alive(p), "the second job's pid {p} outlived its epilog");
+    }
+}
+
+/// Memory nobody holds (a stuck driver): the epilog cannot clean it and drains the node with
+/// a reason that says why, visible in `sinfo -R`.
+fn a_leak_nobody_holds_drains_the_node(sim: &Sim, slurm: &Slurm) {
+    let job = slurm.sbatch(
+        sim,
+        1,
+        "echo gpus=$SLURM_JOB_GPUS\n\"$GPULOOP\" sim leak --gpu $SLURM_JOB_GPUS --mib 900",
+    );
+    slurm.wait_done(job);
+    let gpu = gpus_of(slurm, job)[0];
+    wait_until("the node to drain", || slurm.state().starts_with("drain"));
+    let reason = slurm.reason();
+    assert_eq!(
+        reason,
+        format!("gpuloop: GPU {gpu} 900MiB driver job={job}"),
+        "{}",
+        slurm.hooks_log()
+    );
+    assert!(reason.len() < 256);
+    sim.run(&["sim", "reset", "--gpu", &gpu.to_string()]).ok();
+    slurm.resume();
+}
+
+/// A GPU left dirty by an earlier job that no longer runs: the prolog stops the stray and the
+/// new job runs.
+fn prolog_cleans_a_stray_and_the_job_runs(sim: &Sim, slurm: &Slurm) {
+    let stray = sim.hold_with(
+        &["--gpu", "0", "--mib", "600"],
+        &[("SLURM_JOB_ID", "999999")],
+    );
+    let job = slurm.sbatch(
+        sim,
+        4,
+        "echo gpus=$SLURM_JOB_GPUS\necho ran > \"$OUT/ran-$SLURM_JOB_ID\"",
+    );
+    slurm.wait_done(job);
+    assert_eq!(
+        slurm.job_field(job, "JobState"),
+        "COMPLETED",
+        "{}",
+        slurm.hooks_log()
+    );
+    assert!(slurm.dir.join(format!("ran-{job}")).exists());
+    assert!(!alive(stray[0]), "{}", slurm.hooks_log());
+    assert_eq!(slurm.state(), "idle");
+    let log = slurm.hooks_log();
+    assert!(
+        log.contains("gpuloop-prolog[") && log.contains(&format!("stopping pid {}", stray[0])),
+        "{log}"
+    );
+}
+
+/// A dirty GPU that cannot be cleaned: the prolog drains the node and fails, so Slurm
+/// requeues the job instead of running it there.
+fn prolog_that_cannot_clean_requeues_and_drains(sim: &Sim, slurm: &Slurm) {
+    sim.run(&["sim", "leak", "--gpu", "1", "--mib", "800"]).ok();
+    let job = slurm.sbatch(
+        sim,
+        4,
+        "echo gpus=$SLURM_JOB_GPUS\necho ran > \"$OUT/ran-$SLURM_JOB_ID\"",
+    );
+    wait_until("the node to drain", || slurm.state().starts_with("drain"));
+    wait_until("the job to be requeued", || {
+        slurm.job_field(job, "JobState") == "PENDING" && slurm.job_field(job, "Restarts") != "0"
+    });
+    assert!(
+        !slurm.dir.join(format!("ran-{job}")).exists(),
+        "the job ran on a dirty GPU"
+    );
+    let reason = slurm.reason();
+    assert!(
+        reason.starts_with("gpuloop: GPU 1 800MiB driver"),
+        "{reason}\n{}",
+        slurm.hooks_log()
+    );
+    slurm.out("scancel", &[&job.to_string()]);
+    sim.run(&["sim", "reset", "--gpu", "1"]).ok();
+    slurm.resume();
+}
+
+/// The site-policy recipe (scripts/slurm-site-policy.rhai), on the simulator: it names the
+/// job's process on a GPU outside its allocation and the GPU it would drain the node for.
+#[test]
+fn site_policy_recipe_says_what_it_would_stop_and_drain() {
+    let sim = Sim::new("4x16G");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-site-policy.rhai");
+    let script = script.to_str().unwrap();
+    let env = [
+        ("SLURM_JOB_ID", "812"),
+        ("SLURM_JOB_GPUS", "0"),
+        ("SLURMD_NODENAME", "gpu07"),
+    ];
+    let out = sim.run_with(&["run", script], |c| {
+        c.envs(env);
+    });
+    let out = out.ok();
+    assert!(
+        out.stderr.contains("job=812: GPUs pass the site policy"),
+        "{}",
+        out.stderr
+    );
+    sim.run(&["sim", "leak", "--gpu", "1", "--mib", "900"]).ok();
+    let stray = sim.hold_with(&["--gpu", "2", "--mib", "64"], &[("SLURM_JOB_ID", "812")])[0];
+    let out = sim.run_with(&["run", script, "--", "--dry-run"], |c| {
+        c.envs(env);
+    });
+    let out = out.ok();
+    assert!(
+        out.stderr.contains(&format!(
+            "would stop pid {stray} (python3) on GPU [2] outside its allocation [0]"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .contains("would drain gpu07: gpuloop: GPU 1 900MiB driver job=812"),
+        "{}",
+        out.stderr
+    );
+    assert!(alive(stray));
+}
+
+/// Without Slurm's environment the hooks refuse (exit 2); `--dry-run` names what the epilog
+/// would stop and stops nothing.
+#[test]
+fn epilog_needs_a_job_and_dry_run_stops_nothing() {
+    let sim = Sim::new("2x8G");
+    let out = sim.run_with(&["epilog"], |c| {
+        c.env_remove("SLURM_JOB_ID");
+    });
+    let out = out.code(2);
+    assert!(
+        out.stderr.contains("SLURM_JOB_ID is not set"),
+        "{}",
+        out.stderr
+    );
+    let left = sim.hold_with(
+        &["--gpu", "1", "--mib", "64", "--setsid"],
+        &[("SLURM_JOB_ID", "812")],
+    )[0];
+    let out = sim.run_with(&["epilog", "--dry-run"], |c| {
+        c.envs([
+            ("SLURM_JOB_ID", "812"),
+            ("SLURM_JOB_GPUS", "1"),
+            ("SLURMD_NODENAME", "gpu07"),
+        ])
+        .env("SLURM_CONF", "/nonexistent/slurm.conf");
+    });
+    let out = out.ok();
+    assert!(
+        out.stderr.contains(&format!("would stop pid {left} ")),
+        "{}",
+        out.stderr
+    );
+    assert!(alive(left));
+    assert_eq!(sim.used_mib(1), 64);
+}
