@@ -81,7 +81,19 @@ pub fn diagnoses_of(
         foreign_ns: backend.foreign_pid_namespace(),
         restarters: &restarters,
     };
-    Ok(diagnose(&inv, &sel, &ctx))
+    let mut ds = diagnose(&inv, &sel, &ctx);
+    // The simulator's GPUs are reset by gpuloop itself, not by nvidia-smi.
+    if backend.kind() == "sim" {
+        for d in &mut ds {
+            if let Some(gpu) = d.gpu {
+                d.advice = d.advice.replace(
+                    &format!("(or, as root, nvidia-smi -r -i {gpu})"),
+                    &format!("(or gpuloop sim reset --gpu {gpu})"),
+                );
+            }
+        }
+    }
+    Ok(ds)
 }
 
 /// The selection cut down to the GPUs that the filtered holders use.

@@ -541,7 +541,21 @@ fn the_clean_node_recipe_prints_before_and_after_and_sets_the_exit_code() {
         .run(&["run", script, "--", "--timeout", "1", "--allow-reset"])
         .ok();
     assert!(out.stdout.contains("reset GPU 0"), "{}", out.stdout);
-    let out = sim.run(&["run", script, "--", "--bogus"]).code(1);
+    // Built in: runs by name from anywhere, and `gpuloop recipes` lists it.
+    let out = sim
+        .run_with(
+            &["run", "clean-node", "--", "--gpus", "0-1", "--timeout", "1"],
+            |c| {
+                c.current_dir("/");
+            },
+        )
+        .ok();
+    assert!(out.stdout.contains("clean in"), "{}", out.stdout);
+    sim.run(&["check", "clean-node"]).ok();
+    let list = sim.run(&["--json", "recipes"]).ok().json();
+    assert_eq!(list[0]["name"], "clean-node");
+    assert!(list[0]["purpose"].as_str().unwrap().contains("crashed job"));
+    let out = sim.run(&["run", "clean-node", "--", "--bogus"]).code(2);
     assert!(
         out.stderr.contains("unknown argument --bogus"),
         "{}",

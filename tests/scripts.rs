@@ -242,3 +242,88 @@ fn read_file_and_write_file_refuse_a_fifo_instead_of_blocking_or_replacing_it() 
     use std::os::unix::fs::FileTypeExt;
     assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
 }
+
+#[test]
+fn a_misspelt_field_of_a_gpuloop_map_is_an_error_naming_the_fields() {
+    let sim = Sim::new("1x8G");
+    let out = sim
+        .run(&[
+            "eval",
+            "let d = diagnose()[0];\nif d.verdikt != \"clean\" { 1 }",
+        ])
+        .code(1);
+    assert!(
+        out.stderr
+            .contains("a diagnosis map has no field `verdikt`: did you mean `verdict`?")
+            && out.stderr.contains("(fields: advice, ghost_pids, gpu,")
+            && out.stderr.contains("<eval>:2:6"),
+        "{}",
+        out.stderr
+    );
+    // Scripts' own maps keep rhai's ways: a missing field reads as (), assigning adds it.
+    assert_eq!(
+        sim.eval("let m = #{a: 1}; m.b = 2; [m.b, m.zz ?? 7]"),
+        "[2, 7]"
+    );
+}
+
+#[test]
+fn trim_returns_the_string_and_still_trims_in_place() {
+    let sim = Sim::new("1x8G");
+    assert_eq!(
+        sim.eval("let s = run([\"echo\", \" hi \"], #{echo: false}).stdout.trim(); `[${s}]`"),
+        "[hi]"
+    );
+    assert_eq!(sim.eval("let s = \" x \"; s.trim(); `[${s}]`"), "[x]");
+    assert_eq!(
+        sim.eval("let s = \" y \"; `[${s.trimmed()}][${s}]`"),
+        "[y][ y ]"
+    );
+}
+
+#[test]
+fn retry_shows_each_failure_with_its_line_and_caret() {
+    let sim = Sim::new("1x8G");
+    let out = sim
+        .run(&["eval", "retry(2, |i| {\n  throw `nope ${i}`\n})"])
+        .code(1);
+    let first = out.stderr.split("retry: attempt 2").next().unwrap();
+    assert!(
+        first.contains("retry: attempt 1/2 failed:\nerror: nope 1\n --> <eval>:2:3")
+            && first.contains("2 |   throw `nope ${i}`\n  |   ^"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("Runtime error"), "{}", out.stderr);
+    assert!(!out.stderr.contains("anon$"), "{}", out.stderr);
+    // The last failure is the script's error, shown once.
+    assert_eq!(out.stderr.matches("nope 2").count(), 1, "{}", out.stderr);
+}
+
+#[test]
+fn check_and_run_resolve_imports_and_say_where_they_looked() {
+    let sim = Sim::new("1x8G");
+    let p = sim.path().join("imp.rhai");
+    std::fs::write(&p, "import \"nosuchmod\" as m;\nm::f();\n").unwrap();
+    let want = format!(
+        "module not found: nosuchmod (looked in {}",
+        sim.path().join("nosuchmod.rhai").display()
+    );
+    let out = sim.run(&["check", p.to_str().unwrap()]).code(2);
+    assert!(
+        out.stderr.contains(&want) && out.stderr.contains("the standard library (report"),
+        "{}",
+        out.stderr
+    );
+    let out = sim.run(&["run", p.to_str().unwrap()]).code(1);
+    assert!(out.stderr.contains(&want), "{}", out.stderr);
+    std::fs::write(&p, "import \"report\" as r;\n").unwrap();
+    sim.run(&["check", p.to_str().unwrap()]).ok();
+}
+
+#[test]
+fn usage_exits_2() {
+    let sim = Sim::new("1x8G");
+    let out = sim.run(&["eval", "usage(\"t.rhai GPU…\")"]).code(2);
+    assert_eq!(out.stderr, "usage: t.rhai GPU…\n");
+}

@@ -45,6 +45,8 @@ pub enum Cmd {
         #[arg(required = true)]
         scripts: Vec<PathBuf>,
     },
+    /// List the recipes built into gpuloop (run one with `gpuloop run NAME -- ARGS…`).
+    Recipes,
     /// Interactive Rhai prompt with every gpuloop function (:help lists them, :quit leaves).
     Repl,
     /// Print the reference of every script function (Markdown).

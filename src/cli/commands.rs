@@ -27,6 +27,15 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Run { script, args } => run_script(cfg, script, args),
         Cmd::Eval { code } => eval(cfg, code),
         Cmd::Check { scripts } => check(cfg, scripts),
+        Cmd::Recipes => {
+            let rs = crate::script::recipes::list();
+            emit(cfg, &rs, || {
+                rs.iter()
+                    .map(|r| format!("{:<12} {}\n{:<12} {}", r.name, r.purpose, "", r.usage))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+        }
         Cmd::Repl => crate::repl::run(cfg.session.clone(), cfg.json),
         Cmd::Doc { definitions } => doc(cfg, definitions.as_deref()),
         Cmd::Completions { shell } => {
@@ -346,8 +355,27 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
             .map_err(|e| Error::Usage(format!("cannot read the script from stdin: {e}")))?;
         return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
     }
-    let src = std::fs::read_to_string(script)
-        .map_err(|e| Error::Usage(format!("cannot read script {script}: {e}")))?;
+    // A name that is no file here runs the recipe built in under that name.
+    let path = Path::new(script);
+    if !path.exists() && !script.contains('/') {
+        if let Some(src) = crate::script::recipes::find(script) {
+            return Ok((
+                script.to_string(),
+                src.to_string(),
+                std::env::current_dir().ok(),
+            ));
+        }
+    }
+    let src = std::fs::read_to_string(script).map_err(|e| {
+        let names: Vec<&str> = crate::script::recipes::RECIPES
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        Error::Usage(format!(
+            "cannot read script {script}: {e} (built-in recipes: {}; gpuloop recipes lists them)",
+            names.join(", ")
+        ))
+    })?;
     let dir = Path::new(script)
         .parent()
         .map(|p| {
@@ -402,24 +430,33 @@ fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     Ok(0)
 }
 
+/// `gpuloop check`: compiles each script and finds the modules it imports, as `run` would.
 fn check(cfg: &Config, scripts: &[std::path::PathBuf]) -> Result<i32, Error> {
-    let session = cfg.session.clone();
-    let engine = build_engine(session, &EngineOpts::default());
     let mut failed = 0;
     for p in scripts {
-        let file = p.display().to_string();
-        match std::fs::read_to_string(p) {
+        let (file, src, dir) = match read_script(&p.display().to_string()) {
+            Ok(s) => s,
             Err(e) => {
-                eprintln!("gpuloop: cannot read {file}: {e}");
+                eprintln!("gpuloop: {e}");
+                failed += 1;
+                continue;
+            }
+        };
+        let engine = build_engine(
+            cfg.session.clone(),
+            &EngineOpts {
+                script_dir: dir,
+                json: cfg.json,
+            },
+        );
+        let checked = crate::script::engine::compile(&engine, &file, &src)
+            .and_then(|ast| crate::script::engine::check_imports(&engine, &ast, &file, &src));
+        match checked {
+            Ok(()) => crate::outln!("ok: {file}"),
+            Err(e) => {
+                eprintln!("{}", e.message());
                 failed += 1;
             }
-            Ok(src) => match crate::script::engine::compile(&engine, &file, &src) {
-                Ok(_) => crate::outln!("ok: {file}"),
-                Err(e) => {
-                    eprintln!("{}", e.message());
-                    failed += 1;
-                }
-            },
         }
     }
     Ok(if failed > 0 { 2 } else { 0 })

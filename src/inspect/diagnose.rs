@@ -402,11 +402,11 @@ fn verdict(
     }
     // A reset is all that frees it, and it fails while any process has the driver open.
     let reset = if f.clients.is_empty() {
-        format!("only a GPU reset frees it (nvidia-smi -r -i {gpu}, or cleanup::ensure_clean with allow_reset)")
+        format!("only a GPU reset frees it: gpuloop run clean-node -- --gpus {gpu} --allow-reset (or, as root, nvidia-smi -r -i {gpu})")
     } else {
         let clients: Vec<&Holder> = f.clients.iter().collect();
         format!(
-            "only a GPU reset frees it, and a reset fails while driver clients are open: stop {} first, then nvidia-smi -r -i {gpu}",
+            "only a GPU reset frees it, and a reset fails while driver clients are open: stop {} first, then gpuloop run clean-node -- --gpus {gpu} --allow-reset (or, as root, nvidia-smi -r -i {gpu})",
             pids(&clients)
         )
     };

@@ -1,6 +1,6 @@
 //! What the REPL reads: whether the input so far is complete, and the imports it makes.
 
-use rhai::{ParseError, ParseErrorType, Position, AST};
+use rhai::{ParseError, ParseErrorType, Position};
 
 /// True when the parse error only says the input stopped too early (an open brace or bracket,
 /// a trailing operator, an open back-tick string), so the next line should continue it.
@@ -36,23 +36,6 @@ fn at_end(input: &str, pos: Position) -> bool {
 fn char_at(input: &str, pos: Position) -> Option<char> {
     let line = input.split('\n').nth(pos.line()?.checked_sub(1)?)?;
     line.chars().nth(pos.position()?.checked_sub(1)?)
-}
-
-/// The top-level `import "path" as alias;` statements with a constant path: the REPL keeps
-/// those modules for the following lines.
-pub fn imports(ast: &AST) -> Vec<(String, String)> {
-    ast.statements()
-        .iter()
-        .filter_map(|s| match s {
-            rhai::Stmt::Import(x, _) => match &x.0 {
-                rhai::Expr::StringConstant(path, _) if !x.1.name.is_empty() => {
-                    Some((path.to_string(), x.1.name.to_string()))
-                }
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -101,13 +84,5 @@ mod tests {
     #[test]
     fn complete_input_compiles() {
         assert_eq!(check("fn f() {\n 1\n}"), None);
-    }
-
-    #[test]
-    fn finds_constant_imports() {
-        let ast = rhai::Engine::new()
-            .compile(r#"import "report" as r; let p = "x"; import p as q; import "a";"#)
-            .expect("compiles");
-        assert_eq!(imports(&ast), vec![("report".to_string(), "r".to_string())]);
     }
 }

@@ -233,6 +233,7 @@ impl Repl {
         self.transcript.push_str(input);
         self.lines += input.split('\n').count();
 
+        crate::script::errors::remember(SOURCE, &self.transcript);
         // A Ctrl-C that arrived after the previous run ended must not cancel this one.
         crate::interrupt::clear();
         let mut ast = match self.engine.compile_with_scope(&self.scope, &source) {
@@ -246,7 +247,11 @@ impl Repl {
             }
         };
         ast.set_source(SOURCE);
-        let imports = input::imports(&ast);
+        let imports: Vec<(String, String)> = crate::script::engine::imports(&ast)
+            .into_iter()
+            .filter(|(_, alias, _)| !alias.is_empty())
+            .map(|(path, alias, _)| (path, alias))
+            .collect();
         self.ast += ast;
         let result = self
             .engine

@@ -68,6 +68,18 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     } else {
         engine.on_print(crate::output::line);
     }
+    // A misspelt field of a gpuloop record is an error naming the fields; a script's own
+    // maps read a missing field as (), and assigning one adds it, as in rhai.
+    engine.on_map_missing_property(|map, prop, _| match super::fields::missing(map, prop) {
+        Some(err) => Err(err),
+        None => {
+            map.insert(prop.into(), Dynamic::UNIT);
+            match map.get_mut(prop) {
+                Some(v) => v.try_into(),
+                None => Ok(Dynamic::UNIT.into()),
+            }
+        }
+    });
     engine.on_debug(|s, src, pos| eprintln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
     bindings::gpu::register(&mut engine, &session);
     bindings::process::register(&mut engine, &session);
@@ -86,6 +98,7 @@ pub fn new_scope(args: &[String]) -> Scope<'static> {
 }
 
 pub fn compile(engine: &Engine, file: &str, source: &str) -> Result<AST, ScriptError> {
+    errors::remember(file, source);
     let mut ast = engine
         .compile(source)
         .map_err(|e| errors::from_parse(&e, file, source))?;
@@ -104,4 +117,59 @@ pub fn run_source(
     engine
         .eval_ast_with_scope::<Dynamic>(scope, &ast)
         .map_err(|e| errors::from_eval(*e, file, source))
+}
+
+/// The `import "path" as alias;` statements at a script's top level: (path, alias or "",
+/// where the path is written).
+pub fn imports(ast: &AST) -> Vec<(String, String, rhai::Position)> {
+    ast.statements()
+        .iter()
+        .filter_map(|s| match s {
+            rhai::Stmt::Import(x, _) => match &x.0 {
+                rhai::Expr::StringConstant(path, pos) => {
+                    Some((path.to_string(), x.1.name.to_string(), *pos))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Finds (and compiles) every module a script imports at its top level, as running it would:
+/// `gpuloop check` fails on a missing module, saying where it looked.
+pub fn check_imports(
+    engine: &Engine,
+    ast: &AST,
+    file: &str,
+    source: &str,
+) -> Result<(), ScriptError> {
+    for (path, _, pos) in imports(ast) {
+        engine
+            .module_resolver()
+            .resolve(engine, Some(file), &path, pos)
+            .map_err(|e| errors::from_eval(*e, file, source))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_constant_imports() {
+        let ast = Engine::new()
+            .compile(r#"import "report" as r; let p = "x"; import p as q; import "a";"#)
+            .expect("compiles");
+        let found: Vec<(String, String)> =
+            imports(&ast).into_iter().map(|(p, a, _)| (p, a)).collect();
+        assert_eq!(
+            found,
+            vec![
+                ("report".to_string(), "r".to_string()),
+                ("a".to_string(), String::new())
+            ]
+        );
+    }
 }

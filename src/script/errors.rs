@@ -1,6 +1,8 @@
 //! Script errors for people: `file:line:col`, the source line and a caret under the spot.
 
 use rhai::{EvalAltResult, ParseError, Position};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 /// A script error ready to print, with the exit code it implies.
 #[derive(Debug)]
@@ -40,6 +42,42 @@ pub fn exit_status(code: i64) -> i32 {
     u8::try_from(code).map_or(1, i32::from)
 }
 
+/// The text of every source compiled in this process, by the name errors give it, so that
+/// an error caught inside a call (retry, until) can still be shown with its line and caret.
+fn sources() -> &'static Mutex<HashMap<String, String>> {
+    static SOURCES: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    SOURCES.get_or_init(Default::default)
+}
+
+/// Remembers `source` under `file` (the name errors use).
+pub fn remember(file: &str, source: &str) {
+    if let Ok(mut s) = sources().lock() {
+        s.insert(file.to_string(), source.to_string());
+    }
+}
+
+/// An error caught at run time, rendered like every other one (message, `file:line:col`,
+/// the line and a caret) when its source is known; `file` is where the call happened.
+pub fn describe(err: &EvalAltResult, file: Option<&str>) -> String {
+    // The innermost error says what went wrong, and where.
+    let mut e = err;
+    let mut file = file;
+    while let EvalAltResult::ErrorInFunctionCall(_, src, inner, _) = e {
+        if !src.is_empty() {
+            file = Some(src.as_str());
+        }
+        e = inner;
+    }
+    let msg = text_of(e);
+    let source = file.and_then(|f| sources().lock().ok()?.get(f).cloned());
+    match (file, source) {
+        (Some(f), Some(src)) if e.position().line().is_some() => {
+            render(&msg, e.position(), f, &src)
+        }
+        _ => format!("error: {}", strip_position(&msg)),
+    }
+}
+
 /// The token a native function throws (through `ErrorTerminated`) when Ctrl-C was pressed.
 pub const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
 
@@ -66,7 +104,13 @@ pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
         match err {
             EvalAltResult::ErrorInFunctionCall(name, src, inner, pos) => {
                 if src.is_empty() || src == file {
-                    context.push(format!("in call to {name}() at {}", loc(file, pos)));
+                    // Closures compile to `anon$…` functions: not a name anyone wrote.
+                    let call = if name.starts_with("anon$") {
+                        "in a closure called".to_string()
+                    } else {
+                        format!("in call to {name}()")
+                    };
+                    context.push(format!("{call} at {}", loc(file, pos)));
                     err = *inner;
                 } else {
                     context.push(format!("in {name}() of module {src:?}"));

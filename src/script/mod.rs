@@ -5,7 +5,9 @@ pub mod convert;
 pub mod doc;
 pub mod engine;
 pub mod errors;
+pub mod fields;
 pub mod modules;
+pub mod recipes;
 
 pub use engine::{build_engine, run_source, EngineOpts};
 pub use errors::ScriptError;

@@ -14,19 +14,77 @@ pub const STDLIB: &[(&str, &str)] = &[
     ("patch", include_str!("../../stdlib/patch.rhai")),
 ];
 
-/// The resolver chain, in the order SPEC gives.
-pub fn resolver(script_dir: Option<PathBuf>) -> ModuleResolversCollection {
+/// The resolver chain, in the order SPEC gives; a module found nowhere is an error that
+/// says where it was looked for.
+pub fn resolver(script_dir: Option<PathBuf>) -> Resolver {
     let mut chain = ModuleResolversCollection::new();
+    let dirs = search_path(script_dir);
+    for d in &dirs {
+        chain.push(FileModuleResolver::new_with_path(d));
+    }
+    chain.push(Stdlib::default());
+    Resolver { chain, dirs }
+}
+
+/// The directories `import` looks in, in order, before the standard library.
+pub fn search_path(script_dir: Option<PathBuf>) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = script_dir.into_iter().collect();
     if let Some(path) = std::env::var_os("GPULOOP_PATH") {
         dirs.extend(std::env::split_paths(&path).filter(|p| !p.as_os_str().is_empty()));
     }
     dirs.extend(crate::config::config_dir().map(|d| d.join("modules")));
-    for d in dirs {
-        chain.push(FileModuleResolver::new_with_path(d));
+    dirs
+}
+
+/// The chain, and the directories it searches for the message when nothing has the module.
+pub struct Resolver {
+    chain: ModuleResolversCollection,
+    dirs: Vec<PathBuf>,
+}
+
+impl Resolver {
+    /// "looked in DIR/NAME.rhai, …, and the standard library (report, cleanup, patch)".
+    fn looked(&self, path: &str) -> String {
+        let file = if path.ends_with(".rhai") {
+            path.to_string()
+        } else {
+            format!("{path}.rhai")
+        };
+        let mut places: Vec<String> = self
+            .dirs
+            .iter()
+            .map(|d| d.join(&file).display().to_string())
+            .collect();
+        let names: Vec<&str> = STDLIB.iter().map(|(n, _)| *n).collect();
+        places.push(format!("the standard library ({})", names.join(", ")));
+        format!(
+            "{path} (looked in {}; GPULOOP_PATH adds directories)",
+            places.join(", ")
+        )
     }
-    chain.push(Stdlib::default());
-    chain
+}
+
+impl ModuleResolver for Resolver {
+    fn resolve(
+        &self,
+        engine: &Engine,
+        source: Option<&str>,
+        path: &str,
+        pos: Position,
+    ) -> Result<Shared<Module>, Box<EvalAltResult>> {
+        self.chain
+            .resolve(engine, source, path, pos)
+            .map_err(|e| match *e {
+                // Not ErrorModuleNotFound: rhai would replace it with its own, without the path.
+                EvalAltResult::ErrorModuleNotFound(name, p) if name == path => {
+                    Box::new(EvalAltResult::ErrorRuntime(
+                        format!("module not found: {}", self.looked(path)).into(),
+                        p,
+                    ))
+                }
+                e => Box::new(e),
+            })
+    }
 }
 
 /// The embedded standard library, compiled on first import with the importing engine.

@@ -2,6 +2,7 @@
 
 use crate::script::convert::{check_spec, script_err, secs_arg, to_script, RhaiResult};
 use crate::script::engine::def;
+use crate::script::errors;
 use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, NativeCallContext, Position};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -212,6 +213,37 @@ pub fn register(engine: &mut Engine) {
     );
     def(
         engine,
+        "usage",
+        &["msg: ?", "()"],
+        "Ends the script as a usage error: prints \"usage: MSG\" to stderr and exits 2, as
+         commands do for bad arguments. For checking ARGS:
+         if ARGS.len() == 0 { usage(\"clean.rhai GPU…\") }",
+        |msg: Dynamic| -> RhaiResult<()> {
+            eprintln!("usage: {msg}");
+            Err(exit_with(2))
+        },
+    );
+    def(
+        engine,
+        "trim",
+        &["s: &mut String", "String"],
+        "Trims whitespace from both ends of a string variable in place, and returns the
+         trimmed string, so both `s.trim();` and `let t = run(cmd).stdout.trim();` work.",
+        |s: &mut ImmutableString| -> ImmutableString {
+            let t: ImmutableString = s.trim().into();
+            *s = t.clone();
+            t
+        },
+    );
+    def(
+        engine,
+        "trimmed",
+        &["s: String", "String"],
+        "The string without whitespace at either end (the string itself is unchanged).",
+        |s: ImmutableString| -> ImmutableString { s.trim().into() },
+    );
+    def(
+        engine,
         "check_opts",
         &["func: String", "opts: Map | ()", "spec: Map", "Map"],
         "Checks a function's options the way the built-in functions do, for modules and
@@ -241,8 +273,13 @@ pub fn register(engine: &mut Engine) {
                 match &last {
                     Ok(v) if v.as_bool() != Ok(false) => return last,
                     Err(e) if matches!(**e, EvalAltResult::ErrorTerminated(..)) => return last,
+                    // The last failure is rethrown: shown once, by whoever catches it.
+                    Err(_) if attempt == n => {}
                     Ok(_) => eprintln!("retry: attempt {attempt}/{n} returned false"),
-                    Err(e) => eprintln!("retry: attempt {attempt}/{n} failed: {e}"),
+                    Err(e) => eprintln!(
+                        "retry: attempt {attempt}/{n} failed:\n{}",
+                        errors::describe(e, ctx.call_source())
+                    ),
                 }
             }
             last
