@@ -69,7 +69,8 @@ fn no_reset_is_advised_while_a_driver_client_is_open() {
     sim.run(&["sim", "leak", "--gpu", "0", "--mib", "900"]).ok();
     let d = diagnosis(&sim, 0);
     assert_eq!(d["verdict"], "driver");
-    assert!(advice(&d).contains("nvidia-smi -r -i 0"), "{d}");
+    // On the simulator the reset is the simulator's own.
+    assert!(advice(&d).contains("gpuloop sim reset --gpu 0"), "{d}");
     assert!(!advice(&d).contains("clients are open"), "{d}");
     // An NVML client on another GPU has the driver open: a reset would fail now.
     let observer = sim.hold(&["--gpu", "1", "--observer", "--name", "nvtop"])[0];
