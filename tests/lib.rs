@@ -3,6 +3,7 @@
 
 mod support;
 
+mod churn;
 mod cli;
 mod diagnose;
 mod doc;
