@@ -2,13 +2,14 @@
 //! and the interrupt flag.
 
 use crate::config::UserConfig;
+use crate::gpu::deadline::{self, Deadline};
 use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::sim::SimBackend;
 use crate::gpu::{Backend, GpuError, NoDriver};
 use crate::process::restart::Restarter;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Which backend this session uses.
 #[derive(Debug, Clone)]
@@ -55,10 +56,13 @@ impl Session {
                         "note: GPULOOP_SIM_DIR is set but the simulator is not selected: using the NVIDIA driver (add --sim SPEC or set GPULOOP_SIM for the simulated GPUs)"
                     );
                 }
-                match NvmlBackend::load() {
-                Ok(b) => Box::new(b),
-                Err(GpuError::NoDriver(why)) => Box::new(NoDriver::new(why)),
-                Err(e) => Box::new(NoDriver::new(e.to_string())),
+                // Loading and every later read get a deadline: a hung driver must not
+                // block a command or a script forever.
+                let limit = deadline::limit_from_env();
+                match deadline::bounded("nvmlInit", limit, NvmlBackend::load) {
+                    Ok(Ok(b)) => Box::new(Deadline::new(Arc::new(b), limit)),
+                    Ok(Err(GpuError::NoDriver(why))) => Box::new(NoDriver::new(why)),
+                    Ok(Err(e)) | Err(e) => Box::new(NoDriver::new(e.to_string())),
                 }
             }),
         });

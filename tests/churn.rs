@@ -148,7 +148,7 @@ fn churn_no_signal_reaches_a_process_that_was_not_a_holder() {
                     std::thread::sleep(wait);
                 }
                 n += 1;
-                if n % 10 == 0 {
+                if n.is_multiple_of(10) {
                     let node = &nodes[(n / 10 % 4) as usize];
                     let pid = fork_one(Some(node), 1 + n % 20);
                     if pid > 0 {
@@ -188,6 +188,9 @@ fn churn_no_signal_reaches_a_process_that_was_not_a_holder() {
                 let lo = ticks_now();
                 let out = sim.run(&["sim", "hold", "--gpu", &gpu, "--mib", "64"]);
                 let hi = ticks_now();
+                // A holder the loop kills while it starts makes `sim hold` fail, and its pid
+                // is never printed: such holders are known by name and start window only.
+                windows.lock().unwrap().push((0, lo, hi));
                 if out.code != 0 {
                     continue;
                 }
@@ -268,9 +271,13 @@ print(`rounds=${{rounds}} signalled=${{signalled}} errors=${{errors.len()}} ${{e
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         let id = (f[0].parse::<i64>().unwrap(), f[1].parse::<u64>().unwrap());
-        let in_window = windows
-            .iter()
-            .any(|&(p, lo, hi)| p == id.0 && lo.saturating_sub(1) <= id.1 && id.1 <= hi + 1);
+        let comm = f.get(4..).map(|c| c.join(" ")).unwrap_or_default();
+        // A simulated holder (named python3, as `sim hold` names them) that started during
+        // a `sim hold` call; the churn's own processes and the launchers have other names.
+        let in_window = comm == "python3"
+            && windows.iter().any(|&(p, lo, hi)| {
+                (p == 0 || p == id.0) && lo.saturating_sub(1) <= id.1 && id.1 <= hi + 1
+            });
         if !legit.contains(&id) && !in_window {
             wrong.push(line.to_string());
         }

@@ -651,7 +651,7 @@ fn logged(log: &std::path::Path, pid: u32, sig: &str) -> bool {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         if text.lines().any(|l| {
             let f: Vec<&str> = l.split(' ').collect();
-            f.first() == Some(&pid.to_string().as_str()) && f.last() == Some(&sig)
+            f.first() == Some(&pid.to_string().as_str()) && f.get(3) == Some(&sig)
         }) {
             return true;
         }

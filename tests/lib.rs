@@ -7,6 +7,7 @@ mod churn;
 mod cli;
 mod diagnose;
 mod doc;
+mod driver_faults;
 mod edges;
 mod holders;
 mod identity;

@@ -1,5 +1,6 @@
 //! GPU backends: one small trait, with the NVML driver, the simulator, and "no driver" behind it.
 
+pub mod deadline;
 pub mod nvml;
 pub mod sim;
 

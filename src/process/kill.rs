@@ -578,7 +578,7 @@ fn send(p: &Pinned, sig: Signal) -> rustix::io::Result<()> {
         rustix::process::Signal::from_named_raw(sig as i32).ok_or(rustix::io::Errno::INVAL)?;
     let r = pidfd_send_signal(&p.fd, raw);
     if r.is_ok() {
-        log_signal(&p.identity(), sig);
+        log_signal(&p.identity(), &p.info.comm, sig);
     }
     r
 }
@@ -594,13 +594,20 @@ fn signal_log() -> Option<&'static PathBuf> {
     .as_ref()
 }
 
-/// Appends "pid start ino SIGNAL" (ino `-` without pidfs) to the signal log: one line per
-/// signal delivered, written in one append so that lines of concurrent gpuloops never mix.
-/// For audits and the churn test, which checks every line against the processes it meant.
-fn log_signal(id: &Identity, sig: Signal) {
+/// Appends "pid start ino SIGNAL comm" (ino `-` without pidfs; comm last, as it may hold
+/// spaces) to the signal log: one line per signal delivered, written in one append so that
+/// lines of concurrent gpuloops never mix. For audits and the churn test, which checks every
+/// line against the processes it meant.
+fn log_signal(id: &Identity, comm: &str, sig: Signal) {
     let Some(path) = signal_log() else { return };
     let ino = id.ino.map_or_else(|| "-".to_string(), |i| i.to_string());
-    let line = format!("{} {} {ino} {}\n", id.pid, id.start, signal_name(sig));
+    let comm = comm.replace('\n', "?");
+    let line = format!(
+        "{} {} {ino} {} {comm}\n",
+        id.pid,
+        id.start,
+        signal_name(sig)
+    );
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

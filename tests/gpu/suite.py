@@ -440,6 +440,76 @@ print(to_json(#{{timed_out: r.timed_out, clean: ok, seconds: now() - t}}));
           result=res, rc=rc, err=err[-300:])
 
 
+# ------------------------------------------------------ issue 10 item 1, issue 11 items 6-7
+
+def ns_holder(gb="4"):
+    """A PyTorch holder that is pid 1 of its own PID namespace (a container's main process,
+    with no SIGTERM handler). Returns (Popen, its pid here) once it holds."""
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                          sys.executable, os.path.join(HERE, "mess.py"), "plain", "--gb", gb, "--gpus", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                         start_new_session=True)
+    started.append(p.pid)
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        r, _, _ = select.select([p.stdout], [], [], 1.0)
+        if r and p.stdout.readline().startswith("READY "):
+            break
+    for h in gl_json("holders", "--gpu", "0"):
+        if "mess.py" in h["cmdline"]:
+            started.append(h["pid"])
+            return p, h["pid"]
+    raise RuntimeError("the namespace-init holder is not listed")
+
+
+@scenario("ns-init-kill")
+def s_ns_init_kill():
+    p, pid = ns_holder()
+    t = time.monotonic()
+    rc, out, err, _ = gl("--json", "clean", "--gpu", "0", "--grace", "10", timeout=120)
+    dt = time.monotonic() - t
+    r = json.loads(out) if out.strip() else {}
+    at_once = [k for k in r.get("kill", {}).get("killed_at_once", []) if k["pid"] == pid]
+    check("a PyTorch holder that is a PID-namespace init gets KILL at once, not the 10 s grace",
+          rc == 0 and r.get("clean") is True and at_once and dt < 5,
+          seconds=round(dt, 2), killed_at_once=at_once, rc=rc, err=err[-300:])
+
+
+@scenario("recycled-pid")
+def s_recycled_pid():
+    # All inside one fresh PID namespace (so ns_last_pid can force the reuse): a PyTorch
+    # holder is listed, SIGKILLed, its pid given to a `sleep`, then the stale holder map is
+    # passed to kill(). The sleep must live, and the signal log stay empty. 20 rounds.
+    work = tempfile.mkdtemp()
+    script = os.path.join(work, "reuse.sh")
+    with open(script, "w") as f:
+        f.write(f"""set -u
+B={BIN}; ok=0; reused=0; hit=0
+for r in $(seq 20); do
+  {sys.executable} {os.path.join(HERE, "mess.py")} plain --gb 1 --gpus 0 > {work}/m.out 2>/dev/null &
+  m=$!
+  for i in $(seq 600); do grep -q READY {work}/m.out && break; sleep 0.1; done
+  $B --json holders --gpu 0 > {work}/h.json 2>/dev/null
+  grep -q "\"pid\": $m," {work}/h.json && ok=$((ok+1))
+  kill -9 $m; wait $m 2>/dev/null
+  echo $((m-1)) > /proc/sys/kernel/ns_last_pid
+  sleep 1000 & s=$!
+  [ "$s" = "$m" ] && reused=$((reused+1))
+  $B eval 'kill(parse_json(read_file("{work}/h.json")).filter(|h| h.pid == '$m'), #{{grace: 5}})' > /dev/null 2>&1
+  [ "$(awk '{{print $3}}' /proc/$s/stat 2>/dev/null)" = S ] || hit=$((hit+1))
+  kill -9 $s; wait $s 2>/dev/null
+done
+echo "listed=$ok reused=$reused hit=$hit logged=$(cat {work}/signals.log 2>/dev/null | wc -l)"
+""")
+    env = dict(ENV, GPULOOP_SIGNAL_LOG=os.path.join(work, "signals.log"))
+    rc, out, err, dt = sh(["unshare", "--pid", "--fork", "--mount-proc", "bash", script], timeout=400, env=env)
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    f = dict(kv.split("=") for kv in last.split()) if "=" in last else {}
+    check("a recycled pid is never signalled: PyTorch holders listed, killed, pid reused, stale map killed (20 rounds)",
+          rc == 0 and f.get("listed") == "20" and f.get("reused") == "20" and f.get("hit") == "0" and f.get("logged") == "0",
+          result=last, seconds=round(dt, 1), rc=rc, err=err[-300:])
+
+
 def main():
     log(f"{NGPU} GPU(s); gpuloop {gl('--version')[1].strip()}; driver:",
         sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")[1].strip())
