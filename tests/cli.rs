@@ -204,3 +204,44 @@ fn color_is_auto_always_or_never() {
         .contains('\x1b'));
     sim.run(&["--color", "sometimes", "gpus"]).code(2);
 }
+
+#[test]
+fn help_lists_global_flags_apart_the_environment_and_a_man_page() {
+    let sim = Sim::new("1x8G");
+    let help = sim.run(&["--help"]).ok().stdout;
+    for want in [
+        "Global options:",
+        "GPULOOP_SIM_DIR",
+        "GPULOOP_PATH",
+        "Exit codes:",
+    ] {
+        assert!(help.contains(want), "--help lacks {want}:\n{help}");
+    }
+    // A command's own options come first, the global ones under their own heading.
+    let clean = sim.run(&["clean", "--help"]).ok().stdout;
+    let (own, global) = clean
+        .split_once("Global options:")
+        .expect("a global heading");
+    assert!(
+        own.contains("--timeout") && !own.contains("--sim <SPEC>"),
+        "{clean}"
+    );
+    assert!(
+        global.contains("--sim <SPEC>") && global.contains("--json"),
+        "{clean}"
+    );
+    // README and --help give the same --sim spec.
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for key in gpuloop::gpu::sim::OPTIONS {
+        assert!(
+            readme.contains(&format!(",{key}=")),
+            "README's --sim lacks {key}"
+        );
+    }
+    let man = sim.run(&["man"]).ok().stdout;
+    assert!(
+        man.contains(".TH gpuloop 1") && man.contains(".SH NAME"),
+        "{man}"
+    );
+}

@@ -3,28 +3,56 @@
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use std::path::PathBuf;
 
+/// The heading global flags are listed under, apart from each command's own.
+const GLOBAL: &str = "Global options";
+
+const AFTER_HELP: &str = "\
+Scripts: gpuloop run SCRIPT [-- ARGS…] (or a built-in recipe: gpuloop recipes); reference: gpuloop doc.
+
+Exit codes: 0 success; 1 runtime error, or clean/wait/diagnose finding a selected GPU not
+clean, or no driver; 2 usage or compile error; 130 interrupted.
+
+Environment:
+  GPULOOP_SIM      the --sim spec: simulated GPUs held by real processes
+  GPULOOP_SIM_DIR  the simulator's state directory (default $XDG_RUNTIME_DIR/gpuloop-sim)
+  GPULOOP_PATH     directories (colon-separated) where `import` looks for modules
+  NO_COLOR         no colour with --color auto";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "gpuloop",
     version,
     about = "Scriptable act-verify-retry loops for GPUs left dirty by crashed jobs",
-    after_help = "Scripts: gpuloop run SCRIPT [-- ARGS…]; reference: gpuloop doc.\nSimulator: --sim 8x80G (or GPULOOP_SIM) uses simulated GPUs held by real processes."
+    after_help = AFTER_HELP
 )]
 pub struct Args {
-    /// Use simulated GPUs: COUNTxSIZE[,release_ms=MS][,minors=A:B:…], e.g. 8x80G.
-    #[arg(long, global = true, env = "GPULOOP_SIM", value_name = "SPEC")]
+    /// Use simulated GPUs: COUNTxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw],
+    /// e.g. 8x80G or 2x141G,release_ms=150 (SIZE in M, G or T); state in GPULOOP_SIM_DIR.
+    #[arg(
+        long,
+        global = true,
+        env = "GPULOOP_SIM",
+        value_name = "SPEC",
+        help_heading = GLOBAL
+    )]
     pub sim: Option<String>,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
+    /// Print JSON instead of tables (errors too, on stderr: {"error": …}).
+    #[arg(long, global = true, help_heading = GLOBAL)]
     pub json: bool,
     /// More logs (-v, -vv).
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, help_heading = GLOBAL)]
     pub verbose: u8,
     /// When to colour the output.
-    #[arg(long, global = true, value_name = "WHEN", default_value = "auto")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "WHEN",
+        default_value = "auto",
+        help_heading = GLOBAL
+    )]
     pub color: ColorArg,
     /// Show whole command lines in tables (otherwise cut to the terminal's width).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     pub wide: bool,
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -34,14 +62,20 @@ pub struct Args {
 pub enum Cmd {
     /// Run a Rhai script (`-` reads it from stdin); arguments after `--` are in ARGS.
     Run {
+        /// A script file, `-` for stdin, or the name of a built-in recipe (gpuloop recipes).
         script: String,
+        /// Arguments for the script, after `--`: the script's ARGS.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
     /// Evaluate code and print the value of its last expression.
-    Eval { code: String },
+    Eval {
+        /// Rhai code, e.g. 'holders().len()'.
+        code: String,
+    },
     /// Compile scripts without running them.
     Check {
+        /// Script files (or names of built-in recipes) to compile, with the modules they import.
         #[arg(required = true)]
         scripts: Vec<PathBuf>,
     },
@@ -137,7 +171,12 @@ pub enum Cmd {
         hook: HookFlags,
     },
     /// Shell completions.
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): gpuloop man > gpuloop.1
+    Man,
     /// The GPU simulator: start holders, leak memory, reset.
     #[command(subcommand)]
     Sim(SimCmd),
@@ -232,8 +271,11 @@ pub enum SimCmd {
     /// (the holder first, then the children it forked; with --workers the launcher first, then
     /// the workers), once they hold. A launcher process stays alive as their parent.
     Hold {
+        /// The GPU (index) to hold.
         #[arg(long, allow_negative_numbers = true)]
         gpu: i64,
+        /// MiB to allocate (each worker's share with --workers); more than the GPU has left
+        /// fails, as a real allocation does.
         #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         mib: i64,
         /// Process name (comm), e.g. nvidia-persistenced.
@@ -289,13 +331,16 @@ pub enum SimCmd {
     Release,
     /// Mark memory used with no holder at all (a stuck driver); only `sim reset` frees it.
     Leak {
+        /// The GPU (index).
         #[arg(long, allow_negative_numbers = true)]
         gpu: i64,
+        /// MiB to mark used.
         #[arg(long, allow_negative_numbers = true)]
         mib: i64,
     },
     /// Reset a simulated GPU (fails while processes hold it, as on real GPUs).
     Reset {
+        /// The GPU (index).
         #[arg(long, allow_negative_numbers = true)]
         gpu: i64,
     },
@@ -323,6 +368,54 @@ impl From<ColorArg> for crate::output::ColorChoice {
             ColorArg::Auto => crate::output::ColorChoice::Auto,
             ColorArg::Always => crate::output::ColorChoice::Always,
             ColorArg::Never => crate::output::ColorChoice::Never,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every argument of every command, hidden ones aside, with the commands' path.
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if a.is_hide_set() || id == "help" || id == "version" {
+                continue;
+            }
+            if a.get_help().is_none() && a.get_long_help().is_none() {
+                out.push(format!("{path} {id}"));
+            }
+        }
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            if sub.get_about().is_none() && sub.get_name() != "help" {
+                out.push(format!("{path} {} (the command)", sub.get_name()));
+            }
+            undocumented(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_command_positional_and_option_says_what_it_is() {
+        let mut missing = Vec::new();
+        undocumented(&Args::command(), "gpuloop", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
+
+    #[test]
+    fn sim_help_names_every_option_the_parser_takes() {
+        let cmd = Args::command();
+        let sim = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "sim")
+            .and_then(|a| a.get_help().map(|h| h.to_string()))
+            .unwrap_or_default();
+        for key in crate::gpu::sim::OPTIONS {
+            assert!(
+                sim.contains(&format!("{key}=")),
+                "--sim help lacks {key}: {sim}"
+            );
         }
     }
 }

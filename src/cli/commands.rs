@@ -27,6 +27,15 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Run { script, args } => run_script(cfg, script, args),
         Cmd::Eval { code } => eval(cfg, code),
         Cmd::Check { scripts } => check(cfg, scripts),
+        Cmd::Man => {
+            let cmd = <Args as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_mangen::Man::new(cmd)
+                .render(&mut out)
+                .map_err(|e| Error::Other(format!("man page: {e}")))?;
+            crate::output::bytes(&out);
+            Ok(0)
+        }
         Cmd::Recipes => {
             let rs = crate::script::recipes::list();
             emit(cfg, &rs, || {

@@ -22,6 +22,9 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 
+/// The `key=value` options a `--sim` spec takes after COUNTxSIZE (`--help` lists them all).
+pub const OPTIONS: &[&str] = &["release_ms", "minors", "name", "foreign_pids"];
+
 /// A parsed `--sim` spec: `NxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimSpec {
@@ -106,7 +109,8 @@ impl SimSpec {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown option {other:?} (known: release_ms, minors, name, foreign_pids)"
+                        "unknown option {other:?} (known: {})",
+                        OPTIONS.join(", ")
                     )))
                 }
             }
