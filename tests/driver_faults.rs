@@ -1,5 +1,6 @@
 //! Driver faults: a backend that fails the way NVML does (errors, garbage pids, calls that
-//! never return), behind the same deadline wrapper the NVML backend runs behind.
+//! never return), behind the same deadline wrapper the NVML backend runs behind; and the real
+//! binary on a fault-injecting stand-in for libnvidia-ml (tests/fake_nvml/fake_nvml.c).
 
 use gpuloop::gpu::deadline::Deadline;
 use gpuloop::gpu::{Backend, DeviceNodes, DriverProc, Gpu, GpuError, MIB};
@@ -140,6 +141,111 @@ fn garbage_pids_from_the_driver_never_become_holders() {
     // They are reported as what they are: listed by the driver, not holders here.
     let ghosts = inv.ghosts.get(&0).cloned().unwrap_or_default();
     assert!(ghosts.contains(&i64::from(by)), "{ghosts:?}");
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+}
+
+/// A fault-injecting stand-in for the driver library (tests/fake_nvml/fake_nvml.c), built
+/// with the system's C compiler and loaded through GPULOOP_NVML_LIB: the real NVML code path.
+fn fake_nvml(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_nvml/fake_nvml.c");
+    let lib = dir.join("libfake-nvml.so");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc (the C compiler Rust links with) is needed to build the fake NVML");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lib
+}
+
+/// gpuloop on the fake driver: no simulator, a 1 s driver deadline, FAKE_NVML=`mode`.
+fn on_fake_driver(lib: &std::path::Path, mode: &str, args: &[&str]) -> std::process::Output {
+    let mut c = assert_cmd::Command::new(crate::support::bin());
+    c.args(args)
+        .env_remove("GPULOOP_SIM")
+        .env_remove("GPULOOP_SIM_DIR")
+        .env("GPULOOP_NVML_LIB", lib)
+        .env("GPULOOP_DRIVER_TIMEOUT", "1")
+        .env("FAKE_NVML", mode)
+        .env("NO_COLOR", "1")
+        // A hang would end here, and fail the test, instead of blocking the suite.
+        .timeout(Duration::from_secs(60));
+    c.output().unwrap()
+}
+
+#[test]
+fn through_the_real_nvml_path_a_hung_driver_never_blocks_a_command_or_a_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_nvml(dir.path());
+    let text = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).to_string();
+    let o = on_fake_driver(&lib, "hang-init", &["gpus"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("no NVIDIA driver: NVML: nvmlInit did not return within 1.0 s"),
+        "{}",
+        text(&o)
+    );
+    let o = on_fake_driver(&lib, "hang-mem", &["gpus"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("did not return within 1.0 s"),
+        "{}",
+        text(&o)
+    );
+    // A script's wait_clean on a hung driver ends with an error, within its own bounds.
+    let o = on_fake_driver(&lib, "hang-mem", &["eval", "wait_clean((), #{timeout: 3})"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("the driver is hung"), "{}", text(&o));
+    // A GPU that fell off the bus: an error naming that GPU, never "clean".
+    let o = on_fake_driver(&lib, "lost", &["clean", "--timeout", "1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("GPU 1: "), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("clean:"));
+}
+
+#[test]
+fn through_the_real_nvml_path_garbage_pids_are_never_signalled() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_nvml(dir.path());
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let by = bystander.id().to_string();
+    let run = |args: &[&str]| {
+        let mut c = assert_cmd::Command::new(crate::support::bin());
+        c.args(args)
+            .env_remove("GPULOOP_SIM")
+            .env_remove("GPULOOP_SIM_DIR")
+            .env("GPULOOP_NVML_LIB", &lib)
+            .env("FAKE_NVML", "garbage")
+            .env("FAKE_PID", &by)
+            .env("GPULOOP_SIGNAL_LOG", dir.path().join("signals.log"))
+            .timeout(Duration::from_secs(60));
+        c.output().unwrap()
+    };
+    let o = run(&["--json", "holders"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
+    let o = run(&["--json", "kill", "--gpu", "0", "--grace", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["--json", "diagnose", "--gpu", "0"]);
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(d[0]["mem_used_mib"], 500, "{d}");
+    assert_ne!(d[0]["verdict"], "clean", "{d}");
+    assert!(
+        !dir.path().join("signals.log").exists(),
+        "something was signalled"
+    );
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the bystander was signalled"
+    );
     let _ = bystander.kill();
     let _ = bystander.wait();
 }

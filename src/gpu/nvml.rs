@@ -107,9 +107,11 @@ impl Backend for NvmlBackend {
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
         let count = self.nvml.device_count().map_err(nvml_err)?;
         let mut out = Vec::with_capacity(count as usize);
+        // A fault names its GPU: "GPU 1: device fell off the bus …".
+        let on = |i: u32| move |e: NvmlError| GpuError::Nvml(format!("GPU {i}: {e}"));
         for i in 0..count {
-            let d = self.nvml.device_by_index(i).map_err(nvml_err)?;
-            let mem = d.memory_info().map_err(nvml_err)?;
+            let d = self.nvml.device_by_index(i).map_err(on(i))?;
+            let mem = d.memory_info().map_err(on(i))?;
             let mut g = Gpu::new(
                 i as i64,
                 d.minor_number().map(i64::from).unwrap_or(i as i64),
@@ -138,7 +140,9 @@ impl Backend for NvmlBackend {
                         index: i,
                         count: self.nvml.device_count().unwrap_or(0) as usize,
                     })?;
-                let mem = d.memory_info().map_err(nvml_err)?;
+                let mem = d
+                    .memory_info()
+                    .map_err(|e| GpuError::Nvml(format!("GPU {i}: {e}")))?;
                 Ok((i, mem.used as i64))
             })
             .collect()

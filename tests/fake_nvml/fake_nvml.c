@@ -1,0 +1,58 @@
+/* A fault-injecting stand-in for libnvidia-ml.so.1, loaded through GPULOOP_NVML_LIB by the
+ * driver-fault tests. FAKE_NVML picks the fault: hang-init (nvmlInit never returns),
+ * hang-mem (memory reads never return), lost (GPU 1 has fallen off the bus), garbage (the
+ * process list holds impossible pids and FAKE_PID, a live process that uses no GPU).
+ * Symbols it lacks are errors in nvml-wrapper, never calls. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct { unsigned version; unsigned long long total, reserved, free, used; } mem_v2;
+typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; } proc_v2;
+
+static int mode(const char *m) {
+    const char *v = getenv("FAKE_NVML");
+    return v && strcmp(v, m) == 0;
+}
+static void hang(void) { for (;;) pause(); }
+
+int nvmlInit_v2(void) { if (mode("hang-init")) hang(); return 0; }
+int nvmlInitWithFlags(unsigned flags) { (void)flags; return nvmlInit_v2(); }
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int r) { return r == 15 ? "GPU is lost" : "fake NVML error"; }
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **d) {
+    if (i >= 2) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+    *d = (void *)(unsigned long)(i + 1);
+    return 0;
+}
+int nvmlDeviceGetMinorNumber(void *d, unsigned *m) { *m = (unsigned)(unsigned long)d - 1; return 0; }
+int nvmlDeviceGetMemoryInfo_v2(void *d, mem_v2 *m) {
+    if (mode("hang-mem")) hang();
+    if (mode("lost") && (unsigned long)d == 2) return 15; /* NVML_ERROR_GPU_IS_LOST */
+    m->total = 80ULL << 30;
+    m->reserved = 0;
+    m->used = (unsigned long)d == 1 && mode("garbage") ? 500ULL << 20 : 0;
+    m->free = m->total - m->used;
+    return 0;
+}
+int nvmlDeviceGetComputeRunningProcesses_v3(void *d, unsigned *count, proc_v2 *infos) {
+    unsigned pids[5] = {0, 1, 4194304, 0xffffffffu, 0};
+    unsigned n = 0;
+    if (mode("garbage") && (unsigned long)d == 1) {
+        const char *p = getenv("FAKE_PID");
+        pids[4] = p ? (unsigned)atoi(p) : 0;
+        n = 5;
+    }
+    if (infos == NULL || *count < n) { *count = n; return n ? 7 : 0; } /* INSUFFICIENT_SIZE */
+    for (unsigned i = 0; i < n; i++) {
+        infos[i].pid = pids[i];
+        infos[i].used = 100ULL << 20;
+        infos[i].gi = infos[i].ci = 0xffffffffu;
+    }
+    *count = n;
+    return 0;
+}
+int nvmlDeviceGetGraphicsRunningProcesses_v3(void *d, unsigned *count, proc_v2 *infos) {
+    (void)d; (void)infos; *count = 0; return 0;
+}
