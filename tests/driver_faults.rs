@@ -164,10 +164,17 @@ fn fake_nvml(dir: &std::path::Path) -> std::path::PathBuf {
     lib
 }
 
-/// gpuloop on the fake driver: no simulator, a 1 s driver deadline, FAKE_NVML=`mode`.
-fn on_fake_driver(lib: &std::path::Path, mode: &str, args: &[&str]) -> std::process::Output {
+/// gpuloop on the fake driver: no simulator, a 1 s driver deadline, FAKE_NVML=`mode`, and
+/// `env` besides.
+fn on_fake_driver(
+    lib: &std::path::Path,
+    mode: &str,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Output {
     let mut c = assert_cmd::Command::new(crate::support::bin());
     c.args(args)
+        .envs(env.iter().copied())
         .env_remove("GPULOOP_SIM")
         .env_remove("GPULOOP_SIM_DIR")
         .env("GPULOOP_NVML_LIB", lib)
@@ -184,14 +191,14 @@ fn through_the_real_nvml_path_a_hung_driver_never_blocks_a_command_or_a_script()
     let dir = tempfile::tempdir().unwrap();
     let lib = fake_nvml(dir.path());
     let text = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).to_string();
-    let o = on_fake_driver(&lib, "hang-init", &["gpus"]);
+    let o = on_fake_driver(&lib, "hang-init", &["gpus"], &[]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         text(&o).contains("no NVIDIA driver: NVML: nvmlInit did not return within 1.0 s"),
         "{}",
         text(&o)
     );
-    let o = on_fake_driver(&lib, "hang-mem", &["gpus"]);
+    let o = on_fake_driver(&lib, "hang-mem", &["gpus"], &[]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         text(&o).contains("did not return within 1.0 s"),
@@ -199,11 +206,16 @@ fn through_the_real_nvml_path_a_hung_driver_never_blocks_a_command_or_a_script()
         text(&o)
     );
     // A script's wait_clean on a hung driver ends with an error, within its own bounds.
-    let o = on_fake_driver(&lib, "hang-mem", &["eval", "wait_clean((), #{timeout: 3})"]);
+    let o = on_fake_driver(
+        &lib,
+        "hang-mem",
+        &["eval", "wait_clean((), #{timeout: 3})"],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("the driver is hung"), "{}", text(&o));
     // A GPU that fell off the bus: an error naming that GPU, never "clean".
-    let o = on_fake_driver(&lib, "lost", &["clean", "--timeout", "1"]);
+    let o = on_fake_driver(&lib, "lost", &["clean", "--timeout", "1"], &[]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("GPU 1: "), "{}", text(&o));
     assert!(!String::from_utf8_lossy(&o.stdout).contains("clean:"));
@@ -218,18 +230,12 @@ fn through_the_real_nvml_path_garbage_pids_are_never_signalled() {
         .spawn()
         .unwrap();
     let by = bystander.id().to_string();
-    let run = |args: &[&str]| {
-        let mut c = assert_cmd::Command::new(crate::support::bin());
-        c.args(args)
-            .env_remove("GPULOOP_SIM")
-            .env_remove("GPULOOP_SIM_DIR")
-            .env("GPULOOP_NVML_LIB", &lib)
-            .env("FAKE_NVML", "garbage")
-            .env("FAKE_PID", &by)
-            .env("GPULOOP_SIGNAL_LOG", dir.path().join("signals.log"))
-            .timeout(Duration::from_secs(60));
-        c.output().unwrap()
-    };
+    let log = dir.path().join("signals.log");
+    let env = [
+        ("FAKE_PID", std::ffi::OsStr::new(&by)),
+        ("GPULOOP_SIGNAL_LOG", log.as_os_str()),
+    ];
+    let run = |args: &[&str]| on_fake_driver(&lib, "garbage", args, &env);
     let o = run(&["--json", "holders"]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
     let o = run(&["--json", "kill", "--gpu", "0", "--grace", "1"]);
