@@ -43,6 +43,12 @@ fn orphaned_in_both_rows_once_the_launcher_is_killed() {
     let own = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
     let shared = sim.hold(&["--gpu", "1", "--mib", "64", "--shared-group"])[0];
     let me = unsafe { libc::getpgrp() };
+    // Row two shares this test's process group, so it reads "held" only while the group's
+    // leader lives; `.ci/run` runs the suite as a session led by cargo to make sure of that.
+    assert!(
+        alive(me),
+        "this test's process-group leader {me} is gone: run the suite through `bash .ci/run`"
+    );
     let hs = sim.eval_json("holders()");
     let by_pid = |hs: &Value, pid: i32| -> Value {
         hs.as_array()

@@ -755,3 +755,38 @@ fn a_second_interrupt_during_a_job_stop_cuts_the_grace_short() {
     assert!(logged(&log, job, "KILL"));
     assert!(gone_within(job as i32, 10));
 }
+
+/// A group whose leader is gone was taken whole as the target's "job": every process that the
+/// dead leader's shell had started (an ssh session's background jobs; in the suite, other
+/// tests' gpuloop and holders) got the target's signals. Only a group the target leads is
+/// its job; a group-mate that is not its descendant is never signalled.
+#[test]
+fn a_kill_never_takes_the_group_mates_of_a_dead_group_leader() {
+    let sim = Sim::new("1x8G");
+    // A non-interactive shell starts two unrelated sleeps in its own group, then exits.
+    let out = std::process::Command::new("setsid")
+        .args([
+            "--wait",
+            "bash",
+            "-c",
+            "sleep 1000 </dev/null >/dev/null 2>&1 & echo $!; sleep 1000 </dev/null >/dev/null 2>&1 & echo $!",
+        ])
+        .output()
+        .expect("setsid");
+    let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 2, "{out:?}");
+    for &p in &pids {
+        sim.adopt(p);
+    }
+    let (target, mate) = (pids[0], pids[1]);
+    let r = sim.eval_json(&format!("kill({target}, #{{grace: 10}})"));
+    assert_eq!(r["signalled"], serde_json::json!([target]), "{r}");
+    assert!(!alive(target));
+    assert!(
+        alive(mate),
+        "the group-mate of a dead leader was signalled: {r}"
+    );
+}

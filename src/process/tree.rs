@@ -58,16 +58,18 @@ impl Tree {
         out
     }
 
-    /// The members of `pid`'s process group, when that group is `pid`'s own job: `pid` leads
-    /// it, or its leader is gone (the launcher was killed, the workers are what is left).
-    /// A group led by someone else alive (a shell script running many things) is not taken.
+    /// The members of `pid`'s process group when `pid` leads it: the group is then `pid`'s own
+    /// job, and what it double-forked or setsid'd away from its tree still carries its pgid.
+    /// A group led by anyone else is never taken, not even when its leader is gone: a dead
+    /// leader's pgid is shared by everything that leader's shell started (an ssh session's
+    /// background jobs, a test runner's children), and those are not this target's job.
+    /// Each worker that holds a GPU is a target of its own, so nothing that holds is missed.
     pub fn job_group(&self, pid: i32) -> Vec<i32> {
         let Some(p) = self.get(pid) else {
             return Vec::new();
         };
         let pgid = p.pgid;
-        let leader_alive = self.get(pgid).is_some_and(|l| !l.is_zombie());
-        if pgid <= 1 || (pgid != pid && leader_alive) {
+        if pgid <= 1 || pgid != pid {
             return Vec::new();
         }
         let mut members: Vec<i32> = self
@@ -128,8 +130,9 @@ mod tests {
         assert_eq!(t.job_group(10), vec![11, 12, 13]);
         // 11's group is led by 10, alive: not 11's own job.
         assert!(t.job_group(11).is_empty());
-        // Group 30's leader is gone: the job is what is left.
-        assert_eq!(t.job_group(31), vec![32]);
+        // Group 30's leader is gone: 32 is 31's group-mate, not its child, and may be anything
+        // the dead leader's shell started, so it is not taken with 31.
+        assert!(t.job_group(31).is_empty());
         assert!(t.orphaned(31));
         assert!(!t.orphaned(11));
         assert!(!t.orphaned(20));
