@@ -374,7 +374,7 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
     }
     for s in r.stuck.iter().filter(|_| !r.dry_run) {
         out.push(style.red(&format!(
-            "stuck {} ({}): in the kernel or the driver (D state, wchan {}); it goes when that call returns, or after a reset",
+            "stuck {} ({}): in the kernel or the driver (D state, wchan {}); it goes when that call returns; if it never does, reboot the node (a GPU reset fails while it has the device open)",
             s.pid, s.name, s.wchan
         )));
     }

@@ -179,7 +179,7 @@ fn stuck_verdict(holders: &[Holder]) -> Option<(&'static str, String)> {
                 (
                     "stuck",
                     format!(
-                        "pid {} ({}) is in the driver (D state, wchan {}): it frees when the driver returns, or after a reset",
+                        "pid {} ({}) is in the driver (D state, wchan {}): it frees when the driver returns; if it never does, reboot the node (a GPU reset fails while it has the device open)",
                         h.pid,
                         h.name,
                         crate::process::kill::wchan(&dir)
