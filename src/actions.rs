@@ -55,9 +55,21 @@ pub fn holders_of(
     all: bool,
     filter: &Filter,
 ) -> Result<Vec<Holder>, GpuError> {
-    let mut hs = holders(s, sel, all)?;
+    holders_and_unreadable(s, sel, all, filter).map(|(hs, _)| hs)
+}
+
+/// `holders_of`, and how many processes could not be inspected (other users', without
+/// root): holders among them are missing from the list, which the caller should say.
+pub fn holders_and_unreadable(
+    s: &Session,
+    sel: &Selection,
+    all: bool,
+    filter: &Filter,
+) -> Result<(Vec<Holder>, usize), GpuError> {
+    let inv = inventory(s, sel)?;
+    let mut hs = inv.holders(sel, all);
     hs.retain(|h| filter.matches(h));
-    Ok(hs)
+    Ok((hs, inv.unreadable))
 }
 
 pub fn diagnoses(s: &Session, sel: &Selection) -> Result<Vec<Diagnosis>, GpuError> {

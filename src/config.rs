@@ -28,11 +28,95 @@ struct File {
     protected: Option<Vec<String>>,
     /// Added to the (default or replaced) list.
     protected_add: Option<Vec<String>>,
+    /// `[limits]`: resource limits for scripts.
+    limits: Option<Limits>,
+}
+
+/// Resource limits for scripts: passing one is a script error, never an abort for want of
+/// memory or stack. Set in `[limits]` of config.toml or with `--limit NAME=N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Elements of an array or BLOB, nested ones counted.
+    pub array: usize,
+    /// Bytes of a string.
+    pub string: usize,
+    /// Entries of an object map, nested ones counted.
+    pub map: usize,
+    /// Script-function calls nested in each other.
+    pub calls: usize,
+    /// Expressions nested in the source.
+    pub expr_depth: usize,
+    /// Arrays and maps nested in each other.
+    pub depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            array: 10_000_000,
+            string: 256 << 20,
+            map: 1_000_000,
+            calls: 256,
+            expr_depth: 256,
+            depth: Limits::DEFAULT_DEPTH,
+        }
+    }
+}
+
+impl Limits {
+    pub const DEFAULT_DEPTH: usize = 100_000;
+
+    pub const NAMES: &'static [&'static str] =
+        &["array", "string", "map", "calls", "expr_depth", "depth"];
+
+    /// Applies `NAME=N` (from `--limit`); `N` may end in K, M or G (×1024).
+    pub fn set(&mut self, item: &str) -> Result<(), String> {
+        let (name, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("--limit {item:?}: expected NAME=N, e.g. array=1000000"))?;
+        let value = value.trim();
+        let (digits, unit) = match value.char_indices().last() {
+            Some((i, c)) if i > 0 && c.is_ascii_alphabetic() => (&value[..i], Some(c)),
+            _ => (value, None),
+        };
+        let scale: usize = match unit.map(|c| c.to_ascii_uppercase()) {
+            None => 1,
+            Some('K') => 1 << 10,
+            Some('M') => 1 << 20,
+            Some('G') => 1 << 30,
+            Some(c) => return Err(format!("--limit {item:?}: unknown unit {c:?} (K, M or G)")),
+        };
+        let n = digits
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_mul(scale))
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("--limit {item:?}: N must be a positive integer"))?;
+        let slot = match name.trim() {
+            "array" => &mut self.array,
+            "string" => &mut self.string,
+            "map" => &mut self.map,
+            "calls" => &mut self.calls,
+            "expr_depth" => &mut self.expr_depth,
+            "depth" => &mut self.depth,
+            other => {
+                return Err(format!(
+                    "--limit: unknown limit {other:?} (known: {})",
+                    Self::NAMES.join(", ")
+                ))
+            }
+        };
+        *slot = n;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct UserConfig {
     pub protected: Vec<String>,
+    pub limits: Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +135,7 @@ impl Default for UserConfig {
     fn default() -> Self {
         UserConfig {
             protected: DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
+            limits: Limits::default(),
         }
     }
 }
@@ -76,6 +161,7 @@ impl UserConfig {
             cfg.protected = list;
         }
         cfg.protected.extend(f.protected_add.unwrap_or_default());
+        cfg.limits = f.limits.unwrap_or_default();
         Ok(cfg)
     }
 }

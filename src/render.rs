@@ -647,6 +647,10 @@ fn flat(v: &Dynamic) -> String {
             .collect();
         return format!("#{{{}}}", items.join(", "));
     }
+    // A job handle as its to_string() says, not as a Rust type path.
+    if let Some(h) = v.read_lock::<crate::runner::JobHandle>() {
+        return format!("{:?}", &*h);
+    }
     // rhai's Debug form is its literal syntax: quoted strings, 'c', (), Fn("f"), 1.0.
     format!("{v:?}")
 }

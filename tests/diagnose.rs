@@ -318,4 +318,22 @@ fn permission_when_the_holder_is_another_users_process() {
         d[0]["advice"].as_str().unwrap().contains("run as root"),
         "{d}"
     );
+    // Issue 10, defect 16: `holders` as a non-root user silently left out the processes it
+    // could not read; it says how many.
+    let out = sim
+        .wrapped(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
+        .args(["holders"])
+        .output()
+        .expect("setpriv");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("process(es) could not be inspected"),
+        "{stderr}"
+    );
 }

@@ -528,6 +528,7 @@ fn every_terminating_signal_stops_the_jobs_first() {
             want,
             "{name}: the job did not start its tree"
         );
+        let ids: Vec<(i32, Option<u64>)> = written.iter().map(|&p| (p, start_of(p))).collect();
         unsafe { libc::kill(child.id() as i32, sig) };
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -540,8 +541,12 @@ fn every_terminating_signal_stops_the_jobs_first() {
             assert_eq!(out.status.code(), Some(130), "{name}: {stderr}");
         }
         assert!(!String::from_utf8_lossy(&out.stdout).contains("not reached"));
-        for p in written {
-            assert!(gone_within(p, 30), "{name}: pid {p} of the job survived");
+        for (p, start) in ids {
+            assert!(
+                identity_gone_within(p, start, 30),
+                "{name}: pid {p} of the job survived: {}",
+                std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default()
+            );
         }
     }
 }
@@ -604,4 +609,13 @@ fn run_stops_what_the_job_left_when_its_leader_exits() {
         assert!(kept_leftovers.contains(&p), "{p} not in {kept_leftovers:?}");
         assert!(gone_within(p as i32, 30), "pid {p} outlived the script");
     }
+}
+
+/// Issue 10, defect 16: a job handle printed by `eval` showed a Rust type path.
+#[test]
+fn a_job_handle_prints_as_a_job_not_a_rust_type() {
+    let sim = Sim::new("1x1G");
+    let out = sim.eval(r#"let j = spawn(["true"], #{echo: false}); j.wait(); [j]"#);
+    assert!(out.starts_with("[Job(pid "), "{out}");
+    assert!(!out.contains("::"), "{out}");
 }

@@ -328,3 +328,70 @@ fn usage_exits_2() {
     let out = sim.run(&["eval", "usage(\"t.rhai GPU…\")"]).code(2);
     assert_eq!(out.stderr, "usage: t.rhai GPU…\n");
 }
+
+/// Issue 10, defect 10: `[].pad(2000000000, 0)`, 40 string doublings and `blob(1e11)`
+/// aborted with out-of-memory (134), 100,000 nested arrays or maps with a stack overflow.
+/// Each limit (array, string, map, calls, depth; config.toml `[limits]` or `--limit`) is a
+/// script error instead.
+#[test]
+fn resource_limits_are_errors_never_an_abort() {
+    let sim = Sim::new("1x1G");
+    for (limit, code, want) in [
+        (
+            "",
+            "[].pad(2000000000, 0)",
+            "Size of array/BLOB exceeds its limit",
+        ),
+        (
+            "",
+            "blob(100000000000)",
+            "Size of array/BLOB exceeds its limit",
+        ),
+        (
+            "string=1M",
+            r#"let s = "x"; for i in 0..40 { s += s; } s.len()"#,
+            "Length of string exceeds its limit",
+        ),
+        (
+            "array=2000",
+            "let a = []; for i in 0..100000 { a = [a]; } 1",
+            "Size of array/BLOB exceeds its limit",
+        ),
+        (
+            "map=2000",
+            "let m = #{}; for i in 0..100000 { m = #{x: m}; } 1",
+            "Size of object map exceeds its limit",
+        ),
+        (
+            "",
+            "fn f(n) { if n == 0 { 0 } else { 1 + f(n - 1) } } f(100000)",
+            "nested deeper than the calls limit",
+        ),
+        ("depth=5", "[[[[[[[1]]]]]]]", "more than 5 deep"),
+        ("depth=5", "to_json([[[[[[[1]]]]]]])", "more than 5 deep"),
+    ] {
+        let mut args = vec![];
+        if !limit.is_empty() {
+            args.extend(["--limit", limit]);
+        }
+        args.extend(["eval", code]);
+        let out = sim.run(&args).code(1);
+        assert!(out.stderr.contains(want), "{code}: {}", out.stderr);
+        assert!(out.stderr.contains("--limit"), "{code}: {}", out.stderr);
+    }
+    // Within the limits all is as before, and config.toml sets them too.
+    assert_eq!(sim.eval("[[[[[[[1]]]]]]].len()"), "1");
+    let cfg = sim.path().join("config/gpuloop");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::fs::write(cfg.join("config.toml"), "[limits]\narray = 10\n").unwrap();
+    let out = sim.run(&["eval", "[].pad(11, 0)"]).code(1);
+    assert!(out.stderr.contains("Size of array/BLOB"), "{}", out.stderr);
+    assert_eq!(sim.eval("let a = []; a.pad(10, 0); a.len()"), "10");
+    for bad in ["nope=1", "array=0", "array", "string=1Q"] {
+        let out = sim.run(&["--limit", bad, "eval", "1"]).code(2);
+        assert!(out.stderr.contains("--limit"), "{bad}: {}", out.stderr);
+    }
+    std::fs::write(cfg.join("config.toml"), "[limits]\narrays = 10\n").unwrap();
+    let out = sim.run(&["eval", "1"]).code(2);
+    assert!(out.stderr.contains("unknown field"), "{}", out.stderr);
+}

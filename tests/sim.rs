@@ -217,3 +217,92 @@ fn a_sim_state_dir_without_the_simulator_selected_is_noted() {
         out.stderr
     );
 }
+
+/// Issue 10, defect 14: `--sim 1x9000000T` showed negative MiB, two huge `sim leak`s
+/// wrapped to 0 (the GPU read "clean"), and a corrupt or truncated allocation file read as
+/// free memory. Sizes are checked, sums cannot wrap, and a bad file is an error.
+#[test]
+fn sim_sizes_never_overflow_and_a_corrupt_allocation_is_an_error_not_clean() {
+    let huge = Sim::new("1x9000000T");
+    let out = huge.run(&["gpus"]).code(2);
+    assert!(out.stderr.contains("at most 1024T"), "{}", out.stderr);
+
+    let sim = Sim::new("1x1024T");
+    let total = sim.gpus()[0]["mem_total_mib"].as_i64().unwrap();
+    let out = sim
+        .run(&["sim", "leak", "--gpu", "0", "--mib", "9000000000000"])
+        .code(1);
+    assert!(out.stderr.contains("does not fit"), "{}", out.stderr);
+    for _ in 0..3 {
+        sim.run(&["sim", "leak", "--gpu", "0", "--mib", &total.to_string()])
+            .ok();
+    }
+    let g = &sim.gpus()[0];
+    assert_eq!(g["mem_used_mib"], total, "{g}");
+    assert!(g["mem_free"].as_i64().unwrap() >= 0, "{g}");
+    sim.run(&["wait", "--timeout", "0"]).code(1);
+
+    let small = Sim::new("1x1G");
+    small.gpus();
+    let alloc = small.path().join("state/alloc");
+    for text in [
+        "{\"gpu\": 0, \"mib\"",
+        "",
+        "{\"gpu\":0,\"mib\":-5,\"creator\":0,\"ns\":0,\"leaked\":true,\"footprint\":false}",
+    ] {
+        std::fs::write(alloc.join("g0-1-1.json"), text).unwrap();
+        let out = small.run(&["gpus"]).code(1);
+        assert!(
+            out.stderr.contains("is corrupt"),
+            "{text:?}: {}",
+            out.stderr
+        );
+        let out = small.run(&["eval", "wait_clean(0, #{timeout: 0})"]).code(1);
+        assert!(out.stderr.contains("is corrupt"), "{}", out.stderr);
+        small.run(&["wait", "--timeout", "0"]).code(1);
+    }
+}
+
+/// Issue 10, defect 15: `sim watch FILE` deleted any FILE, and left `FILE.watcher` behind
+/// on error. It acts only on an allocation file of the simulator's state directory.
+#[test]
+fn sim_watch_touches_nothing_outside_the_state_directory() {
+    let sim = Sim::new("1x1G");
+    sim.gpus();
+    let victim = sim.path().join("victim.json");
+    std::fs::write(&victim, "precious").unwrap();
+    let inside_but_missing = sim.path().join("state/alloc/g0-9-9.json");
+    for target in [&victim, &inside_but_missing, &sim.path().join("state/spec")] {
+        let out = sim.run(&["sim", "watch", target.to_str().unwrap()]).code(1);
+        assert!(
+            out.stderr.contains("sim watch acts only on"),
+            "{}",
+            out.stderr
+        );
+        assert!(!target.with_extension("watcher").exists());
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(sim.path().join("state/spec").exists());
+}
+
+/// Issue 10, defect 16: an empty `GPULOOP_SIM` was a bad spec instead of "unset", and a
+/// corrupt `spec` file was reported as a bad `--sim` the user never passed.
+#[test]
+fn empty_gpuloop_sim_means_unset_and_a_corrupt_spec_file_says_so() {
+    let sim = Sim::new("1x1G");
+    let out = sim.run_with(&["eval", "40 + 2"], |c| {
+        c.env("GPULOOP_SIM", "");
+    });
+    assert_eq!(out.ok().stdout.trim(), "42");
+    sim.gpus();
+    std::fs::write(sim.path().join("state/spec"), "garbage").unwrap();
+    let out = sim.run_with(&["sim", "leak", "--gpu", "0", "--mib", "1"], |c| {
+        c.env_remove("GPULOOP_SIM");
+    });
+    assert!(
+        out.stderr.contains("its spec file is corrupt"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("pass --sim SPEC"), "{}", out.stderr);
+}

@@ -209,6 +209,27 @@ pub fn gone_within(pid: i32, secs: u64) -> bool {
     !alive(pid)
 }
 
+/// The start time (clock ticks) of a live process: with the pid, its identity.
+pub fn start_of(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Waits (bounded) until the process `(pid, start)` is gone: a reused pid (pid_max may be
+/// small and the machine busy) is not the process the test started.
+pub fn identity_gone_within(pid: i32, start: Option<u64>, secs: u64) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let same = || alive(pid) && start_of(pid) == start;
+    while std::time::Instant::now() < end {
+        if !same() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    !same()
+}
+
 pub fn sigkill(pid: i32) {
     // Only our own processes: their command line names the simulator's holder.
     let ours = std::fs::read(format!("/proc/{pid}/cmdline"))

@@ -54,6 +54,10 @@ pub struct Args {
     /// Show whole command lines in tables (otherwise cut to the terminal's width).
     #[arg(long, global = true, help_heading = GLOBAL)]
     pub wide: bool,
+    /// A resource limit for scripts, NAME=N (repeatable): array, string (bytes; K/M/G),
+    /// map, calls, expr_depth, depth. Also [limits] in config.toml.
+    #[arg(long = "limit", global = true, value_name = "NAME=N")]
+    pub limits: Vec<String>,
     #[command(subcommand)]
     pub cmd: Cmd,
 }

@@ -70,8 +70,19 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
                 return Err(GpuError::NoDriver(why.to_string()).into());
             }
-            let hs = actions::holders_of(s, &selection(s, sel)?, *all, &owner_filter(owner)?)?;
-            emit(cfg, &hs, || render::holders(&hs, Style::stdout()))
+            let (hs, unreadable) = actions::holders_and_unreadable(
+                s,
+                &selection(s, sel)?,
+                *all,
+                &owner_filter(owner)?,
+            )?;
+            let code = emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+            if unreadable > 0 {
+                eprintln!(
+                    "note: {unreadable} process(es) could not be inspected (other users'): holders among them are not listed; run as root to see every holder"
+                );
+            }
+            Ok(code)
         }
         Cmd::Diagnose { sel, check, job } => {
             s.require_driver()?;
@@ -428,6 +439,13 @@ fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     );
     let mut scope = new_scope(&[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
+    if let Err(e) = crate::script::convert::check_depth(&v, "eval") {
+        return Err(Error::Other(
+            e.to_string()
+                .trim_start_matches("Runtime error: ")
+                .to_string(),
+        ));
+    }
     if cfg.json {
         crate::outln!(
             "{}",
@@ -621,10 +639,11 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
 
 /// The holder and watcher processes: single-threaded, no signal handlers, no config.
 pub fn sim_internal(args: &Args) -> Result<i32, Error> {
-    let sim = SimBackend::open(&crate::gpu::sim::state_dir(), args.sim.as_deref())?;
+    let spec = args.sim.as_deref().filter(|s| !s.trim().is_empty());
+    let sim = SimBackend::open(&crate::gpu::sim::state_dir(), spec)?;
     match &args.cmd {
         Cmd::Sim(SimCmd::Watch { alloc }) => {
-            crate::gpu::sim::watch(alloc, sim.spec.release_ms)?;
+            crate::gpu::sim::watch(&sim, alloc, sim.spec.release_ms)?;
             Ok(0)
         }
         Cmd::Sim(cmd) => {

@@ -17,7 +17,8 @@ pub struct Config {
 
 impl Config {
     fn from_args(args: &Args) -> Result<Config, Error> {
-        let choice = match &args.sim {
+        // An empty GPULOOP_SIM (or --sim "") means no simulator, like an unset one.
+        let choice = match args.sim.as_ref().filter(|s| !s.trim().is_empty()) {
             Some(spec) => {
                 // Reject a bad spec before anything runs.
                 crate::gpu::sim::SimSpec::parse(spec)?;
@@ -37,7 +38,10 @@ impl Config {
             },
             None => BackendChoice::Auto,
         };
-        let config = crate::config::UserConfig::load()?;
+        let mut config = crate::config::UserConfig::load()?;
+        for item in &args.limits {
+            config.limits.set(item).map_err(Error::Usage)?;
+        }
         Ok(Config {
             json: args.json,
             session: Arc::new(Session::new(choice, config, args.verbose)),
@@ -91,11 +95,33 @@ pub fn main() -> i32 {
         std::env::set_var("GPULOOP_EXE", &exe);
         crate::runner::guard::enable(exe);
     }
-    let result = Config::from_args(&args).and_then(|cfg| commands::dispatch(&args, &cfg));
+    let result = Config::from_args(&args).and_then(|cfg| on_script_thread(&args, &cfg));
     match result {
         Ok(code) => code,
         Err(e) => report(e, args.json),
     }
+}
+
+/// Runs the command on a thread whose stack is sized for the deepest value the limits
+/// allow: rhai (and serde, and our renderers) walk nested values recursively, and the main
+/// thread's 8 MiB would overflow (an abort, exit 134) long before a limit said so.
+fn on_script_thread(args: &Args, cfg: &Config) -> Result<i32, Error> {
+    let stack = crate::script::engine::stack_size(&cfg.session.config.limits);
+    std::thread::scope(|scope| {
+        let worker = std::thread::Builder::new()
+            .name("gpuloop-script".into())
+            .stack_size(stack)
+            .spawn_scoped(scope, || commands::dispatch(args, cfg));
+        match worker {
+            Ok(handle) => handle.join().unwrap_or_else(|_| {
+                Err(Error::Other(
+                    "internal error (a panic); please report it".into(),
+                ))
+            }),
+            // No memory for that stack: run here, with the limits still in force.
+            Err(_) => commands::dispatch(args, cfg),
+        }
+    })
 }
 
 /// `-v`: what gpuloop decides and measures (debug), `-vv`: every poll and signal (trace).

@@ -2,6 +2,7 @@
 
 use super::errors::{self, ScriptError, INTERRUPT_TOKEN};
 use super::{bindings, modules};
+use crate::config::Limits;
 use crate::session::Session;
 use rhai::{Dynamic, Engine, RhaiNativeFunc, Scope, Variant, AST};
 use std::path::PathBuf;
@@ -41,10 +42,35 @@ pub fn def<A: 'static, const N: usize, const X: bool, R, const F: bool, FUNC>(
         .register_into_engine(engine, func);
 }
 
+/// Stack bytes per level of nesting of a value, measured (release and debug builds) on the
+/// deepest recursions a nested value meets: rhai's size checks, clone, drop and display,
+/// serde, and our renderer. Debug frames are larger.
+const STACK_PER_LEVEL: usize = if cfg!(debug_assertions) {
+    16 << 10
+} else {
+    4 << 10
+};
+/// Stack for everything else a script does.
+const STACK_BASE: usize = 64 << 20;
+
+/// The script thread's stack for these limits.
+pub fn stack_size(limits: &Limits) -> usize {
+    let calls = limits.calls.saturating_mul(64 << 10);
+    STACK_BASE
+        .saturating_add(limits.depth.saturating_mul(STACK_PER_LEVEL))
+        .saturating_add(calls)
+}
+
 /// The engine with every gpuloop function, the module resolvers, and Ctrl-C checks.
 pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     let mut engine = Engine::new();
-    engine.set_max_expr_depths(256, 256);
+    let limits = session.config.limits;
+    engine.set_max_expr_depths(limits.expr_depth, limits.expr_depth);
+    engine.set_max_call_levels(limits.calls);
+    engine.set_max_array_size(limits.array);
+    engine.set_max_string_size(limits.string);
+    engine.set_max_map_size(limits.map);
+    super::convert::set_max_depth(limits.depth);
     // Long loops notice Ctrl-C between statements.
     // A closed stdout (`gpuloop run s.rhai | head`) ends the script quietly, as exit(0).
     engine.on_progress(|_| {
@@ -156,6 +182,8 @@ pub fn check_imports(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::UserConfig;
+    use crate::session::BackendChoice;
 
     #[test]
     fn finds_constant_imports() {
@@ -171,5 +199,44 @@ mod tests {
                 ("a".to_string(), String::new())
             ]
         );
+    }
+
+    /// Issue 10, defect 10: 100,000 nested arrays or maps aborted with a stack overflow.
+    /// Values nested as deep as the `depth` limit are cloned, compared, size-checked,
+    /// printed, turned to JSON and dropped on a stack of `stack_size()`.
+    #[test]
+    fn values_nested_to_the_depth_limit_fit_the_script_stack() {
+        const DEPTH: usize = 3_000;
+        let mut config = UserConfig::default();
+        config.limits.depth = DEPTH;
+        // Only the share the depth adds, and 8 MiB (a main thread's) for the rest: the
+        // per-level figure is what is under test.
+        let stack = DEPTH * STACK_PER_LEVEL + (8 << 20);
+        let session = Arc::new(Session::new(BackendChoice::Auto, config, 0));
+        let worker = std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(move || {
+                let engine = build_engine(session, &EngineOpts::default());
+                let mut v = Dynamic::from(1_i64);
+                for i in 0..DEPTH {
+                    v = if i % 2 == 0 {
+                        Dynamic::from(vec![v])
+                    } else {
+                        let mut m = rhai::Map::new();
+                        m.insert("x".into(), v);
+                        Dynamic::from(m)
+                    };
+                }
+                let mut scope = Scope::new();
+                scope.push("a", v);
+                let src =
+                    "let b = a; let same = a == b; let t = to_string(a); let j = to_json(a); \
+                       let c = [a]; c.push(1); [same, t.len() > 3000, j.len() > 3000, c.len()]";
+                engine
+                    .eval_with_scope::<rhai::Array>(&mut scope, src)
+                    .map(|r| r.len())
+            });
+        let got = worker.expect("spawn").join().expect("no overflow");
+        assert_eq!(got.map_err(|e| e.to_string()), Ok(4));
     }
 }

@@ -138,6 +138,10 @@ pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
     let pos = err.position();
     let msg = match &err {
         EvalAltResult::ErrorRuntime(v, _) => v.to_string(),
+        EvalAltResult::ErrorDataTooLarge(what, _) => format!(
+            "{what} exceeds its limit (a resource limit: raise it with --limit array=N, string=N or map=N, or in [limits] of config.toml)"
+        ),
+        EvalAltResult::ErrorStackOverflow(_) => "script functions nested deeper than the calls limit (raise it with --limit calls=N, or in [limits] of config.toml)".to_string(),
         e => strip_position(&e.to_string()),
     };
     let mut out = render(&msg, pos, file, source);

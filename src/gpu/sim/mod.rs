@@ -62,7 +62,7 @@ impl SimSpec {
         }
         let mem_bytes = parse_size(size.trim()).ok_or_else(|| {
             bad(format!(
-                "memory size {size:?} is not a size like 80G, 141G or 512M"
+                "memory size {size:?} is not a size like 80G, 141G or 512M (at most 1024T)"
             ))
         })?;
         let mut s = SimSpec {
@@ -120,6 +120,9 @@ impl SimSpec {
     }
 }
 
+/// The largest simulated GPU: 1 PiB (so every sum of its memory fits an i64 many times).
+pub const MAX_GPU_BYTES: i64 = 1 << 50;
+
 fn parse_size(s: &str) -> Option<i64> {
     let s = s.trim_end_matches(['B', 'b', 'i']);
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
@@ -130,7 +133,7 @@ fn parse_size(s: &str) -> Option<i64> {
         "T" | "t" => 1024 * 1024 * MIB,
         _ => return None,
     };
-    (n > 0).then_some(n * mul)
+    n.checked_mul(mul).filter(|&b| b > 0 && b <= MAX_GPU_BYTES)
 }
 
 /// The simulator's state directory: `GPULOOP_SIM_DIR`, else a per-user default.
@@ -189,7 +192,13 @@ impl SimBackend {
         let stored = fs::read_to_string(dir.join("spec")).ok();
         let spec = match (spec, stored.as_deref()) {
             (Some(s), _) => SimSpec::parse(s)?,
-            (None, Some(s)) => SimSpec::parse(s)?,
+            // Nobody passed this spec: say it is the state directory's file that is wrong.
+            (None, Some(s)) => SimSpec::parse(s).map_err(|e| {
+                state_err(
+                    dir,
+                    format!("its spec file is corrupt ({e}); pass --sim SPEC to set it up again"),
+                )
+            })?,
             (None, None) => {
                 return Err(state_err(
                     dir,
@@ -291,7 +300,7 @@ impl SimBackend {
             if name.starts_with('.') || !name.ends_with(".json") {
                 continue;
             }
-            if let Some(alloc) = self.check_allocation(&path) {
+            if let Some(alloc) = self.check_allocation(&path)? {
                 out.push((path, alloc));
             }
         }
@@ -299,27 +308,59 @@ impl SimBackend {
         Ok(out)
     }
 
-    /// `Some` while the allocation's memory is in use; frees (removes) released ones.
-    fn check_allocation(&self, path: &Path) -> Option<Allocation> {
-        let file = File::open(path).ok()?;
-        let alloc: Allocation = serde_json::from_reader(&file).ok()?;
-        if alloc.leaked {
-            return Some(alloc);
+    /// `Some` while the allocation's memory is in use; frees (removes) released ones. A
+    /// file that cannot be read as an allocation is an error: its memory cannot be known,
+    /// and reading it as free would call a GPU clean that is not.
+    fn check_allocation(&self, path: &Path) -> Result<Option<Allocation>, GpuError> {
+        let corrupt = |why: String| {
+            state_err(
+                &self.dir,
+                format!(
+                    "allocation file {} is corrupt ({why}); the memory it records cannot be known (remove the file, or the state directory, to go on)",
+                    path.display()
+                ),
+            )
+        };
+        let file = match File::open(path) {
+            Ok(f) => f,
+            // Freed between the listing and now.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(corrupt(e.to_string())),
+        };
+        let alloc: Allocation =
+            serde_json::from_reader(&file).map_err(|e| corrupt(e.to_string()))?;
+        if alloc.mib < 0 || alloc.mib.checked_mul(MIB).is_none_or(|b| b > MAX_GPU_BYTES) {
+            return Err(corrupt(format!("{} MiB", alloc.mib)));
         }
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        if alloc.leaked {
+            return Ok(Some(alloc));
+        }
+        Ok(match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             // A holder's shared lock, or the release watcher's exclusive one.
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Some(alloc),
-            Err(_) => None,
+            Err((_, e)) => return Err(corrupt(e.to_string())),
             Ok(_lock) => {
                 if self.spec.release_ms > 0 && watcher_alive(path) {
                     // The last holder just went; the watcher is about to take over the release.
-                    return Some(alloc);
+                    return Ok(Some(alloc));
                 }
                 let _ = fs::remove_file(path);
                 let _ = fs::remove_file(path.with_extension("watcher"));
                 None
             }
+        })
+    }
+
+    /// Checks an allocation's size against the GPU's memory (a real driver refuses more).
+    fn check_size(&self, mib: i64) -> Result<(), GpuError> {
+        let total = self.spec.mem_bytes / MIB;
+        if mib < 0 || mib > total {
+            return Err(state_err(
+                &self.dir,
+                format!("{mib} MiB does not fit a GPU of {total} MiB"),
+            ));
         }
+        Ok(())
     }
 
     /// Memory in use per GPU index, and the driver's process list per GPU index.
@@ -330,10 +371,13 @@ impl SimBackend {
             let Some(i) = usize::try_from(a.gpu).ok().filter(|&i| i < self.spec.count) else {
                 continue;
             };
-            used[i] += a.mib * MIB;
+            // Sizes were checked (at most 1 PiB each): saturating sums cannot wrap to "free".
+            let bytes = a.mib.saturating_mul(MIB);
+            used[i] = used[i].saturating_add(bytes);
             // The driver names pids of another namespace only in `raw` mode.
             if !a.leaked && !a.footprint && (a.ns == self.own_ns || self.spec.foreign_pids_raw) {
-                *procs[i].entry(a.creator).or_default() += a.mib * MIB;
+                let mem = procs[i].entry(a.creator).or_default();
+                *mem = mem.saturating_add(bytes);
             }
         }
         let procs = procs
@@ -350,6 +394,7 @@ impl SimBackend {
     /// Records an allocation with no holder (`gpuloop sim leak`).
     pub fn leak(&self, gpu: i64, mib: i64) -> Result<PathBuf, GpuError> {
         self.minor(gpu)?;
+        self.check_size(mib)?;
         let alloc = Allocation {
             gpu,
             mib,
@@ -396,6 +441,7 @@ impl SimBackend {
         footprint: bool,
     ) -> Result<(PathBuf, Flock<File>), GpuError> {
         self.minor(gpu)?;
+        self.check_size(mib)?;
         let pid = std::process::id() as i32;
         let alloc = Allocation {
             gpu,
@@ -436,16 +482,40 @@ fn watcher_alive(alloc: &Path) -> bool {
 
 /// The release watcher (`gpuloop sim watch FILE`): waits for the last holder of an allocation
 /// to go, then keeps the memory used for `release_ms` before freeing it.
-pub fn watch(alloc: &Path, release_ms: u64) -> Result<(), GpuError> {
-    let dir = alloc.parent().unwrap_or(Path::new("."));
+pub fn watch(sim: &SimBackend, alloc: &Path, release_ms: u64) -> Result<(), GpuError> {
+    let dir = sim.alloc_dir();
+    // Internal, but reachable from the command line: it only ever acts on an allocation
+    // file of this simulator (it deletes the file it watches).
+    let name = alloc.file_name().map(|n| n.to_string_lossy().into_owned());
+    let inside = match (alloc.parent().map(Path::canonicalize), dir.canonicalize()) {
+        (Some(Ok(parent)), Ok(own)) => parent == own,
+        _ => false,
+    };
+    let is_alloc = name
+        .as_deref()
+        .is_some_and(|n| !n.starts_with('.') && n.ends_with(".json"));
+    if !inside || !is_alloc || !fs::symlink_metadata(alloc).is_ok_and(|m| m.is_file()) {
+        return Err(state_err(
+            &dir,
+            format!(
+                "sim watch acts only on an allocation file of {}, not {}",
+                dir.display(),
+                alloc.display()
+            ),
+        ));
+    }
+    let file = File::open(alloc).map_err(|e| state_err(&dir, e))?;
     fs::write(
         alloc.with_extension("watcher"),
         std::process::id().to_string(),
     )
-    .map_err(|e| state_err(dir, e))?;
-    let file = File::open(alloc).map_err(|e| state_err(dir, e))?;
+    .map_err(|e| state_err(&dir, e))?;
+    let dir = dir.as_path();
     // Blocks until every process holding the allocation's handle is gone.
-    let lock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| state_err(dir, e))?;
+    let lock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| {
+        let _ = fs::remove_file(alloc.with_extension("watcher"));
+        state_err(dir, e)
+    })?;
     std::thread::sleep(std::time::Duration::from_millis(release_ms));
     // When each release happens, for tests and benchmarks that measure how soon it is seen;
     // logged before the memory reads free, so a reader that saw it free finds the line.

@@ -1,6 +1,8 @@
 //! The small helpers of SPEC: time, logging, files, JSON, exit, and loops of closures.
 
-use crate::script::convert::{check_spec, script_err, secs_arg, to_script, RhaiResult};
+use crate::script::convert::{
+    check_depth, check_spec, script_err, secs_arg, to_script, RhaiResult,
+};
 use crate::script::engine::def;
 use crate::script::errors;
 use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, NativeCallContext, Position};
@@ -177,6 +179,7 @@ pub fn register(engine: &mut Engine) {
         &["value: ?", "String"],
         "Renders a value as JSON (maps, arrays, strings, numbers, booleans; () is null).",
         |v: Dynamic| -> RhaiResult<String> {
+            check_depth(&v, "to_json")?;
             let json: serde_json::Value = rhai::serde::from_dynamic(&v).map_err(|_| {
                 script_err(format!(
                     "to_json: a {} has no JSON form (maps, arrays, strings, numbers, booleans and () do)",

@@ -2,7 +2,7 @@
 
 use crate::process::kill::parse_signal;
 use crate::runner::patch::{self, Direction};
-use crate::runner::{self, Cmd, Job, JobOpts, Outcome, RunError, Waited};
+use crate::runner::{self, Cmd, Job, JobHandle, JobOpts, Outcome, RunError, Waited};
 use crate::script::convert::{script_err, secs_arg, to_map, Opts, RhaiResult};
 use crate::script::engine::def;
 use crate::session::Session;
@@ -11,13 +11,6 @@ use rhai::{Array, Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, Map, N
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What spawn() returns: the job, and whether wait() throws on failure (`check`).
-#[derive(Clone)]
-pub struct JobHandle {
-    job: Arc<Job>,
-    check: bool,
-}
 
 const RUN_OPTS: &[&str] = &[
     "timeout",
