@@ -229,8 +229,17 @@ fn service_advice(gpu: i64, units: &[&Holder]) -> String {
         })
         .collect();
     names.dedup();
+    // A unit with Restart= is a restarter gpuloop can name exactly.
+    let restart = units
+        .iter()
+        .find_map(|h| h.origin.service_restart.as_deref());
+    let why = match restart {
+        Some("no") => "systemd owns it (Restart=no): stop the unit, not the pid".to_string(),
+        Some(r) => format!("killing it only makes systemd restart it (Restart={r})"),
+        None => "killing it only makes systemd restart it".to_string(),
+    };
     format!(
-        "{} hold(s) GPU {gpu} as a systemd unit's main process; killing it only makes systemd restart it: {}",
+        "{} hold(s) GPU {gpu} as a systemd unit's main process; {why}: {}",
         pids(units),
         names.join("; ")
     )
@@ -491,11 +500,13 @@ mod tests {
         let mut unit = h(8, &["driver"]);
         unit.origin.service = Some("vllm.service".into());
         unit.origin.service_main = true;
+        unit.origin.service_restart = Some("always".into());
         unit.origin.reparented = true;
         let units = [unit.clone()];
         let (v, advice) = verdict(&facts(&units, &[], 100, true, false, 0), |_| true, |_| None);
         assert_eq!(v, "service");
         assert!(advice.contains("systemctl stop vllm.service"), "{advice}");
+        assert!(advice.contains("(Restart=always)"), "{advice}");
         // A Slurm job's process is never a unit's, whatever cgroup slurmd left it in.
         unit.origin.job = Some(812);
         let units = [unit];

@@ -35,6 +35,9 @@ pub struct Origin {
     /// True if the process is its unit's main process (killing it makes systemd act).
     #[serde(skip)]
     pub service_main: bool,
+    /// The unit's `Restart=` setting, when systemd says it (system units).
+    #[serde(skip)]
+    pub service_restart: Option<String>,
 }
 
 /// Shells and session plumbing: they run a job but are not the job's launcher.
@@ -101,9 +104,17 @@ pub fn origin(p: &ProcInfo) -> Origin {
     };
     let cg = read_cgroup(p.pid);
     let service = cg.service.clone();
-    let service_main = service
-        .as_deref()
-        .is_some_and(|unit| is_main_process(p, parent.as_ref(), unit, cg.user_unit));
+    let unit = match (&service, cg.user_unit) {
+        (Some(u), false) => unit_info(u),
+        _ => UnitInfo::default(),
+    };
+    // A user unit's manager cannot be asked as another user: its main process is taken to be
+    // the manager's direct child.
+    let service_main = match (&service, cg.user_unit) {
+        (None, _) => false,
+        (Some(_), true) => parent.as_ref().is_some_and(|q| q.comm == "systemd"),
+        (Some(_), false) => unit.main_pid == Some(p.pid),
+    };
     Origin {
         ppid_comm: parent.as_ref().map(|q| q.comm.clone()).unwrap_or_default(),
         reparented,
@@ -115,6 +126,7 @@ pub fn origin(p: &ProcInfo) -> Origin {
         container: cg.container,
         cgroup: cg.path,
         service_main,
+        service_restart: unit.restart,
     }
 }
 
@@ -138,36 +150,48 @@ fn launcher(p: &ProcInfo) -> Option<Launcher> {
     None
 }
 
-/// Whether `p` is the main process of `unit`: systemd's MainPID for a system unit; for a user
-/// unit (whose manager gpuloop cannot ask as another user), a direct child of the manager.
-fn is_main_process(p: &ProcInfo, parent: Option<&ProcInfo>, unit: &str, user_unit: bool) -> bool {
-    if user_unit {
-        return parent.is_some_and(|q| q.comm == "systemd");
-    }
-    main_pid(unit) == Some(p.pid)
+/// What systemd says of a system unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitInfo {
+    pub main_pid: Option<i32>,
+    /// `Restart=`: "no", "always", "on-failure", …
+    pub restart: Option<String>,
 }
 
-/// systemd's MainPID of a system unit, asked once per unit and call; `None` without systemd.
-fn main_pid(unit: &str) -> Option<i32> {
-    type Asked = HashMap<String, (Instant, Option<i32>)>;
+/// `systemctl show` of a unit, asked once a second at most; empty without systemd.
+fn unit_info(unit: &str) -> UnitInfo {
+    type Asked = HashMap<String, (Instant, UnitInfo)>;
     static CACHE: OnceLock<Mutex<Asked>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    if let Some((at, pid)) = cache.lock().ok().and_then(|c| c.get(unit).copied()) {
+    if let Some((at, info)) = cache.lock().ok().and_then(|c| c.get(unit).cloned()) {
         if at.elapsed() < Duration::from_secs(1) {
-            return pid;
+            return info;
         }
     }
-    let pid = crate::process::command_output(
+    let info = crate::process::command_output(
         "systemctl",
-        &["show", "--property=MainPID", "--value", unit],
+        &["show", "--property=MainPID", "--property=Restart", unit],
         Duration::from_secs(2),
     )
-    .and_then(|out| out.trim().parse::<i32>().ok())
-    .filter(|&p| p > 0);
+    .map(|out| parse_unit_show(&out))
+    .unwrap_or_default();
     if let Ok(mut c) = cache.lock() {
-        c.insert(unit.to_string(), (Instant::now(), pid));
+        c.insert(unit.to_string(), (Instant::now(), info.clone()));
     }
-    pid
+    info
+}
+
+/// Parses `MainPID=123\nRestart=always` as `systemctl show` prints it.
+fn parse_unit_show(out: &str) -> UnitInfo {
+    let mut info = UnitInfo::default();
+    for line in out.lines() {
+        match line.split_once('=') {
+            Some(("MainPID", v)) => info.main_pid = v.trim().parse().ok().filter(|&p| p > 0),
+            Some(("Restart", v)) if !v.trim().is_empty() => info.restart = Some(v.trim().into()),
+            _ => {}
+        }
+    }
+    info
 }
 
 /// One variable of /proc/PID/environ (readable for one's own processes, or as root).
@@ -351,6 +375,19 @@ mod tests {
             c.container.as_deref(),
             Some("1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d")
         );
+    }
+
+    #[test]
+    fn unit_properties_from_systemctl_show() {
+        assert_eq!(
+            parse_unit_show("MainPID=4711\nRestart=always\n"),
+            UnitInfo {
+                main_pid: Some(4711),
+                restart: Some("always".into())
+            }
+        );
+        // A stopped unit: MainPID=0 is no process.
+        assert_eq!(parse_unit_show("MainPID=0\nRestart=no\n").main_pid, None);
     }
 
     #[test]
