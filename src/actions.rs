@@ -26,8 +26,9 @@ pub fn gpu(s: &Session, index: i64) -> Result<Gpu, GpuError> {
 }
 
 pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
+    // The /proc scan runs while the driver loads: a one-shot pays for the slower, not both.
+    let inv = Inventory::take_while_loading(&s.device_nodes(), || s.backend(), s.protected())?;
     s.warn_no_driver();
-    let inv = Inventory::take(s.backend()?, s.protected())?;
     check_selection(sel, &inv.gpus)?;
     Ok(inv)
 }

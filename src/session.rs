@@ -5,7 +5,7 @@ use crate::config::UserConfig;
 use crate::gpu::deadline::{self, Deadline};
 use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::sim::SimBackend;
-use crate::gpu::{Backend, GpuError, NoDriver};
+use crate::gpu::{Backend, DeviceNodes, GpuError, NoDriver};
 use crate::process::restart::Restarter;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,6 +69,15 @@ impl Session {
         match b {
             Ok(b) => Ok(b.as_ref()),
             Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// The device nodes of this session's backend, known without loading it (so the /proc
+    /// scan can run while the driver initialises).
+    pub fn device_nodes(&self) -> DeviceNodes {
+        match &self.choice {
+            BackendChoice::Sim { dir, .. } => crate::gpu::sim::nodes_in(dir),
+            BackendChoice::Auto => NvmlBackend::nodes(),
         }
     }
 

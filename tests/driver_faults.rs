@@ -70,6 +70,10 @@ impl Backend for Faulty {
         )])
     }
 
+    fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        self.gpus()
+    }
+
     fn nodes(&self) -> &DeviceNodes {
         &self.nodes
     }

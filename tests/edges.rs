@@ -4,6 +4,7 @@
 use crate::support::*;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 
 fn diagnosis(sim: &Sim, gpu: i64) -> Value {
@@ -257,6 +258,8 @@ fn sim_hold_foreground_is_the_holder_itself() {
     let mut child = sim
         .std_cmd()
         .args(["sim", "hold", "--gpu", "1", "--mib", "64", "--foreground"])
+        // Its own group, as a scheduler or `unshare` gives it: not the test harness's.
+        .process_group(0)
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn");

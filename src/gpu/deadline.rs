@@ -105,6 +105,10 @@ impl Backend for Deadline {
         self.call("gpus", |b| b.gpus())
     }
 
+    fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        self.call("inventory_gpus", |b| b.inventory_gpus())
+    }
+
     fn mem_used(&self, indices: &[i64]) -> Result<Vec<(i64, i64)>, GpuError> {
         let indices = indices.to_vec();
         self.call("mem_used", move |b| b.mem_used(&indices))

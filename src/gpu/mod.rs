@@ -147,8 +147,14 @@ impl DeviceNodes {
 pub trait Backend: Send + Sync {
     /// "nvml", "sim" or "none".
     fn kind(&self) -> &'static str;
-    /// Every GPU with its memory and the driver's process list, in index order.
+    /// Every GPU with every field of `gpu()`, in index order (`driver_procs` may be left
+    /// empty: `procs` counts them).
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError>;
+    /// The GPUs with what holders(), diagnose() and wait_clean() need, in index order: index,
+    /// minor, memory and the driver's process lists (`driver_procs`); a backend may leave the
+    /// other fields empty, to spare the driver queries. (No default: a wrapper that fell back
+    /// to `gpus()` would lose the process lists.)
+    fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError>;
     /// Only the memory-used figure of the selected GPUs (the wait_clean hot path).
     fn mem_used(&self, indices: &[i64]) -> Result<Vec<(i64, i64)>, GpuError> {
         Ok(self
@@ -192,6 +198,9 @@ impl Backend for NoDriver {
         "none"
     }
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        Ok(Vec::new())
+    }
+    fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError> {
         Ok(Vec::new())
     }
     fn nodes(&self) -> &DeviceNodes {

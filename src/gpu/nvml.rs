@@ -4,6 +4,7 @@ use super::{Backend, DeviceNodes, DriverProc, Gpu, GpuError};
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::MemoryInfo;
 use nvml_wrapper::Nvml;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -16,6 +17,45 @@ pub struct NvmlBackend {
 
 fn nvml_err(e: NvmlError) -> GpuError {
     GpuError::Nvml(e.to_string())
+}
+
+/// The groups of driver queries whose time `-v` reports (where a one-shot's time goes).
+#[derive(Clone, Copy)]
+enum Query {
+    Devices,
+    Memory,
+    Ids,
+    Processes,
+    Util,
+    Temperature,
+}
+
+/// Time spent per group of queries, in one gpus()/inventory_gpus() call.
+#[derive(Default)]
+struct Timings {
+    spent: [std::time::Duration; 6],
+}
+
+impl Timings {
+    fn time<T>(&mut self, q: Query, f: impl FnOnce() -> T) -> T {
+        let started = std::time::Instant::now();
+        let v = f();
+        self.spent[q as usize] += started.elapsed();
+        v
+    }
+
+    fn log(&self, what: &str, count: u32) {
+        let ms = |q: Query| self.spent[q as usize].as_secs_f64() * 1e3;
+        tracing::debug!(
+            "nvml {what}: {count} GPU(s): handles {:.2} ms, memory {:.2} ms, ids {:.2} ms, processes {:.2} ms, util {:.2} ms, temperature {:.2} ms",
+            ms(Query::Devices),
+            ms(Query::Memory),
+            ms(Query::Ids),
+            ms(Query::Processes),
+            ms(Query::Util),
+            ms(Query::Temperature)
+        );
+    }
 }
 
 /// The driver's user-space library, as every NVIDIA tool loads it.
@@ -64,9 +104,50 @@ impl NvmlBackend {
         );
         Ok(NvmlBackend {
             nvml,
-            nodes: DeviceNodes::new("/dev"),
+            nodes: Self::nodes(),
             foreign_ns: super::in_child_pid_namespace(),
         })
+    }
+
+    /// The driver's device nodes.
+    pub fn nodes() -> DeviceNodes {
+        DeviceNodes::new("/dev")
+    }
+
+    /// One GPU per device, in index order, built by `each` from its handle and memory; the
+    /// time of each group of queries is logged under `what` (`-v`).
+    fn each_device(
+        &self,
+        what: &str,
+        mut each: impl FnMut(&mut Timings, u32, &nvml_wrapper::Device, MemoryInfo) -> Gpu,
+    ) -> Result<Vec<Gpu>, GpuError> {
+        let mut t = Timings::default();
+        let count = t
+            .time(Query::Devices, || self.nvml.device_count())
+            .map_err(nvml_err)?;
+        let mut out = Vec::with_capacity(count as usize);
+        // A fault names its GPU: "GPU 1: device fell off the bus …".
+        let on = |i: u32| move |e: NvmlError| GpuError::Nvml(format!("GPU {i}: {e}"));
+        for i in 0..count {
+            let d = t
+                .time(Query::Devices, || self.nvml.device_by_index(i))
+                .map_err(on(i))?;
+            let mem = t.time(Query::Memory, || d.memory_info()).map_err(on(i))?;
+            out.push(each(&mut t, i, &d, mem));
+        }
+        t.log(what, count);
+        Ok(out)
+    }
+
+    /// How many processes the driver lists on a device: the count queries only, unless a
+    /// process may be in both lists (graphics ones exist), where only the lists can tell.
+    fn process_count(device: &nvml_wrapper::Device) -> i64 {
+        match device.running_graphics_processes_count() {
+            Ok(0) | Err(_) => device
+                .running_compute_processes_count()
+                .map_or(0, i64::from),
+            Ok(_) => Self::device_procs(device).len() as i64,
+        }
     }
 
     fn device_procs(device: &nvml_wrapper::Device) -> Vec<DriverProc> {
@@ -105,28 +186,55 @@ impl Backend for NvmlBackend {
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        let count = self.nvml.device_count().map_err(nvml_err)?;
-        let mut out = Vec::with_capacity(count as usize);
-        // A fault names its GPU: "GPU 1: device fell off the bus …".
-        let on = |i: u32| move |e: NvmlError| GpuError::Nvml(format!("GPU {i}: {e}"));
-        for i in 0..count {
-            let d = self.nvml.device_by_index(i).map_err(on(i))?;
-            let mem = d.memory_info().map_err(on(i))?;
+        self.each_device("gpus", |t, i, d, mem| {
+            let (minor, uuid, name, bus_id) = t.time(Query::Ids, || {
+                (
+                    d.minor_number().map(i64::from).unwrap_or(i64::from(i)),
+                    d.uuid().unwrap_or_default(),
+                    d.name().unwrap_or_default(),
+                    d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                )
+            });
             let mut g = Gpu::new(
-                i as i64,
-                d.minor_number().map(i64::from).unwrap_or(i as i64),
-                d.uuid().unwrap_or_default(),
-                d.name().unwrap_or_default(),
-                d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                i64::from(i),
+                minor,
+                uuid,
+                name,
+                bus_id,
                 mem.total as i64,
                 mem.used as i64,
-                Self::device_procs(&d),
+                Vec::new(),
             );
-            g.util = d.utilization_rates().ok().map(|u| i64::from(u.gpu));
-            g.temp_c = d.temperature(TemperatureSensor::Gpu).ok().map(i64::from);
-            out.push(g);
-        }
-        Ok(out)
+            g.procs = t.time(Query::Processes, || Self::process_count(d));
+            g.util = t
+                .time(Query::Util, || d.utilization_rates())
+                .ok()
+                .map(|u| i64::from(u.gpu));
+            g.temp_c = t
+                .time(Query::Temperature, || d.temperature(TemperatureSensor::Gpu))
+                .ok()
+                .map(i64::from);
+            g
+        })
+    }
+
+    fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        self.each_device("inventory", |t, i, d, mem| {
+            let minor = t.time(Query::Ids, || {
+                d.minor_number().map(i64::from).unwrap_or(i64::from(i))
+            });
+            let procs = t.time(Query::Processes, || Self::device_procs(d));
+            Gpu::new(
+                i64::from(i),
+                minor,
+                String::new(),
+                String::new(),
+                String::new(),
+                mem.total as i64,
+                mem.used as i64,
+                procs,
+            )
+        })
     }
 
     fn mem_used(&self, indices: &[i64]) -> Result<Vec<(i64, i64)>, GpuError> {
@@ -140,9 +248,7 @@ impl Backend for NvmlBackend {
                         index: i,
                         count: self.nvml.device_count().unwrap_or(0) as usize,
                     })?;
-                let mem = d
-                    .memory_info()
-                    .map_err(|e| GpuError::Nvml(format!("GPU {i}: {e}")))?;
+                let mem = d.memory_info().map_err(nvml_err)?;
                 Ok((i, mem.used as i64))
             })
             .collect()

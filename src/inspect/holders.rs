@@ -1,7 +1,7 @@
 //! holders(): the driver's process lists joined with one scan of /proc (fds, then mappings).
 
 use super::Selection;
-use crate::gpu::{Backend, Gpu, GpuError};
+use crate::gpu::{Backend, DeviceNodes, Gpu, GpuError};
 use crate::process::identity::{self, ProcDir};
 use crate::process::origin::{self, Origin};
 use crate::process::scan::{self, NodeSet, NodeUser};
@@ -72,18 +72,39 @@ pub struct Inventory {
 impl Inventory {
     /// Looks at the driver and /proc once.
     pub fn take(backend: &dyn Backend, protected: &[String]) -> Result<Inventory, GpuError> {
+        Inventory::take_while_loading(backend.nodes(), || Ok(backend), protected)
+    }
+
+    /// Looks at the driver and /proc once, the /proc scan on its own thread while the
+    /// driver loads (`backend` may initialise NVML: ~13 ms on H200s) and answers.
+    pub fn take_while_loading<'b>(
+        nodes: &DeviceNodes,
+        backend: impl FnOnce() -> Result<&'b dyn Backend, GpuError>,
+        protected: &[String],
+    ) -> Result<Inventory, GpuError> {
         let started = std::time::Instant::now();
-        let gpus = backend.gpus()?;
-        let driver_ms = started.elapsed().as_secs_f64() * 1e3;
-        let scan = scan::scan(backend.nodes());
+        let (gpus, scan, driver_ms, kind) = std::thread::scope(|sc| {
+            let scanner = sc.spawn(|| {
+                let t = std::time::Instant::now();
+                (scan::scan(nodes), t.elapsed().as_secs_f64() * 1e3)
+            });
+            let driver = backend().and_then(|b| Ok((b.kind(), b.inventory_gpus()?)));
+            let driver_ms = started.elapsed().as_secs_f64() * 1e3;
+            // A scan thread that panicked is done again here, never skipped.
+            let scan = scanner.join().unwrap_or_else(|_| {
+                let t = std::time::Instant::now();
+                (scan::scan(nodes), t.elapsed().as_secs_f64() * 1e3)
+            });
+            driver.map(|(kind, gpus)| (gpus, scan, driver_ms, kind))
+        })?;
+        let (scan, scan_ms) = scan;
         tracing::debug!(
-            "inventory: {} GPU(s) from {} in {driver_ms:.1} ms; scanned {} processes in {:.1} ms: {} with GPU nodes open, {} unreadable",
+            "inventory: {} GPU(s) from {kind} in {driver_ms:.1} ms, beside a scan of {} processes in {scan_ms:.1} ms: {} with GPU nodes open, {} unreadable; {:.1} ms in all",
             gpus.len(),
-            backend.kind(),
             scan.scanned,
-            started.elapsed().as_secs_f64() * 1e3 - driver_ms,
             scan.users.len(),
-            scan.unreadable.len()
+            scan.unreadable.len(),
+            started.elapsed().as_secs_f64() * 1e3
         );
         Ok(join(gpus, scan, protected))
     }

@@ -284,6 +284,7 @@ pub fn kill_with_progress(
 
     // 1. Resolve targets against one snapshot, then gather their trees from it.
     let mut chosen: Vec<Identity> = Vec::new();
+    let own_pgid = nix::unistd::getpgrp().as_raw();
     // The targets themselves, as taken (their parents are the restarters).
     let mut taken: Vec<Identity> = Vec::new();
     let mut seen: HashSet<i32> = HashSet::new();
@@ -335,7 +336,14 @@ pub fn kill_with_progress(
         }
         taken.push(id);
         if opts.tree {
-            for q in tree.descendants(pid).into_iter().chain(tree.job_group(pid)) {
+            // A target in gpuloop's own process group shares gpuloop's job (a script's `&`
+            // job, a test harness): its group is never swept, or gpuloop's siblings would be.
+            let group = if p.pgid == own_pgid {
+                Vec::new()
+            } else {
+                tree.job_group(pid)
+            };
+            for q in tree.descendants(pid).into_iter().chain(group) {
                 if let Some(q) = tree.get(q) {
                     consider(&mut report, q, q.identity(), &mut chosen);
                 }

@@ -5,7 +5,6 @@
 use super::identity::{self, ProcDir};
 use super::ProcInfo;
 use crate::gpu::{DeviceNodes, Node};
-use rayon::prelude::*;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -66,16 +65,44 @@ enum Outcome {
     Denied,
 }
 
-/// Scans every process (except this one) for open and mapped device nodes.
+/// Most threads a scan uses: /proc reads scale to a few threads, and each costs a clone().
+const MAX_THREADS: usize = 8;
+
+/// About how many processes make starting one more thread worth it.
+const PER_THREAD: usize = 64;
+
+/// Scans every process (except this one) for open and mapped device nodes, on a few scoped
+/// threads (not a global pool: a one-shot command would pay for starting one thread per core).
 pub fn scan(nodes: &DeviceNodes) -> Scan {
     let me = std::process::id() as i32;
     let pids: Vec<i32> = super::all_pids().into_iter().filter(|&p| p != me).collect();
-    let outcomes: Vec<Outcome> = pids.par_iter().map(|&pid| scan_one(pid, nodes)).collect();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MAX_THREADS)
+        .min(pids.len().div_ceil(PER_THREAD))
+        .max(1);
+    // Interleaved shares: busy and idle processes spread evenly over the threads.
+    let share = |k: usize| -> Vec<(i32, Outcome)> {
+        pids.iter()
+            .skip(k)
+            .step_by(threads)
+            .map(|&pid| (pid, scan_one(pid, nodes)))
+            .collect()
+    };
+    let outcomes: Vec<(i32, Outcome)> = std::thread::scope(|sc| {
+        let others: Vec<_> = (1..threads).map(|k| sc.spawn(move || share(k))).collect();
+        let mut all = share(0);
+        for (k, h) in others.into_iter().enumerate() {
+            // A thread that panicked had its share done again here rather than lost.
+            all.extend(h.join().unwrap_or_else(|_| share(k + 1)));
+        }
+        all
+    });
     let mut out = Scan {
         scanned: pids.len(),
         ..Scan::default()
     };
-    for (pid, o) in pids.into_iter().zip(outcomes) {
+    for (pid, o) in outcomes {
         match o {
             Outcome::User(u) => out.users.push(u),
             Outcome::Denied => out.unreadable.push(pid),
@@ -83,6 +110,7 @@ pub fn scan(nodes: &DeviceNodes) -> Scan {
         }
     }
     out.users.sort_by_key(|u| u.pid);
+    out.unreadable.sort_unstable();
     out
 }
 

@@ -78,7 +78,7 @@ def check(name, ok, **detail):
     log(("PASS " if ok else "FAIL ") + name + " " + json.dumps(detail)[:600])
 
 
-def mess(mode, *extra, timeout=120, in_script=False):
+def mess(mode, *extra, timeout=120, in_script=False, env=None):
     """Starts mess.py MODE and returns (Popen, info) once it printed READY. With `in_script`,
     it runs as a background job of a non-interactive bash script (`python3 mess.py … &; wait`),
     so it shares the script's process group instead of leading its own."""
@@ -86,7 +86,7 @@ def mess(mode, *extra, timeout=120, in_script=False):
     if in_script:
         argv = ["bash", "-c", '"$@" & wait', "script", *argv]
     p = subprocess.Popen(argv,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or ENV,
                          start_new_session=True)
     started.append(p.pid)
     deadline = time.monotonic() + timeout
@@ -438,6 +438,120 @@ print(to_json(#{{timed_out: r.timed_out, clean: ok, seconds: now() - t}}));
     check("run() with a timeout on a multi-GPU job: nothing left after it returns",
           res.get("timed_out") is True and res.get("clean") is True and all(u == 0 for u in used_mib()),
           result=res, rc=rc, err=err[-300:])
+
+# ------------------------------------------------- issue 11: truth at the edges (real driver)
+
+def until(fn, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if fn():
+            return True
+        time.sleep(0.1)
+    return fn()
+
+
+def holder_pids(gpu):
+    try:
+        return [h["pid"] for h in gl_json("holders", "--gpu", str(gpu))]
+    except Exception:
+        return []
+
+
+@scenario("footprint")
+def s_footprint():
+    """A GPU-0 job's CUDA context keeps 3-4 MiB on GPU 1: a clean of GPU 1 passes beside it."""
+    if NGPU < 2:
+        check("footprint: needs 2 GPUs", True, skipped=f"{NGPU} GPU(s)")
+        log("SKIP footprint: needs 2 GPUs")
+        return
+    p0, i0 = mess("plain", "--gb", "4", "--gpus", "0")
+    p1, i1 = mess("plain", "--gb", "4", "--gpus", "1")
+    job, other = i0["pids"][0], i1["pids"][0]
+    rc, out, err, dt = gl("--json", "clean", "--gpu", "1", "--timeout", "60")
+    rep = json.loads(out) if out.strip() else {}
+    d1 = (rep.get("gpus") or [{}])[0]
+    used1 = used_mib()[1]
+    check("footprint: clean --gpu 1 beside a GPU-0 job exits 0, spares the job, stops the GPU-1 holder",
+          rc == 0 and alive(job) and not alive(other) and dt < 15,
+          rc=rc, seconds=round(dt, 3), used_gpu1_mib=used1, verdict=d1.get("verdict"),
+          advice=d1.get("advice"), err=err.strip()[-300:])
+    check("footprint: the report names what is left on GPU 1 (the GPU-0 job's CUDA footprint)",
+          used1 == 0 or (d1.get("verdict") == "footprint" and f"CUDA footprint of pid {job}" in d1.get("advice", "")),
+          used_gpu1_mib=used1, verdict=d1.get("verdict"), advice=d1.get("advice"))
+    hs = gl_json("holders", "--gpu", "1")
+    d = gl_json("diagnose", "--gpu", "1")[0]
+    check("footprint: holders --gpu 1 and diagnose --gpu 1 agree (nobody holds GPU 1)",
+          hs == [] and d["holders"] == [] and (used1 == 0 or any(f["pid"] == job for f in d["footprint"])),
+          holders=hs, diagnose={k: d[k] for k in ("verdict", "holders", "footprint", "mem_used_mib")})
+    rc, out, err, dt = gl("clean", "--gpu", "1", "--strict", "--timeout", "3")
+    check("footprint: --strict demands 0 MiB (exit 1 while the footprint is there)",
+          rc == (1 if used_mib()[1] > 0 else 0), rc=rc, used_gpu1_mib=used_mib()[1], seconds=round(dt, 3))
+
+
+@scenario("restarter")
+def s_restarter():
+    """`bash -c 'while true; do python3 holder.py; done'`: clean names the loop, --settle sees
+    the holder come back (respawning), --parents stops the loop."""
+    loop = f"while true; do {sys.executable} {os.path.join(HERE, 'mess.py')} plain --gb 4 --gpus 0 >/dev/null; done"
+    sh_loop = subprocess.Popen(["bash", "-c", loop], env=ENV, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started.append(sh_loop.pid)
+    bash = sh_loop.pid
+    try:
+        ok = until(lambda: holder_pids(0), 120)
+        rc, out, err, dt = gl("--json", "clean", "--gpu", "0", "--timeout", "60")
+        rep = json.loads(out) if out.strip() else {}
+        rs = rep.get("kill", {}).get("restarters", [])
+        check("restarter: clean names the bash loop that started the holder",
+              ok and any(r["pid"] == bash for r in rs), restarters=rs, rc=rc, seconds=round(dt, 3))
+        ok = until(lambda: holder_pids(0), 120)
+        rc, out, err, dt = gl("--json", "clean", "--gpu", "0", "--timeout", "60", "--settle", "20")
+        rep = json.loads(out) if out.strip() else {}
+        d0 = (rep.get("gpus") or [{}])[0]
+        check("restarter: clean --settle 20 sees the holder come back: exit 1, respawning naming bash",
+              ok and rc == 1 and d0.get("verdict") == "respawning" and str(bash) in d0.get("advice", ""),
+              rc=rc, seconds=round(dt, 3), verdict=d0.get("verdict"), advice=d0.get("advice"))
+        until(lambda: holder_pids(0), 120)
+        rc, out, err, dt = gl("clean", "--gpu", "0", "--timeout", "60", "--parents", "--settle", "10")
+        check("restarter: clean --parents stops the loop too, and GPU 0 stays clean",
+              rc == 0 and until(lambda: not alive(bash), 10) and used_mib()[0] == 0,
+              rc=rc, seconds=round(dt, 3), bash_alive=alive(bash), used=used_mib(), out=out[-400:])
+    finally:
+        try:
+            os.killpg(bash, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@scenario("daemon")
+def s_daemon():
+    """An MPS server keeps memory after its client is gone: a `daemon` verdict naming it, and
+    no reset advice while it has the driver open."""
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if not ctl:
+        check("daemon: needs nvidia-cuda-mps-control", True, skipped="MPS not installed")
+        log("SKIP daemon: nvidia-cuda-mps-control not installed")
+        return
+    tmp = tempfile.mkdtemp()
+    env = dict(ENV, CUDA_MPS_PIPE_DIRECTORY=os.path.join(tmp, "pipe"),
+               CUDA_MPS_LOG_DIRECTORY=os.path.join(tmp, "log"), CUDA_VISIBLE_DEVICES="0")
+    os.makedirs(env["CUDA_MPS_PIPE_DIRECTORY"]), os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"])
+    subprocess.run([ctl, "-d"], env=env, check=True)
+    try:
+        p, info = mess("plain", "--gb", "2", "--gpus", "0", env=env)
+        kill_pids([info["pids"][0]])
+        until(lambda: not alive(info["pids"][0]), 10)
+        time.sleep(1)  # the server keeps its own context; let the client's memory go
+        d = gl_json("diagnose", "--gpu", "0")[0]
+        server = [h for h in gl_json("holders", "--all") if "mps" in h["name"]]
+        check("daemon: memory an MPS server keeps reads `daemon`, naming it, with no reset advice",
+              d["mem_used_mib"] == 0 or (d["verdict"] == "daemon" and "mps" in d["advice"]
+                                          and "reset" not in d["advice"]),
+              verdict=d["verdict"], advice=d["advice"], mem=d["mem_used_mib"], server=server)
+    finally:
+        subprocess.run([ctl], input="quit\n", text=True, env=env)
+        until(lambda: not [h for h in gl_json("holders", "--all") if "mps" in h["name"]], 20)
+
 
 
 # ------------------------------------------------------ issue 10 item 1, issue 11 items 6-7

@@ -136,6 +136,11 @@ fn parse_size(s: &str) -> Option<i64> {
     n.checked_mul(mul).filter(|&b| b > 0 && b <= MAX_GPU_BYTES)
 }
 
+/// The device nodes of the simulator whose state is in `dir`.
+pub fn nodes_in(dir: &Path) -> DeviceNodes {
+    DeviceNodes::new(dir.join("dev"))
+}
+
 /// The simulator's state directory: `GPULOOP_SIM_DIR`, else a per-user default.
 pub fn state_dir() -> PathBuf {
     std::env::var_os("GPULOOP_SIM_DIR")
@@ -209,7 +214,7 @@ impl SimBackend {
         let own_ns = super::own_pid_namespace().unwrap_or(0);
         let mut backend = SimBackend {
             dir: dir.to_path_buf(),
-            nodes: DeviceNodes::new(dir.join("dev")),
+            nodes: nodes_in(dir),
             host_ns: own_ns,
             own_ns,
             spec,
@@ -541,6 +546,11 @@ pub fn watch(sim: &SimBackend, alloc: &Path, release_ms: u64) -> Result<(), GpuE
 impl Backend for SimBackend {
     fn kind(&self) -> &'static str {
         "sim"
+    }
+
+    /// The simulated driver answers every field from one look at the allocations.
+    fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError> {
+        self.gpus()
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
