@@ -294,10 +294,16 @@ fn restart_forever(sim: &SimBackend, opts: &HoldOpts) -> ! {
                 // A short pause, as a restart policy has, so a failing holder cannot spin.
                 std::thread::sleep(Duration::from_millis(50));
                 while fork_synced(|| holder(sim, opts)).is_err() {
+                    // Its simulator is gone (`sim stop`, a test's directory removed): no GPU
+                    // is left to restart a holder on.
+                    if !sim.dir.join("spec").exists() {
+                        std::process::exit(0);
+                    }
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) if !sim.dir.join("spec").exists() => std::process::exit(0),
             Err(_) => std::thread::sleep(Duration::from_secs(1)),
         }
     }
