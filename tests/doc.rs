@@ -99,12 +99,29 @@ fn doc_definitions_writes_rhai_definition_files() {
         "fn kill(",
         "fn wait_clean(",
         "fn diagnose(",
+        // The stdlib modules as imported under their names, and the scripts' scope.
+        "module cleanup;",
+        "fn ensure_clean(sel: ?, opts: ?) -> ?;",
+        "module report;",
+        "const ARGS: array;",
     ] {
         assert!(
             text.contains(name),
             "{name} missing from the definitions:\n{text}"
         );
     }
+    assert!(dir.join("cleanup.d.rhai").exists());
+    // Closures are not part of any module's API.
+    assert!(!text.contains("anon$"), "{text}");
+}
+
+#[test]
+fn doc_shows_no_internal_names() {
+    let sim = Sim::new("1x8G");
+    let out = sim.run(&["doc"]).ok().stdout;
+    let internal: Vec<&str> = out.lines().filter(|l| l.contains('$')).collect();
+    assert!(internal.is_empty(), "{internal:?}");
+    assert!(out.contains("## job.pid\n\n`job.pid -> i64`"), "{out}");
 }
 
 #[test]

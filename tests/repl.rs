@@ -369,6 +369,40 @@ fn tab_completes_functions_and_variables() {
 }
 
 #[test]
+fn module_completion_offers_no_closures_and_a_typo_gets_a_hint() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line(r#"import "cleanup" as c;"#);
+    t.wait_idle();
+    t.type_text("c::");
+    t.keys(&["Tab"]);
+    let s = t.wait_for("the module's functions", |s| {
+        s.contains("gpuloop> c::ensure")
+    });
+    assert!(!s.contains("anon$"), "{s}");
+    t.keys(&["C-c"]);
+    t.wait_idle();
+    t.line("holder()");
+    let s = t.wait_for("the hint", |s| s.contains("help: did you mean `holders`?"));
+    assert!(s.contains("Function not found: holder"), "{s}");
+}
+
+#[test]
+fn piped_input_has_no_banner_and_stops_at_the_first_error() {
+    let sim = Sim::new("1x8G");
+    let out = sim.run_with(&["repl"], |c| {
+        c.write_stdin("print(\"one\");\nholder();\nprint(\"never\");\n");
+    });
+    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(out.stdout, "one\n");
+    assert!(out.stderr.contains("did you mean `holders`?"), "{out:?}");
+    let out = sim.run_with(&["repl"], |c| {
+        c.write_stdin("let x = 1 +* 2;\n");
+    });
+    assert_eq!(out.code, 2, "{out:?}");
+}
+
+#[test]
 fn imported_module_stays_imported() {
     let sim = Sim::new("2x8G");
     let t = Term::start(&sim, &state_dir(&sim), &[]);

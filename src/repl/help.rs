@@ -22,11 +22,21 @@ impl Meta {
     /// Everything callable now: registered functions, rhai's standard library when `std`,
     /// the functions defined in `ast`, and the modules the REPL keeps imported.
     pub fn of(engine: &Engine, ast: &AST, std: bool) -> Meta {
-        engine
+        let mut meta: Meta = engine
             .gen_fn_metadata_with_ast_to_json(ast, std)
             .ok()
             .and_then(|json| serde_json::from_str(&json).ok())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        meta.hide_closures();
+        meta
+    }
+
+    /// Closures compile to `anon$…` functions: nobody calls them by that name.
+    fn hide_closures(&mut self) {
+        self.functions.retain(|f| !f.name.starts_with("anon$"));
+        for m in self.modules.values_mut() {
+            m.hide_closures();
+        }
     }
 
     /// The overloads of `name`; `alias::name` looks in that module.

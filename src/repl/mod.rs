@@ -49,6 +49,8 @@ struct Repl {
     history: Option<PathBuf>,
     json: bool,
     style: Style,
+    /// The exit code of the last input's error (0: none).
+    failed: i32,
 }
 
 /// What one read from the prompt gave.
@@ -116,16 +118,22 @@ impl Repl {
             history,
             json,
             style,
+            failed: 0,
         };
         repl.refresh_names();
         Ok(repl)
     }
 
     fn run(&mut self) -> Result<i32, Error> {
-        crate::outln!(
-            "gpuloop {} REPL: :help lists the functions, :quit or Ctrl-D leaves.",
-            env!("CARGO_PKG_VERSION")
-        );
+        // Piped input is a script read line by line (`gpuloop repl < file`, like
+        // `python3 < file`): no banner, and the first error ends it with that error's code.
+        let batch = !std::io::stdin().is_terminal();
+        if !batch {
+            crate::outln!(
+                "gpuloop {} REPL: :help lists the functions, :quit or Ctrl-D leaves.",
+                env!("CARGO_PKG_VERSION")
+            );
+        }
         loop {
             let read = self.read()?;
             // SIGTERM cancels a running call like Ctrl-C, and then ends the REPL (its jobs are
@@ -162,6 +170,9 @@ impl Repl {
             }
             if let Some(code) = self.eval(&input) {
                 return Ok(code);
+            }
+            if batch && self.failed != 0 {
+                return Ok(self.failed);
             }
             self.refresh_names();
         }
@@ -239,10 +250,9 @@ impl Repl {
         let mut ast = match self.engine.compile_with_scope(&self.scope, &source) {
             Ok(ast) => ast,
             Err(e) => {
-                eprintln!(
-                    "{}",
-                    errors::from_parse(&e, SOURCE, &self.transcript).message()
-                );
+                let err = errors::from_parse(&e, SOURCE, &self.transcript);
+                eprintln!("{}", err.message());
+                self.failed = err.code();
                 return None;
             }
         };
@@ -263,23 +273,44 @@ impl Repl {
                 self.print(&v);
                 None
             }
-            Err(e) => match errors::from_eval(*e, SOURCE, &self.transcript) {
-                ScriptError::Interrupted if crate::interrupt::terminated() => Some(130),
-                ScriptError::Interrupted => {
-                    // The terminal may have echoed "^C" on the line: say it on a clean one.
-                    if std::io::stderr().is_terminal() {
-                        eprint!("\r\x1b[2K");
+            Err(e) => {
+                let hint = self.did_you_mean(&e);
+                match errors::from_eval(*e, SOURCE, &self.transcript) {
+                    ScriptError::Interrupted if crate::interrupt::terminated() => Some(130),
+                    ScriptError::Interrupted => {
+                        // The terminal may have echoed "^C" on the line: say it on a clean one.
+                        if std::io::stderr().is_terminal() {
+                            eprint!("\r\x1b[2K");
+                        }
+                        eprintln!("interrupted");
+                        crate::interrupt::clear();
+                        None
                     }
-                    eprintln!("interrupted");
-                    crate::interrupt::clear();
-                    None
+                    ScriptError::Exit(code) => Some(code),
+                    err => {
+                        eprintln!("{}{hint}", err.message());
+                        self.failed = err.code();
+                        None
+                    }
                 }
-                ScriptError::Exit(code) => Some(code),
-                err => {
-                    eprintln!("{}", err.message());
-                    None
-                }
-            },
+            }
+        }
+    }
+
+    /// "  help: did you mean `holders`?" for a call of a function that does not exist.
+    fn did_you_mean(&self, e: &rhai::EvalAltResult) -> String {
+        let mut e = e;
+        while let rhai::EvalAltResult::ErrorInFunctionCall(_, _, inner, _) = e {
+            e = inner;
+        }
+        let rhai::EvalAltResult::ErrorFunctionNotFound(sig, _) = e else {
+            return String::new();
+        };
+        let name = sig.split('(').next().unwrap_or("").trim();
+        let known = self.builtin.functions.iter().map(String::as_str);
+        match crate::script::fields::closest(name, known) {
+            Some(c) => format!("\n  help: did you mean `{c}`?"),
+            None => String::new(),
         }
     }
 

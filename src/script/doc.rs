@@ -140,6 +140,17 @@ pub fn markdown(engine: &rhai::Engine) -> String {
         by_name.entry(f.name.clone()).or_default().push(f);
     }
     for (name, overloads) in by_name {
+        // Property getters (`get$pid`) read as what scripts write: `job.pid`.
+        if let Some(prop) = name.strip_prefix("get$") {
+            for f in overloads {
+                let this = f.params.first().and_then(|p| p.name.clone());
+                let this = this.unwrap_or_else(|| "value".into());
+                let ret = f.return_type.clone().unwrap_or_else(|| "?".into());
+                out.push_str(&format!("\n## {this}.{prop}\n"));
+                out.push_str(&format!("\n`{this}.{prop} -> {ret}`\n\n{}\n", f.doc()));
+            }
+            continue;
+        }
         out.push_str(&format!("\n## {name}\n"));
         for f in overloads {
             out.push_str(&format!("\n`{}`\n\n{}\n", f.signature(), f.doc()));
@@ -155,12 +166,35 @@ pub fn markdown(engine: &rhai::Engine) -> String {
     out
 }
 
-/// Writes Rhai definition files for editors into `dir`.
+/// Writes Rhai definition files for editors into `dir`: gpuloop's functions
+/// (`__static__.d.rhai`), each stdlib module as imported under its own name
+/// (`cleanup.d.rhai`: `cleanup::ensure_clean`), and the scripts' scope (`ARGS`).
 pub fn write_definitions(engine: &rhai::Engine, dir: &Path) -> Result<(), String> {
+    let failed = |e: std::io::Error| format!("writing definitions to {}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let scope = super::engine::new_scope(&[]);
     engine
-        .definitions()
+        .definitions_with_scope(&scope)
         .include_standard_packages(false)
         .write_to_dir(dir)
-        .map_err(|e| format!("writing definitions to {}: {e}", dir.display()))
+        .map_err(failed)?;
+    // The stdlib's functions are scripted: rhai's writer would give them no types and list
+    // their closures, so they are written from their doc comments here.
+    for (module, header, fns) in stdlib_functions(engine) {
+        let mut text = format!("module {module};\n\n// {header}\n");
+        for f in fns {
+            let name = f.name.rsplit("::").next().unwrap_or(&f.name).to_string();
+            let params: Vec<String> = f
+                .params
+                .iter()
+                .map(|p| format!("{}: ?", p.name.as_deref().unwrap_or("_")))
+                .collect();
+            for line in f.doc().lines() {
+                text.push_str(&format!("\n/// {line}").trim_end().to_string());
+            }
+            text.push_str(&format!("\nfn {name}({}) -> ?;\n", params.join(", ")));
+        }
+        std::fs::write(dir.join(format!("{module}.d.rhai")), text).map_err(failed)?;
+    }
+    Ok(())
 }
