@@ -190,7 +190,7 @@ pub fn write_definitions(engine: &rhai::Engine, dir: &Path) -> Result<(), String
                 .map(|p| format!("{}: ?", p.name.as_deref().unwrap_or("_")))
                 .collect();
             for line in f.doc().lines() {
-                text.push_str(&format!("\n/// {line}").trim_end().to_string());
+                text.push_str(format!("\n/// {line}").trim_end());
             }
             text.push_str(&format!("\nfn {name}({}) -> ?;\n", params.join(", ")));
         }
