@@ -9,7 +9,9 @@ use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
 use crate::inspect::{check_selection, Filter, Selection};
 use crate::process::kill::{self, KillOpts, KillReport, Skipped, Target};
 use crate::session::Session;
+use serde::Serialize;
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 pub fn gpus(s: &Session) -> Result<Vec<Gpu>, GpuError> {
@@ -127,16 +129,39 @@ fn narrowed(inv: &Inventory, sel: &Selection, filter: &Filter) -> Selection {
     Some(gpus)
 }
 
+/// How a long action (kill's grace, a wait, a clean) shows progress and learns it must stop:
+/// a line on a terminal and Ctrl-C for the CLI and scripts; progress notifications and a
+/// per-call flag for the MCP server.
+pub struct Watch<'a> {
+    pub stop: &'a AtomicBool,
+    pub show: &'a mut dyn FnMut(&str),
+}
+
+/// Runs `f` with the terminal's watch: a progress line on stderr (when it is a terminal),
+/// cleared afterwards, and Ctrl-C.
+fn on_terminal<T>(s: &Session, f: impl FnOnce(&mut Watch) -> T) -> T {
+    let mut line = Progress::new(std::io::stderr().is_terminal());
+    let out = f(&mut Watch {
+        stop: s.interrupted(),
+        show: &mut |text| line.show(text),
+    });
+    line.clear();
+    out
+}
+
 pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
-    let tty = std::io::stderr().is_terminal();
-    let mut line = Progress::new(tty);
+    on_terminal(s, |w| kill_watched(s, targets, opts, w))
+}
+
+/// kill() with the caller's progress and stop flag (it ends the grace early).
+pub fn kill_watched(s: &Session, targets: &[Target], opts: &KillOpts, w: &mut Watch) -> KillReport {
     let report = kill::kill_with_progress(
         targets,
         opts,
         s.protected(),
-        s.interrupted(),
+        w.stop,
         &mut |left, all, kill_in| {
-            line.show(&match kill_in {
+            (w.show)(&match kill_in {
                 Some(t) => format!(
                     "waiting for {left} of {all} to exit, KILL in {:.1} s",
                     t.as_secs_f64()
@@ -145,7 +170,6 @@ pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
             })
         },
     );
-    line.clear();
     // Later waits and diagnoses watch for the restarters it found.
     s.note_restarters(&report.restarters);
     report
@@ -162,12 +186,23 @@ pub fn kill_holders(
     filter: &Filter,
     opts: &KillOpts,
 ) -> Result<KillReport, GpuError> {
+    on_terminal(s, |w| kill_holders_watched(s, sel, filter, opts, w))
+}
+
+/// kill_holders() with the caller's progress and stop flag.
+pub fn kill_holders_watched(
+    s: &Session,
+    sel: &Selection,
+    filter: &Filter,
+    opts: &KillOpts,
+    w: &mut Watch,
+) -> Result<KillReport, GpuError> {
     let mut hs = holders_of(s, sel, opts.force, filter)?;
     hs.retain(|h| h.is_compute() || h.protected);
     let (units, hs): (Vec<Holder>, Vec<Holder>) = hs
         .into_iter()
         .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
-    let mut report = kill(s, &holder_targets(&hs), opts);
+    let mut report = kill_watched(s, &holder_targets(&hs), opts, w);
     for t in &mut report.targets {
         if let Some(h) = hs.iter().find(|h| h.pid == t.pid) {
             t.gpus.clone_from(&h.gpus);
@@ -185,7 +220,7 @@ pub fn kill_holders(
     Ok(report)
 }
 
-/// Holders as kill targets, each pinned by its identity.
+/// Each holder as a kill target pinned by its identity.
 pub fn holder_targets(holders: &[Holder]) -> Vec<Target> {
     holders
         .iter()
@@ -231,8 +266,22 @@ impl Progress {
 /// logged as diagnose() says it.
 pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitOutcome, GpuError> {
     let outcome = wait_quietly(s, sel, opts)?;
-    // A zero timeout asks "is it clean now?": the answer is the value, not a warning.
-    let why = match &outcome {
+    let Some(why) = why_not_clean(&outcome, opts) else {
+        return Ok(outcome);
+    };
+    eprintln!("warning: GPUs {why}:");
+    if let Ok(ds) = diagnoses(s, sel) {
+        for d in ds.iter().filter(|d| !d.is_clean()) {
+            eprintln!("  {}", describe_diagnosis(d));
+        }
+    }
+    Ok(outcome)
+}
+
+/// Why a wait that did not read clean ended, as "not clean …"; `None` when it is clean,
+/// was interrupted, or asked with a zero timeout ("is it clean now?": the answer is the value).
+pub fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<String> {
+    Some(match outcome {
         WaitOutcome::TimedOut if !opts.timeout.is_zero() => {
             format!("not clean after {:.1}s", opts.timeout.as_secs_f64())
         }
@@ -245,15 +294,8 @@ pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitO
             "not clean: it read clean, then something came back within the {:.1}s settle time",
             opts.settle.as_secs_f64()
         ),
-        _ => return Ok(outcome),
-    };
-    eprintln!("warning: GPUs {why}:");
-    if let Ok(ds) = diagnoses(s, sel) {
-        for d in ds.iter().filter(|d| !d.is_clean()) {
-            eprintln!("  {}", describe_diagnosis(d));
-        }
-    }
-    Ok(outcome)
+        _ => return None,
+    })
 }
 
 /// "GPU 2 [daemon] …", one line of a warning.
@@ -271,7 +313,16 @@ pub fn wait_quietly(
     sel: &Selection,
     opts: &WaitOpts,
 ) -> Result<WaitOutcome, GpuError> {
-    let mut line = Progress::new(std::io::stderr().is_terminal());
+    on_terminal(s, |w| wait_watched(s, sel, opts, w))
+}
+
+/// wait_clean with the caller's progress and stop flag.
+pub fn wait_watched(
+    s: &Session,
+    sel: &Selection,
+    opts: &WaitOpts,
+    w: &mut Watch,
+) -> Result<WaitOutcome, GpuError> {
     let of = opts.timeout.as_secs_f64();
     // The restarters this session's kills found: a holder they start again ends the wait.
     let mut opts = opts.clone();
@@ -281,16 +332,15 @@ pub fn wait_quietly(
         sel,
         &opts,
         s.protected(),
-        s.interrupted(),
+        w.stop,
         |dirty: &Dirty, elapsed: Duration| {
-            line.show(&format!(
+            (w.show)(&format!(
                 "waiting: {}, {:.1} s of {of:.0} s",
                 describe_dirty(dirty),
                 elapsed.as_secs_f64()
             ))
         },
     );
-    line.clear();
     if matches!(outcome, Ok(WaitOutcome::NoDriver(_))) {
         s.warn_no_driver();
     }
@@ -309,12 +359,17 @@ fn describe_dirty(dirty: &Dirty) -> String {
 }
 
 /// `gpuloop clean` and `cleanup`'s first rung: holders → kill → wait_clean → diagnose.
+/// Its JSON (`clean --json`, the MCP tool `clean`) is `{clean, kill, wait_ms, gpus}`.
+#[derive(Debug, Serialize)]
 pub struct CleanReport {
-    pub kill: KillReport,
     pub clean: bool,
+    pub kill: KillReport,
+    #[serde(skip)]
     pub outcome: WaitOutcome,
     /// How long the memory took to come back after the kill (the whole wait).
     pub wait_ms: i64,
+    /// What diagnose() says of each selected GPU afterwards.
+    #[serde(rename = "gpus")]
     pub after: Vec<Diagnosis>,
 }
 
@@ -326,11 +381,25 @@ pub fn clean(
     kill_opts: &KillOpts,
     wait_opts: &WaitOpts,
 ) -> Result<CleanReport, GpuError> {
+    on_terminal(s, |w| {
+        clean_watched(s, sel, filter, kill_opts, wait_opts, w)
+    })
+}
+
+/// clean() with the caller's progress and stop flag.
+pub fn clean_watched(
+    s: &Session,
+    sel: &Selection,
+    filter: &Filter,
+    kill_opts: &KillOpts,
+    wait_opts: &WaitOpts,
+    w: &mut Watch,
+) -> Result<CleanReport, GpuError> {
     if let Some(why) = s.backend()?.missing_driver() {
         return Err(GpuError::NoDriver(why.to_string()));
     }
     let sel = &narrowed(&inventory(s, sel)?, sel, filter);
-    let kill = kill_holders(s, sel, filter, kill_opts)?;
+    let kill = kill_holders_watched(s, sel, filter, kill_opts, w)?;
     let waited = std::time::Instant::now();
     let mut wait_opts = wait_opts.clone();
     // What survived the kill may still be on its way out: no early stop while it lives.
@@ -344,13 +413,13 @@ pub fn clean(
     let outcome = if kill.interrupted {
         WaitOutcome::Interrupted
     } else {
-        wait_quietly(s, sel, &wait_opts)?
+        wait_watched(s, sel, &wait_opts, w)?
     };
     let wait_ms = waited.elapsed().as_millis() as i64;
     let after = diagnoses(s, sel)?;
     Ok(CleanReport {
-        kill,
         clean: outcome.is_clean(),
+        kill,
         outcome,
         wait_ms,
         after,

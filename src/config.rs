@@ -1,4 +1,5 @@
-//! The user's configuration file (`~/.config/gpuloop/config.toml`): which processes are protected.
+//! The user's configuration file (`~/.config/gpuloop/config.toml`): which processes are
+//! protected, and what the MCP server may do.
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -30,6 +31,15 @@ struct File {
     protected_add: Option<Vec<String>>,
     /// `[limits]`: resource limits for scripts.
     limits: Option<Limits>,
+    /// `[mcp]`: the MCP server's policy.
+    mcp: Option<McpTable>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct McpTable {
+    /// What the MCP server may do beyond reading: "kill", "clean", "run", "recipes".
+    allow: Option<Vec<String>>,
 }
 
 /// Resource limits for scripts: passing one is a script error, never an abort for want of
@@ -117,6 +127,8 @@ impl Limits {
 pub struct UserConfig {
     pub protected: Vec<String>,
     pub limits: Limits,
+    /// `[mcp] allow = [...]`, added to `gpuloop mcp --allow`.
+    pub mcp_allow: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +148,7 @@ impl Default for UserConfig {
         UserConfig {
             protected: DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
             limits: Limits::default(),
+            mcp_allow: Vec::new(),
         }
     }
 }
@@ -162,6 +175,7 @@ impl UserConfig {
         }
         cfg.protected.extend(f.protected_add.unwrap_or_default());
         cfg.limits = f.limits.unwrap_or_default();
+        cfg.mcp_allow = f.mcp.and_then(|m| m.allow).unwrap_or_default();
         Ok(cfg)
     }
 }
@@ -183,6 +197,8 @@ mod tests {
             UserConfig::from_file(&p).unwrap().protected,
             vec!["only-this"]
         );
+        std::fs::write(&p, "[mcp]\nallow = [\"clean\"]\n").unwrap();
+        assert_eq!(UserConfig::from_file(&p).unwrap().mcp_allow, vec!["clean"]);
         std::fs::write(&p, "protectd = []\n").unwrap();
         assert!(UserConfig::from_file(&p)
             .unwrap_err()

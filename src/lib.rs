@@ -3,7 +3,8 @@
 //! Rooms: `gpu` (backends: NVML, simulator, none), `process` (fd scan, identity, signals,
 //! trees), `inspect` (holders, diagnose, wait_clean), `actions` (what scripts and one-shot
 //! commands share), `script` (the Rhai engine and its bindings), `render` (tables for people),
-//! `repl` (the interactive prompt), `cli` (arguments, commands, exit codes).
+//! `repl` (the interactive prompt), `mcp` (the server for AI assistants), `cli` (arguments,
+//! commands, exit codes).
 
 // stdout goes through `output`, which ends quietly on a closed pipe.
 #![warn(clippy::print_stdout)]
@@ -15,6 +16,7 @@ pub mod error;
 pub mod gpu;
 pub mod inspect;
 pub mod interrupt;
+pub mod mcp;
 pub mod output;
 pub mod process;
 pub mod render;

@@ -12,6 +12,7 @@ mod edges;
 mod holders;
 mod identity;
 mod kill;
+mod mcp;
 mod modules;
 mod patch;
 mod render;

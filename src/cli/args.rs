@@ -174,6 +174,25 @@ pub enum Cmd {
         #[command(flatten)]
         hook: HookFlags,
     },
+    /// Serve the gpuloop tools to an AI assistant over MCP (stdio); read-only unless allowed.
+    #[command(
+        after_help = "Read-only by default: gpus, holders, diagnose, wait_clean, and dry runs of kill and clean.\n\
+                      --allow (or `[mcp] allow = [...]` in config.toml) opens more. Protected GPU daemons are never signalled.\n\
+                      Every call is journaled: gpuloop journal.\n\
+                      Claude Code: claude mcp add gpuloop -- gpuloop mcp --allow clean\n\
+                      Remote node:  claude mcp add gpu-node -- ssh node gpuloop mcp --allow clean"
+    )]
+    Mcp {
+        /// Also allow these (comma-separated or repeated): kill, clean, run, recipes.
+        #[arg(long, value_name = "WHAT", value_delimiter = ',')]
+        allow: Vec<String>,
+    },
+    /// Show the journal of MCP calls (time, tool, arguments, what was signalled, result).
+    Journal {
+        /// How many of the latest calls to show (0: all).
+        #[arg(long, short = 'n', default_value_t = 20, value_name = "N")]
+        last: usize,
+    },
     /// Shell completions.
     Completions {
         /// The shell to complete for.

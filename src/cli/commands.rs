@@ -134,6 +134,8 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Epilog { hook: h } => hook(cfg, Hook::Epilog, h),
         Cmd::Prolog { hook: h } => hook(cfg, Hook::Prolog, h),
         Cmd::Sim(cmd) => sim(cfg, cmd),
+        Cmd::Mcp { allow } => mcp(cfg, allow),
+        Cmd::Journal { last } => journal(cfg, *last),
         // Handled in `cli::main` before anything starts; kept for a complete match.
         Cmd::Guard => Ok(crate::runner::guard::main()),
     }
@@ -179,6 +181,42 @@ fn hook(cfg: &Config, which: Hook, h: &HookFlags) -> Result<i32, Error> {
     };
     let env = JobEnv::from(|k| std::env::var(k).ok())?;
     Ok(crate::slurm::run(&cfg.session, which, &env, &opts)?)
+}
+
+fn mcp(cfg: &Config, allow: &[String]) -> Result<i32, Error> {
+    use crate::mcp::policy::Policy;
+    let s = &cfg.session;
+    let policy = Policy::from_lists(allow.iter().chain(&s.config.mcp_allow))
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    crate::mcp::serve(s.clone(), policy).map_err(|e| Error::Other(e.to_string()))
+}
+
+fn journal(cfg: &Config, last: usize) -> Result<i32, Error> {
+    use crate::mcp::journal;
+    let err = |e: journal::JournalError| Error::Other(e.to_string());
+    let path = journal::path().map_err(err)?;
+    let (entries, bad) = journal::read(&path).map_err(err)?;
+    if bad > 0 {
+        eprintln!(
+            "gpuloop: warning: {bad} line(s) of {} are not journal entries",
+            path.display()
+        );
+    }
+    let shown =
+        &entries[entries
+            .len()
+            .saturating_sub(if last == 0 { entries.len() } else { last })..];
+    if cfg.json {
+        return emit(cfg, &shown, String::new);
+    }
+    if shown.is_empty() {
+        eprintln!("no MCP calls journaled yet ({})", path.display());
+        return Ok(0);
+    }
+    for e in shown {
+        crate::outln!("{}", journal::line(e));
+    }
+    Ok(0)
 }
 
 fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
@@ -292,21 +330,7 @@ fn clean(
     if crate::interrupt::is_set() {
         return Ok(130);
     }
-    #[derive(Serialize)]
-    struct Out<'a> {
-        clean: bool,
-        kill: &'a crate::process::kill::KillReport,
-        /// How long the memory took to come back after the kill.
-        wait_ms: i64,
-        gpus: &'a [crate::inspect::diagnose::Diagnosis],
-    }
-    let out = Out {
-        clean: r.clean,
-        kill: &r.kill,
-        wait_ms: r.wait_ms,
-        gpus: &r.after,
-    };
-    emit(cfg, &out, || {
+    emit(cfg, &r, || {
         let secs = r.wait_ms as f64 / 1000.0;
         format!(
             "{}\n{}\n{}",

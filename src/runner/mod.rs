@@ -134,23 +134,28 @@ impl Outcome {
 
     /// The last `lines` lines of stderr (at most 4 KiB), for error messages.
     pub fn stderr_tail(&self, lines: usize) -> String {
-        let text = self.stderr.trim_end();
-        let start = text
-            .char_indices()
-            .rev()
-            .filter(|&(_, c)| c == '\n')
-            .nth(lines.saturating_sub(1))
-            .map_or(0, |(i, _)| i + 1);
-        let mut tail = &text[start..];
-        if tail.len() > 4096 {
-            let mut cut = tail.len() - 4096;
-            while !tail.is_char_boundary(cut) {
-                cut += 1;
-            }
-            tail = &tail[cut..];
-        }
-        tail.to_string()
+        tail(&self.stderr, lines)
     }
+}
+
+/// The last `lines` lines of `text` (at most 4 KiB), trailing blank lines dropped.
+pub fn tail(text: &str, lines: usize) -> String {
+    let text = text.trim_end();
+    let start = text
+        .char_indices()
+        .rev()
+        .filter(|&(_, c)| c == '\n')
+        .nth(lines.saturating_sub(1))
+        .map_or(0, |(i, _)| i + 1);
+    let mut tail = &text[start..];
+    if tail.len() > 4096 {
+        let mut cut = tail.len() - 4096;
+        while !tail.is_char_boundary(cut) {
+            cut += 1;
+        }
+        tail = &tail[cut..];
+    }
+    tail.to_string()
 }
 
 #[derive(Debug, thiserror::Error)]

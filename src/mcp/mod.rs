@@ -1,0 +1,295 @@
+//! `gpuloop mcp`: a Model Context Protocol server over stdio (the official `rmcp` SDK on
+//! tokio), so an AI assistant runs the act-verify loop through gpuloop's tools.
+//!
+//! `tools` carries each call out through `actions`, exactly as the CLI does; `policy` is
+//! what the person allowed (read-only by default); `journal` records every call. The async
+//! side here only moves messages: each call runs on a blocking thread with its own stop flag,
+//! set when the client cancels it, so a cancelled call stops what it started.
+
+pub mod journal;
+pub mod policy;
+mod summary;
+pub mod tools;
+
+use crate::session::Session;
+use policy::Policy;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tools::{CallError, Ctx, Progress};
+
+/// The JSON-RPC error code of a call the policy refuses (in the range JSON-RPC leaves to
+/// servers); its message names the `--allow` flag that permits it.
+pub const REFUSED: ErrorCode = ErrorCode(-32001);
+
+/// How long in-flight calls get to stop what they started when the server ends.
+const DRAIN: Duration = Duration::from_secs(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum McpServeError {
+    #[error("cannot start the MCP server's runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("MCP server: {0}")]
+    Serve(String),
+}
+
+pub struct Server {
+    session: Arc<Session>,
+    policy: Arc<Policy>,
+    journal: Option<PathBuf>,
+    tools: Arc<Vec<Tool>>,
+    /// Set when the server is ending: every call still running stops.
+    ending: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Server {
+    pub fn new(session: Arc<Session>, policy: Policy, journal: Option<PathBuf>) -> Server {
+        Server {
+            session,
+            policy: Arc::new(policy),
+            journal,
+            tools: Arc::new(tools::list()),
+            ending: Arc::new(AtomicBool::new(false)),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn record(&self, entry: journal::Entry) {
+        if let Some(p) = &self.journal {
+            if let Err(e) = journal::append(p, &entry) {
+                tracing::warn!("{e}");
+                eprintln!("gpuloop mcp: warning: {e}");
+            }
+        }
+    }
+}
+
+/// Counts a call's blocking work as in flight until it returns.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn enter(count: &Arc<AtomicUsize>) -> InFlight {
+        count.fetch_add(1, Ordering::SeqCst);
+        InFlight(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Sets a call's stop flag when its future is dropped (the service ended under it), so the
+/// blocking work never outlives its caller unstopped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        let mut me = Implementation::new("gpuloop", env!("CARGO_PKG_VERSION"));
+        me.title = Some("gpuloop".into());
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(me)
+            .with_instructions(format!(
+                "gpuloop finds who holds each GPU, stops them safely, and verifies the memory \
+                 is really released. Start with `diagnose` (or `gpus`, `holders`); `clean` stops \
+                 the holders and verifies; `wait_clean` waits instead of sleeping. This server's \
+                 policy, set by the person who runs it: {}. Protected GPU daemons are never \
+                 signalled. Quote the one-line summary each tool returns.",
+                self.policy.describe()
+            ))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.to_string();
+        let arguments = request.arguments.unwrap_or_default();
+        let token = context.meta.get_progress_token();
+        let stop = Arc::new(AtomicBool::new(false));
+        let _stop_if_dropped = StopOnDrop(stop.clone());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Progress>();
+        let started = Instant::now();
+        let mut task = {
+            let (session, policy, stop) = (self.session.clone(), self.policy.clone(), stop.clone());
+            let (name, arguments) = (name.clone(), arguments.clone());
+            let counted = InFlight::enter(&self.in_flight);
+            tokio::task::spawn_blocking(move || {
+                let _counted = counted;
+                let progress = move |p: Progress| {
+                    let _ = tx.send(p);
+                };
+                let ctx = Ctx {
+                    session: &session,
+                    policy: &policy,
+                    stop: &stop,
+                    progress: &progress,
+                };
+                tools::call(&ctx, &name, arguments)
+            })
+        };
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let joined = loop {
+            tokio::select! {
+                r = &mut task => break r,
+                Some(p) = rx.recv() => {
+                    if let Some(token) = &token {
+                        let mut n = ProgressNotificationParam::new(token.clone(), p.done)
+                            .with_message(p.message);
+                        if let Some(total) = p.total.filter(|&t| t >= p.done) {
+                            n = n.with_total(total);
+                        }
+                        let _ = context.peer.notify_progress(n).await;
+                    }
+                }
+                _ = tick.tick() => {
+                    if context.ct.is_cancelled()
+                        || self.ending.load(Ordering::Relaxed)
+                        || crate::interrupt::is_set()
+                    {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+        };
+        let outcome = joined.unwrap_or_else(|e| {
+            Err(CallError::BadArguments(format!(
+                "{name}: internal error: {e}"
+            )))
+        });
+        let (result, signalled, summary) = match &outcome {
+            Ok(r) => (
+                if r.failed { "error" } else { "ok" },
+                r.signalled.clone(),
+                r.summary.clone(),
+            ),
+            Err(CallError::Refused(r)) => ("refused", Vec::new(), r.to_string()),
+            Err(CallError::Cancelled { signalled }) => (
+                "cancelled",
+                signalled.clone(),
+                "cancelled by the client; what the call started was stopped".into(),
+            ),
+            Err(e) => ("error", Vec::new(), e.to_string()),
+        };
+        self.record(journal::Entry {
+            time: journal::now_utc(),
+            tool: name.clone(),
+            arguments: Value::Object(arguments),
+            signalled,
+            result: result.into(),
+            summary,
+            elapsed_ms: started.elapsed().as_millis() as i64,
+            server_pid: i64::from(std::process::id()),
+        });
+        match outcome {
+            Ok(reply) => {
+                // The line to quote first, then the record as JSON text for clients that
+                // show models only text; the same record as structured content.
+                let json_text = serde_json::to_string(&reply.data).unwrap_or_default();
+                let mut result = if reply.failed {
+                    CallToolResult::structured_error(reply.data)
+                } else {
+                    CallToolResult::structured(reply.data)
+                };
+                result.content = vec![
+                    ContentBlock::text(reply.summary),
+                    ContentBlock::text(json_text),
+                ];
+                Ok(result.into())
+            }
+            Err(CallError::Refused(r)) => Err(McpError::new(
+                REFUSED,
+                r.to_string(),
+                Some(json!({ "tool": r.tool, "allow": r.needs.name() })),
+            )),
+            Err(e @ (CallError::BadArguments(_) | CallError::UnknownTool(_))) => {
+                Err(McpError::invalid_params(e.to_string(), None))
+            }
+            Err(e @ CallError::Cancelled { .. }) => Err(McpError::new(
+                ErrorCode::INTERNAL_ERROR,
+                e.to_string(),
+                None,
+            )),
+        }
+    }
+}
+
+/// Serves MCP on stdin/stdout until the client closes the connection or gpuloop is
+/// interrupted; returns the exit code. Jobs started by `run` are stopped before it returns.
+pub fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError> {
+    let journal = match journal::path() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("gpuloop mcp: warning: calls are not journaled: {e}");
+            None
+        }
+    };
+    tracing::debug!("mcp: policy {}, journal {journal:?}", policy.describe());
+    // Whatever `run` starts is stopped when the server ends, however it ends.
+    let _jobs = crate::runner::Supervisor::start(session.protected());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(McpServeError::Runtime)?;
+    let server = Server::new(session, policy, journal);
+    let ending = server.ending.clone();
+    let in_flight = server.in_flight.clone();
+    let result = runtime.block_on(async move {
+        let running = server
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| McpServeError::Serve(e.to_string()))?;
+        let cancel = running.cancellation_token();
+        let watch = tokio::spawn(async move {
+            while !crate::interrupt::is_set() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            cancel.cancel();
+        });
+        let quit = running.waiting().await;
+        watch.abort();
+        tracing::debug!("mcp: server ended: {quit:?}");
+        Ok::<(), McpServeError>(())
+    });
+    // Stop the calls still running and give them time to stop what they started.
+    ending.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + DRAIN;
+    while in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A read of stdin may still be pending: do not wait for it.
+    runtime.shutdown_background();
+    result?;
+    Ok(if crate::interrupt::is_set() { 130 } else { 0 })
+}

@@ -1,0 +1,143 @@
+//! What the person running `gpuloop mcp` lets the model do: read-only unless `--allow`ed.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// One thing beyond reading that a person can allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Permission {
+    Kill,
+    Clean,
+    Run,
+    Recipes,
+}
+
+impl Permission {
+    pub const ALL: [Permission; 4] = [
+        Permission::Kill,
+        Permission::Clean,
+        Permission::Run,
+        Permission::Recipes,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Permission::Kill => "kill",
+            Permission::Clean => "clean",
+            Permission::Run => "run",
+            Permission::Recipes => "recipes",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Permission> {
+        Permission::ALL
+            .into_iter()
+            .find(|p| p.name() == s.trim().to_ascii_lowercase())
+    }
+}
+
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown permission {0:?} for mcp (allow takes kill, clean, run, recipes)")]
+pub struct UnknownPermission(pub String);
+
+/// The server's policy, fixed when it starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    allowed: BTreeSet<Permission>,
+}
+
+/// A call the policy refuses: the tool, and the permission that would allow it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "refused: `{tool}` {what} is not allowed by this server's policy (read-only by default). The person who runs the server can allow it with `gpuloop mcp --allow {needs}` or `[mcp] allow = [\"{needs}\"]` in config.toml{hint}"
+)]
+pub struct Refusal {
+    pub tool: &'static str,
+    pub what: &'static str,
+    pub needs: Permission,
+    pub hint: &'static str,
+}
+
+impl Policy {
+    /// The union of `--allow` values and the config's `[mcp] allow`, each possibly "a,b".
+    pub fn from_lists<'a>(
+        lists: impl IntoIterator<Item = &'a String>,
+    ) -> Result<Policy, UnknownPermission> {
+        let mut allowed = BTreeSet::new();
+        for item in lists {
+            for word in item.split(',').filter(|w| !w.trim().is_empty()) {
+                allowed
+                    .insert(Permission::parse(word).ok_or_else(|| UnknownPermission(word.into()))?);
+            }
+        }
+        Ok(Policy { allowed })
+    }
+
+    pub fn allows(&self, p: Permission) -> bool {
+        self.allowed.contains(&p)
+    }
+
+    /// "read-only" or "read-only + kill, clean".
+    pub fn describe(&self) -> String {
+        if self.allowed.is_empty() {
+            return "read-only".into();
+        }
+        let names: Vec<&str> = self.allowed.iter().map(|p| p.name()).collect();
+        format!("read-only + {}", names.join(", "))
+    }
+
+    /// Checks a call that needs `p`; `dry_run` calls of kill and clean only read.
+    pub fn check(&self, tool: &'static str, p: Permission, dry_run: bool) -> Result<(), Refusal> {
+        if dry_run || self.allows(p) {
+            return Ok(());
+        }
+        let (what, hint) = match p {
+            Permission::Kill | Permission::Clean => (
+                "(signalling processes)",
+                "; a dry run (`dry_run: true`) is always allowed and shows what it would stop.",
+            ),
+            Permission::Run => ("(running a command)", "."),
+            Permission::Recipes => ("(running a recipe)", "."),
+        };
+        Err(Refusal {
+            tool,
+            what,
+            needs: p,
+            hint,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_comma_lists_and_refuses_unknown_words() {
+        let p = Policy::from_lists(&["kill,clean".to_string(), "Run".to_string()]).unwrap();
+        assert!(p.allows(Permission::Kill) && p.allows(Permission::Clean));
+        assert!(p.allows(Permission::Run) && !p.allows(Permission::Recipes));
+        assert_eq!(p.describe(), "read-only + kill, clean, run");
+        let e = Policy::from_lists(&["clean,nuke".to_string()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown permission \"nuke\" for mcp (allow takes kill, clean, run, recipes)"
+        );
+    }
+
+    #[test]
+    fn read_only_by_default_but_dry_runs_pass() {
+        let p = Policy::default();
+        assert_eq!(p.describe(), "read-only");
+        assert!(p.check("clean", Permission::Clean, true).is_ok());
+        let e = p.check("clean", Permission::Clean, false).unwrap_err();
+        assert_eq!(e.needs, Permission::Clean);
+        assert!(e.to_string().contains("`gpuloop mcp --allow clean`"), "{e}");
+    }
+}

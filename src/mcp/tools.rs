@@ -1,0 +1,662 @@
+//! The MCP tools: their argument types (and so their JSON schemas), the descriptions a model
+//! reads, and each call carried out through `actions`, as the CLI does it.
+
+use super::policy::{Permission, Policy, Refusal};
+use super::summary;
+use crate::actions::{self, Watch};
+use crate::inspect::wait::{WaitOpts, WaitOutcome};
+use crate::inspect::{Filter, Selection};
+use crate::process::kill::{parse_signal, KillOpts, Target};
+use crate::process::Identity;
+use crate::runner::{self, Cmd, Job, JobOpts, Waited};
+use crate::session::Session;
+use nix::sys::signal::Signal;
+use rmcp::model::{Tool, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How often a long call reports progress at most.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// One progress notification: how far (seconds so far), out of what (the timeout), and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    pub done: f64,
+    pub total: Option<f64>,
+    pub message: String,
+}
+
+/// What one call runs with: the session (backend, config, hosts), the policy, the call's own
+/// stop flag (set when the client cancels it or the server is stopped), and its progress sink.
+pub struct Ctx<'a> {
+    pub session: &'a Session,
+    pub policy: &'a Policy,
+    pub stop: &'a AtomicBool,
+    pub progress: &'a (dyn Fn(Progress) + Sync),
+}
+
+impl Ctx<'_> {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// A finished call: the line a model can quote, the structured record (the same serde
+/// records as `--json`), the pids it signalled, and whether the tool itself failed.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub summary: String,
+    pub data: Value,
+    pub signalled: Vec<i64>,
+    pub failed: bool,
+}
+
+impl Reply {
+    fn ok(summary: String, data: Value) -> Reply {
+        Reply {
+            summary,
+            data,
+            signalled: Vec::new(),
+            failed: false,
+        }
+    }
+
+    /// The tool ran but could not do its job (no such GPU, no driver, cannot start the
+    /// command): an `isError` result, which a model reads, not a protocol error.
+    fn failed(error: impl std::fmt::Display) -> Reply {
+        let error = error.to_string();
+        Reply {
+            data: json!({ "error": error }),
+            summary: error,
+            signalled: Vec::new(),
+            failed: true,
+        }
+    }
+}
+
+/// Calls that never reach the tool's work, and cancellations.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("{0}")]
+    Refused(#[from] Refusal),
+    #[error("{0}")]
+    BadArguments(String),
+    #[error("unknown tool {0:?}: tools/list names the tools this server has")]
+    UnknownTool(String),
+    /// The client cancelled (or the server was stopped); what the call started was stopped.
+    #[error("cancelled")]
+    Cancelled { signalled: Vec<i64> },
+}
+
+fn args<T: for<'de> Deserialize<'de>>(tool: &str, raw: Map<String, Value>) -> Result<T, CallError> {
+    serde_json::from_value(Value::Object(raw))
+        .map_err(|e| CallError::BadArguments(format!("{tool}: {e}")))
+}
+
+fn seconds(tool: &str, what: &str, v: f64) -> Result<Duration, CallError> {
+    if !(0.0..=1e9).contains(&v) {
+        return Err(CallError::BadArguments(format!(
+            "{tool}: {what} must be a non-negative number of seconds, got {v}"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn signal(tool: &str, name: &str) -> Result<Signal, CallError> {
+    parse_signal(name).ok_or_else(|| {
+        CallError::BadArguments(format!(
+            "{tool}: unknown signal {name:?} (use TERM, INT, KILL, HUP, …)"
+        ))
+    })
+}
+
+/// A call's progress: seconds since it started, out of its longest possible time, sent at
+/// most every `PROGRESS_EVERY` (the waits poll far more often).
+struct Reporter<'a> {
+    ctx: &'a Ctx<'a>,
+    started: Instant,
+    total: Option<Duration>,
+    last: Option<Instant>,
+}
+
+impl<'a> Reporter<'a> {
+    fn new(ctx: &'a Ctx<'a>, total: Option<Duration>) -> Reporter<'a> {
+        Reporter {
+            ctx,
+            started: Instant::now(),
+            total,
+            last: None,
+        }
+    }
+
+    fn send(&mut self, message: &str) {
+        if self.last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        (self.ctx.progress)(Progress {
+            done: self.started.elapsed().as_secs_f64(),
+            total: self.total.map(|t| t.as_secs_f64()),
+            message: message.to_string(),
+        });
+    }
+}
+
+// ---- arguments (their doc comments are the schema descriptions a model reads) ----
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HoldersArgs {
+    /// GPU indices to look at (default: every GPU).
+    #[serde(default)]
+    pub gpus: Option<Vec<i64>>,
+    /// Also list observers (NVML-only clients such as nvidia-smi, which hold no memory) and
+    /// protected GPU daemons. Default false: only compute holders, which hold memory.
+    #[serde(default)]
+    pub all: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelArgs {
+    /// GPU indices to look at (default: every GPU).
+    #[serde(default)]
+    pub gpus: Option<Vec<i64>>,
+}
+
+fn d30() -> f64 {
+    30.0
+}
+fn d5() -> f64 {
+    5.0
+}
+fn d_true() -> bool {
+    true
+}
+fn d_term() -> String {
+    "TERM".into()
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitArgs {
+    /// GPU indices to wait for (default: every GPU).
+    #[serde(default)]
+    pub gpus: Option<Vec<i64>>,
+    /// Seconds to wait at most (default 30). 0 asks "is it clean right now?".
+    #[serde(default = "d30")]
+    pub timeout: f64,
+    /// Seconds to keep watching once clean (default 0): a compute holder that appears in that
+    /// time (a launcher respawning a worker) makes the answer "not clean".
+    #[serde(default)]
+    pub settle: f64,
+    /// MiB a GPU may still show as used and count as clean (default 0).
+    #[serde(default)]
+    pub max_used_mib: i64,
+    /// Count the few MiB that other GPUs' CUDA contexts keep here as dirty too (default
+    /// false: that footprint does not make a selected GPU dirty).
+    #[serde(default)]
+    pub strict: bool,
+}
+
+/// A process to stop: a holder record as `holders` returned it (its `pid` and `start` are
+/// checked, so a reused pid is never hit), or a bare pid (resolved when the call runs).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum TargetArg {
+    Pid(i64),
+    Holder {
+        /// Process id.
+        pid: i64,
+        /// Start time in clock ticks, from the holder record: (pid, start) is the identity.
+        start: i64,
+        /// The pidfd inode, where the holder record has one: it tells apart two processes
+        /// that had the same pid within one clock tick.
+        #[serde(default)]
+        pidfs_ino: Option<i64>,
+    },
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillArgs {
+    /// Holder records (from `holders` or `diagnose`) or pids.
+    pub targets: Vec<TargetArg>,
+    /// Signal sent first: TERM (default), INT, KILL, HUP, …
+    #[serde(default = "d_term")]
+    pub signal: String,
+    /// Seconds before survivors get SIGKILL (default 5; 0: no escalation).
+    #[serde(default = "d5")]
+    pub grace: f64,
+    /// Also stop each target's descendants and job process group (default true).
+    #[serde(default = "d_true")]
+    pub tree: bool,
+    /// Also stop the targets' restarters: live parents that would start them again
+    /// (diagnose says "respawning"). Default false.
+    #[serde(default)]
+    pub parents: bool,
+    /// Report what would be signalled and signal nothing (default false; always allowed).
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Has no effect here: protected GPU daemons (nvidia-persistenced, DCGM, …) are never
+    /// signalled through MCP. A person can run `gpuloop kill --force` themselves.
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CleanArgs {
+    /// GPU indices to clean (default: every GPU).
+    #[serde(default)]
+    pub gpus: Option<Vec<i64>>,
+    /// Seconds to wait for the memory to be released after the kill (default 30).
+    #[serde(default = "d30")]
+    pub timeout: f64,
+    /// Seconds between TERM and KILL (default 5).
+    #[serde(default = "d5")]
+    pub grace: f64,
+    /// Also stop the holders' restarters: live parents that would start them again
+    /// (diagnose says "respawning"). Default false.
+    #[serde(default)]
+    pub parents: bool,
+    /// Report what would be stopped and stop nothing (default false; always allowed).
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// A shell command line (run by `sh -c`) or an argv array (no shell).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CommandArg {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+fn d600() -> f64 {
+    600.0
+}
+fn d40() -> usize {
+    40
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunArgs {
+    /// The command: a shell command line (`sh -c`) or an argv array.
+    pub command: CommandArg,
+    /// Seconds before the whole job is stopped (default 600).
+    #[serde(default = "d600")]
+    pub timeout: f64,
+    /// Working directory (default: the server's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// How many lines of the end of stdout and of stderr to return (default 40).
+    #[serde(default = "d40")]
+    pub tail_lines: usize,
+}
+
+// ---- the tool list ----
+
+fn tool<T: JsonSchema + 'static>(
+    name: &'static str,
+    title: &'static str,
+    description: &'static str,
+    read_only: bool,
+) -> Tool {
+    let hints = ToolAnnotations::with_title(title)
+        .read_only(read_only)
+        .destructive(!read_only)
+        .open_world(false);
+    Tool::new(name, description, serde_json::Map::new())
+        .with_input_schema::<T>()
+        .with_title(title)
+        .with_annotations(hints)
+}
+
+/// Every tool, with its schema and the description a model reads.
+pub fn list() -> Vec<Tool> {
+    vec![
+        tool::<NoArgs>(
+            "gpus",
+            "List GPUs",
+            "List the GPUs with their memory use: index, name, uuid, mem_used_mib / \
+             mem_total_mib, utilization, temperature, and how many processes the driver \
+             reports. Start here to see which GPUs still hold memory.",
+            true,
+        ),
+        tool::<HoldersArgs>(
+            "holders",
+            "Who holds the GPUs",
+            "List the processes holding GPU memory (compute holders): the driver's process \
+             list joined with a scan of every process's open and mapped /dev/nvidia* nodes, \
+             which finds orphaned workers and forked children the driver does not list. Each \
+             record has pid, start (with pid, the identity kill checks), ppid, user, name, \
+             cmdline, state, role, gpus, mem. Pass these records to `kill` as targets.",
+            true,
+        ),
+        tool::<SelArgs>(
+            "diagnose",
+            "Why is GPU memory still used",
+            "Explain each GPU's memory: a verdict (clean, held, orphaned, inherited, \
+             other-namespace, permission, daemon, driver, no-driver, …), its holders, \
+             ghost pids, and one line of advice a person can act on. Use it before and after \
+             a cleanup; quote the advice.",
+            true,
+        ),
+        tool::<WaitArgs>(
+            "wait_clean",
+            "Wait until GPUs are free",
+            "Wait until the selected GPUs have no compute holder and their memory is released \
+             (instead of sleeping a fixed time); returns within one poll of the release, or \
+             at the timeout with what diagnose says is left. Kills nothing. Reports progress \
+             and can be cancelled.",
+            true,
+        ),
+        tool::<KillArgs>(
+            "kill",
+            "Stop processes safely",
+            "Stop processes: all targets get the signal at once (through pidfds), one shared \
+             grace, then SIGKILL for survivors, and exits are awaited. Holder records are \
+             identity-checked (pid, start), so a reused pid is never hit. Never signalled: \
+             pid <= 1, gpuloop and its ancestors, protected GPU daemons (even with force). \
+             Needs the server's `--allow kill` unless dry_run is true.",
+            false,
+        ),
+        tool::<CleanArgs>(
+            "clean",
+            "Stop GPU holders and verify",
+            "The whole cleanup: stop every compute holder of the selected GPUs (TERM, grace, \
+             KILL), wait until the memory is released, and report the kill and what diagnose \
+             says of each GPU afterwards (`clean` is true only when verified). Reports \
+             progress and can be cancelled. Needs the server's `--allow clean` unless dry_run \
+             is true (a dry run lists what would be stopped).",
+            false,
+        ),
+        tool::<RunArgs>(
+            "run",
+            "Run a command",
+            "Run a command (e.g. re-run the job) in its own process group with a timeout, and \
+             return its exit code and the end of its output. When it ends, times out or is \
+             cancelled, everything it started (descendants, its process group, double-forked \
+             or setsid'd orphans) is stopped: nothing is left holding a GPU. Needs the \
+             server's `--allow run`.",
+            false,
+        ),
+    ]
+}
+
+// ---- the calls ----
+
+/// Runs one tool call to its end (blocking: the server calls it off the async runtime).
+pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, CallError> {
+    let s = ctx.session;
+    match name {
+        "gpus" => {
+            args::<NoArgs>(name, raw)?;
+            Ok(match actions::gpus(s) {
+                Ok(gpus) => Reply::ok(summary::gpus(&gpus), json!({ "gpus": gpus })),
+                Err(e) => Reply::failed(e),
+            })
+        }
+        "holders" => {
+            let a: HoldersArgs = args(name, raw)?;
+            Ok(match actions::holders(s, &a.gpus, a.all) {
+                Ok(hs) => Reply::ok(summary::holders(&hs, a.all), json!({ "holders": hs })),
+                Err(e) => Reply::failed(e),
+            })
+        }
+        "diagnose" => {
+            let a: SelArgs = args(name, raw)?;
+            Ok(match actions::diagnoses(s, &a.gpus) {
+                Ok(ds) => Reply::ok(
+                    summary::diagnoses(&ds),
+                    json!({ "clean": ds.iter().all(|d| d.verdict == "clean"), "gpus": ds }),
+                ),
+                Err(e) => Reply::failed(e),
+            })
+        }
+        "wait_clean" => wait_clean(ctx, args(name, raw)?),
+        "kill" => kill(ctx, args(name, raw)?),
+        "clean" => clean(ctx, args(name, raw)?),
+        "run" => run(ctx, args(name, raw)?),
+        other => Err(CallError::UnknownTool(other.to_string())),
+    }
+}
+
+fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
+    let opts = WaitOpts {
+        timeout: seconds("wait_clean", "timeout", a.timeout)?,
+        settle: seconds("wait_clean", "settle", a.settle)?,
+        max_used_mib: a.max_used_mib.max(0),
+        strict: a.strict,
+        ..WaitOpts::default()
+    };
+    let sel: Selection = a.gpus;
+    let started = Instant::now();
+    let mut progress = Reporter::new(ctx, Some(opts.timeout + opts.settle));
+    let outcome = actions::wait_watched(
+        ctx.session,
+        &sel,
+        &opts,
+        &mut Watch {
+            stop: ctx.stop,
+            show: &mut |m| progress.send(m),
+        },
+    );
+    let outcome = match outcome {
+        Ok(WaitOutcome::NoDriver(why)) => return Ok(Reply::failed(why)),
+        Ok(o) => o,
+        Err(e) => return Ok(Reply::failed(e)),
+    };
+    if outcome == WaitOutcome::Interrupted || ctx.stopped() {
+        return Err(CallError::Cancelled {
+            signalled: Vec::new(),
+        });
+    }
+    let after = match actions::diagnoses(ctx.session, &sel) {
+        Ok(d) => d,
+        Err(e) => return Ok(Reply::failed(e)),
+    };
+    let elapsed = started.elapsed();
+    let why = actions::why_not_clean(&outcome, &opts);
+    Ok(Reply::ok(
+        summary::wait(outcome.is_clean(), elapsed, why, &after),
+        json!({
+            "clean": outcome.is_clean(),
+            "outcome": match outcome {
+                WaitOutcome::Clean => "clean",
+                WaitOutcome::TimedOut => "timed-out",
+                WaitOutcome::Stalled => "stalled",
+                WaitOutcome::Respawned(_) => "respawned",
+                WaitOutcome::Unsettled => "unsettled",
+                WaitOutcome::Interrupted | WaitOutcome::NoDriver(_) => "interrupted",
+            },
+            "elapsed_ms": elapsed.as_millis() as i64,
+            "gpus": after,
+        }),
+    ))
+}
+
+fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
+    ctx.policy.check("kill", Permission::Kill, a.dry_run)?;
+    if a.targets.is_empty() {
+        return Err(CallError::BadArguments(
+            "kill: targets is empty: pass holder records from `holders`, or pids".into(),
+        ));
+    }
+    let pid = |p: i64| {
+        i32::try_from(p).map_err(|_| CallError::BadArguments(format!("kill: {p} is not a pid")))
+    };
+    let targets = a
+        .targets
+        .iter()
+        .map(|t| {
+            let not = |what: &str, v: i64| {
+                CallError::BadArguments(format!("kill: {what} {v} is not valid"))
+            };
+            Ok(match *t {
+                TargetArg::Pid(p) => Target::Pid(pid(p)?),
+                TargetArg::Holder {
+                    pid: p,
+                    start,
+                    pidfs_ino,
+                } => Target::Exact(Identity {
+                    pid: pid(p)?,
+                    start: u64::try_from(start).map_err(|_| not("start", start))?,
+                    ino: pidfs_ino
+                        .map(|i| u64::try_from(i).map_err(|_| not("pidfs_ino", i)))
+                        .transpose()?,
+                }),
+            })
+        })
+        .collect::<Result<Vec<_>, CallError>>()?;
+    let opts = KillOpts {
+        signal: signal("kill", &a.signal)?,
+        grace: seconds("kill", "grace", a.grace)?,
+        tree: a.tree,
+        parents: a.parents,
+        dry_run: a.dry_run,
+        // The person's policy, not the model's: protected daemons are never signalled here.
+        force: false,
+        ..KillOpts::default()
+    };
+    let mut progress = Reporter::new(ctx, Some(opts.grace));
+    let report = actions::kill_watched(
+        ctx.session,
+        &targets,
+        &opts,
+        &mut Watch {
+            stop: ctx.stop,
+            show: &mut |m| progress.send(m),
+        },
+    );
+    let mut line = summary::kill(&report);
+    if a.force {
+        line.push_str(" (force has no effect through MCP: protected daemons are never signalled)");
+    }
+    Ok(Reply {
+        summary: line,
+        signalled: report.signalled.clone(),
+        data: json!(report),
+        failed: false,
+    })
+}
+
+fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
+    ctx.policy.check("clean", Permission::Clean, a.dry_run)?;
+    let kill_opts = KillOpts {
+        grace: seconds("clean", "grace", a.grace)?,
+        parents: a.parents,
+        dry_run: a.dry_run,
+        force: false,
+        ..KillOpts::default()
+    };
+    let wait = WaitOpts {
+        timeout: seconds("clean", "timeout", a.timeout)?,
+        ..WaitOpts::default()
+    };
+    let sel: Selection = a.gpus;
+    if a.dry_run {
+        // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
+        return Ok(
+            match actions::kill_holders(ctx.session, &sel, &Filter::default(), &kill_opts) {
+                Ok(report) => Reply::ok(summary::kill(&report), json!(report)),
+                Err(e) => Reply::failed(e),
+            },
+        );
+    }
+    let mut progress = Reporter::new(ctx, Some(kill_opts.grace + wait.timeout));
+    progress.send("stopping the compute holders");
+    let r = actions::clean_watched(
+        ctx.session,
+        &sel,
+        &Filter::default(),
+        &kill_opts,
+        &wait,
+        &mut Watch {
+            stop: ctx.stop,
+            show: &mut |m| progress.send(m),
+        },
+    );
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => return Ok(Reply::failed(e)),
+    };
+    if r.outcome == WaitOutcome::Interrupted || ctx.stopped() {
+        return Err(CallError::Cancelled {
+            signalled: r.kill.signalled,
+        });
+    }
+    Ok(Reply {
+        summary: summary::clean(&r),
+        signalled: r.kill.signalled.clone(),
+        data: json!(r),
+        failed: false,
+    })
+}
+
+fn run(ctx: &Ctx, a: RunArgs) -> Result<Reply, CallError> {
+    ctx.policy.check("run", Permission::Run, false)?;
+    let cmd = match a.command {
+        CommandArg::Shell(s) if !s.trim().is_empty() => Cmd::Shell(s),
+        CommandArg::Argv(v) if v.first().is_some_and(|c| !c.is_empty()) => Cmd::Argv(v),
+        _ => return Err(CallError::BadArguments("run: the command is empty".into())),
+    };
+    let timeout = seconds("run", "timeout", a.timeout)?;
+    let opts = JobOpts {
+        timeout: Some(timeout),
+        cwd: a.cwd.map(Into::into),
+        // stdout is the MCP channel: output is captured, never echoed.
+        echo: false,
+        protected: ctx.session.protected().to_vec(),
+        ..JobOpts::default()
+    };
+    let job = match Job::spawn(&cmd, opts) {
+        Ok(j) => j,
+        Err(e) => return Ok(Reply::failed(e)),
+    };
+    let mut progress = Reporter::new(ctx, Some(timeout));
+    let outcome = loop {
+        match job.wait(Some(Duration::from_secs(1)), ctx.stop) {
+            Waited::Done(o) => break o,
+            Waited::Running => {
+                progress.send(&format!("running `{}` (pid {})", job.command(), job.pid()))
+            }
+            Waited::Interrupted => {
+                job.stop(Signal::SIGTERM, None);
+                return Err(CallError::Cancelled {
+                    signalled: vec![i64::from(job.pid())],
+                });
+            }
+        }
+    };
+    // The no-orphan guarantee: the runner stopped what the job left running when its leader
+    // exited (its `leftovers`), as run() does in scripts.
+    let leftovers = outcome.leftovers.clone();
+    let tail = a.tail_lines.max(1);
+    Ok(Reply {
+        summary: summary::run(job.command(), &outcome, Some(timeout), &leftovers),
+        signalled: leftovers.clone(),
+        data: json!({
+            "command": job.command(),
+            "code": outcome.code,
+            "signal": outcome.signal,
+            "ok": outcome.ok,
+            "timed_out": outcome.timed_out,
+            "elapsed_ms": outcome.elapsed_ms,
+            "pid": outcome.pid,
+            "stdout_tail": runner::tail(&outcome.stdout, tail),
+            "stderr_tail": runner::tail(&outcome.stderr, tail),
+            "leftovers": leftovers,
+        }),
+        failed: false,
+    })
+}

@@ -1,0 +1,277 @@
+"""A real MCP client (the official Python SDK, PyPI `mcp`) driving `gpuloop mcp` over stdio.
+
+Run by the Rust integration suite (tests/mcp.rs), one scenario per call:
+
+    python client.py SCENARIO
+
+The environment carries what the Rust test set up: GPULOOP_BIN (the binary), MCP_SERVER_ARGS
+(JSON list), MCP_SERVER_ENV (JSON map: the simulator's state, XDG dirs), MCP_PLANTED (JSON:
+the pids the test planted). Every check raises with a message; exit status 0 means all passed.
+"""
+
+import json
+import os
+import sys
+import time
+
+import anyio
+from jsonschema import Draft202012Validator
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
+
+BIN = os.environ["GPULOOP_BIN"]
+SERVER_ARGS = json.loads(os.environ["MCP_SERVER_ARGS"])
+SERVER_ENV = json.loads(os.environ["MCP_SERVER_ENV"])
+PLANTED = json.loads(os.environ.get("MCP_PLANTED", "{}"))
+JOURNAL = os.path.join(SERVER_ENV["XDG_STATE_HOME"], "gpuloop", "journal.jsonl")
+
+READ_TOOLS = {"gpus", "holders", "diagnose", "wait_clean"}
+ALL_TOOLS = READ_TOOLS | {"kill", "clean", "run"}
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except OSError:
+        return False
+
+
+async def gone_within(pid, secs):
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        if not alive(pid):
+            return True
+        await anyio.sleep(0.02)
+    return not alive(pid)
+
+
+def journal():
+    if not os.path.exists(JOURNAL):
+        return []
+    with open(JOURNAL) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+async def wait_journal(pred, secs, what):
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        hits = [e for e in journal() if pred(e)]
+        if hits:
+            return hits[-1]
+        await anyio.sleep(0.05)
+    raise AssertionError(f"no journal entry {what} within {secs}s: {journal()}")
+
+
+def server(args=None):
+    return StdioServerParameters(command=BIN, args=args or SERVER_ARGS, env=SERVER_ENV)
+
+
+async def call(session, name, args=None, **kw):
+    r = await session.call_tool(name, args or {}, **kw)
+    check(r.content and r.content[0].type == "text", f"{name}: no text summary: {r}")
+    summary = r.content[0].text
+    check("\n" not in summary and summary, f"{name}: summary is not one line: {summary!r}")
+    check(isinstance(r.structured_content, dict), f"{name}: no structured content: {r}")
+    check(
+        json.loads(r.content[1].text) == r.structured_content,
+        f"{name}: the JSON text differs from the structured content",
+    )
+    print(f"  {name}: {summary}")
+    return r
+
+
+async def refused(session, name, args, flag):
+    try:
+        await session.call_tool(name, args)
+    except MCPError as e:
+        check(e.code == -32001, f"{name}: refusal code {e.code}")
+        check(f"--allow {flag}" in e.message, f"{name}: refusal does not name --allow {flag}: {e.message}")
+        check(e.data == {"tool": name, "allow": flag}, f"{name}: refusal data {e.data}")
+        print(f"  {name}: refused: {e.message[:90]}…")
+        return
+    raise AssertionError(f"{name} was not refused")
+
+
+async def read_only():
+    """initialize, tools and schemas, diagnose of a planted orphan, refusals, dry runs, journal."""
+    orphan, daemon = PLANTED["orphan"], PLANTED["daemon"]
+    calls = []
+    async with stdio_client(server()) as (read, write):
+        async with ClientSession(read, write) as s:
+            init = await s.initialize()
+            check(init.server_info.name == "gpuloop", f"server info {init.server_info}")
+            check(init.capabilities.tools is not None, "no tools capability")
+            check("read-only" in (init.instructions or ""), f"instructions: {init.instructions}")
+
+            tools = (await s.list_tools()).tools
+            check({t.name for t in tools} == ALL_TOOLS, f"tools: {[t.name for t in tools]}")
+            for t in tools:
+                Draft202012Validator.check_schema(t.input_schema)
+                check(t.input_schema.get("type") == "object", f"{t.name}: schema not an object")
+                check(len(t.description or "") > 60, f"{t.name}: description too short")
+                check(t.annotations.read_only_hint == (t.name in READ_TOOLS), f"{t.name}: hints")
+            # The schemas accept what a model would send and reject what it must not.
+            kill_schema = Draft202012Validator(next(t for t in tools if t.name == "kill").input_schema)
+            check(kill_schema.is_valid({"targets": [12, {"pid": 12, "start": 99, "name": "x"}]}), "kill schema")
+            check(not kill_schema.is_valid({"targets": [12], "sudo": True}), "kill schema is open")
+            print(f"  tools/list: {len(tools)} tools, schemas valid")
+
+            r = await call(s, "diagnose", {"gpus": [1]})
+            calls.append(("diagnose", "ok"))
+            d = r.structured_content["gpus"][0]
+            check(d["verdict"] == "orphaned", f"verdict {d['verdict']}: {d}")
+            check(orphan in [h["pid"] for h in d["holders"]], f"orphan {orphan} not among {d['holders']}")
+            check("orphaned" in r.content[0].text, r.content[0].text)
+
+            r = await call(s, "holders", {"all": True})
+            calls.append(("holders", "ok"))
+            roles = {h["pid"]: h["role"] for h in r.structured_content["holders"]}
+            check(roles.get(orphan) == "compute" and roles.get(daemon) == "daemon", f"roles {roles}")
+
+            await refused(s, "clean", {}, "clean")
+            calls.append(("clean", "refused"))
+            holder = next(h for h in r.structured_content["holders"] if h["pid"] == orphan)
+            await refused(s, "kill", {"targets": [holder]}, "kill")
+            calls.append(("kill", "refused"))
+            check(alive(orphan), "a refused call signalled the orphan")
+
+            r = await call(s, "clean", {"dry_run": True})
+            calls.append(("clean", "ok"))
+            check(orphan in r.structured_content["would_signal"], f"dry run: {r.structured_content}")
+            check(r.structured_content["signalled"] == [], f"dry run signalled: {r.structured_content}")
+            check(r.structured_content["dry_run"] is True, "dry run flag")
+            check(alive(orphan), "a dry run signalled the orphan")
+
+            try:
+                await s.call_tool("wait_clean", {"timeout": -1})
+                raise AssertionError("a negative timeout was accepted")
+            except MCPError as e:
+                check(e.code == -32602 and "timeout" in e.message, f"bad argument error: {e.code} {e.message}")
+            calls.append(("wait_clean", "error"))
+
+            r = await call(s, "wait_clean", {"gpus": [0], "timeout": 5})
+            calls.append(("wait_clean", "ok"))
+            check(r.structured_content["clean"] is True, f"GPU 0 (daemon, 0 MiB) not clean: {r.structured_content}")
+
+    got = [(e["tool"], e["result"]) for e in journal()]
+    check(got == calls, f"journal {got} != calls {calls}")
+    for e in journal():
+        check(e["time"].endswith("Z") and e["server_pid"] > 0 and "arguments" in e, f"entry {e}")
+    check(journal()[1]["arguments"] == {"all": True}, f"arguments not journaled: {journal()[1]}")
+    print(f"  journal: {len(got)} lines, one per call")
+
+
+async def done_when():
+    """Given only `gpuloop mcp --sim 8x80G --allow clean`: find the orphaned workers of the
+    demo mess, clean them, and show the verification."""
+    workers, keep = PLANTED["workers"], PLANTED["keep"]
+    progress = []
+
+    async def on_progress(done, total, message):
+        progress.append((done, total, message))
+
+    async with stdio_client(server()) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            r = await call(s, "diagnose")
+            verdicts = {d["gpu"]: d["verdict"] for d in r.structured_content["gpus"]}
+            check(all(verdicts[g] == "orphaned" for g in range(6)), f"verdicts {verdicts}")
+            check(verdicts[6] == "inherited", f"GPU 6: {verdicts[6]}")
+            found = {h["pid"] for d in r.structured_content["gpus"] for h in d["holders"]}
+            check(set(workers) <= found, f"orphaned workers {workers} not all found in {found}")
+            check(r.structured_content["clean"] is False, "diagnose says clean")
+
+            r = await call(s, "clean", {"timeout": 30, "grace": 2}, progress_callback=on_progress)
+            c = r.structured_content
+            check(c["clean"] is True, f"not clean: {r.content[0].text}")
+            check(set(workers) <= set(c["kill"]["signalled"]), f"workers not all stopped: {c['kill']}")
+            check(all(d["verdict"] == "clean" and d["mem_used_mib"] == 0 for d in c["gpus"]), f"after: {c['gpus']}")
+            check(progress, "clean sent no progress notification")
+
+            r = await call(s, "gpus")
+            check(all(g["mem_used_mib"] == 0 for g in r.structured_content["gpus"]), "memory still used")
+            r = await call(s, "diagnose")
+            check(r.structured_content["clean"] is True, r.content[0].text)
+            for p in workers:
+                check(not alive(p), f"worker {p} still alive")
+            for p in keep:
+                check(alive(p), f"daemon/observer {p} was stopped")
+
+    e = [e for e in journal() if e["tool"] == "clean"][-1]
+    check(e["result"] == "ok" and set(workers) <= set(e["signalled"]), f"journal: {e}")
+    print(f"  verified: 8 GPUs at 0 MiB, {len(e['signalled'])} pids stopped, daemon and nvidia-smi left alone")
+
+
+async def cancel_and_run():
+    """A cancelled wait_clean and a cancelled run stop what they started; run's result and its
+    no-orphan guarantee; protected daemons survive kill even with force."""
+    pid_dir = PLANTED["dir"]
+    async with stdio_client(server()) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+
+            async def cancelled_after_progress(name, args):
+                got = anyio.Event()
+                scope = anyio.CancelScope()
+
+                async def on_progress(done, total, message):
+                    got.set()
+
+                async def run_call():
+                    with scope:
+                        await s.call_tool(name, args, progress_callback=on_progress)
+                        raise AssertionError(f"{name} finished instead of being cancelled")
+
+                started = time.monotonic()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run_call)
+                    with anyio.fail_after(60):
+                        await got.wait()
+                    scope.cancel()
+                # The journal line is written only once the call's work has returned.
+                e = await wait_journal(lambda e: e["tool"] == name and e["result"] == "cancelled", 30, f"for a cancelled {name}")
+                took = time.monotonic() - started
+                print(f"  {name}: cancelled after its first progress; stopped, journaled in {took:.1f}s")
+                return e
+
+            e = await cancelled_after_progress("wait_clean", {"gpus": [0], "timeout": 300})
+            check(e["elapsed_ms"] < 200_000, f"wait_clean ran to its timeout: {e}")
+            r = await call(s, "gpus")  # the server goes on serving
+            check(r.structured_content["gpus"][0]["mem_used_mib"] > 0, "the holder should still hold GPU 0")
+
+            leader, child = os.path.join(pid_dir, "leader"), os.path.join(pid_dir, "child")
+            cmd = f"sleep 301 & echo $! > {child}; echo $$ > {leader}; exec sleep 300"
+            await cancelled_after_progress("run", {"command": cmd, "timeout": 300})
+            for f in (leader, child):
+                pid = int(open(f).read())
+                check(await gone_within(pid, 15), f"cancelled run left pid {pid} ({f}) running")
+
+            left = os.path.join(pid_dir, "left")
+            r = await call(s, "run", {"command": f"sleep 302 & echo $! > {left}; echo hello; echo oops >&2; exit 3", "timeout": 60})
+            c = r.structured_content
+            check(c["code"] == 3 and c["ok"] is False, f"run: {c}")
+            check(c["stdout_tail"] == "hello" and c["stderr_tail"] == "oops", f"tails: {c}")
+            pid = int(open(left).read())
+            check(pid in c["leftovers"] and await gone_within(pid, 15), f"leftover {pid}: {c['leftovers']}")
+
+            daemon = PLANTED["daemon"]
+            r = await call(s, "kill", {"targets": [daemon], "force": True, "grace": 1})
+            c = r.structured_content
+            check(c["signalled"] == [] and [x["pid"] for x in c["skipped"]] == [daemon], f"daemon kill: {c}")
+            check(alive(daemon), "the protected daemon was killed through MCP")
+            check("force has no effect" in r.content[0].text, r.content[0].text)
+
+
+SCENARIOS = {"read_only": read_only, "done_when": done_when, "cancel_and_run": cancel_and_run}
+
+if __name__ == "__main__":
+    anyio.run(SCENARIOS[sys.argv[1]])
+    print(f"ok: {sys.argv[1]}")
