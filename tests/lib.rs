@@ -10,6 +10,7 @@ mod doc;
 mod driver_faults;
 mod edges;
 mod holders;
+mod hostile;
 mod identity;
 mod kill;
 mod mcp;

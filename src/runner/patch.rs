@@ -158,7 +158,12 @@ fn inside(dir: &Path, rel: &str) -> Result<PathBuf, PatchError> {
 pub fn is_applied(target: &Path, diff: &str) -> Result<bool, PatchError> {
     parse(diff)?;
     let reverts = apply(target, diff, Direction::Revert, true).is_ok();
-    let applies = apply(target, diff, Direction::Apply, true).is_ok();
+    let applies = match apply(target, diff, Direction::Apply, true) {
+        Ok(_) => true,
+        Err(PatchError::Hunk { .. }) => false,
+        // A missing file or a path outside the directory is not "not applied".
+        Err(e) => return Err(e),
+    };
     Ok(reverts && !applies)
 }
 
