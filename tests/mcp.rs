@@ -101,11 +101,11 @@ fn mcp_python_client_reads_diagnoses_and_is_refused_without_allow() {
     assert!(alive(orphan), "a read-only server stopped the orphan");
     // `gpuloop journal` shows the same calls.
     let lines = sim.run(&["journal", "--last", "0"]).ok().stdout;
-    assert_eq!(lines.lines().count(), 7, "{lines}");
+    assert_eq!(lines.lines().count(), 9, "{lines}");
     assert!(lines.contains(" clean refused "), "{lines}");
     let j = sim.run(&["--json", "journal", "-n", "2"]).ok().json();
     assert_eq!(j.as_array().map(Vec::len), Some(2), "{j}");
-    assert_eq!(j[1]["tool"], "wait_clean");
+    assert_eq!(j[1]["tool"], "run_recipe");
 }
 
 /// The "done when": given only `gpuloop mcp --sim 8x80G --allow clean`, a client finds

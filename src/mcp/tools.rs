@@ -303,6 +303,22 @@ pub struct RunArgs {
     pub tail_lines: usize,
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecipeArgs {
+    /// The recipe's name, as `recipes` lists it (e.g. "clean-node").
+    pub name: String,
+    /// Its arguments, as on the command line (e.g. ["--gpus", "0,1", "--timeout", "60"]).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Seconds before the recipe is stopped (default 600).
+    #[serde(default = "d600")]
+    pub timeout: f64,
+    /// How many lines of the end of its stdout and of its stderr to return (default 40).
+    #[serde(default = "d40")]
+    pub tail_lines: usize,
+}
+
 // ---- the tool list ----
 
 fn tool<T: JsonSchema + 'static>(
@@ -390,6 +406,22 @@ pub fn list() -> Vec<Tool> {
              server's `--allow run`.",
             false,
         ),
+        tool::<NoArgs>(
+            "recipes",
+            "List the ready recipes",
+            "List the recipes built into gpuloop (ready Rhai scripts such as clean-node, the \
+             escalation ladder TERM -> KILL -> wait -> diagnose -> verify): name, purpose, usage.",
+            true,
+        ),
+        tool::<RecipeArgs>(
+            "run_recipe",
+            "Run a ready recipe",
+            "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME -- \
+             ARGS` on this server's GPUs, and return its exit code and the end of its output. \
+             Reports progress, can be cancelled (the recipe and what it started are stopped). \
+             Needs the server's `--allow recipes`.",
+            false,
+        ),
     ]
 }
 
@@ -427,6 +459,19 @@ pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, Cal
         "kill" => kill(ctx, args(name, raw)?),
         "clean" => clean(ctx, args(name, raw)?),
         "run" => run(ctx, args(name, raw)?),
+        "recipes" => {
+            args::<NoArgs>(name, raw)?;
+            let list = crate::script::recipes::list();
+            let names: Vec<String> = list
+                .iter()
+                .map(|r| format!("{} ({})", r.name, r.purpose))
+                .collect();
+            Ok(Reply::ok(
+                format!("{} recipe(s): {}", list.len(), names.join("; ")),
+                json!({ "recipes": list }),
+            ))
+        }
+        "run_recipe" => run_recipe(ctx, args(name, raw)?),
         other => Err(CallError::UnknownTool(other.to_string())),
     }
 }
@@ -611,15 +656,50 @@ fn run(ctx: &Ctx, a: RunArgs) -> Result<Reply, CallError> {
         _ => return Err(CallError::BadArguments("run: the command is empty".into())),
     };
     let timeout = seconds("run", "timeout", a.timeout)?;
+    run_job(ctx, &cmd, timeout, a.cwd, a.tail_lines)
+}
+
+fn run_recipe(ctx: &Ctx, a: RecipeArgs) -> Result<Reply, CallError> {
+    ctx.policy.check("run_recipe", Permission::Recipes, false)?;
+    if crate::script::recipes::find(&a.name).is_none() {
+        return Err(CallError::BadArguments(format!(
+            "run_recipe: no recipe {:?} (`recipes` lists them)",
+            a.name
+        )));
+    }
+    let timeout = seconds("run_recipe", "timeout", a.timeout)?;
+    let exe = match std::env::current_exe() {
+        Ok(p) => p.display().to_string(),
+        Err(e) => {
+            return Ok(Reply::failed(format!(
+                "run_recipe: cannot find gpuloop: {e}"
+            )))
+        }
+    };
+    // The same gpuloop, the same simulator or driver (GPULOOP_SIM is in the environment).
+    let mut argv = vec![exe, "run".into(), a.name, "--".into()];
+    argv.extend(a.args);
+    run_job(ctx, &Cmd::Argv(argv), timeout, None, a.tail_lines)
+}
+
+/// Runs a job to its end (or its timeout, or the call's cancellation) and replies with its
+/// exit code and the ends of its output.
+fn run_job(
+    ctx: &Ctx,
+    cmd: &Cmd,
+    timeout: Duration,
+    cwd: Option<String>,
+    tail_lines: usize,
+) -> Result<Reply, CallError> {
     let opts = JobOpts {
         timeout: Some(timeout),
-        cwd: a.cwd.map(Into::into),
+        cwd: cwd.map(Into::into),
         // stdout is the MCP channel: output is captured, never echoed.
         echo: false,
         protected: ctx.session.protected().to_vec(),
         ..JobOpts::default()
     };
-    let job = match Job::spawn(&cmd, opts) {
+    let job = match Job::spawn(cmd, opts) {
         Ok(j) => j,
         Err(e) => return Ok(Reply::failed(e)),
     };
@@ -641,7 +721,7 @@ fn run(ctx: &Ctx, a: RunArgs) -> Result<Reply, CallError> {
     // The no-orphan guarantee: the runner stopped what the job left running when its leader
     // exited (its `leftovers`), as run() does in scripts.
     let leftovers = outcome.leftovers.clone();
-    let tail = a.tail_lines.max(1);
+    let tail = tail_lines.max(1);
     Ok(Reply {
         summary: summary::run(job.command(), &outcome, Some(timeout), &leftovers),
         signalled: leftovers.clone(),

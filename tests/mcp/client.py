@@ -26,8 +26,8 @@ SERVER_ENV = json.loads(os.environ["MCP_SERVER_ENV"])
 PLANTED = json.loads(os.environ.get("MCP_PLANTED", "{}"))
 JOURNAL = os.path.join(SERVER_ENV["XDG_STATE_HOME"], "gpuloop", "journal.jsonl")
 
-READ_TOOLS = {"gpus", "holders", "diagnose", "wait_clean"}
-ALL_TOOLS = READ_TOOLS | {"kill", "clean", "run"}
+READ_TOOLS = {"gpus", "holders", "diagnose", "wait_clean", "recipes"}
+ALL_TOOLS = READ_TOOLS | {"kill", "clean", "run", "run_recipe"}
 
 
 def check(cond, msg):
@@ -160,6 +160,12 @@ async def read_only():
             r = await call(s, "wait_clean", {"gpus": [0], "timeout": 5})
             calls.append(("wait_clean", "ok"))
             check(r.structured_content["clean"] is True, f"GPU 0 (daemon, 0 MiB) not clean: {r.structured_content}")
+
+            r = await call(s, "recipes")
+            calls.append(("recipes", "ok"))
+            check("clean-node" in [x["name"] for x in r.structured_content["recipes"]], f"recipes: {r.structured_content}")
+            await refused(s, "run_recipe", {"name": "clean-node"}, "recipes")
+            calls.append(("run_recipe", "refused"))
 
     got = [(e["tool"], e["result"]) for e in journal()]
     check(got == calls, f"journal {got} != calls {calls}")
