@@ -1,30 +1,248 @@
 //! The operations that scripts and the one-shot commands share, wired to a session:
 //! the bindings and the CLI both call these, so `gpuloop clean` and a script behave alike.
+//!
+//! This is also where a call fans out over the host set: each host's part runs at once
+//! (this machine in a thread, the others through their agents), and the records come back
+//! with `host` set. Without `--host` the set is this machine alone and nothing changes.
 
 use crate::gpu::{Gpu, GpuError};
+use crate::hosts::protocol::{self, Call};
+use crate::hosts::{HostError, HostSel, LOCAL};
 use crate::inspect::diagnose::{self, diagnose, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
 use crate::inspect::select::{self, Selector};
 use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
 use crate::inspect::{check_selection, Filter, Selection};
-use crate::process::kill::{self, KillOpts, KillReport, Skipped, Target};
+use crate::process::kill::{self, signal_name, KillOpts, KillReport, Skipped, Target};
+use crate::runner::{self, Cmd, JobOpts, Outcome, RunError};
 use crate::session::Session;
-use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::cell::Cell;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+thread_local! {
+    /// `#{on_error: "skip"}` of the script call being run.
+    static SKIP: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with unreachable hosts skipped (and reported) instead of failing the call.
+pub fn skipping<T>(skip: bool, f: impl FnOnce() -> T) -> T {
+    let before = SKIP.with(|c| c.replace(skip));
+    let out = f();
+    SKIP.with(|c| c.set(before));
+    out
+}
+
+/// Why one host's part of a call failed.
+#[derive(Debug, Clone)]
+pub enum Failure {
+    Gpu(GpuError),
+    Host(HostError),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Gpu(e) => e.fmt(f),
+            Failure::Host(e) => e.fmt(f),
+        }
+    }
+}
+
+impl Failure {
+    /// The host could not be reached or used (as opposed to a call that failed there).
+    pub fn unreachable(&self) -> bool {
+        matches!(self, Failure::Host(e) if e.unreachable())
+    }
+
+    pub fn into_gpu(self) -> GpuError {
+        match self {
+            Failure::Gpu(e) => e,
+            Failure::Host(e) => GpuError::Host(e.to_string()),
+        }
+    }
+}
+
+/// Each selected host's part of a call, in host-set order.
+pub type PerHost<T> = Vec<(String, Result<T, Failure>)>;
+
+fn host_err(e: HostError) -> GpuError {
+    GpuError::Host(e.to_string())
+}
+
+/// Runs one call on every selected host at once: `local` here, `remote` through the agents.
+fn fan<T, L, R>(
+    s: &Session,
+    sel: &HostSel,
+    deadline: Option<Duration>,
+    local: L,
+    remote: R,
+) -> Result<PerHost<T>, GpuError>
+where
+    T: DeserializeOwned + Send,
+    L: Fn(&Selection) -> Result<T, GpuError> + Sync,
+    R: Fn(&Selection) -> Call,
+{
+    let names = s.host_names();
+    for h in sel.named_hosts() {
+        if !names.iter().any(|n| n == h) {
+            return Err(host_err(HostError::Unknown {
+                host: h.to_string(),
+                known: names.join(", "),
+            }));
+        }
+    }
+    let plan: Vec<(String, Selection)> = names
+        .iter()
+        .filter_map(|h| sel.on(h).map(|x| (h.clone(), x)))
+        .collect();
+    let Some(pool) = s.pool() else {
+        return Ok(plan
+            .into_iter()
+            .map(|(h, x)| (h, local(&x).map_err(Failure::Gpu)))
+            .collect());
+    };
+    let calls: Vec<(String, Call)> = plan
+        .iter()
+        .filter(|(h, _)| h != LOCAL)
+        .map(|(h, x)| (h.clone(), remote(x)))
+        .collect();
+    let here = plan
+        .iter()
+        .find(|(h, _)| h == LOCAL)
+        .map(|(_, x)| x.clone());
+    let (mine, theirs) = std::thread::scope(|sc| {
+        let local = &local;
+        let mine = here.map(|x| sc.spawn(move || local(&x)));
+        let theirs = pool.call_many(calls, deadline, s.interrupted());
+        (mine.map(|h| h.join()), theirs)
+    });
+    let mut theirs = theirs.into_iter();
+    let mut mine = mine;
+    let mut out = Vec::new();
+    for (h, _) in plan {
+        let r = if h == LOCAL {
+            match mine.take() {
+                Some(Ok(r)) => r.map_err(Failure::Gpu),
+                _ => Err(Failure::Gpu(GpuError::Host(
+                    "the local part of the call panicked".into(),
+                ))),
+            }
+        } else {
+            match theirs.next() {
+                Some(Ok(v)) => serde_json::from_value::<T>(v).map_err(|e| {
+                    Failure::Host(HostError::Protocol {
+                        host: h.clone(),
+                        why: format!("unexpected reply: {e}"),
+                    })
+                }),
+                Some(Err(e)) => Err(Failure::Host(e)),
+                None => Err(Failure::Host(HostError::Interrupted)),
+            }
+        };
+        out.push((h, r));
+    }
+    Ok(out)
+}
+
+/// Whether unreachable hosts are skipped for the call being run.
+fn skip_unreachable(s: &Session) -> bool {
+    s.skip_unreachable() || SKIP.with(Cell::get)
+}
+
+/// Keeps the hosts that answered; an unreachable host is skipped (and reported once) when
+/// skipping, any other failure is the call's error.
+fn answered<T>(s: &Session, parts: PerHost<T>) -> Result<Vec<(String, T)>, GpuError> {
+    let skip = skip_unreachable(s);
+    let mut out = Vec::new();
+    for (h, r) in parts {
+        match r {
+            Ok(v) => out.push((h, v)),
+            Err(f) if skip && f.unreachable() => {
+                if s.note_skipped(&h) {
+                    eprintln!("warning: skipping {f}");
+                }
+            }
+            Err(f) => return Err(f.into_gpu()),
+        }
+    }
+    Ok(out)
+}
+
+/// The records of every host that answered, in host order.
+fn gather<T>(s: &Session, parts: PerHost<Vec<T>>) -> Result<Vec<T>, GpuError> {
+    Ok(answered(s, parts)?
+        .into_iter()
+        .flat_map(|(_, items)| items)
+        .collect())
+}
+
+fn call_timeout(s: &Session) -> Option<Duration> {
+    s.pool().map(|p| p.config.call_timeout)
+}
+
+/// Every host's GPUs, each host's part kept apart.
+pub fn gpus_per_host(s: &Session) -> Result<PerHost<Vec<Gpu>>, GpuError> {
+    let mut parts = fan(
+        s,
+        &HostSel::all(),
+        call_timeout(s),
+        |_| local_gpus(s),
+        |_| Call::Gpus,
+    )?;
+    name_parts(&mut parts, |g, h| g.host = h.to_string());
+    Ok(parts)
+}
+
+/// Sets `host` on the records of the remote hosts.
+fn name_parts<T>(parts: &mut PerHost<Vec<T>>, name: impl Fn(&mut T, &str)) {
+    for (h, r) in parts.iter_mut() {
+        if let (Ok(items), false) = (r, h == LOCAL) {
+            items.iter_mut().for_each(|it| name(it, h));
+        }
+    }
+}
+
 pub fn gpus(s: &Session) -> Result<Vec<Gpu>, GpuError> {
-    s.warn_no_driver();
-    s.backend()?.gpus()
+    gather(s, gpus_per_host(s)?)
 }
 
 pub fn gpu(s: &Session, index: i64) -> Result<Gpu, GpuError> {
     let gpus = gpus(s)?;
     let count = gpus.len();
+    let mut found: Vec<Gpu> = gpus.into_iter().filter(|g| g.index == index).collect();
+    match found.len() {
+        0 => Err(GpuError::NoSuchGpu { index, count }),
+        1 => Ok(found.remove(0)),
+        _ => Err(GpuError::Host(format!(
+            "gpu({index}): {} hosts have a GPU {index}; name one as gpu(\"{}:{index}\")",
+            found.len(),
+            found[0].host
+        ))),
+    }
+}
+
+/// One GPU named as `"dest:index"`.
+pub fn gpu_at(s: &Session, host: &str, index: i64) -> Result<Gpu, GpuError> {
+    let sel = HostSel {
+        every: None,
+        at: [(host.to_string(), vec![index])].into(),
+    };
+    let mut parts = fan(s, &sel, call_timeout(s), |_| local_gpus(s), |_| Call::Gpus)?;
+    name_parts(&mut parts, |g, h| g.host = h.to_string());
+    let gpus = gather(s, parts)?;
+    let count = gpus.len();
     gpus.into_iter()
         .find(|g| g.index == index)
         .ok_or(GpuError::NoSuchGpu { index, count })
+}
+
+fn local_gpus(s: &Session) -> Result<Vec<Gpu>, GpuError> {
+    s.warn_no_driver();
+    s.backend()?.gpus()
 }
 
 pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
@@ -46,22 +264,75 @@ pub fn select(s: &Session, sels: &[Selector]) -> Result<Vec<i64>, GpuError> {
     select::resolve(sels, &gpus)
 }
 
-pub fn holders(s: &Session, sel: &Selection, all: bool) -> Result<Vec<Holder>, GpuError> {
-    Ok(inventory(s, sel)?.holders(sel, all))
+/// Selectors and `"dest:index"` entries as a selection over the host set. A UUID or bus id
+/// is looked up on this machine; with several hosts only indices name the same GPU everywhere.
+pub fn select_hosts(
+    s: &Session,
+    sels: Option<&[Selector]>,
+    at: std::collections::BTreeMap<String, Vec<i64>>,
+) -> Result<HostSel, GpuError> {
+    let several = s.host_names() != [LOCAL];
+    let every = match sels {
+        None => None,
+        Some(x) if several && x.iter().any(|x| !matches!(x, Selector::Index(_))) => {
+            return Err(GpuError::BadSelector(
+                "with several hosts select GPUs by index (that GPU on every host) or as \"dest:index\"; UUIDs and bus ids name one machine's GPU".into(),
+            ))
+        }
+        Some(x) => Some(select(s, x)?),
+    };
+    Ok(HostSel { every, at })
+}
+
+/// Every selected host's holders (narrowed by `filter`), each host's part kept apart.
+pub fn holders_per_host(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    all: bool,
+    filter: &Filter,
+) -> Result<PerHost<Vec<Holder>>, GpuError> {
+    let mut parts = fan(
+        s,
+        &sel.into(),
+        call_timeout(s),
+        |x| local_holders(s, x, all, filter),
+        |x| Call::Holders {
+            sel: x.clone(),
+            all,
+            filter: filter.clone(),
+        },
+    )?;
+    name_parts(&mut parts, |h, name| h.host = name.to_string());
+    Ok(parts)
+}
+
+fn local_holders(
+    s: &Session,
+    sel: &Selection,
+    all: bool,
+    filter: &Filter,
+) -> Result<Vec<Holder>, GpuError> {
+    let mut hs = inventory(s, sel)?.holders(sel, all);
+    hs.retain(|h| filter.matches(h));
+    Ok(hs)
+}
+
+pub fn holders(s: &Session, sel: impl Into<HostSel>, all: bool) -> Result<Vec<Holder>, GpuError> {
+    holders_of(s, sel, all, &Filter::default())
 }
 
 /// Holders as `holders`, narrowed by a filter: one owner (`--user`, `--mine`), one Slurm job
 /// (`--job`).
 pub fn holders_of(
     s: &Session,
-    sel: &Selection,
+    sel: impl Into<HostSel>,
     all: bool,
     filter: &Filter,
 ) -> Result<Vec<Holder>, GpuError> {
-    holders_and_unreadable(s, sel, all, filter).map(|(hs, _)| hs)
+    gather(s, holders_per_host(s, sel, all, filter)?)
 }
 
-/// `holders_of`, and how many processes could not be inspected (other users', without
+/// Holders here, and how many processes could not be inspected (other users', without
 /// root): holders among them are missing from the list, which the caller should say.
 pub fn holders_and_unreadable(
     s: &Session,
@@ -75,12 +346,8 @@ pub fn holders_and_unreadable(
     Ok((hs, inv.unreadable))
 }
 
-pub fn diagnoses(s: &Session, sel: &Selection) -> Result<Vec<Diagnosis>, GpuError> {
-    diagnoses_of(s, sel, &Filter::default())
-}
-
-/// diagnose() of the selected GPUs; with a filter, only of those its holders use.
-pub fn diagnoses_of(
+/// diagnose() here; with a filter, only of the GPUs its holders use.
+fn local_diagnoses(
     s: &Session,
     sel: &Selection,
     filter: &Filter,
@@ -129,6 +396,47 @@ fn narrowed(inv: &Inventory, sel: &Selection, filter: &Filter) -> Selection {
     Some(gpus)
 }
 
+fn name_diagnosis(d: &mut Diagnosis, host: &str) {
+    d.host = host.to_string();
+    for h in &mut d.holders {
+        h.host = host.to_string();
+    }
+}
+
+/// diagnose() of every selected host (with a filter, of the GPUs its holders use), each
+/// host's part kept apart.
+pub fn diagnoses_per_host(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    filter: &Filter,
+) -> Result<PerHost<Vec<Diagnosis>>, GpuError> {
+    let mut parts = fan(
+        s,
+        &sel.into(),
+        call_timeout(s),
+        |x| local_diagnoses(s, x, filter),
+        |x| Call::Diagnose {
+            sel: x.clone(),
+            filter: filter.clone(),
+        },
+    )?;
+    name_parts(&mut parts, name_diagnosis);
+    Ok(parts)
+}
+
+pub fn diagnoses(s: &Session, sel: impl Into<HostSel>) -> Result<Vec<Diagnosis>, GpuError> {
+    diagnoses_of(s, sel, &Filter::default())
+}
+
+/// diagnose() of the selected GPUs; with a filter, only of those its holders use.
+pub fn diagnoses_of(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    filter: &Filter,
+) -> Result<Vec<Diagnosis>, GpuError> {
+    gather(s, diagnoses_per_host(s, sel, filter)?)
+}
+
 /// How a long action (kill's grace, a wait, a clean) shows progress and learns it must stop:
 /// a line on a terminal and Ctrl-C for the CLI and scripts; progress notifications and a
 /// per-call flag for the MCP server.
@@ -153,7 +461,7 @@ pub fn kill(s: &Session, targets: &[Target], opts: &KillOpts) -> KillReport {
     on_terminal(s, |w| kill_watched(s, targets, opts, w))
 }
 
-/// kill() with the caller's progress and stop flag (it ends the grace early).
+/// kill() with the caller's progress and stop flag.
 pub fn kill_watched(s: &Session, targets: &[Target], opts: &KillOpts, w: &mut Watch) -> KillReport {
     let report = kill::kill_with_progress(
         targets,
@@ -174,13 +482,156 @@ pub fn kill_watched(s: &Session, targets: &[Target], opts: &KillOpts, w: &mut Wa
     s.note_restarters(&report.restarters);
     report
 }
+fn wire_kill_opts(o: &KillOpts) -> protocol::KillOpts {
+    protocol::KillOpts {
+        signal: signal_name(o.signal).to_string(),
+        grace_ms: o.grace.as_millis() as u64,
+        tree: o.tree,
+        dry_run: o.dry_run,
+        force: o.force,
+        parents: o.parents,
+    }
+}
 
-/// Stops every compute holder of the selection (narrowed by `filter`), each pinned by its
-/// identity; the report says which GPUs each held. A systemd unit's main process is left
-/// alone unless `force`: systemd would only restart it. With `force`, the protected daemons
-/// of the selection are stopped too (issue 11, item 2: as `kill(holders(sel, #{all: true}),
-/// #{force: true})` does), never mere observers.
-pub fn kill_holders(
+fn wait_more(o: &WaitOpts) -> protocol::WaitMore {
+    protocol::WaitMore {
+        strict: o.strict,
+        settle_ms: o.settle.as_millis() as u64,
+        stall_ms: Some(o.stall.as_millis() as u64),
+    }
+}
+
+/// The deadline of a remote kill: its grace, the wait for SIGKILLed processes, and slack.
+fn kill_deadline(s: &Session, o: &KillOpts) -> Option<Duration> {
+    call_timeout(s).map(|t| t + o.grace + Duration::from_secs(10))
+}
+
+/// kill() with each target on its own host (`None`: the only host there is). Identities
+/// are checked on that host.
+pub fn kill_routed(
+    s: &Session,
+    targets: &[(Option<String>, Target)],
+    opts: &KillOpts,
+) -> Result<KillReport, GpuError> {
+    let names = s.host_names();
+    let mut by_host: std::collections::BTreeMap<String, Vec<Target>> = Default::default();
+    for (h, t) in targets {
+        let host = match h {
+            Some(h) => h.clone(),
+            None if names.len() == 1 => names[0].clone(),
+            None => {
+                return Err(GpuError::Host(format!(
+                    "kill({}): a bare pid with {} hosts is ambiguous; kill the holder map (it carries its host)",
+                    t.pid(),
+                    names.len()
+                )))
+            }
+        };
+        if !names.contains(&host) {
+            return Err(host_err(HostError::Unknown {
+                host,
+                known: names.join(", "),
+            }));
+        }
+        by_host.entry(host).or_default().push(*t);
+    }
+    kill_fanned(s, &by_host, opts)
+}
+
+fn kill_fanned(
+    s: &Session,
+    by_host: &std::collections::BTreeMap<String, Vec<Target>>,
+    opts: &KillOpts,
+) -> Result<KillReport, GpuError> {
+    let Some(pool) = s.pool() else {
+        return Ok(kill(s, by_host.get(LOCAL).map_or(&[][..], |v| v), opts));
+    };
+    let wire = wire_kill_opts(opts);
+    let calls: Vec<(String, Call)> = by_host
+        .iter()
+        .filter(|(h, _)| h.as_str() != LOCAL)
+        .map(|(h, ts)| {
+            let targets = ts
+                .iter()
+                .map(|t| match t {
+                    Target::Pid(p) => protocol::KillTarget {
+                        pid: *p,
+                        start: None,
+                        ino: None,
+                    },
+                    Target::Exact(id) => protocol::KillTarget {
+                        pid: id.pid,
+                        start: Some(id.start),
+                        ino: id.ino,
+                    },
+                })
+                .collect();
+            (
+                h.clone(),
+                Call::Kill {
+                    targets,
+                    opts: wire.clone(),
+                },
+            )
+        })
+        .collect();
+    let local = by_host.get(LOCAL);
+    let (mine, theirs) = std::thread::scope(|sc| {
+        let mine = local.map(|ts| sc.spawn(move || kill(s, ts, opts)));
+        let theirs = pool.call_many(calls.clone(), kill_deadline(s, opts), s.interrupted());
+        (mine.map(|h| h.join()), theirs)
+    });
+    let mut parts: PerHost<KillReport> = Vec::new();
+    if let Some(r) = mine {
+        parts.push((
+            LOCAL.to_string(),
+            r.map_err(|_| Failure::Gpu(GpuError::Host("the local kill panicked".into()))),
+        ));
+    }
+    for ((h, _), r) in calls.into_iter().zip(theirs) {
+        let r = r.map_err(Failure::Host).and_then(|v| {
+            serde_json::from_value::<KillReport>(v).map_err(|e| {
+                Failure::Host(HostError::Protocol {
+                    host: h.clone(),
+                    why: format!("unexpected reply: {e}"),
+                })
+            })
+        });
+        parts.push((h, r));
+    }
+    Ok(merge_kills(answered(s, parts)?, opts.dry_run))
+}
+
+/// One report from each host's: the union of the lists, each host's own under `by_host`.
+pub fn merge_kills(parts: Vec<(String, KillReport)>, dry_run: bool) -> KillReport {
+    if let [(h, _)] = parts.as_slice() {
+        if h == LOCAL {
+            return parts.into_iter().next().map(|(_, r)| r).unwrap_or_default();
+        }
+    }
+    let mut all = KillReport {
+        dry_run,
+        ..KillReport::default()
+    };
+    for (h, r) in parts {
+        all.signalled.extend(&r.signalled);
+        all.would_signal.extend(&r.would_signal);
+        all.targets.extend(r.targets.iter().cloned());
+        all.killed_at_once.extend(r.killed_at_once.iter().cloned());
+        all.stuck.extend(r.stuck.iter().cloned());
+        all.restarters.extend(r.restarters.iter().cloned());
+        all.interrupted |= r.interrupted;
+        all.exited.extend(&r.exited);
+        all.survivors.extend(&r.survivors);
+        all.skipped.extend(r.skipped.iter().cloned());
+        all.errors.extend(r.errors.iter().cloned());
+        all.elapsed_ms = all.elapsed_ms.max(r.elapsed_ms);
+        all.by_host.insert(h, r);
+    }
+    all
+}
+
+fn local_kill_holders(
     s: &Session,
     sel: &Selection,
     filter: &Filter,
@@ -189,7 +640,11 @@ pub fn kill_holders(
     on_terminal(s, |w| kill_holders_watched(s, sel, filter, opts, w))
 }
 
-/// kill_holders() with the caller's progress and stop flag.
+/// Stops every compute holder of the selection (narrowed by `filter`) here, each pinned by
+/// its identity; the report says which GPUs each held. A systemd unit's main process is left
+/// alone unless `force`: systemd would only restart it. With `force`, the protected daemons
+/// of the selection are stopped too (issue 11, item 2), never mere observers. With the
+/// caller's progress and stop flag.
 pub fn kill_holders_watched(
     s: &Session,
     sel: &Selection,
@@ -197,7 +652,7 @@ pub fn kill_holders_watched(
     opts: &KillOpts,
     w: &mut Watch,
 ) -> Result<KillReport, GpuError> {
-    let mut hs = holders_of(s, sel, opts.force, filter)?;
+    let mut hs = local_holders(s, sel, opts.force, filter)?;
     hs.retain(|h| h.is_compute() || h.protected);
     let (units, hs): (Vec<Holder>, Vec<Holder>) = hs
         .into_iter()
@@ -219,8 +674,38 @@ pub fn kill_holders_watched(
     }
     Ok(report)
 }
+/// `local_kill_holders` on every selected host at once, each host's report kept apart.
+pub fn kill_holders_per_host(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    filter: &Filter,
+    opts: &KillOpts,
+) -> Result<PerHost<KillReport>, GpuError> {
+    let wire = wire_kill_opts(opts);
+    fan(
+        s,
+        &sel.into(),
+        kill_deadline(s, opts),
+        |x| local_kill_holders(s, x, filter, opts),
+        |x| Call::KillHolders {
+            sel: x.clone(),
+            filter: filter.clone(),
+            opts: wire.clone(),
+        },
+    )
+}
 
-/// Each holder as a kill target pinned by its identity.
+pub fn kill_holders(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    filter: &Filter,
+    opts: &KillOpts,
+) -> Result<KillReport, GpuError> {
+    let parts = kill_holders_per_host(s, sel, filter, opts)?;
+    Ok(merge_kills(answered(s, parts)?, opts.dry_run))
+}
+
+/// Holders as kill targets, each pinned by its identity.
 pub fn holder_targets(holders: &[Holder]) -> Vec<Target> {
     holders
         .iter()
@@ -232,6 +717,127 @@ pub fn holder_targets(holders: &[Holder]) -> Vec<Target> {
             })
         })
         .collect()
+}
+
+fn wait_deadline(s: &Session, o: &WaitOpts) -> Option<Duration> {
+    call_timeout(s).map(|t| t + o.timeout)
+}
+
+/// wait_clean on every selected host at once: clean when all are.
+pub fn wait_clean(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    opts: &WaitOpts,
+) -> Result<WaitOutcome, GpuError> {
+    wait_hosts(s, &sel.into(), opts, false)
+}
+
+/// wait_clean with its progress line but no log at the timeout, for commands that report
+/// what is left themselves.
+pub fn wait_quietly(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    opts: &WaitOpts,
+) -> Result<WaitOutcome, GpuError> {
+    wait_hosts(s, &sel.into(), opts, true)
+}
+
+fn wait_hosts(
+    s: &Session,
+    sel: &HostSel,
+    opts: &WaitOpts,
+    quiet: bool,
+) -> Result<WaitOutcome, GpuError> {
+    let parts = fan(
+        s,
+        sel,
+        wait_deadline(s, opts),
+        |x| match quiet {
+            true => local_wait_quietly(s, x, opts),
+            false => local_wait_clean(s, x, opts),
+        },
+        |x| Call::WaitClean {
+            sel: x.clone(),
+            timeout_ms: opts.timeout.as_millis() as u64,
+            max_used_mib: opts.max_used_mib,
+            poll_ms: opts.poll.as_millis() as u64,
+            more: wait_more(opts),
+        },
+    )?;
+    let outcomes = answered(s, parts)?;
+    let remote_dirty: Vec<&str> = outcomes
+        .iter()
+        .filter(|(h, o)| h != LOCAL && !o.is_clean())
+        .map(|(h, _)| h.as_str())
+        .collect();
+    if !remote_dirty.is_empty() && !opts.timeout.is_zero() && !quiet {
+        eprintln!(
+            "warning: not clean after {:.1}s on {}",
+            opts.timeout.as_secs_f64(),
+            remote_dirty.join(", ")
+        );
+    }
+    Ok(combine(outcomes.into_iter().map(|(_, o)| o)))
+}
+
+/// All hosts' outcomes as one: clean when every host is; an interrupt wins; else the first
+/// host's reason for not being clean.
+fn combine(outcomes: impl Iterator<Item = WaitOutcome>) -> WaitOutcome {
+    let mut all = WaitOutcome::Clean;
+    for o in outcomes {
+        match o {
+            WaitOutcome::Interrupted => return WaitOutcome::Interrupted,
+            WaitOutcome::Clean => {}
+            other if all.is_clean() => all = other,
+            _ => {}
+        }
+    }
+    all
+}
+
+fn local_wait_clean(
+    s: &Session,
+    sel: &Selection,
+    opts: &WaitOpts,
+) -> Result<WaitOutcome, GpuError> {
+    let outcome = local_wait_quietly(s, sel, opts)?;
+    let Some(why) = why_not_clean(&outcome, opts) else {
+        return Ok(outcome);
+    };
+    eprintln!("warning: GPUs {why}:");
+    if let Ok(ds) = local_diagnoses(s, sel, &Filter::default()) {
+        for d in ds.iter().filter(|d| !d.is_clean()) {
+            eprintln!("  {}", describe_diagnosis(d));
+        }
+    }
+    Ok(outcome)
+}
+
+/// Why an outcome is not clean, for a warning; `None` when there is nothing to say (clean,
+/// interrupted, or a zero-timeout question).
+pub fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<String> {
+    Some(match outcome {
+        WaitOutcome::TimedOut if !opts.timeout.is_zero() => {
+            format!("not clean after {:.1}s", opts.timeout.as_secs_f64())
+        }
+        WaitOutcome::Stalled => format!(
+            "not clean: nothing holds the memory left and it has not moved for {:.1}s, so waiting longer cannot help",
+            opts.stall.as_secs_f64()
+        ),
+        WaitOutcome::Respawned(r) => format!("not clean: {}", r.restarted()),
+        WaitOutcome::Unsettled => format!(
+            "not clean: it read clean, then something came back within the {:.1}s settle time",
+            opts.settle.as_secs_f64()
+        ),
+        _ => return None,
+    })
+}
+/// "GPU 2 [daemon] …", one line of a warning.
+pub fn describe_diagnosis(d: &Diagnosis) -> String {
+    match d.gpu {
+        Some(g) => format!("GPU {g} [{}] {}", d.verdict, d.advice),
+        None => format!("[{}] {}", d.verdict, d.advice),
+    }
 }
 
 /// One line of live progress on a terminal's stderr, rewritten in place.
@@ -262,53 +868,7 @@ impl Progress {
     }
 }
 
-/// wait_clean with a live one-line progress on a terminal and, at the timeout, what is left
-/// logged as diagnose() says it.
-pub fn wait_clean(s: &Session, sel: &Selection, opts: &WaitOpts) -> Result<WaitOutcome, GpuError> {
-    let outcome = wait_quietly(s, sel, opts)?;
-    let Some(why) = why_not_clean(&outcome, opts) else {
-        return Ok(outcome);
-    };
-    eprintln!("warning: GPUs {why}:");
-    if let Ok(ds) = diagnoses(s, sel) {
-        for d in ds.iter().filter(|d| !d.is_clean()) {
-            eprintln!("  {}", describe_diagnosis(d));
-        }
-    }
-    Ok(outcome)
-}
-
-/// Why a wait that did not read clean ended, as "not clean …"; `None` when it is clean,
-/// was interrupted, or asked with a zero timeout ("is it clean now?": the answer is the value).
-pub fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<String> {
-    Some(match outcome {
-        WaitOutcome::TimedOut if !opts.timeout.is_zero() => {
-            format!("not clean after {:.1}s", opts.timeout.as_secs_f64())
-        }
-        WaitOutcome::Stalled => format!(
-            "not clean: nothing holds the memory left and it has not moved for {:.1}s, so waiting longer cannot help",
-            opts.stall.as_secs_f64()
-        ),
-        WaitOutcome::Respawned(r) => format!("not clean: {}", r.restarted()),
-        WaitOutcome::Unsettled => format!(
-            "not clean: it read clean, then something came back within the {:.1}s settle time",
-            opts.settle.as_secs_f64()
-        ),
-        _ => return None,
-    })
-}
-
-/// "GPU 2 [daemon] …", one line of a warning.
-pub fn describe_diagnosis(d: &Diagnosis) -> String {
-    match d.gpu {
-        Some(g) => format!("GPU {g} [{}] {}", d.verdict, d.advice),
-        None => format!("[{}] {}", d.verdict, d.advice),
-    }
-}
-
-/// wait_clean with its progress line but no log at the timeout, for commands that report
-/// what is left themselves.
-pub fn wait_quietly(
+fn local_wait_quietly(
     s: &Session,
     sel: &Selection,
     opts: &WaitOpts,
@@ -316,7 +876,7 @@ pub fn wait_quietly(
     on_terminal(s, |w| wait_watched(s, sel, opts, w))
 }
 
-/// wait_clean with the caller's progress and stop flag.
+/// wait_clean here with the caller's progress and stop flag.
 pub fn wait_watched(
     s: &Session,
     sel: &Selection,
@@ -346,7 +906,6 @@ pub fn wait_watched(
     }
     outcome
 }
-
 fn describe_dirty(dirty: &Dirty) -> String {
     dirty
         .iter()
@@ -359,12 +918,14 @@ fn describe_dirty(dirty: &Dirty) -> String {
 }
 
 /// `gpuloop clean` and `cleanup`'s first rung: holders → kill → wait_clean → diagnose.
-/// Its JSON (`clean --json`, the MCP tool `clean`) is `{clean, kill, wait_ms, gpus}`.
-#[derive(Debug, Serialize)]
+/// Its JSON (`clean --json`, the MCP tool `clean`, the agent's reply) is
+/// `{clean, kill, wait_ms, gpus}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CleanReport {
     pub clean: bool,
     pub kill: KillReport,
-    #[serde(skip)]
+    /// Not in the JSON: read back as clean or not from `clean`.
+    #[serde(skip, default = "not_clean")]
     pub outcome: WaitOutcome,
     /// How long the memory took to come back after the kill (the whole wait).
     pub wait_ms: i64,
@@ -373,8 +934,11 @@ pub struct CleanReport {
     pub after: Vec<Diagnosis>,
 }
 
-/// With a filter, its holders are stopped and the GPUs they used verified.
-pub fn clean(
+fn not_clean() -> WaitOutcome {
+    WaitOutcome::TimedOut
+}
+
+fn local_clean(
     s: &Session,
     sel: &Selection,
     filter: &Filter,
@@ -386,7 +950,8 @@ pub fn clean(
     })
 }
 
-/// clean() with the caller's progress and stop flag.
+/// clean here with the caller's progress and stop flag. With a filter, its holders are
+/// stopped and the GPUs they used verified.
 pub fn clean_watched(
     s: &Session,
     sel: &Selection,
@@ -408,15 +973,13 @@ pub fn clean_watched(
         .extend(kill.survivors.iter().map(|&p| p as i32));
     // Interrupted during the grace: stop here, the caller reports what was signalled.
     // Otherwise what is left is in the report: no warning that says it a second time.
-    // diagnose() knows the restarters this kill found: a holder they started again reads
-    // "respawning".
     let outcome = if kill.interrupted {
         WaitOutcome::Interrupted
     } else {
         wait_watched(s, sel, &wait_opts, w)?
     };
     let wait_ms = waited.elapsed().as_millis() as i64;
-    let after = diagnoses(s, sel)?;
+    let after = local_diagnoses(s, sel, &Filter::default())?;
     Ok(CleanReport {
         clean: outcome.is_clean(),
         kill,
@@ -424,4 +987,173 @@ pub fn clean_watched(
         wait_ms,
         after,
     })
+}
+/// clean on every selected host at once, each host's report kept apart.
+pub fn clean_per_host(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    filter: &Filter,
+    kill_opts: &KillOpts,
+    wait_opts: &WaitOpts,
+) -> Result<PerHost<CleanReport>, GpuError> {
+    let wire = wire_kill_opts(kill_opts);
+    let deadline =
+        wait_deadline(s, wait_opts).map(|d| d + kill_opts.grace + Duration::from_secs(10));
+    let mut parts = fan(
+        s,
+        &sel.into(),
+        deadline,
+        |x| local_clean(s, x, filter, kill_opts, wait_opts),
+        |x| Call::Clean {
+            sel: x.clone(),
+            filter: filter.clone(),
+            kill: wire.clone(),
+            timeout_ms: wait_opts.timeout.as_millis() as u64,
+            max_used_mib: wait_opts.max_used_mib,
+            poll_ms: wait_opts.poll.as_millis() as u64,
+            more: wait_more(wait_opts),
+        },
+    )?;
+    for (h, r) in &mut parts {
+        if let (Ok(c), false) = (r, h == LOCAL) {
+            if c.clean {
+                c.outcome = WaitOutcome::Clean;
+            }
+            c.after.iter_mut().for_each(|d| name_diagnosis(d, h));
+        }
+    }
+    Ok(parts)
+}
+
+pub fn clean(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    filter: &Filter,
+    kill_opts: &KillOpts,
+    wait_opts: &WaitOpts,
+) -> Result<CleanReport, GpuError> {
+    let parts = answered(s, clean_per_host(s, sel, filter, kill_opts, wait_opts)?)?;
+    Ok(merge_clean(parts, kill_opts.dry_run))
+}
+
+/// One clean report from each host's (all clean only if every one is).
+pub fn merge_clean(parts: Vec<(String, CleanReport)>, dry_run: bool) -> CleanReport {
+    let kill = merge_kills(
+        parts
+            .iter()
+            .map(|(h, c)| (h.clone(), c.kill.clone()))
+            .collect(),
+        dry_run,
+    );
+    let outcome = combine(parts.iter().map(|(_, c)| c.outcome.clone()));
+    let wait_ms = parts.iter().map(|(_, c)| c.wait_ms).max().unwrap_or(0);
+    CleanReport {
+        kill,
+        clean: outcome.is_clean(),
+        outcome,
+        wait_ms,
+        after: parts.into_iter().flat_map(|(_, c)| c.after).collect(),
+    }
+}
+
+/// One host of the set, as `hosts()` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostInfo {
+    pub name: String,
+    pub local: bool,
+    pub reachable: bool,
+    /// The agent's host name, gpuloop version and GPU count (from its hello).
+    pub hostname: Option<String>,
+    pub version: Option<String>,
+    pub gpus: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// The host set, connecting to it if not done yet.
+pub fn hosts(s: &Session) -> Vec<HostInfo> {
+    let names = s.host_names();
+    let pool = s.pool();
+    names
+        .into_iter()
+        .map(|name| {
+            let hello = match (&pool, name.as_str()) {
+                (_, LOCAL) | (None, _) => Ok(None),
+                (Some(p), h) => p.hello(h),
+            };
+            let local = name == LOCAL;
+            match hello {
+                Ok(h) => HostInfo {
+                    local,
+                    reachable: true,
+                    hostname: h
+                        .map(|h| h.hostname.clone())
+                        .or_else(|| local.then(crate::hosts::hostname)),
+                    version: Some(
+                        h.map_or(env!("CARGO_PKG_VERSION").to_string(), |h| h.version.clone()),
+                    ),
+                    gpus: h.map(|h| h.gpus),
+                    error: None,
+                    name,
+                },
+                Err(e) => HostInfo {
+                    local,
+                    reachable: false,
+                    hostname: None,
+                    version: None,
+                    gpus: None,
+                    error: Some(e.to_string()),
+                    name,
+                },
+            }
+        })
+        .collect()
+}
+
+/// Runs a job on a host of the set (`None` or `"local"`: here, streamed as it runs; a
+/// remote job's output comes back prefixed with its host's name).
+pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<Outcome, RunError> {
+    let host = match host {
+        None | Some(LOCAL) => return runner::run(cmd, opts, s.interrupted()),
+        Some(h) => h,
+    };
+    let remote_err = |e: String| RunError::Remote {
+        host: host.to_string(),
+        why: e,
+    };
+    let names = s.host_names();
+    if !names.iter().any(|n| n == host) {
+        return Err(remote_err(format!(
+            "not in the host set ({})",
+            names.join(", ")
+        )));
+    }
+    let pool = s.pool().ok_or_else(|| remote_err("no host set".into()))?;
+    let (shell, argv) = match cmd {
+        Cmd::Shell(l) => (Some(l.clone()), None),
+        Cmd::Argv(a) => (None, Some(a.clone())),
+    };
+    let call = Call::Run(protocol::RunCall {
+        shell,
+        argv,
+        timeout_ms: opts.timeout.map(|t| t.as_millis() as u64),
+        cwd: opts.cwd.as_ref().map(|p| p.display().to_string()),
+        env: opts.env.clone(),
+        grace_ms: opts.grace.as_millis() as u64,
+        echo: opts.echo,
+        keep_children: opts.keep_children,
+    });
+    // No deadline unless the job has one: a lost link still ends the call at once.
+    let deadline = opts
+        .timeout
+        .map(|t| t + opts.grace + pool.config.call_timeout);
+    match pool.call(host, call, deadline, s.interrupted()) {
+        Ok(v) => {
+            serde_json::from_value(v).map_err(|e| remote_err(format!("unexpected reply: {e}")))
+        }
+        Err(HostError::Interrupted) => Err(RunError::Interrupted),
+        Err(e) => Err(RunError::Remote {
+            host: host.to_string(),
+            why: e.to_string(),
+        }),
+    }
 }

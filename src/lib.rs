@@ -4,16 +4,19 @@
 //! trees), `inspect` (holders, diagnose, wait_clean), `actions` (what scripts and one-shot
 //! commands share), `script` (the Rhai engine and its bindings), `render` (tables for people),
 //! `repl` (the interactive prompt), `mcp` (the server for AI assistants), `cli` (arguments,
-//! commands, exit codes).
+//! commands, exit codes), `hosts` (the host set, transports and wire protocol for several
+//! hosts), `agent` (this machine served to a remote gpuloop).
 
 // stdout goes through `output`, which ends quietly on a closed pipe.
 #![warn(clippy::print_stdout)]
 
 pub mod actions;
+pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod error;
 pub mod gpu;
+pub mod hosts;
 pub mod inspect;
 pub mod interrupt;
 pub mod mcp;

@@ -779,3 +779,45 @@ mod tests {
         assert_eq!(strip_ansi("\x1b[1;32mok\x1b[0m done"), "ok done");
     }
 }
+
+/// One host's line in a one-shot's summary over several hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRow {
+    pub host: String,
+    /// "ok", "clean", "NOT clean", "unreachable" or "failed".
+    pub state: String,
+    pub detail: String,
+}
+
+impl HostRow {
+    /// Whether this host is as it should be (the exit code is 0 only when all are).
+    pub fn good(&self) -> bool {
+        self.state == "ok" || self.state == "clean"
+    }
+}
+
+/// The per-host summary: one row per host, then the counts.
+pub fn host_summary(rows: &[HostRow], style: Style) -> String {
+    let mut t = table(&["HOST", "STATE", "DETAIL"], style);
+    for r in rows {
+        let color = if r.good() { Color::Green } else { Color::Red };
+        t.add_row(vec![
+            Cell::new(&r.host),
+            colored(r.state.clone(), Some(color), style),
+            Cell::new(&r.detail),
+        ]);
+    }
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for r in rows {
+        match counts.iter_mut().find(|(s, _)| *s == r.state) {
+            Some(c) => c.1 += 1,
+            None => counts.push((r.state.clone(), 1)),
+        }
+    }
+    let counts = counts
+        .iter()
+        .map(|(s, n)| format!("{n} {s}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{}\n{} host(s): {counts}", trimmed(t), rows.len())
+}

@@ -1,12 +1,14 @@
-//! One invocation's world: the GPU backend (chosen once, loaded lazily), the user's config,
-//! and the interrupt flag.
+//! One invocation's world: the GPU backend (chosen once, loaded lazily), the host set and
+//! its connections (opened on first use), the user's config, and the interrupt flag.
 
 use crate::config::UserConfig;
 use crate::gpu::deadline::{self, Deadline};
 use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::sim::SimBackend;
 use crate::gpu::{Backend, DeviceNodes, GpuError, NoDriver};
+use crate::hosts::{HostsConfig, Pool};
 use crate::process::restart::Restarter;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -25,6 +27,11 @@ pub enum BackendChoice {
 pub struct Session {
     choice: BackendChoice,
     backend: OnceLock<Result<Box<dyn Backend>, GpuError>>,
+    /// `--host`/`--hosts-file`: `None` is this machine alone.
+    hosts: Option<HostsConfig>,
+    pool: OnceLock<Pool>,
+    /// Hosts already reported as skipped (each is warned about once).
+    skipped: Mutex<BTreeSet<String>>,
     pub config: UserConfig,
     pub verbose: u8,
     warned_no_driver: AtomicBool,
@@ -37,11 +44,20 @@ impl Session {
         Session {
             choice,
             backend: OnceLock::new(),
+            hosts: None,
+            pool: OnceLock::new(),
+            skipped: Mutex::default(),
             config,
             verbose,
             warned_no_driver: AtomicBool::new(false),
             restarters: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same session acting on a host set.
+    pub fn with_hosts(mut self, hosts: HostsConfig) -> Session {
+        self.hosts = Some(hosts);
+        self
     }
 
     /// The backend, loaded on first use (so `eval '1+1'` never touches the driver).
@@ -123,6 +139,33 @@ impl Session {
                 .is_ok_and(|p| p.start == r.identity.start && !p.is_zombie())
         });
         rs.clone()
+    }
+
+    /// The host set's connections, opened (in parallel) on first use; `None` without hosts.
+    pub fn pool(&self) -> Option<&Pool> {
+        let cfg = self.hosts.as_ref()?;
+        Some(self.pool.get_or_init(|| Pool::connect(cfg.clone())))
+    }
+
+    /// The host names, in order: `["local"]` without a host set.
+    pub fn host_names(&self) -> Vec<String> {
+        match &self.hosts {
+            Some(h) => h.hosts.clone(),
+            None => vec![crate::hosts::LOCAL.to_string()],
+        }
+    }
+
+    /// `--skip-unreachable`.
+    pub fn skip_unreachable(&self) -> bool {
+        self.hosts.as_ref().is_some_and(|h| h.skip_unreachable)
+    }
+
+    /// Records a skipped host; true the first time (when it should be reported).
+    pub fn note_skipped(&self, host: &str) -> bool {
+        self.skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(host.to_string())
     }
 
     /// The simulator, for `gpuloop sim …`.

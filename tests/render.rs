@@ -175,6 +175,7 @@ fn kill_report() -> KillReport {
             holder: 4242,
             identity: gpuloop::process::Identity::new(4200, 1),
         }],
+        by_host: Default::default(),
     }
 }
 

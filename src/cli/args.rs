@@ -58,6 +58,8 @@ pub struct Args {
     /// map, calls, expr_depth, depth. Also [limits] in config.toml.
     #[arg(long = "limit", global = true, value_name = "NAME=N")]
     pub limits: Vec<String>,
+    #[command(flatten)]
+    pub hosts: HostFlags,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -200,12 +202,39 @@ pub enum Cmd {
     },
     /// Print the man page (roff): gpuloop man > gpuloop.1
     Man,
+    /// Serve this machine to a remote gpuloop: line-delimited JSON on stdin/stdout (what
+    /// `--host` starts through ssh).
+    Agent,
     /// The GPU simulator: start holders, leak memory, reset.
     #[command(subcommand)]
     Sim(SimCmd),
     /// The guard process that stops a killed gpuloop's jobs (started by gpuloop itself).
     #[command(hide = true, name = crate::runner::guard::SUBCOMMAND)]
     Guard,
+}
+
+/// Several hosts, reached through the system's OpenSSH client.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct HostFlags {
+    /// Act on these hosts (repeatable): ssh destinations or aliases, hostlists like
+    /// 'gpu[01-16],login1'; `local` is this machine without ssh.
+    #[arg(long = "host", global = true, value_name = "DEST")]
+    pub hosts: Vec<String>,
+    /// Hosts from a file: one destination or hostlist per line, `#` comments.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub hosts_file: Vec<PathBuf>,
+    /// The gpuloop to run on the hosts (default: gpuloop on their PATH).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub remote_bin: Option<String>,
+    /// ssh client config file, passed to ssh as -F FILE.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ssh_config: Option<PathBuf>,
+    /// Connections opened in parallel (like pdsh -f).
+    #[arg(long, global = true, value_name = "N", default_value_t = crate::hosts::DEFAULT_FANOUT)]
+    pub fanout: usize,
+    /// Go on without hosts that cannot be reached (they are reported).
+    #[arg(long, global = true)]
+    pub skip_unreachable: bool,
 }
 
 #[derive(Debug, Clone, ClapArgs)]

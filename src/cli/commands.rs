@@ -7,10 +7,11 @@ use crate::error::Error;
 use crate::gpu::sim::hold::{self, HoldOpts};
 use crate::gpu::sim::SimBackend;
 use crate::gpu::GpuError;
+use crate::hosts::HostSel;
 use crate::inspect::holders::Inventory;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
-use crate::inspect::{Filter, Selection};
+use crate::inspect::Filter;
 use crate::process::kill::{parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
@@ -55,48 +56,60 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             Ok(0)
         }
         Cmd::Gpus { sel } => {
-            s.require_driver()?;
+            require_local_driver(s)?;
             let sel = selection(s, sel)?;
-            let mut gpus = actions::gpus(s)?;
-            crate::inspect::check_selection(&sel, &gpus)?;
-            gpus.retain(|g| crate::inspect::selected(&sel, g.index));
-            emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))
+            let (parts, mut rows) = per_host(cfg, actions::gpus_per_host(s)?)?;
+            let mut gpus = Vec::new();
+            for (h, mut g) in parts {
+                let Some(x) = sel.on(&h) else { continue };
+                crate::inspect::check_selection(&x, &g)?;
+                g.retain(|g| crate::inspect::selected(&x, g.index));
+                rows.push(row(&h, "ok", format!("{} GPU(s)", g.len())));
+                gpus.extend(g);
+            }
+            emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))?;
+            summary(cfg, rows)
         }
         Cmd::Holders { sel, owner, all } => {
             let backend = s.backend()?;
-            if let Some(why) = backend.missing_driver() {
+            let alone = s.host_names() == [crate::hosts::LOCAL];
+            if let Some(why) = backend.missing_driver().filter(|_| alone) {
                 // The fd scan still finds who has the nodes open; the exit code says the rest.
                 let hs = Inventory::take(backend, s.protected())?.holders(&None, *all);
                 emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
                 return Err(GpuError::NoDriver(why.to_string()).into());
             }
-            let (hs, unreadable) = actions::holders_and_unreadable(
-                s,
-                &selection(s, sel)?,
-                *all,
-                &owner_filter(owner)?,
-            )?;
-            let code = emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
-            if unreadable > 0 {
-                eprintln!(
-                    "note: {unreadable} process(es) could not be inspected (other users'): holders among them are not listed; run as root to see every holder"
-                );
+            let parts =
+                actions::holders_per_host(s, selection(s, sel)?, *all, &owner_filter(owner)?)?;
+            let (parts, mut rows) = per_host(cfg, parts)?;
+            let mut hs = Vec::new();
+            for (h, part) in parts {
+                rows.push(row(&h, "ok", format!("{} holder(s)", part.len())));
+                hs.extend(part);
             }
-            Ok(code)
+            emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+            summary(cfg, rows)
         }
         Cmd::Diagnose { sel, check, job } => {
-            s.require_driver()?;
+            require_local_driver(s)?;
             let filter = Filter {
                 uid: None,
                 job: *job,
             };
-            let ds = actions::diagnoses_of(s, &selection(s, sel)?, &filter)?;
+            let parts = actions::diagnoses_per_host(s, selection(s, sel)?, &filter)?;
+            let (parts, mut rows) = per_host(cfg, parts)?;
+            let mut ds = Vec::new();
+            for (h, part) in parts {
+                rows.push(diagnosis_row(&h, &part));
+                ds.extend(part);
+            }
             if !check {
                 emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))?;
             }
+            let code = summary(cfg, rows)?;
             // Another GPU's CUDA footprint does not make this one dirty (wait_clean agrees).
             Ok(if ds.iter().all(|d| d.is_clean()) {
-                0
+                code
             } else {
                 1
             })
@@ -136,21 +149,107 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Sim(cmd) => sim(cfg, cmd),
         Cmd::Mcp { allow } => mcp(cfg, allow),
         Cmd::Journal { last } => journal(cfg, *last),
+        Cmd::Agent => Ok(crate::agent::serve(cfg.session.clone())),
         // Handled in `cli::main` before anything starts; kept for a complete match.
         Cmd::Guard => Ok(crate::runner::guard::main()),
     }
 }
 
-/// `--gpu` values (each a comma list of indices, ranges, UUIDs, bus ids) as GPU indices.
-fn selection(s: &Session, sel: &GpuSel) -> Result<Selection, Error> {
+/// `--gpu` values (each a comma list of indices, ranges, UUIDs, bus ids, or `dest:index`
+/// for one host's GPU) as a selection over the host set.
+fn selection(s: &Session, sel: &GpuSel) -> Result<HostSel, Error> {
     let mut sels = Vec::new();
+    let mut at: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
     for text in &sel.gpus {
-        sels.extend(select::parse(text)?);
+        match HostSel::parse_host_index(text) {
+            Some((host, i)) => at.entry(host).or_default().push(i),
+            None => sels.extend(select::parse(text)?),
+        }
     }
-    if sels.is_empty() {
-        return Ok(None);
+    if sels.is_empty() && at.is_empty() {
+        return Ok(HostSel::all());
     }
-    Ok(Some(actions::select(s, &sels)?))
+    let sels = (!sels.is_empty()).then_some(sels);
+    Ok(actions::select_hosts(s, sels.as_deref(), at)?)
+}
+
+fn row(host: &str, state: &str, detail: String) -> render::HostRow {
+    render::HostRow {
+        host: host.to_string(),
+        state: state.to_string(),
+        detail,
+    }
+}
+
+fn diagnosis_row(host: &str, ds: &[crate::inspect::diagnose::Diagnosis]) -> render::HostRow {
+    let dirty: Vec<String> = ds
+        .iter()
+        .filter(|d| !d.is_clean())
+        .map(actions::describe_diagnosis)
+        .collect();
+    if dirty.is_empty() {
+        row(host, "clean", format!("{} GPU(s) clean", ds.len()))
+    } else {
+        row(host, "NOT clean", dirty.join("; "))
+    }
+}
+
+/// Splits a one-shot's per-host results into the hosts that answered and a summary row for
+/// each that did not. On this machine alone a failure is the command's error, as always.
+#[allow(clippy::type_complexity)]
+fn per_host<T>(
+    cfg: &Config,
+    parts: actions::PerHost<T>,
+) -> Result<(Vec<(String, T)>, Vec<render::HostRow>), Error> {
+    let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    let mut ok = Vec::new();
+    let mut rows = Vec::new();
+    for (h, r) in parts {
+        match r {
+            Ok(v) => ok.push((h, v)),
+            Err(f) if !several => return Err(f.into_gpu().into()),
+            Err(f) => {
+                eprintln!("gpuloop: {f}");
+                let state = if f.unreachable() {
+                    "unreachable"
+                } else {
+                    "failed"
+                };
+                rows.push(row(&h, state, f.to_string()));
+            }
+        }
+    }
+    Ok((ok, rows))
+}
+
+/// With several hosts: the per-host summary (after the records), in host-set order; the
+/// exit code is 0 only if every host is as it should be.
+fn summary(cfg: &Config, mut rows: Vec<render::HostRow>) -> Result<i32, Error> {
+    let names = cfg.session.host_names();
+    if names == [crate::hosts::LOCAL] {
+        return Ok(0);
+    }
+    rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
+    let text = render::host_summary(&rows, Style::stdout());
+    if cfg.json {
+        eprintln!("{text}");
+    } else {
+        crate::outln!("\n{text}");
+    }
+    Ok(if rows.iter().all(render::HostRow::good) {
+        0
+    } else {
+        1
+    })
+}
+
+/// The one-shots refuse to read GPUs without a driver, on this machine alone; with a host
+/// set each host answers for its own driver.
+fn require_local_driver(s: &Session) -> Result<(), Error> {
+    if s.host_names() == [crate::hosts::LOCAL] {
+        s.require_driver()?;
+    }
+    Ok(())
 }
 
 /// `--user U` or `--mine` as a uid, and `--job N`, as a holder filter.
@@ -264,12 +363,36 @@ fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Re
 /// errors, 130 when interrupted during the grace.
 fn kill_holders(
     cfg: &Config,
-    sel: &Selection,
+    sel: &HostSel,
     filter: &Filter,
     opts: &KillOpts,
 ) -> Result<i32, Error> {
-    let report = actions::kill_holders(&cfg.session, sel, filter, opts)?;
-    kill_done(cfg, &report)
+    let parts = actions::kill_holders_per_host(&cfg.session, sel, filter, opts)?;
+    let (parts, mut rows) = per_host(cfg, parts)?;
+    for (h, r) in &parts {
+        let good = r.survivors.is_empty() && r.errors.is_empty();
+        let verb = if r.dry_run {
+            "would signal"
+        } else {
+            "signalled"
+        };
+        let n = if r.dry_run {
+            r.would_signal.len()
+        } else {
+            r.signalled.len()
+        };
+        let mut detail = format!("{verb} {n}");
+        if !r.survivors.is_empty() {
+            detail.push_str(&format!(", survivors {:?}", r.survivors));
+        }
+        if !r.errors.is_empty() {
+            detail.push_str(&format!(", {} error(s)", r.errors.len()));
+        }
+        rows.push(row(h, if good { "ok" } else { "failed" }, detail));
+    }
+    let report = actions::merge_kills(parts, opts.dry_run);
+    let code = kill_done(cfg, &report)?;
+    Ok(summary(cfg, rows)?.max(code))
 }
 
 /// `gpuloop kill PID…`: bare pids, resolved now, under the same rules as holders.
@@ -280,9 +403,9 @@ fn kill_pids(cfg: &Config, pids: &[i64], opts: &KillOpts) -> Result<i32, Error> 
             .ok()
             .filter(|p| *p > 0)
             .ok_or_else(|| Error::Usage(format!("kill: {p} is not a process id")))?;
-        targets.push(Target::Pid(pid));
+        targets.push((None, Target::Pid(pid)));
     }
-    let report = actions::kill(&cfg.session, &targets, opts);
+    let report = actions::kill_routed(&cfg.session, &targets, opts)?;
     kill_done(cfg, &report)
 }
 
@@ -311,18 +434,28 @@ fn wait_opts(timeout: f64, w: &WaitFlags) -> Result<WaitOpts, Error> {
 
 fn clean(
     cfg: &Config,
-    sel: &Selection,
+    sel: &HostSel,
     filter: &Filter,
     wait: &WaitOpts,
     kill: &KillFlags,
 ) -> Result<i32, Error> {
-    cfg.session.require_driver()?;
+    require_local_driver(&cfg.session)?;
     let kill_opts = kill_opts(kill)?;
     if kill_opts.dry_run {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
         return kill_holders(cfg, sel, filter, &kill_opts);
     }
-    let r = actions::clean(&cfg.session, sel, filter, &kill_opts, wait)?;
+    let parts = actions::clean_per_host(&cfg.session, sel, filter, &kill_opts, wait)?;
+    let (parts, mut rows) = per_host(cfg, parts)?;
+    for (h, c) in &parts {
+        let mut r = diagnosis_row(h, &c.after);
+        r.detail = format!("stopped {}; {}", c.kill.signalled.len(), r.detail);
+        if !c.clean && r.good() {
+            r.state = "NOT clean".into();
+        }
+        rows.push(r);
+    }
+    let r = actions::merge_clean(parts, kill_opts.dry_run);
     if r.kill.interrupted {
         // What was signalled and what still runs (TERMed, not KILLed), then 130.
         return kill_done(cfg, &r.kill);
@@ -343,7 +476,8 @@ fn clean(
             }
         )
     })?;
-    Ok(if r.clean { 0 } else { 1 })
+    let code = summary(cfg, rows)?;
+    Ok(if r.clean { code } else { 1 })
 }
 
 /// `gpuloop doc`: the reference in Markdown, or definition files for editors.
@@ -361,14 +495,20 @@ fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
 
 /// `gpuloop wait`: wait_clean as a command; kills nothing.
 /// `gpuloop wait`: wait_clean, then the report (which says what is left: the wait is quiet).
-fn wait_only(cfg: &Config, sel: &Selection, opts: &WaitOpts) -> Result<i32, Error> {
-    cfg.session.require_driver()?;
+fn wait_only(cfg: &Config, sel: &HostSel, opts: &WaitOpts) -> Result<i32, Error> {
+    require_local_driver(&cfg.session)?;
     let outcome = actions::wait_quietly(&cfg.session, sel, opts)?;
     let clean = match outcome {
         WaitOutcome::Interrupted => return Ok(130),
         o => o.is_clean(),
     };
-    let after = actions::diagnoses(&cfg.session, sel)?;
+    let parts = actions::diagnoses_per_host(&cfg.session, sel, &Filter::default())?;
+    let (parts, mut rows) = per_host(cfg, parts)?;
+    let mut after = Vec::new();
+    for (h, part) in parts {
+        rows.push(diagnosis_row(&h, &part));
+        after.extend(part);
+    }
     #[derive(Serialize)]
     struct Out<'a> {
         clean: bool,
@@ -388,7 +528,8 @@ fn wait_only(cfg: &Config, sel: &Selection, opts: &WaitOpts) -> Result<i32, Erro
             )
         },
     )?;
-    Ok(if clean { 0 } else { 1 })
+    let code = summary(cfg, rows)?;
+    Ok(if clean { code } else { 1 })
 }
 
 fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBuf>), Error> {

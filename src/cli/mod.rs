@@ -42,11 +42,40 @@ impl Config {
         for item in &args.limits {
             config.limits.set(item).map_err(Error::Usage)?;
         }
+        let mut session = Session::new(choice, config, args.verbose);
+        if let Some(hosts) = hosts_config(&args.hosts)? {
+            session = session.with_hosts(hosts);
+        }
         Ok(Config {
             json: args.json,
-            session: Arc::new(Session::new(choice, config, args.verbose)),
+            session: Arc::new(session),
         })
     }
+}
+
+/// `--host`/`--hosts-file` into a host set; `None` when neither was given.
+fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>, Error> {
+    if f.hosts.is_empty() && f.hosts_file.is_empty() {
+        for (given, flag) in [
+            (f.remote_bin.is_some(), "--remote-bin"),
+            (f.ssh_config.is_some(), "--ssh-config"),
+            (f.skip_unreachable, "--skip-unreachable"),
+        ] {
+            if given {
+                return Err(Error::Usage(format!("{flag} needs --host or --hosts-file")));
+            }
+        }
+        return Ok(None);
+    }
+    if f.fanout == 0 {
+        return Err(Error::Usage("--fanout must be at least 1".into()));
+    }
+    let transport = crate::hosts::Transport::ssh(f.ssh_config.clone(), f.remote_bin.clone());
+    let mut cfg = crate::hosts::HostsConfig::from_args(&f.hosts, &f.hosts_file, transport)
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    cfg.fanout = f.fanout;
+    cfg.skip_unreachable = f.skip_unreachable;
+    Ok(Some(cfg))
 }
 
 /// Runs gpuloop and returns the process exit code.

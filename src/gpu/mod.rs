@@ -4,11 +4,11 @@ pub mod deadline;
 pub mod nvml;
 pub mod sim;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// One GPU as scripts see it (`gpu()`); bytes and MiB are `i64` at the script boundary.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Gpu {
     pub index: i64,
     pub uuid: String,
@@ -32,7 +32,7 @@ pub struct Gpu {
 }
 
 /// A process the driver attributes memory to on one GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DriverProc {
     pub pid: i32,
     /// Bytes, 0 when the driver does not say.
@@ -102,6 +102,9 @@ pub enum GpuError {
     /// The driver library did not load or initialise; nothing can be verified.
     #[error("no NVIDIA driver: {0}")]
     NoDriver(String),
+    /// One host of a host set failed (the message names it and quotes what ssh said).
+    #[error("{0}")]
+    Host(String),
 }
 
 /// Where a backend's device nodes live: `/dev` for the driver, `$GPULOOP_SIM_DIR/dev` in the

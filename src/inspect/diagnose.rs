@@ -5,7 +5,7 @@ use super::Selection;
 use crate::process::restart::{self, Restarter};
 use crate::process::tree::Tree;
 use crate::process::ProcInfo;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Every verdict diagnose() gives; `gpuloop doc`, `:help diagnose` and the README name each.
 pub const VERDICTS: &[&str] = &[
@@ -24,7 +24,7 @@ pub const VERDICTS: &[&str] = &[
     "no-driver",
 ];
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Diagnosis {
     /// The GPU index; `None` only for the one "no-driver" entry that stands for all GPUs.
     pub gpu: Option<i64>,
@@ -52,7 +52,7 @@ impl Diagnosis {
 }
 
 /// A process whose CUDA context maps a GPU it does not use.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FootprintOf {
     pub pid: i64,
     pub name: String,

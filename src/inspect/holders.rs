@@ -6,11 +6,11 @@ use crate::process::identity::{self, ProcDir};
 use crate::process::origin::{self, Origin};
 use crate::process::scan::{self, NodeSet, NodeUser};
 use crate::process::{self as proc, kill::is_protected};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One process holding (or watching) GPUs, as scripts see it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Holder {
     pub pid: i64,
     pub ppid: i64,

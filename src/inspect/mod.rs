@@ -29,7 +29,7 @@ pub fn selected(sel: &Selection, index: i64) -> bool {
 
 /// Which holders a caller wants besides the GPU selection: `#{user: "alice"}`, `#{job: 812}`,
 /// `--user U`, `--job N`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Filter {
     pub uid: Option<u32>,
     pub job: Option<i64>,

@@ -41,7 +41,8 @@ impl Default for WaitOpts {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WaitOutcome {
     Clean,
     TimedOut,

@@ -114,6 +114,9 @@ pub struct KillReport {
     /// Live parents of the targets that may start them again (not signalled without `parents`).
     #[serde(default)]
     pub restarters: Vec<Restarter>,
+    /// With several hosts: each host's own report (the lists above are their union).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub by_host: std::collections::BTreeMap<String, KillReport>,
 }
 /// A process that SIGKILL has not ended yet because it sleeps uninterruptibly.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -171,6 +171,7 @@ impl Job {
             };
             let reader = Reader {
                 echo: opts.echo.then_some(echo),
+                sink: opts.sink.clone().map(|s| (s, matches!(echo, Echo::Stdout))),
                 capture,
                 exited: exited.clone(),
                 drained: drained_tx.clone(),
@@ -310,6 +311,7 @@ enum Echo {
 
 struct Reader {
     echo: Option<Echo>,
+    sink: Option<(super::Sink, bool)>,
     capture: Arc<Mutex<Capture>>,
     exited: Arc<AtomicBool>,
     drained: Sender<()>,
@@ -362,6 +364,9 @@ impl Reader {
     /// Raw bytes to the terminal: whatever the job printed, even invalid UTF-8; a closed
     /// stdout of gpuloop's own is not the job's problem.
     fn echo_chunk(&self, chunk: &[u8]) {
+        if let Some((sink, stdout)) = &self.sink {
+            (sink.0)(*stdout, chunk);
+        }
         match self.echo {
             Some(Echo::Stdout) => crate::output::bytes(chunk),
             Some(Echo::Stderr) => {

@@ -17,7 +17,7 @@ pub use supervise::Supervisor;
 
 use crate::process::kill::signal_name;
 use nix::sys::signal::Signal;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -81,6 +81,22 @@ pub struct JobOpts {
     pub protected: Vec<String>,
     /// Leave what the job left running when its leader exits (else it is stopped).
     pub keep_children: bool,
+    /// Where the output goes instead of gpuloop's own stdout/stderr when `echo` is off
+    /// (the agent sends it to its client).
+    pub sink: Option<Sink>,
+}
+
+/// Receives a job's output chunks: `(is_stdout, bytes)`.
+pub type SinkFn = dyn Fn(bool, &[u8]) + Send + Sync;
+
+/// Where a job's output goes besides the capture.
+#[derive(Clone)]
+pub struct Sink(pub std::sync::Arc<SinkFn>);
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sink")
+    }
 }
 
 impl Default for JobOpts {
@@ -93,12 +109,13 @@ impl Default for JobOpts {
             grace: Duration::from_secs(5),
             protected: Vec::new(),
             keep_children: false,
+            sink: None,
         }
     }
 }
 
 /// How a job ended: the result map scripts get.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Outcome {
     /// Exit code, or `None` when a signal ended it.
     pub code: Option<i64>,
@@ -168,6 +185,9 @@ pub enum RunError {
     Cwd { dir: String, why: String },
     #[error("interrupted")]
     Interrupted,
+    /// A job on another host could not be run or followed to its end.
+    #[error("on {host}: {why}")]
+    Remote { host: String, why: String },
     #[error(
         "pid {pid} did not exit even after SIGKILL (stuck in the kernel or the driver, state D?)"
     )]

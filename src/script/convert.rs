@@ -177,6 +177,19 @@ impl<'a> Opts<'a> {
         }
     }
 
+    /// `on_error`: "fail" (the default: a host that cannot be reached is an error naming
+    /// it) or "skip" (go on with the others; the skipped host is reported once).
+    pub fn on_error(&self) -> RhaiResult<bool> {
+        match self.string("on_error")?.as_deref() {
+            None | Some("fail") => Ok(false),
+            Some("skip") => Ok(true),
+            Some(other) => Err(script_err(format!(
+                "{}: option on_error must be \"fail\" or \"skip\", not {other:?}",
+                self.func
+            ))),
+        }
+    }
+
     pub fn raw(&self, key: &str) -> Option<&Dynamic> {
         self.get(key)
     }

@@ -224,7 +224,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         stubborn = r.survivors;
     }
     if opts.dry_run {
-        let ds = actions::diagnoses(s, &Some(sel.clone()))?;
+        let ds = actions::diagnoses(s, Some(sel.clone()))?;
         let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| d.verdict != "clean").collect();
         match dirty.first() {
             None => log.line("GPUs clean: nothing to do"),
@@ -267,7 +267,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         ));
         return Ok(0);
     }
-    let ds = actions::diagnoses(s, &Some(sel.clone()))?;
+    let ds = actions::diagnoses(s, Some(sel.clone()))?;
     let why = match ds.iter().find(|d| d.verdict != "clean") {
         Some(d) => reason(d, env.job),
         None => format!(

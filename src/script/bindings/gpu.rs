@@ -1,23 +1,42 @@
 //! gpu(), holders(), diagnose(), wait_clean().
 
 use crate::actions;
+use crate::hosts::HostSel;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
-use crate::inspect::{Filter, Selection};
+use crate::inspect::Filter;
 use crate::script::convert::{
     script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
 };
 use crate::script::engine::def;
 use crate::session::Session;
 use rhai::{Array, Dynamic, Engine, Map};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A script's GPU selector as indices (UUIDs and bus ids looked up on this machine).
-fn selection(s: &Session, sel: &Dynamic) -> RhaiResult<Selection> {
-    match selectors(sel)? {
-        None => Ok(None),
-        Some(sels) => actions::select(s, &sels).map(Some).map_err(to_script),
+/// A script's GPU selector over the host set: indices, `--gpu` strings (UUIDs and bus ids
+/// looked up on this machine) and `"dest:index"` for one host's GPU.
+fn selection(s: &Session, sel: &Dynamic) -> RhaiResult<HostSel> {
+    let items = match sel.clone().try_cast::<Array>() {
+        Some(a) => a,
+        None if sel.is_unit() => return Ok(HostSel::all()),
+        None => vec![sel.clone()],
+    };
+    let mut at: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut rest = Array::new();
+    for x in items {
+        let text = x.clone().into_immutable_string().ok();
+        match text.as_deref().and_then(HostSel::parse_host_index) {
+            Some((host, i)) => at.entry(host).or_default().push(i),
+            None => rest.push(x),
+        }
     }
+    let sels = if rest.is_empty() && !at.is_empty() {
+        None
+    } else {
+        selectors(&Dynamic::from_array(rest))?
+    };
+    actions::select_hosts(s, sels.as_deref(), at).map_err(to_script)
 }
 
 pub fn register(engine: &mut Engine, session: &Arc<Session>) {
@@ -45,6 +64,44 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
     let s = session.clone();
     def(
         engine,
+        "gpu",
+        &["sel: String", "Map"],
+        "One GPU of one host, named \"dest:index\" (a host of --host and a GPU index).",
+        move |sel: &str| -> RhaiResult<Dynamic> {
+            let (host, index) = HostSel::parse_host_index(sel)
+                .ok_or_else(|| script_err(format!("gpu: {sel:?} is not \"dest:index\"")))?;
+            to_map(&actions::gpu_at(&s, &host, index).map_err(to_script)?)
+        },
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "hosts",
+        &["Array"],
+        "The host set (--host, --hosts-file; [\"local\"] without them), connecting to every
+         host if not done yet: maps of name, local, reachable, hostname, version and gpus
+         (from the agent's hello), error (why it cannot be reached, or ()).",
+        move || -> RhaiResult<Array> { to_array(&actions::hosts(&s)) },
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "diagnose",
+        &["sel: i64 | String | Array | ()", "opts: Map", "Array"],
+        "diagnose() with options: on_error: \"skip\" goes on without hosts that cannot be
+         reached (reported once).",
+        move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
+            let o = Opts::new(&opts, "diagnose", &["on_error"])?;
+            let sel = selection(&s, &sel)?;
+            actions::skipping(o.on_error()?, || {
+                to_array(&actions::diagnoses(&s, sel).map_err(to_script)?)
+            })
+        },
+    );
+
+    let s = session.clone();
+    def(
+        engine,
         "holders",
         &["Array"],
         "Compute holders of every GPU: processes the driver lists or that map a GPU device node
@@ -57,7 +114,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          ()); attribution: job (Slurm job id from its environment or cgroup, or ()), container
          (docker/containerd id or Kubernetes pod uid, or ()), cgroup (its cgroup path, or ()).",
         move || -> RhaiResult<Array> {
-            to_array(&actions::holders(&s, &None, false).map_err(to_script)?)
+            to_array(&actions::holders(&s, HostSel::all(), false).map_err(to_script)?)
         },
     );
     let s = session.clone();
@@ -68,7 +125,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "Compute holders of the selected GPUs: an index, a string as `--gpu` takes it (\"0,1\",
          \"0-3\", a UUID or a unique prefix of one, a PCI bus id), or an array of those.",
         move |sel: Dynamic| -> RhaiResult<Array> {
-            to_array(&actions::holders(&s, &selection(&s, &sel)?, false).map_err(to_script)?)
+            to_array(&actions::holders(&s, selection(&s, &sel)?, false).map_err(to_script)?)
         },
     );
     let s = session.clone();
@@ -81,7 +138,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          #{user: \"alice\"} (a name or a uid) only that user's processes; #{job: 812} only
          that Slurm job's.",
         move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-            let o = Opts::new(&opts, "holders", &["all", "user", "job"])?;
+            let o = Opts::new(&opts, "holders", &["all", "user", "job", "on_error"])?;
             let all = o.bool("all", false)?;
             let uid = match o.raw("user") {
                 None => None,
@@ -96,9 +153,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
                 uid,
                 job: o.opt_int("job")?,
             };
-            to_array(
-                &actions::holders_of(&s, &selection(&s, &sel)?, all, &filter).map_err(to_script)?,
-            )
+            to_array(&actions::skipping(o.on_error()?, || {
+                actions::holders_of(&s, selection(&s, &sel)?, all, &filter).map_err(to_script)
+            })?)
         },
     );
 
@@ -124,7 +181,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          nobody holds it: only a reset frees it); \"no-driver\" (the driver did not load:
          nothing is verified; gpu is () when no GPU was selected).",
         move || -> RhaiResult<Array> {
-            to_array(&actions::diagnoses(&s, &None).map_err(to_script)?)
+            to_array(&actions::diagnoses(&s, HostSel::all()).map_err(to_script)?)
         },
     );
     let s = session.clone();
@@ -134,7 +191,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array", "Array"],
         "diagnose() for the selected GPUs.",
         move |sel: Dynamic| -> RhaiResult<Array> {
-            to_array(&actions::diagnoses(&s, &selection(&s, &sel)?).map_err(to_script)?)
+            to_array(&actions::diagnoses(&s, selection(&s, &sel)?).map_err(to_script)?)
         },
     );
 
@@ -150,6 +207,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
                 "settle",
                 "stall",
                 "quiet",
+                "on_error",
             ],
         )?;
         let d = WaitOpts::default();
@@ -167,11 +225,13 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         };
         let quiet = o.bool("quiet", false)?;
         let sel = selection(s, &sel)?;
-        let outcome = if quiet {
-            actions::wait_quietly(s, &sel, &w)
-        } else {
-            actions::wait_clean(s, &sel, &w)
-        };
+        let outcome = actions::skipping(o.on_error()?, || {
+            if quiet {
+                actions::wait_quietly(s, &sel, &w)
+            } else {
+                actions::wait_clean(s, &sel, &w)
+            }
+        });
         match outcome.map_err(to_script)? {
             WaitOutcome::Clean => Ok(true),
             WaitOutcome::Interrupted => Err(super::interrupted()),

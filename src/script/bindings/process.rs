@@ -3,19 +3,24 @@
 use crate::actions;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
-use crate::script::convert::{script_err, to_map, Opts, RhaiResult};
+use crate::script::convert::{script_err, to_map, to_script, Opts, RhaiResult};
 use crate::script::engine::def;
 use crate::session::Session;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::sync::Arc;
 
 /// A pid, a holder map (pid + start: checked before signalling), or an array of either.
-fn targets(v: &Dynamic) -> RhaiResult<Vec<Target>> {
+fn targets(v: &Dynamic) -> RhaiResult<Vec<(Option<String>, Target)>> {
     if let Some(pid) = v.clone().try_cast::<i64>() {
-        return Ok(vec![Target::Pid(pid_of(pid)?)]);
+        return Ok(vec![(None, Target::Pid(pid_of(pid)?))]);
     }
     if let Some(m) = v.clone().try_cast::<Map>() {
-        return Ok(vec![Target::Exact(map_identity(&m)?)]);
+        // A holder map says which host it runs on: the kill goes there.
+        let host = m
+            .get("host")
+            .and_then(|h| h.clone().into_immutable_string().ok())
+            .map(|h| h.to_string());
+        return Ok(vec![(host, Target::Exact(map_identity(&m)?))]);
     }
     if let Some(a) = v.clone().try_cast::<Array>() {
         let mut out = Vec::new();
@@ -74,7 +79,9 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
     let o = Opts::new(
         opts,
         "kill",
-        &["signal", "grace", "tree", "dry_run", "force", "parents"],
+        &[
+            "signal", "grace", "tree", "dry_run", "force", "parents", "on_error",
+        ],
     )?;
     let d = KillOpts::default();
     let signal = match o.string("signal")? {
@@ -96,10 +103,24 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
     })
 }
 
+/// `on_error` of kill()'s options: "skip" goes on without unreachable hosts.
+fn on_error_of(opts: &Map) -> RhaiResult<bool> {
+    Opts::new(
+        opts,
+        "kill",
+        &[
+            "signal", "grace", "tree", "dry_run", "force", "parents", "on_error",
+        ],
+    )?
+    .on_error()
+}
+
 /// Runs the kill; an interrupt during the grace ends the script (exit 130) after saying
 /// what was signalled and what still runs, un-KILLed.
-fn run_kill(s: &Session, target: &Dynamic, opts: &KillOpts) -> RhaiResult<Dynamic> {
-    let report = actions::kill(s, &targets(target)?, opts);
+fn run_kill(s: &Session, target: &Dynamic, opts: &KillOpts, skip: bool) -> RhaiResult<Dynamic> {
+    let targets = targets(target)?;
+    let report =
+        actions::skipping(skip, || actions::kill_routed(s, &targets, opts)).map_err(to_script)?;
     if report.interrupted {
         eprintln!(
             "kill interrupted during the grace: signalled {:?}, exited {:?}, still running (not KILLed) {:?}",
@@ -132,7 +153,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          Ctrl-C during the grace stops the waiting and KILLs nobody: the script ends (130)
          saying what was signalled and what still runs.",
         move |target: Dynamic| -> RhaiResult<Dynamic> {
-            run_kill(&s, &target, &KillOpts::default())
+            run_kill(&s, &target, &KillOpts::default(), false)
         },
     );
     let s = session.clone();
@@ -144,9 +165,12 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          grace (seconds before SIGKILL, default 5, 0 = no escalation), tree (default true:
          descendants too), dry_run (report, signal nothing), force (allow protected daemons),
          parents (default false: also stop the targets' restarters, under the same identity and
-         protection rules).",
+         protection rules), on_error (\"skip\": go on without hosts that cannot be reached).
+         With several hosts each holder map is killed on its own host, where its identity is
+         checked (by_host holds each host's report); a bare pid is then ambiguous.",
         move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
-            run_kill(&s, &target, &kill_opts(&opts)?)
+            let skip = on_error_of(&opts)?;
+            run_kill(&s, &target, &kill_opts(&opts)?, skip)
         },
     );
 }

@@ -1,8 +1,9 @@
 //! run(), spawn() and the Job handle; apply_patch(), call_fn() and friends for the patch module.
 
+use crate::actions;
 use crate::process::kill::parse_signal;
 use crate::runner::patch::{self, Direction};
-use crate::runner::{self, Cmd, Job, JobHandle, JobOpts, Outcome, RunError, Waited};
+use crate::runner::{Cmd, Job, JobHandle, JobOpts, Outcome, RunError, Waited};
 use crate::script::convert::{script_err, secs_arg, to_map, Opts, RhaiResult};
 use crate::script::engine::def;
 use crate::session::Session;
@@ -20,6 +21,7 @@ const RUN_OPTS: &[&str] = &[
     "grace",
     "check",
     "keep_children",
+    "host",
 ];
 
 /// A command string (for `sh -c`) or an argv array (numbers become their text).
@@ -89,6 +91,7 @@ fn job_opts(func: &'static str, s: &Session, opts: &Map) -> RhaiResult<(JobOpts,
         grace: o.secs("grace", Some(d.grace))?.unwrap_or(d.grace),
         protected: s.protected().to_vec(),
         keep_children: o.bool("keep_children", false)?,
+        sink: None,
     };
     Ok((job, o.bool("check", false)?))
 }
@@ -121,14 +124,22 @@ fn finish(
 
 fn run(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<Dynamic> {
     let cmd = command("run", cmd)?;
+    let host = Opts::new(opts, "run", RUN_OPTS)?.string("host")?;
     let (opts, check) = job_opts("run", s, opts)?;
     let timeout = opts.timeout;
-    let o = runner::run(&cmd, opts, s.interrupted()).map_err(|e| run_err("run", e))?;
+    let o = actions::run(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("run", e))?;
     finish(&cmd.display(), timeout, o, check)
 }
 
 fn spawn(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<JobHandle> {
     let cmd = command("spawn", cmd)?;
+    if let Some(h) = Opts::new(opts, "spawn", RUN_OPTS)?.string("host")? {
+        if h != crate::hosts::LOCAL {
+            return Err(script_err(format!(
+                "spawn: a background job on another host ({h}) is not supported yet; use run(cmd, #{{host: \"{h}\"}})"
+            )));
+        }
+    }
     let (opts, check) = job_opts("spawn", s, opts)?;
     let job = Job::spawn(&cmd, opts).map_err(|e| run_err("spawn", e))?;
     Ok(JobHandle {
@@ -203,7 +214,10 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          environment), echo (default true), grace (seconds between TERM and KILL, default 5;
          0 means KILL at once), check (default false: when true a failure throws, with the
          end of stderr), keep_children (default false: when true, what the job leaves running
-         after its main process exits is kept, and still listed in leftovers).",
+         after its main process exits is kept, and still listed in leftovers), host (a host of
+         --host: the job runs there under its agent, which stops its whole tree on timeout,
+         Ctrl-C, script end or a dropped connection; its output streams back as
+         \"[host] line\").",
         move |cmd: Dynamic, opts: Map| run(&s, &cmd, &opts),
     );
     let s = session.clone();

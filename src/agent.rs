@@ -1,0 +1,373 @@
+//! `gpuloop agent`: this machine's primitives served over stdin/stdout, one JSON message a
+//! line (`hosts::protocol`), for a gpuloop elsewhere that reached it through ssh.
+//!
+//! It says hello, then answers requests, each in a thread of its own so a long wait_clean
+//! or a running job does not hold up the others. It is the subreaper of the jobs it runs;
+//! when its stdin closes (the client ended, or the link dropped) it stops them all and exits.
+
+use crate::actions;
+use crate::gpu::GpuError;
+use crate::hosts::protocol::{
+    self, Body, Call, ErrorKind, Hello, Message, Request, RunCall, Stream, WaitMore, WireError,
+};
+use crate::inspect::wait::WaitOpts;
+use crate::process::kill::{parse_signal, KillOpts, Target};
+use crate::process::Identity;
+use crate::runner::{Cmd, Job, JobOpts, RunError, Sink, Waited};
+use crate::session::Session;
+use nix::sys::signal::Signal;
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The agent's stdout, shared by every request's thread: one whole line at a time.
+#[derive(Clone)]
+struct Out(Arc<Mutex<std::io::Stdout>>);
+
+impl Out {
+    fn send(&self, m: &Message) {
+        let mut line = m.line();
+        line.push('\n');
+        let out = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = out.lock();
+        // A closed stdout means the client is gone; stdin's EOF ends the agent.
+        let _ = out.write_all(line.as_bytes());
+        let _ = out.flush();
+    }
+}
+
+fn reply(id: Option<u64>, body: Body) -> Message {
+    Message::Reply { id, body }
+}
+
+fn error(kind: ErrorKind, message: impl Into<String>) -> Body {
+    Body::Error(WireError {
+        kind,
+        message: message.into(),
+    })
+}
+
+/// Serves until stdin closes; returns the exit code.
+pub fn serve(session: Arc<Session>) -> i32 {
+    let _jobs = crate::runner::Supervisor::start(session.protected());
+    let out = Out(Arc::new(Mutex::new(std::io::stdout())));
+    let (gpus, backend) = match session.backend() {
+        Ok(b) => (b.gpus().map_or(0, |g| g.len() as i64), b.kind()),
+        Err(e) => {
+            eprintln!("warning: {e}");
+            (0, "none")
+        }
+    };
+    out.send(&Message::Hello(Hello {
+        protocol: protocol::PROTOCOL,
+        version: env!("CARGO_PKG_VERSION").into(),
+        hostname: crate::hosts::hostname(),
+        gpus,
+        backend: backend.into(),
+    }));
+    // Cancel flags of the running jobs, by request id.
+    let jobs: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>> = Arc::default();
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    loop {
+        let line = match next_line(&mut input, protocol::MAX_REQUEST) {
+            Ok(None) | Err(_) => break,
+            Ok(Some(Err(TooLarge))) => {
+                out.send(&reply(
+                    None,
+                    error(
+                        ErrorKind::TooLarge,
+                        format!("request longer than {} bytes", protocol::MAX_REQUEST),
+                    ),
+                ));
+                continue;
+            }
+            Ok(Some(Ok(l))) => l,
+        };
+        let Ok(text) = std::str::from_utf8(&line) else {
+            out.send(&reply(
+                None,
+                error(ErrorKind::Malformed, "a request must be UTF-8 JSON"),
+            ));
+            continue;
+        };
+        if text.trim().is_empty() {
+            continue;
+        }
+        let req = match protocol::parse_request(text) {
+            Ok(r) => r,
+            Err(m) => {
+                out.send(&m);
+                continue;
+            }
+        };
+        if let Call::Cancel { id } = req.call {
+            let found = jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&id)
+                .map(|f| f.store(true, Ordering::SeqCst))
+                .is_some();
+            out.send(&reply(
+                Some(req.id),
+                Body::Ok(serde_json::Value::Bool(found)),
+            ));
+            continue;
+        }
+        let (s, o, j) = (session.clone(), out.clone(), jobs.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("agent-{}", req.id))
+            .spawn(move || {
+                let id = req.id;
+                let body = handle(&s, req, &o, &j);
+                o.send(&reply(Some(id), body));
+            });
+        if let Err(e) = spawned {
+            out.send(&reply(
+                None,
+                error(ErrorKind::Failed, format!("cannot start a thread: {e}")),
+            ));
+        }
+    }
+    // The client is gone: stop every job (the Supervisor's drop stops their trees).
+    for f in jobs.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        f.store(true, Ordering::SeqCst);
+    }
+    0
+}
+
+struct TooLarge;
+
+/// The next line (without its newline), `Err(TooLarge)` for one over `max` bytes (read
+/// through and dropped), `None` at EOF.
+fn next_line(
+    r: &mut impl BufRead,
+    max: usize,
+) -> std::io::Result<Option<Result<Vec<u8>, TooLarge>>> {
+    let mut line = Vec::new();
+    let mut over = false;
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(match (over, line.is_empty()) {
+                (true, _) => Some(Err(TooLarge)),
+                (false, true) => None,
+                (false, false) => Some(Ok(line)),
+            });
+        }
+        let (take, done) = match memchr::memchr(b'\n', buf) {
+            Some(i) => (i, i + 1),
+            None => (buf.len(), buf.len()),
+        };
+        if !over {
+            line.extend_from_slice(&buf[..take]);
+            if line.len() > max {
+                over = true;
+                line = Vec::new();
+            }
+        }
+        let newline = done > take;
+        r.consume(done);
+        if newline {
+            return Ok(Some(if over { Err(TooLarge) } else { Ok(line) }));
+        }
+    }
+}
+
+fn gpu_body(e: GpuError) -> Body {
+    let kind = match e {
+        GpuError::NoSuchGpu { .. } => ErrorKind::Usage,
+        _ => ErrorKind::Failed,
+    };
+    error(kind, e.to_string())
+}
+
+fn ok<T: serde::Serialize>(r: Result<T, GpuError>) -> Body {
+    match r {
+        Ok(v) => match serde_json::to_value(v) {
+            Ok(v) => Body::Ok(v),
+            Err(e) => error(ErrorKind::Failed, format!("cannot encode the result: {e}")),
+        },
+        Err(e) => gpu_body(e),
+    }
+}
+
+fn kill_opts(o: &protocol::KillOpts) -> Result<KillOpts, Body> {
+    Ok(KillOpts {
+        signal: parse_signal(&o.signal).ok_or_else(|| {
+            error(
+                ErrorKind::BadParams,
+                format!("unknown signal {:?}", o.signal),
+            )
+        })?,
+        grace: Duration::from_millis(o.grace_ms),
+        tree: o.tree,
+        dry_run: o.dry_run,
+        force: o.force,
+        parents: o.parents,
+        ..KillOpts::default()
+    })
+}
+
+fn wait_opts(timeout_ms: u64, max_used_mib: i64, poll_ms: u64, more: WaitMore) -> WaitOpts {
+    let d = WaitOpts::default();
+    WaitOpts {
+        timeout: Duration::from_millis(timeout_ms),
+        max_used_mib,
+        poll: Duration::from_millis(poll_ms.max(1)),
+        strict: more.strict,
+        settle: Duration::from_millis(more.settle_ms),
+        stall: more.stall_ms.map_or(d.stall, Duration::from_millis),
+        ..d
+    }
+}
+
+fn handle(
+    s: &Session,
+    req: Request,
+    out: &Out,
+    jobs: &Mutex<HashMap<u64, Arc<AtomicBool>>>,
+) -> Body {
+    match req.call {
+        Call::Gpus => ok(actions::gpus(s)),
+        Call::Holders { sel, all, filter } => ok(actions::holders_of(s, &sel, all, &filter)),
+        Call::Diagnose { sel, filter } => ok(actions::diagnoses_of(s, &sel, &filter)),
+        Call::Kill { targets, opts } => {
+            let opts = match kill_opts(&opts) {
+                Ok(o) => o,
+                Err(b) => return b,
+            };
+            let targets: Vec<Target> = targets
+                .iter()
+                .map(|t| match t.start {
+                    Some(start) => Target::Exact(Identity {
+                        pid: t.pid,
+                        start,
+                        ino: t.ino,
+                    }),
+                    None => Target::Pid(t.pid),
+                })
+                .collect();
+            ok(Ok(actions::kill(s, &targets, &opts)))
+        }
+        Call::KillHolders { sel, filter, opts } => match kill_opts(&opts) {
+            Ok(o) => ok(actions::kill_holders(s, &sel, &filter, &o)),
+            Err(b) => b,
+        },
+        Call::WaitClean {
+            sel,
+            timeout_ms,
+            max_used_mib,
+            poll_ms,
+            more,
+        } => ok(actions::wait_clean(
+            s,
+            &sel,
+            &wait_opts(timeout_ms, max_used_mib, poll_ms, more),
+        )),
+        Call::Clean {
+            sel,
+            filter,
+            kill,
+            timeout_ms,
+            max_used_mib,
+            poll_ms,
+            more,
+        } => match kill_opts(&kill) {
+            Ok(k) => ok(actions::clean(
+                s,
+                &sel,
+                &filter,
+                &k,
+                &wait_opts(timeout_ms, max_used_mib, poll_ms, more),
+            )),
+            Err(b) => b,
+        },
+        Call::Run(rc) => run(s, req.id, rc, out, jobs),
+        Call::Cancel { .. } => error(ErrorKind::Failed, "cancel is answered inline"),
+    }
+}
+
+/// Runs a job, streaming its output to the client; a cancel (or the client going away)
+/// stops its whole tree.
+fn run(
+    s: &Session,
+    id: u64,
+    rc: RunCall,
+    out: &Out,
+    jobs: &Mutex<HashMap<u64, Arc<AtomicBool>>>,
+) -> Body {
+    let cmd = match (rc.shell, rc.argv) {
+        (Some(l), None) => Cmd::Shell(l),
+        (None, Some(a)) => Cmd::Argv(a),
+        _ => {
+            return error(
+                ErrorKind::BadParams,
+                "run needs exactly one of shell and argv",
+            )
+        }
+    };
+    let sink = rc.echo.then(|| {
+        let out = out.clone();
+        Sink(Arc::new(move |stdout: bool, data: &[u8]| {
+            out.send(&Message::Output {
+                id,
+                stream: if stdout {
+                    Stream::Stdout
+                } else {
+                    Stream::Stderr
+                },
+                data: String::from_utf8_lossy(data).into_owned(),
+            })
+        }))
+    });
+    let opts = JobOpts {
+        timeout: rc.timeout_ms.map(Duration::from_millis),
+        cwd: rc.cwd.map(Into::into),
+        env: rc.env,
+        echo: false,
+        grace: Duration::from_millis(rc.grace_ms),
+        protected: s.protected().to_vec(),
+        keep_children: rc.keep_children,
+        sink,
+    };
+    let cancel = Arc::new(AtomicBool::new(false));
+    jobs.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, cancel.clone());
+    let result = Job::spawn(&cmd, opts).and_then(|job| match job.wait(None, &cancel) {
+        Waited::Done(o) => Ok(o),
+        Waited::Running | Waited::Interrupted => job
+            .stop(Signal::SIGTERM, None)
+            .ok_or(RunError::Stuck { pid: job.pid() }),
+    });
+    jobs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    match result {
+        Ok(o) => match serde_json::to_value(o) {
+            Ok(v) => Body::Ok(v),
+            Err(e) => error(ErrorKind::Failed, format!("cannot encode the outcome: {e}")),
+        },
+        Err(e) => error(ErrorKind::Failed, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_over_the_limit_are_dropped_whole_and_reading_goes_on() {
+        let data = b"short\nthis-line-is-too-long\nok\nlast-without-newline".to_vec();
+        let mut r = std::io::BufReader::with_capacity(4, &data[..]);
+        let mut got = Vec::new();
+        while let Some(l) = next_line(&mut r, 10).unwrap() {
+            got.push(
+                l.map(|v| String::from_utf8(v).unwrap())
+                    .unwrap_or_else(|TooLarge| "<too large>".into()),
+            );
+        }
+        assert_eq!(got, ["short", "<too large>", "ok", "<too large>"]);
+    }
+}

@@ -1,0 +1,559 @@
+//! The client side: one long-lived agent per host, opened in parallel (at most `fanout`
+//! at a time), calls with ids and deadlines over its stdio, behind a blocking API.
+
+use super::protocol::{self, Body, Call, Hello, Message, Request, Stream};
+use super::{HostError, HostsConfig, Transport, LOCAL};
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// How much of what ssh (or the agent) printed on stderr is kept for error messages.
+const STDERR_KEEP: usize = 4096;
+/// How often a waiting call looks at the Ctrl-C flag.
+const TICK: Duration = Duration::from_millis(50);
+/// How long the session's end waits for agents to stop their jobs and exit.
+const CLOSE_WAIT: Duration = Duration::from_secs(20);
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Body>>>>;
+
+/// What the agent printed on stderr: kept before hello (it is what ssh said), echoed with
+/// the host's name after.
+#[derive(Default)]
+struct Stderr {
+    tail: String,
+    echo: bool,
+}
+
+/// One open agent.
+pub struct Conn {
+    host: String,
+    pub hello: Hello,
+    next_id: AtomicU64,
+    writer: Mutex<Option<mpsc::UnboundedSender<String>>>,
+    pending: Pending,
+    /// Why the connection ended, once it has.
+    dead: Arc<Mutex<Option<String>>>,
+    child: Mutex<Option<tokio::process::Child>>,
+}
+
+enum Slot {
+    Local,
+    Remote(Result<Arc<Conn>, HostError>),
+}
+
+/// The open connections of one session, in host-set order.
+pub struct Pool {
+    rt: tokio::runtime::Runtime,
+    slots: Vec<(String, Slot)>,
+    pub config: HostsConfig,
+    /// Seconds each connection took to say hello (for -v and the benchmark).
+    pub connect_ms: Vec<(String, f64)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Pool {
+    /// Opens every remote host in parallel, `fanout` at a time; a host that fails keeps
+    /// its error (each call to it returns that error).
+    pub fn connect(config: HostsConfig) -> Pool {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("gpuloop-hosts")
+            .enable_all()
+            .build()
+            .expect("the tokio runtime starts (threads and an epoll fd)");
+        let sem = Arc::new(Semaphore::new(config.fanout.max(1)));
+        let mut handles = Vec::new();
+        for h in config.hosts.iter().filter(|h| h.as_str() != LOCAL) {
+            let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
+            let timeout = config.connect_timeout;
+            handles.push(rt.spawn(async move {
+                let _permit = sem.acquire_owned().await;
+                let started = Instant::now();
+                let r = connect(&host, &transport, timeout).await;
+                (host, r, started.elapsed().as_secs_f64() * 1e3)
+            }));
+        }
+        let mut opened: HashMap<String, Result<Arc<Conn>, HostError>> = HashMap::new();
+        let mut connect_ms = Vec::new();
+        rt.block_on(async {
+            for h in handles {
+                if let Ok((host, r, ms)) = h.await {
+                    tracing::debug!(
+                        "host {host}: connected in {ms:.1} ms: {:?}",
+                        r.as_ref().map(|c| &c.hello)
+                    );
+                    connect_ms.push((host.clone(), ms));
+                    opened.insert(host, r.map(Arc::new));
+                }
+            }
+        });
+        let slots = config
+            .hosts
+            .iter()
+            .map(|h| {
+                let slot = if h == LOCAL {
+                    Slot::Local
+                } else {
+                    Slot::Remote(opened.remove(h).unwrap_or_else(|| {
+                        Err(HostError::Connect {
+                            host: h.clone(),
+                            why: "the connection task failed".into(),
+                        })
+                    }))
+                };
+                (h.clone(), slot)
+            })
+            .collect();
+        Pool {
+            rt,
+            slots,
+            config,
+            connect_ms,
+        }
+    }
+
+    pub fn hosts(&self) -> impl Iterator<Item = &str> {
+        self.slots.iter().map(|(h, _)| h.as_str())
+    }
+
+    pub fn is_local(&self, host: &str) -> bool {
+        host == LOCAL
+    }
+
+    /// The agent's hello, or why the host cannot be used.
+    pub fn hello(&self, host: &str) -> Result<Option<&Hello>, HostError> {
+        match self.slot(host)? {
+            Slot::Local => Ok(None),
+            Slot::Remote(Ok(c)) => Ok(Some(&c.hello)),
+            Slot::Remote(Err(e)) => Err(e.clone()),
+        }
+    }
+
+    fn slot(&self, host: &str) -> Result<&Slot, HostError> {
+        self.slots
+            .iter()
+            .find(|(h, _)| h == host)
+            .map(|(_, s)| s)
+            .ok_or_else(|| HostError::Unknown {
+                host: host.to_string(),
+                known: self.hosts().collect::<Vec<_>>().join(", "),
+            })
+    }
+
+    /// Runs calls on several remote hosts at once; results in the order given. Each has
+    /// `deadline` (None: none, the call ends when the host answers or the link drops).
+    pub fn call_many(
+        &self,
+        calls: Vec<(String, Call)>,
+        deadline: Option<Duration>,
+        interrupted: &'static AtomicBool,
+    ) -> Vec<Result<serde_json::Value, HostError>> {
+        let mut handles = Vec::new();
+        for (host, call) in calls {
+            let conn = match self.slot(&host) {
+                Ok(Slot::Remote(Ok(c))) => Ok(c.clone()),
+                Ok(Slot::Remote(Err(e))) => Err(e.clone()),
+                Ok(Slot::Local) => Err(HostError::Unknown {
+                    host,
+                    known: "remote hosts".into(),
+                }),
+                Err(e) => Err(e),
+            };
+            handles.push(conn.map(|c| {
+                self.rt
+                    .spawn(async move { c.call(call, deadline, interrupted).await })
+            }));
+        }
+        self.rt.block_on(async {
+            let mut out = Vec::new();
+            for h in handles {
+                out.push(match h {
+                    Err(e) => Err(e),
+                    Ok(j) => j.await.unwrap_or_else(|e| {
+                        Err(HostError::Protocol {
+                            host: "?".into(),
+                            why: format!("the call task failed: {e}"),
+                        })
+                    }),
+                });
+            }
+            out
+        })
+    }
+
+    /// One call on one remote host.
+    pub fn call(
+        &self,
+        host: &str,
+        call: Call,
+        deadline: Option<Duration>,
+        interrupted: &'static AtomicBool,
+    ) -> Result<serde_json::Value, HostError> {
+        self.call_many(vec![(host.to_string(), call)], deadline, interrupted)
+            .pop()
+            .unwrap_or(Err(HostError::Interrupted))
+    }
+}
+
+impl Drop for Pool {
+    /// Closes every agent's stdin (it then stops its jobs and exits) and waits, bounded,
+    /// for them to be gone, so nothing started there outlives this session.
+    fn drop(&mut self) {
+        let mut children = Vec::new();
+        for (_, slot) in &self.slots {
+            if let Slot::Remote(Ok(c)) = slot {
+                lock(&c.writer).take();
+                if let Some(child) = lock(&c.child).take() {
+                    children.push(child);
+                }
+            }
+        }
+        self.rt.block_on(async {
+            let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+            for mut c in children {
+                if tokio::time::timeout_at(deadline, c.wait()).await.is_err() {
+                    let _ = c.start_kill();
+                }
+            }
+        });
+    }
+}
+
+impl Conn {
+    async fn call(
+        &self,
+        call: Call,
+        deadline: Option<Duration>,
+        interrupted: &'static AtomicBool,
+    ) -> Result<serde_json::Value, HostError> {
+        let method = call.method().to_string();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let is_run = matches!(call, Call::Run(_));
+        let (tx, mut rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        let line =
+            serde_json::to_string(&Request { id, call }).map_err(|e| HostError::Protocol {
+                host: self.host.clone(),
+                why: format!("cannot encode the request: {e}"),
+            })?;
+        if let Some(why) = lock(&self.dead).clone() {
+            lock(&self.pending).remove(&id);
+            return Err(self.lost(&method, why));
+        }
+        if !self.send(line) {
+            lock(&self.pending).remove(&id);
+            return Err(self.lost(&method, "the connection is closed".into()));
+        }
+        let end = deadline.map(|d| tokio::time::Instant::now() + d);
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                body = &mut rx => {
+                    return match body {
+                        Ok(Body::Ok(v)) => Ok(v),
+                        Ok(Body::Error(e)) => Err(HostError::Remote { host: self.host.clone(), message: e.message }),
+                        Err(_) => {
+                            let why = lock(&self.dead).clone().unwrap_or_else(|| "the agent went away".into());
+                            Err(self.lost(&method, why))
+                        }
+                    };
+                }
+                _ = tick.tick() => {
+                    let late = end.is_some_and(|e| tokio::time::Instant::now() >= e);
+                    if late || interrupted.load(Ordering::Relaxed) {
+                        lock(&self.pending).remove(&id);
+                        if is_run {
+                            // The job there must not outlive the call that started it.
+                            if let Ok(l) = serde_json::to_string(&Request { id: id | CANCEL_BIT, call: Call::Cancel { id } }) {
+                                self.send(l);
+                            }
+                        }
+                        if late {
+                            return Err(HostError::Timeout {
+                                host: self.host.clone(),
+                                method,
+                                secs: deadline.unwrap_or_default().as_secs_f64(),
+                            });
+                        }
+                        return Err(HostError::Interrupted);
+                    }
+                }
+            }
+        }
+    }
+
+    fn send(&self, line: String) -> bool {
+        lock(&self.writer)
+            .as_ref()
+            .is_some_and(|w| w.send(line).is_ok())
+    }
+
+    fn lost(&self, method: &str, why: String) -> HostError {
+        HostError::Lost {
+            host: self.host.clone(),
+            method: method.to_string(),
+            why,
+        }
+    }
+}
+
+/// Cancel requests get ids of their own, apart from the calls' ids.
+const CANCEL_BIT: u64 = 1 << 62;
+
+/// Starts the agent and reads its hello.
+async fn connect(host: &str, transport: &Transport, timeout: Duration) -> Result<Conn, HostError> {
+    let launch = transport.launch(host);
+    let mut cmd = tokio::process::Command::new(&launch.program);
+    cmd.args(&launch.args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        // A Ctrl-C at the terminal is gpuloop's to handle; it must not cut every link.
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| HostError::Connect {
+        host: host.to_string(),
+        why: format!("cannot start {}: {e}", launch.program),
+    })?;
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(HostError::Connect {
+            host: host.to_string(),
+            why: "no pipes to the transport".into(),
+        });
+    };
+    let err_state = Arc::new(Mutex::new(Stderr::default()));
+    let stderr_task = tokio::spawn(read_stderr(host.to_string(), stderr, err_state.clone()));
+    let mut stdout = BufReader::new(stdout);
+
+    let first = tokio::time::timeout(timeout, read_line(&mut stdout, 64 * 1024)).await;
+    let said = |st: &Arc<Mutex<Stderr>>| lock(st).tail.clone();
+    let hello = match first {
+        Err(_) => {
+            let _ = child.start_kill();
+            return Err(HostError::Connect {
+                host: host.to_string(),
+                why: format!(
+                    "no answer within {:.0}s{}",
+                    timeout.as_secs_f64(),
+                    quote(&said(&err_state))
+                ),
+            });
+        }
+        Ok(Ok(Some(line))) => match serde_json::from_str::<Message>(&line) {
+            Ok(Message::Hello(h)) => h,
+            _ => {
+                let _ = child.start_kill();
+                return Err(HostError::Protocol {
+                    host: host.to_string(),
+                    why: format!(
+                        "expected the agent's hello, got {:?} (is --remote-bin a gpuloop?)",
+                        truncate(&line, 200)
+                    ),
+                });
+            }
+        },
+        Ok(_) => {
+            // Closed before hello: ssh failed, or the remote command did.
+            let code = tokio::time::timeout(Duration::from_secs(5), child.wait())
+                .await
+                .ok()
+                .and_then(|s| s.ok())
+                .and_then(|s| s.code());
+            let _ = tokio::time::timeout(Duration::from_secs(2), stderr_task).await;
+            return Err(transport.classify(host, code, &said(&err_state)));
+        }
+    };
+    if hello.protocol != protocol::PROTOCOL {
+        let _ = child.start_kill();
+        return Err(HostError::Version {
+            host: host.to_string(),
+            theirs: hello.version,
+            their_protocol: hello.protocol,
+            ours: env!("CARGO_PKG_VERSION").into(),
+            our_protocol: protocol::PROTOCOL,
+        });
+    }
+    lock(&err_state).echo = true;
+
+    let (wtx, wrx) = mpsc::unbounded_channel::<String>();
+    tokio::spawn(write_lines(stdin, wrx));
+    let pending: Pending = Arc::default();
+    let dead = Arc::new(Mutex::new(None));
+    tokio::spawn(read_replies(
+        host.to_string(),
+        stdout,
+        pending.clone(),
+        dead.clone(),
+        err_state,
+    ));
+    Ok(Conn {
+        host: host.to_string(),
+        hello,
+        next_id: AtomicU64::new(1),
+        writer: Mutex::new(Some(wtx)),
+        pending,
+        dead,
+        child: Mutex::new(Some(child)),
+    })
+}
+
+fn quote(said: &str) -> String {
+    let s = said.trim();
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!("; ssh said: {}", s.lines().last().unwrap_or(s))
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+/// One line, without its newline; `Ok(None)` at EOF. A line longer than `max` is an error.
+async fn read_line<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    max: usize,
+) -> std::io::Result<Option<String>> {
+    let mut buf = Vec::new();
+    let n = (&mut *r)
+        .take(max as u64 + 1)
+        .read_until(b'\n', &mut buf)
+        .await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') && buf.len() > max {
+        return Err(std::io::Error::other(format!(
+            "a line longer than {max} bytes"
+        )));
+    }
+    while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        buf.pop();
+    }
+    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+}
+
+async fn write_lines(
+    mut stdin: tokio::process::ChildStdin,
+    mut rx: mpsc::UnboundedReceiver<String>,
+) {
+    while let Some(mut line) = rx.recv().await {
+        line.push('\n');
+        if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+            break;
+        }
+    }
+    // Dropping stdin closes it: the agent stops its jobs and exits.
+}
+
+async fn read_stderr(host: String, stderr: tokio::process::ChildStderr, st: Arc<Mutex<Stderr>>) {
+    let mut r = BufReader::new(stderr);
+    while let Ok(Some(line)) = read_line(&mut r, 64 * 1024).await {
+        let mut s = lock(&st);
+        if s.echo {
+            eprintln!("[{host}] {line}");
+        }
+        s.tail.push_str(&line);
+        s.tail.push('\n');
+        if s.tail.len() > STDERR_KEEP {
+            let mut cut = s.tail.len() - STDERR_KEEP;
+            while !s.tail.is_char_boundary(cut) {
+                cut += 1;
+            }
+            s.tail.drain(..cut);
+        }
+    }
+}
+
+/// Dispatches replies to their callers and prints job output with the host's name; when
+/// the agent's stdout ends, every call still waiting fails with what ssh said.
+async fn read_replies(
+    host: String,
+    mut stdout: BufReader<tokio::process::ChildStdout>,
+    pending: Pending,
+    dead: Arc<Mutex<Option<String>>>,
+    err: Arc<Mutex<Stderr>>,
+) {
+    let mut partial: HashMap<(u64, bool), String> = HashMap::new();
+    let why = loop {
+        let line = match read_line(&mut stdout, protocol::MAX_REPLY).await {
+            Ok(Some(l)) => l,
+            Ok(None) => break "the agent's output ended".to_string(),
+            Err(e) => break format!("reading from the agent: {e}"),
+        };
+        match serde_json::from_str::<Message>(&line) {
+            Ok(Message::Output { id, stream, data }) => {
+                let out = stream == Stream::Stdout;
+                let buf = partial.entry((id, out)).or_default();
+                buf.push_str(&data);
+                print_lines(&host, out, buf, false);
+            }
+            Ok(Message::Reply { id: Some(id), body }) => {
+                for out in [true, false] {
+                    if let Some(mut buf) = partial.remove(&(id, out)) {
+                        print_lines(&host, out, &mut buf, true);
+                    }
+                }
+                if let Some(tx) = lock(&pending).remove(&id) {
+                    let _ = tx.send(body);
+                }
+            }
+            Ok(Message::Reply { id: None, body }) => {
+                tracing::warn!("host {host}: the agent rejected a request: {body:?}");
+            }
+            Ok(Message::Hello(_)) => {}
+            Err(e) => tracing::warn!(
+                "host {host}: unreadable line from the agent ({e}): {}",
+                truncate(&line, 200)
+            ),
+        }
+    };
+    // Give ssh a moment to print why it ended.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let said = lock(&err).tail.trim().lines().last().map(str::to_string);
+    let why = match said {
+        Some(s) if !s.is_empty() => format!("{why}; ssh said: {s}"),
+        _ => why,
+    };
+    *lock(&dead) = Some(why);
+    // Dropping the senders wakes every waiting call.
+    lock(&pending).clear();
+}
+
+/// Prints the complete lines of `buf` as `[host] line` (all of it with `flush`).
+fn print_lines(host: &str, stdout: bool, buf: &mut String, flush: bool) {
+    let end = if flush {
+        buf.len()
+    } else {
+        match buf.rfind('\n') {
+            Some(i) => i + 1,
+            None => return,
+        }
+    };
+    if end == 0 {
+        return;
+    }
+    let text: String = buf.drain(..end).collect();
+    let mut s = String::new();
+    for l in text.lines() {
+        s.push_str(&format!("[{host}] {l}\n"));
+    }
+    if stdout {
+        let mut o = std::io::stdout().lock();
+        let _ = o.write_all(s.as_bytes());
+        let _ = o.flush();
+    } else {
+        let _ = std::io::stderr().lock().write_all(s.as_bytes());
+    }
+}

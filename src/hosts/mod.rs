@@ -1,0 +1,278 @@
+//! Several hosts: the host set (hostlists, hosts files), how each host is reached (the
+//! transports), the wire protocol the agent and the client share, and the client that keeps
+//! one agent per host open for a whole session.
+//!
+//! Async (tokio) stays inside this room: `Pool` offers a blocking API to `actions`, which
+//! does the fan-out, so the CLI and the bindings never branch on "remote".
+
+pub mod client;
+pub mod hostlist;
+pub mod protocol;
+pub mod transport;
+
+pub use client::Pool;
+pub use transport::Transport;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The name that means this machine, reached without ssh.
+pub const LOCAL: &str = "local";
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HostError {
+    #[error("bad host list {expr:?}: {why}")]
+    BadHostlist { expr: String, why: String },
+    #[error("hosts file {path}: {why}")]
+    HostsFile { path: PathBuf, why: String },
+    #[error("host {host}: cannot connect: {why}")]
+    Connect { host: String, why: String },
+    #[error("host {host}: gpuloop is not installed there or not on its PATH ({why}); give --remote-bin PATH")]
+    NoAgent { host: String, why: String },
+    #[error("host {host}: its gpuloop {theirs} speaks protocol {their_protocol}, this gpuloop {ours} speaks {our_protocol}: install the same version on both sides")]
+    Version {
+        host: String,
+        theirs: String,
+        their_protocol: u32,
+        ours: String,
+        our_protocol: u32,
+    },
+    #[error("host {host}: connection lost during {method}: {why}")]
+    Lost {
+        host: String,
+        method: String,
+        why: String,
+    },
+    #[error("host {host}: {method} got no answer within {secs:.0}s (host hung or network down)")]
+    Timeout {
+        host: String,
+        method: String,
+        secs: f64,
+    },
+    #[error("host {host}: {message}")]
+    Remote { host: String, message: String },
+    #[error("host {host}: the agent sent something unreadable: {why}")]
+    Protocol { host: String, why: String },
+    #[error("no host {host:?} in the host set ({known})")]
+    Unknown { host: String, known: String },
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl HostError {
+    /// The host this error is about, if any.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            HostError::Connect { host, .. }
+            | HostError::NoAgent { host, .. }
+            | HostError::Version { host, .. }
+            | HostError::Lost { host, .. }
+            | HostError::Timeout { host, .. }
+            | HostError::Remote { host, .. }
+            | HostError::Protocol { host, .. } => Some(host),
+            _ => None,
+        }
+    }
+
+    /// The host could not be used at all (as opposed to a call that failed there).
+    pub fn unreachable(&self) -> bool {
+        matches!(
+            self,
+            HostError::Connect { .. }
+                | HostError::NoAgent { .. }
+                | HostError::Version { .. }
+                | HostError::Lost { .. }
+                | HostError::Timeout { .. }
+                | HostError::Protocol { .. }
+        )
+    }
+}
+
+/// This machine's host name (the kernel's, as `hostname` prints it).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Everything about reaching the hosts, as the command line gave it.
+#[derive(Debug, Clone)]
+pub struct HostsConfig {
+    /// Destinations in order, `local` included as given.
+    pub hosts: Vec<String>,
+    pub transport: Transport,
+    /// Parallel connection attempts (pdsh's -f).
+    pub fanout: usize,
+    /// Go on without hosts that cannot be reached, reporting them.
+    pub skip_unreachable: bool,
+    /// How long a connection may take to say hello.
+    pub connect_timeout: Duration,
+    /// Deadline of a call that has no longer one of its own (gpus, holders, diagnose).
+    pub call_timeout: Duration,
+}
+
+pub const DEFAULT_FANOUT: usize = 32;
+
+impl HostsConfig {
+    /// Builds the host set from `--host` expressions and `--hosts-file` files.
+    pub fn from_args(
+        exprs: &[String],
+        files: &[PathBuf],
+        transport: Transport,
+    ) -> Result<HostsConfig, HostError> {
+        let mut hosts: Vec<String> = Vec::new();
+        let mut add = |names: Vec<String>| {
+            for n in names {
+                if !hosts.contains(&n) {
+                    hosts.push(n);
+                }
+            }
+        };
+        for e in exprs {
+            add(hostlist::expand(e)?);
+        }
+        for f in files {
+            add(read_hosts_file(f)?);
+        }
+        Ok(HostsConfig {
+            hosts,
+            transport,
+            fanout: DEFAULT_FANOUT,
+            skip_unreachable: false,
+            connect_timeout: Duration::from_secs(30),
+            call_timeout: Duration::from_secs(60),
+        })
+    }
+}
+
+/// One destination (or hostlist expression) per line; `#` starts a comment.
+pub fn read_hosts_file(path: &Path) -> Result<Vec<String>, HostError> {
+    let err = |why: String| HostError::HostsFile {
+        path: path.to_path_buf(),
+        why,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let names = hostlist::expand(line).map_err(|e| err(format!("line {}: {e}", n + 1)))?;
+        out.extend(names);
+    }
+    if out.is_empty() {
+        return Err(err("names no host".into()));
+    }
+    Ok(out)
+}
+
+/// A GPU selection over a host set: indices meant on every host, and `"dest:index"` ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostSel {
+    /// `None` with no `at` entries: every GPU of every host.
+    pub every: Option<Vec<i64>>,
+    pub at: BTreeMap<String, Vec<i64>>,
+}
+
+impl HostSel {
+    pub fn all() -> HostSel {
+        HostSel::default()
+    }
+
+    /// What to select on `host`: `Some(None)` every GPU, `Some(Some(ix))` those, `None` the
+    /// host is not selected at all.
+    pub fn on(&self, host: &str) -> Option<Option<Vec<i64>>> {
+        if self.every.is_none() && self.at.is_empty() {
+            return Some(None);
+        }
+        let mut ix: Vec<i64> = self.every.clone().unwrap_or_default();
+        if let Some(more) = self.at.get(host) {
+            for i in more {
+                if !ix.contains(i) {
+                    ix.push(*i);
+                }
+            }
+        }
+        (!ix.is_empty()).then_some(Some(ix))
+    }
+
+    /// The hosts named by `"dest:index"` entries.
+    pub fn named_hosts(&self) -> impl Iterator<Item = &str> {
+        self.at.keys().map(String::as_str)
+    }
+
+    /// Parses one selector string: `"dest:index"`; anything else is `None`.
+    pub fn parse_host_index(s: &str) -> Option<(String, i64)> {
+        let (host, ix) = s.rsplit_once(':')?;
+        let ix = ix.trim().parse().ok()?;
+        (!host.is_empty()).then(|| (host.to_string(), ix))
+    }
+}
+
+impl From<&Option<Vec<i64>>> for HostSel {
+    fn from(s: &Option<Vec<i64>>) -> HostSel {
+        HostSel {
+            every: s.clone(),
+            at: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<Option<Vec<i64>>> for HostSel {
+    fn from(s: Option<Vec<i64>>) -> HostSel {
+        HostSel {
+            every: s,
+            at: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<&HostSel> for HostSel {
+    fn from(s: &HostSel) -> HostSel {
+        s.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_files_take_comments_and_hostlists() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("hosts");
+        std::fs::write(&p, "# the cluster\ngpu[01-02]  # rack 1\n\nlogin1\n").unwrap();
+        assert_eq!(read_hosts_file(&p).unwrap(), ["gpu01", "gpu02", "login1"]);
+        std::fs::write(&p, "# nothing\n").unwrap();
+        assert!(read_hosts_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("names no host"));
+        std::fs::write(&p, "ok\nbad[1-\n").unwrap();
+        assert!(read_hosts_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("line 2"));
+    }
+
+    #[test]
+    fn selections_combine_every_host_and_one_host_indices() {
+        let mut s = HostSel::from(Some(vec![0]));
+        s.at.insert("b".into(), vec![3]);
+        assert_eq!(s.on("a"), Some(Some(vec![0])));
+        assert_eq!(s.on("b"), Some(Some(vec![0, 3])));
+        let only_b = HostSel {
+            every: None,
+            at: [("b".to_string(), vec![1])].into(),
+        };
+        assert_eq!(only_b.on("a"), None);
+        assert_eq!(HostSel::all().on("a"), Some(None));
+        assert_eq!(
+            HostSel::parse_host_index("alice@gpu01:3"),
+            Some(("alice@gpu01".into(), 3))
+        );
+        assert_eq!(HostSel::parse_host_index("GPU-abc"), None);
+    }
+}

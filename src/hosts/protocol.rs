@@ -1,0 +1,338 @@
+//! The wire between `gpuloop agent` and its client: line-delimited JSON, one message a line.
+//!
+//! The agent speaks first (`Hello`); then each `Request` carries an id, and the agent answers
+//! it with exactly one `Reply` of that id (a result or an error, as data), after any number of
+//! `Output` lines for a running job. Requests on one connection may overlap.
+
+pub use crate::inspect::Filter;
+use serde::{Deserialize, Serialize};
+
+/// Bumped on any change a peer of the other version could misread.
+pub const PROTOCOL: u32 = 1;
+/// The longest request line the agent reads; longer ones get a `too_large` error.
+pub const MAX_REQUEST: usize = 1024 * 1024;
+/// The longest reply line the client reads (holders of a busy node fit many times over).
+pub const MAX_REPLY: usize = 256 * 1024 * 1024;
+
+/// What the agent says first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Hello {
+    pub protocol: u32,
+    /// gpuloop's version on the remote side.
+    pub version: String,
+    pub hostname: String,
+    pub gpus: i64,
+    /// "nvml", "sim" or "none".
+    pub backend: String,
+}
+
+/// One call.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Request {
+    pub id: u64,
+    #[serde(flatten)]
+    pub call: Call,
+}
+
+/// A GPU selection on one host: `None` is every GPU.
+pub type Sel = Option<Vec<i64>>;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "method", content = "params", rename_all = "snake_case")]
+pub enum Call {
+    Gpus,
+    Holders {
+        sel: Sel,
+        all: bool,
+        /// Only one owner's (`--user`, `--mine`) or one Slurm job's (`--job`).
+        #[serde(default)]
+        filter: Filter,
+    },
+    Diagnose {
+        sel: Sel,
+        #[serde(default)]
+        filter: Filter,
+    },
+    /// Targets are checked by (pid, start) there, when `start` is given.
+    Kill {
+        targets: Vec<KillTarget>,
+        opts: KillOpts,
+    },
+    /// Kills the compute holders of the selection (what `gpuloop kill` does).
+    KillHolders {
+        sel: Sel,
+        #[serde(default)]
+        filter: Filter,
+        opts: KillOpts,
+    },
+    WaitClean {
+        sel: Sel,
+        timeout_ms: u64,
+        max_used_mib: i64,
+        poll_ms: u64,
+        #[serde(default)]
+        more: WaitMore,
+    },
+    /// Kill the compute holders, wait until clean, diagnose: `gpuloop clean` in one call.
+    Clean {
+        sel: Sel,
+        #[serde(default)]
+        filter: Filter,
+        kill: KillOpts,
+        timeout_ms: u64,
+        max_used_mib: i64,
+        poll_ms: u64,
+        #[serde(default)]
+        more: WaitMore,
+    },
+    /// Runs a job there; its output comes back as `Output` lines while it runs.
+    Run(RunCall),
+    /// Stops the job started by request `id` (its whole tree).
+    Cancel {
+        id: u64,
+    },
+}
+
+impl Call {
+    pub fn method(&self) -> &'static str {
+        match self {
+            Call::Gpus => "gpus",
+            Call::Holders { .. } => "holders",
+            Call::Diagnose { .. } => "diagnose",
+            Call::Kill { .. } => "kill",
+            Call::KillHolders { .. } => "kill_holders",
+            Call::WaitClean { .. } => "wait_clean",
+            Call::Clean { .. } => "clean",
+            Call::Run(_) => "run",
+            Call::Cancel { .. } => "cancel",
+        }
+    }
+}
+
+/// wait_clean's finer options (`strict`, `settle`, `stall`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WaitMore {
+    pub strict: bool,
+    pub settle_ms: u64,
+    /// `None`: the agent's default.
+    pub stall_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KillTarget {
+    pub pid: i32,
+    pub start: Option<u64>,
+    /// The pidfs inode, where the kernel has one: identity beyond (pid, start).
+    #[serde(default)]
+    pub ino: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KillOpts {
+    /// A signal name: "TERM", "KILL", …
+    pub signal: String,
+    pub grace_ms: u64,
+    pub tree: bool,
+    pub dry_run: bool,
+    pub force: bool,
+    /// Also stop the targets' restarters.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RunCall {
+    /// `sh -c` this string, or exec this argv.
+    pub shell: Option<String>,
+    pub argv: Option<Vec<String>>,
+    pub timeout_ms: Option<u64>,
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub grace_ms: u64,
+    /// Stream the output back while it runs.
+    pub echo: bool,
+    /// Leave what the job leaves running when its leader exits.
+    #[serde(default)]
+    pub keep_children: bool,
+}
+
+/// What the agent sends.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    Hello(Hello),
+    /// The answer to request `id`; `id` is `None` for a request too broken to have one.
+    Reply {
+        id: Option<u64>,
+        #[serde(flatten)]
+        body: Body,
+    },
+    /// A chunk of a running job's output.
+    Output {
+        id: u64,
+        stream: Stream,
+        data: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Body {
+    Ok(serde_json::Value),
+    Error(WireError),
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// An error as data: what kind, and the message a person reads.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Not JSON, or not a request.
+    Malformed,
+    TooLarge,
+    UnknownMethod,
+    /// The right method with the wrong parameters.
+    BadParams,
+    /// The call ran and failed (a GPU error, a job that could not start, …).
+    Failed,
+    /// A usage error on that side (an unknown GPU index, …).
+    Usage,
+}
+
+impl Message {
+    pub fn line(&self) -> String {
+        // Serializing these types cannot fail: no maps with non-string keys, no floats NaN.
+        serde_json::to_string(self).unwrap_or_else(|e| {
+            format!(r#"{{"type":"reply","id":null,"error":{{"kind":"failed","message":"cannot encode the reply: {e}"}}}}"#)
+        })
+    }
+}
+
+/// Parses one request line; on failure, the error reply to send (with the id when one
+/// could be read, so the caller's call fails rather than waits).
+pub fn parse_request(line: &str) -> Result<Request, Message> {
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| Message::Reply {
+        id: None,
+        body: Body::Error(WireError {
+            kind: ErrorKind::Malformed,
+            message: format!("not JSON: {e}"),
+        }),
+    })?;
+    let id = value.get("id").and_then(serde_json::Value::as_u64);
+    let fail = |kind, message: String| Message::Reply {
+        id,
+        body: Body::Error(WireError { kind, message }),
+    };
+    let Some(id_value) = id else {
+        return Err(fail(
+            ErrorKind::Malformed,
+            "a request needs an integer \"id\"".into(),
+        ));
+    };
+    let method = match value.get("method") {
+        Some(serde_json::Value::String(m)) => m.clone(),
+        _ => {
+            return Err(fail(
+                ErrorKind::Malformed,
+                "a request needs a string \"method\"".into(),
+            ))
+        }
+    };
+    serde_json::from_value::<Request>(value).map_err(|e| {
+        let known = [
+            "gpus",
+            "holders",
+            "diagnose",
+            "kill",
+            "kill_holders",
+            "wait_clean",
+            "clean",
+            "run",
+            "cancel",
+        ];
+        if known.contains(&method.as_str()) {
+            fail(
+                ErrorKind::BadParams,
+                format!("bad params for {method} (request {id_value}): {e}"),
+            )
+        } else {
+            fail(
+                ErrorKind::UnknownMethod,
+                format!("unknown method {method:?} (known: {})", known.join(", ")),
+            )
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_read_as_documented() {
+        let r = Request {
+            id: 7,
+            call: Call::Holders {
+                sel: Some(vec![0, 2]),
+                all: true,
+                filter: Filter::default(),
+            },
+        };
+        let line = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            line,
+            r#"{"id":7,"method":"holders","params":{"sel":[0,2],"all":true,"filter":{"uid":null,"job":null}}}"#
+        );
+        assert_eq!(parse_request(&line).unwrap(), r);
+        assert_eq!(
+            parse_request(r#"{"id":1,"method":"gpus"}"#).unwrap().call,
+            Call::Gpus
+        );
+    }
+
+    #[test]
+    fn broken_requests_become_error_replies_with_their_id_when_known() {
+        let kind = |line: &str| match parse_request(line) {
+            Err(Message::Reply {
+                id,
+                body: Body::Error(e),
+            }) => (id, e.kind),
+            other => panic!("{line}: {other:?}"),
+        };
+        assert_eq!(kind("{nope"), (None, ErrorKind::Malformed));
+        assert_eq!(kind(r#"{"method":"gpus"}"#), (None, ErrorKind::Malformed));
+        assert_eq!(kind(r#"{"id":3}"#), (Some(3), ErrorKind::Malformed));
+        assert_eq!(
+            kind(r#"{"id":4,"method":"format_disk"}"#),
+            (Some(4), ErrorKind::UnknownMethod)
+        );
+        assert_eq!(
+            kind(r#"{"id":5,"method":"holders","params":{"sel":"x"}}"#),
+            (Some(5), ErrorKind::BadParams)
+        );
+    }
+
+    #[test]
+    fn messages_are_one_line_each() {
+        let m = Message::Output {
+            id: 1,
+            stream: Stream::Stdout,
+            data: "a\nb\n".into(),
+        };
+        let line = m.line();
+        assert!(!line.contains('\n'));
+        assert_eq!(serde_json::from_str::<Message>(&line).unwrap(), m);
+    }
+}

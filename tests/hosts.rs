@@ -1,0 +1,396 @@
+//! Several hosts over a real OpenSSH server (see `ssh`): gather, routed kill, parallel
+//! wait_clean, run on a host, unreachable hosts and hosts without gpuloop, a broken agent
+//! conversation, and an agent that dies in mid-call.
+
+use crate::ssh::*;
+use crate::support::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+
+#[test]
+fn hosts_gather_from_every_host_with_their_names() {
+    let c = Cluster::new(&[("ha", "2x16G"), ("hb", "4x16G")], &[]);
+    let a = c.sim("ha").hold(&["--gpu", "0", "--mib", "500"])[0];
+    let b = c.sim("hb").hold(&["--gpu", "1", "--mib", "700"])[0];
+
+    let out = c.run(&["--host", "ha,hb", "--json", "holders"]);
+    let out = out.ok();
+    let hs = out.json();
+    let seen: Vec<(String, i64)> = hs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["host"].as_str().unwrap().to_string(),
+                h["pid"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [("ha".into(), a.into()), ("hb".into(), b.into())],
+        "{}",
+        out.stdout
+    );
+
+    let file = c.script(
+        "hosts",
+        "# the test cluster\nh[a-b]  # not a range\nha\nhb # rack 2\n",
+    );
+    let out = c.run(&["--hosts-file", &file, "gpus"]);
+    assert_eq!(
+        out.code, 2,
+        "a bad hostlist line is a usage error: {}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("line 2"), "{}", out.stderr);
+    let file = c.script("hosts", "# the test cluster\nha\nhb # rack 2\n");
+    let out = c.run(&["--hosts-file", &file, "gpus"]).ok();
+    assert!(out.stdout.contains("2 host(s): 2 ok"), "{}", out.stdout);
+    assert_eq!(out.stdout.matches(" hb ").count(), 4 + 1, "{}", out.stdout);
+
+    let src = r#"
+        let names = hosts().map(|h| `${h.name}:${h.gpus}:${h.reachable}`);
+        print(names);
+        print(gpu("hb:3").index);
+        print(holders("hb:1").map(|h| h.pid));
+        print(holders(0).map(|h| h.host));
+        print(diagnose().filter(|d| d.verdict != "clean").map(|d| `${d.host}:${d.gpu}`));
+        let e = "no error";
+        try { gpu(0) } catch (err) { e = err; }
+        print(e);
+    "#;
+    let out = c
+        .run(&[
+            "--host",
+            "ha",
+            "--host",
+            "hb",
+            "run",
+            &c.script("g.rhai", src),
+        ])
+        .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines[0], r#"["ha:2:true", "hb:4:true"]"#);
+    assert_eq!(lines[1], "3");
+    assert_eq!(lines[2], format!("[{b}]"));
+    assert_eq!(lines[3], r#"["ha"]"#);
+    assert_eq!(lines[4], r#"["ha:0", "hb:1"]"#);
+    assert!(
+        lines[5].contains("name one as gpu(\"ha:0\")"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn kill_is_routed_to_the_holders_host_and_wait_clean_waits_on_all() {
+    let c = Cluster::new(&[("ka", "2x16G"), ("kb", "2x16G")], &[]);
+    let a = c.sim("ka").hold(&["--gpu", "0", "--mib", "300"])[0];
+    let b = c.sim("kb").hold(&["--gpu", "0", "--mib", "300"])[0];
+    let src = r#"
+        let hs = holders();
+        let r = kill(hs.filter(|h| h.host == "ka"), #{grace: 2});
+        print(r.by_host.keys());
+        print(r.signalled);
+        let e = "no error";
+        try { kill(hs[0].pid); } catch (err) { e = err; }
+        print(e);
+        print(wait_clean("ka:0", #{timeout: 60}));
+        print(wait_clean((), #{timeout: 0}));
+    "#;
+    let out = c
+        .run(&["--host", "ka,kb", "run", &c.script("k.rhai", src)])
+        .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines[0], r#"["ka"]"#, "{}", out.stdout);
+    assert_eq!(lines[1], format!("[{a}]"));
+    assert!(lines[2].contains("ambiguous"), "{}", lines[2]);
+    assert_eq!(&lines[3..], ["true", "false"], "{}", out.stdout);
+    assert!(
+        gone_within(a, 30) && alive(b),
+        "only ka's holder is signalled"
+    );
+
+    // Both hosts dirty; one wait_clean covers both and returns once both are released.
+    let a2 = c.sim("ka").hold(&["--gpu", "1", "--mib", "300"])[0];
+    let waiter = c
+        .cmd(&["--host", "ka,kb", "eval", "wait_clean((), #{timeout: 120})"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("waiter");
+    assert!(within(60, || agent_of(c.sim("kb")).len() == 1));
+    for p in [a2, b] {
+        sigkill(p);
+    }
+    let out = waiter.wait_with_output().expect("waiter");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "true");
+
+    // The one-shot over both hosts: a per-host summary, exit 0 only when all are clean.
+    c.sim("kb").hold(&["--gpu", "1", "--mib", "300"]);
+    let out = c
+        .run(&[
+            "--host",
+            "ka,kb",
+            "clean",
+            "--grace",
+            "2",
+            "--timeout",
+            "30",
+        ])
+        .ok();
+    assert!(out.stdout.contains("2 host(s): 2 clean"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains(" kb    clean  stopped 1"),
+        "{}",
+        out.stdout
+    );
+    c.sim("kb")
+        .hold(&["--gpu", "1", "--mib", "300", "--ignore-term"]);
+    let out = c.run(&[
+        "--host",
+        "ka,kb",
+        "--json",
+        "clean",
+        "--grace",
+        "0",
+        "--timeout",
+        "1",
+    ]);
+    let out = out.code(1);
+    assert!(out.stderr.contains("kb    NOT clean"), "{}", out.stderr);
+    assert_eq!(
+        out.json()["kill"]["by_host"]["kb"]["signalled"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn run_on_a_host_streams_with_its_name_and_leaves_nothing() {
+    let c = Cluster::new(&[("ra", "1x8G")], &[]);
+    let src = r#"
+        let r = run("echo started on $GPULOOP_SIM; exec sleep 313701", #{host: "ra", timeout: 1, grace: 1});
+        let o = r.stdout;
+        o.trim();
+        print(`timed_out=${r.timed_out} out=${o}`);
+    "#;
+    let out = c
+        .run(&["--host", "ra", "run", &c.script("r.rhai", src)])
+        .ok();
+    assert!(
+        out.stdout.contains("[ra] started on 1x8G\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("timed_out=true out=started on 1x8G"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        pids_with("sleep 313701").is_empty(),
+        "the timed-out job is gone"
+    );
+
+    // The client dies: its ssh link drops, the agent stops the job.
+    let src = r#"run("exec sleep 313702", #{host: "ra"})"#;
+    let mut client = c
+        .cmd(&["--host", "ra", "run", &c.script("d.rhai", src)])
+        .spawn()
+        .expect("client");
+    assert!(
+        within(60, || pids_with("sleep 313702").len() == 1),
+        "the job started"
+    );
+    client.kill().expect("kill our client");
+    let _ = client.wait();
+    assert!(
+        within(60, || pids_with("sleep 313702").is_empty()),
+        "a dropped connection stops the remote job"
+    );
+}
+
+#[test]
+fn unreachable_hosts_and_hosts_without_gpuloop_are_named() {
+    let c = Cluster::new(&[("ua", "2x8G")], &["udown"]);
+    c.sim("ua").hold(&["--gpu", "1", "--mib", "100"]);
+    let out = c.run(&["--host", "ua,udown", "gpus"]).code(1);
+    assert!(
+        out.stdout
+            .contains(" udown  unreachable  host udown: cannot connect: ssh said:"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stderr.contains("Connection refused"), "{}", out.stderr);
+    assert!(
+        out.stdout.contains(" ua "),
+        "the reachable host is still listed: {}",
+        out.stdout
+    );
+
+    let out = c
+        .run(&["--host", "ua,udown", "eval", "gpu().len()"])
+        .code(1);
+    assert!(
+        out.stderr
+            .contains("host udown: cannot connect: ssh said: ssh: connect to host 127.0.0.1 port"),
+        "{}",
+        out.stderr
+    );
+    let src = r#"print(holders((), #{on_error: "skip"}).map(|h| h.host)); print(gpu().len())"#;
+    let out = c.run(&["--host", "ua,udown", "eval", src]).code(1);
+    assert!(out.stdout.starts_with("[\"ua\"]\n"), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("warning: skipping host udown"),
+        "{}",
+        out.stderr
+    );
+    let out = c
+        .run(&[
+            "--host",
+            "ua,udown",
+            "--skip-unreachable",
+            "eval",
+            "gpu().len()",
+        ])
+        .ok();
+    assert_eq!(out.stdout.trim(), "2");
+
+    let o = std::process::Command::new(bin())
+        .arg("--ssh-config")
+        .arg(&c.config)
+        .args([
+            "--remote-bin",
+            "/nonexistent/gpuloop",
+            "--host",
+            "ua",
+            "holders",
+        ])
+        .env_remove("GPULOOP_SIM")
+        .output()
+        .expect("gpuloop");
+    let out = Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+    .code(1);
+    assert!(
+        out.stderr
+            .contains("host ua: gpuloop is not installed there or not on its PATH")
+            && out.stderr.contains("ssh said: ")
+            && out.stderr.contains("/nonexistent/gpuloop"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() {
+    let c = Cluster::new(&[("aa", "1x8G")], &[]);
+    let mut agent = std::process::Command::new("ssh")
+        .arg("-F")
+        .arg(&c.config)
+        .args(["-o", "BatchMode=yes", "aa"])
+        .arg(format!("{} agent", bin().display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ssh");
+    let mut stdin = agent.stdin.take().unwrap();
+    let mut lines = BufReader::new(agent.stdout.take().unwrap()).lines();
+    let mut next = || -> serde_json::Value {
+        serde_json::from_str(&lines.next().expect("a line").expect("read")).expect("JSON")
+    };
+    let hello = next();
+    assert_eq!(hello["type"], "hello");
+    assert_eq!(hello["gpus"], 1);
+    assert_eq!(hello["protocol"], 1);
+    let mut send = |s: &str| {
+        stdin.write_all(s.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    };
+    send("this is not json");
+    assert_eq!(next()["error"]["kind"], "malformed");
+    send(&format!(
+        r#"{{"id":1,"method":"gpus","pad":"{}"}}"#,
+        "x".repeat(3 << 20)
+    ));
+    assert_eq!(next()["error"]["kind"], "too_large");
+    send(r#"{"id":2,"method":"rm_rf"}"#);
+    let r = next();
+    assert_eq!(
+        (r["id"].as_i64(), r["error"]["kind"].as_str()),
+        (Some(2), Some("unknown_method"))
+    );
+    send(r#"{"id":3,"method":"holders","params":{"sel":"all"}}"#);
+    assert_eq!(next()["error"]["kind"], "bad_params");
+    send(r#"{"id":4,"method":"gpus"}"#);
+    let r = next();
+    assert_eq!(r["ok"][0]["mem_total_mib"], 8192, "{r}");
+    send(
+        r#"{"id":5,"method":"run","params":{"shell":"exec sleep 313703","argv":null,"timeout_ms":null,"cwd":null,"env":[],"grace_ms":1000,"echo":true}}"#,
+    );
+    assert!(within(60, || pids_with("sleep 313703").len() == 1));
+    drop(stdin);
+    let st = agent.wait().expect("ssh");
+    assert!(
+        st.success(),
+        "the agent exits 0 when its stdin closes: {st}"
+    );
+    assert!(
+        pids_with("sleep 313703").is_empty(),
+        "and leaves nothing behind"
+    );
+}
+
+#[test]
+fn a_host_dying_mid_call_fails_that_host_only() {
+    let c = Cluster::new(&[("da", "1x8G"), ("db", "1x8G")], &[]);
+    let a = c.sim("da").hold(&["--gpu", "0", "--mib", "100"])[0];
+    c.sim("db").hold(&["--gpu", "0", "--mib", "100"]);
+    let src =
+        r#"let ok = wait_clean((), #{timeout: 120, on_error: "skip"}); print(`clean: ${ok}`);"#;
+    let waiter = c
+        .cmd(&["--host", "da,db", "eval", src])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("waiter");
+    // Mid-call: the agent runs the request (its threads are named agent-ID).
+    let mut agents = Vec::new();
+    assert!(within(60, || {
+        agents = agent_of(c.sim("db"));
+        agents.len() == 1 && serving(agents[0])
+    }));
+    // The agent this test's waiter started on "db": kill it in mid-call.
+    unsafe { libc::kill(agents[0], libc::SIGKILL) };
+    sigkill(a);
+    let out = waiter.wait_with_output().expect("waiter");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "clean: true", "{stderr}");
+    assert!(
+        stderr.contains("warning: skipping host db: connection lost during wait_clean"),
+        "{stderr}"
+    );
+}
+
+/// The agent is running a request (a thread named `agent-ID`).
+fn serving(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("agent-"))
+        })
+}

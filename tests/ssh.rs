@@ -1,0 +1,275 @@
+//! A real OpenSSH server on 127.0.0.1 for the several-hosts tests: throw-away host and user
+//! keys in a temp dir, `sshd -D -f CONFIG -p PORT` started once for the whole test binary
+//! and stopped by pid at exit. Hosts are aliases in a client config generated per test,
+//! each with its own simulator (`SetEnv GPULOOP_SIM… GPULOOP_SIM_DIR…`, `AcceptEnv` on the
+//! server); the host key is pre-trusted in a known_hosts file of the temp dir, and host key
+//! checking stays on (`StrictHostKeyChecking yes`).
+
+use crate::support::{bin, Out, Sim};
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub struct Sshd {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+static SSHD: OnceLock<Sshd> = OnceLock::new();
+static SSHD_PID: AtomicI32 = AtomicI32::new(0);
+static SSHD_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn stop_sshd() {
+    let pid = SSHD_PID.load(Ordering::SeqCst);
+    if pid > 0 {
+        // Our own child, by pid.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    if let Some(d) = SSHD_DIR.get() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn keygen(path: &Path) {
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .status()
+        .expect("ssh-keygen (openssh-client; .ci/run installs it)");
+    assert!(st.success(), "ssh-keygen failed");
+}
+
+/// The shared server, started on first use.
+pub fn sshd() -> &'static Sshd {
+    SSHD.get_or_init(start)
+}
+
+fn start() -> Sshd {
+    let sshd = Path::new("/usr/sbin/sshd");
+    assert!(
+        sshd.exists(),
+        "/usr/sbin/sshd is missing: install openssh-server (.ci/run does)"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("gpuloop-sshd-")
+        .tempdir()
+        .expect("tempdir")
+        .keep();
+    let _ = SSHD_DIR.set(dir.clone());
+    unsafe { libc::atexit(stop_sshd) };
+    keygen(&dir.join("host_key"));
+    keygen(&dir.join("id"));
+    std::fs::copy(dir.join("id.pub"), dir.join("authorized_keys")).expect("authorized_keys");
+    let host_pub = std::fs::read_to_string(dir.join("host_key.pub")).expect("host key");
+    let host_pub: Vec<&str> = host_pub.split_whitespace().take(2).collect();
+    std::fs::write(
+        dir.join("known_hosts"),
+        format!("gpuloop-test-sshd {}\n", host_pub.join(" ")),
+    )
+    .expect("known_hosts");
+    let port = free_port();
+    let d = dir.display();
+    // MaxStartups/MaxSessions: the benchmark opens 64 connections at once.
+    std::fs::write(
+        dir.join("sshd_config"),
+        format!(
+            "ListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n\
+             AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n\
+             KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
+             PermitRootLogin prohibit-password\nUsePAM no\nAcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR\n\
+             MaxStartups 256\nMaxSessions 256\nPrintMotd no\nLogLevel ERROR\n"
+        ),
+    )
+    .expect("sshd_config");
+    if unsafe { libc::geteuid() } == 0 {
+        // sshd's privilege separation directory (Debian creates it only when the service runs).
+        let _ = std::fs::create_dir_all("/run/sshd");
+    }
+    // Started from a thread that lives as long as the test binary: PDEATHSIG then stops
+    // sshd even if the binary is killed before its atexit runs.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (cfg, log) = (dir.join("sshd_config"), dir.join("sshd.log"));
+    std::thread::spawn(move || {
+        let mut c = Command::new("/usr/sbin/sshd");
+        c.arg("-D")
+            .arg("-f")
+            .arg(&cfg)
+            .arg("-p")
+            .arg(port.to_string())
+            .arg("-E")
+            .arg(&log)
+            .stdin(Stdio::null());
+        unsafe {
+            c.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        match c.spawn() {
+            Ok(mut child) => {
+                let _ = tx.send(Ok(child.id() as i32));
+                let _ = child.wait();
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e.to_string()));
+            }
+        }
+        loop {
+            std::thread::park();
+        }
+    });
+    let pid = rx.recv().expect("sshd thread").expect("start sshd");
+    SSHD_PID.store(pid, Ordering::SeqCst);
+    let end = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let log = std::fs::read_to_string(dir.join("sshd.log")).unwrap_or_default();
+        assert!(
+            Instant::now() < end && crate::support::alive(pid),
+            "sshd did not start listening on {port}: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Sshd { dir, port }
+}
+
+/// Host aliases of one test, each with its own simulator, in a client config of its own.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub sims: Vec<(String, Sim)>,
+    pub config: PathBuf,
+}
+
+impl Cluster {
+    /// `hosts`: (alias, simulator spec). `down` aliases point at a port nobody listens on.
+    pub fn new(hosts: &[(&str, &str)], down: &[&str]) -> Cluster {
+        let s = sshd();
+        let dir = tempfile::Builder::new()
+            .prefix("gpuloop-cluster-")
+            .tempdir()
+            .expect("tempdir");
+        let d = s.dir.display();
+        let mut cfg = String::new();
+        let mut sims = Vec::new();
+        let common = |port: u16| {
+            format!(
+                "  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {d}/id\n  IdentitiesOnly yes\n  \
+                 UserKnownHostsFile {d}/known_hosts\n  GlobalKnownHostsFile /dev/null\n  HostKeyAlias gpuloop-test-sshd\n  \
+                 StrictHostKeyChecking yes\n  LogLevel ERROR\n",
+                user = whoami()
+            )
+        };
+        for (alias, spec) in hosts {
+            let sim = Sim::new(spec);
+            cfg.push_str(&format!(
+                "Host {alias}\n{}  SetEnv GPULOOP_SIM={spec} GPULOOP_SIM_DIR={}\n",
+                common(s.port),
+                sim.path().join("state").display()
+            ));
+            sims.push((alias.to_string(), sim));
+        }
+        let closed = free_port();
+        for alias in down {
+            cfg.push_str(&format!("Host {alias}\n{}", common(closed)));
+        }
+        let config = dir.path().join("ssh_config");
+        std::fs::write(&config, cfg).expect("ssh config");
+        Cluster { dir, sims, config }
+    }
+
+    pub fn sim(&self, alias: &str) -> &Sim {
+        &self.sims.iter().find(|(a, _)| a == alias).expect("alias").1
+    }
+
+    /// gpuloop on this cluster's client config (not in simulator mode itself).
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin());
+        c.arg("--ssh-config")
+            .arg(&self.config)
+            .arg("--remote-bin")
+            .arg(bin())
+            .args(args)
+            .env_remove("GPULOOP_SIM")
+            .env_remove("GPULOOP_SIM_DIR")
+            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Out {
+        let o = self.cmd(args).output().expect("run gpuloop");
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// Writes a script into the test's directory and returns its path.
+    pub fn script(&self, name: &str, src: &str) -> String {
+        let p = self.dir.path().join(name);
+        let mut f = std::fs::File::create(&p).expect("script");
+        f.write_all(src.as_bytes()).expect("script");
+        p.display().to_string()
+    }
+}
+
+fn whoami() -> String {
+    let o = Command::new("id").arg("-un").output().expect("id -un");
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Pids of live processes whose command line contains `needle`.
+pub fn pids_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) && crate::support::alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The agent serving `sim` (its environment names that simulator's directory).
+pub fn agent_of(sim: &Sim) -> Vec<i32> {
+    let want = format!("GPULOOP_SIM_DIR={}", sim.path().join("state").display());
+    pids_with(" agent")
+        .into_iter()
+        .filter(|p| {
+            let exe_ok = std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == bin());
+            let env = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+            exe_ok
+                && String::from_utf8_lossy(&env)
+                    .split('\0')
+                    .any(|kv| kv == want)
+        })
+        .collect()
+}
+
+/// Waits (bounded) for a condition; false at the deadline.
+pub fn within(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
