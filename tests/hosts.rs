@@ -5,6 +5,7 @@
 use crate::ssh::*;
 use crate::support::*;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 
 #[test]
@@ -299,6 +300,7 @@ fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() 
         .arg(format!("{} agent", bin().display()))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .process_group(0)
         .spawn()
         .expect("ssh");
     let mut stdin = agent.stdin.take().unwrap();

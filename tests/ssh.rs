@@ -109,7 +109,10 @@ fn start() -> Sshd {
             .arg(port.to_string())
             .arg("-E")
             .arg(&log)
-            .stdin(Stdio::null());
+            .stdin(Stdio::null())
+            // Not in the test binary's process group: other tests kill process groups of
+            // the processes they start, and this server is not theirs.
+            .process_group(0);
         unsafe {
             c.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
@@ -203,7 +206,9 @@ impl Cluster {
             .env_remove("GPULOOP_SIM_DIR")
             .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
             .env("NO_COLOR", "1")
-            .stdin(Stdio::null());
+            .stdin(Stdio::null())
+            // Out of reach of other tests' process-group kills, as the server is.
+            .process_group(0);
         c
     }
 
