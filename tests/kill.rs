@@ -1,6 +1,7 @@
 //! kill(), wait_clean(), `gpuloop kill` and `gpuloop clean` on real processes.
 
 use crate::support::*;
+use std::os::unix::process::CommandExt;
 
 #[test]
 fn a_term_respecting_holder_exits_on_term_before_the_grace() {
@@ -83,8 +84,11 @@ fn a_term_catching_process_is_killed_after_the_grace() {
 #[test]
 fn a_namespace_init_without_a_term_handler_is_killed_at_once() {
     let sim = Sim::new("1x8G");
+    // A process group of its own: the kill below takes the target's group, and the test
+    // binary's group holds other tests' processes.
     let mut outer = std::process::Command::new("unshare")
         .args(["--pid", "--fork", "--kill-child", "sleep", "1000"])
+        .process_group(0)
         .spawn()
         .expect("unshare");
     sim.adopt(outer.id() as i32);
