@@ -54,6 +54,8 @@ fn term_catcher(sim: &Sim) -> std::process::Child {
              time.sleep(1000)",
         ])
         .stdout(std::process::Stdio::piped())
+        // Its own group: kill() takes the target's group, and the test binary's is shared.
+        .process_group(0)
         .spawn()
         .expect("python3");
     let mut line = String::new();
