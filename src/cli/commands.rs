@@ -79,6 +79,20 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
                 return Err(GpuError::NoDriver(why.to_string()).into());
             }
+            if alone {
+                let sel = selection(s, sel)?
+                    .on(crate::hosts::LOCAL)
+                    .unwrap_or(Some(Vec::new()));
+                let (hs, unreadable) =
+                    actions::holders_and_unreadable(s, &sel, *all, &owner_filter(owner)?)?;
+                let code = emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+                if unreadable > 0 {
+                    eprintln!(
+                        "note: {unreadable} process(es) could not be inspected (other users'): holders among them are not listed; run as root to see every holder"
+                    );
+                }
+                return Ok(code);
+            }
             let parts =
                 actions::holders_per_host(s, selection(s, sel)?, *all, &owner_filter(owner)?)?;
             let (parts, mut rows) = per_host(cfg, parts)?;
