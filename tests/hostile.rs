@@ -152,6 +152,7 @@ fn table() -> BTreeMap<&'static str, Vec<(&'static str, Want)>> {
         ],
     );
     t.insert("now", vec![("now(1)", Err)]);
+    t.insert("hosts", vec![("hosts(1)", Err), ("hosts(\"x\")", Err)]);
     let any_value = |f: &'static str| -> Vec<(String, Want)> {
         [
             "()", "2.5", "-1", "[1, [2]]", "#{a: ()}", "true", "'c'", "blob(3)", "|| 1",
