@@ -604,7 +604,7 @@ for r in $(seq 20); do
   m=$!
   for i in $(seq 600); do grep -q READY {work}/m.out && break; sleep 0.1; done
   $B --json holders --gpu 0 > {work}/h.json 2>/dev/null
-  grep -q "\"pid\": $m," {work}/h.json && ok=$((ok+1))
+  grep -q '"pid": '$m, {work}/h.json && ok=$((ok+1))
   kill -9 $m; wait $m 2>/dev/null
   echo $((m-1)) > /proc/sys/kernel/ns_last_pid
   sleep 1000 & s=$!
