@@ -150,18 +150,24 @@ fn mcp_python_client_cleans_the_demo_mess_with_allow_clean() {
     );
 }
 
+/// Also runs a recipe (clean-node) through `run_recipe` on a third GPU an orphan holds.
 #[test]
 fn mcp_python_client_cancels_wait_clean_and_run_and_never_kills_daemons() {
-    let sim = Sim::new("2x8G");
+    let sim = Sim::new("3x8G");
     let holder = sim.hold(&["--gpu", "0", "--mib", "1024"])[0];
     let daemon = sim.hold(&["--gpu", "1", "--name", "nvidia-persistenced"])[0];
+    let orphan = plant_orphan(&sim, "2", "2048");
     python_client(
         &sim,
         "cancel_and_run",
-        &["--sim", "2x8G", "mcp", "--allow", "kill,run"],
-        json!({ "daemon": daemon, "dir": sim.path() }),
+        &["--sim", "3x8G", "mcp", "--allow", "kill,run,recipes"],
+        json!({ "daemon": daemon, "dir": sim.path(), "orphan": orphan, "orphan_gpu": 2 }),
     );
     assert!(alive(holder), "a cancelled wait_clean must kill nothing");
+    assert!(
+        !alive(orphan),
+        "run_recipe clean-node left the orphan {orphan}"
+    );
 }
 
 #[test]

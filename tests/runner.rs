@@ -2,6 +2,7 @@
 //! Ctrl-C and script end (checked in /proc, with pids the jobs write down themselves).
 
 use crate::support::*;
+use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -117,6 +118,24 @@ fn env_cwd_and_argv_without_a_shell() {
         .canonicalize()
         .unwrap();
     assert_eq!(exe, bin().canonicalize().unwrap());
+}
+
+/// A gpuloop run as a job starts its own guard for its own jobs; it waits for that guard to
+/// leave, so the guard is never a leftover of the outer job (it raced the outer reaper).
+#[test]
+fn a_nested_gpuloop_leaves_no_guard_behind() {
+    let sim = Sim::new("1x1G");
+    let v = sim.eval_json(
+        r##"let got = [];
+            for i in 0..8 {
+                let r = run(`"$GPULOOP_EXE" eval 'run("true", #{echo: false}).code'`, #{echo: false});
+                got.push([r.code, r.leftovers]);
+            }
+            got"##,
+    );
+    for r in v.as_array().expect("array") {
+        assert_eq!(r, &json!([0, []]), "{v}");
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -23,11 +23,13 @@ use std::time::Duration;
 pub const SUBCOMMAND: &str = "__guard";
 
 static EXE: OnceLock<PathBuf> = OnceLock::new();
+/// The pid of this gpuloop's guard (0 before it starts).
+static GUARD_PID: AtomicI32 = AtomicI32::new(0);
 static CONN: Mutex<Option<Conn>> = Mutex::new(None);
 
 struct Conn {
     stdin: ChildStdin,
-    _child: Child,
+    child: Child,
 }
 
 /// Lets jobs be guarded by starting `exe __guard` (the gpuloop binary calls this; library
@@ -55,11 +57,9 @@ fn send(line: &str) {
             .spawn();
         match started {
             Ok(mut child) => {
+                GUARD_PID.store(child.id() as i32, Ordering::Relaxed);
                 if let Some(stdin) = child.stdin.take() {
-                    *conn = Some(Conn {
-                        stdin,
-                        _child: child,
-                    });
+                    *conn = Some(Conn { stdin, child });
                 }
             }
             Err(e) => {
@@ -72,6 +72,12 @@ fn send(line: &str) {
         // A guard that died is no reason to fail a job.
         let _ = writeln!(c.stdin, "{line}").and_then(|()| c.stdin.flush());
     }
+}
+
+/// True if `pid` is this gpuloop's own guard: a child in a group of its own, but no orphan
+/// of any job.
+pub fn is_guard(pid: i32) -> bool {
+    pid > 0 && GUARD_PID.load(Ordering::Relaxed) == pid
 }
 
 /// A job's process group, led by `leader`.
@@ -91,14 +97,35 @@ pub fn tell_members(ids: &[Identity]) {
     send(&text.join("\n"));
 }
 
-/// Dropped once gpuloop has stopped its jobs itself: the guard leaves without acting.
+/// How long a goodbye waits for the guard to leave.
+const GUARD_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Dropped once gpuloop has stopped its jobs itself: the guard leaves without acting, and
+/// gpuloop waits (bounded) for it to go, so a gpuloop run as a job of another gpuloop leaves
+/// no guard behind to be counted among that job's leftovers.
 pub struct Goodbye;
 
 impl Drop for Goodbye {
     fn drop(&mut self) {
         let mut conn = CONN.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut c) = conn.take() {
-            let _ = writeln!(c.stdin, "bye").and_then(|()| c.stdin.flush());
+        if let Some(Conn {
+            mut stdin,
+            mut child,
+        }) = conn.take()
+        {
+            let _ = writeln!(stdin, "bye").and_then(|()| stdin.flush());
+            drop(stdin);
+            let deadline = std::time::Instant::now() + GUARD_EXIT_WAIT;
+            while matches!(child.try_wait(), Ok(None)) {
+                if std::time::Instant::now() >= deadline {
+                    tracing::warn!(
+                        "the guard process {} did not leave after goodbye",
+                        child.id()
+                    );
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
     }
 }

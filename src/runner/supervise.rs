@@ -163,11 +163,15 @@ fn me() -> Me {
     Me { pid, pgid }
 }
 
-/// A child of gpuloop that came from a job: gpuloop's own helpers stay in its process group,
-/// and its jobs' leaders are registered; any other child was reparented to gpuloop, the
-/// subreaper, from a job (a launcher in a group of its own that outlived a quick job is one).
+/// A child of gpuloop that came from a job: gpuloop's own helpers stay in its process group
+/// (but for the guard, in a group of its own and known by pid), and its jobs' leaders are
+/// registered; any other child was reparented to gpuloop, the subreaper, from a job (a
+/// launcher in a group of its own that outlived a quick job is one).
 fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
-    p.ppid == me.pid && p.pgid != me.pgid && !st.live.iter().any(|l| l.pid == p.pid)
+    p.ppid == me.pid
+        && p.pgid != me.pgid
+        && !guard::is_guard(p.pid)
+        && !st.live.iter().any(|l| l.pid == p.pid)
 }
 
 /// Records the processes below each live job, so orphans can later be told apart by job;

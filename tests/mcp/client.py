@@ -11,6 +11,7 @@ the pids the test planted). Every check raises with a message; exit status 0 mea
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -217,12 +218,29 @@ async def done_when():
 
 
 async def cancel_and_run():
-    """A cancelled wait_clean and a cancelled run stop what they started; run's result and its
-    no-orphan guarantee; protected daemons survive kill even with force."""
+    """run_recipe cleans a GPU; a cancelled wait_clean and a cancelled run stop what they
+    started; run's result and its no-orphan guarantee; protected daemons survive kill even
+    with force."""
     pid_dir = PLANTED["dir"]
     async with stdio_client(server()) as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
+
+            # run_recipe runs the built-in clean-node on the GPU an orphan holds, as the first job of
+            # this server (its guard, started with that job, is no leftover of it).
+            orphan, gpu = PLANTED["orphan"], PLANTED["orphan_gpu"]
+            r = await call(s, "run_recipe", {"name": "clean-node", "args": ["--gpus", str(gpu), "--grace", "2"], "timeout": 120})
+            c = r.structured_content
+            check(c["code"] == 0 and c["ok"] is True, f"run_recipe: {c}")
+            after = c["stdout_tail"].split("after:")[-1]
+            check(re.search(rf"^\s*{gpu}\s+0\s+\d+\s+-$", after, re.M) and re.search(r"^clean in ", after, re.M), f"recipe output: {c['stdout_tail']}")
+            # gpuloop's guards (the server's, the recipe's) are no leftovers of the recipe.
+            check(c["leftovers"] == [] and "left running" not in r.content[0].text, f"recipe leftovers: {r.content[0].text} {c['leftovers']}")
+            check(await gone_within(orphan, 15), f"the recipe left the orphan {orphan} running")
+            r = await call(s, "gpus")
+            check(r.structured_content["gpus"][gpu]["mem_used_mib"] == 0, f"GPU {gpu} after the recipe: {r.structured_content}")
+            e = [e for e in journal() if e["tool"] == "run_recipe"][-1]
+            check(e["result"] == "ok" and e["arguments"]["name"] == "clean-node", f"journal: {e}")
 
             async def cancelled_after_progress(name, args):
                 got = anyio.Event()
