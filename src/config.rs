@@ -168,7 +168,15 @@ impl UserConfig {
             why,
         };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        let f: File = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+        UserConfig::parse(path, &text)
+    }
+
+    /// Parses the text of a config file; `path` only names it in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<UserConfig, ConfigError> {
+        let f: File = toml::from_str(text).map_err(|e| ConfigError {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        })?;
         let mut cfg = UserConfig::default();
         if let Some(list) = f.protected {
             cfg.protected = list;
