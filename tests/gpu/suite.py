@@ -225,8 +225,8 @@ def s_inventory():
     if NGPU > 1:
         d1 = gl_json("diagnose", "--gpu", "1")[0]
         check("a few MiB on GPU 1 from the GPU-0 holder's context are named, not blamed on the driver",
-              d1["mem_used_mib"] == 0 or (d1["verdict"] == "held" and any(h["pid"] == info["pids"][0] for h in d1["holders"])),
-              diagnosis={k: d1[k] for k in ("mem_used_mib", "verdict", "advice")})
+              d1["mem_used_mib"] == 0 or (d1["verdict"] == "footprint" and any(f["pid"] == info["pids"][0] for f in d1.get("footprint", []))),
+              diagnosis={k: d1.get(k) for k in ("mem_used_mib", "verdict", "advice", "footprint")})
     # latency: gpu() and holders() in-process, against spawning nvidia-smi / fuser
     rc, out, err, _ = gl("eval", "let t = now(); for i in 0..200 { gpu(); } let a = (now() - t) / 200.0; "
                          "let t = now(); for i in 0..50 { holders(); } let b = (now() - t) / 50.0; [a * 1000.0, b * 1000.0]")
