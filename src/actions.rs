@@ -493,11 +493,17 @@ fn wire_kill_opts(o: &KillOpts) -> protocol::KillOpts {
     }
 }
 
-fn wait_more(o: &WaitOpts) -> protocol::WaitMore {
-    protocol::WaitMore {
-        strict: o.strict,
-        settle_ms: o.settle.as_millis() as u64,
-        stall_ms: Some(o.stall.as_millis() as u64),
+/// wait_clean's options for the wire (one place for `wait_clean` and `clean`).
+fn wait_wire(o: &WaitOpts) -> protocol::WaitWire {
+    protocol::WaitWire {
+        timeout_ms: o.timeout.as_millis() as u64,
+        max_used_mib: o.max_used_mib,
+        poll_ms: o.poll.as_millis() as u64,
+        more: protocol::WaitMore {
+            strict: o.strict,
+            settle_ms: o.settle.as_millis() as u64,
+            stall_ms: Some(o.stall.as_millis() as u64),
+        },
     }
 }
 
@@ -758,10 +764,7 @@ fn wait_hosts(
         },
         |x| Call::WaitClean {
             sel: x.clone(),
-            timeout_ms: opts.timeout.as_millis() as u64,
-            max_used_mib: opts.max_used_mib,
-            poll_ms: opts.poll.as_millis() as u64,
-            more: wait_more(opts),
+            wait: wait_wire(opts),
         },
     )?;
     let outcomes = answered(s, parts)?;
@@ -1008,10 +1011,7 @@ pub fn clean_per_host(
             sel: x.clone(),
             filter: filter.clone(),
             kill: wire.clone(),
-            timeout_ms: wait_opts.timeout.as_millis() as u64,
-            max_used_mib: wait_opts.max_used_mib,
-            poll_ms: wait_opts.poll.as_millis() as u64,
-            more: wait_more(wait_opts),
+            wait: wait_wire(wait_opts),
         },
     )?;
     for (h, r) in &mut parts {

@@ -8,7 +8,7 @@
 use crate::actions;
 use crate::gpu::GpuError;
 use crate::hosts::protocol::{
-    self, Body, Call, ErrorKind, Hello, Message, Request, RunCall, Stream, WaitMore, WireError,
+    self, Body, Call, ErrorKind, Hello, Message, Request, RunCall, Stream, WaitWire, WireError,
 };
 use crate::inspect::wait::WaitOpts;
 use crate::process::kill::{parse_signal, KillOpts, Target};
@@ -211,15 +211,15 @@ fn kill_opts(o: &protocol::KillOpts) -> Result<KillOpts, Body> {
     })
 }
 
-fn wait_opts(timeout_ms: u64, max_used_mib: i64, poll_ms: u64, more: WaitMore) -> WaitOpts {
+fn wait_opts(w: WaitWire) -> WaitOpts {
     let d = WaitOpts::default();
     WaitOpts {
-        timeout: Duration::from_millis(timeout_ms),
-        max_used_mib,
-        poll: Duration::from_millis(poll_ms.max(1)),
-        strict: more.strict,
-        settle: Duration::from_millis(more.settle_ms),
-        stall: more.stall_ms.map_or(d.stall, Duration::from_millis),
+        timeout: Duration::from_millis(w.timeout_ms),
+        max_used_mib: w.max_used_mib,
+        poll: Duration::from_millis(w.poll_ms.max(1)),
+        strict: w.more.strict,
+        settle: Duration::from_millis(w.more.settle_ms),
+        stall: w.more.stall_ms.map_or(d.stall, Duration::from_millis),
         ..d
     }
 }
@@ -256,33 +256,14 @@ fn handle(
             Ok(o) => ok(actions::kill_holders(s, &sel, &filter, &o)),
             Err(b) => b,
         },
-        Call::WaitClean {
-            sel,
-            timeout_ms,
-            max_used_mib,
-            poll_ms,
-            more,
-        } => ok(actions::wait_clean(
-            s,
-            &sel,
-            &wait_opts(timeout_ms, max_used_mib, poll_ms, more),
-        )),
+        Call::WaitClean { sel, wait } => ok(actions::wait_clean(s, &sel, &wait_opts(wait))),
         Call::Clean {
             sel,
             filter,
             kill,
-            timeout_ms,
-            max_used_mib,
-            poll_ms,
-            more,
+            wait,
         } => match kill_opts(&kill) {
-            Ok(k) => ok(actions::clean(
-                s,
-                &sel,
-                &filter,
-                &k,
-                &wait_opts(timeout_ms, max_used_mib, poll_ms, more),
-            )),
+            Ok(k) => ok(actions::clean(s, &sel, &filter, &k, &wait_opts(wait))),
             Err(b) => b,
         },
         Call::Run(rc) => run(s, req.id, rc, out, jobs),

@@ -67,11 +67,8 @@ pub enum Call {
     },
     WaitClean {
         sel: Sel,
-        timeout_ms: u64,
-        max_used_mib: i64,
-        poll_ms: u64,
-        #[serde(default)]
-        more: WaitMore,
+        #[serde(flatten)]
+        wait: WaitWire,
     },
     /// Kill the compute holders, wait until clean, diagnose: `gpuloop clean` in one call.
     Clean {
@@ -79,11 +76,8 @@ pub enum Call {
         #[serde(default)]
         filter: Filter,
         kill: KillOpts,
-        timeout_ms: u64,
-        max_used_mib: i64,
-        poll_ms: u64,
-        #[serde(default)]
-        more: WaitMore,
+        #[serde(flatten)]
+        wait: WaitWire,
     },
     /// Runs a job there; its output comes back as `Output` lines while it runs.
     Run(RunCall),
@@ -107,6 +101,17 @@ impl Call {
             Call::Cancel { .. } => "cancel",
         }
     }
+}
+
+/// wait_clean's options as they cross the wire, the same for `wait_clean` and `clean`
+/// (flattened: the fields sit beside `sel` in the request).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WaitWire {
+    pub timeout_ms: u64,
+    pub max_used_mib: i64,
+    pub poll_ms: u64,
+    #[serde(default)]
+    pub more: WaitMore,
 }
 
 /// wait_clean's finer options (`strict`, `settle`, `stall`).
@@ -279,6 +284,32 @@ pub fn parse_request(line: &str) -> Result<Request, Message> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_options_sit_beside_the_selection_on_the_wire() {
+        let call = Call::WaitClean {
+            sel: Some(vec![1]),
+            wait: WaitWire {
+                timeout_ms: 30_000,
+                max_used_mib: 0,
+                poll_ms: 20,
+                more: WaitMore::default(),
+            },
+        };
+        let text = serde_json::to_string(&Request {
+            id: 1,
+            call: call.clone(),
+        })
+        .unwrap();
+        assert!(
+            text.contains(
+                r#""params":{"sel":[1],"timeout_ms":30000,"max_used_mib":0,"poll_ms":20,"more":"#
+            ),
+            "{text}"
+        );
+        let back: Request = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.call, call);
+    }
 
     #[test]
     fn requests_round_trip_and_read_as_documented() {
