@@ -1,7 +1,8 @@
-//! `gpuloop epilog` / `gpuloop prolog` against a real Slurm: slurmctld and slurmd started here
-//! (auth/none, everything under a temp dir, free ports), four fake GPUs as character devices
-//! in gres.conf, and the simulator's GPUs 0-3 numbered as Slurm numbers them, so a sim holder
-//! started inside a job holds that job's GPUs. One Slurm serves every case, in order.
+//! `gpuloop epilog` / `gpuloop prolog`, `--hosts-from-slurm` and `--transport srun` against a
+//! real Slurm: slurmctld and slurmd started here (auth/none, everything under a temp dir, free
+//! ports), four fake GPUs as character devices in gres.conf, and the simulator's GPUs 0-3
+//! numbered as Slurm numbers them, so a sim holder started inside a job holds that job's GPUs.
+//! One Slurm serves every case, in order.
 
 use crate::support::*;
 use std::path::PathBuf;
@@ -234,6 +235,14 @@ impl Slurm {
         wait_until("the node to be idle again", || self.state() == "idle");
     }
 
+    /// The job's steps as `ID NAME` lines.
+    fn steps(&self, job: i64) -> String {
+        self.out(
+            "squeue",
+            &["-s", "-h", "-j", &job.to_string(), "-o", "%i %j"],
+        )
+    }
+
     fn hooks_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("hooks.log")).unwrap_or_default()
     }
@@ -305,9 +314,9 @@ fn gpus_of(slurm: &Slurm, job: i64) -> Vec<i64> {
         .unwrap_or_default()
 }
 
-/// The four cases of issue 14, against one Slurm.
+/// The cases of issue 14, against one Slurm.
 #[test]
-fn epilog_and_prolog_against_a_real_slurm() {
+fn epilog_prolog_and_srun_against_a_real_slurm() {
     if unsafe { libc::geteuid() } != 0 {
         if std::env::var_os("GPULOOP_SKIP_SLURM").is_some() {
             eprintln!(
@@ -326,6 +335,7 @@ fn epilog_and_prolog_against_a_real_slurm() {
     a_leak_nobody_holds_drains_the_node(&sim, &slurm);
     prolog_cleans_a_stray_and_the_job_runs(&sim, &slurm);
     prolog_that_cannot_clean_requeues_and_drains(&sim, &slurm);
+    hosts_from_slurm_and_the_srun_transport(&sim, &slurm);
     // What the hooks said, for the record (shown with --nocapture).
     eprintln!("{}", slurm.hooks_log());
 }
@@ -487,6 +497,211 @@ fn prolog_that_cannot_clean_requeues_and_drains(sim: &Sim, slurm: &Slurm) {
     slurm.out("scancel", &[&job.to_string()]);
     sim.run(&["sim", "reset", "--gpu", "1"]).ok();
     slurm.resume();
+}
+
+/// `--hosts-from-slurm` and `--transport srun` on a running job whose step holds every CPU of
+/// the allocation (a step without --overlap would wait for it): the job's node comes from
+/// scontrol, an agent reached through `srun --overlap` sees and stops a simulated holder
+/// started inside the job, and nothing of the step is left afterwards; then the named errors.
+fn hosts_from_slurm_and_the_srun_transport(sim: &Sim, slurm: &Slurm) {
+    let (job, holder) = hold_in_job(
+        sim,
+        slurm,
+        1,
+        "srun.pids",
+        "--mib 300",
+        "srun --ntasks=1 sleep 600",
+    );
+    let j = job.to_string();
+    wait_until("the job's step to run", || {
+        slurm.steps(job).contains(&format!("{job}.0 sleep"))
+    });
+    let gpu = gpus_of(slurm, job)[0];
+    let bin = bin();
+    let bin = bin.to_str().unwrap();
+    // The sim's environment reaches the agent as srun's default --export=ALL passes it on.
+    let gpuloop = |args: &[&str]| {
+        sim.run_with(args, |c| {
+            c.env("SLURM_CONF", &slurm.conf).env_remove("SLURM_JOB_ID");
+        })
+    };
+    let over_srun = ["--transport", "srun", "--remote-bin", bin];
+
+    // The job's nodes, reached through a step of the job.
+    let out = gpuloop(
+        &[
+            &["--hosts-from-slurm", &j],
+            &over_srun[..],
+            &["--json", "gpus"],
+        ]
+        .concat(),
+    )
+    .ok();
+    let gpus = out.json();
+    let gpus = gpus.as_array().unwrap();
+    assert_eq!(gpus.len(), 4, "{}", out.stdout);
+    assert!(
+        gpus.iter().all(|g| g["host"] == slurm.node.as_str()),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(gpus[gpu as usize]["mem_used_mib"], 300, "{}", out.stdout);
+
+    // clean through srun stops the holder on the node; the step and its agent end with it.
+    let out = gpuloop(
+        &[
+            &["--hosts-from-slurm", &j],
+            &over_srun[..],
+            &["clean", "--timeout", "20"],
+        ]
+        .concat(),
+    )
+    .ok();
+    assert!(
+        out.stdout
+            .contains(&format!("{} (python3) on GPU {gpu} exited", holder[0])),
+        "{}",
+        out.stdout
+    );
+    assert!(!alive(holder[0]), "{}", out.stdout);
+    assert_eq!(sim.used_mib(gpu as usize), 0);
+    let steps = slurm.steps(job);
+    assert!(!steps.contains("gpuloop-agent"), "a step was left: {steps}");
+    assert_eq!(
+        agents_of(job),
+        Vec::<i32>::new(),
+        "an agent or srun was left"
+    );
+
+    // A node list: Slurm expands it; nodes outside the job are named errors, the rest answers.
+    let list = format!("{},ghost[1-2]", slurm.node);
+    let out = gpuloop(
+        &[
+            &[
+                "--hosts-from-slurm",
+                &list,
+                "--jobid",
+                &j,
+                "--skip-unreachable",
+            ],
+            &over_srun[..],
+            &["--json", "gpus"],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.json().as_array().unwrap().len(), 4, "{}", out.stderr);
+    for ghost in ["ghost1", "ghost2"] {
+        assert!(
+            out.stderr.contains(&format!("host {ghost}: cannot connect: {ghost} is not a node of Slurm job {job}; srun said:")),
+            "{}",
+            out.stderr
+        );
+    }
+
+    // A gpuloop that is not there: the host's named error, quoting slurmstepd.
+    let out = gpuloop(&[
+        "--hosts-from-slurm",
+        &j,
+        "--transport",
+        "srun",
+        "--remote-bin",
+        "/nonexistent/gpuloop",
+        "gpus",
+    ])
+    .code(1);
+    assert!(
+        out.stderr.contains(&format!(
+            "host {}: gpuloop is not installed there",
+            slurm.node
+        )) && out
+            .stderr
+            .contains("execve(): /nonexistent/gpuloop: No such file or directory"),
+        "{}",
+        out.stderr
+    );
+
+    // A job Slurm does not know is a usage error; one without nodes yet is a runtime one.
+    let out = gpuloop(&["--hosts-from-slurm", "999999", "gpus"]).code(2);
+    assert!(
+        out.stderr
+            .contains("--hosts-from-slurm 999999: no such Slurm job"),
+        "{}",
+        out.stderr
+    );
+    let held = slurm.out(
+        "sbatch",
+        &[
+            "--parsable",
+            "--hold",
+            "--output=/dev/null",
+            "--wrap",
+            "true",
+        ],
+    );
+    let out = gpuloop(&["--hosts-from-slurm", &held, "gpus"]).code(1);
+    assert!(
+        out.stderr.contains(&format!(
+            "job {held} has no nodes yet (state PENDING, reason JobHeldUser)"
+        )),
+        "{}",
+        out.stderr
+    );
+    slurm.out("scancel", &[&held]);
+    // srun with no job to step into: said before anything starts.
+    let out = gpuloop(&[&["--host", &slurm.node], &over_srun[..], &["gpus"]].concat()).code(2);
+    assert!(out.stderr.contains("none is known for"), "{}", out.stderr);
+
+    slurm.out("scancel", &[&j]);
+    slurm.wait_done(job);
+    assert_eq!(slurm.state(), "idle", "{}", slurm.hooks_log());
+}
+
+/// Processes of `job` that are a gpuloop agent or an srun into it.
+fn agents_of(job: i64) -> Vec<i32> {
+    let env = format!("SLURM_JOB_ID={job}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        let agent = args.len() >= 2 && args[1] == b"agent";
+        let srun = args.first().is_some_and(|a| a.ends_with(b"srun"))
+            && args.iter().any(|a| *a == job.to_string().as_bytes());
+        let in_job = std::fs::read(format!("/proc/{pid}/environ"))
+            .unwrap_or_default()
+            .split(|b| *b == 0)
+            .any(|kv| kv == env.as_bytes());
+        if (agent && in_job || srun) && alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Without scontrol, `--hosts-from-slurm` says so and what to use instead (exit 1).
+#[test]
+fn hosts_from_slurm_without_scontrol_says_so() {
+    let sim = Sim::new("1x8G");
+    let out = sim.run_with(&["--hosts-from-slurm", "gpu[01-02]", "gpus"], |c| {
+        c.env("PATH", sim.path());
+    });
+    let out = out.code(1);
+    assert!(
+        out.stderr
+            .contains("--hosts-from-slurm gpu[01-02]: scontrol is not installed here")
+            && out.stderr.contains("use --host"),
+        "{}",
+        out.stderr
+    );
+    let out = sim.run(&["--transport", "srun", "gpus"]).code(2);
+    assert!(
+        out.stderr
+            .contains("--transport srun needs --host, --hosts-file or --hosts-from-slurm"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// The site-policy recipe (scripts/slurm-site-policy.rhai), on the simulator: it names the

@@ -16,6 +16,8 @@ Environment:
   GPULOOP_SIM      the --sim spec: simulated GPUs held by real processes
   GPULOOP_SIM_DIR  the simulator's state directory (default $XDG_RUNTIME_DIR/gpuloop-sim)
   GPULOOP_PATH     directories (colon-separated) where `import` looks for modules
+  SLURM_JOB_ID     the job --transport srun steps into, unless --jobid or
+                   --hosts-from-slurm JOBID names one
   NO_COLOR         no colour with --color auto";
 
 #[derive(Debug, Parser)]
@@ -213,7 +215,7 @@ pub enum Cmd {
     Guard,
 }
 
-/// Several hosts, reached through the system's OpenSSH client.
+/// Several hosts, reached through the system's OpenSSH client or a Slurm step (srun).
 #[derive(Debug, Clone, ClapArgs)]
 pub struct HostFlags {
     /// Act on these hosts (repeatable): ssh destinations or aliases, hostlists like
@@ -223,6 +225,20 @@ pub struct HostFlags {
     /// Hosts from a file: one destination or hostlist per line, `#` comments.
     #[arg(long, global = true, value_name = "FILE")]
     pub hosts_file: Vec<PathBuf>,
+    /// Hosts from Slurm (repeatable): a job id (812, 812_3, 812+1) gives the job's nodes
+    /// (`scontrol show job`), a node list ('gpu[01-16]') is expanded by `scontrol show
+    /// hostnames`. Adds to --host and --hosts-file.
+    #[arg(long, global = true, value_name = "JOBID|NODELIST")]
+    pub hosts_from_slurm: Vec<String>,
+    /// How to reach the hosts: ssh (`ssh -o BatchMode=yes HOST gpuloop agent`), or srun (a
+    /// step of a running job: `srun --overlap --jobid J -w NODE gpuloop agent`, where ssh to
+    /// compute nodes is refused).
+    #[arg(long, global = true, value_name = "HOW", default_value = "ssh")]
+    pub transport: TransportArg,
+    /// The Slurm job --transport srun steps into, for nodes no --hosts-from-slurm JOBID
+    /// listed (default: $SLURM_JOB_ID).
+    #[arg(long, global = true, value_name = "J")]
+    pub jobid: Option<String>,
     /// The gpuloop to run on the hosts (default: gpuloop on their PATH).
     #[arg(long, global = true, value_name = "PATH")]
     pub remote_bin: Option<String>,
@@ -403,6 +419,15 @@ pub enum SimCmd {
     /// The release watcher (started by `sim hold` when release_ms is set).
     #[command(hide = true)]
     Watch { alloc: PathBuf },
+}
+
+/// `--transport ssh|srun`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    /// The system's OpenSSH client.
+    Ssh,
+    /// A step of a running Slurm job (srun --overlap).
+    Srun,
 }
 
 /// `--color auto|always|never`.

@@ -53,16 +53,27 @@ impl Config {
     }
 }
 
-/// `--host`/`--hosts-file` into a host set; `None` when neither was given.
+/// `--host`/`--hosts-file`/`--hosts-from-slurm` into a host set; `None` when none was given.
 fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>, Error> {
-    if f.hosts.is_empty() && f.hosts_file.is_empty() {
+    use crate::hosts::{HostError, HostSources, Transport};
+    let srun = f.transport == args::TransportArg::Srun;
+    let src = HostSources {
+        exprs: &f.hosts,
+        files: &f.hosts_file,
+        slurm: &f.hosts_from_slurm,
+    };
+    if src.is_empty() {
         for (given, flag) in [
             (f.remote_bin.is_some(), "--remote-bin"),
             (f.ssh_config.is_some(), "--ssh-config"),
             (f.skip_unreachable, "--skip-unreachable"),
+            (srun, "--transport srun"),
+            (f.jobid.is_some(), "--jobid"),
         ] {
             if given {
-                return Err(Error::Usage(format!("{flag} needs --host or --hosts-file")));
+                return Err(Error::Usage(format!(
+                    "{flag} needs --host, --hosts-file or --hosts-from-slurm"
+                )));
             }
         }
         return Ok(None);
@@ -70,9 +81,35 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     if f.fanout == 0 {
         return Err(Error::Usage("--fanout must be at least 1".into()));
     }
-    let transport = crate::hosts::Transport::ssh(f.ssh_config.clone(), f.remote_bin.clone());
-    let mut cfg = crate::hosts::HostsConfig::from_args(&f.hosts, &f.hosts_file, transport)
-        .map_err(|e| Error::Usage(e.to_string()))?;
+    let transport = if srun {
+        if f.ssh_config.is_some() {
+            return Err(Error::Usage(
+                "--ssh-config is for --transport ssh, not srun".into(),
+            ));
+        }
+        if let Some(j) = &f.jobid {
+            if !crate::hosts::slurm::is_job_id(j) {
+                return Err(Error::Usage(format!(
+                    "--jobid {j:?}: not a Slurm job id (812, 812_3, 812+1)"
+                )));
+            }
+        }
+        // Inside a job (a batch script, salloc's shell) srun's own default is that job.
+        let env_job = std::env::var("SLURM_JOB_ID")
+            .ok()
+            .filter(|j| crate::hosts::slurm::is_job_id(j));
+        Transport::srun(f.remote_bin.clone(), f.jobid.clone().or(env_job))
+    } else {
+        if f.jobid.is_some() {
+            return Err(Error::Usage("--jobid needs --transport srun".into()));
+        }
+        Transport::ssh(f.ssh_config.clone(), f.remote_bin.clone())
+    };
+    let mut cfg = crate::hosts::HostsConfig::from_args(src, transport).map_err(|e| match e {
+        // Slurm not answering is the cluster's state, not the command line's.
+        HostError::Slurm { .. } => Error::Other(e.to_string()),
+        e => Error::Usage(e.to_string()),
+    })?;
     cfg.fanout = f.fanout;
     cfg.skip_unreachable = f.skip_unreachable;
     Ok(Some(cfg))

@@ -21,7 +21,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(20);
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Body>>>>;
 
-/// What the agent printed on stderr: kept before hello (it is what ssh said), echoed with
+/// What the agent printed on stderr: kept before hello (it is what ssh or srun said), echoed with
 /// the host's name after.
 #[derive(Default)]
 struct Stderr {
@@ -310,8 +310,12 @@ const CANCEL_BIT: u64 = 1 << 62;
 
 /// Starts the agent and reads its hello.
 async fn connect(host: &str, transport: &Transport, timeout: Duration) -> Result<Conn, HostError> {
-    let launch = transport.launch(host);
+    let launch = transport.launch(host)?;
+    let program = transport.program();
     let mut cmd = tokio::process::Command::new(&launch.program);
+    for v in &launch.env_remove {
+        cmd.env_remove(v);
+    }
     cmd.args(&launch.args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -345,7 +349,7 @@ async fn connect(host: &str, transport: &Transport, timeout: Duration) -> Result
                 why: format!(
                     "no answer within {:.0}s{}",
                     timeout.as_secs_f64(),
-                    quote(&said(&err_state))
+                    quote(program, &said(&err_state))
                 ),
             });
         }
@@ -391,6 +395,7 @@ async fn connect(host: &str, transport: &Transport, timeout: Duration) -> Result
     let dead = Arc::new(Mutex::new(None));
     tokio::spawn(read_replies(
         host.to_string(),
+        program,
         stdout,
         pending.clone(),
         dead.clone(),
@@ -407,12 +412,12 @@ async fn connect(host: &str, transport: &Transport, timeout: Duration) -> Result
     })
 }
 
-fn quote(said: &str) -> String {
+/// `; ssh said: LAST LINE` (or srun), or nothing when it said nothing.
+fn quote(program: &str, said: &str) -> String {
     let s = said.trim();
-    if s.is_empty() {
-        String::new()
-    } else {
-        format!("; ssh said: {}", s.lines().last().unwrap_or(s))
+    match s.lines().last() {
+        Some(last) if !s.is_empty() => format!("; {program} said: {last}"),
+        _ => String::new(),
     }
 }
 
@@ -477,9 +482,10 @@ async fn read_stderr(host: String, stderr: tokio::process::ChildStderr, st: Arc<
 }
 
 /// Dispatches replies to their callers and prints job output with the host's name; when
-/// the agent's stdout ends, every call still waiting fails with what ssh said.
+/// the agent's stdout ends, every call still waiting fails with what ssh (or srun) said.
 async fn read_replies(
     host: String,
+    program: &'static str,
     mut stdout: BufReader<tokio::process::ChildStdout>,
     pending: Pending,
     dead: Arc<Mutex<Option<String>>>,
@@ -521,11 +527,7 @@ async fn read_replies(
     };
     // Give ssh a moment to print why it ended.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let said = lock(&err).tail.trim().lines().last().map(str::to_string);
-    let why = match said {
-        Some(s) if !s.is_empty() => format!("{why}; ssh said: {s}"),
-        _ => why,
-    };
+    let why = format!("{why}{}", quote(program, &lock(&err).tail));
     *lock(&dead) = Some(why);
     // Dropping the senders wakes every waiting call.
     lock(&pending).clear();

@@ -8,6 +8,7 @@
 pub mod client;
 pub mod hostlist;
 pub mod protocol;
+pub mod slurm;
 pub mod transport;
 
 pub use client::Pool;
@@ -54,6 +55,14 @@ pub enum HostError {
     Remote { host: String, message: String },
     #[error("host {host}: the agent sent something unreadable: {why}")]
     Protocol { host: String, why: String },
+    /// `--hosts-from-slurm` got something Slurm does not know (exit 2).
+    #[error("--hosts-from-slurm {arg}: {why}")]
+    SlurmArg { arg: String, why: String },
+    /// Slurm could not answer `--hosts-from-slurm` (exit 1).
+    #[error("--hosts-from-slurm {arg}: {why}")]
+    Slurm { arg: String, why: String },
+    #[error("--transport srun steps into a Slurm job, and none is known for {hosts}: give --hosts-from-slurm JOBID, --jobid J, or run inside the job (SLURM_JOB_ID)")]
+    NoJob { hosts: String },
     #[error("no host {host:?} in the host set ({known})")]
     Unknown { host: String, known: String },
     #[error("interrupted")]
@@ -114,13 +123,27 @@ pub struct HostsConfig {
 
 pub const DEFAULT_FANOUT: usize = 32;
 
+/// Where the host set comes from, as the command line gave it; they add up, in this order.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostSources<'a> {
+    /// `--host` hostlist expressions.
+    pub exprs: &'a [String],
+    /// `--hosts-file` files.
+    pub files: &'a [PathBuf],
+    /// `--hosts-from-slurm` job ids and node lists.
+    pub slurm: &'a [String],
+}
+
+impl HostSources<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.exprs.is_empty() && self.files.is_empty() && self.slurm.is_empty()
+    }
+}
+
 impl HostsConfig {
-    /// Builds the host set from `--host` expressions and `--hosts-file` files.
-    pub fn from_args(
-        exprs: &[String],
-        files: &[PathBuf],
-        transport: Transport,
-    ) -> Result<HostsConfig, HostError> {
+    /// Builds the host set from every source; each host once, in the order first named.
+    /// With `--transport srun`, a host a job listed is reached through that job.
+    pub fn from_args(src: HostSources, mut transport: Transport) -> Result<HostsConfig, HostError> {
         let mut hosts: Vec<String> = Vec::new();
         let mut add = |names: Vec<String>| {
             for n in names {
@@ -129,11 +152,33 @@ impl HostsConfig {
                 }
             }
         };
-        for e in exprs {
+        for e in src.exprs {
             add(hostlist::expand(e)?);
         }
-        for f in files {
+        for f in src.files {
             add(read_hosts_file(f)?);
+        }
+        for arg in src.slurm {
+            let from = slurm::SlurmSource::parse(arg)?;
+            let names = slurm::resolve(&from)?;
+            if let (slurm::SlurmSource::Job(job), Transport::Srun(o)) = (&from, &mut transport) {
+                for n in &names {
+                    o.jobs.entry(n.clone()).or_insert_with(|| job.clone());
+                }
+            }
+            add(names);
+        }
+        if let Transport::Srun(o) = &transport {
+            let jobless: Vec<&str> = hosts
+                .iter()
+                .filter(|h| h.as_str() != LOCAL && o.job_for(h).is_none())
+                .map(String::as_str)
+                .collect();
+            if !jobless.is_empty() {
+                return Err(HostError::NoJob {
+                    hosts: jobless.join(", "),
+                });
+            }
         }
         Ok(HostsConfig {
             hosts,

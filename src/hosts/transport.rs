@@ -1,18 +1,50 @@
-//! How a host is reached: in-process (`local`), or an agent started through OpenSSH.
+//! How a host is reached: in-process (`local`), or an agent started through OpenSSH or
+//! through a Slurm step (`srun --overlap --jobid J -w NODE gpuloop agent`).
 //!
 //! A transport only says which command starts `gpuloop agent` for a destination and how to
 //! read that command's failure; the client does the rest (stdio framing, hello, deadlines).
-//! To add one (`srun --overlap --jobid J -w NODE gpuloop agent`), add a variant, its argv
-//! in `launch`, and its failure reading in `classify`.
+//! To add one, add a variant, its argv in `launch`, and its failure reading in `classify`.
 
 use super::HostError;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone)]
 pub enum Transport {
     /// The system's OpenSSH client.
     Ssh(SshOpts),
+    /// A step of a running Slurm job, where ssh to compute nodes is refused (pam_slurm_adopt).
+    Srun(SrunOpts),
 }
+
+#[derive(Debug, Clone, Default)]
+pub struct SrunOpts {
+    /// The gpuloop to run there (`gpuloop`, found on the node's PATH, by default).
+    pub remote_bin: String,
+    /// The job each node is reached through: the job `--hosts-from-slurm JOBID` listed it in.
+    pub jobs: BTreeMap<String, String>,
+    /// The job for any other node (`--jobid`, else `SLURM_JOB_ID`).
+    pub default_job: Option<String>,
+}
+
+impl SrunOpts {
+    pub fn job_for(&self, node: &str) -> Option<&str> {
+        self.jobs
+            .get(node)
+            .or(self.default_job.as_ref())
+            .map(String::as_str)
+    }
+}
+
+/// srun settings read from the environment that would turn the agent's stdio into something
+/// else than one pipe each way: a pseudo-terminal (echo, CRLF), `0: ` labels, files.
+const SRUN_IO_ENV: [&str; 5] = [
+    "SLURM_UNBUFFEREDIO",
+    "SLURM_LABELIO",
+    "SLURM_STDINMODE",
+    "SLURM_STDOUTMODE",
+    "SLURM_STDERRMODE",
+];
 
 #[derive(Debug, Clone, Default)]
 pub struct SshOpts {
@@ -29,6 +61,8 @@ pub struct SshOpts {
 pub struct Launch {
     pub program: String,
     pub args: Vec<String>,
+    /// Variables removed from the program's environment.
+    pub env_remove: Vec<String>,
 }
 
 impl Transport {
@@ -40,9 +74,25 @@ impl Transport {
         })
     }
 
-    /// The command that starts `gpuloop agent` on `dest`.
-    pub fn launch(&self, dest: &str) -> Launch {
+    pub fn srun(remote_bin: Option<String>, default_job: Option<String>) -> Transport {
+        Transport::Srun(SrunOpts {
+            remote_bin: remote_bin.unwrap_or_else(|| "gpuloop".into()),
+            jobs: BTreeMap::new(),
+            default_job,
+        })
+    }
+
+    /// The program that reaches the hosts, for messages ("ssh said: …").
+    pub fn program(&self) -> &'static str {
         match self {
+            Transport::Ssh(_) => "ssh",
+            Transport::Srun(_) => "srun",
+        }
+    }
+
+    /// The command that starts `gpuloop agent` on `dest`.
+    pub fn launch(&self, dest: &str) -> Result<Launch, HostError> {
+        Ok(match self {
             Transport::Ssh(o) => {
                 // BatchMode: never prompt (there is no one to answer); host key checking is
                 // left to the user's config.
@@ -64,18 +114,53 @@ impl Transport {
                 Launch {
                     program: "ssh".into(),
                     args,
+                    env_remove: Vec::new(),
                 }
             }
-        }
+            Transport::Srun(o) => {
+                let job = o.job_for(dest).ok_or_else(|| HostError::NoJob {
+                    hosts: dest.to_string(),
+                })?;
+                // One task on that one node, in the job's allocation, beside its running
+                // steps (--overlap shares CPUs, memory and GRES with them, so it never waits
+                // for them: 22.05's meaning). stdin goes to the one task, its stdout comes
+                // back through a pipe: line-delimited JSON both ways; the agent flushes each
+                // line. EOF on srun's stdin reaches the agent, which exits, ending the step.
+                // No --unbuffered (it means a pty), no --quiet (srun's "step creation
+                // temporarily disabled" is what a stuck connection says). --mpi=none: no PMI
+                // set-up for a step that is no MPI program.
+                let args = [
+                    "--jobid",
+                    job,
+                    "--nodelist",
+                    dest,
+                    "--nodes=1",
+                    "--ntasks=1",
+                    "--overlap",
+                    "--mpi=none",
+                    "--job-name=gpuloop-agent",
+                    "--",
+                    // srun execs it directly, no shell: a path with spaces is one word.
+                    &o.remote_bin,
+                    "agent",
+                ];
+                Launch {
+                    program: "srun".into(),
+                    args: args.iter().map(|a| a.to_string()).collect(),
+                    env_remove: SRUN_IO_ENV.iter().map(|v| v.to_string()).collect(),
+                }
+            }
+        })
     }
 
     /// Reads why the command ended before the agent said hello: its exit code and stderr.
     pub fn classify(&self, dest: &str, code: Option<i32>, stderr: &str) -> HostError {
+        let program = self.program();
         let said = stderr.trim();
         let said = if said.is_empty() {
             match code {
-                Some(c) => format!("ssh exited with code {c} and said nothing"),
-                None => "ssh was killed by a signal".into(),
+                Some(c) => format!("{program} exited with code {c} and said nothing"),
+                None => format!("{program} was killed by a signal"),
             }
         } else {
             said.lines()
@@ -105,6 +190,39 @@ impl Transport {
                     }
                 }
             }
+            Transport::Srun(o) => {
+                let host = dest.to_string();
+                let job = o.job_for(dest).unwrap_or("?");
+                // slurmstepd could not start the agent: "execve(): PATH: No such file or
+                // directory" (exit 2) or "…: Permission denied" (exit 13).
+                if said.contains("execve()") {
+                    return HostError::NoAgent {
+                        host,
+                        why: format!("srun said: {said}"),
+                    };
+                }
+                let what = if said.contains("Invalid job id") {
+                    format!("Slurm job {job} does not exist")
+                } else if said.contains("has expired")
+                    || said.contains("already completing or completed")
+                {
+                    format!("Slurm job {job} has ended")
+                } else if said.contains("pending execution") {
+                    format!("Slurm job {job} is not running yet")
+                } else if said.contains("Requested node configuration is not available")
+                    || said.contains("Invalid node name")
+                {
+                    format!("{dest} is not a node of Slurm job {job}")
+                } else if said.contains("Unable to create step") {
+                    format!("Slurm refused a step in job {job}")
+                } else {
+                    format!("no step in Slurm job {job}")
+                };
+                HostError::Connect {
+                    host,
+                    why: format!("{what}; srun said: {said}"),
+                }
+            }
         }
     }
 }
@@ -128,7 +246,7 @@ mod tests {
     #[test]
     fn ssh_never_prompts_and_keeps_host_key_checking() {
         let t = Transport::ssh(Some("/tmp/cfg".into()), Some("/opt/my gpuloop".into()));
-        let l = t.launch("alice@gpu01");
+        let l = t.launch("alice@gpu01").unwrap();
         assert_eq!(l.program, "ssh");
         let line = l.args.join(" ");
         assert!(line.starts_with("-o BatchMode=yes"), "{line}");
@@ -158,5 +276,81 @@ mod tests {
             e.to_string(),
             "host gpu02: cannot connect: ssh said: ssh: connect to host gpu02 port 22: Connection refused"
         );
+    }
+
+    #[test]
+    fn srun_steps_into_the_nodes_job_beside_its_steps() {
+        let mut t = Transport::srun(Some("/opt/my gpuloop".into()), Some("900".into()));
+        if let Transport::Srun(o) = &mut t {
+            o.jobs.insert("gpu01".into(), "812_3".into());
+        }
+        let l = t.launch("gpu01").unwrap();
+        assert_eq!(l.program, "srun");
+        assert_eq!(
+            l.args.join(" "),
+            "--jobid 812_3 --nodelist gpu01 --nodes=1 --ntasks=1 --overlap --mpi=none \
+             --job-name=gpuloop-agent -- /opt/my gpuloop agent"
+        );
+        assert_eq!(l.args[l.args.len() - 2], "/opt/my gpuloop");
+        assert!(l.env_remove.iter().any(|v| v == "SLURM_UNBUFFEREDIO"));
+        assert!(t
+            .launch("gpu02")
+            .unwrap()
+            .args
+            .join(" ")
+            .starts_with("--jobid 900 "));
+        let jobless = Transport::srun(None, None);
+        assert!(matches!(
+            jobless.launch("gpu02"),
+            Err(HostError::NoJob { .. })
+        ));
+    }
+
+    /// What srun 22.05 prints in each case, as measured against a real Slurm.
+    #[test]
+    fn srun_failures_are_named() {
+        let t = Transport::srun(None, Some("812".into()));
+        let cases = [
+            (
+                Some(1),
+                "srun: error: Unable to confirm allocation for job 812: Invalid job id specified\n\
+                 srun: Check SLURM_JOB_ID environment variable. Expired or invalid job 812\n",
+                "host gpu01: cannot connect: Slurm job 812 does not exist; srun said: srun: error: Unable",
+            ),
+            (
+                Some(1),
+                "srun: error: Slurm job 812 has expired\n",
+                "Slurm job 812 has ended;",
+            ),
+            (
+                Some(1),
+                "srun: error: Unable to confirm allocation for job 812: Job is pending execution\n",
+                "Slurm job 812 is not running yet;",
+            ),
+            (
+                Some(1),
+                "srun: error: Unable to create step for job 812: Requested node configuration is not available\n",
+                "gpu01 is not a node of Slurm job 812;",
+            ),
+            (
+                Some(1),
+                "srun: error: Unable to create step for job 812: Memory required by task is not available\n",
+                "Slurm refused a step in job 812;",
+            ),
+            (None, "", "no step in Slurm job 812; srun said: srun was killed by a signal"),
+        ];
+        for (code, stderr, want) in cases {
+            let e = t.classify("gpu01", code, stderr);
+            assert!(matches!(e, HostError::Connect { .. }), "{e}");
+            assert!(e.to_string().contains(want), "{e}\nwanted: {want}");
+        }
+        let e = t.classify(
+            "gpu01",
+            Some(2),
+            "slurmstepd-gpu01: error: execve(): gpuloop: No such file or directory\n\
+             srun: error: gpu01: task 0: Exited with exit code 2\n",
+        );
+        assert!(matches!(e, HostError::NoAgent { .. }), "{e}");
+        assert!(e.to_string().contains("give --remote-bin PATH"), "{e}");
     }
 }

@@ -210,21 +210,47 @@ pub fn command_output(
     args: &[&str],
     timeout: std::time::Duration,
 ) -> Option<String> {
+    run_command(program, args, timeout).ok()
+}
+
+/// Why a program run by [`run_command`] gave no output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandFailure {
+    /// It could not be started (not installed, not executable).
+    Start(std::io::ErrorKind, String),
+    /// It ran past the deadline (it was killed and reaped).
+    Timeout,
+    /// It exited with a failure (`None`: killed by a signal) and said this on stderr.
+    Failed(Option<i32>, String),
+}
+
+/// Runs a program to its end with a deadline: its stdout, or why not, with its stderr.
+pub fn run_command(
+    program: &str,
+    args: &[&str],
+    timeout: std::time::Duration,
+) -> Result<String, CommandFailure> {
     use std::io::Read;
     use std::process::{Command, Stdio};
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
-        .ok()?;
-    let mut stdout = child.stdout.take()?;
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        let _ = stdout.read_to_string(&mut out);
-        out
-    });
+        .map_err(|e| CommandFailure::Start(e.kind(), e.to_string()))?;
+    // Both pipes are drained at once, so a chatty program never blocks on a full one.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut out = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut out);
+            }
+            out
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
     let deadline = std::time::Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
@@ -239,8 +265,15 @@ pub fn command_output(
             }
         }
     };
-    let out = reader.join().ok()?;
-    status.filter(|s| s.success()).map(|_| out)
+    let (out, err) = (
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default(),
+    );
+    match status {
+        None => Err(CommandFailure::Timeout),
+        Some(st) if st.success() => Ok(out),
+        Some(st) => Err(CommandFailure::Failed(st.code(), err)),
+    }
 }
 
 #[cfg(test)]

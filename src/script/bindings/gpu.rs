@@ -78,7 +78,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         engine,
         "hosts",
         &["Array"],
-        "The host set (--host, --hosts-file; [\"local\"] without them), connecting to every
+        "The host set (--host, --hosts-file, --hosts-from-slurm; [\"local\"] without them), connecting to every
          host if not done yet: maps of name, local, reachable, hostname, version and gpus
          (from the agent's hello), error (why it cannot be reached, or ()).",
         move || -> RhaiResult<Array> { to_array(&actions::hosts(&s)) },
