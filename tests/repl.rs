@@ -10,15 +10,26 @@ use std::time::{Duration, Instant};
 const DEADLINE: Duration = Duration::from_secs(30);
 static SERVERS: AtomicUsize = AtomicUsize::new(0);
 
-/// One tmux server of its own, with `gpuloop repl` in a 120x40 pane. Its socket lies in the
-/// test's directory, so nothing is left behind and no other server is ever addressed.
+/// One tmux server of its own, with gpuloop (`repl`, or a one-shot) in a pane of its own size.
+/// Its socket lies in the test's directory, so nothing is left behind and no other server is
+/// ever addressed.
 struct Term {
     socket: PathBuf,
 }
 
 impl Term {
-    /// Starts the REPL on the test's simulator, with its history under `state`.
+    /// Starts the REPL on the test's simulator in a 120x40 pane, with its history under `state`.
     fn start(sim: &Sim, state: &Path, extra: &[&str]) -> Term {
+        let args: Vec<&str> = extra.iter().copied().chain(["repl"]).collect();
+        let t = Term::launch(sim, state, 120, &args);
+        t.wait_for("the banner", |s| s.contains(":help lists the functions"));
+        t.wait_idle();
+        t
+    }
+
+    /// Runs `gpuloop ARGS` on the test's simulator in a pane `columns` wide (40 rows); the
+    /// pane stays after it exits, with its output on the screen.
+    fn launch(sim: &Sim, state: &Path, columns: u16, gpuloop_args: &[&str]) -> Term {
         let n = SERVERS.fetch_add(1, Ordering::SeqCst);
         let conf = sim.path().join(format!("tmux-{n}.conf"));
         // remain-on-exit keeps the pane (and its exit status) after the REPL ends.
@@ -41,18 +52,24 @@ impl Term {
         let dir = sim.path().display().to_string();
         let mut args: Vec<String> = ["-f", &conf.display().to_string(), "new-session", "-d"]
             .into_iter()
-            .chain(["-s", "repl", "-x", "120", "-y", "40", "-c", &dir])
+            .chain([
+                "-s",
+                "repl",
+                "-x",
+                &columns.to_string(),
+                "-y",
+                "40",
+                "-c",
+                &dir,
+            ])
             .map(String::from)
             .collect();
         for e in env {
             args.extend(["-e".to_string(), e]);
         }
         args.push(bin().display().to_string());
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.push("repl".into());
+        args.extend(gpuloop_args.iter().map(|s| s.to_string()));
         t.tmux(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        t.wait_for("the banner", |s| s.contains(":help lists the functions"));
-        t.wait_idle();
         t
     }
 
@@ -492,4 +509,79 @@ fn kill_and_wait_show_live_progress_on_a_terminal() {
     });
     t.keys(&["C-c"]);
     t.wait_idle();
+}
+
+/// In a terminal, the holders table fits the terminal's width: the COMMAND column is cut with
+/// "…"; `--wide` prints every command in full (the pane wraps it).
+#[test]
+fn holders_fit_the_terminal_and_wide_prints_the_whole_command() {
+    let sim = Sim::new("2x8G");
+    // A holder whose command line is long wherever the checkout lies: gpuloop through a
+    // symlink with a long name, holding in the foreground (so argv[0] stays that name).
+    let link = sim
+        .path()
+        .join("a-deliberately-long-directory-name-so-that-the-command-line-of-this-holder")
+        .join("overflows-a-pane-of-one-hundred-and-twenty-columns");
+    std::fs::create_dir_all(&link).expect("mkdir");
+    let link = link.join("gpuloop");
+    std::os::unix::fs::symlink(bin(), &link).expect("symlink");
+    let mut hold = std::process::Command::new(&link);
+    hold.args(["sim", "hold", "--foreground", "--gpu", "0", "--mib", "100"]);
+    for (k, v) in sim.std_cmd().get_envs() {
+        match v {
+            Some(v) => hold.env(k, v),
+            None => hold.env_remove(k),
+        };
+    }
+    let mut holder = hold
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the holder");
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().expect("stdout")),
+        &mut first,
+    )
+    .expect("the holder's pid");
+    let pid: i32 = first.trim().parse().expect("pid");
+    sim.adopt(pid);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("holder cmdline");
+    let cmdline: String = String::from_utf8_lossy(&cmdline)
+        .split('\0')
+        .filter(|a| !a.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(cmdline.len() > 140, "a long command line: {cmdline}");
+    let state = state_dir(&sim);
+    let tail = &cmdline[cmdline.len() - 20..];
+
+    let t = Term::launch(&sim, &state, 120, &["holders"]);
+    assert_eq!(t.exit_status(), 0);
+    let screen = t.screen();
+    let row = screen
+        .lines()
+        .find(|l| l.contains(&pid.to_string()))
+        .unwrap_or_else(|| panic!("no row for {pid}:\n{screen}"));
+    assert!(row.ends_with('…'), "a cut command ends in …: {row:?}");
+    assert!(
+        row.chars().count() <= 120,
+        "the row fits 120 columns: {row:?}"
+    );
+    assert!(
+        !screen.contains(tail),
+        "the command's end is cut off:\n{screen}"
+    );
+    drop(t);
+
+    let t = Term::launch(&sim, &state, 120, &["holders", "--wide"]);
+    assert_eq!(t.exit_status(), 0);
+    // capture-pane -J joins the lines the pane wrapped.
+    let screen = t.screen();
+    assert!(
+        screen.contains(&cmdline),
+        "--wide prints all of {cmdline:?}:\n{screen}"
+    );
+    drop(t);
+    drop(sim); // stops the holder (the test started it)
+    let _ = holder.wait();
 }
