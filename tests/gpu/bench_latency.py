@@ -5,9 +5,14 @@ the tools people use instead, and where gpuloop's time goes.
 
 Measures, each as the median (and p10/p90) of --runs fresh processes (at least 21):
   - `gpuloop gpus --json`            vs `nvidia-smi --query-gpu=index,memory.used --format=csv,noheader`
+                                       and vs nvidia-smi asked for the fields gpus reports
+                                       (uuid, name, bus id, memory, utilization, temperature)
   - `gpuloop holders --json`         vs `fuser -v /dev/nvidia*`
   - a bare `nvmlInit_v2` (ctypes, timed inside a fresh Python process, dlopen excluded) and
     dlopen + nvmlInit_v2 + nvmlShutdown together
+  - the NVML floor: dlopen + nvmlInit_v2 + a handle and the memory of every GPU, timed inside
+    one Python process: the least any NVML tool pays to read memory (a GPU's first handle
+    attaches it in the driver, ~7 ms on an H200, and the driver attaches GPUs one at a time)
   - `gpuloop --version` (the process start-up floor)
 once with idle GPUs and once with a PyTorch holder on GPU 0 (mess.py plain, 2 GB). It also
 records gpuloop's own breakdown (`-v`: NVML load+init, per-query times, the /proc scan beside
@@ -50,6 +55,19 @@ lib = ctypes.CDLL("libnvidia-ml.so.1"); rc = lib.nvmlInit_v2(); lib.nvmlShutdown
 print("%d %.6f" % (rc, time.perf_counter() - t))
 '''
 
+FLOOR = r'''
+import ctypes, time
+t = time.perf_counter()
+lib = ctypes.CDLL("libnvidia-ml.so.1"); rc = lib.nvmlInit_v2()
+n = ctypes.c_uint(0); rc = rc or lib.nvmlDeviceGetCount_v2(ctypes.byref(n))
+for i in range(n.value):
+    h = ctypes.c_void_p(); rc = rc or lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h))
+    mem = (ctypes.c_ulonglong * 3)(); rc = rc or lib.nvmlDeviceGetMemoryInfo(h, mem)
+print("%d %.6f" % (rc, time.perf_counter() - t))
+'''
+SMI_SAME = ["nvidia-smi", "--query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,"
+            "utilization.gpu,temperature.gpu", "--format=csv,noheader"]
+
 
 def wall(cmd, shell=False):
     """Wall time of one fresh process, output discarded; (seconds, exit code)."""
@@ -87,7 +105,7 @@ def inner(code):
         p = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True)
         rc, dt = p.stdout.split()
         if rc != "0":
-            raise RuntimeError(f"nvmlInit_v2 returned {rc}")
+            raise RuntimeError(f"NVML returned {rc}")
         out.append(float(dt))
     return stats(out)
 
@@ -120,14 +138,21 @@ def round_of(label):
         gpuloop_gpus=bench("gpuloop gpus --json", [BIN, "gpus", "--json"]),
         nvidia_smi=bench("nvidia-smi --query-gpu", ["nvidia-smi", "--query-gpu=index,memory.used",
                                                     "--format=csv,noheader"]),
+        nvidia_smi_same_fields=bench("nvidia-smi, gpus' fields", SMI_SAME),
         gpuloop_holders=bench("gpuloop holders --json", [BIN, "holders", "--json"]),
         fuser_v=bench("fuser -v /dev/nvidia*", ["fuser", "-v", *NODES]),
     )
     r["nvml_init"] = inner(INIT_ONLY)
     r["nvml_load_init_shutdown"] = inner(LOAD_INIT)
+    r["nvml_floor"] = inner(FLOOR)
     print(f"  {'nvmlInit_v2 (ctypes)':<22} median {r['nvml_init']['median_ms']:8.2f} ms; "
-          f"dlopen+init+shutdown {r['nvml_load_init_shutdown']['median_ms']:.2f} ms", flush=True)
+          f"dlopen+init+shutdown {r['nvml_load_init_shutdown']['median_ms']:.2f} ms; "
+          f"floor (dlopen+init+handles+memory) {r['nvml_floor']['median_ms']:.2f} ms", flush=True)
     r["gpus_vs_smi"] = round(r["gpuloop_gpus"]["median_ms"] / r["nvidia_smi"]["median_ms"], 3)
+    r["gpus_vs_smi_same_fields"] = round(
+        r["gpuloop_gpus"]["median_ms"] / r["nvidia_smi_same_fields"]["median_ms"], 3)
+    r["holders_minus_floor_ms"] = round(
+        r["gpuloop_holders"]["median_ms"] - r["nvml_floor"]["median_ms"], 3)
     r["holders_minus_init_ms"] = round(r["gpuloop_holders"]["median_ms"] - r["nvml_init"]["median_ms"], 3)
     r["gpus_target_met"] = r["gpus_vs_smi"] <= 0.8
     r["holders_target_met"] = r["holders_minus_init_ms"] <= 10.0
@@ -161,15 +186,17 @@ def main():
         json.dump(res, f, indent=1)
     md = [f"{res['gpuloop']}; {len(smi)} x {smi[0] if smi else '?'}; {res['cpus']} CPUs; "
           f"{procs} processes; median of {RUNS}", "",
-          "| case | gpuloop gpus | nvidia-smi | ratio (target <= 0.8) | gpuloop holders | fuser -v | nvmlInit_v2 | holders - init (target <= 10 ms) | gpuloop --version |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          "| case | gpuloop gpus | nvidia-smi | ratio (target <= 0.8) | nvidia-smi, gpus' fields | ratio | gpuloop holders | fuser -v | nvmlInit_v2 | holders - init (target <= 10 ms) | NVML floor | holders - floor | gpuloop --version |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in ("idle", "one_holder"):
         r = res[key]
         if isinstance(r, str):
             continue
         md.append(f"| {key} | {r['gpuloop_gpus']['median_ms']} | {r['nvidia_smi']['median_ms']} | "
-                  f"{r['gpus_vs_smi']} | {r['gpuloop_holders']['median_ms']} | {r['fuser_v']['median_ms']} | "
+                  f"{r['gpus_vs_smi']} | {r['nvidia_smi_same_fields']['median_ms']} | "
+                  f"{r['gpus_vs_smi_same_fields']} | {r['gpuloop_holders']['median_ms']} | {r['fuser_v']['median_ms']} | "
                   f"{r['nvml_init']['median_ms']} | {r['holders_minus_init_ms']} | "
+                  f"{r['nvml_floor']['median_ms']} | {r['holders_minus_floor_ms']} | "
                   f"{r['gpuloop_version']['median_ms']} |")
     with open(os.path.join(OUT, "latency.md"), "w") as f:
         f.write("\n".join(md) + "\n")
