@@ -8,6 +8,7 @@
 //! time in clock ticks (a pid can be reused within one 10 ms tick).
 
 use super::{parse_stat, Identity, ProcInfo};
+use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
@@ -107,6 +108,37 @@ impl Pinned {
             ino: self.ino,
         }
     }
+
+    /// True while the process has not exited. Its pid is its own until then, so anything read
+    /// about that pid before this call, since it was pinned, was about this process.
+    pub fn running(&self) -> bool {
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        let now = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // A pidfd reads as ready once its process has exited.
+        matches!(poll(&mut fds, Some(&now)), Ok(0))
+    }
+
+    /// True if `child` is this process's child now: its stat, read through its own pin, names
+    /// this pid as its parent, and this process still runs after that read, so the pid was
+    /// still this process's when it was read. A process whose pid was reused by another one,
+    /// even within one clock tick, fails this (another parent, or a parent that exited).
+    pub fn is_parent_of(&self, child: &Pinned) -> bool {
+        child
+            .dir
+            .stat()
+            .is_ok_and(|c| c.ppid == self.info.pid && c.pid != self.info.pid)
+            && self.running()
+    }
+
+    /// True if `member` is in the process group this process leads: its pinned stat names
+    /// this pid as its group, and this process still runs after that read. A group id is the
+    /// pid of the process that made the group, so while the leader runs the id is its group.
+    pub fn leads_group_of(&self, member: &Pinned) -> bool {
+        self.info.pgid == self.info.pid && member.info.pgid == self.info.pid && self.running()
+    }
 }
 
 /// True if this kernel's pidfds live on pidfs, where each process has its own inode.
@@ -186,21 +218,27 @@ pub fn mismatch(want: &Identity, got: &Pinned) -> Option<String> {
     }
 }
 
+/// Pins whatever process has `pid` now (a bare pid is resolved at call time): `Ok(None)` if
+/// there is none. Everything kill() decides about it (refusals, tree membership) is then read
+/// through this pin, never from an earlier snapshot.
+pub fn pin_now(pid: i32) -> Result<Option<Pinned>, String> {
+    let dir = match ProcDir::open(pid) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open /proc/{pid}: {e}")),
+    };
+    pin_dir(dir).map_err(|e| format!("pidfd_open: {e}"))
+}
+
 /// Pins the process `want` names: `Ok(None)` if it is gone, `Err(reason)` if the pid now
 /// belongs to another process.
 pub fn pin(want: &Identity) -> Result<Option<Pinned>, String> {
-    let dir = match ProcDir::open(want.pid) {
-        Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot open /proc/{}: {e}", want.pid)),
-    };
-    match pin_dir(dir) {
-        Ok(Some(p)) => match mismatch(want, &p) {
+    match pin_now(want.pid)? {
+        Some(p) => match mismatch(want, &p) {
             Some(why) => Err(why),
             None => Ok(Some(p)),
         },
-        Ok(None) => Ok(None),
-        Err(e) => Err(format!("pidfd_open: {e}")),
+        None => Ok(None),
     }
 }
 

@@ -3,12 +3,12 @@
 use super::identity::{self, Pinned};
 use super::restart::{self, Restarter};
 use super::tree::Tree;
-use super::{Identity, ProcInfo};
+use super::Identity;
 use nix::sys::signal::Signal;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::pidfd_send_signal;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::io::Write;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -193,7 +193,8 @@ impl<'a> Guard<'a> {
     }
 
     /// Why `p` must not be signalled, if it must not.
-    fn refuse(&self, p: &ProcInfo, force: bool) -> Option<String> {
+    fn refuse(&self, pinned: &Pinned, force: bool) -> Option<String> {
+        let p = &pinned.info;
         if p.pid <= 1 {
             return Some(format!("pid {} is never signalled", p.pid));
         }
@@ -219,7 +220,7 @@ impl<'a> Guard<'a> {
                 p.ppid
             ));
         }
-        if !force && is_protected(&p.comm, &super::cmdline(p.pid), self.protected) {
+        if !force && is_protected(&p.comm, &pinned.dir.cmdline(), self.protected) {
             return Some(format!(
                 "protected: {} is a GPU daemon (pass force to stop it anyway)",
                 p.comm
@@ -269,102 +270,262 @@ pub fn kill_with_progress(
     interrupted: &dyn Interrupt,
     progress: Progress,
 ) -> KillReport {
+    kill_in(
+        &Tree::snapshot(),
+        targets,
+        opts,
+        protected,
+        interrupted,
+        progress,
+    )
+}
+
+/// Records that `pid` was not signalled, once.
+fn skip(report: &mut KillReport, pid: i32, reason: String) {
+    if !report.skipped.iter().any(|s| s.pid == i64::from(pid)) {
+        report.skipped.push(Skipped {
+            pid: pid.into(),
+            reason,
+        })
+    }
+}
+
+/// How a tree member is tied to the pinned process it was found through.
+#[derive(Clone, Copy)]
+enum Tie {
+    /// Its child.
+    Child,
+    /// A member of the process group it leads.
+    Group,
+}
+
+/// Step 1 of a kill: the processes to signal, each pinned by a pidfd before anything is decided
+/// about it (issue 10, defect 1). The snapshot only says where to look: the refusals read the
+/// pinned stat, a bare pid is whatever has the pid when it is pinned, and a descendant or group
+/// member is taken only if, read through its own pin, it is still the child (or group member) of
+/// a pinned process that still runs. A pid reused between the snapshot and the pin, even within
+/// one clock tick, is then another process with another parent: not taken.
+struct Resolve<'a> {
+    tree: &'a Tree,
+    guard: &'a Guard<'a>,
+    opts: &'a KillOpts,
+    own_pgid: i32,
+    /// Every process pinned, taken or not (the walk goes through refused ones too).
+    pins: Vec<Pinned>,
+    /// Indices into `pins` of the processes to signal.
+    chosen: Vec<usize>,
+    /// Pids already considered.
+    seen: HashSet<i32>,
+    /// The targets themselves, as taken (their parents are the restarters).
+    taken: Vec<Identity>,
+}
+
+impl Resolve<'_> {
+    /// Keeps `p` and takes it unless it was considered before or is refused.
+    fn consider(&mut self, report: &mut KillReport, p: Pinned) -> (usize, bool) {
+        let pid = p.info.pid;
+        let i = self.pins.len();
+        self.pins.push(p);
+        if !self.seen.insert(pid) {
+            return (i, false);
+        }
+        match self.guard.refuse(&self.pins[i], self.opts.force) {
+            Some(reason) => {
+                skip(report, pid, reason);
+                (i, false)
+            }
+            None => {
+                self.chosen.push(i);
+                (i, true)
+            }
+        }
+    }
+
+    fn target(&mut self, report: &mut KillReport, t: &Target) {
+        let pid = t.pid();
+        if pid <= 1 {
+            return skip(report, pid, format!("pid {pid} is never signalled"));
+        }
+        if self.seen.contains(&pid) {
+            return;
+        }
+        let pinned = match t {
+            Target::Exact(id) => identity::pin(id),
+            Target::Pid(pid) => identity::pin_now(*pid),
+        };
+        let p = match pinned {
+            Ok(Some(p)) => p,
+            Ok(None) => return skip(report, pid, "already gone".into()),
+            Err(reason) => return skip(report, pid, reason),
+        };
+        // A refused target's tree is never walked (its children may be gpuloop's siblings, or
+        // a daemon's helpers).
+        let (i, taken) = self.consider(report, p);
+        if !taken {
+            return;
+        }
+        self.taken.push(self.pins[i].identity());
+        if self.opts.tree {
+            self.walk(report, i);
+        }
+    }
+
+    /// Takes the descendants of `pins[root]` and, if it leads a process group that is not
+    /// gpuloop's own, that group's members (what it double-forked or setsid'd away).
+    fn walk(&mut self, report: &mut KillReport, root: usize) {
+        let root_pid = self.pins[root].info.pid;
+        let mut visited = HashSet::from([root_pid]);
+        let mut queue = VecDeque::from([root]);
+        while let Some(n) = queue.pop_front() {
+            let kids: Vec<i32> = self
+                .tree
+                .children(self.pins[n].info.pid)
+                .filter(|c| !c.is_zombie())
+                .map(|c| c.pid)
+                .collect();
+            for c in kids {
+                if visited.insert(c) {
+                    if let Some(k) = self.member(report, c, n, Tie::Child) {
+                        queue.push_back(k);
+                    }
+                }
+            }
+        }
+        // A target in gpuloop's own process group shares gpuloop's job (a script's `&` job,
+        // a test harness): its group is never swept, or gpuloop's siblings would be.
+        if self.pins[root].info.pgid == self.own_pgid {
+            return;
+        }
+        for m in self.tree.job_group(root_pid) {
+            if visited.insert(m) {
+                self.member(report, m, root, Tie::Group);
+            }
+        }
+    }
+
+    /// Pins `pid`, found in the snapshot as tied to `pins[anchor]`, checks the tie through the
+    /// pins, and considers it. Returns its index in `pins` when the walk may go below it.
+    fn member(
+        &mut self,
+        report: &mut KillReport,
+        pid: i32,
+        anchor: usize,
+        tie: Tie,
+    ) -> Option<usize> {
+        let p = match identity::pin_now(pid) {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                skip(report, pid, "already gone".into());
+                return None;
+            }
+            Err(reason) => {
+                skip(report, pid, reason);
+                return None;
+            }
+        };
+        // Zombies hold nothing; their parent reaps them.
+        if p.info.is_zombie() {
+            return None;
+        }
+        let a = &self.pins[anchor];
+        let tied = match tie {
+            Tie::Child => a.is_parent_of(&p),
+            Tie::Group => a.leads_group_of(&p),
+        };
+        if !tied {
+            let what = match tie {
+                Tie::Child => "a child of",
+                Tie::Group => "in the process group of",
+            };
+            skip(
+                report,
+                pid,
+                format!(
+                    "pid {pid} ({}) is no longer {what} pid {} ({}): its pid may have been reused; not signalled",
+                    p.info.comm, a.info.pid, a.info.comm
+                ),
+            );
+            return None;
+        }
+        Some(self.consider(report, p).0)
+    }
+
+    /// Parents that would start the targets again: stopped with `parents` (same rules as any
+    /// target, and only if, through the pins, it is still the holder's parent), reported
+    /// otherwise.
+    fn restarters(&mut self, report: &mut KillReport) {
+        for r in restart::find(self.tree, &self.taken, &self.guard.never) {
+            let same =
+                |p: &Pinned| p.info.pid == r.identity.pid && p.info.start == r.identity.start;
+            if self.chosen.iter().any(|&i| same(&self.pins[i])) {
+                continue; // already stopped as part of a target's tree
+            }
+            if !(self.opts.parents && self.take_parent(report, &r)) {
+                report.restarters.push(r);
+            }
+        }
+    }
+
+    fn take_parent(&mut self, report: &mut KillReport, r: &Restarter) -> bool {
+        let Some(holder) = self
+            .chosen
+            .iter()
+            .position(|&i| i64::from(self.pins[i].info.pid) == r.holder)
+            .map(|k| self.chosen[k])
+        else {
+            return false;
+        };
+        let parent = match identity::pin(&r.identity) {
+            Ok(Some(p)) => p,
+            _ => return false,
+        };
+        if !parent.is_parent_of(&self.pins[holder]) {
+            return false;
+        }
+        self.consider(report, parent).1
+    }
+}
+
+/// `kill` against a snapshot taken by the caller (tests give one that has gone stale).
+fn kill_in(
+    tree: &Tree,
+    targets: &[Target],
+    opts: &KillOpts,
+    protected: &[String],
+    interrupted: &dyn Interrupt,
+    progress: Progress,
+) -> KillReport {
     let started = Instant::now();
     let guard = Guard::new(protected);
-    let tree = Tree::snapshot();
     let mut report = KillReport {
         dry_run: opts.dry_run,
         ..KillReport::default()
     };
-    let skip = |report: &mut KillReport, pid: i32, reason: String| {
-        if !report.skipped.iter().any(|s| s.pid == i64::from(pid)) {
-            report.skipped.push(Skipped {
-                pid: pid.into(),
-                reason,
-            })
-        }
-    };
 
-    // 1. Resolve targets against one snapshot, then gather their trees from it.
-    let mut chosen: Vec<Identity> = Vec::new();
-    let own_pgid = nix::unistd::getpgrp().as_raw();
-    // The targets themselves, as taken (their parents are the restarters).
-    let mut taken: Vec<Identity> = Vec::new();
-    let mut seen: HashSet<i32> = HashSet::new();
-    // Returns whether `p` was taken: a refused target's tree is never walked (its children
-    // may be gpuloop's siblings, or a daemon's helpers).
-    let mut consider =
-        |report: &mut KillReport, p: &ProcInfo, id: Identity, chosen: &mut Vec<Identity>| {
-            if !seen.insert(p.pid) {
-                return false;
-            }
-            match guard.refuse(p, opts.force) {
-                Some(reason) => {
-                    skip(report, p.pid, reason);
-                    false
-                }
-                None => {
-                    chosen.push(id);
-                    true
-                }
-            }
-        };
+    // 1. Pin the targets, their trees and (with `parents`) their restarters.
+    let mut resolve = Resolve {
+        tree,
+        guard: &guard,
+        opts,
+        own_pgid: nix::unistd::getpgrp().as_raw(),
+        pins: Vec::new(),
+        chosen: Vec::new(),
+        seen: HashSet::new(),
+        taken: Vec::new(),
+    };
     for t in targets {
-        let pid = t.pid();
-        if pid <= 1 {
-            skip(&mut report, pid, format!("pid {pid} is never signalled"));
-            continue;
-        }
-        let Some(p) = tree.get(pid) else {
-            skip(&mut report, pid, "already gone".into());
-            continue;
-        };
-        let id = match t {
-            Target::Exact(id) if id.start != p.start => {
-                skip(
-                    &mut report,
-                    pid,
-                    format!(
-                        "pid {pid} is now another process ({}, started at tick {} not {}): not signalled",
-                        p.comm, p.start, id.start
-                    ),
-                );
-                continue;
-            }
-            Target::Exact(id) => *id,
-            Target::Pid(_) => p.identity(),
-        };
-        if !consider(&mut report, p, id, &mut chosen) {
-            continue;
-        }
-        taken.push(id);
-        if opts.tree {
-            // A target in gpuloop's own process group shares gpuloop's job (a script's `&`
-            // job, a test harness): its group is never swept, or gpuloop's siblings would be.
-            let group = if p.pgid == own_pgid {
-                Vec::new()
-            } else {
-                tree.job_group(pid)
-            };
-            for q in tree.descendants(pid).into_iter().chain(group) {
-                if let Some(q) = tree.get(q) {
-                    consider(&mut report, q, q.identity(), &mut chosen);
-                }
-            }
-        }
+        resolve.target(&mut report, t);
     }
-    // Parents that would start the targets again: stopped with `parents` (same rules as any
-    // target), reported otherwise.
-    for r in restart::find(&tree, &taken, &guard.never) {
-        let same = |c: &Identity| c.pid == r.identity.pid && c.start == r.identity.start;
-        if chosen.iter().any(same) {
-            continue; // already stopped as part of a target's tree
-        }
-        let parent = tree.get(r.identity.pid).filter(|_| opts.parents);
-        if !parent.is_some_and(|p| consider(&mut report, p, p.identity(), &mut chosen)) {
-            report.restarters.push(r);
-        }
-    }
+    resolve.restarters(&mut report);
+    let chosen: HashSet<usize> = resolve.chosen.iter().copied().collect();
+    let order = resolve.chosen;
+    let mut pins: Vec<Option<Pinned>> = resolve
+        .pins
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| chosen.contains(&i).then_some(p))
+        .collect();
+    let pinned: Vec<Pinned> = order.iter().filter_map(|&i| pins[i].take()).collect();
 
     let first = signal_name(opts.signal).to_string();
     let stopped = |pid: i32, name: String, ended_by: Option<&str>, exit_ms: Option<i64>| Stopped {
@@ -376,29 +537,18 @@ pub fn kill_with_progress(
         exit_ms,
     };
     if opts.dry_run {
-        report.would_signal = chosen.iter().map(|id| id.pid.into()).collect();
-        report.targets = chosen
+        report.would_signal = pinned.iter().map(|p| p.info.pid.into()).collect();
+        report.targets = pinned
             .iter()
-            .map(|id| {
-                let name = tree.get(id.pid).map(|p| p.comm.clone()).unwrap_or_default();
-                stopped(id.pid, name, None, None)
-            })
+            .map(|p| stopped(p.info.pid, p.info.comm.clone(), None, None))
             .collect();
         report.elapsed_ms = started.elapsed().as_millis() as i64;
         return report;
     }
 
-    // 2. Pin every process with a pidfd and check its identity through it (issue 10, defect 1:
-    // the start time and, where the kernel has pidfs, the pidfd's inode), then signal all of
-    // them through their pidfds: whatever reuses a pid from now on is out of reach.
-    let mut pinned = Vec::new();
-    for id in chosen {
-        match identity::pin(&id) {
-            Ok(Some(p)) => pinned.push(p),
-            Ok(None) => skip(&mut report, id.pid, "already gone".into()),
-            Err(reason) => skip(&mut report, id.pid, reason),
-        }
-    }
+    // 2. Signal every pinned process through its pidfd (the start time and, where the kernel
+    // has pidfs, the pidfd's inode were checked when it was pinned): whatever reuses a pid
+    // from now on is out of reach.
     let signalled_at = Instant::now();
     let mut victims = Vec::new();
     let escalates = opts.signal != Signal::SIGKILL && !opts.grace.is_zero();
@@ -733,6 +883,112 @@ mod tests {
             .any(|s| s.reason.contains("never signalled")));
         // Our own children (other tests' processes) were not touched through our tree.
         assert_eq!(r.skipped.len() + r.signalled.len(), 2);
+    }
+
+    /// The process table with one entry changed: what a snapshot says once `pid` has been
+    /// reused, within the same clock tick, by the process really there now.
+    fn stale_snapshot(pid: i32, change: impl Fn(&mut super::super::ProcInfo)) -> Tree {
+        let mut table = super::super::process_table();
+        for p in table.iter_mut().filter(|p| p.pid == pid) {
+            change(p);
+        }
+        Tree::new(table)
+    }
+
+    fn sleeper(own_group: bool) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        let mut c = std::process::Command::new("sleep");
+        c.arg("30");
+        if own_group {
+            c.process_group(0);
+        }
+        c.spawn().unwrap()
+    }
+
+    fn alive(child: &mut std::process::Child) -> bool {
+        child.try_wait().unwrap().is_none()
+    }
+
+    fn reap(mut child: std::process::Child) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Issue 10, defect 1, for tree members: the snapshot saw a child of the target at pid Q;
+    /// Q now names an unrelated process that started in the same clock tick (same pid, same
+    /// start: what (pid, start) cannot tell apart). Checked through its pin, Q is no child of
+    /// the target, so it is not signalled. Before, the (pid, start) check let it through.
+    #[test]
+    fn a_recycled_pid_can_be_killed_never_as_a_tree_member() {
+        let never = AtomicBool::new(false);
+        let mut other = sleeper(true);
+        let q = other.id() as i32;
+        // As the target's child, then (a job-group member) in the group the target leads.
+        type Stale = fn(&mut super::super::ProcInfo, i32);
+        let variants: [(Stale, &str); 2] = [
+            (|p, t| p.ppid = t, "no longer a child of"),
+            (|p, t| p.pgid = t, "no longer in the process group of"),
+        ];
+        for (change, reason) in variants {
+            let target = sleeper(true);
+            let t = target.id() as i32;
+            let stale = stale_snapshot(q, |p| change(p, t));
+            let r = kill_in(
+                &stale,
+                &[Target::Pid(t)],
+                &KillOpts::default(),
+                &[],
+                &never,
+                &mut |_, _, _| {},
+            );
+            assert_eq!(r.signalled, vec![i64::from(t)], "{r:?}");
+            assert!(
+                alive(&mut other),
+                "the process that reused the pid was signalled"
+            );
+            let why = &r.skipped.iter().find(|s| s.pid == i64::from(q));
+            assert!(why.is_some_and(|s| s.reason.contains(reason)), "{r:?}");
+            reap(target);
+        }
+        reap(other);
+    }
+
+    /// A bare pid is whatever has the pid when it is pinned, and the refusals read that
+    /// process, not the snapshot: here the snapshot saw an ordinary process at Q, and a
+    /// protected daemon has Q now. Before, the snapshot's view decided, and it was signalled.
+    #[test]
+    fn a_recycled_pid_can_be_killed_never_as_a_bare_pid_decided_on_a_stale_snapshot() {
+        let never = AtomicBool::new(false);
+        let mut daemon = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes,sys,time; ctypes.CDLL(None).prctl(15, b'guarded-daemon'); print(flush=True); time.sleep(30)",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The empty line comes after the rename.
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(daemon.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let q = daemon.id() as i32;
+        let stale = stale_snapshot(q, |p| p.comm = "python3".into());
+        let protected = vec!["guarded-daemon".to_string()];
+        let r = kill_in(
+            &stale,
+            &[Target::Pid(q)],
+            &KillOpts::default(),
+            &protected,
+            &never,
+            &mut |_, _, _| {},
+        );
+        assert!(r.signalled.is_empty(), "{r:?}");
+        assert!(alive(&mut daemon));
+        assert!(r.skipped[0].reason.contains("protected"), "{r:?}");
+        reap(daemon);
     }
 
     #[test]
