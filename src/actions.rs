@@ -7,6 +7,7 @@
 
 use crate::gpu::{Gpu, GpuError};
 use crate::hosts::protocol::{self, Call};
+use crate::hosts::Pool;
 use crate::hosts::{HostError, HostSel, LOCAL};
 use crate::inspect::diagnose::{self, diagnose, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
@@ -14,13 +15,15 @@ use crate::inspect::select::{self, Selector};
 use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
 use crate::inspect::{check_selection, Filter, Selection};
 use crate::process::kill::{self, signal_name, KillOpts, KillReport, Skipped, Target};
-use crate::runner::{self, Cmd, JobOpts, Outcome, RunError};
+use crate::runner::{self, Cmd, Job, JobOpts, Outcome, RunError, Waited};
 use crate::session::Session;
+use nix::sys::signal::Signal;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 thread_local! {
@@ -1109,16 +1112,19 @@ pub fn hosts(s: &Session) -> Vec<HostInfo> {
         .collect()
 }
 
-/// Runs a job on a host of the set (`None` or `"local"`: here, streamed as it runs; a
-/// remote job's output comes back prefixed with its host's name).
-pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<Outcome, RunError> {
+/// The remote host a job should run on: `None` for this machine, else a host of the set
+/// and its pool.
+fn job_host<'a>(
+    s: &'a Session,
+    host: Option<&'a str>,
+) -> Result<Option<(&'a str, &'a Pool)>, RunError> {
     let host = match host {
-        None | Some(LOCAL) => return runner::run(cmd, opts, s.interrupted()),
+        None | Some(LOCAL) => return Ok(None),
         Some(h) => h,
     };
-    let remote_err = |e: String| RunError::Remote {
+    let remote_err = |why: String| RunError::Remote {
         host: host.to_string(),
-        why: e,
+        why,
     };
     let names = s.host_names();
     if !names.iter().any(|n| n == host) {
@@ -1128,11 +1134,16 @@ pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<
         )));
     }
     let pool = s.pool().ok_or_else(|| remote_err("no host set".into()))?;
+    Ok(Some((host, pool)))
+}
+
+/// A job as it crosses the wire to an agent.
+fn run_call(cmd: &Cmd, opts: &JobOpts) -> protocol::RunCall {
     let (shell, argv) = match cmd {
         Cmd::Shell(l) => (Some(l.clone()), None),
         Cmd::Argv(a) => (None, Some(a.clone())),
     };
-    let call = Call::Run(protocol::RunCall {
+    protocol::RunCall {
         shell,
         argv,
         timeout_ms: opts.timeout.map(|t| t.as_millis() as u64),
@@ -1141,19 +1152,273 @@ pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<
         grace_ms: opts.grace.as_millis() as u64,
         echo: opts.echo,
         keep_children: opts.keep_children,
-    });
+    }
+}
+
+/// A failed call to a job's host, as a job error.
+fn remote_run_err(host: &str, e: HostError) -> RunError {
+    match e {
+        HostError::Interrupted => RunError::Interrupted,
+        e => RunError::Remote {
+            host: host.to_string(),
+            why: e.to_string(),
+        },
+    }
+}
+
+/// Runs a job on a host of the set (`None` or `"local"`: here, streamed as it runs; a
+/// remote job's output comes back prefixed with its host's name).
+pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<Outcome, RunError> {
+    let Some((host, pool)) = job_host(s, host)? else {
+        return runner::run(cmd, opts, s.interrupted());
+    };
+    let call = Call::Run(run_call(cmd, &opts));
     // No deadline unless the job has one: a lost link still ends the call at once.
     let deadline = opts
         .timeout
         .map(|t| t + opts.grace + pool.config.call_timeout);
-    match pool.call(host, call, deadline, s.interrupted()) {
-        Ok(v) => {
-            serde_json::from_value(v).map_err(|e| remote_err(format!("unexpected reply: {e}")))
+    let v = pool
+        .call(host, call, deadline, s.interrupted())
+        .map_err(|e| remote_run_err(host, e))?;
+    serde_json::from_value(v).map_err(|e| RunError::Remote {
+        host: host.to_string(),
+        why: format!("unexpected reply: {e}"),
+    })
+}
+
+/// A job started by spawn(): here, or on a host of the set under its agent (which stops
+/// it, whole tree, when the connection ends). Both answer the same questions.
+pub enum Spawned {
+    Local(Job),
+    Remote(RemoteJob),
+}
+
+/// A background job on another host, known to its agent by the spawn request's id.
+pub struct RemoteJob {
+    session: Arc<Session>,
+    host: String,
+    job: u64,
+    pid: i32,
+    cmd: String,
+    timeout: Option<Duration>,
+    grace: Duration,
+    /// Its outcome, once seen (the agent's answer does not change after).
+    outcome: Mutex<Option<Outcome>>,
+}
+
+/// What spawn() gives a script: the job, and whether waiting throws on failure (`check`).
+#[derive(Clone)]
+pub struct JobHandle {
+    pub job: Arc<Spawned>,
+    pub check: bool,
+}
+
+impl std::fmt::Debug for JobHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.job.fmt(f)
+    }
+}
+
+impl std::fmt::Debug for Spawned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Spawned::Local(j) => j.fmt(f),
+            Spawned::Remote(r) => write!(f, "Job(pid {} on {}: {})", r.pid, r.host, r.cmd),
         }
-        Err(HostError::Interrupted) => Err(RunError::Interrupted),
-        Err(e) => Err(RunError::Remote {
-            host: host.to_string(),
-            why: e.to_string(),
-        }),
+    }
+}
+
+/// How long one remote wait asks the agent to wait: a wait without end is a series of
+/// these, so a host that stops answering is noticed within the call deadline.
+const WAIT_SLICE: Duration = Duration::from_secs(10);
+/// Never set: a stop must reach the agent even after Ctrl-C.
+static NEVER: AtomicBool = AtomicBool::new(false);
+
+/// Starts a job in the background, here or on a host of the set.
+pub fn spawn(
+    s: &Arc<Session>,
+    host: Option<&str>,
+    cmd: &Cmd,
+    opts: JobOpts,
+) -> Result<Spawned, RunError> {
+    let Some((host, pool)) = job_host(s, host)? else {
+        return Job::spawn(cmd, opts).map(Spawned::Local);
+    };
+    let v = pool
+        .call(
+            host,
+            Call::Spawn(run_call(cmd, &opts)),
+            Some(pool.config.call_timeout),
+            s.interrupted(),
+        )
+        .map_err(|e| remote_run_err(host, e))?;
+    let st = job_state(host, v)?;
+    Ok(Spawned::Remote(RemoteJob {
+        session: s.clone(),
+        host: host.to_string(),
+        job: st.job,
+        pid: st.pid as i32,
+        cmd: cmd.display(),
+        timeout: opts.timeout,
+        grace: opts.grace,
+        outcome: Mutex::new(None),
+    }))
+}
+
+fn job_state(host: &str, v: serde_json::Value) -> Result<protocol::JobState, RunError> {
+    serde_json::from_value(v).map_err(|e| RunError::Remote {
+        host: host.to_string(),
+        why: format!("unexpected reply: {e}"),
+    })
+}
+
+impl Spawned {
+    pub fn pid(&self) -> i32 {
+        match self {
+            Spawned::Local(j) => j.pid(),
+            Spawned::Remote(r) => r.pid,
+        }
+    }
+
+    /// Where it runs: `local`, or the host's name.
+    pub fn host(&self) -> &str {
+        match self {
+            Spawned::Local(_) => LOCAL,
+            Spawned::Remote(r) => &r.host,
+        }
+    }
+
+    pub fn command(&self) -> &str {
+        match self {
+            Spawned::Local(j) => j.command(),
+            Spawned::Remote(r) => &r.cmd,
+        }
+    }
+
+    pub fn timeout(&self) -> Option<Duration> {
+        match self {
+            Spawned::Local(j) => j.timeout(),
+            Spawned::Remote(r) => r.timeout,
+        }
+    }
+
+    /// True until the job's main process has exited.
+    pub fn running(&self) -> Result<bool, RunError> {
+        let r = match self {
+            Spawned::Local(j) => return Ok(j.running()),
+            Spawned::Remote(r) => r,
+        };
+        if r.done().is_some() {
+            return Ok(false);
+        }
+        let st = r.call(Call::JobStatus { job: r.job }, Duration::ZERO, &NEVER)?;
+        Ok(st.running)
+    }
+
+    /// Waits for the outcome, up to `timeout` (forever with `None`), waking on Ctrl-C.
+    pub fn wait(
+        &self,
+        timeout: Option<Duration>,
+        interrupted: &'static AtomicBool,
+    ) -> Result<Waited, RunError> {
+        let r = match self {
+            Spawned::Local(j) => return Ok(j.wait(timeout, interrupted)),
+            Spawned::Remote(r) => r,
+        };
+        let end = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(o) = r.done() {
+                return Ok(Waited::Done(o));
+            }
+            let slice = match end {
+                Some(e) => e.saturating_duration_since(std::time::Instant::now()),
+                None => WAIT_SLICE,
+            }
+            .min(WAIT_SLICE);
+            let st = match r.call(
+                Call::JobWait {
+                    job: r.job,
+                    timeout_ms: slice.as_millis() as u64,
+                },
+                slice,
+                interrupted,
+            ) {
+                Err(RunError::Interrupted) => return Ok(Waited::Interrupted),
+                other => other?,
+            };
+            if let Some(o) = r.record(st) {
+                return Ok(Waited::Done(o));
+            }
+            if end.is_some_and(|e| std::time::Instant::now() >= e) {
+                return Ok(Waited::Running);
+            }
+        }
+    }
+
+    /// Stops the whole tree (`signal`, the grace, SIGKILL) and returns the outcome; `None`
+    /// if the main process outlived SIGKILL. On a finished job it stops what it left behind.
+    pub fn stop(
+        &self,
+        signal: Signal,
+        grace: Option<Duration>,
+    ) -> Result<Option<Outcome>, RunError> {
+        let r = match self {
+            Spawned::Local(j) => return Ok(j.stop(signal, grace)),
+            Spawned::Remote(r) => r,
+        };
+        let grace = grace.unwrap_or(r.grace);
+        let st = r.call(
+            Call::JobKill {
+                job: r.job,
+                signal: signal_name(signal).to_string(),
+                grace_ms: Some(grace.as_millis() as u64),
+            },
+            // The stop's grace, the wait after SIGKILL and the output's drain.
+            grace + Duration::from_secs(10),
+            &NEVER,
+        )?;
+        Ok(r.record(st))
+    }
+}
+
+impl RemoteJob {
+    fn done(&self) -> Option<Outcome> {
+        self.outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Keeps the outcome the agent sent, if any, and prints the rest of the job's output.
+    fn record(&self, st: protocol::JobState) -> Option<Outcome> {
+        let o = st.outcome?;
+        if let Some(pool) = self.session.pool() {
+            pool.flush_output(&self.host, self.job);
+        }
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(o.clone());
+        Some(o)
+    }
+
+    /// A call about this job: `takes` is how long the agent may take by design; the host's
+    /// call timeout comes on top.
+    fn call(
+        &self,
+        call: Call,
+        takes: Duration,
+        interrupted: &'static AtomicBool,
+    ) -> Result<protocol::JobState, RunError> {
+        let pool = self.session.pool().ok_or_else(|| RunError::Remote {
+            host: self.host.clone(),
+            why: "no host set".into(),
+        })?;
+        let v = pool
+            .call(
+                &self.host,
+                call,
+                Some(takes + pool.config.call_timeout),
+                interrupted,
+            )
+            .map_err(|e| remote_run_err(&self.host, e))?;
+        job_state(&self.host, v)
     }
 }

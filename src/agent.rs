@@ -2,13 +2,15 @@
 //! line (`hosts::protocol`), for a gpuloop elsewhere that reached it through ssh.
 //!
 //! It says hello, then answers requests, each in a thread of its own so a long wait_clean
-//! or a running job does not hold up the others. It is the subreaper of the jobs it runs;
-//! when its stdin closes (the client ended, or the link dropped) it stops them all and exits.
+//! or a running job does not hold up the others. It is the subreaper of the jobs it runs
+//! (`run`, and `spawn`'s background jobs); when its stdin closes (the client ended, or the
+//! link dropped) it stops them all and exits.
 
 use crate::actions;
 use crate::gpu::GpuError;
 use crate::hosts::protocol::{
-    self, Body, Call, ErrorKind, Hello, Message, Request, RunCall, Stream, WaitWire, WireError,
+    self, Body, Call, ErrorKind, Hello, JobState, Message, Request, RunCall, Stream, WaitWire,
+    WireError,
 };
 use crate::inspect::wait::WaitOpts;
 use crate::process::kill::{parse_signal, KillOpts, Target};
@@ -30,7 +32,7 @@ impl Out {
     fn send(&self, m: &Message) {
         let mut line = m.line();
         line.push('\n');
-        let out = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let out = lock(&self.0);
         let mut out = out.lock();
         // A closed stdout means the client is gone; stdin's EOF ends the agent.
         let _ = out.write_all(line.as_bytes());
@@ -47,6 +49,69 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> Body {
         kind,
         message: message.into(),
     })
+}
+
+/// What runs on behalf of the client: cancel flags of the running calls (a `run`'s job, a
+/// `job_wait`), and the background jobs of `spawn`, each by its request id.
+#[derive(Default)]
+struct Jobs {
+    cancels: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+    spawned: Mutex<HashMap<u64, Arc<Job>>>,
+}
+
+impl Jobs {
+    /// A cancel flag for request `id`, dropped from the table with the guard.
+    fn cancel_flag(&self, id: u64) -> CancelGuard<'_> {
+        let flag = Arc::new(AtomicBool::new(false));
+        lock(&self.cancels).insert(id, flag.clone());
+        CancelGuard {
+            jobs: self,
+            id,
+            flag,
+        }
+    }
+
+    fn spawned(&self, job: u64) -> Result<Arc<Job>, Body> {
+        lock(&self.spawned).get(&job).cloned().ok_or_else(|| {
+            error(
+                ErrorKind::Usage,
+                format!("no job {job} was spawned on this connection"),
+            )
+        })
+    }
+
+    /// Cancels request `id`: its wait or run ends; a spawned job of that id is stopped
+    /// (in the background: a stop takes the job's grace). False if there is no such request.
+    fn cancel(&self, id: u64) -> bool {
+        let flagged = lock(&self.cancels)
+            .get(&id)
+            .map(|f| f.store(true, Ordering::SeqCst))
+            .is_some();
+        let job = lock(&self.spawned).get(&id).cloned();
+        if let Some(job) = &job {
+            let job = job.clone();
+            let _ = std::thread::Builder::new()
+                .name(format!("cancel-{id}"))
+                .spawn(move || job.stop(Signal::SIGTERM, None));
+        }
+        flagged || job.is_some()
+    }
+}
+
+struct CancelGuard<'a> {
+    jobs: &'a Jobs,
+    id: u64,
+    flag: Arc<AtomicBool>,
+}
+
+impl Drop for CancelGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.jobs.cancels).remove(&self.id);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Serves until stdin closes; returns the exit code.
@@ -67,8 +132,7 @@ pub fn serve(session: Arc<Session>) -> i32 {
         gpus,
         backend: backend.into(),
     }));
-    // Cancel flags of the running jobs, by request id.
-    let jobs: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>> = Arc::default();
+    let jobs: Arc<Jobs> = Arc::default();
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     loop {
@@ -103,13 +167,15 @@ pub fn serve(session: Arc<Session>) -> i32 {
                 continue;
             }
         };
+        if let Call::Ping = req.call {
+            out.send(&reply(
+                Some(req.id),
+                Body::Ok(serde_json::Value::Bool(true)),
+            ));
+            continue;
+        }
         if let Call::Cancel { id } = req.call {
-            let found = jobs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&id)
-                .map(|f| f.store(true, Ordering::SeqCst))
-                .is_some();
+            let found = jobs.cancel(id);
             out.send(&reply(
                 Some(req.id),
                 Body::Ok(serde_json::Value::Bool(found)),
@@ -131,8 +197,9 @@ pub fn serve(session: Arc<Session>) -> i32 {
             ));
         }
     }
-    // The client is gone: stop every job (the Supervisor's drop stops their trees).
-    for f in jobs.lock().unwrap_or_else(|e| e.into_inner()).values() {
+    // The client is gone: end every call; the Supervisor's drop then stops the trees of
+    // every job, run or spawned, and reaps them before the agent exits.
+    for f in lock(&jobs.cancels).values() {
         f.store(true, Ordering::SeqCst);
     }
     0
@@ -186,10 +253,7 @@ fn gpu_body(e: GpuError) -> Body {
 
 fn ok<T: serde::Serialize>(r: Result<T, GpuError>) -> Body {
     match r {
-        Ok(v) => match serde_json::to_value(v) {
-            Ok(v) => Body::Ok(v),
-            Err(e) => error(ErrorKind::Failed, format!("cannot encode the result: {e}")),
-        },
+        Ok(v) => encode(v),
         Err(e) => gpu_body(e),
     }
 }
@@ -224,12 +288,7 @@ fn wait_opts(w: WaitWire) -> WaitOpts {
     }
 }
 
-fn handle(
-    s: &Session,
-    req: Request,
-    out: &Out,
-    jobs: &Mutex<HashMap<u64, Arc<AtomicBool>>>,
-) -> Body {
+fn handle(s: &Session, req: Request, out: &Out, jobs: &Jobs) -> Body {
     match req.call {
         Call::Gpus => ok(actions::gpus(s)),
         Call::Holders { sel, all, filter } => ok(actions::holders_of(s, &sel, all, &filter)),
@@ -267,27 +326,72 @@ fn handle(
             Err(b) => b,
         },
         Call::Run(rc) => run(s, req.id, rc, out, jobs),
+        Call::Spawn(rc) => spawn(s, req.id, rc, out, jobs),
+        Call::JobWait { job, timeout_ms } => match jobs.spawned(job) {
+            Ok(j) => {
+                let cancel = jobs.cancel_flag(req.id);
+                j.wait(Some(Duration::from_millis(timeout_ms)), &cancel.flag);
+                state(job, &j, true)
+            }
+            Err(b) => b,
+        },
+        Call::JobKill {
+            job,
+            signal,
+            grace_ms,
+        } => {
+            let Some(sig) = parse_signal(&signal) else {
+                return error(ErrorKind::BadParams, format!("unknown signal {signal:?}"));
+            };
+            match jobs.spawned(job) {
+                Ok(j) => match j.stop(sig, grace_ms.map(Duration::from_millis)) {
+                    Some(_) => state(job, &j, true),
+                    None => error(
+                        ErrorKind::Failed,
+                        RunError::Stuck { pid: j.pid() }.to_string(),
+                    ),
+                },
+                Err(b) => b,
+            }
+        }
+        Call::JobStatus { job } => match jobs.spawned(job) {
+            Ok(j) => state(job, &j, false),
+            Err(b) => b,
+        },
+        Call::Ping => Body::Ok(serde_json::Value::Bool(true)),
         Call::Cancel { .. } => error(ErrorKind::Failed, "cancel is answered inline"),
     }
 }
 
-/// Runs a job, streaming its output to the client; a cancel (or the client going away)
-/// stops its whole tree.
-fn run(
-    s: &Session,
-    id: u64,
-    rc: RunCall,
-    out: &Out,
-    jobs: &Mutex<HashMap<u64, Arc<AtomicBool>>>,
-) -> Body {
+/// A spawned job's state; its outcome only when asked (a status poll stays small).
+fn state(job: u64, j: &Job, with_outcome: bool) -> Body {
+    let outcome = if with_outcome { j.outcome() } else { None };
+    encode(JobState {
+        job,
+        pid: j.pid().into(),
+        running: j.running(),
+        outcome,
+    })
+}
+
+fn encode<T: serde::Serialize>(v: T) -> Body {
+    match serde_json::to_value(v) {
+        Ok(v) => Body::Ok(v),
+        Err(e) => error(ErrorKind::Failed, format!("cannot encode the result: {e}")),
+    }
+}
+
+/// The job a run or spawn request describes; its output goes to the client as `Output`
+/// lines of request `id`.
+fn job_of(s: &Session, id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts), Body> {
     let cmd = match (rc.shell, rc.argv) {
         (Some(l), None) => Cmd::Shell(l),
         (None, Some(a)) => Cmd::Argv(a),
         _ => {
-            return error(
+            return Err(error(
                 ErrorKind::BadParams,
-                "run needs exactly one of shell and argv",
-            )
+                "run and spawn need exactly one of shell and argv",
+            ))
         }
     };
     let sink = rc.echo.then(|| {
@@ -314,22 +418,43 @@ fn run(
         keep_children: rc.keep_children,
         sink,
     };
-    let cancel = Arc::new(AtomicBool::new(false));
-    jobs.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(id, cancel.clone());
-    let result = Job::spawn(&cmd, opts).and_then(|job| match job.wait(None, &cancel) {
+    Ok((cmd, opts))
+}
+
+/// Starts a background job and answers at once; it runs until it ends, a `job_kill`, its
+/// timeout, or the connection's end.
+fn spawn(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
+    let (cmd, opts) = match job_of(s, id, rc, out) {
+        Ok(x) => x,
+        Err(b) => return b,
+    };
+    match Job::spawn(&cmd, opts) {
+        Ok(job) => {
+            let job = Arc::new(job);
+            lock(&jobs.spawned).insert(id, job.clone());
+            state(id, &job, false)
+        }
+        Err(e) => error(ErrorKind::Failed, e.to_string()),
+    }
+}
+
+/// Runs a job, streaming its output to the client; a cancel (or the client going away)
+/// stops its whole tree.
+fn run(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
+    let (cmd, opts) = match job_of(s, id, rc, out) {
+        Ok(x) => x,
+        Err(b) => return b,
+    };
+    let cancel = jobs.cancel_flag(id);
+    let result = Job::spawn(&cmd, opts).and_then(|job| match job.wait(None, &cancel.flag) {
         Waited::Done(o) => Ok(o),
         Waited::Running | Waited::Interrupted => job
             .stop(Signal::SIGTERM, None)
             .ok_or(RunError::Stuck { pid: job.pid() }),
     });
-    jobs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    drop(cancel);
     match result {
-        Ok(o) => match serde_json::to_value(o) {
-            Ok(v) => Body::Ok(v),
-            Err(e) => error(ErrorKind::Failed, format!("cannot encode the outcome: {e}")),
-        },
+        Ok(o) => encode(o),
         Err(e) => error(ErrorKind::Failed, e.to_string()),
     }
 }

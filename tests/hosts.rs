@@ -1,6 +1,6 @@
 //! Several hosts over a real OpenSSH server (see `ssh`): gather, routed kill, parallel
-//! wait_clean, run on a host, unreachable hosts and hosts without gpuloop, a broken agent
-//! conversation, and an agent that dies in mid-call.
+//! wait_clean, run and spawn on a host, unreachable hosts and hosts without gpuloop, a
+//! broken agent conversation, and an agent that dies in mid-call.
 
 use crate::ssh::*;
 use crate::support::*;
@@ -216,6 +216,233 @@ fn run_on_a_host_streams_with_its_name_and_leaves_nothing() {
 }
 
 #[test]
+fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
+    let c = Cluster::new(&[("sa", "1x8G")], &[]);
+    let src = r#"
+        let j = spawn("echo spawned on $GPULOOP_SIM; exec sleep 313711", #{host: "sa", grace: 1});
+        print(`host=${j.host} job=${j}`);
+        // The pid is the job's pid there: its command line, read on that host.
+        let there = run(`tr '\0' ' ' < /proc/${j.pid}/cmdline`, #{host: "sa", echo: false});
+        print(`there=${there.stdout}|`);
+        print(`polled=${type_of(j.wait(0.3))} running=${j.running()}`);
+        let r = j.kill();
+        print(`killed=${r.signal} ok=${r.ok} out=${r.stdout.len()} running=${j.running()}`);
+        let q = spawn(["sh", "-c", "printf 'no newline at the end'; exit 3"], #{host: "sa"});
+        let w = q.wait();
+        print(`code=${w.code} again=${q.wait().code}`);
+        let f = spawn("echo oops >&2; exit 4", #{host: "sa", check: true});
+        try { f.wait(); print("no throw"); } catch (e) { print(`threw=${e}`); }
+    "#;
+    let out = c
+        .run(&["--host", "sa", "run", &c.script("s.rhai", src)])
+        .ok();
+    let o = &out.stdout;
+    assert!(
+        o.contains(
+            "[sa] spawned on 1x8G
+"
+        ),
+        "{o}"
+    );
+    assert!(o.contains("host=sa job=Job(pid "), "{o}");
+    assert!(o.contains(" on sa: echo spawned on"), "{o}");
+    assert!(o.contains("there=sleep 313711 |"), "{o}");
+    assert!(o.contains("polled=() running=true"), "{o}");
+    assert!(
+        o.contains("killed=TERM ok=false out=16 running=false"),
+        "{o}"
+    );
+    // The last line, without its newline, comes out with the outcome.
+    assert!(
+        o.contains(
+            "[sa] no newline at the end
+"
+        ),
+        "{o}"
+    );
+    assert!(o.contains("code=3 again=3"), "{o}");
+    assert!(o.contains("threw="), "{o}");
+    assert!(o.contains("exited with code 4"), "{o}");
+    assert!(o.contains("oops"), "{o}");
+    assert!(
+        pids_with("sleep 313711").is_empty(),
+        "the killed job is gone"
+    );
+}
+
+#[test]
+fn remote_jobs_stop_at_script_end_and_when_the_connection_drops() {
+    let c = Cluster::new(&[("sb", "1x8G")], &[]);
+    // The script ends with the job running: it is stopped there before gpuloop exits.
+    // (Scripts in files: a command line naming the job would match pids_with.)
+    let src =
+        r#"let j = spawn("exec sleep 313712", #{host: "sb"}); print(`${j.pid} ${j.running()}`);"#;
+    let out = c
+        .run(&["--host", "sb", "run", &c.script("end.rhai", src)])
+        .ok();
+    let (pid, running) = out.stdout.trim().split_once(' ').expect("pid and running");
+    let pid: i32 = pid.parse().expect("a pid");
+    assert_eq!(running, "true", "{}", out.stdout);
+    assert!(!alive(pid), "the job (pid {pid}) was stopped at script end");
+    assert!(pids_with("sleep 313712").is_empty());
+
+    // The link drops (the ssh client this test's gpuloop started is killed): the agent
+    // stops the job, and the script's wait fails naming the host.
+    let src = r#"let j = spawn("exec sleep 313713", #{host: "sb"}); j.wait()"#;
+    let mut client = c
+        .cmd(&["--host", "sb", "run", &c.script("drop.rhai", src)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("client");
+    if !within(60, || pids_with("sleep 313713").len() == 1) {
+        let _ = client.kill();
+        panic!("the job did not start");
+    }
+    let ssh = children(client.id() as i32)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "ssh")
+        })
+        .collect::<Vec<_>>();
+    if ssh.len() != 1 {
+        let _ = client.kill();
+        panic!("one ssh client expected: {ssh:?}");
+    }
+    // The ssh client our gpuloop started, by pid.
+    unsafe { libc::kill(ssh[0], libc::SIGKILL) };
+    assert!(
+        within(60, || pids_with("sleep 313713").is_empty()),
+        "a dropped connection stops the remote job"
+    );
+    let out = client.wait_with_output().expect("client");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("host sb: connection lost during job_wait"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
+    let c = Cluster::new(&[("hok", "2x8G"), ("hhang", "1x8G")], &[]);
+    c.sim("hok").hold(&["--gpu", "1", "--mib", "300"]);
+    // On "hhang" the agent says hello, then never reads a request: a host that accepts
+    // the connection and stops answering.
+    let wrap = c.dir.path().join("agent.sh");
+    std::fs::write(
+        &wrap,
+        format!(
+            "#!/bin/sh
+if [ \"$GPULOOP_SIM_DIR\" = '{hung}' ]; then
+  sleep 313720 | '{bin}' \"$@\"
+else
+  exec '{bin}' \"$@\"
+fi
+",
+            hung = c.sim("hhang").path().join("state").display(),
+            bin = bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrap, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let run = |args: &[&str]| -> Out {
+        // No timing asserted: a generous outer bound only says it does not hang.
+        let mut cmd = c.cmd_with(&wrap, args);
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gpuloop");
+        let pid = child.id() as i32;
+        let waiter = std::thread::spawn(move || child.wait_with_output());
+        if !within(180, || waiter.is_finished()) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("gpuloop {args:?} did not come back with a host hung");
+        }
+        let o = waiter.join().unwrap().expect("gpuloop");
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    };
+    let hosts = ["--host", "hok,hhang", "--host-timeout", "2"];
+
+    // Gather: the other host's records come back; the hung one is named, as timed out.
+    let src = r#"
+        let h = holders((), #{on_error: "skip"});
+        print(`holders=${h.len()} hosts=${h.map(|x| x.host)}`);
+        let w = wait_clean((), #{timeout: 1, on_error: "skip"});
+        print(`clean=${w}`);
+    "#;
+    let out = run(&[&hosts[..], &["eval", src]].concat()).ok();
+    assert!(
+        out.stdout.contains(r#"holders=1 hosts=["hok"]"#),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("clean=false"), "{}", out.stdout);
+    assert!(
+        out.stderr.contains(
+            "skipping host hhang: holders got no answer within 2s (host hung or network down)"
+        ),
+        "{}",
+        out.stderr
+    );
+
+    // The one-shot: the per-host summary has the answering host's holders and the hung
+    // host's timeout.
+    let out = run(&[&hosts[..], &["holders"]].concat());
+    assert!(out.stdout.contains("hok"), "{}\n{}", out.stdout, out.stderr);
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        all.contains("hhang") && all.contains("no answer within 2s"),
+        "{all}"
+    );
+
+    // A job without a timeout has no deadline of its own: the pings tell the hang.
+    let src = r#"
+        run("echo fine", #{host: "hok"});
+        run("echo never", #{host: "hhang"});
+    "#;
+    let out = run(&[&hosts[..], &["run", &c.script("hang.rhai", src)]].concat()).code(1);
+    assert!(out.stdout.contains("[hok] fine"), "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains("host hhang: run got no answer within 2s"),
+        "{}",
+        out.stderr
+    );
+    // The hung agents (one per gpuloop above) read the pipe of this test's sleeps: with
+    // those gone they read its end and exit.
+    for p in pids_with("sleep 313720") {
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert!(within(60, || pids_with("sleep 313720").is_empty()));
+}
+
+/// The direct children of `pid`.
+fn children(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().nth(1))
+                    .and_then(|pp| pp.parse::<i32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+#[test]
 fn unreachable_hosts_and_hosts_without_gpuloop_are_named() {
     let c = Cluster::new(&[("ua", "2x8G")], &["udown"]);
     c.sim("ua").hold(&["--gpu", "1", "--mib", "100"]);
@@ -311,7 +538,7 @@ fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() 
     let hello = next();
     assert_eq!(hello["type"], "hello");
     assert_eq!(hello["gpus"], 1);
-    assert_eq!(hello["protocol"], 1);
+    assert_eq!(hello["protocol"], 2);
     let mut send = |s: &str| {
         stdin.write_all(s.as_bytes()).unwrap();
         stdin.write_all(b"\n").unwrap();

@@ -196,11 +196,16 @@ impl Cluster {
 
     /// gpuloop on this cluster's client config (not in simulator mode itself).
     pub fn cmd(&self, args: &[&str]) -> Command {
+        self.cmd_with(&bin(), args)
+    }
+
+    /// `cmd` with another program started as the agent on the hosts.
+    pub fn cmd_with(&self, remote_bin: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(bin());
         c.arg("--ssh-config")
             .arg(&self.config)
             .arg("--remote-bin")
-            .arg(bin())
+            .arg(remote_bin)
             .args(args)
             .env_remove("GPULOOP_SIM")
             .env_remove("GPULOOP_SIM_DIR")

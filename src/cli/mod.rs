@@ -81,6 +81,11 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     if f.fanout == 0 {
         return Err(Error::Usage("--fanout must be at least 1".into()));
     }
+    if !(f.host_timeout > 0.0 && f.host_timeout <= 1e9) {
+        return Err(Error::Usage(
+            "--host-timeout must be a positive number of seconds".into(),
+        ));
+    }
     let transport = if srun {
         if f.ssh_config.is_some() {
             return Err(Error::Usage(
@@ -112,6 +117,7 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     })?;
     cfg.fanout = f.fanout;
     cfg.skip_unreachable = f.skip_unreachable;
+    cfg.call_timeout = std::time::Duration::from_secs_f64(f.host_timeout);
     Ok(Some(cfg))
 }
 

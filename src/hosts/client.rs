@@ -18,8 +18,30 @@ const STDERR_KEEP: usize = 4096;
 const TICK: Duration = Duration::from_millis(50);
 /// How long the session's end waits for agents to stop their jobs and exit.
 const CLOSE_WAIT: Duration = Duration::from_secs(20);
+/// How often a call still waiting pings its host (a ping unanswered for the host timeout
+/// means the host hangs, however long the call itself may take).
+const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Body>>>>;
+
+/// Job output not yet printed: the partial last line of each (request id, stdout?), and
+/// the spawned jobs, whose output outlives their spawn's reply.
+#[derive(Default)]
+struct Partial {
+    lines: HashMap<(u64, bool), String>,
+    spawned: std::collections::HashSet<u64>,
+}
+
+impl Partial {
+    /// Prints what is left of request `id`'s output.
+    fn flush(&mut self, host: &str, id: u64) {
+        for out in [true, false] {
+            if let Some(mut buf) = self.lines.remove(&(id, out)) {
+                print_lines(host, out, &mut buf, true);
+            }
+        }
+    }
+}
 
 /// What the agent printed on stderr: kept before hello (it is what ssh or srun said), echoed with
 /// the host's name after.
@@ -36,8 +58,14 @@ pub struct Conn {
     next_id: AtomicU64,
     writer: Mutex<Option<mpsc::UnboundedSender<String>>>,
     pending: Pending,
+    partial: Arc<Mutex<Partial>>,
     /// Why the connection ended, once it has.
     dead: Arc<Mutex<Option<String>>>,
+    /// How long the host may take to answer (a ping, or a call beyond its own time).
+    answer_within: Duration,
+    /// A call timed out: the host hangs. Later calls fail at once, and the session's end
+    /// does not wait for this agent.
+    hung: AtomicBool,
     child: Mutex<Option<tokio::process::Child>>,
 }
 
@@ -73,11 +101,11 @@ impl Pool {
         let mut handles = Vec::new();
         for h in config.hosts.iter().filter(|h| h.as_str() != LOCAL) {
             let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
-            let timeout = config.connect_timeout;
+            let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
             handles.push(rt.spawn(async move {
                 let _permit = sem.acquire_owned().await;
                 let started = Instant::now();
-                let r = connect(&host, &transport, timeout).await;
+                let r = connect(&host, &transport, timeout, answer_within).await;
                 (host, r, started.elapsed().as_secs_f64() * 1e3)
             }));
         }
@@ -189,6 +217,16 @@ impl Pool {
         })
     }
 
+    /// Prints the rest of a spawned job's output (its last line, if it had no newline),
+    /// once its outcome is in.
+    pub fn flush_output(&self, host: &str, job: u64) {
+        if let Ok(Slot::Remote(Ok(c))) = self.slot(host) {
+            let mut p = lock(&c.partial);
+            p.spawned.remove(&job);
+            p.flush(host, job);
+        }
+    }
+
     /// One call on one remote host.
     pub fn call(
         &self,
@@ -211,7 +249,12 @@ impl Drop for Pool {
         for (_, slot) in &self.slots {
             if let Slot::Remote(Ok(c)) = slot {
                 lock(&c.writer).take();
-                if let Some(child) = lock(&c.child).take() {
+                if let Some(mut child) = lock(&c.child).take() {
+                    if c.hung.load(Ordering::Relaxed) {
+                        // It would not answer; dropping the link is all that is left (its
+                        // agent stops its jobs when it reads again and finds the end).
+                        let _ = child.start_kill();
+                    }
                     children.push(child);
                 }
             }
@@ -236,7 +279,11 @@ impl Conn {
     ) -> Result<serde_json::Value, HostError> {
         let method = call.method().to_string();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let is_run = matches!(call, Call::Run(_));
+        // A job started by this call must not outlive it if it fails here.
+        let starts_job = matches!(call, Call::Run(_) | Call::Spawn(_));
+        if matches!(call, Call::Spawn(_)) {
+            lock(&self.partial).spawned.insert(id);
+        }
         let (tx, mut rx) = oneshot::channel();
         lock(&self.pending).insert(id, tx);
         let line =
@@ -248,11 +295,20 @@ impl Conn {
             lock(&self.pending).remove(&id);
             return Err(self.lost(&method, why));
         }
+        if self.hung.load(Ordering::Relaxed) {
+            lock(&self.pending).remove(&id);
+            return Err(self.timeout(method, self.answer_within));
+        }
         if !self.send(line) {
             lock(&self.pending).remove(&id);
             return Err(self.lost(&method, "the connection is closed".into()));
         }
-        let end = deadline.map(|d| tokio::time::Instant::now() + d);
+        let now = tokio::time::Instant::now();
+        let end = deadline.map(|d| now + d);
+        let probe_every = PROBE_EVERY.min(self.answer_within);
+        let mut next_probe = now + probe_every;
+        // The ping in flight, and when it was sent.
+        let mut probe: Option<(oneshot::Receiver<Body>, tokio::time::Instant)> = None;
         let mut tick = tokio::time::interval(TICK);
         loop {
             tokio::select! {
@@ -267,26 +323,63 @@ impl Conn {
                     };
                 }
                 _ = tick.tick() => {
-                    let late = end.is_some_and(|e| tokio::time::Instant::now() >= e);
+                    let now = tokio::time::Instant::now();
+                    let mut hangs = false;
+                    if let Some((prx, sent)) = &mut probe {
+                        match prx.try_recv() {
+                            Ok(_) => {
+                                probe = None;
+                                next_probe = now + probe_every;
+                            }
+                            Err(oneshot::error::TryRecvError::Empty) => hangs = now - *sent >= self.answer_within,
+                            // The link ended: the call's own channel says so.
+                            Err(oneshot::error::TryRecvError::Closed) => {}
+                        }
+                    } else if now >= next_probe {
+                        probe = self.ping().map(|r| (r, now));
+                    }
+                    let late = hangs || end.is_some_and(|e| now >= e);
                     if late || interrupted.load(Ordering::Relaxed) {
                         lock(&self.pending).remove(&id);
-                        if is_run {
+                        if starts_job {
                             // The job there must not outlive the call that started it.
                             if let Ok(l) = serde_json::to_string(&Request { id: id | CANCEL_BIT, call: Call::Cancel { id } }) {
                                 self.send(l);
                             }
                         }
                         if late {
-                            return Err(HostError::Timeout {
-                                host: self.host.clone(),
-                                method,
-                                secs: deadline.unwrap_or_default().as_secs_f64(),
-                            });
+                            self.hung.store(true, Ordering::Relaxed);
+                            let waited = match hangs {
+                                true => self.answer_within,
+                                false => deadline.unwrap_or_default(),
+                            };
+                            return Err(self.timeout(method, waited));
                         }
                         return Err(HostError::Interrupted);
                     }
                 }
             }
+        }
+    }
+
+    /// Sends a ping; its answer comes on the receiver.
+    fn ping(&self) -> Option<oneshot::Receiver<Body>> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) | PING_BIT;
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        let line = serde_json::to_string(&Request {
+            id,
+            call: Call::Ping,
+        })
+        .ok()?;
+        self.send(line).then_some(rx)
+    }
+
+    fn timeout(&self, method: String, waited: Duration) -> HostError {
+        HostError::Timeout {
+            host: self.host.clone(),
+            method,
+            secs: waited.as_secs_f64(),
         }
     }
 
@@ -305,11 +398,17 @@ impl Conn {
     }
 }
 
-/// Cancel requests get ids of their own, apart from the calls' ids.
+/// Cancel requests and pings get ids of their own, apart from the calls' ids.
 const CANCEL_BIT: u64 = 1 << 62;
+const PING_BIT: u64 = 1 << 61;
 
 /// Starts the agent and reads its hello.
-async fn connect(host: &str, transport: &Transport, timeout: Duration) -> Result<Conn, HostError> {
+async fn connect(
+    host: &str,
+    transport: &Transport,
+    timeout: Duration,
+    answer_within: Duration,
+) -> Result<Conn, HostError> {
     let launch = transport.launch(host)?;
     let program = transport.program();
     let mut cmd = tokio::process::Command::new(&launch.program);
@@ -392,12 +491,14 @@ async fn connect(host: &str, transport: &Transport, timeout: Duration) -> Result
     let (wtx, wrx) = mpsc::unbounded_channel::<String>();
     tokio::spawn(write_lines(stdin, wrx));
     let pending: Pending = Arc::default();
+    let partial: Arc<Mutex<Partial>> = Arc::default();
     let dead = Arc::new(Mutex::new(None));
     tokio::spawn(read_replies(
         host.to_string(),
         program,
         stdout,
         pending.clone(),
+        partial.clone(),
         dead.clone(),
         err_state,
     ));
@@ -407,7 +508,10 @@ async fn connect(host: &str, transport: &Transport, timeout: Duration) -> Result
         next_id: AtomicU64::new(1),
         writer: Mutex::new(Some(wtx)),
         pending,
+        partial,
         dead,
+        answer_within,
+        hung: AtomicBool::new(false),
         child: Mutex::new(Some(child)),
     })
 }
@@ -488,10 +592,10 @@ async fn read_replies(
     program: &'static str,
     mut stdout: BufReader<tokio::process::ChildStdout>,
     pending: Pending,
+    partial: Arc<Mutex<Partial>>,
     dead: Arc<Mutex<Option<String>>>,
     err: Arc<Mutex<Stderr>>,
 ) {
-    let mut partial: HashMap<(u64, bool), String> = HashMap::new();
     let why = loop {
         let line = match read_line(&mut stdout, protocol::MAX_REPLY).await {
             Ok(Some(l)) => l,
@@ -501,14 +605,17 @@ async fn read_replies(
         match serde_json::from_str::<Message>(&line) {
             Ok(Message::Output { id, stream, data }) => {
                 let out = stream == Stream::Stdout;
-                let buf = partial.entry((id, out)).or_default();
+                let mut p = lock(&partial);
+                let buf = p.lines.entry((id, out)).or_default();
                 buf.push_str(&data);
                 print_lines(&host, out, buf, false);
             }
             Ok(Message::Reply { id: Some(id), body }) => {
-                for out in [true, false] {
-                    if let Some(mut buf) = partial.remove(&(id, out)) {
-                        print_lines(&host, out, &mut buf, true);
+                {
+                    // A run's output ends with its reply; a spawned job's goes on.
+                    let mut p = lock(&partial);
+                    if !p.spawned.contains(&id) {
+                        p.flush(&host, id);
                     }
                 }
                 if let Some(tx) = lock(&pending).remove(&id) {
@@ -529,6 +636,12 @@ async fn read_replies(
     tokio::time::sleep(Duration::from_millis(100)).await;
     let why = format!("{why}{}", quote(program, &lock(&err).tail));
     *lock(&dead) = Some(why);
+    let mut p = lock(&partial);
+    let ids: Vec<u64> = p.lines.keys().map(|(id, _)| *id).collect();
+    for id in ids {
+        p.flush(&host, id);
+    }
+    drop(p);
     // Dropping the senders wakes every waiting call.
     lock(&pending).clear();
 }

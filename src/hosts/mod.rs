@@ -117,11 +117,13 @@ pub struct HostsConfig {
     pub skip_unreachable: bool,
     /// How long a connection may take to say hello.
     pub connect_timeout: Duration,
-    /// Deadline of a call that has no longer one of its own (gpus, holders, diagnose).
+    /// How long a host may take to answer (`--host-timeout`): a call's deadline beyond the
+    /// time it asks for itself, and how long a ping may go unanswered during a long call.
     pub call_timeout: Duration,
 }
 
 pub const DEFAULT_FANOUT: usize = 32;
+pub const DEFAULT_HOST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where the host set comes from, as the command line gave it; they add up, in this order.
 #[derive(Debug, Clone, Copy, Default)]
@@ -186,7 +188,7 @@ impl HostsConfig {
             fanout: DEFAULT_FANOUT,
             skip_unreachable: false,
             connect_timeout: Duration::from_secs(30),
-            call_timeout: Duration::from_secs(60),
+            call_timeout: DEFAULT_HOST_TIMEOUT,
         })
     }
 }

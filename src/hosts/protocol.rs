@@ -3,12 +3,17 @@
 //! The agent speaks first (`Hello`); then each `Request` carries an id, and the agent answers
 //! it with exactly one `Reply` of that id (a result or an error, as data), after any number of
 //! `Output` lines for a running job. Requests on one connection may overlap.
+//!
+//! Protocol 2 added background jobs: `spawn` answers at once with the job's pid (its output
+//! then streams as `Output` lines of the spawn's id), and `job_wait`, `job_kill`,
+//! `job_status` act on it by that id; and `ping`, which the agent answers at once, so a
+//! client can tell a host that hangs from a call that takes long.
 
 pub use crate::inspect::Filter;
 use serde::{Deserialize, Serialize};
 
 /// Bumped on any change a peer of the other version could misread.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 /// The longest request line the agent reads; longer ones get a `too_large` error.
 pub const MAX_REQUEST: usize = 1024 * 1024;
 /// The longest reply line the client reads (holders of a busy node fit many times over).
@@ -85,7 +90,47 @@ pub enum Call {
     Cancel {
         id: u64,
     },
+    /// Starts a job in the background and answers at once (`JobState`, running); the job
+    /// is known by this request's id and stopped when the connection ends.
+    Spawn(RunCall),
+    /// Waits up to `timeout_ms` for a spawned job to end (`JobState`, with the outcome
+    /// once it has).
+    JobWait {
+        job: u64,
+        timeout_ms: u64,
+    },
+    /// Stops a spawned job's whole tree: `signal`, the grace (the job's own when `None`),
+    /// KILL. Answers with its outcome.
+    JobKill {
+        job: u64,
+        signal: String,
+        grace_ms: Option<u64>,
+    },
+    /// Whether a spawned job's main process still runs (no outcome: a poll stays small).
+    JobStatus {
+        job: u64,
+    },
+    /// Answered `true` at once by the agent's reading loop: the host is alive and reading.
+    Ping,
 }
+
+/// The methods an agent knows, as they are named on the wire.
+pub const METHODS: &[&str] = &[
+    "gpus",
+    "holders",
+    "diagnose",
+    "kill",
+    "kill_holders",
+    "wait_clean",
+    "clean",
+    "run",
+    "cancel",
+    "spawn",
+    "job_wait",
+    "job_kill",
+    "job_status",
+    "ping",
+];
 
 impl Call {
     pub fn method(&self) -> &'static str {
@@ -99,6 +144,11 @@ impl Call {
             Call::Clean { .. } => "clean",
             Call::Run(_) => "run",
             Call::Cancel { .. } => "cancel",
+            Call::Spawn(_) => "spawn",
+            Call::JobWait { .. } => "job_wait",
+            Call::JobKill { .. } => "job_kill",
+            Call::JobStatus { .. } => "job_status",
+            Call::Ping => "ping",
         }
     }
 }
@@ -159,6 +209,19 @@ pub struct RunCall {
     /// Leave what the job leaves running when its leader exits.
     #[serde(default)]
     pub keep_children: bool,
+}
+
+/// A spawned job as the agent answers about it (spawn, job_wait, job_kill, job_status).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JobState {
+    /// The spawn request's id, which names the job in later calls.
+    pub job: u64,
+    /// Its pid there.
+    pub pid: i64,
+    /// True until its main process has exited.
+    pub running: bool,
+    /// How it ended, once it has and its output is collected.
+    pub outcome: Option<crate::runner::Outcome>,
 }
 
 /// What the agent sends.
@@ -256,18 +319,7 @@ pub fn parse_request(line: &str) -> Result<Request, Message> {
         }
     };
     serde_json::from_value::<Request>(value).map_err(|e| {
-        let known = [
-            "gpus",
-            "holders",
-            "diagnose",
-            "kill",
-            "kill_holders",
-            "wait_clean",
-            "clean",
-            "run",
-            "cancel",
-        ];
-        if known.contains(&method.as_str()) {
+        if METHODS.contains(&method.as_str()) {
             fail(
                 ErrorKind::BadParams,
                 format!("bad params for {method} (request {id_value}): {e}"),
@@ -275,7 +327,7 @@ pub fn parse_request(line: &str) -> Result<Request, Message> {
         } else {
             fail(
                 ErrorKind::UnknownMethod,
-                format!("unknown method {method:?} (known: {})", known.join(", ")),
+                format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
             )
         }
     })
@@ -352,6 +404,48 @@ mod tests {
         assert_eq!(
             kind(r#"{"id":5,"method":"holders","params":{"sel":"x"}}"#),
             (Some(5), ErrorKind::BadParams)
+        );
+    }
+
+    #[test]
+    fn every_call_is_known_by_its_wire_name() {
+        let calls = [
+            Call::Spawn(RunCall {
+                shell: Some("sleep 1".into()),
+                argv: None,
+                timeout_ms: None,
+                cwd: None,
+                env: vec![],
+                grace_ms: 5000,
+                echo: true,
+                keep_children: false,
+            }),
+            Call::JobWait {
+                job: 3,
+                timeout_ms: 10,
+            },
+            Call::JobKill {
+                job: 3,
+                signal: "TERM".into(),
+                grace_ms: None,
+            },
+            Call::JobStatus { job: 3 },
+            Call::Ping,
+            Call::Cancel { id: 3 },
+        ];
+        for (n, call) in calls.into_iter().enumerate() {
+            assert!(METHODS.contains(&call.method()), "{}", call.method());
+            let r = Request { id: n as u64, call };
+            let line = serde_json::to_string(&r).unwrap();
+            assert!(
+                line.contains(&format!(r#""method":"{}""#, r.call.method())),
+                "{line}"
+            );
+            assert_eq!(parse_request(&line).unwrap(), r);
+        }
+        assert_eq!(
+            parse_request(r#"{"id":9,"method":"ping"}"#).unwrap().call,
+            Call::Ping
         );
     }
 

@@ -52,19 +52,6 @@ impl Cmd {
     }
 }
 
-/// What spawn() gives a script: the job, and whether waiting throws on failure (`check`).
-#[derive(Clone)]
-pub struct JobHandle {
-    pub job: std::sync::Arc<Job>,
-    pub check: bool,
-}
-
-impl std::fmt::Debug for JobHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.job.fmt(f)
-    }
-}
-
 /// How to run it.
 #[derive(Debug, Clone)]
 pub struct JobOpts {

@@ -1,9 +1,10 @@
 //! run(), spawn() and the Job handle; apply_patch(), call_fn() and friends for the patch module.
 
 use crate::actions;
+use crate::actions::JobHandle;
 use crate::process::kill::parse_signal;
 use crate::runner::patch::{self, Direction};
-use crate::runner::{Cmd, Job, JobHandle, JobOpts, Outcome, RunError, Waited};
+use crate::runner::{Cmd, JobOpts, Outcome, RunError, Waited};
 use crate::script::convert::{script_err, secs_arg, to_map, Opts, RhaiResult};
 use crate::script::engine::def;
 use crate::session::Session;
@@ -131,17 +132,11 @@ fn run(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<Dynamic> {
     finish(&cmd.display(), timeout, o, check)
 }
 
-fn spawn(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<JobHandle> {
+fn spawn(s: &Arc<Session>, cmd: &Dynamic, opts: &Map) -> RhaiResult<JobHandle> {
     let cmd = command("spawn", cmd)?;
-    if let Some(h) = Opts::new(opts, "spawn", RUN_OPTS)?.string("host")? {
-        if h != crate::hosts::LOCAL {
-            return Err(script_err(format!(
-                "spawn: a background job on another host ({h}) is not supported yet; use run(cmd, #{{host: \"{h}\"}})"
-            )));
-        }
-    }
+    let host = Opts::new(opts, "spawn", RUN_OPTS)?.string("host")?;
     let (opts, check) = job_opts("spawn", s, opts)?;
-    let job = Job::spawn(&cmd, opts).map_err(|e| run_err("spawn", e))?;
+    let job = actions::spawn(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("spawn", e))?;
     Ok(JobHandle {
         job: Arc::new(job),
         check,
@@ -150,11 +145,14 @@ fn spawn(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<JobHandle> {
 
 fn wait(h: &JobHandle, timeout: Option<Duration>) -> RhaiResult<Dynamic> {
     let job = &h.job;
-    match job.wait(timeout, crate::interrupt::flag()) {
+    match job
+        .wait(timeout, crate::interrupt::flag())
+        .map_err(|e| run_err("wait", e))?
+    {
         Waited::Done(o) => finish(job.command(), job.timeout(), o, h.check),
         Waited::Running => Ok(Dynamic::UNIT),
         Waited::Interrupted => {
-            job.stop(Signal::SIGTERM, None);
+            let _ = job.stop(Signal::SIGTERM, None);
             Err(super::interrupted())
         }
     }
@@ -171,7 +169,7 @@ fn stop(h: &JobHandle, opts: &Map) -> RhaiResult<Dynamic> {
         })?,
     };
     let grace = o.secs("grace", None)?;
-    match h.job.stop(signal, grace) {
+    match h.job.stop(signal, grace).map_err(|e| run_err("kill", e))? {
         Some(o) => to_map(&o),
         None => Err(run_err("kill", RunError::Stuck { pid: h.job.pid() })),
     }
@@ -226,9 +224,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "spawn",
         &["cmd: String | Array", "Job"],
         "Starts a job in the background (a server to poll, a holder to race against) and
-         returns its handle: job.pid, job.wait([timeout]), job.kill([opts]), job.running().
-         Same command forms, capture and echo as run(); stopped, whole tree, when the script
-         ends.",
+         returns its handle: job.pid, job.host, job.wait([timeout]), job.kill([opts]),
+         job.running(). Same command forms, capture and echo as run(); stopped, whole tree,
+         when the script ends.",
         move |cmd: Dynamic| spawn(&s, &cmd, &Map::new()),
     );
     let s = session.clone();
@@ -237,7 +235,11 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "spawn",
         &["cmd: String | Array", "opts: Map", "Job"],
         "spawn() with run()'s options; timeout stops the job even if nobody waits, check makes
-         wait() throw on failure.",
+         wait() throw on failure. With host (a host of --host) the job runs there under its
+         agent, which stops its whole tree on kill(), timeout, script end or a dropped
+         connection; its output streams back as \"[host] line\", job.pid is its pid there,
+         and wait(), kill() and running() act on it over the connection (a host that stops
+         answering fails them with a timeout error naming it).",
         move |cmd: Dynamic, opts: Map| spawn(&s, &cmd, &opts),
     );
 
@@ -245,6 +247,12 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         .with_params_info(["job: &mut Job", "i64"])
         .with_comments(["/// The job's pid (the leader of its process group)."])
         .register_into_engine(engine, |h: &mut JobHandle| -> i64 { h.job.pid().into() });
+    rhai::FuncRegistration::new_getter("host")
+        .with_params_info(["job: &mut Job", "String"])
+        .with_comments(["/// Where the job runs: \"local\", or the host of spawn()'s host option."])
+        .register_into_engine(engine, |h: &mut JobHandle| -> String {
+            h.job.host().to_string()
+        });
     def(
         engine,
         "wait",
@@ -282,13 +290,13 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "running",
         &["job: &mut Job", "bool"],
         "True until the job's main process has exited.",
-        |h: &mut JobHandle| h.job.running(),
+        |h: &mut JobHandle| h.job.running().map_err(|e| run_err("running", e)),
     );
     def(
         engine,
         "to_string",
         &["job: &mut Job", "String"],
-        "The job as text: Job(pid N: command).",
+        "The job as text: Job(pid N: command), Job(pid N on HOST: command) on another host.",
         |h: &mut JobHandle| format!("{:?}", h.job),
     );
     def(
