@@ -32,6 +32,7 @@ fn table() -> BTreeMap<&'static str, Vec<(&'static str, Want)>> {
             ],
             "running" => vec![("running(5)", Err), ("running(())", Err)],
             "get$pid" => vec![("5.pid", Err), ("\"x\".pid", Err)],
+            "get$host" => vec![("5.host", Err), ("[1].host", Err)],
             "to_string" => vec![("to_string(())", Any), ("to_string([1])", Any)],
             "to_debug" => vec![("to_debug(())", Any), ("to_debug(#{a: [1]})", Any)],
             _ => vec![],
@@ -126,6 +127,8 @@ fn table() -> BTreeMap<&'static str, Vec<(&'static str, Want)>> {
             "\"true\", #{echo: 1}",
             "\"true\", #{check: \"yes\"}",
             "\"true\", #{keep_children: 1}",
+            "\"true\", #{host: 5}",
+            "\"true\", #{host: \"nowhere\"}",
             "\"true\", #{bogus: 1}",
             "\"true\", 5",
         ]
@@ -135,7 +138,14 @@ fn table() -> BTreeMap<&'static str, Vec<(&'static str, Want)>> {
     };
     t.insert("run", leak(job_rows("run")));
     t.insert("spawn", leak(job_rows("spawn")));
-    for f in ["wait", "running", "get$pid", "to_string", "to_debug"] {
+    for f in [
+        "wait",
+        "running",
+        "get$pid",
+        "get$host",
+        "to_string",
+        "to_debug",
+    ] {
         t.insert(f, job_receivers(f));
     }
     t.get_mut("kill")
