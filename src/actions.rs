@@ -337,16 +337,29 @@ pub fn holders_of(
 
 /// Holders here, and how many processes could not be inspected (other users', without
 /// root): holders among them are missing from the list, which the caller should say.
+/// What `gpuloop holders` shows: the holders, how many processes could not be inspected, and
+/// the first selected GPU the driver could not read (its holders are then only those the /proc
+/// scan found: the driver's list of it is missing).
+pub struct HoldersSeen {
+    pub holders: Vec<Holder>,
+    pub unreadable: usize,
+    pub unread: Option<GpuError>,
+}
+
 pub fn holders_and_unreadable(
     s: &Session,
     sel: &Selection,
     all: bool,
     filter: &Filter,
-) -> Result<(Vec<Holder>, usize), GpuError> {
+) -> Result<HoldersSeen, GpuError> {
     let inv = inventory(s, sel)?;
     let mut hs = inv.holders(sel, all);
     hs.retain(|h| filter.matches(h));
-    Ok((hs, inv.unreadable))
+    Ok(HoldersSeen {
+        holders: hs,
+        unreadable: inv.unreadable,
+        unread: crate::gpu::unread(&inv.gpus, |g| crate::inspect::selected(sel, g)),
+    })
 }
 
 /// diagnose() here; with a filter, only of the GPUs its holders use.

@@ -125,15 +125,20 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
     }
     let mut t = table(&header, style);
     for g in gpus {
-        let used = if g.mem_used_mib > 0 {
+        let used = if g.mem_used_mib > 0 || g.error.is_some() {
             Color::Yellow
         } else {
             Color::Green
         };
+        // A GPU that could not be read: its figures are unknown, never 0; the error follows.
+        let (name, used_mib) = match &g.error {
+            Some(_) => ("(driver error)".to_string(), "?".to_string()),
+            None => (g.name.clone(), g.mem_used_mib.to_string()),
+        };
         let mut row = vec![
             Cell::new(g.index),
-            Cell::new(&g.name),
-            colored(g.mem_used_mib.to_string(), Some(used), style),
+            Cell::new(name),
+            colored(used_mib, Some(used), style),
             Cell::new(g.mem_total_mib),
             Cell::new(opt(g.util)),
             Cell::new(opt(g.temp_c)),
@@ -147,7 +152,18 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
     }
     let shift = usize::from(hosts);
     right(&mut t, &[0, 2, 3, 4, 5, 6].map(|c| c + shift));
-    trimmed(t)
+    let mut out = trimmed(t);
+    for g in gpus {
+        if let Some(e) = &g.error {
+            let on = if hosts {
+                format!("{}: ", g.host)
+            } else {
+                String::new()
+            };
+            out.push_str(&format!("\n{on}{}", style.red(&format!("error: {e}"))));
+        }
+    }
+    out
 }
 
 fn state_color(state: &str) -> Option<Color> {
@@ -494,6 +510,7 @@ fn gpu_of(m: &Map) -> Option<Gpu> {
         temp_c: opt_int(m, "temp_c")?,
         procs: int(m, "procs").unwrap_or(0),
         host: string(m, "host").unwrap_or_else(|| "local".into()),
+        error: string(m, "error"),
         driver_procs: Vec::new(),
     })
 }

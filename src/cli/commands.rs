@@ -68,7 +68,13 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 gpus.extend(g);
             }
             emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))?;
-            summary(cfg, rows)
+            let code = summary(cfg, rows)?;
+            // A GPU the driver could not read is reported beside the others, and fails the command.
+            Ok(if gpus.iter().any(|g| g.error.is_some()) {
+                1
+            } else {
+                code
+            })
         }
         Cmd::Holders { sel, owner, all } => {
             let backend = s.backend()?;
@@ -83,13 +89,20 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 let sel = selection(s, sel)?
                     .on(crate::hosts::LOCAL)
                     .unwrap_or(Some(Vec::new()));
-                let (hs, unreadable) =
-                    actions::holders_and_unreadable(s, &sel, *all, &owner_filter(owner)?)?;
-                let code = emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+                let seen = actions::holders_and_unreadable(s, &sel, *all, &owner_filter(owner)?)?;
+                let (hs, unreadable) = (&seen.holders, seen.unreadable);
+                let code = emit(cfg, hs, || render::holders(hs, Style::stdout()))?;
                 if unreadable > 0 {
                     eprintln!(
                         "note: {unreadable} process(es) could not be inspected (other users'): holders among them are not listed; run as root to see every holder"
                     );
+                }
+                if let Some(e) = seen.unread {
+                    // The other GPUs' holders are listed; this GPU's list is incomplete.
+                    eprintln!(
+                        "error: {e}: the driver's process list of that GPU is missing (holders shown for it are those the /proc scan found)"
+                    );
+                    return Ok(1);
                 }
                 return Ok(code);
             }

@@ -12,6 +12,10 @@ use std::time::Duration;
 /// The default deadline of one driver call: NVML answers in milliseconds when it answers.
 pub const DEFAULT_LIMIT: Duration = Duration::from_secs(10);
 
+/// How much longer a whole read of several GPUs may take than one GPU's deadline, so that the
+/// GPUs that answered are reported beside one that did not.
+const PER_GPU_MARGIN: Duration = Duration::from_millis(500);
+
 /// The deadline from `GPULOOP_DRIVER_TIMEOUT` (seconds), else `DEFAULT_LIMIT`.
 pub fn limit_from_env() -> Duration {
     std::env::var("GPULOOP_DRIVER_TIMEOUT")
@@ -71,6 +75,15 @@ impl Deadline {
         call: &'static str,
         f: impl FnOnce(&dyn Backend) -> Result<T, GpuError> + Send + 'static,
     ) -> Result<T, GpuError> {
+        self.call_within(call, self.limit, f)
+    }
+
+    fn call_within<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        limit: Duration,
+        f: impl FnOnce(&dyn Backend) -> Result<T, GpuError> + Send + 'static,
+    ) -> Result<T, GpuError> {
         let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
         if late
             .as_ref()
@@ -84,7 +97,7 @@ impl Deadline {
         let inner = self.inner.clone();
         let done = Arc::new(AtomicBool::new(false));
         let returned = done.clone();
-        let r = bounded(call, self.limit, move || {
+        let r = bounded(call, limit, move || {
             let r = f(inner.as_ref());
             returned.store(true, Ordering::SeqCst);
             r
@@ -101,12 +114,16 @@ impl Backend for Deadline {
         self.inner.kind()
     }
 
+    // The NVML backend gives each GPU of several the same deadline and reports a hung one
+    // beside the others: this outer bound is only for a call hung before that (the count).
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        self.call("gpus", |b| b.gpus())
+        self.call_within("gpus", self.limit + PER_GPU_MARGIN, |b| b.gpus())
     }
 
     fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        self.call("inventory_gpus", |b| b.inventory_gpus())
+        self.call_within("inventory_gpus", self.limit + PER_GPU_MARGIN, |b| {
+            b.inventory_gpus()
+        })
     }
 
     fn mem_used(&self, indices: &[i64]) -> Result<Vec<(i64, i64)>, GpuError> {

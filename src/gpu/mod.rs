@@ -26,6 +26,11 @@ pub struct Gpu {
     /// Number of processes the driver reports on this GPU.
     pub procs: i64,
     pub host: String,
+    /// Why this GPU could not be read (the driver's error, or a read that did not return in
+    /// time); the other GPUs are read and reported beside it. Its memory figures are then
+    /// unknown (0), and nothing may count it as clean.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// The driver's process list for this GPU (pids as the driver names them).
     #[serde(skip)]
     pub driver_procs: Vec<DriverProc>,
@@ -69,9 +74,36 @@ impl Gpu {
             temp_c: None,
             procs: driver_procs.len() as i64,
             host: "local".into(),
+            error: None,
             driver_procs,
         }
     }
+
+    /// A GPU the driver failed to read: its index, its minor number where known, and why.
+    pub fn failed(index: i64, minor: i64, error: String) -> Gpu {
+        Gpu {
+            error: Some(error),
+            ..Gpu::new(
+                index,
+                minor,
+                String::new(),
+                String::new(),
+                String::new(),
+                0,
+                0,
+                Vec::new(),
+            )
+        }
+    }
+}
+
+/// The first GPU among `gpus` (those `sel` selects) that could not be read, as an error that
+/// names it: nothing read about such a GPU may count as clean.
+pub fn unread(gpus: &[Gpu], sel: impl Fn(i64) -> bool) -> Option<GpuError> {
+    gpus.iter()
+        .filter(|g| sel(g.index))
+        .find_map(|g| g.error.clone())
+        .map(GpuError::Nvml)
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

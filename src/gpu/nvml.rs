@@ -8,12 +8,30 @@ use nvml_wrapper::struct_wrappers::device::MemoryInfo;
 use nvml_wrapper::Nvml;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 pub struct NvmlBackend {
     nvml: &'static Nvml,
     nodes: DeviceNodes,
     foreign_ns: bool,
+    /// How long one GPU's read may take before it is reported as hung.
+    limit: Duration,
+    /// GPUs whose given-up read has not returned yet, with its "returned" flag.
+    late: Mutex<BTreeMap<u32, Arc<AtomicBool>>>,
+}
+
+/// One GPU read, with the time its queries took.
+type GpuRead = Result<(Gpu, Timings), GpuError>;
+/// Reads GPU `i`.
+type ReadOne = dyn Fn(u32) -> GpuRead + Send + Sync;
+
+/// The error of a GPU whose earlier read is still stuck in the driver.
+fn still_stuck(i: u32) -> GpuError {
+    GpuError::Nvml(format!(
+        "GPU {i}: an earlier driver call on it has not returned (the driver is hung on this GPU)"
+    ))
 }
 
 fn nvml_err(e: NvmlError) -> GpuError {
@@ -124,6 +142,8 @@ impl NvmlBackend {
             nvml,
             nodes: Self::nodes(),
             foreign_ns: super::in_child_pid_namespace(),
+            limit: super::deadline::limit_from_env(),
+            late: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -138,54 +158,138 @@ impl NvmlBackend {
     /// A GPU's first handle attaches it in the driver (6.7 ms on an H200, more than all its
     /// queries), so GPUs are read in parallel, one thread each: an 8-GPU node then costs about
     /// what one GPU does, where nvidia-smi attaches them one after the other.
+    ///
+    /// A GPU whose read fails, or (with several GPUs) does not return within the driver
+    /// deadline, is reported as such (`Gpu::error`, naming it) beside the others; while its
+    /// given-up read is still stuck in the driver, later reads of it fail at once.
     fn each_device(
         &self,
         what: &str,
-        each: impl Fn(&mut Timings, u32, &nvml_wrapper::Device, MemoryInfo) -> Gpu + Sync,
+        each: impl Fn(&mut Timings, u32, &nvml_wrapper::Device, MemoryInfo) -> Gpu
+            + Send
+            + Sync
+            + 'static,
     ) -> Result<Vec<Gpu>, GpuError> {
         let started = std::time::Instant::now();
         let count = self.nvml.device_count().map_err(nvml_err)?;
-        // A fault names its GPU: "GPU 1: device fell off the bus …".
-        let one = |i: u32| -> Result<(Gpu, Timings), GpuError> {
+        let nvml = self.nvml;
+        let one = move |i: u32| -> Result<(Gpu, Timings), GpuError> {
+            // A fault names its GPU: "GPU 1: device fell off the bus …".
             let on = |e: NvmlError| GpuError::Nvml(format!("GPU {i}: {e}"));
             let mut t = Timings::default();
             let d = t
-                .time(Query::Devices, || self.nvml.device_by_index(i))
+                .time(Query::Devices, || nvml.device_by_index(i))
                 .map_err(on)?;
             let mem = t.time(Query::Memory, || d.memory_info()).map_err(on)?;
             Ok((each(&mut t, i, &d, mem), t))
         };
-        let read: Vec<Result<(Gpu, Timings), GpuError>> = if count <= 1 {
+        let read: Vec<GpuRead> = if count <= 1 {
+            // One GPU: the call's own deadline (`Deadline`) bounds it.
             (0..count).map(one).collect()
         } else {
-            std::thread::scope(|s| {
-                let workers: Vec<_> = (0..count)
-                    .map(|i| {
-                        let one = &one;
-                        (i, s.spawn(move || one(i)))
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|(i, w)| {
-                        w.join().unwrap_or_else(|_| {
-                            Err(GpuError::Nvml(format!(
-                                "GPU {i}: the driver query panicked"
-                            )))
-                        })
-                    })
-                    .collect()
-            })
+            self.in_parallel(count, Arc::new(one))
         };
         let mut all = Timings::default();
         let mut out = Vec::with_capacity(count as usize);
-        for r in read {
-            let (g, t) = r?;
-            all.add(&t);
-            out.push(g);
+        for (i, r) in read.into_iter().enumerate() {
+            match r {
+                Ok((g, t)) => {
+                    all.add(&t);
+                    out.push(g);
+                }
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    let why = match e {
+                        GpuError::Nvml(why) => why,
+                        e => e.to_string(),
+                    };
+                    out.push(Gpu::failed(i as i64, self.minor_of(i as u32), why));
+                }
+            }
         }
         all.log(what, count, started.elapsed());
         Ok(out)
+    }
+
+    /// Runs `one` for every GPU on a thread of its own and waits for all of them until the
+    /// driver deadline; a GPU whose earlier read is still stuck is not asked again.
+    fn in_parallel(&self, count: u32, one: Arc<ReadOne>) -> Vec<GpuRead> {
+        let mut late = self.late.lock().unwrap_or_else(|p| p.into_inner());
+        late.retain(|_, done| !done.load(Ordering::SeqCst));
+        let (tx, rx) = mpsc::channel();
+        let mut read: Vec<Option<GpuRead>> = (0..count).map(|_| None).collect();
+        let mut asked = Vec::new();
+        for i in 0..count {
+            if late.contains_key(&i) {
+                read[i as usize] = Some(Err(still_stuck(i)));
+                continue;
+            }
+            let (one, tx) = (one.clone(), tx.clone());
+            let done = Arc::new(AtomicBool::new(false));
+            let returned = done.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("gpuloop-gpu-{i}"))
+                .spawn(move || {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| one(i)))
+                        .unwrap_or_else(|_| {
+                            Err(GpuError::Nvml(format!(
+                                "GPU {i}: the driver query panicked"
+                            )))
+                        });
+                    returned.store(true, Ordering::SeqCst);
+                    let _ = tx.send((i, r));
+                });
+            match spawned {
+                Ok(_) => asked.push((i, done)),
+                Err(e) => {
+                    read[i as usize] = Some(Err(GpuError::Nvml(format!(
+                        "GPU {i}: cannot start a worker: {e}"
+                    ))))
+                }
+            }
+        }
+        drop(tx);
+        let deadline = std::time::Instant::now() + self.limit;
+        let mut left = asked.len();
+        while left > 0 {
+            let wait = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok((i, r)) => {
+                    read[i as usize] = Some(r);
+                    left -= 1;
+                }
+                Err(_) => break,
+            }
+        }
+        for (i, done) in asked {
+            if read[i as usize].is_none() {
+                read[i as usize] = Some(Err(GpuError::Nvml(format!(
+                    "GPU {i}: the driver did not return within {:.1} s: it is hung on this GPU (a wedged GPU?); see dmesg for Xid errors (GPULOOP_DRIVER_TIMEOUT sets the deadline)",
+                    self.limit.as_secs_f64()
+                ))));
+                late.insert(i, done);
+            }
+        }
+        read.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(GpuError::Nvml("unreachable".into()))))
+            .collect()
+    }
+
+    /// The minor number of a GPU that failed to read (its index if the driver cannot say, or
+    /// if its read is stuck): holders found by the /proc scan on its node are still its own.
+    fn minor_of(&self, i: u32) -> i64 {
+        let stuck = self
+            .late
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&i);
+        if stuck {
+            return i64::from(i);
+        }
+        self.nvml
+            .device_by_index(i)
+            .and_then(|d| d.minor_number())
+            .map_or(i64::from(i), i64::from)
     }
 
     /// How many processes the driver lists on a device: the count queries only, unless a
@@ -297,7 +401,18 @@ impl Backend for NvmlBackend {
                         index: i,
                         count: self.nvml.device_count().unwrap_or(0) as usize,
                     })?;
-                let mem = d.memory_info().map_err(nvml_err)?;
+                let stuck = self
+                    .late
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&(i as u32))
+                    .is_some_and(|done| !done.load(Ordering::SeqCst));
+                if stuck {
+                    return Err(still_stuck(i as u32));
+                }
+                let mem = d
+                    .memory_info()
+                    .map_err(|e| GpuError::Nvml(format!("GPU {i}: {e}")))?;
                 Ok((i, mem.used as i64))
             })
             .collect()

@@ -21,6 +21,7 @@ pub const VERDICTS: &[&str] = &[
     "other-namespace",
     "permission",
     "driver",
+    "driver-error",
     "no-driver",
 ];
 
@@ -118,6 +119,9 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
         .map(|g| {
             let one = Some(vec![g.index]);
             let holders = inv.holders(&one, false);
+            if let Some(e) = &g.error {
+                return driver_error(g, e, holders);
+            }
             let daemons: Vec<Holder> = inv
                 .holders(&one, true)
                 .into_iter()
@@ -162,6 +166,26 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
             }
         })
         .collect()
+}
+
+/// A GPU the driver failed to read: its memory is unknown, so it is never clean. The holders
+/// the /proc scan found on its device node are still listed.
+fn driver_error(g: &crate::gpu::Gpu, error: &str, holders: Vec<Holder>) -> Diagnosis {
+    Diagnosis {
+        gpu: Some(g.index),
+        mem_used: 0,
+        mem_used_mib: 0,
+        holders,
+        daemons: Vec::new(),
+        footprint: Vec::new(),
+        ghost_pids: Vec::new(),
+        verdict: "driver-error".into(),
+        advice: format!(
+            "the driver could not read this GPU ({error}): its memory is unknown, so it cannot be verified clean; check dmesg for Xid errors and nvidia-smi -q -i {}; a GPU that fell off the bus needs a reset or a reboot",
+            g.index
+        ),
+        host: g.host.clone(),
+    }
 }
 
 /// Issue 11, item 7: a holder asleep uninterruptibly (D) in the driver does not go on

@@ -82,6 +82,11 @@ fn judge(inv: &Inventory, indices: &[i64], opts: &WaitOpts) -> Judgement {
     let mut respawned = None;
     for g in inv.gpus.iter().filter(|g| indices.contains(&g.index)) {
         let holders = inv.holders(&Some(vec![g.index]), false);
+        // A GPU the driver could not read is never clean (its memory reads as 0).
+        if g.error.is_some() {
+            dirty.push((g.index, g.mem_used_mib, holders.len()));
+            continue;
+        }
         if respawned.is_none() {
             respawned = holders
                 .iter()

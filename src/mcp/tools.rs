@@ -362,7 +362,7 @@ pub fn list() -> Vec<Tool> {
             "diagnose",
             "Why is GPU memory still used",
             "Explain each GPU's memory: a verdict (clean, held, orphaned, inherited, \
-             other-namespace, permission, daemon, driver, no-driver, …), its holders, \
+             other-namespace, permission, daemon, driver, driver-error, no-driver, …), its holders, \
              ghost pids, and one line of advice a person can act on. Use it before and after \
              a cleanup; quote the advice.",
             true,

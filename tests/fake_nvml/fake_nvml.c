@@ -1,6 +1,7 @@
 /* A fault-injecting stand-in for libnvidia-ml.so.1, loaded through GPULOOP_NVML_LIB by the
  * driver-fault tests. FAKE_NVML picks the fault: hang-init (nvmlInit never returns),
- * hang-mem (memory reads never return), lost (GPU 1 has fallen off the bus), garbage (the
+ * hang-mem (memory reads never return), hang-gpu1 (only GPU 1's memory reads never return),
+ * lost (GPU 1 has fallen off the bus), garbage (the
  * process list holds impossible pids and FAKE_PID, a live process that uses no GPU).
  * Symbols it lacks are errors in nvml-wrapper, never calls. */
 #include <stdlib.h>
@@ -28,7 +29,7 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **d) {
 }
 int nvmlDeviceGetMinorNumber(void *d, unsigned *m) { *m = (unsigned)(unsigned long)d - 1; return 0; }
 int nvmlDeviceGetMemoryInfo_v2(void *d, mem_v2 *m) {
-    if (mode("hang-mem")) hang();
+    if (mode("hang-mem") || (mode("hang-gpu1") && (unsigned long)d == 2)) hang();
     if (mode("lost") && (unsigned long)d == 2) return 15; /* NVML_ERROR_GPU_IS_LOST */
     m->total = 80ULL << 30;
     m->reserved = 0;

@@ -47,17 +47,31 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["Array"],
         "Every GPU, as maps: index, uuid, name, minor (the N of /dev/nvidiaN), bus_id,
          mem_total, mem_used, mem_free (bytes), mem_used_mib, mem_total_mib, util (% or ()),
-         temp_c (or ()), procs (processes the driver reports), host.",
-        move || -> RhaiResult<Array> { to_array(&actions::gpus(&s).map_err(to_script)?) },
+         temp_c (or ()), procs (processes the driver reports), host. A GPU the driver fails
+         to read (an error, or no answer within GPULOOP_DRIVER_TIMEOUT) makes this an error
+         that names it; gpu(i) still reads the others, and diagnose() reports it as
+         \"driver-error\".",
+        move || -> RhaiResult<Array> {
+            let gs = actions::gpus(&s).map_err(to_script)?;
+            if let Some(e) = crate::gpu::unread(&gs, |_| true) {
+                return Err(to_script(e));
+            }
+            to_array(&gs)
+        },
     );
     let s = session.clone();
     def(
         engine,
         "gpu",
         &["index: i64", "Map"],
-        "One GPU by index, as the maps of gpu(); an unknown index is an error.",
+        "One GPU by index, as the maps of gpu(); an unknown index, or a GPU the driver fails
+         to read, is an error.",
         move |index: i64| -> RhaiResult<Dynamic> {
-            to_map(&actions::gpu(&s, index).map_err(to_script)?)
+            let g = actions::gpu(&s, index).map_err(to_script)?;
+            if let Some(e) = crate::gpu::unread(std::slice::from_ref(&g), |_| true) {
+                return Err(to_script(e));
+            }
+            to_map(&g)
         },
     );
 
@@ -178,7 +192,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          daemon holds it: stop its service, or kill with force); \"footprint\" (only the CUDA
          footprint of processes of other GPUs); \"other-namespace\" (held from another PID
          namespace); \"permission\" (processes gpuloop may not inspect); \"driver\" (used,
-         nobody holds it: only a reset frees it); \"no-driver\" (the driver did not load:
+         nobody holds it: only a reset frees it); \"driver-error\" (the driver failed to read
+         this GPU, or did not answer in time: its memory is unknown, never clean; the advice
+         quotes the error); \"no-driver\" (the driver did not load:
          nothing is verified; gpu is () when no GPU was selected).",
         move || -> RhaiResult<Array> {
             to_array(&actions::diagnoses(&s, HostSel::all()).map_err(to_script)?)
