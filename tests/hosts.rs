@@ -288,14 +288,26 @@ fn remote_jobs_stop_at_script_end_and_when_the_connection_drops() {
 
     // The link drops (the ssh client this test's gpuloop started is killed): the agent
     // stops the job, and the script's wait fails naming the host.
-    let src = r#"let j = spawn("exec sleep 313713", #{host: "sb"}); j.wait()"#;
+    // The marker says spawn's reply is in: killing ssh before it would lose the spawn call
+    // itself (a race under load), not the job_wait this case is about.
+    let src = r#"let j = spawn("exec sleep 313713", #{host: "sb"}); write_file(ARGS[0], "spawned"); j.wait()"#;
+    let marker = c.dir.path().join("spawned");
     let mut client = c
-        .cmd(&["--host", "sb", "run", &c.script("drop.rhai", src)])
+        .cmd(&[
+            "--host",
+            "sb",
+            "run",
+            &c.script("drop.rhai", src),
+            "--",
+            marker.to_str().expect("utf-8 temp dir"),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("client");
-    if !within(60, || pids_with("sleep 313713").len() == 1) {
+    if !within(60, || {
+        pids_with("sleep 313713").len() == 1 && marker.exists()
+    }) {
         let _ = client.kill();
         panic!("the job did not start");
     }
