@@ -335,31 +335,60 @@ pub fn holders_of(
     gather(s, holders_per_host(s, sel, all, filter)?)
 }
 
-/// Holders here, and how many processes could not be inspected (other users', without
-/// root): holders among them are missing from the list, which the caller should say.
-/// What `gpuloop holders` shows: the holders, how many processes could not be inspected, and
-/// the first selected GPU the driver could not read (its holders are then only those the /proc
-/// scan found: the driver's list of it is missing).
-pub struct HoldersSeen {
+/// What `gpuloop holders` shows: the holders, how many processes could not be inspected
+/// (other users', without root: holders among them are missing from the list, which the
+/// one-shot says), and the first selected GPU the driver could not read (its holders are
+/// then only those the /proc scan found: the driver's list of it is missing).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HoldersReport {
     pub holders: Vec<Holder>,
     pub unreadable: usize,
-    pub unread: Option<GpuError>,
+    #[serde(default)]
+    pub unread: Option<String>,
 }
 
-pub fn holders_and_unreadable(
+/// Holders here, with the count of processes that could not be inspected.
+pub fn holders_report(
     s: &Session,
     sel: &Selection,
     all: bool,
     filter: &Filter,
-) -> Result<HoldersSeen, GpuError> {
+) -> Result<HoldersReport, GpuError> {
     let inv = inventory(s, sel)?;
-    let mut hs = inv.holders(sel, all);
-    hs.retain(|h| filter.matches(h));
-    Ok(HoldersSeen {
-        holders: hs,
+    let mut holders = inv.holders(sel, all);
+    holders.retain(|h| filter.matches(h));
+    Ok(HoldersReport {
+        holders,
         unreadable: inv.unreadable,
-        unread: crate::gpu::unread(&inv.gpus, |g| crate::inspect::selected(sel, g)),
+        unread: crate::gpu::unread(&inv.gpus, |g| crate::inspect::selected(sel, g))
+            .map(|e| e.to_string()),
     })
+}
+
+/// Every selected host's holders report, each host's part kept apart.
+pub fn holders_report_per_host(
+    s: &Session,
+    sel: impl Into<HostSel>,
+    all: bool,
+    filter: &Filter,
+) -> Result<PerHost<HoldersReport>, GpuError> {
+    let mut parts = fan(
+        s,
+        &sel.into(),
+        call_timeout(s),
+        |x| holders_report(s, x, all, filter),
+        |x| Call::HoldersReport {
+            sel: x.clone(),
+            all,
+            filter: filter.clone(),
+        },
+    )?;
+    for (h, r) in &mut parts {
+        if let (Ok(r), false) = (r, h == LOCAL) {
+            r.holders.iter_mut().for_each(|x| x.host = h.clone());
+        }
+    }
+    Ok(parts)
 }
 
 /// diagnose() here; with a filter, only of the GPUs its holders use.

@@ -292,6 +292,9 @@ fn handle(s: &Session, req: Request, out: &Out, jobs: &Jobs) -> Body {
     match req.call {
         Call::Gpus => ok(actions::gpus(s)),
         Call::Holders { sel, all, filter } => ok(actions::holders_of(s, &sel, all, &filter)),
+        Call::HoldersReport { sel, all, filter } => {
+            ok(actions::holders_report(s, &sel, all, &filter))
+        }
         Call::Diagnose { sel, filter } => ok(actions::diagnoses_of(s, &sel, &filter)),
         Call::Kill { targets, opts } => {
             let opts = match kill_opts(&opts) {

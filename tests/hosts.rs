@@ -435,6 +435,77 @@ fi
     assert!(within(60, || pids_with("sleep 313720").is_empty()));
 }
 
+#[test]
+fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected() {
+    // The agent of "nb" runs as nobody: root's processes there cannot be inspected. Needs
+    // root to set that up (as diagnose's permission test).
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let c = Cluster::new(&[("na", "1x8G"), ("nb", "1x8G")], &[]);
+    c.sim("na").hold(&["--gpu", "0", "--mib", "64"]);
+    // Root's holder on nb: the simulated driver still names it; its fds cannot be read.
+    let b = c.sim("nb");
+    b.hold(&["--gpu", "0", "--mib", "64"]);
+    for d in [
+        b.path().to_path_buf(),
+        b.path().join("state"),
+        b.path().join("state/alloc"),
+    ] {
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let wrap = c.dir.path().join("agent.sh");
+    std::fs::write(
+        &wrap,
+        format!(
+            "#!/bin/sh
+if [ \"$GPULOOP_SIM_DIR\" = '{nb}' ]; then
+  exec setpriv --reuid=65534 --regid=65534 --clear-groups '{bin}' \"$@\"
+fi
+exec '{bin}' \"$@\"
+",
+            nb = b.path().join("state").display(),
+            bin = bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrap, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for json in [false, true] {
+        let mut args = vec!["--host", "na,nb", "holders"];
+        if json {
+            args.insert(0, "--json");
+        }
+        let o = c.cmd_with(&wrap, &args).output().expect("gpuloop");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+        // The summary (on stderr with --json): nb's row has the count, na's (root) none.
+        let summary = if json { &stderr } else { &stdout };
+        let row = |h: &str| {
+            summary
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{h}    ok ")))
+                .unwrap_or_else(|| panic!("no row for {h}: {summary}"))
+                .to_string()
+        };
+        assert!(row("na").ends_with("1 holder(s)"), "{summary}");
+        assert!(
+            row("nb").contains(" 1 holder(s), ")
+                && row("nb").ends_with(" process(es) not inspected"),
+            "{summary}"
+        );
+        assert!(
+            stderr.contains("note: processes that could not be inspected (other users') on nb ("),
+            "{stderr}"
+        );
+        if json {
+            assert!(serde_json::from_str::<serde_json::Value>(&stdout).is_ok_and(|v| v.is_array()));
+        }
+    }
+}
+
 /// The direct children of `pid`.
 fn children(pid: i32) -> Vec<i32> {
     std::fs::read_dir("/proc")
@@ -550,7 +621,7 @@ fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() 
     let hello = next();
     assert_eq!(hello["type"], "hello");
     assert_eq!(hello["gpus"], 1);
-    assert_eq!(hello["protocol"], 2);
+    assert_eq!(hello["protocol"], 3);
     let mut send = |s: &str| {
         stdin.write_all(s.as_bytes()).unwrap();
         stdin.write_all(b"\n").unwrap();

@@ -89,15 +89,17 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 let sel = selection(s, sel)?
                     .on(crate::hosts::LOCAL)
                     .unwrap_or(Some(Vec::new()));
-                let seen = actions::holders_and_unreadable(s, &sel, *all, &owner_filter(owner)?)?;
-                let (hs, unreadable) = (&seen.holders, seen.unreadable);
-                let code = emit(cfg, hs, || render::holders(hs, Style::stdout()))?;
-                if unreadable > 0 {
+                let r = actions::holders_report(s, &sel, *all, &owner_filter(owner)?)?;
+                let code = emit(cfg, &r.holders, || {
+                    render::holders(&r.holders, Style::stdout())
+                })?;
+                if r.unreadable > 0 {
                     eprintln!(
-                        "note: {unreadable} process(es) could not be inspected (other users'): holders among them are not listed; run as root to see every holder"
+                        "note: {} process(es) could not be inspected (other users'): holders among them are not listed; run as root to see every holder",
+                        r.unreadable
                     );
                 }
-                if let Some(e) = seen.unread {
+                if let Some(e) = r.unread {
                     // The other GPUs' holders are listed; this GPU's list is incomplete.
                     eprintln!(
                         "error: {e}: the driver's process list of that GPU is missing (holders shown for it are those the /proc scan found)"
@@ -106,16 +108,41 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 }
                 return Ok(code);
             }
-            let parts =
-                actions::holders_per_host(s, selection(s, sel)?, *all, &owner_filter(owner)?)?;
+            let parts = actions::holders_report_per_host(
+                s,
+                selection(s, sel)?,
+                *all,
+                &owner_filter(owner)?,
+            )?;
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut hs = Vec::new();
+            let mut blind = Vec::new();
             for (h, part) in parts {
-                rows.push(row(&h, "ok", format!("{} holder(s)", part.len())));
-                hs.extend(part);
+                let mut detail = format!("{} holder(s)", part.holders.len());
+                if part.unreadable > 0 {
+                    detail.push_str(&format!(", {} process(es) not inspected", part.unreadable));
+                    blind.push(format!("{h} ({})", part.unreadable));
+                }
+                let state = match &part.unread {
+                    // That GPU's holders are only those the /proc scan found there.
+                    Some(e) => {
+                        detail.push_str(&format!("; {e}: the driver's process list is missing"));
+                        "failed"
+                    }
+                    None => "ok",
+                };
+                rows.push(row(&h, state, detail));
+                hs.extend(part.holders);
             }
             emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
-            summary(cfg, rows)
+            let code = summary(cfg, rows)?;
+            if !blind.is_empty() {
+                eprintln!(
+                    "note: processes that could not be inspected (other users') on {}: holders among them are not listed; run gpuloop there as root to see every holder",
+                    blind.join(", ")
+                );
+            }
+            Ok(code)
         }
         Cmd::Diagnose { sel, check, job } => {
             require_local_driver(s)?;

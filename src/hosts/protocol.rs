@@ -7,13 +7,14 @@
 //! Protocol 2 added background jobs: `spawn` answers at once with the job's pid (its output
 //! then streams as `Output` lines of the spawn's id), and `job_wait`, `job_kill`,
 //! `job_status` act on it by that id; and `ping`, which the agent answers at once, so a
-//! client can tell a host that hangs from a call that takes long.
+//! client can tell a host that hangs from a call that takes long. Protocol 3 added
+//! `holders_report`: the holders and how many processes could not be inspected there.
 
 pub use crate::inspect::Filter;
 use serde::{Deserialize, Serialize};
 
 /// Bumped on any change a peer of the other version could misread.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 /// The longest request line the agent reads; longer ones get a `too_large` error.
 pub const MAX_REQUEST: usize = 1024 * 1024;
 /// The longest reply line the client reads (holders of a busy node fit many times over).
@@ -50,6 +51,14 @@ pub enum Call {
         sel: Sel,
         all: bool,
         /// Only one owner's (`--user`, `--mine`) or one Slurm job's (`--job`).
+        #[serde(default)]
+        filter: Filter,
+    },
+    /// `holders` with the count of processes that could not be inspected there (other
+    /// users', without root): `{holders, unreadable}`.
+    HoldersReport {
+        sel: Sel,
+        all: bool,
         #[serde(default)]
         filter: Filter,
     },
@@ -118,6 +127,7 @@ pub enum Call {
 pub const METHODS: &[&str] = &[
     "gpus",
     "holders",
+    "holders_report",
     "diagnose",
     "kill",
     "kill_holders",
@@ -137,6 +147,7 @@ impl Call {
         match self {
             Call::Gpus => "gpus",
             Call::Holders { .. } => "holders",
+            Call::HoldersReport { .. } => "holders_report",
             Call::Diagnose { .. } => "diagnose",
             Call::Kill { .. } => "kill",
             Call::KillHolders { .. } => "kill_holders",
@@ -431,6 +442,11 @@ mod tests {
             },
             Call::JobStatus { job: 3 },
             Call::Ping,
+            Call::HoldersReport {
+                sel: None,
+                all: false,
+                filter: Filter::default(),
+            },
             Call::Cancel { id: 3 },
         ];
         for (n, call) in calls.into_iter().enumerate() {
