@@ -294,19 +294,10 @@ pub fn holders_per_host(
     all: bool,
     filter: &Filter,
 ) -> Result<PerHost<Vec<Holder>>, GpuError> {
-    let mut parts = fan(
-        s,
-        &sel.into(),
-        call_timeout(s),
-        |x| local_holders(s, x, all, filter),
-        |x| Call::Holders {
-            sel: x.clone(),
-            all,
-            filter: filter.clone(),
-        },
-    )?;
-    name_parts(&mut parts, |h, name| h.host = name.to_string());
-    Ok(parts)
+    Ok(holders_report_per_host(s, sel, all, filter)?
+        .into_iter()
+        .map(|(h, r)| (h, r.map(|r| r.holders)))
+        .collect())
 }
 
 fn local_holders(

@@ -342,23 +342,7 @@ fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
     c.sim("hok").hold(&["--gpu", "1", "--mib", "300"]);
     // On "hhang" the agent says hello, then never reads a request: a host that accepts
     // the connection and stops answering.
-    let wrap = c.dir.path().join("agent.sh");
-    std::fs::write(
-        &wrap,
-        format!(
-            "#!/bin/sh
-if [ \"$GPULOOP_SIM_DIR\" = '{hung}' ]; then
-  sleep 313720 | '{bin}' \"$@\"
-else
-  exec '{bin}' \"$@\"
-fi
-",
-            hung = c.sim("hhang").path().join("state").display(),
-            bin = bin().display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrap, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let wrap = agent_wrapper(&c, "hhang", r#"sleep 313720 | "$AGENT" "$@""#);
     let run = |args: &[&str]| -> Out {
         // No timing asserted: a generous outer bound only says it does not hang.
         let mut cmd = c.cmd_with(&wrap, args);
@@ -398,7 +382,7 @@ fi
     assert!(out.stdout.contains("clean=false"), "{}", out.stdout);
     assert!(
         out.stderr.contains(
-            "skipping host hhang: holders got no answer within 2s (host hung or network down)"
+            "skipping host hhang: holders_report got no answer within 2s (host hung or network down)"
         ),
         "{}",
         out.stderr
@@ -454,22 +438,11 @@ fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected
     ] {
         std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     }
-    let wrap = c.dir.path().join("agent.sh");
-    std::fs::write(
-        &wrap,
-        format!(
-            "#!/bin/sh
-if [ \"$GPULOOP_SIM_DIR\" = '{nb}' ]; then
-  exec setpriv --reuid=65534 --regid=65534 --clear-groups '{bin}' \"$@\"
-fi
-exec '{bin}' \"$@\"
-",
-            nb = b.path().join("state").display(),
-            bin = bin().display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrap, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let wrap = agent_wrapper(
+        &c,
+        "nb",
+        r#"exec setpriv --reuid=65534 --regid=65534 --clear-groups "$AGENT" "$@""#,
+    );
     for json in [false, true] {
         let mut args = vec!["--host", "na,nb", "holders"];
         if json {
@@ -504,6 +477,21 @@ exec '{bin}' \"$@\"
             assert!(serde_json::from_str::<serde_json::Value>(&stdout).is_ok_and(|v| v.is_array()));
         }
     }
+}
+
+/// A `--remote-bin` that starts the agent as usual, except on `alias`'s host, where it
+/// runs the shell line `there` instead (`$AGENT` is gpuloop).
+fn agent_wrapper(c: &Cluster, alias: &str, there: &str) -> std::path::PathBuf {
+    let wrap = c.dir.path().join("agent.sh");
+    let script = format!(
+        "#!/bin/sh\nAGENT='{bin}'\nif [ \"$GPULOOP_SIM_DIR\" = '{dir}' ]; then\n  {there}\nelse\n  exec \"$AGENT\" \"$@\"\nfi\n",
+        bin = bin().display(),
+        dir = c.sim(alias).path().join("state").display(),
+    );
+    std::fs::write(&wrap, script).expect("wrapper");
+    std::fs::set_permissions(&wrap, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("wrapper");
+    wrap
 }
 
 /// The direct children of `pid`.
