@@ -113,6 +113,14 @@ def alive(pid):
         return False
 
 
+def ppid_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
 def kill_pids(pids):
     for pid in pids:
         try:
@@ -355,8 +363,11 @@ def s_lineage_rows():
         check(f"lineage {row}: held while the launcher lives",
               before and all(v == "held" for v in before), verdicts=before)
         kill_pids([launcher])
+        # Not alive(launcher): a multi-threaded launcher's leader reads Z while its other
+        # threads still exit (freeing CUDA memory), and its children are reparented only when
+        # the last one has; wait for that.
         end = time.monotonic() + 10
-        while alive(launcher) and time.monotonic() < end:
+        while any(ppid_of(w) == launcher for w in workers) and time.monotonic() < end:
             time.sleep(0.01)
         hs = [h for h in gl_json("holders") if h["pid"] in workers]
         after = [v for v in diagnose_verdicts() if v != "clean"]
