@@ -574,21 +574,17 @@ fn hosts_from_slurm_and_the_srun_transport(sim: &Sim, slurm: &Slurm) {
     );
 
     // A node list: Slurm expands it; nodes outside the job are named errors, the rest answers.
+    // The job is SLURM_JOB_ID's, as inside the job (salloc, a batch script).
     let list = format!("{},ghost[1-2]", slurm.node);
-    let out = gpuloop(
-        &[
-            &[
-                "--hosts-from-slurm",
-                &list,
-                "--jobid",
-                &j,
-                "--skip-unreachable",
-            ],
-            &over_srun[..],
-            &["--json", "gpus"],
-        ]
-        .concat(),
-    );
+    let args = [
+        &["--hosts-from-slurm", &list, "--skip-unreachable"],
+        &over_srun[..],
+        &["--json", "gpus"],
+    ]
+    .concat();
+    let out = sim.run_with(&args, |c| {
+        c.env("SLURM_CONF", &slurm.conf).env("SLURM_JOB_ID", &j);
+    });
     assert_eq!(out.json().as_array().unwrap().len(), 4, "{}", out.stderr);
     for ghost in ["ghost1", "ghost2"] {
         assert!(
@@ -597,6 +593,18 @@ fn hosts_from_slurm_and_the_srun_transport(sim: &Sim, slurm: &Slurm) {
             out.stderr
         );
     }
+
+    // --host NODE --jobid J: the same node, the job given by hand.
+    let out = gpuloop(
+        &[
+            &["--host", &slurm.node, "--jobid", &j],
+            &over_srun[..],
+            &["--json", "gpus"],
+        ]
+        .concat(),
+    )
+    .ok();
+    assert_eq!(out.json().as_array().unwrap().len(), 4, "{}", out.stderr);
 
     // A gpuloop that is not there: the host's named error, quoting slurmstepd.
     let out = gpuloop(&[

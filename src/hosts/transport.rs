@@ -126,9 +126,10 @@ impl Transport {
                 // for them: 22.05's meaning). stdin goes to the one task, its stdout comes
                 // back through a pipe: line-delimited JSON both ways; the agent flushes each
                 // line. EOF on srun's stdin reaches the agent, which exits, ending the step.
-                // No --unbuffered (it means a pty), no --quiet (srun's "step creation
-                // temporarily disabled" is what a stuck connection says). --mpi=none: no PMI
-                // set-up for a step that is no MPI program.
+                // No --unbuffered (it means a pty), no --quiet (srun's warnings are what a
+                // failed connection quotes). --mpi=none: no PMI set-up for a step that is no
+                // MPI program. Without --overlap, beside a step holding every CPU of the
+                // job, srun waits silently (seen on 22.05): the connection then times out.
                 let args = [
                     "--jobid",
                     job,
