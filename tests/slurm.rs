@@ -267,6 +267,18 @@ impl Drop for Slurm {
             .cmd("scancel")
             .args(["--full", "-w", &self.node])
             .output();
+        // Their slurmstepds end once slurmctld has them completed; stopped before that (a
+        // case that failed with a job running), they would outlive the daemons.
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end
+            && self
+                .cmd("squeue")
+                .args(["-h", "-w", &self.node])
+                .output()
+                .is_ok_and(|o| o.status.success() && !o.stdout.is_empty())
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         for d in &self.daemons {
             unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
         }
