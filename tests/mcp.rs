@@ -44,12 +44,21 @@ fn server_env(sim: &Sim) -> serde_json::Map<String, Value> {
 /// Runs one scenario of the Python client against `gpuloop SERVER_ARGS`; panics with its
 /// output unless every check in it passed.
 fn python_client(sim: &Sim, scenario: &str, server_args: &[&str], planted: Value) {
+    python_client_in(server_env(sim), scenario, server_args, planted)
+}
+
+fn python_client_in(
+    env: serde_json::Map<String, Value>,
+    scenario: &str,
+    server_args: &[&str],
+    planted: Value,
+) {
     let out = assert_cmd::Command::new(python())
         .arg(root().join("tests/mcp/client.py"))
         .arg(scenario)
         .env("GPULOOP_BIN", bin())
         .env("MCP_SERVER_ARGS", json!(server_args).to_string())
-        .env("MCP_SERVER_ENV", Value::Object(server_env(sim)).to_string())
+        .env("MCP_SERVER_ENV", Value::Object(env).to_string())
         .env("MCP_PLANTED", planted.to_string())
         .timeout(Duration::from_secs(300))
         .output()
@@ -106,6 +115,48 @@ fn mcp_python_client_reads_diagnoses_and_is_refused_without_allow() {
     let j = sim.run(&["--json", "journal", "-n", "2"]).ok().json();
     assert_eq!(j.as_array().map(Vec::len), Some(2), "{j}");
     assert_eq!(j[1]["tool"], "run_recipe");
+}
+
+/// With `--host`, the read-only tools gather from every host over the real sshd (each
+/// record with its host) and the tools that act on one machine are refused.
+#[test]
+fn mcp_python_client_reads_several_hosts_and_refuses_what_acts_on_one() {
+    let c = crate::ssh::Cluster::new(&[("ma", "1x8G"), ("mb", "2x8G")], &[]);
+    let a = c.sim("ma").hold(&["--gpu", "0", "--mib", "100"])[0];
+    let b = c.sim("mb").hold(&["--gpu", "1", "--mib", "100"])[0];
+    let mut env = serde_json::Map::new();
+    for (k, v) in [
+        ("PATH", std::env::var("PATH").unwrap_or_default()),
+        (
+            "XDG_STATE_HOME",
+            c.dir.path().join("state").display().to_string(),
+        ),
+        (
+            "XDG_CONFIG_HOME",
+            c.dir.path().join("config").display().to_string(),
+        ),
+        ("NO_COLOR", "1".into()),
+    ] {
+        env.insert(k.into(), json!(v));
+    }
+    let (cfg, remote) = (c.config.display().to_string(), bin().display().to_string());
+    python_client_in(
+        env,
+        "hosts",
+        &[
+            "--ssh-config",
+            &cfg,
+            "--remote-bin",
+            &remote,
+            "--host",
+            "ma,mb",
+            "mcp",
+            "--allow",
+            "clean",
+        ],
+        json!({ "ma": a, "mb": b }),
+    );
+    assert!(alive(a) && alive(b));
 }
 
 /// The "done when": given only `gpuloop mcp --sim 8x80G --allow clean`, a client finds

@@ -53,6 +53,21 @@ pub struct Server {
 }
 
 impl Server {
+    /// What the instructions add when the server was started with `--host`.
+    fn over_hosts(&self) -> String {
+        let hosts = self.session.host_names();
+        if hosts == [crate::hosts::LOCAL] {
+            return String::new();
+        }
+        format!(
+            " This server reads several hosts ({}): gpus, holders and diagnose gather from \
+             all of them, each record with its `host`; {} are refused here (they act on one \
+             machine).",
+            hosts.join(", "),
+            tools::ONE_MACHINE.join(", ")
+        )
+    }
+
     pub fn new(session: Arc<Session>, policy: Policy, journal: Option<PathBuf>) -> Server {
         Server {
             session,
@@ -111,8 +126,9 @@ impl ServerHandler for Server {
                  is really released. Start with `diagnose` (or `gpus`, `holders`); `clean` stops \
                  the holders and verifies; `wait_clean` waits instead of sleeping. This server's \
                  policy, set by the person who runs it: {}. Protected GPU daemons are never \
-                 signalled. Quote the one-line summary each tool returns.",
-                self.policy.describe()
+                 signalled. Quote the one-line summary each tool returns.{}",
+                self.policy.describe(),
+                self.over_hosts()
             ))
     }
 
@@ -235,6 +251,11 @@ impl ServerHandler for Server {
             Err(e @ (CallError::BadArguments(_) | CallError::UnknownTool(_))) => {
                 Err(McpError::invalid_params(e.to_string(), None))
             }
+            Err(e @ CallError::NotOverHosts { .. }) => Err(McpError::new(
+                ErrorCode::INVALID_REQUEST,
+                e.to_string(),
+                None,
+            )),
             Err(e @ CallError::Cancelled { .. }) => Err(McpError::new(
                 ErrorCode::INTERNAL_ERROR,
                 e.to_string(),

@@ -89,7 +89,19 @@ pub enum CallError {
     /// The client cancelled (or the server was stopped); what the call started was stopped.
     #[error("cancelled")]
     Cancelled { signalled: Vec<i64> },
+    /// A tool that acts (or waits) on one machine, on a server started with `--host`.
+    #[error(
+        "{tool}: this server was started with --host ({hosts}); over several hosts it answers \
+         only the read-only gpus, holders, diagnose and recipes. To {tool} on a host, use the \
+         MCP server of that host (ssh -T HOST gpuloop mcp --allow …) or `gpuloop --host …` \
+         from a shell"
+    )]
+    NotOverHosts { tool: String, hosts: String },
 }
+
+/// The tools that act (or wait) on this machine only; with a host set they are refused,
+/// while gpus, holders and diagnose gather from every host (each record with its `host`).
+pub const ONE_MACHINE: &[&str] = &["wait_clean", "kill", "clean", "run", "run_recipe"];
 
 fn args<T: for<'de> Deserialize<'de>>(tool: &str, raw: Map<String, Value>) -> Result<T, CallError> {
     serde_json::from_value(Value::Object(raw))
@@ -430,6 +442,15 @@ pub fn list() -> Vec<Tool> {
 /// Runs one tool call to its end (blocking: the server calls it off the async runtime).
 pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, CallError> {
     let s = ctx.session;
+    let hosts = s.host_names();
+    // kill, clean, wait_clean and run act on this machine: with a host set they would act
+    // where the records the model holds do not come from.
+    if hosts != [crate::hosts::LOCAL] && ONE_MACHINE.contains(&name) {
+        return Err(CallError::NotOverHosts {
+            tool: name.to_string(),
+            hosts: hosts.join(","),
+        });
+    }
     match name {
         "gpus" => {
             args::<NoArgs>(name, raw)?;

@@ -294,7 +294,40 @@ async def cancel_and_run():
             check("force has no effect" in r.content[0].text, r.content[0].text)
 
 
-SCENARIOS = {"read_only": read_only, "done_when": done_when, "cancel_and_run": cancel_and_run}
+async def hosts():
+    """Started with --host: gpus, holders, diagnose gather from every host (each record with
+    its host); the tools that act on one machine are refused, naming the host set."""
+    a, b = PLANTED["ma"], PLANTED["mb"]
+    async with stdio_client(server()) as (read, write):
+        async with ClientSession(read, write) as s:
+            init = await s.initialize()
+            check("ma, mb" in (init.instructions or ""), f"instructions: {init.instructions}")
+            r = await call(s, "gpus")
+            seen = sorted((g["host"], g["index"]) for g in r.structured_content["gpus"])
+            check(seen == [("ma", 0), ("mb", 0), ("mb", 1)], f"gpus: {seen}")
+            r = await call(s, "holders")
+            seen = sorted((h["host"], h["pid"]) for h in r.structured_content["holders"])
+            check(seen == sorted([("ma", a), ("mb", b)]), f"holders: {seen}")
+            r = await call(s, "diagnose")
+            held = sorted((d["host"], d["gpu"]) for d in r.structured_content["gpus"] if d["verdict"] != "clean")
+            check(held == [("ma", 0), ("mb", 1)], f"diagnose: {held}")
+            for name, args in [
+                ("kill", {"targets": [a], "dry_run": True}),
+                ("clean", {"dry_run": True}),
+                ("wait_clean", {"timeout": 1}),
+                ("run", {"command": "true"}),
+            ]:
+                try:
+                    await s.call_tool(name, args)
+                except MCPError as e:
+                    check("--host (ma,mb)" in e.message, f"{name}: {e.message}")
+                    print(f"  {name}: refused: {e.message[:80]}…")
+                    continue
+                raise AssertionError(f"{name} was not refused with --host")
+    check(alive(a) and alive(b), "a read-only server over hosts stopped a holder")
+
+
+SCENARIOS = {"read_only": read_only, "done_when": done_when, "cancel_and_run": cancel_and_run, "hosts": hosts}
 
 if __name__ == "__main__":
     anyio.run(SCENARIOS[sys.argv[1]])
