@@ -218,8 +218,9 @@ fn run_on_a_host_streams_with_its_name_and_leaves_nothing() {
 #[test]
 fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
     let c = Cluster::new(&[("sa", "1x8G")], &[]);
+    let sleep = own("sleep 313711");
     let src = r#"
-        let j = spawn("echo spawned on $GPULOOP_SIM; exec sleep 313711", #{host: "sa", grace: 1});
+        let j = spawn("echo spawned on $GPULOOP_SIM; exec SLEEP", #{host: "sa", grace: 1});
         print(`host=${j.host} job=${j}`);
         // The pid is the job's pid there: its command line, read on that host.
         let there = run(`tr '\0' ' ' < /proc/${j.pid}/cmdline`, #{host: "sa", echo: false});
@@ -233,8 +234,9 @@ fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
         let f = spawn("echo oops >&2; exit 4", #{host: "sa", check: true});
         try { f.wait(); print("no throw"); } catch (e) { print(`threw=${e}`); }
     "#;
+    let src = src.replace("SLEEP", &sleep);
     let out = c
-        .run(&["--host", "sa", "run", &c.script("s.rhai", src)])
+        .run(&["--host", "sa", "run", &c.script("s.rhai", &src)])
         .ok();
     let o = &out.stdout;
     assert!(
@@ -246,7 +248,7 @@ fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
     );
     assert!(o.contains("host=sa job=Job(pid "), "{o}");
     assert!(o.contains(" on sa: echo spawned on"), "{o}");
-    assert!(o.contains("there=sleep 313711 |"), "{o}");
+    assert!(o.contains(&format!("there={sleep} |")), "{o}");
     assert!(o.contains("polled=() running=true"), "{o}");
     assert!(
         o.contains("killed=TERM ok=false out=16 running=false"),
@@ -264,10 +266,7 @@ fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
     assert!(o.contains("threw="), "{o}");
     assert!(o.contains("exited with code 4"), "{o}");
     assert!(o.contains("oops"), "{o}");
-    assert!(
-        pids_with("sleep 313711").is_empty(),
-        "the killed job is gone"
-    );
+    assert!(pids_with(&sleep).is_empty(), "the killed job is gone");
 }
 
 #[test]
@@ -275,29 +274,32 @@ fn remote_jobs_stop_at_script_end_and_when_the_connection_drops() {
     let c = Cluster::new(&[("sb", "1x8G")], &[]);
     // The script ends with the job running: it is stopped there before gpuloop exits.
     // (Scripts in files: a command line naming the job would match pids_with.)
-    let src =
-        r#"let j = spawn("exec sleep 313712", #{host: "sb"}); print(`${j.pid} ${j.running()}`);"#;
+    let (ended, dropped) = (own("sleep 313712"), own("sleep 313713"));
+    let src = r#"let j = spawn("exec SLEEP", #{host: "sb"}); print(`${j.pid} ${j.running()}`);"#
+        .replace("SLEEP", &ended);
     let out = c
-        .run(&["--host", "sb", "run", &c.script("end.rhai", src)])
+        .run(&["--host", "sb", "run", &c.script("end.rhai", &src)])
         .ok();
     let (pid, running) = out.stdout.trim().split_once(' ').expect("pid and running");
     let pid: i32 = pid.parse().expect("a pid");
     assert_eq!(running, "true", "{}", out.stdout);
     assert!(!alive(pid), "the job (pid {pid}) was stopped at script end");
-    assert!(pids_with("sleep 313712").is_empty());
+    assert!(pids_with(&ended).is_empty());
 
     // The link drops (the ssh client this test's gpuloop started is killed): the agent
     // stops the job, and the script's wait fails naming the host.
     // The marker says spawn's reply is in: killing ssh before it would lose the spawn call
     // itself (a race under load), not the job_wait this case is about.
-    let src = r#"let j = spawn("exec sleep 313713", #{host: "sb"}); write_file(ARGS[0], "spawned"); j.wait()"#;
+    let src =
+        r#"let j = spawn("exec SLEEP", #{host: "sb"}); write_file(ARGS[0], "spawned"); j.wait()"#
+            .replace("SLEEP", &dropped);
     let marker = c.dir.path().join("spawned");
     let mut client = c
         .cmd(&[
             "--host",
             "sb",
             "run",
-            &c.script("drop.rhai", src),
+            &c.script("drop.rhai", &src),
             "--",
             marker.to_str().expect("utf-8 temp dir"),
         ])
@@ -305,9 +307,7 @@ fn remote_jobs_stop_at_script_end_and_when_the_connection_drops() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("client");
-    if !within(60, || {
-        pids_with("sleep 313713").len() == 1 && marker.exists()
-    }) {
+    if !within(60, || pids_with(&dropped).len() == 1 && marker.exists()) {
         let _ = client.kill();
         panic!("the job did not start");
     }
@@ -324,7 +324,7 @@ fn remote_jobs_stop_at_script_end_and_when_the_connection_drops() {
     // The ssh client our gpuloop started, by pid.
     unsafe { libc::kill(ssh[0], libc::SIGKILL) };
     assert!(
-        within(60, || pids_with("sleep 313713").is_empty()),
+        within(60, || pids_with(&dropped).is_empty()),
         "a dropped connection stops the remote job"
     );
     let out = client.wait_with_output().expect("client");
@@ -342,7 +342,8 @@ fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
     c.sim("hok").hold(&["--gpu", "1", "--mib", "300"]);
     // On "hhang" the agent says hello, then never reads a request: a host that accepts
     // the connection and stops answering.
-    let wrap = agent_wrapper(&c, "hhang", r#"sleep 313720 | "$AGENT" "$@""#);
+    let sleep = own("sleep 313720");
+    let wrap = agent_wrapper(&c, "hhang", &format!(r#"{sleep} | "$AGENT" "$@""#));
     let run = |args: &[&str]| -> Out {
         // No timing asserted: a generous outer bound only says it does not hang.
         let mut cmd = c.cmd_with(&wrap, args);
@@ -364,7 +365,8 @@ fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
             stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
         }
     };
-    let hosts = ["--host", "hok,hhang", "--host-timeout", "2"];
+    // Long enough for the answering host on a loaded 2-core machine.
+    let hosts = ["--host", "hok,hhang", "--host-timeout", "5"];
 
     // Gather: the other host's records come back; the hung one is named, as timed out.
     let src = r#"
@@ -382,7 +384,7 @@ fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
     assert!(out.stdout.contains("clean=false"), "{}", out.stdout);
     assert!(
         out.stderr.contains(
-            "skipping host hhang: holders_report got no answer within 2s (host hung or network down)"
+            "skipping host hhang: holders_report got no answer within 5s (host hung or network down)"
         ),
         "{}",
         out.stderr
@@ -394,7 +396,7 @@ fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
     assert!(out.stdout.contains("hok"), "{}\n{}", out.stdout, out.stderr);
     let all = format!("{}{}", out.stdout, out.stderr);
     assert!(
-        all.contains("hhang") && all.contains("no answer within 2s"),
+        all.contains("hhang") && all.contains("no answer within 5s"),
         "{all}"
     );
 
@@ -407,16 +409,16 @@ fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
     assert!(out.stdout.contains("[hok] fine"), "{}", out.stdout);
     assert!(
         out.stderr
-            .contains("host hhang: run got no answer within 2s"),
+            .contains("host hhang: run got no answer within 5s"),
         "{}",
         out.stderr
     );
     // The hung agents (one per gpuloop above) read the pipe of this test's sleeps: with
     // those gone they read its end and exit.
-    for p in pids_with("sleep 313720") {
+    for p in pids_with(&sleep) {
         unsafe { libc::kill(p, libc::SIGKILL) };
     }
-    assert!(within(60, || pids_with("sleep 313720").is_empty()));
+    assert!(within(60, || pids_with(&sleep).is_empty()));
 }
 
 #[test]
@@ -477,6 +479,12 @@ fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected
             assert!(serde_json::from_str::<serde_json::Value>(&stdout).is_ok_and(|v| v.is_array()));
         }
     }
+}
+
+/// A command line of this test binary's own: other worktrees run the same tests at the same
+/// time, and `pids_with` sees the whole machine (`sleep` takes fractional seconds).
+fn own(sleep: &str) -> String {
+    format!("{sleep}.{}", std::process::id())
 }
 
 /// A `--remote-bin` that starts the agent as usual, except on `alias`'s host, where it
