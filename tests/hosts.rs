@@ -233,6 +233,10 @@ fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
         print(`code=${w.code} again=${q.wait().code}`);
         let f = spawn("echo oops >&2; exit 4", #{host: "sa", check: true});
         try { f.wait(); print("no throw"); } catch (e) { print(`threw=${e}`); }
+        // The job's own timeout is kept there, with nobody waiting.
+        let t = spawn("exec SLEEP", #{host: "sa", timeout: 0.5, grace: 0});
+        let r = t.wait(120);
+        print(`timed_out=${r.timed_out} signal=${r.signal}`);
     "#;
     let src = src.replace("SLEEP", &sleep);
     let out = c
@@ -266,11 +270,12 @@ fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
     assert!(o.contains("threw="), "{o}");
     assert!(o.contains("exited with code 4"), "{o}");
     assert!(o.contains("oops"), "{o}");
+    assert!(o.contains("timed_out=true signal=KILL"), "{o}");
     assert!(pids_with(&sleep).is_empty(), "the killed job is gone");
 }
 
 #[test]
-fn remote_jobs_stop_at_script_end_and_when_the_connection_drops() {
+fn remote_jobs_stop_at_script_end_on_ctrl_c_and_when_the_connection_drops() {
     let c = Cluster::new(&[("sb", "1x8G")], &[]);
     // The script ends with the job running: it is stopped there before gpuloop exits.
     // (Scripts in files: a command line naming the job would match pids_with.)
@@ -290,27 +295,32 @@ fn remote_jobs_stop_at_script_end_and_when_the_connection_drops() {
     // stops the job, and the script's wait fails naming the host.
     // The marker says spawn's reply is in: killing ssh before it would lose the spawn call
     // itself (a race under load), not the job_wait this case is about.
-    let src =
-        r#"let j = spawn("exec SLEEP", #{host: "sb"}); write_file(ARGS[0], "spawned"); j.wait()"#
-            .replace("SLEEP", &dropped);
+    // The script marks when it holds the handle; `sleep` is the job's own command line.
     let marker = c.dir.path().join("spawned");
-    let mut client = c
-        .cmd(&[
-            "--host",
-            "sb",
-            "run",
-            &c.script("drop.rhai", &src),
-            "--",
-            marker.to_str().expect("utf-8 temp dir"),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("client");
-    if !within(60, || pids_with(&dropped).len() == 1 && marker.exists()) {
-        let _ = client.kill();
-        panic!("the job did not start");
-    }
+    let start = |name: &str, sleep: &str| {
+        let src = r#"let j = spawn("exec SLEEP", #{host: "sb"}); write_file(ARGS[0], "spawned"); j.wait()"#
+            .replace("SLEEP", sleep);
+        let _ = std::fs::remove_file(&marker);
+        let mut client = c
+            .cmd(&[
+                "--host",
+                "sb",
+                "run",
+                &c.script(name, &src),
+                "--",
+                marker.to_str().expect("utf-8 temp dir"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("client");
+        if !within(60, || pids_with(sleep).len() == 1 && marker.exists()) {
+            let _ = client.kill();
+            panic!("the job did not start");
+        }
+        client
+    };
+    let mut client = start("drop.rhai", &dropped);
     let ssh = children(client.id() as i32)
         .into_iter()
         .filter(|p| {
@@ -333,6 +343,19 @@ fn remote_jobs_stop_at_script_end_and_when_the_connection_drops() {
     assert!(
         stderr.contains("host sb: connection lost during job_wait"),
         "{stderr}"
+    );
+
+    // Ctrl-C (SIGINT to our client) during the remote wait: the job is stopped there, and
+    // gpuloop exits 130.
+    let interrupted = own("sleep 313714");
+    let client = start("int.rhai", &interrupted);
+    unsafe { libc::kill(client.id() as i32, libc::SIGINT) };
+    let out = client.wait_with_output().expect("client");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        pids_with(&interrupted).is_empty(),
+        "Ctrl-C stops the remote job before gpuloop exits"
     );
 }
 
@@ -426,6 +449,7 @@ fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected
     // The agent of "nb" runs as nobody: root's processes there cannot be inspected. Needs
     // root to set that up (as diagnose's permission test).
     if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run an agent as nobody");
         return;
     }
     let c = Cluster::new(&[("na", "1x8G"), ("nb", "1x8G")], &[]);
