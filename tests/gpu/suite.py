@@ -635,6 +635,28 @@ echo "listed=$ok reused=$reused hit=$hit logged=$(cat {work}/signals.log 2>/dev/
           result=last, seconds=round(dt, 1), rc=rc, err=err[-300:])
 
 
+@scenario("pinned-tree")
+def s_pinned_tree():
+    """Issue 10 (hardening round 3): a bare pid's tree is pinned member by member, each checked
+    to still be its parent's child through its own pidfd; and with nothing failing, every GPU
+    record reads without an `error` field (the per-GPU fault path adds nothing)."""
+    rc, out, err, dt = gl("--json", "gpus")
+    g = json.loads(out) if rc == 0 and out.strip() else []
+    check("pinned-tree: gpus exits 0 with every GPU read and no error field",
+          rc == 0 and len(g) == NGPU and all("error" not in x for x in g),
+          rc=rc, seconds=round(dt, 3), errors=[x.get("error") for x in g], err=err.strip()[-300:])
+    p, info = mess("plain", "--gb", "4", "--gpus", "0", in_script=True)
+    holder = info["pids"][0]
+    rc, out, err, dt = gl("--json", "kill", str(p.pid), "--grace", "10")
+    rep = json.loads(out) if out.strip() else {}
+    freed = until(lambda: used_mib()[0] == 0, 30)
+    check("pinned-tree: kill BASH_PID (bare pid) takes its PyTorch child through the pinned tree and GPU 0 frees",
+          rc == 0 and p.pid in rep.get("signalled", []) and holder in rep.get("signalled", [])
+          and not alive(holder) and freed,
+          rc=rc, signalled=rep.get("signalled"), skipped=rep.get("skipped"), used=used_mib(),
+          seconds=round(dt, 3), err=err.strip()[-300:])
+
+
 def main():
     log(f"{NGPU} GPU(s); gpuloop {gl('--version')[1].strip()}; driver:",
         sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")[1].strip())
