@@ -28,3 +28,4 @@ pub mod runner;
 pub mod script;
 pub mod session;
 pub mod slurm;
+pub mod stack_guard;

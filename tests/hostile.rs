@@ -385,3 +385,22 @@ fn every_function_with_every_wrong_type_and_out_of_range_value_is_a_clear_error(
     // Nothing was written outside the private directory, nor the file replaced by junk.
     assert_eq!(std::fs::read_to_string(&file).expect("read"), "a\n");
 }
+
+/// Issue 10, defect 10, what no limit bounds: a closure that captures a closure, 300,000
+/// times over, is built in linear time (no size limit counts it) and dropped recursively at
+/// script end, which overflowed the script thread's stack (an abort, 134). It is an error
+/// naming the cause now. With `--limit depth=10` the stack is the 64 MiB base, which a debug
+/// build overflows; a release build's smaller frames may not, and then the script works.
+#[test]
+fn a_value_nested_past_the_stack_is_an_error_never_an_abort() {
+    let sim = crate::support::Sim::new("1x1G");
+    let chain = "let f = || 1; for i in 0..300000 { let g = f; f = || g; } 1";
+    let out = sim.run(&["--limit", "depth=10", "eval", chain]);
+    if cfg!(debug_assertions) {
+        let out = out.code(1);
+        assert!(out.stderr.contains("ran out of stack"), "{}", out.stderr);
+        assert!(out.stderr.contains("--limit depth"), "{}", out.stderr);
+    } else {
+        assert!(matches!(out.code, 0 | 1), "{}: {}", out.code, out.stderr);
+    }
+}

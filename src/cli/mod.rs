@@ -183,7 +183,10 @@ fn on_script_thread(args: &Args, cfg: &Config) -> Result<i32, Error> {
         let worker = std::thread::Builder::new()
             .name("gpuloop-script".into())
             .stack_size(stack)
-            .spawn_scoped(scope, || commands::dispatch(args, cfg));
+            .spawn_scoped(scope, || {
+                crate::stack_guard::watch_this_thread();
+                commands::dispatch(args, cfg)
+            });
         match worker {
             Ok(handle) => handle.join().unwrap_or_else(|_| {
                 Err(Error::Other(
