@@ -22,7 +22,8 @@ encryption): the client and agents' own cost without OpenSSH's.
 
 Every process it signals is one it started and has not yet reaped (holders and sshd are its
 own children, so their pids cannot be reused), and the temp dir goes even on failure.
-Usage: benches/hosts.py [BIN] > results.json   (env: CALLS, REPS, SIZES, TRANSPORTS)
+Usage: benches/hosts.py [BIN] > results.json
+(env: CALLS, REPS, SIZES, TRANSPORTS; ONLY_SESSIONS=1 skips the one-shots and baselines)
 """
 import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
@@ -141,6 +142,10 @@ AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR
 MaxStartups 256
 MaxSessions 256
 LogLevel ERROR
+# bash sources ~/.bashrc for a command sshd starts unless SHLVL says it is nested; this
+# machine's runs `pyenv init` (~0.3 s a session). Every tool measured here goes through
+# this sshd alike.
+SetEnv SHLVL=1
 """)
         user = sh("id", "-un").stdout.strip()
         self.cfg = f"{tmp}/ssh_config"
@@ -304,6 +309,11 @@ eval "exec $2"
                     "cpu_ms_per_call": {ph: {k: (round(v / calls * 1e3, 3) if k != "procs" else v)
                                              for k, v in cpu[ph].items()} for ph in cpu},
                 }
+            if os.environ.get("ONLY_SESSIONS"):
+                self.reap_holders()
+                results["sizes"][n] = row
+                print(n, json.dumps(row), file=sys.stderr, flush=True)
+                continue
             gl, env = self.gl("ssh")
             oneshot = [self.timed(*gl, "--host", hosts, "--json", "gpus", env=env)[0]
                        for _ in range(REPS)]

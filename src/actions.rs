@@ -136,7 +136,7 @@ where
             }
         } else {
             match theirs.next() {
-                Some(Ok(v)) => serde_json::from_value::<T>(v).map_err(|e| {
+                Some(Ok(v)) => serde_json::from_str::<T>(v.get()).map_err(|e| {
                     Failure::Host(HostError::Protocol {
                         host: h.clone(),
                         why: format!("unexpected reply: {e}"),
@@ -632,7 +632,7 @@ fn kill_fanned(
     }
     for ((h, _), r) in calls.into_iter().zip(theirs) {
         let r = r.map_err(Failure::Host).and_then(|v| {
-            serde_json::from_value::<KillReport>(v).map_err(|e| {
+            serde_json::from_str::<KillReport>(v.get()).map_err(|e| {
                 Failure::Host(HostError::Protocol {
                     host: h.clone(),
                     why: format!("unexpected reply: {e}"),
@@ -1213,7 +1213,7 @@ pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<
     let v = pool
         .call(host, call, deadline, s.interrupted())
         .map_err(|e| remote_run_err(host, e))?;
-    serde_json::from_value(v).map_err(|e| RunError::Remote {
+    serde_json::from_str(v.get()).map_err(|e| RunError::Remote {
         host: host.to_string(),
         why: format!("unexpected reply: {e}"),
     })
@@ -1285,7 +1285,7 @@ pub fn spawn(
             s.interrupted(),
         )
         .map_err(|e| remote_run_err(host, e))?;
-    let st = job_state(host, v)?;
+    let st = job_state(host, &v)?;
     Ok(Spawned::Remote(RemoteJob {
         session: s.clone(),
         host: host.to_string(),
@@ -1298,8 +1298,8 @@ pub fn spawn(
     }))
 }
 
-fn job_state(host: &str, v: serde_json::Value) -> Result<protocol::JobState, RunError> {
-    serde_json::from_value(v).map_err(|e| RunError::Remote {
+fn job_state(host: &str, v: &serde_json::value::RawValue) -> Result<protocol::JobState, RunError> {
+    serde_json::from_str(v.get()).map_err(|e| RunError::Remote {
         host: host.to_string(),
         why: format!("unexpected reply: {e}"),
     })
@@ -1452,6 +1452,6 @@ impl RemoteJob {
                 interrupted,
             )
             .map_err(|e| remote_run_err(&self.host, e))?;
-        job_state(&self.host, v)
+        job_state(&self.host, &v)
     }
 }
