@@ -214,13 +214,17 @@ impl NvmlBackend {
     /// Runs `one` for every GPU on a thread of its own and waits for all of them until the
     /// driver deadline; a GPU whose earlier read is still stuck is not asked again.
     fn in_parallel(&self, count: u32, one: Arc<ReadOne>) -> Vec<GpuRead> {
-        let mut late = self.late.lock().unwrap_or_else(|p| p.into_inner());
-        late.retain(|_, done| !done.load(Ordering::SeqCst));
+        // The lock is not held while waiting: a read of other GPUs (mem_used) goes on meanwhile.
+        let stuck: Vec<u32> = {
+            let mut late = self.late.lock().unwrap_or_else(|p| p.into_inner());
+            late.retain(|_, done| !done.load(Ordering::SeqCst));
+            late.keys().copied().collect()
+        };
         let (tx, rx) = mpsc::channel();
         let mut read: Vec<Option<GpuRead>> = (0..count).map(|_| None).collect();
         let mut asked = Vec::new();
         for i in 0..count {
-            if late.contains_key(&i) {
+            if stuck.contains(&i) {
                 read[i as usize] = Some(Err(still_stuck(i)));
                 continue;
             }
@@ -261,6 +265,7 @@ impl NvmlBackend {
                 Err(_) => break,
             }
         }
+        let mut late = self.late.lock().unwrap_or_else(|p| p.into_inner());
         for (i, done) in asked {
             if read[i as usize].is_none() {
                 read[i as usize] = Some(Err(GpuError::Nvml(format!(
