@@ -59,6 +59,10 @@ pub struct Limits {
     pub expr_depth: usize,
     /// Arrays and maps nested in each other.
     pub depth: usize,
+    /// Bytes the gpuloop process may have allocated while a script runs: checked between the
+    /// script's steps, so a runaway value (a closure curried with itself, say) is an error
+    /// before the machine runs out of memory.
+    pub memory: usize,
 }
 
 impl Default for Limits {
@@ -70,6 +74,7 @@ impl Default for Limits {
             calls: 256,
             expr_depth: 256,
             depth: Limits::DEFAULT_DEPTH,
+            memory: 4 << 30,
         }
     }
 }
@@ -77,8 +82,15 @@ impl Default for Limits {
 impl Limits {
     pub const DEFAULT_DEPTH: usize = 100_000;
 
-    pub const NAMES: &'static [&'static str] =
-        &["array", "string", "map", "calls", "expr_depth", "depth"];
+    pub const NAMES: &'static [&'static str] = &[
+        "array",
+        "string",
+        "map",
+        "calls",
+        "expr_depth",
+        "depth",
+        "memory",
+    ];
 
     /// Applies `NAME=N` (from `--limit`); `N` may end in K, M or G (×1024).
     pub fn set(&mut self, item: &str) -> Result<(), String> {
@@ -111,6 +123,7 @@ impl Limits {
             "calls" => &mut self.calls,
             "expr_depth" => &mut self.expr_depth,
             "depth" => &mut self.depth,
+            "memory" => &mut self.memory,
             other => {
                 return Err(format!(
                     "--limit: unknown limit {other:?} (known: {})",

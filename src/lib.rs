@@ -20,6 +20,7 @@ pub mod hosts;
 pub mod inspect;
 pub mod interrupt;
 pub mod mcp;
+pub mod memory;
 pub mod output;
 pub mod process;
 pub mod render;

@@ -404,3 +404,24 @@ fn a_value_nested_past_the_stack_is_an_error_never_an_abort() {
         assert!(matches!(out.code, 0 | 1), "{}: {}", out.code, out.stderr);
     }
 }
+
+/// Issue 10, defect 10, what the size limits do not count: a closure curried with itself
+/// doubles each step (curried arguments are in no array, map or string). The `memory` limit
+/// (bytes the process has allocated, checked between the script's steps) ends it with an
+/// error naming the limit, long before the machine runs out of memory.
+#[test]
+fn a_value_that_doubles_past_the_memory_limit_is_an_error_never_an_oom_kill() {
+    let sim = crate::support::Sim::new("1x1G");
+    let doubling = "let f = Fn(\"abs\"); for i in 0..60 { f = f.curry(f); } 1";
+    let out = sim
+        .run(&["--limit", "memory=64M", "eval", doubling])
+        .code(1);
+    assert!(out.stderr.contains("64 MiB of memory"), "{}", out.stderr);
+    assert!(out.stderr.contains("--limit memory"), "{}", out.stderr);
+    // The caret points at the step that passed the limit.
+    assert!(out.stderr.contains("f.curry(f)"), "{}", out.stderr);
+    // Under the limit, the same kind of script works.
+    let small = "let f = Fn(\"abs\"); for i in 0..10 { f = f.curry(f); } 1";
+    let out = sim.run(&["--limit", "memory=64M", "eval", small]).ok();
+    assert_eq!(out.stdout.trim(), "1");
+}

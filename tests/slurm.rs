@@ -579,6 +579,12 @@ fn hosts_from_slurm_and_the_srun_transport(sim: &Sim, slurm: &Slurm) {
     assert_eq!(sim.used_mib(gpu as usize), 0);
     let steps = slurm.steps(job);
     assert!(!steps.contains("gpuloop-agent"), "a step was left: {steps}");
+    // srun returns once its task has; the step's agent may still be in its last exit steps
+    // (slurmstepd reaps it): wait for that, with a deadline.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !agents_of(job).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert_eq!(
         agents_of(job),
         Vec::<i32>::new(),

@@ -57,7 +57,7 @@ pub struct Args {
     #[arg(long, global = true, help_heading = GLOBAL)]
     pub wide: bool,
     /// A resource limit for scripts, NAME=N (repeatable): array, string (bytes; K/M/G),
-    /// map, calls, expr_depth, depth. Also [limits] in config.toml.
+    /// map, calls, expr_depth, depth, memory (bytes; K/M/G). Also [limits] in config.toml.
     #[arg(long = "limit", global = true, value_name = "NAME=N")]
     pub limits: Vec<String>,
     #[command(flatten)]

@@ -81,6 +81,33 @@ pub fn describe(err: &EvalAltResult, file: Option<&str>) -> String {
 /// The token a native function throws (through `ErrorTerminated`) when Ctrl-C was pressed.
 pub const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
 
+/// The token the engine stops a script with when it passes its `memory` limit.
+pub const MEMORY_TOKEN: &str = "gpuloop:memory";
+
+/// How a script stopped by the engine ends: `exit(N)`, Ctrl-C, or past its memory limit.
+fn terminated(token: &rhai::Dynamic, pos: rhai::Position, file: &str, source: &str) -> ScriptError {
+    if let Ok(code) = token.as_int() {
+        return ScriptError::Exit(exit_status(code));
+    }
+    if token.clone().into_string().is_ok_and(|t| t == MEMORY_TOKEN) {
+        let limit = crate::script::engine::memory_limit() as f64;
+        let limit = if limit >= (1u64 << 30) as f64 {
+            format!("{:.1} GiB", limit / (1u64 << 30) as f64)
+        } else {
+            format!("{:.0} MiB", limit / (1u64 << 20) as f64)
+        };
+        return ScriptError::Runtime(render(
+            &format!(
+                "the script has more than {limit} of memory allocated (a resource limit: raise it with --limit memory=N, or in [limits] of config.toml)"
+            ),
+            pos,
+            file,
+            source,
+        ));
+    }
+    ScriptError::Interrupted
+}
+
 pub fn from_parse(err: &ParseError, file: &str, source: &str) -> ScriptError {
     ScriptError::Compile(render(
         &err.err_type().to_string(),
@@ -91,11 +118,8 @@ pub fn from_parse(err: &ParseError, file: &str, source: &str) -> ScriptError {
 }
 
 pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
-    if let EvalAltResult::ErrorTerminated(token, _) = &err {
-        if let Ok(code) = token.as_int() {
-            return ScriptError::Exit(exit_status(code));
-        }
-        return ScriptError::Interrupted;
+    if let EvalAltResult::ErrorTerminated(token, pos) = &err {
+        return terminated(token, *pos, file, source);
     }
     // Errors inside a script function: point at where it went wrong, say which call.
     let mut err = err;
@@ -123,11 +147,8 @@ pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
                 err = EvalAltResult::ErrorRuntime(text_of(&inner).into(), pos);
                 break;
             }
-            EvalAltResult::ErrorTerminated(token, _) => {
-                return match token.as_int() {
-                    Ok(code) => ScriptError::Exit(exit_status(code)),
-                    Err(_) => ScriptError::Interrupted,
-                }
+            EvalAltResult::ErrorTerminated(token, pos) => {
+                return terminated(&token, pos, file, source);
             }
             e => {
                 err = e;
