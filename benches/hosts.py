@@ -120,14 +120,15 @@ class Bench:
 
     def setup(self):
         tmp = self.tmp
-        for k in ("host_key", "id"):
-            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{tmp}/{k}")
-        shutil.copy(f"{tmp}/id.pub", f"{tmp}/authorized_keys")
-        with open(f"{tmp}/host_key.pub") as f:
-            key = " ".join(f.read().split()[:2])
-        with open(f"{tmp}/known_hosts", "w") as f:
-            f.write(f"gpuloop-bench {key}\n")
         self.port = free_port()
+        if "ssh" in TRANSPORTS:  # a pipe-only run needs no OpenSSH at all
+            for k in ("host_key", "id"):
+                sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{tmp}/{k}")
+            shutil.copy(f"{tmp}/id.pub", f"{tmp}/authorized_keys")
+            with open(f"{tmp}/host_key.pub") as f:
+                key = " ".join(f.read().split()[:2])
+            with open(f"{tmp}/known_hosts", "w") as f:
+                f.write(f"gpuloop-bench {key}\n")
         with open(f"{tmp}/sshd_config", "w") as f:
             f.write(f"""ListenAddress 127.0.0.1
 HostKey {tmp}/host_key
@@ -176,6 +177,8 @@ GPULOOP_SIM=8x80G GPULOOP_SIM_DIR={tmp}/sims/$1; export GPULOOP_SIM GPULOOP_SIM_
 eval "exec $2"
 """)
         os.chmod(f"{tmp}/pipe-bin/ssh", 0o755)
+        if "ssh" not in TRANSPORTS:
+            return
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation dir
         self.sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", f"{tmp}/sshd_config",
                                       "-p", str(self.port), "-E", f"{tmp}/sshd.log"])
@@ -277,8 +280,10 @@ eval "exec $2"
             "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                          if l.startswith("model name")), "?"),
             "kernel": os.uname().release,
-            "openssh": subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip(),
-            "pdsh": subprocess.run(["pdsh", "-V"], capture_output=True, text=True).stdout.splitlines()[0],
+            "openssh": (subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+                        if shutil.which("ssh") else "not installed"),
+            "pdsh": (subprocess.run(["pdsh", "-V"], capture_output=True, text=True).stdout.splitlines()[0]
+                     if shutil.which("pdsh") else "not installed"),
             "loadavg_start": open("/proc/loadavg").read().split()[:3],
         }, "calls": CALLS, "reps": REPS, "bin": BIN, "sizes": {}}
         for n in SIZES:
