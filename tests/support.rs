@@ -11,6 +11,8 @@ pub struct Sim {
     pub dir: tempfile::TempDir,
     pub spec: String,
     started: Mutex<Vec<i32>>,
+    /// Other processes the test started: (pid, start time in ticks).
+    adopted: Mutex<Vec<(i32, u64)>>,
 }
 
 /// The output of one gpuloop invocation.
@@ -57,6 +59,7 @@ impl Sim {
                 .expect("tempdir"),
             spec: spec.to_string(),
             started: Mutex::new(Vec::new()),
+            adopted: Mutex::new(Vec::new()),
         }
     }
 
@@ -157,9 +160,12 @@ impl Sim {
         pids
     }
 
-    /// Remember a process this test started some other way, for the final kill.
+    /// Remember a process this test started some other way, for the final kill (by pid and
+    /// start time, so a pid reused since is never signalled).
     pub fn adopt(&self, pid: i32) {
-        self.started.lock().unwrap().push(pid);
+        if let Some(start) = start_of(pid) {
+            self.adopted.lock().unwrap().push((pid, start));
+        }
     }
 
     pub fn gpus(&self) -> serde_json::Value {
@@ -250,7 +256,15 @@ impl Drop for Sim {
         for &p in &pids {
             sigkill(p);
         }
-        for &p in &pids {
+        // Adopted processes need not be simulator holders (a `sleep`, an `unshare`): each is
+        // killed only while it is still the process the test started.
+        let adopted = self.adopted.lock().map(|p| p.clone()).unwrap_or_default();
+        for &(p, start) in &adopted {
+            if start_of(p) == Some(start) {
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
+        for &p in pids.iter().chain(adopted.iter().map(|(p, _)| p)) {
             gone_within(p, 5);
         }
     }
