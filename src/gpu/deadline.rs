@@ -7,7 +7,7 @@
 use super::{Backend, DeviceNodes, Gpu, GpuError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The default deadline of one driver call: NVML answers in milliseconds when it answers.
 pub const DEFAULT_LIMIT: Duration = Duration::from_secs(10);
@@ -25,6 +25,63 @@ pub fn limit_from_env() -> Duration {
         .map_or(DEFAULT_LIMIT, Duration::from_secs_f64)
 }
 
+/// A driver call running on a worker thread of its own.
+pub struct Pending<T> {
+    rx: mpsc::Receiver<T>,
+    returned: Arc<AtomicBool>,
+}
+
+/// Why a driver call has no result.
+pub enum Late {
+    /// Still running at the deadline (stuck in the driver).
+    Timeout,
+    /// It panicked.
+    Panicked,
+}
+
+/// Sets its flag when dropped: when the call returns, or unwinds.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Starts `f` on a worker thread named after `call`.
+pub fn start<T: Send + 'static>(
+    call: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<Pending<T>, GpuError> {
+    let (tx, rx) = mpsc::channel();
+    let returned = Arc::new(AtomicBool::new(false));
+    let flag = SetOnDrop(returned.clone());
+    std::thread::Builder::new()
+        .name(format!("gpuloop-driver-{call}"))
+        .spawn(move || {
+            let _flag = flag;
+            let _ = tx.send(f());
+        })
+        .map_err(|e| GpuError::Nvml(format!("{call}: cannot start a worker: {e}")))?;
+    Ok(Pending { rx, returned })
+}
+
+impl<T> Pending<T> {
+    /// Its result, if it comes by `deadline`.
+    pub fn wait_until(&self, deadline: Instant) -> Result<T, Late> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.rx.recv_timeout(left).map_err(|e| match e {
+            mpsc::RecvTimeoutError::Timeout => Late::Timeout,
+            mpsc::RecvTimeoutError::Disconnected => Late::Panicked,
+        })
+    }
+
+    /// A flag that turns true once the call has returned (or unwound).
+    pub fn returned(&self) -> Arc<AtomicBool> {
+        self.returned.clone()
+    }
+}
+
 /// Runs `f` on a worker thread; `Err` with a message naming `call` if it has not returned
 /// within `limit`.
 pub fn bounded<T: Send + 'static>(
@@ -32,18 +89,16 @@ pub fn bounded<T: Send + 'static>(
     limit: Duration,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, GpuError> {
-    let (tx, rx) = mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name(format!("gpuloop-driver-{call}"))
-        .spawn(move || {
-            let _ = tx.send(f());
-        });
-    if let Err(e) = spawned {
-        return Err(GpuError::Nvml(format!(
-            "{call}: cannot start a worker: {e}"
-        )));
+    start(call, f)?
+        .wait_until(Instant::now() + limit)
+        .map_err(|late| gave_up(call, late, limit))
+}
+
+fn gave_up(call: &str, late: Late, limit: Duration) -> GpuError {
+    match late {
+        Late::Timeout => hung(call, limit),
+        Late::Panicked => GpuError::Nvml(format!("{call}: the driver call panicked")),
     }
-    rx.recv_timeout(limit).map_err(|_| hung(call, limit))
 }
 
 fn hung(call: &str, limit: Duration) -> GpuError {
@@ -95,17 +150,13 @@ impl Deadline {
         }
         *late = None;
         let inner = self.inner.clone();
-        let done = Arc::new(AtomicBool::new(false));
-        let returned = done.clone();
-        let r = bounded(call, limit, move || {
-            let r = f(inner.as_ref());
-            returned.store(true, Ordering::SeqCst);
-            r
-        });
-        r.unwrap_or_else(|e| {
-            *late = Some(done);
-            Err(e)
-        })
+        let pending = start(call, move || f(inner.as_ref()))?;
+        pending
+            .wait_until(Instant::now() + limit)
+            .unwrap_or_else(|why| {
+                *late = Some(pending.returned());
+                Err(gave_up(call, why, limit))
+            })
     }
 }
 

@@ -1,12 +1,11 @@
 //! Builds the one Rhai `Engine` every entry point uses (run, eval, check, REPL, doc).
 
-use super::errors::{self, ScriptError, INTERRUPT_TOKEN, MEMORY_TOKEN};
+use super::errors::{self, MemoryLimit, ScriptError, INTERRUPT_TOKEN};
 use super::{bindings, modules};
 use crate::config::Limits;
 use crate::session::Session;
 use rhai::{Dynamic, Engine, RhaiNativeFunc, Scope, Variant, AST};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// What the engine needs to know about where it runs.
@@ -54,13 +53,6 @@ const STACK_PER_LEVEL: usize = if cfg!(debug_assertions) {
 /// Stack for everything else a script does.
 const STACK_BASE: usize = 64 << 20;
 
-static MEMORY_LIMIT: AtomicUsize = AtomicUsize::new(0);
-
-/// The `memory` limit of the engine built last (for the error that names it).
-pub fn memory_limit() -> usize {
-    MEMORY_LIMIT.load(Ordering::Relaxed)
-}
-
 /// The script thread's stack for these limits.
 pub fn stack_size(limits: &Limits) -> usize {
     let calls = limits.calls.saturating_mul(64 << 10);
@@ -79,7 +71,6 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     engine.set_max_string_size(limits.string);
     engine.set_max_map_size(limits.map);
     super::convert::set_max_depth(limits.depth);
-    MEMORY_LIMIT.store(limits.memory, Ordering::Relaxed);
     // Long loops notice Ctrl-C between statements.
     // A closed stdout (`gpuloop run s.rhai | head`) ends the script quietly, as exit(0).
     // Memory past the `memory` limit ends it with an error (one load of the allocator's count).
@@ -87,7 +78,7 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
         if crate::interrupt::is_set() {
             Some(Dynamic::from(INTERRUPT_TOKEN))
         } else if crate::memory::in_use() > limits.memory {
-            Some(Dynamic::from(MEMORY_TOKEN))
+            Some(Dynamic::from(MemoryLimit(limits.memory)))
         } else {
             crate::output::closed().then(|| Dynamic::from(0_i64))
         }

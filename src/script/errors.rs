@@ -81,16 +81,17 @@ pub fn describe(err: &EvalAltResult, file: Option<&str>) -> String {
 /// The token a native function throws (through `ErrorTerminated`) when Ctrl-C was pressed.
 pub const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
 
-/// The token the engine stops a script with when it passes its `memory` limit.
-pub const MEMORY_TOKEN: &str = "gpuloop:memory";
+/// What the engine stops a script with when it passes its `memory` limit (bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryLimit(pub usize);
 
 /// How a script stopped by the engine ends: `exit(N)`, Ctrl-C, or past its memory limit.
 fn terminated(token: &rhai::Dynamic, pos: rhai::Position, file: &str, source: &str) -> ScriptError {
     if let Ok(code) = token.as_int() {
         return ScriptError::Exit(exit_status(code));
     }
-    if token.clone().into_string().is_ok_and(|t| t == MEMORY_TOKEN) {
-        let limit = crate::script::engine::memory_limit() as f64;
+    if let Some(MemoryLimit(limit)) = token.clone().try_cast::<MemoryLimit>() {
+        let limit = limit as f64;
         let limit = if limit >= (1u64 << 30) as f64 {
             format!("{:.1} GiB", limit / (1u64 << 30) as f64)
         } else {
