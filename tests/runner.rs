@@ -488,12 +488,29 @@ fn grace_zero_kills_a_term_trapping_job_at_once_without_a_false_warning() {
     }
 }
 
+/// `setsid gpuloop run SCRIPT`: no terminal, no group to share a signal with; output piped.
+fn run_in_own_session(sim: &Sim, script: &std::path::Path) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = sim.std_cmd();
+    cmd.args(["run", script.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
+}
+
 /// Issue 10, defect 3: SIGHUP, SIGQUIT, SIGUSR1 or SIGALRM to gpuloop left every run() job
 /// running (only INT and TERM were handled). Each terminating signal now stops the jobs
 /// first; a SIGKILLed gpuloop's jobs die by PR_SET_PDEATHSIG and the guard process.
 #[test]
 fn every_terminating_signal_stops_the_jobs_first() {
-    use std::os::unix::process::CommandExt;
     let sim = Sim::new("1x1G");
     let cases = [
         (libc::SIGHUP, "HUP"),
@@ -528,19 +545,7 @@ fn every_terminating_signal_stops_the_jobs_first() {
         let want = if escape.is_empty() { 3 } else { 4 };
         let script = sim.path().join(format!("sig-{name}.rhai"));
         std::fs::write(&script, format!("run({job:?});\nprint(\"not reached\");\n")).unwrap();
-        let mut cmd = sim.std_cmd();
-        cmd.args(["run", script.to_str().unwrap()])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        // `setsid gpuloop run s.rhai`: no terminal, no group to share a signal with.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().unwrap();
+        let child = run_in_own_session(&sim, &script);
         let written = pids.wait_for(want);
         assert_eq!(
             written.len(),
@@ -567,6 +572,51 @@ fn every_terminating_signal_stops_the_jobs_first() {
                 std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default()
             );
         }
+    }
+}
+
+/// Issue 10, defect 3, the race behind a rare survivor of the SIGKILL case above: the guard
+/// starts with the first job, and the job used to run its command before the guard knew its
+/// group. A job that forked at once and a gpuloop SIGKILLed in that moment left the child
+/// running (the leader died by PDEATHSIG; nothing knew the group). The leader now waits,
+/// between fork and exec, until the guard knows. Here the job kills gpuloop itself, right
+/// after its first fork, so the moment is hit on purpose.
+#[test]
+fn a_job_that_forks_and_kills_gpuloop_at_once_leaves_nothing() {
+    let sim = Sim::new("1x1G");
+    for round in 0..6 {
+        let marker = 350 + round;
+        let pids = Pids::new(&sim, &format!("pids-{round}"), marker);
+        let job = format!(
+            "sleep {marker} & echo $! >> {p}; kill -KILL $PPID; exec sleep {marker}",
+            p = pids.path()
+        );
+        let script = sim.path().join(format!("quick-{round}.rhai"));
+        std::fs::write(&script, format!("run({job:?});\nprint(\"not reached\");\n")).unwrap();
+        let out = run_in_own_session(&sim, &script)
+            .wait_with_output()
+            .unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&out.status),
+            Some(libc::SIGKILL),
+            "round {round}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let written = pids.wait_for(1);
+        assert_eq!(written.len(), 1, "round {round}: the job did not fork");
+        let ours = |p: i32| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c == format!("sleep\0{marker}\0").as_bytes())
+        };
+        let end = Instant::now() + Duration::from_secs(30);
+        while ours(written[0]) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            !ours(written[0]),
+            "round {round}: the job's child {} survived its SIGKILLed gpuloop",
+            written[0]
+        );
     }
 }
 

@@ -82,6 +82,11 @@ impl Tree {
         members
     }
 
+    /// True if some process (a zombie too: its group id is still taken) is in group `pgid`.
+    pub fn group_exists(&self, pgid: i32) -> bool {
+        self.by_pid.values().any(|p| p.pgid == pgid)
+    }
+
     /// True if the process's job parent is gone: its process group or session leader exited.
     pub fn orphaned(&self, pid: i32) -> bool {
         let Some(p) = self.get(pid) else {

@@ -2,8 +2,9 @@
 //! then kills the jobs it left, which no signal handler of gpuloop's own could do.
 //!
 //! gpuloop starts it (`gpuloop __guard`, in a process group of its own) with the first job
-//! and tells it, over its stdin, each job's process group (`g PID START`) and each process
-//! seen below a job (`p PID START`). When gpuloop ends normally it has stopped its jobs and
+//! and tells it, over its stdin, each job's process group (`g PID START`, before the job
+//! runs its command), each process seen below a job (`p PID START`), and each finished
+//! job's group once it is empty (`f PID START`: its id may be reused from then on). When gpuloop ends normally it has stopped its jobs and
 //! says `bye`; when the pipe closes without that, gpuloop died, and the guard SIGKILLs
 //! those processes (by identity, through the kill engine) and their descendants.
 
@@ -85,6 +86,12 @@ pub fn tell_group(leader: Identity) {
     send(&format!("g {} {}", leader.pid, leader.start));
 }
 
+/// A finished job's group that has no member left: from now on its id may be taken by
+/// another process's group, which is none of the guard's business.
+pub fn forget_group(leader: Identity) {
+    send(&format!("f {} {}", leader.pid, leader.start));
+}
+
 /// Processes seen below jobs.
 pub fn tell_members(ids: &[Identity]) {
     if ids.is_empty() {
@@ -157,6 +164,7 @@ impl Watch {
                     break;
                 }
                 (Some("g"), Some(id)) => w.groups.push(id),
+                (Some("f"), Some(id)) => w.groups.retain(|g| *g != id),
                 (Some("p"), Some(id)) => {
                     w.members.insert(id);
                 }
@@ -248,6 +256,12 @@ mod tests {
         assert_eq!(w.groups, vec![Identity::new(10, 100)]);
         assert!(w.members.contains(&Identity::new(12, 105)));
         assert!(!w.bye);
+        let w = Watch::read("g 10 100\ng 20 200\nf 10 100\nf 20 7\n".as_bytes());
+        assert_eq!(
+            w.groups,
+            vec![Identity::new(20, 200)],
+            "only the very group is forgotten"
+        );
         let w = Watch::read("g 10 100\nbye\ng 11 1\n".as_bytes());
         assert!(w.bye);
         assert_eq!(w.groups.len(), 1);

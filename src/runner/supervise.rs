@@ -18,11 +18,13 @@ use crate::process::tree::Tree;
 use crate::process::{Identity, ProcInfo};
 use nix::sys::signal::Signal;
 use std::collections::{HashMap, HashSet};
-use std::io;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -44,6 +46,9 @@ struct State {
     seen: HashMap<Identity, i32>,
     /// What the guard was told.
     told: HashSet<Identity>,
+    /// The jobs' groups the guard watches: each is forgotten once its leader is done and
+    /// no member is left, since its id may then be reused by anyone.
+    groups: Vec<Identity>,
 }
 
 struct Live {
@@ -84,23 +89,110 @@ fn spawner() -> Option<&'static Mutex<Sender<Fork>>> {
         .as_ref()
 }
 
-/// Runs `command.spawn()` on the spawner thread (inline if it could not start).
-fn spawn_on_spawner(mut command: Command) -> io::Result<Child> {
-    let Some(tx) = spawner() else {
-        return command.spawn();
-    };
+/// Runs `command.spawn()` on the spawner thread and returns at once; the receiver gets the
+/// result. `keep` is held until the child has exec'd or failed.
+fn spawn_on_spawner(
+    mut command: Command,
+    keep: Option<ChildEnds>,
+) -> io::Result<Receiver<io::Result<Child>>> {
     let (done_tx, done_rx) = channel();
     let fork: Fork = Box::new(move || {
-        let _ = done_tx.send(command.spawn());
+        let spawned = command.spawn();
+        drop(keep);
+        let _ = done_tx.send(spawned);
     });
-    let sent = tx.lock().unwrap_or_else(|e| e.into_inner()).send(fork);
-    if let Err(unsent) = sent {
-        // The thread is gone: fork here.
-        (unsent.0)();
+    let Some(tx) = spawner() else {
+        return Err(io::Error::other(
+            "cannot start the thread jobs are forked from",
+        ));
+    };
+    if let Err(unsent) = tx.lock().unwrap_or_else(|e| e.into_inner()).send(fork) {
+        // The spawner is gone (it never ends on its own): a thread of the moment will do.
+        std::thread::Builder::new()
+            .name("gpuloop-spawner".into())
+            .spawn(unsent.0)?;
     }
-    done_rx
-        .recv()
-        .unwrap_or_else(|_| Err(io::Error::other("the spawner thread ended")))
+    Ok(done_rx)
+}
+
+/// Holds a new leader between fork and exec until gpuloop has told the guard its process
+/// group. Without it, a job that forks at once (`sleep 100 & …`) could have a child before
+/// the guard knew the group (the guard itself starts with the first job), and a gpuloop
+/// SIGKILLed in that moment would leave that child running: the leader dies by
+/// `PR_SET_PDEATHSIG`, but nothing would know its group.
+///
+/// The child writes its pid to `ready` (it is in its own group by then) and waits for a
+/// byte on `go`; the parent registers the pid, tells the guard, and writes the byte.
+struct StartGate {
+    ready: File,
+    go: File,
+}
+
+/// The child's ends of the gate, held by the parent only until the child has exec'd or
+/// failed: then a child that failed before reporting reads as end of file on `ready`.
+struct ChildEnds {
+    _ready: OwnedFd,
+    _go: OwnedFd,
+}
+
+impl StartGate {
+    /// The gate, and its child's ends with the hook that waits on them.
+    fn new() -> io::Result<(StartGate, ChildEnds, impl FnMut() -> io::Result<()>)> {
+        use rustix::pipe::{pipe_with, PipeFlags};
+        let (ready_r, ready_w) = pipe_with(PipeFlags::CLOEXEC)?;
+        let (go_r, go_w) = pipe_with(PipeFlags::CLOEXEC)?;
+        let fds = [
+            ready_r.as_raw_fd(),
+            ready_w.as_raw_fd(),
+            go_r.as_raw_fd(),
+            go_w.as_raw_fd(),
+        ];
+        let hook = move || {
+            let [ready_r, ready_w, go_r, go_w] = fds;
+            // SAFETY: close, getpid, write and read are async-signal-safe, the buffers are
+            // on this stack, and nothing here allocates.
+            unsafe {
+                // The parent's ends: holding them would hide the parent's going.
+                libc::close(ready_r);
+                libc::close(go_w);
+                let pid = libc::getpid().to_ne_bytes();
+                if libc::write(ready_w, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                    return Err(io::Error::last_os_error());
+                }
+                let mut byte = 0u8;
+                loop {
+                    match libc::read(go_r, (&raw mut byte).cast(), 1) {
+                        1 => return Ok(()),
+                        // gpuloop went before it let the job go.
+                        0 => return Err(io::Error::from_raw_os_error(libc::ECANCELED)),
+                        _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+                        _ => return Err(io::Error::last_os_error()),
+                    }
+                }
+            }
+        };
+        let gate = StartGate {
+            ready: File::from(ready_r),
+            go: File::from(go_w),
+        };
+        let ends = ChildEnds {
+            _ready: ready_w,
+            _go: go_r,
+        };
+        Ok((gate, ends, hook))
+    }
+
+    /// The pid the child reported (`None`: it failed before it could).
+    fn child_pid(&mut self) -> Option<i32> {
+        let mut pid = [0u8; 4];
+        self.ready.read_exact(&mut pid).ok()?;
+        Some(i32::from_ne_bytes(pid))
+    }
+
+    /// Lets the child go on to exec.
+    fn open(mut self) {
+        let _ = self.go.write_all(b"1");
+    }
 }
 
 /// Makes the child die with gpuloop: `PR_SET_PDEATHSIG` (SIGKILL), then a check that the
@@ -115,7 +207,8 @@ fn die_with_parent(command: &mut Command) {
                 return Err(io::Error::last_os_error());
             }
             if libc::getppid() != parent {
-                return Err(io::Error::other("gpuloop exited while starting the job"));
+                // gpuloop exited while starting the job.
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
         });
@@ -123,13 +216,48 @@ fn die_with_parent(command: &mut Command) {
 }
 
 /// Spawns a job's leader and registers it in one step, so the reaper never takes its exit
-/// status from under `Child::wait`. The leader dies with gpuloop (`PR_SET_PDEATHSIG`) and
-/// the guard learns its process group.
+/// status from under `Child::wait`. The leader dies with gpuloop (`PR_SET_PDEATHSIG`), and
+/// runs its command only once the guard knows its process group (`StartGate`).
 pub fn spawn_registered(grace: Duration, mut command: Command) -> io::Result<Child> {
     die_with_parent(&mut command);
+    let (mut gate, ends) = if guard::enabled() {
+        let (gate, ends, hook) = StartGate::new()?;
+        // SAFETY: the hook is async-signal-safe and allocates nothing (`StartGate::new`).
+        unsafe { command.pre_exec(hook) };
+        (Some(gate), Some(ends))
+    } else {
+        (None, None)
+    };
     let mut st = state();
-    let child = spawn_on_spawner(command)?;
-    let pid = child.id() as i32;
+    let pending = spawn_on_spawner(command, ends)?;
+    let mut reported = None;
+    if let Some(mut g) = gate.take() {
+        reported = g.child_pid();
+        if let Some(pid) = reported {
+            register(&mut st, pid, grace);
+        }
+        g.open();
+    }
+    let spawned = pending
+        .recv()
+        .unwrap_or_else(|_| Err(io::Error::other("the spawner thread ended")));
+    match (spawned, reported) {
+        (Ok(child), None) => {
+            register(&mut st, child.id() as i32, grace);
+            Ok(child)
+        }
+        (Ok(child), Some(_)) => Ok(child),
+        (Err(e), Some(pid)) => {
+            // std reaped the child whose exec failed.
+            unregister(&mut st, pid);
+            Err(e)
+        }
+        (Err(e), None) => Err(e),
+    }
+}
+
+/// A new leader: live, its group the job's, and the guard told.
+fn register(st: &mut State, pid: i32, grace: Duration) {
     st.pgids.insert(pid);
     st.live.push(Live {
         pid,
@@ -137,8 +265,17 @@ pub fn spawn_registered(grace: Duration, mut command: Command) -> io::Result<Chi
         lineage: HashSet::new(),
     });
     let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
+    st.groups.push(Identity::new(pid, start));
     guard::tell_group(Identity::new(pid, start));
-    Ok(child)
+}
+
+/// A leader whose exec failed: no job after all.
+fn unregister(st: &mut State, pid: i32) {
+    st.pgids.remove(&pid);
+    st.live.retain(|l| l.pid != pid);
+    if let Some(i) = st.groups.iter().position(|g| g.pid == pid) {
+        guard::forget_group(st.groups.swap_remove(i));
+    }
 }
 
 /// The leader was reaped: its lineage stays known, it is no longer live.
@@ -190,6 +327,12 @@ fn observe(tree: &Tree, st: &mut State) {
                 }
             }
         }
+    }
+    let done = |g: &Identity| !st.live.iter().any(|l| l.pid == g.pid) && !tree.group_exists(g.pid);
+    let (gone, kept): (Vec<Identity>, Vec<Identity>) = st.groups.iter().partition(|g| done(g));
+    st.groups = kept;
+    for g in gone {
+        guard::forget_group(g);
     }
     if guard::enabled() {
         let me = me();
@@ -428,8 +571,9 @@ impl Drop for Supervisor {
 fn supervise_loop() {
     loop {
         std::thread::sleep(TICK);
-        let any_live = !state().live.is_empty();
-        if any_live {
+        // Watching: a live job, or a finished job's group with members left.
+        let watching = !state().groups.is_empty();
+        if watching {
             let tree = Tree::snapshot();
             observe(&tree, &mut state());
         }
