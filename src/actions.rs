@@ -249,11 +249,17 @@ fn local_gpus(s: &Session) -> Result<Vec<Gpu>, GpuError> {
 }
 
 pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
-    // The /proc scan runs while the driver loads: a one-shot pays for the slower, not both.
-    let inv = Inventory::take_while_loading(&s.device_nodes(), || s.backend(), s.protected())?;
+    let inv = look(s)?;
     s.warn_no_driver();
     check_selection(sel, &inv.gpus)?;
     Ok(inv)
+}
+
+/// One look at the driver and /proc, not yet checked against a selection. The /proc scan runs
+/// while the driver loads: a one-shot pays for the slower, not both. So a caller asks the
+/// backend anything (even whether there is a driver) only after this.
+pub fn look(s: &Session) -> Result<Inventory, GpuError> {
+    Inventory::take_while_loading(&s.device_nodes(), || s.backend(), s.protected())
 }
 
 /// The GPU indices that selectors (`0`, `0-3`, `GPU-0fb0…`, a bus id) name. The GPU list is
@@ -345,7 +351,17 @@ pub fn holders_report(
     all: bool,
     filter: &Filter,
 ) -> Result<HoldersReport, GpuError> {
-    let inv = inventory(s, sel)?;
+    holders_report_in(inventory(s, sel)?, sel, all, filter)
+}
+
+/// `holders_report` of an inventory taken already (`look`).
+pub fn holders_report_in(
+    inv: Inventory,
+    sel: &Selection,
+    all: bool,
+    filter: &Filter,
+) -> Result<HoldersReport, GpuError> {
+    check_selection(sel, &inv.gpus)?;
     let mut holders = inv.holders(sel, all);
     holders.retain(|h| filter.matches(h));
     Ok(HoldersReport {
@@ -388,11 +404,12 @@ fn local_diagnoses(
     sel: &Selection,
     filter: &Filter,
 ) -> Result<Vec<Diagnosis>, GpuError> {
+    let inv = look(s)?;
     let backend = s.backend()?;
     if let Some(why) = backend.missing_driver() {
         return Ok(diagnose::no_driver(sel, why));
     }
-    let inv = inventory(s, sel)?;
+    check_selection(sel, &inv.gpus)?;
     let sel = narrowed(&inv, sel, filter);
     let restarters = s.restarters();
     let ctx = diagnose::Context {

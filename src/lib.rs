@@ -30,3 +30,4 @@ pub mod script;
 pub mod session;
 pub mod slurm;
 pub mod stack_guard;
+pub mod timeline;

@@ -75,10 +75,10 @@ impl Session {
                 // Loading and every later read get a deadline: a hung driver must not
                 // block a command or a script forever.
                 let limit = deadline::limit_from_env();
-                match deadline::bounded("nvmlInit", limit, NvmlBackend::load) {
-                    Ok(Ok(b)) => Box::new(Deadline::new(Arc::new(b), limit)),
-                    Ok(Err(GpuError::NoDriver(why))) => Box::new(NoDriver::new(why)),
-                    Ok(Err(e)) | Err(e) => Box::new(NoDriver::new(e.to_string())),
+                match NvmlBackend::load(limit) {
+                    Ok(b) => Box::new(Deadline::new(Arc::new(b), limit)),
+                    Err(GpuError::NoDriver(why)) => Box::new(NoDriver::new(why)),
+                    Err(e) => Box::new(NoDriver::new(e.to_string())),
                 }
             }),
         });

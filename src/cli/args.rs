@@ -258,6 +258,17 @@ pub struct HostFlags {
     pub host_timeout: f64,
 }
 
+impl HostFlags {
+    /// The flags that name hosts; empty for this machine alone.
+    pub fn sources(&self) -> crate::hosts::HostSources<'_> {
+        crate::hosts::HostSources {
+            exprs: &self.hosts,
+            files: &self.hosts_file,
+            slurm: &self.hosts_from_slurm,
+        }
+    }
+}
+
 #[derive(Debug, Clone, ClapArgs)]
 pub struct GpuSel {
     /// GPUs as nvidia-smi -i takes them: 0, 0,1, 0-3, a UUID (or a unique prefix of one) or a

@@ -8,7 +8,6 @@ use crate::gpu::sim::hold::{self, HoldOpts};
 use crate::gpu::sim::SimBackend;
 use crate::gpu::GpuError;
 use crate::hosts::HostSel;
-use crate::inspect::holders::Inventory;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::Filter;
@@ -77,19 +76,19 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             })
         }
         Cmd::Holders { sel, owner, all } => {
-            let backend = s.backend()?;
-            let alone = s.host_names() == [crate::hosts::LOCAL];
-            if let Some(why) = backend.missing_driver().filter(|_| alone) {
-                // The fd scan still finds who has the nodes open; the exit code says the rest.
-                let hs = Inventory::take(backend, s.protected())?.holders(&None, *all);
-                emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
-                return Err(GpuError::NoDriver(why.to_string()).into());
-            }
-            if alone {
+            if s.host_names() == [crate::hosts::LOCAL] {
+                // First thing: the /proc scan then runs beside the driver's load.
+                let inv = actions::look(s)?;
+                if let Some(why) = s.backend()?.missing_driver() {
+                    // The fd scan still finds who has the nodes open; the exit code says the rest.
+                    let hs = inv.holders(&None, *all);
+                    emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+                    return Err(GpuError::NoDriver(why.to_string()).into());
+                }
                 let sel = selection(s, sel)?
                     .on(crate::hosts::LOCAL)
                     .unwrap_or(Some(Vec::new()));
-                let r = actions::holders_report(s, &sel, *all, &owner_filter(owner)?)?;
+                let r = actions::holders_report_in(inv, &sel, *all, &owner_filter(owner)?)?;
                 let code = emit(cfg, &r.holders, || {
                     render::holders(&r.holders, Style::stdout())
                 })?;

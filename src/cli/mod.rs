@@ -55,13 +55,9 @@ impl Config {
 
 /// `--host`/`--hosts-file`/`--hosts-from-slurm` into a host set; `None` when none was given.
 fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>, Error> {
-    use crate::hosts::{HostError, HostSources, Transport};
+    use crate::hosts::{HostError, Transport};
     let srun = f.transport == args::TransportArg::Srun;
-    let src = HostSources {
-        exprs: &f.hosts,
-        files: &f.hosts_file,
-        slurm: &f.hosts_from_slurm,
-    };
+    let src = f.sources();
     if src.is_empty() {
         for (given, flag) in [
             (f.remote_bin.is_some(), "--remote-bin"),
@@ -121,9 +117,53 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     Ok(Some(cfg))
 }
 
+/// The one-shots that read this machine's driver as their first real work.
+const DRIVER_FIRST: &[&str] = &[
+    "gpus", "holders", "diagnose", "clean", "wait", "epilog", "prolog",
+];
+
+/// Whether the raw command line is `gpuloop ONE-SHOT …` (`DRIVER_FIRST`, the subcommand
+/// first) on this machine's driver: no simulator, no host set. Read before clap parses, so
+/// that NVML starts loading at once; other spellings are caught after parsing
+/// (`wants_driver`). Never true where clap would not select the NVML backend.
+fn driver_first(argv: &[std::ffi::OsString]) -> bool {
+    let sim = std::env::var_os("GPULOOP_SIM").is_some_and(|v| !v.is_empty());
+    let first = argv.get(1).and_then(|a| a.to_str());
+    !sim && first.is_some_and(|a| DRIVER_FIRST.contains(&a))
+        && !argv.iter().any(|a| {
+            let a = a.as_encoded_bytes();
+            a.starts_with(b"--sim") || a.starts_with(b"--host")
+        })
+}
+
+/// Whether the parsed command is a one-shot that reads this machine's driver first thing.
+fn wants_driver(args: &Args) -> bool {
+    let local = args.hosts.sources().is_empty();
+    let sim = args.sim.as_ref().is_some_and(|s| !s.trim().is_empty());
+    let one_shot = match &args.cmd {
+        Cmd::Kill { pids, .. } => pids.is_empty(),
+        Cmd::Gpus { .. }
+        | Cmd::Holders { .. }
+        | Cmd::Diagnose { .. }
+        | Cmd::Clean { .. }
+        | Cmd::Wait { .. }
+        | Cmd::Epilog { .. }
+        | Cmd::Prolog { .. } => true,
+        _ => false,
+    };
+    local && !sim && one_shot
+}
+
 /// Runs gpuloop and returns the process exit code.
 pub fn main() -> i32 {
-    let args = match Args::try_parse() {
+    crate::timeline::start();
+    // NVML's load and init (~10 ms on an H200) is most of a one-shot's time: it starts before
+    // anything else, and overlaps it all.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if driver_first(&argv) {
+        crate::gpu::nvml::preload();
+    }
+    let args = match Args::try_parse_from(&argv) {
         Ok(a) => a,
         Err(e) => {
             // --help and --version are answers, not errors.
@@ -158,6 +198,9 @@ pub fn main() -> i32 {
     if let Cmd::Guard = &args.cmd {
         return crate::runner::guard::main();
     }
+    if wants_driver(&args) {
+        crate::gpu::nvml::preload();
+    }
     crate::interrupt::install();
     crate::output::set_color(args.color.into());
     crate::output::set_wide(args.wide);
@@ -168,10 +211,12 @@ pub fn main() -> i32 {
         crate::runner::guard::enable(exe);
     }
     let result = Config::from_args(&args).and_then(|cfg| on_script_thread(&args, &cfg));
-    match result {
+    let code = match result {
         Ok(code) => code,
         Err(e) => report(e, args.json),
-    }
+    };
+    tracing::debug!("done at {:.1} ms", crate::timeline::ms());
+    code
 }
 
 /// Runs the command on a thread whose stack is sized for the deepest value the limits

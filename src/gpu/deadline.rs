@@ -82,19 +82,8 @@ impl<T> Pending<T> {
     }
 }
 
-/// Runs `f` on a worker thread; `Err` with a message naming `call` if it has not returned
-/// within `limit`.
-pub fn bounded<T: Send + 'static>(
-    call: &str,
-    limit: Duration,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, GpuError> {
-    start(call, f)?
-        .wait_until(Instant::now() + limit)
-        .map_err(|late| gave_up(call, late, limit))
-}
-
-fn gave_up(call: &str, late: Late, limit: Duration) -> GpuError {
+/// The error of a call that gave no result within `limit`.
+pub fn gave_up(call: &str, late: Late, limit: Duration) -> GpuError {
     match late {
         Late::Timeout => hung(call, limit),
         Late::Panicked => GpuError::Nvml(format!("{call}: the driver call panicked")),

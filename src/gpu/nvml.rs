@@ -1,6 +1,6 @@
 //! The NVML backend: the NVIDIA driver's own view, loaded from `libnvidia-ml.so.1` at run time.
 
-use super::deadline::{self, Late};
+use super::deadline::{self, Late, Pending};
 use super::{Backend, DeviceNodes, DriverProc, Gpu, GpuError};
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -8,7 +8,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::MemoryInfo;
 use nvml_wrapper::Nvml;
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,18 +53,22 @@ enum Query {
 /// Time spent per group of queries, on one GPU or summed over several.
 #[derive(Default)]
 struct Timings {
-    spent: [std::time::Duration; 6],
+    spent: [Duration; 6],
 }
 
 impl Timings {
     fn time<T>(&mut self, q: Query, f: impl FnOnce() -> T) -> T {
-        let started = std::time::Instant::now();
-        let v = f();
-        self.spent[q as usize] += started.elapsed();
+        let (v, spent) = timed(f);
+        self.add(q, spent);
         v
     }
 
-    fn add(&mut self, other: &Timings) {
+    /// Adds time spent on `q` elsewhere (on another thread).
+    fn add(&mut self, q: Query, spent: Duration) {
+        self.spent[q as usize] += spent;
+    }
+
+    fn add_all(&mut self, other: &Timings) {
         for (a, b) in self.spent.iter_mut().zip(other.spent) {
             *a += b;
         }
@@ -73,8 +77,9 @@ impl Timings {
     fn log(&self, what: &str, count: u32, wall: std::time::Duration) {
         let ms = |q: Query| self.spent[q as usize].as_secs_f64() * 1e3;
         tracing::debug!(
-            "nvml {what}: {count} GPU(s) in {:.2} ms (in parallel; summed over GPUs: handles {:.2} ms, memory {:.2} ms, ids {:.2} ms, processes {:.2} ms, util {:.2} ms, temperature {:.2} ms)",
+            "nvml {what}: {count} GPU(s) in {:.2} ms, done at {:.1} ms (in parallel; summed over GPUs: handles {:.2} ms, memory {:.2} ms, ids {:.2} ms, processes {:.2} ms, util {:.2} ms, temperature {:.2} ms)",
             wall.as_secs_f64() * 1e3,
+            crate::timeline::ms(),
             ms(Query::Devices),
             ms(Query::Memory),
             ms(Query::Ids),
@@ -85,8 +90,14 @@ impl Timings {
     }
 }
 
+/// `f`'s value and the time it took.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let started = std::time::Instant::now();
+    (f(), started.elapsed())
+}
+
 /// The driver's user-space library, as every NVIDIA tool loads it.
-const LIB: &str = "libnvidia-ml.so.1";
+const LIB_NAME: &str = "libnvidia-ml.so.1";
 
 /// What failed, for "no NVIDIA driver: …": the library not loading, or the driver refusing init.
 fn no_driver_reason(lib: &OsStr, e: NvmlError) -> String {
@@ -112,40 +123,122 @@ fn no_driver_reason(lib: &OsStr, e: NvmlError) -> String {
     }
 }
 
+/// The driver library of this process: loaded at most once and never shut down (nvmlShutdown
+/// costs 3.5 ms on an H200 and frees nothing the kernel does not free at exit, when it closes
+/// the driver's fds), so nothing accumulates in the REPL, the agent or the MCP server.
+enum Lib {
+    Unloaded,
+    /// Loading on a worker of its own: started early by `preload`, or by the first `load`.
+    Loading(Pending<Result<Opened, GpuError>>),
+    Loaded(&'static Nvml),
+}
+
+/// A library just loaded, with when (ms on `timeline`) its load and init began and ended: a
+/// preload may end before `-v`'s logging is set up, so the reader logs it.
+struct Opened {
+    nvml: &'static Nvml,
+    lib: OsString,
+    from_ms: f64,
+    to_ms: f64,
+}
+
+static LIB: Mutex<Lib> = Mutex::new(Lib::Unloaded);
+
+/// `GPULOOP_NVML_LIB`, else the driver's own library.
+fn lib_path() -> OsString {
+    std::env::var_os("GPULOOP_NVML_LIB")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| LIB_NAME.into())
+}
+
+/// Starts loading and initialising the driver library now, on a worker of its own, unless
+/// that has begun already. A one-shot calls it first thing, so that NVML's ~10 ms of
+/// initialisation overlap everything gpuloop does before it needs the driver (arguments,
+/// config, the /proc scan); `NvmlBackend::load` then takes its result.
+pub fn preload() {
+    let mut lib = LIB.lock().unwrap_or_else(|p| p.into_inner());
+    if matches!(*lib, Lib::Unloaded) {
+        if let Ok(p) = deadline::start("nvmlInit", open) {
+            *lib = Lib::Loading(p);
+        }
+    }
+}
+
+/// Loads and initialises the library, then starts attaching every GPU: each GPU's first
+/// handle makes the driver attach it (6-9 ms on an H200, the largest per-GPU cost), and every
+/// read that follows a load needs every GPU's handle, so the attaches begin right after init,
+/// one worker each, instead of after the handover to the reader. A reader asking for a
+/// handle meanwhile waits inside the driver for the same attach; one that is stuck in the
+/// driver is the reader's deadline's business.
+fn open() -> Result<Opened, GpuError> {
+    let lib = lib_path();
+    let from_ms = crate::timeline::ms();
+    let nvml = Nvml::builder()
+        .lib_path(&lib)
+        .init()
+        .map_err(|e| GpuError::NoDriver(no_driver_reason(&lib, e)))?;
+    let nvml: &'static Nvml = Box::leak(Box::new(nvml));
+    let to_ms = crate::timeline::ms();
+    for i in 0..nvml.device_count().unwrap_or(0) {
+        let _ = std::thread::Builder::new()
+            .name(format!("gpuloop-driver-attach-{i}"))
+            .spawn(move || {
+                let _ = nvml.device_by_index(i);
+            });
+    }
+    Ok(Opened {
+        nvml,
+        lib,
+        from_ms,
+        to_ms,
+    })
+}
+
 impl NvmlBackend {
-    /// Loads and initialises the driver library (`GPULOOP_NVML_LIB` names another file);
-    /// `Err(GpuError::NoDriver)` says what failed, as nvidia-smi would.
-    pub fn load() -> Result<NvmlBackend, GpuError> {
-        let lib = std::env::var_os("GPULOOP_NVML_LIB")
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| LIB.into());
-        // Loaded once per process and never shut down: nvmlShutdown costs 3.5 ms on an H200
-        // and frees nothing the kernel does not free at exit, when it closes the driver's fds.
-        static LOADED: Mutex<Option<&'static Nvml>> = Mutex::new(None);
-        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-        let nvml = match *loaded {
-            Some(nvml) => nvml,
-            None => {
-                let started = std::time::Instant::now();
-                let nvml = Nvml::builder()
-                    .lib_path(&lib)
-                    .init()
-                    .map_err(|e| GpuError::NoDriver(no_driver_reason(&lib, e)))?;
-                tracing::debug!(
-                    "nvml: {} loaded and initialised in {:.1} ms",
-                    lib.to_string_lossy(),
-                    started.elapsed().as_secs_f64() * 1e3
-                );
-                *loaded.insert(Box::leak(Box::new(nvml)))
+    /// The driver library, loaded and initialised (`GPULOOP_NVML_LIB` names another file), or
+    /// the load `preload` started, waited for until `limit`. `Err(GpuError::NoDriver)` says
+    /// what failed, as nvidia-smi would; a load still running at `limit` is hung in the
+    /// driver (the next `load` waits for the same one again).
+    pub fn load(limit: Duration) -> Result<NvmlBackend, GpuError> {
+        let mut lib = LIB.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = match std::mem::replace(&mut *lib, Lib::Unloaded) {
+            Lib::Loaded(nvml) => {
+                *lib = Lib::Loaded(nvml);
+                return Ok(Self::on(nvml, limit));
             }
+            Lib::Loading(p) => p,
+            Lib::Unloaded => deadline::start("nvmlInit", open)?,
         };
-        Ok(NvmlBackend {
+        match pending.wait_until(std::time::Instant::now() + limit) {
+            Ok(Ok(o)) => {
+                tracing::debug!(
+                    "nvml: {} loaded and initialised in {:.1} ms (from {:.1} to {:.1} ms)",
+                    o.lib.to_string_lossy(),
+                    o.to_ms - o.from_ms,
+                    o.from_ms,
+                    o.to_ms
+                );
+                *lib = Lib::Loaded(o.nvml);
+                Ok(Self::on(o.nvml, limit))
+            }
+            // Left unloaded: a later load tries again.
+            Ok(Err(e)) => Err(e),
+            Err(Late::Timeout) => {
+                *lib = Lib::Loading(pending);
+                Err(deadline::gave_up("nvmlInit", Late::Timeout, limit))
+            }
+            Err(late) => Err(deadline::gave_up("nvmlInit", late, limit)),
+        }
+    }
+
+    fn on(nvml: &'static Nvml, limit: Duration) -> NvmlBackend {
+        NvmlBackend {
             nvml,
             nodes: Self::nodes(),
             foreign_ns: super::in_child_pid_namespace(),
-            limit: super::deadline::limit_from_env(),
+            limit,
             late: Mutex::new(BTreeMap::new()),
-        })
+        }
     }
 
     /// The driver's device nodes.
@@ -196,7 +289,7 @@ impl NvmlBackend {
         for (i, r) in read.into_iter().enumerate() {
             match r {
                 Ok((g, t)) => {
-                    all.add(&t);
+                    all.add_all(&t);
                     out.push(g);
                 }
                 Err(e) => {
@@ -324,34 +417,46 @@ impl Backend for NvmlBackend {
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
         self.each_device("gpus", |t, i, d, mem| {
-            let (minor, uuid, name, bus_id) = t.time(Query::Ids, || {
-                (
-                    d.minor_number().map(i64::from).unwrap_or(i64::from(i)),
-                    d.uuid().unwrap_or_default(),
-                    d.name().unwrap_or_default(),
-                    d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
-                )
-            });
-            let mut g = Gpu::new(
-                i64::from(i),
-                minor,
-                uuid,
-                name,
-                bus_id,
-                mem.total as i64,
-                mem.used as i64,
-                Vec::new(),
-            );
-            g.procs = t.time(Query::Processes, || Self::process_count(d));
-            g.util = t
-                .time(Query::Util, || d.utilization_rates())
-                .ok()
-                .map(|u| i64::from(u.gpu));
-            g.temp_c = t
-                .time(Query::Temperature, || d.temperature(TemperatureSensor::Gpu))
-                .ok()
-                .map(i64::from);
-            g
+            // A GPU's first utilisation read costs 2-4 ms on an H200 and its process counts
+            // ~1.7 ms, against well under 1 ms for everything else gpus asks: each runs on a
+            // thread of its own beside the others, so a GPU's read takes about its slowest
+            // query, not their sum.
+            std::thread::scope(|sc| {
+                let util = sc.spawn(|| timed(|| d.utilization_rates()));
+                let procs = sc.spawn(|| timed(|| Self::process_count(d)));
+                let (minor, uuid, name, bus_id) = t.time(Query::Ids, || {
+                    (
+                        d.minor_number().map(i64::from).unwrap_or(i64::from(i)),
+                        d.uuid().unwrap_or_default(),
+                        d.name().unwrap_or_default(),
+                        d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                    )
+                });
+                let mut g = Gpu::new(
+                    i64::from(i),
+                    minor,
+                    uuid,
+                    name,
+                    bus_id,
+                    mem.total as i64,
+                    mem.used as i64,
+                    Vec::new(),
+                );
+                g.temp_c = t
+                    .time(Query::Temperature, || d.temperature(TemperatureSensor::Gpu))
+                    .ok()
+                    .map(i64::from);
+                // A query whose thread panicked is unknown, like one the driver refused.
+                if let Ok((u, spent)) = util.join() {
+                    t.add(Query::Util, spent);
+                    g.util = u.ok().map(|u| i64::from(u.gpu));
+                }
+                if let Ok((n, spent)) = procs.join() {
+                    t.add(Query::Processes, spent);
+                    g.procs = n;
+                }
+                g
+            })
         })
     }
 

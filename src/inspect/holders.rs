@@ -99,12 +99,13 @@ impl Inventory {
         })?;
         let (scan, scan_ms) = scan;
         tracing::debug!(
-            "inventory: {} GPU(s) from {kind} in {driver_ms:.1} ms, beside a scan of {} processes in {scan_ms:.1} ms: {} with GPU nodes open, {} unreadable; {:.1} ms in all",
+            "inventory: {} GPU(s) from {kind} in {driver_ms:.1} ms, beside a scan of {} processes in {scan_ms:.1} ms: {} with GPU nodes open, {} unreadable; {:.1} ms in all, done at {:.1} ms",
             gpus.len(),
             scan.scanned,
             scan.users.len(),
             scan.unreadable.len(),
-            started.elapsed().as_secs_f64() * 1e3
+            started.elapsed().as_secs_f64() * 1e3,
+            crate::timeline::ms()
         );
         Ok(join(gpus, scan, protected))
     }

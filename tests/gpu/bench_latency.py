@@ -3,6 +3,9 @@ the tools people use instead, and where gpuloop's time goes.
 
     python3 tests/gpu/bench_latency.py [--bin target/release/gpuloop] [--runs 31] [--out DIR]
 
+One command on the GPU machine, from the repo root (it needs PyTorch for the holder round):
+    cargo build --release && python3 tests/gpu/bench_latency.py --runs 31 --out "$OUT/latency"
+
 Measures, each as the median (and p10/p90) of --runs fresh processes (at least 21):
   - `gpuloop gpus --json`            vs `nvidia-smi --query-gpu=index,memory.used --format=csv,noheader`
                                        and vs nvidia-smi asked for the fields gpus reports
@@ -116,7 +119,7 @@ def breakdown():
     for args in (["gpus", "--json"], ["holders", "--json"]):
         p = subprocess.run([BIN, "-v", *args], env=ENV, capture_output=True, text=True)
         lines[" ".join(args)] = [l for l in p.stderr.splitlines()
-                                 if "nvml" in l or "inventory" in l]
+                                 if "nvml" in l or "inventory" in l or "done at" in l]
     return lines
 
 
@@ -198,6 +201,15 @@ def main():
                   f"{r['nvml_init']['median_ms']} | {r['holders_minus_init_ms']} | "
                   f"{r['nvml_floor']['median_ms']} | {r['holders_minus_floor_ms']} | "
                   f"{r['gpuloop_version']['median_ms']} |")
+    md.append("")
+    for key in ("idle", "one_holder"):
+        r = res[key]
+        if isinstance(r, str):
+            continue
+        met = lambda ok: "met" if ok else "MISSED"
+        md.append(f"- {key}: gpus / nvidia-smi = {r['gpus_vs_smi']} (target <= 0.8: "
+                  f"{met(r['gpus_target_met'])}); holders - nvmlInit_v2 = "
+                  f"{r['holders_minus_init_ms']} ms (target <= 10 ms: {met(r['holders_target_met'])})")
     with open(os.path.join(OUT, "latency.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
