@@ -18,11 +18,13 @@ own simulated 8x80G machine (SetEnv GPULOOP_SIM_DIR, AcceptEnv) and one holder. 
 
 TRANSPORTS=ssh,pipe (default both): `pipe` runs the same session with an `ssh` on PATH that
 starts the agent directly as a child (same argv, same per-alias environment, no sshd, no
-encryption): the client and agents' own cost without OpenSSH's.
+encryption): the client and agents' own cost without OpenSSH's. `TRANSPORTS=pipe` needs no
+OpenSSH and no pdsh: the one-shots then go over the pipe too, and the pdsh and ssh-loop
+baselines are left out.
 
 Every process it signals is one it started and has not yet reaped (holders and sshd are its
 own children, so their pids cannot be reused), and the temp dir goes even on failure.
-Usage: benches/hosts.py [BIN] > results.json
+Usage: benches/hosts.py [BIN [OUT.json]]   (the JSON goes to OUT.json, or to stdout)
 (env: CALLS, REPS, SIZES, TRANSPORTS; ONLY_SESSIONS=1 skips the one-shots and baselines)
 """
 import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
@@ -32,6 +34,9 @@ CALLS = int(os.environ.get("CALLS", "30"))
 REPS = int(os.environ.get("REPS", "5"))
 SIZES = [int(x) for x in os.environ.get("SIZES", "1,4,16,64").split(",")]
 TRANSPORTS = os.environ.get("TRANSPORTS", "ssh,pipe").split(",")
+OUT = sys.argv[2] if len(sys.argv) > 2 else None
+# The one-shots connect afresh each time: over ssh when it is measured, else over the pipe.
+ONESHOT = "ssh" if "ssh" in TRANSPORTS else "pipe"
 HZ = os.sysconf("SC_CLK_TCK")
 # Lets this script read /proc between the phases of a session; not counted in any figure.
 SETTLE_S = 0.5
@@ -319,7 +324,7 @@ eval "exec $2"
                 results["sizes"][n] = row
                 print(n, json.dumps(row), file=sys.stderr, flush=True)
                 continue
-            gl, env = self.gl("ssh")
+            gl, env = self.gl(ONESHOT)
             oneshot = [self.timed(*gl, "--host", hosts, "--json", "gpus", env=env)[0]
                        for _ in range(REPS)]
             clean = []
@@ -333,6 +338,16 @@ eval "exec $2"
                 if self.reap_holders():
                     raise SystemExit(f"clean over {hosts} exited 0 but left a holder")
                 clean.append(dt)
+            row.update({
+                "oneshot_transport": ONESHOT,
+                "gpus_oneshot_ms": stats_ms(oneshot),
+                "clean_oneshot_ms": stats_ms(clean),
+                "loadavg_end": open("/proc/loadavg").read().split()[:3],
+            })
+            results["sizes"][n] = row
+            print(n, json.dumps(row), file=sys.stderr, flush=True)
+            if "ssh" not in TRANSPORTS:
+                continue
             pdsh_env = dict(os.environ, PDSH_RCMD_TYPE="ssh",
                             PDSH_SSH_ARGS=f"-F {self.cfg} -o BatchMode=yes %h")
             query = f"{BIN} gpus --json >/dev/null"
@@ -345,14 +360,11 @@ eval "exec $2"
                     sh("ssh", "-F", self.cfg, "-o", "BatchMode=yes", a, query)
                 loop.append(time.perf_counter() - t)
             row.update({
-                "gpus_oneshot_ms": stats_ms(oneshot),
-                "clean_oneshot_ms": stats_ms(clean),
                 "pdsh_query_ms": stats_ms(pdsh),
                 "ssh_loop_query_ms": stats_ms(loop),
                 "loadavg_end": open("/proc/loadavg").read().split()[:3],
             })
-            results["sizes"][n] = row
-            print(n, json.dumps(row), file=sys.stderr, flush=True)
+            print(n, "baselines", json.dumps(row), file=sys.stderr, flush=True)
         return results
 
 
@@ -370,4 +382,9 @@ try:
     res = b.run()
 finally:
     b.teardown()
-print(json.dumps(res, indent=1))
+res["machine"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
+if OUT:
+    with open(OUT, "w") as f:
+        f.write(json.dumps(res, indent=1) + "\n")
+else:
+    print(json.dumps(res, indent=1))

@@ -85,7 +85,7 @@ fn fan<T, L, R>(
     remote: R,
 ) -> Result<PerHost<T>, GpuError>
 where
-    T: DeserializeOwned + Send,
+    T: DeserializeOwned + Send + 'static,
     L: Fn(&Selection) -> Result<T, GpuError> + Sync,
     R: Fn(&Selection) -> Call,
 {
@@ -136,13 +136,7 @@ where
             }
         } else {
             match theirs.next() {
-                Some(Ok(v)) => serde_json::from_str::<T>(v.get()).map_err(|e| {
-                    Failure::Host(HostError::Protocol {
-                        host: h.clone(),
-                        why: format!("unexpected reply: {e}"),
-                    })
-                }),
-                Some(Err(e)) => Err(Failure::Host(e)),
+                Some(r) => r.map_err(Failure::Host),
                 None => Err(Failure::Host(HostError::Interrupted)),
             }
         };
@@ -648,15 +642,7 @@ fn kill_fanned(
         ));
     }
     for ((h, _), r) in calls.into_iter().zip(theirs) {
-        let r = r.map_err(Failure::Host).and_then(|v| {
-            serde_json::from_str::<KillReport>(v.get()).map_err(|e| {
-                Failure::Host(HostError::Protocol {
-                    host: h.clone(),
-                    why: format!("unexpected reply: {e}"),
-                })
-            })
-        });
-        parts.push((h, r));
+        parts.push((h, r.map_err(Failure::Host)));
     }
     Ok(merge_kills(answered(s, parts)?, opts.dry_run))
 }
@@ -1227,13 +1213,8 @@ pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<
     let deadline = opts
         .timeout
         .map(|t| t + opts.grace + pool.config.call_timeout);
-    let v = pool
-        .call(host, call, deadline, s.interrupted())
-        .map_err(|e| remote_run_err(host, e))?;
-    serde_json::from_str(v.get()).map_err(|e| RunError::Remote {
-        host: host.to_string(),
-        why: format!("unexpected reply: {e}"),
-    })
+    pool.call(host, call, deadline, s.interrupted())
+        .map_err(|e| remote_run_err(host, e))
 }
 
 /// A job started by spawn(): here, or on a host of the set under its agent (which stops
@@ -1294,7 +1275,7 @@ pub fn spawn(
     let Some((host, pool)) = job_host(s, host)? else {
         return Job::spawn(cmd, opts).map(Spawned::Local);
     };
-    let v = pool
+    let st: protocol::JobState = pool
         .call(
             host,
             Call::Spawn(run_call(cmd, &opts)),
@@ -1302,7 +1283,6 @@ pub fn spawn(
             s.interrupted(),
         )
         .map_err(|e| remote_run_err(host, e))?;
-    let st = job_state(host, &v)?;
     Ok(Spawned::Remote(RemoteJob {
         session: s.clone(),
         host: host.to_string(),
@@ -1313,13 +1293,6 @@ pub fn spawn(
         grace: opts.grace,
         outcome: Mutex::new(None),
     }))
-}
-
-fn job_state(host: &str, v: &serde_json::value::RawValue) -> Result<protocol::JobState, RunError> {
-    serde_json::from_str(v.get()).map_err(|e| RunError::Remote {
-        host: host.to_string(),
-        why: format!("unexpected reply: {e}"),
-    })
 }
 
 impl Spawned {
@@ -1461,14 +1434,12 @@ impl RemoteJob {
             host: self.host.clone(),
             why: "no host set".into(),
         })?;
-        let v = pool
-            .call(
-                &self.host,
-                call,
-                Some(takes + pool.config.call_timeout),
-                interrupted,
-            )
-            .map_err(|e| remote_run_err(&self.host, e))?;
-        job_state(&self.host, &v)
+        pool.call(
+            &self.host,
+            call,
+            Some(takes + pool.config.call_timeout),
+            interrupted,
+        )
+        .map_err(|e| remote_run_err(&self.host, e))
     }
 }

@@ -1,8 +1,9 @@
 //! `gpuloop agent`: this machine's primitives served over stdin/stdout, one JSON message a
 //! line (`hosts::protocol`), for a gpuloop elsewhere that reached it through ssh.
 //!
-//! It says hello, then answers requests, each in a thread of its own so a long wait_clean
-//! or a running job does not hold up the others. It is the subreaper of the jobs it runs
+//! It says hello, then answers requests, each on a worker thread of its own so a long
+//! wait_clean or a running job does not hold up the others (an idle worker is reused: a
+//! thread per request was a good part of a quick call's cost). It is the subreaper of the jobs it runs
 //! (`run`, and `spawn`'s background jobs); when its stdin closes (the client ended, or the
 //! link dropped) it stops them all and exits.
 
@@ -133,6 +134,7 @@ pub fn serve(session: Arc<Session>) -> i32 {
         backend: backend.into(),
     }));
     let jobs: Arc<Jobs> = Arc::default();
+    let workers = Workers::new();
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     loop {
@@ -168,28 +170,20 @@ pub fn serve(session: Arc<Session>) -> i32 {
             }
         };
         if let Call::Ping = req.call {
-            out.send(&reply(
-                Some(req.id),
-                Body::Ok(serde_json::Value::Bool(true)),
-            ));
+            out.send(&reply(Some(req.id), Body::ok(&true)));
             continue;
         }
         if let Call::Cancel { id } = req.call {
             let found = jobs.cancel(id);
-            out.send(&reply(
-                Some(req.id),
-                Body::Ok(serde_json::Value::Bool(found)),
-            ));
+            out.send(&reply(Some(req.id), Body::ok(&found)));
             continue;
         }
         let (s, o, j) = (session.clone(), out.clone(), jobs.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("agent-{}", req.id))
-            .spawn(move || {
-                let id = req.id;
-                let body = handle(&s, req, &o, &j);
-                o.send(&reply(Some(id), body));
-            });
+        let spawned = workers.run(Box::new(move || {
+            let id = req.id;
+            let body = handle(&s, req, &o, &j);
+            o.send(&reply(Some(id), body));
+        }));
         if let Err(e) = spawned {
             out.send(&reply(
                 None,
@@ -203,6 +197,61 @@ pub fn serve(session: Arc<Session>) -> i32 {
         f.store(true, Ordering::SeqCst);
     }
     0
+}
+
+/// A request's work, run on a worker.
+type Task = Box<dyn FnOnce() + Send>;
+
+/// The agent's worker threads: a request goes to an idle one, or to a new one when all are
+/// busy (a long wait or job never holds up a quick call). Workers stay for the next
+/// requests, and end when the agent drops this.
+struct Workers {
+    tx: std::sync::mpsc::Sender<Task>,
+    rx: Arc<Mutex<std::sync::mpsc::Receiver<Task>>>,
+    /// Workers waiting for a task and not yet promised one.
+    idle: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Workers {
+    fn new() -> Workers {
+        let (tx, rx) = std::sync::mpsc::channel();
+        Workers {
+            tx,
+            rx: Arc::new(Mutex::new(rx)),
+            idle: Arc::default(),
+        }
+    }
+
+    fn run(&self, task: Task) -> std::io::Result<()> {
+        // An idle worker claimed here takes the task from the channel: there are never more
+        // tasks queued than workers that will take them.
+        if self
+            .idle
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            if let Err(e) = self.tx.send(task) {
+                return Err(std::io::Error::other(format!("no worker: {e}")));
+            }
+            return Ok(());
+        }
+        let (rx, idle) = (self.rx.clone(), self.idle.clone());
+        std::thread::Builder::new()
+            .name("agent-worker".into())
+            .spawn(move || {
+                let mut task = task;
+                loop {
+                    task();
+                    idle.fetch_add(1, Ordering::SeqCst);
+                    // The lock is held only while waiting; the agent's end closes the channel.
+                    match lock(&rx).recv() {
+                        Ok(t) => task = t,
+                        Err(_) => return,
+                    }
+                }
+            })
+            .map(drop)
+    }
 }
 
 struct TooLarge;
@@ -361,7 +410,7 @@ fn handle(s: &Session, req: Request, out: &Out, jobs: &Jobs) -> Body {
             Ok(j) => state(job, &j, false),
             Err(b) => b,
         },
-        Call::Ping => Body::Ok(serde_json::Value::Bool(true)),
+        Call::Ping => Body::ok(&true),
         Call::Cancel { .. } => error(ErrorKind::Failed, "cancel is answered inline"),
     }
 }
@@ -378,10 +427,7 @@ fn state(job: u64, j: &Job, with_outcome: bool) -> Body {
 }
 
 fn encode<T: serde::Serialize>(v: T) -> Body {
-    match serde_json::to_value(v) {
-        Ok(v) => Body::Ok(v),
-        Err(e) => error(ErrorKind::Failed, format!("cannot encode the result: {e}")),
-    }
+    Body::ok(&v)
 }
 
 /// The job a run or spawn request describes; its output goes to the client as `Output`
@@ -465,6 +511,56 @@ fn run(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A task waiting does not hold up the next one, and a worker that is done takes the
+    /// next task instead of a new thread starting.
+    #[test]
+    fn workers_run_tasks_at_once_and_are_reused() {
+        use std::sync::mpsc::channel;
+        let w = Workers::new();
+        let (release_tx, release_rx) = channel::<()>();
+        let (done_tx, done_rx) = channel::<&str>();
+        let d = done_tx.clone();
+        w.run(Box::new(move || {
+            let _ = release_rx.recv();
+            let _ = d.send("long");
+        }))
+        .unwrap();
+        let d = done_tx.clone();
+        w.run(Box::new(move || {
+            let _ = d.send("quick");
+        }))
+        .unwrap();
+        let wait = Duration::from_secs(60);
+        assert_eq!(done_rx.recv_timeout(wait), Ok("quick"));
+        release_tx.send(()).unwrap();
+        assert_eq!(done_rx.recv_timeout(wait), Ok("long"));
+        let deadline = std::time::Instant::now() + wait;
+        while w.idle.load(Ordering::SeqCst) < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the workers never came back"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for _ in 0..10 {
+            let d = done_tx.clone();
+            w.run(Box::new(move || {
+                let _ = d.send("again");
+            }))
+            .unwrap();
+            assert_eq!(done_rx.recv_timeout(wait), Ok("again"));
+            while w.idle.load(Ordering::SeqCst) < 2 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a worker never came back"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        // Two workers did all twelve tasks: no thread beyond them was started.
+        assert_eq!(Arc::strong_count(&w.idle), 3);
+    }
 
     #[test]
     fn lines_over_the_limit_are_dropped_whole_and_reading_goes_on() {

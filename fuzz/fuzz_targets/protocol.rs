@@ -1,14 +1,16 @@
 //! Fuzz target: the agent protocol decoders, both sides of the wire. The agent's
 //! `parse_request` on any line (a request it accepts re-encodes to a line it accepts again;
-//! one it refuses gets an error reply that encodes to one line), and the client's decoding of
-//! the agent's lines (`Message`) and of reply bodies into the records it hands on.
+//! one it refuses gets an error reply that encodes to one line), and the client's reader of
+//! the agent's lines (`Message::read`: a message it reads re-encodes to one line that reads
+//! back the same) and of reply results into the records it hands on.
 #![no_main]
 
 use gpuloop::gpu::Gpu;
-use gpuloop::hosts::protocol::{self, Body, Message, Request};
+use gpuloop::hosts::protocol::{self, Body, JobState, Message, Request};
 use gpuloop::inspect::diagnose::Diagnosis;
 use gpuloop::inspect::holders::Holder;
 use gpuloop::process::kill::KillReport;
+use gpuloop::runner::Outcome;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -28,17 +30,22 @@ fuzz_target!(|data: &[u8]| {
             assert!(matches!(reply, Message::Reply { body: Body::Error(_), .. }));
             let text = reply.line();
             assert!(!text.contains('\n'), "{text}");
-            serde_json::from_str::<Message>(&text).expect("an error reply decodes");
+            assert_eq!(Message::read(&text).expect("an error reply reads back"), reply);
         }
     }
-    // The client side.
-    if let Ok(m) = serde_json::from_str::<Message>(line) {
-        assert!(!m.line().contains('\n'));
+    // The client side: what `read_replies` does with each line of the agent's.
+    if let Ok(m) = Message::read(line) {
+        let text = m.line();
+        assert!(!text.contains('\n'), "{text}");
+        assert_eq!(Message::read(&text).expect("a message read re-encodes readably"), m);
         if let Message::Reply { body: Body::Ok(v), .. } = m {
-            let _ = serde_json::from_value::<Vec<Gpu>>(v.clone());
-            let _ = serde_json::from_value::<Vec<Holder>>(v.clone());
-            let _ = serde_json::from_value::<Vec<Diagnosis>>(v.clone());
-            let _ = serde_json::from_value::<KillReport>(v);
+            let v = v.get();
+            let _ = serde_json::from_str::<Vec<Gpu>>(v);
+            let _ = serde_json::from_str::<Vec<Holder>>(v);
+            let _ = serde_json::from_str::<Vec<Diagnosis>>(v);
+            let _ = serde_json::from_str::<KillReport>(v);
+            let _ = serde_json::from_str::<JobState>(v);
+            let _ = serde_json::from_str::<Outcome>(v);
         }
     }
 });

@@ -1,10 +1,10 @@
 //! The client side: one long-lived agent per host, opened in parallel (at most `fanout`
 //! at a time), calls with ids and deadlines over its stdio, behind a blocking API.
 
+pub use super::protocol::Raw;
 use super::protocol::{self, Body, Call, Hello, Message, Request, Stream, WireError};
 use super::{HostError, HostsConfig, Transport, LOCAL};
-use serde::Deserialize;
-use serde_json::value::RawValue;
+use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::Stdio;
@@ -23,9 +23,6 @@ const CLOSE_WAIT: Duration = Duration::from_secs(20);
 /// How often a call still waiting pings its host (a ping unanswered for the host timeout
 /// means the host hangs, however long the call itself may take).
 const PROBE_EVERY: Duration = Duration::from_secs(5);
-
-/// A call's result as the agent wrote it: the caller parses it once, into its own type.
-pub type Raw = Box<RawValue>;
 
 /// What a call waits for: its result, or the agent's error.
 type Answer = Result<Raw, WireError>;
@@ -99,8 +96,11 @@ impl Pool {
     /// Opens every remote host in parallel, `fanout` at a time; a host that fails keeps
     /// its error (each call to it returns that error).
     pub fn connect(config: HostsConfig) -> Pool {
+        // Replies are read and parsed on these workers, in parallel: as many as the cores,
+        // up to a few (64 hosts' replies of a call take well under a millisecond on 8).
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(workers)
             .thread_name("gpuloop-hosts")
             .enable_all()
             .build()
@@ -186,12 +186,14 @@ impl Pool {
 
     /// Runs calls on several remote hosts at once; results in the order given. Each has
     /// `deadline` (None: none, the call ends when the host answers or the link drops).
-    pub fn call_many(
+    /// Each host's answer is parsed into `T` by its own task, so the hosts' replies are read
+    /// in parallel and the caller only merges them (`Raw` keeps the JSON text).
+    pub fn call_many<T: DeserializeOwned + Send + 'static>(
         &self,
         calls: Vec<(String, Call)>,
         deadline: Option<Duration>,
         interrupted: &'static AtomicBool,
-    ) -> Vec<Result<Raw, HostError>> {
+    ) -> Vec<Result<T, HostError>> {
         let mut handles = Vec::new();
         for (host, call) in calls {
             let conn = match self.slot(&host) {
@@ -204,8 +206,13 @@ impl Pool {
                 Err(e) => Err(e),
             };
             handles.push(conn.map(|c| {
-                self.rt
-                    .spawn(async move { c.call(call, deadline, interrupted).await })
+                self.rt.spawn(async move {
+                    let raw = c.call(call, deadline, interrupted).await?;
+                    serde_json::from_str::<T>(raw.get()).map_err(|e| HostError::Protocol {
+                        host: c.host.clone(),
+                        why: format!("unexpected reply: {e}"),
+                    })
+                })
             }));
         }
         self.rt.block_on(async {
@@ -236,13 +243,13 @@ impl Pool {
     }
 
     /// One call on one remote host.
-    pub fn call(
+    pub fn call<T: DeserializeOwned + Send + 'static>(
         &self,
         host: &str,
         call: Call,
         deadline: Option<Duration>,
         interrupted: &'static AtomicBool,
-    ) -> Result<Raw, HostError> {
+    ) -> Result<T, HostError> {
         self.call_many(vec![(host.to_string(), call)], deadline, interrupted)
             .pop()
             .unwrap_or(Err(HostError::Interrupted))
@@ -460,7 +467,7 @@ async fn connect(
                 ),
             });
         }
-        Ok(Ok(Some(line))) => match serde_json::from_str::<Message>(&line) {
+        Ok(Ok(Some(line))) => match Message::read(&line) {
             Ok(Message::Hello(h)) => h,
             _ => {
                 let _ = child.start_kill();
@@ -595,48 +602,6 @@ async fn read_stderr(host: String, stderr: tokio::process::ChildStderr, st: Arc<
     }
 }
 
-/// A reply line, read field by field. `Message`'s derived reader (a tagged enum with a
-/// flattened body) buffers the whole line in serde's generic form, builds a `Value` of the
-/// result and leaves the caller to convert that again: at 64 hosts those copies were most of
-/// the client's time per call. Here the result stays the agent's JSON text, parsed once by
-/// the caller into its own type. `None` for any other line (hello, output, or one this
-/// cannot read), which goes to `Message`'s reader.
-fn read_reply(line: &str) -> Option<(Option<u64>, Answer)> {
-    #[derive(Deserialize)]
-    struct Reply<'a> {
-        #[serde(rename = "type")]
-        kind: &'a str,
-        #[serde(default)]
-        id: Option<u64>,
-        #[serde(default, borrow, deserialize_with = "present")]
-        ok: Option<&'a RawValue>,
-        #[serde(default)]
-        error: Option<WireError>,
-    }
-    /// A result that is `null` is still a result.
-    fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-        <&RawValue>::deserialize(d).map(Some)
-    }
-    let r: Reply = serde_json::from_str(line).ok()?;
-    let body = match (r.kind, r.ok, r.error) {
-        ("reply", Some(v), None) => Ok(v.to_owned()),
-        ("reply", None, Some(e)) => Err(e),
-        _ => return None,
-    };
-    Some((r.id, body))
-}
-
-/// A reply `Message`'s reader read (one `read_reply` could not) as a call's answer.
-fn answer(body: Body) -> Answer {
-    match body {
-        Body::Ok(v) => serde_json::value::to_raw_value(&v).map_err(|e| WireError {
-            kind: protocol::ErrorKind::Malformed,
-            message: format!("an unreadable result: {e}"),
-        }),
-        Body::Error(e) => Err(e),
-    }
-}
-
 /// Dispatches replies to their callers and prints job output with the host's name; when
 /// the agent's stdout ends, every call still waiting fails with what ssh (or srun) said.
 async fn read_replies(
@@ -654,27 +619,28 @@ async fn read_replies(
             Ok(None) => break "the agent's output ended".to_string(),
             Err(e) => break format!("reading from the agent: {e}"),
         };
-        let (id, body) = match read_reply(&line) {
-            Some(reply) => reply,
-            None => match serde_json::from_str::<Message>(&line) {
-                Ok(Message::Output { id, stream, data }) => {
-                    let out = stream == Stream::Stdout;
-                    let mut p = lock(&partial);
-                    let buf = p.lines.entry((id, out)).or_default();
-                    buf.push_str(&data);
-                    print_lines(&host, out, buf, false);
-                    continue;
-                }
-                Ok(Message::Reply { id, body }) => (id, answer(body)),
-                Ok(Message::Hello(_)) => continue,
-                Err(e) => {
-                    tracing::warn!(
-                        "host {host}: unreadable line from the agent ({e}): {}",
-                        truncate(&line, 200)
-                    );
-                    continue;
-                }
-            },
+        let (id, body) = match Message::read(&line) {
+            Ok(Message::Reply { id, body }) => (id, body),
+            Ok(Message::Output { id, stream, data }) => {
+                let out = stream == Stream::Stdout;
+                let mut p = lock(&partial);
+                let buf = p.lines.entry((id, out)).or_default();
+                buf.push_str(&data);
+                print_lines(&host, out, buf, false);
+                continue;
+            }
+            Ok(Message::Hello(_)) => continue,
+            Err(e) => {
+                tracing::warn!(
+                    "host {host}: unreadable line from the agent ({e}): {}",
+                    truncate(&line, 200)
+                );
+                continue;
+            }
+        };
+        let body = match body {
+            Body::Ok(v) => Ok(v),
+            Body::Error(e) => Err(e),
         };
         let Some(id) = id else {
             tracing::warn!("host {host}: the agent rejected a request: {body:?}");
@@ -729,55 +695,5 @@ fn print_lines(host: &str, stdout: bool, buf: &mut String, flush: bool) {
         let _ = o.flush();
     } else {
         let _ = std::io::stderr().lock().write_all(s.as_bytes());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use protocol::ErrorKind;
-
-    /// The field-by-field reader agrees with `Message`'s on every reply the agent writes,
-    /// and leaves every other line to it.
-    #[test]
-    fn replies_are_read_as_the_agent_wrote_them() {
-        let gpus = serde_json::json!([{"index": 0, "name": "H200"}, {"index": 1, "name": "é\"x"}]);
-        for (id, body) in [
-            (Some(7), Body::Ok(gpus.clone())),
-            (Some(8), Body::Ok(serde_json::Value::Null)),
-            (
-                None,
-                Body::Error(WireError {
-                    kind: ErrorKind::Malformed,
-                    message: "not JSON".into(),
-                }),
-            ),
-        ] {
-            let line = Message::Reply {
-                id,
-                body: body.clone(),
-            }
-            .line();
-            let (got_id, got) = read_reply(&line).expect("a reply");
-            assert_eq!(got_id, id, "{line}");
-            match (body, got) {
-                (Body::Ok(v), Ok(raw)) => {
-                    assert_eq!(
-                        serde_json::from_str::<serde_json::Value>(raw.get()).unwrap(),
-                        v
-                    )
-                }
-                (Body::Error(e), Err(g)) => assert_eq!(g, e),
-                (b, g) => panic!("{b:?} read as {g:?}"),
-            }
-        }
-        let output = Message::Output {
-            id: 1,
-            stream: Stream::Stdout,
-            data: "hi\n".into(),
-        };
-        assert!(read_reply(&output.line()).is_none());
-        assert!(read_reply(r#"{"type":"reply","id":1}"#).is_none());
-        assert!(read_reply("not json").is_none());
     }
 }

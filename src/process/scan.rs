@@ -7,7 +7,7 @@ use super::ProcInfo;
 use crate::gpu::{DeviceNodes, Node};
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 /// A set of device nodes: GPU minors plus "some shared node".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,8 +76,7 @@ const PER_THREAD: usize = 64;
 pub fn scan(nodes: &DeviceNodes) -> Scan {
     let me = std::process::id() as i32;
     let pids: Vec<i32> = super::all_pids().into_iter().filter(|&p| p != me).collect();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
+    let threads = cores()
         .min(MAX_THREADS)
         .min(pids.len().div_ceil(PER_THREAD))
         .max(1);
@@ -112,6 +111,12 @@ pub fn scan(nodes: &DeviceNodes) -> Scan {
     out.users.sort_by_key(|u| u.pid);
     out.unreadable.sort_unstable();
     out
+}
+
+/// The cores this process may use, looked up once (the lookup reads cgroup files).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 /// Looks at one process; processes that vanish mid-scan are simply not users.
@@ -171,9 +176,11 @@ pub fn open_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
 }
 
 fn open_nodes_in(proc_dir: &ProcDir, nodes: &DeviceNodes) -> io::Result<NodeSet> {
-    let dirfd: OwnedFd = proc_dir.open_at("fd", true)?;
+    // The listing reads through this fd itself (`read_from` would reopen it: two more
+    // system calls for each of the machine's processes); readlinkat does not move it.
+    let mut dir = rustix::fs::Dir::new(proc_dir.open_at("fd", true)?)?;
+    let dirfd = dir.fd()?.as_raw_fd();
     let mut set = NodeSet::default();
-    let mut dir = rustix::fs::Dir::read_from(&dirfd)?;
     let mut buf = [0u8; 512];
     let prefix = nodes.prefix();
     while let Some(entry) = dir.read() {
@@ -183,15 +190,14 @@ fn open_nodes_in(proc_dir: &ProcDir, nodes: &DeviceNodes) -> io::Result<NodeSet>
             continue;
         }
         // SAFETY: dirfd is open, name is NUL-terminated, buf is writable for its length.
-        let n = unsafe {
-            libc::readlinkat(
-                dirfd.as_raw_fd(),
-                name.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
+        let n =
+            unsafe { libc::readlinkat(dirfd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         if n <= 0 {
+            // Whether its fds may be read is decided for the whole process: once one is
+            // refused, so is every other (a process of another container has hundreds).
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EACCES) {
+                break;
+            }
             continue;
         }
         let target = &buf[..n as usize];

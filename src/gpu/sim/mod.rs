@@ -332,8 +332,11 @@ impl SimBackend {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(corrupt(e.to_string())),
         };
+        // Read whole: `from_reader` on a bare file reads it a byte per system call.
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut text).map_err(|e| corrupt(e.to_string()))?;
         let alloc: Allocation =
-            serde_json::from_reader(&file).map_err(|e| corrupt(e.to_string()))?;
+            serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
         if alloc.mib < 0 || alloc.mib.checked_mul(MIB).is_none_or(|b| b > MAX_GPU_BYTES) {
             return Err(corrupt(format!("{} MiB", alloc.mib)));
         }
