@@ -5,5 +5,6 @@
 static ALLOC: gpuloop::memory::Counting = gpuloop::memory::Counting;
 
 fn main() {
+    gpuloop::memory::keep_freed_memory();
     std::process::exit(gpuloop::cli::main());
 }

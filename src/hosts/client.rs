@@ -98,7 +98,7 @@ impl Pool {
     pub fn connect(config: HostsConfig) -> Pool {
         // Replies are read and parsed on these workers, in parallel: as many as the cores,
         // up to a few (64 hosts' replies of a call take well under a millisecond on 8).
-        let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
+        let workers = crate::process::cores().clamp(2, 8);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)
             .thread_name("gpuloop-hosts")

@@ -112,6 +112,12 @@ pub fn all_pids() -> Vec<i32> {
         .collect()
 }
 
+/// The cores this process may use, looked up once (the lookup reads cgroup files).
+pub fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
 /// One pass over /proc: the stat of every live process.
 pub fn process_table() -> Vec<ProcInfo> {
     all_pids()

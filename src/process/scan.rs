@@ -76,7 +76,7 @@ const PER_THREAD: usize = 64;
 pub fn scan(nodes: &DeviceNodes) -> Scan {
     let me = std::process::id() as i32;
     let pids: Vec<i32> = super::all_pids().into_iter().filter(|&p| p != me).collect();
-    let threads = cores()
+    let threads = super::cores()
         .min(MAX_THREADS)
         .min(pids.len().div_ceil(PER_THREAD))
         .max(1);
@@ -111,12 +111,6 @@ pub fn scan(nodes: &DeviceNodes) -> Scan {
     out.users.sort_by_key(|u| u.pid);
     out.unreadable.sort_unstable();
     out
-}
-
-/// The cores this process may use, looked up once (the lookup reads cgroup files).
-fn cores() -> usize {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 /// Looks at one process; processes that vanish mid-scan are simply not users.
