@@ -122,13 +122,22 @@ const DRIVER_FIRST: &[&str] = &[
     "gpus", "holders", "diagnose", "clean", "wait", "epilog", "prolog",
 ];
 
-/// Whether the raw command line is `gpuloop ONE-SHOT …` (`DRIVER_FIRST`, the subcommand
-/// first) on this machine's driver: no simulator, no host set. Read before clap parses, so
-/// that NVML starts loading at once; other spellings are caught after parsing
-/// (`wants_driver`). Never true where clap would not select the NVML backend.
-fn driver_first(argv: &[std::ffi::OsString]) -> bool {
-    let sim = std::env::var_os("GPULOOP_SIM").is_some_and(|v| !v.is_empty());
-    let first = argv.get(1).and_then(|a| a.to_str());
+/// Whether the raw command line is `gpuloop [FLAGS] ONE-SHOT …` (`DRIVER_FIRST`, after
+/// only global flags that take no value) on this machine's driver: no simulator, no host set.
+/// Read before clap parses (~0.5 ms, more on a busy machine), so that NVML starts loading at
+/// once; other spellings are caught after parsing (`wants_driver`). Never true where clap
+/// would not select the NVML backend.
+fn driver_first(argv: &[std::ffi::OsString], sim: bool) -> bool {
+    let valueless = |a: &str| {
+        matches!(a, "--json" | "--wide" | "--verbose")
+            || a.starts_with("--color=")
+            || (a.len() > 1 && a.starts_with('-') && a[1..].bytes().all(|b| b == b'v'))
+    };
+    let first = argv
+        .iter()
+        .skip(1)
+        .find(|a| a.to_str().is_none_or(|a| !valueless(a)))
+        .and_then(|a| a.to_str());
     !sim && first.is_some_and(|a| DRIVER_FIRST.contains(&a))
         && !argv.iter().any(|a| {
             let a = a.as_encoded_bytes();
@@ -160,7 +169,8 @@ pub fn main() -> i32 {
     // NVML's load and init (~10 ms on an H200) is most of a one-shot's time: it starts before
     // anything else, and overlaps it all.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if driver_first(&argv) {
+    let sim = std::env::var_os("GPULOOP_SIM").is_some_and(|v| !v.is_empty());
+    if driver_first(&argv, sim) {
         crate::gpu::nvml::preload();
     }
     let args = match Args::try_parse_from(&argv) {
@@ -279,4 +289,64 @@ fn report(e: Error, json: bool) -> i32 {
 fn json_error(msg: &str) {
     let msg = msg.trim_end().trim_start_matches("error: ");
     eprintln!("{}", serde_json::json!({ "error": msg }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(line: &str) -> Vec<std::ffi::OsString> {
+        line.split_whitespace().map(Into::into).collect()
+    }
+
+    #[test]
+    fn nvml_starts_before_parsing_only_for_a_one_shot_on_this_machines_driver() {
+        for yes in [
+            "gpuloop gpus",
+            "gpuloop holders --gpu 0 --json",
+            "gpuloop -v --json --color=never diagnose",
+            "gpuloop -vv clean --timeout 5",
+        ] {
+            assert!(driver_first(&argv(yes), false), "{yes}");
+        }
+        for no in [
+            "gpuloop",
+            "gpuloop run gpus",
+            "gpuloop eval holders",
+            "gpuloop --sim 2x8G gpus",
+            "gpuloop gpus --sim=2x8G",
+            "gpuloop --host a gpus",
+            "gpuloop holders --hosts-file f",
+            "gpuloop --limit memory=1G gpus",
+            "gpuloop --color never gpus",
+            "gpuloop kill 1234",
+            "gpuloop sim hold --name holders",
+        ] {
+            assert!(!driver_first(&argv(no), false), "{no}");
+        }
+        assert!(
+            !driver_first(&argv("gpuloop gpus"), true),
+            "GPULOOP_SIM set"
+        );
+    }
+
+    #[test]
+    fn nvml_starts_after_parsing_for_every_spelling_of_a_local_one_shot() {
+        let wants = |line: &str| {
+            let mut v = argv(line);
+            if !line.contains("--sim") {
+                // An empty --sim is no simulator, whatever GPULOOP_SIM says.
+                v.splice(1..1, ["--sim".into(), "".into()]);
+            }
+            wants_driver(&Args::try_parse_from(v).unwrap())
+        };
+        assert!(wants("gpuloop --color never gpus"));
+        assert!(wants("gpuloop --limit memory=1G holders --all"));
+        assert!(wants("gpuloop kill --gpu 0"));
+        assert!(!wants("gpuloop kill 1234"));
+        assert!(!wants("gpuloop --sim 2x8G gpus"));
+        assert!(!wants("gpuloop --host a gpus"));
+        assert!(!wants("gpuloop eval 1"));
+        assert!(!wants("gpuloop repl"));
+    }
 }
