@@ -6,7 +6,10 @@
 Each variant runs in --runs fresh processes (ctypes, like nvml_calls.py); per step the median
 time (ms) and the return codes NVML gave. Variants:
   - index:               nvmlInit_v2, handles by index (the way gpuloop does it today)
-  - index_threads:       nvmlInit_v2, each GPU's handle on a thread of its own (gpuloop's way)
+  - index_threads:       nvmlInit_v2, each GPU's handle on a thread of its own
+  - index_warm:          gpuloop's way: a thread per GPU starts its attach right after init
+                         while the reader asks for the same handles (attached once or twice?)
+  - init2_index:         two threads call nvmlInit_v2 at once (safe, and as fast as one?)
   - busid / uuid:        nvmlInit_v2, handles by PCI bus id (_v2) / by UUID
   - noattach_busid / noattach_uuid / noattach_index:
                          nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH), then handles by bus id,
@@ -102,11 +105,43 @@ def child(variant):
     noattach = variant.startswith("noattach_")
     how = variant.replace("noattach_", "").replace("_threads", "")
     threads = variant.endswith("_threads")
-    c.lap("init", lib.nvmlInitWithFlags(ctypes.c_uint(NO_ATTACH)) if noattach else lib.nvmlInit_v2())
+    if variant == "init2_index":
+        # Two threads initialise at once (would overlapping nvml-wrapper's symbol lookup with
+        # a bare nvmlInit_v2 on another thread be safe and free?).
+        rcs = []
+        ts = [threading.Thread(target=lambda: rcs.append(lib.nvmlInit_v2())) for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        c.lap("init", max(rcs))
+        how = "index"
+    else:
+        c.lap("init", lib.nvmlInitWithFlags(ctypes.c_uint(NO_ATTACH)) if noattach else lib.nvmlInit_v2())
     n = ctypes.c_uint(0)
     c.lap("count", lib.nvmlDeviceGetCount_v2(ctypes.byref(n)))
+    if not gpus:
+        # No /proc/driver/nvidia here: the index variants still run (bus ids and UUIDs fail).
+        gpus = [{"bus_id": "", "uuid": "", "minor": ""} for _ in range(n.value)]
     handles = {}
-    if threads:
+    if variant == "index_warm":
+        # gpuloop's way since round 4: one thread per GPU starts the attach right after init,
+        # and the reader asks for the same handles at once (does the driver attach each GPU
+        # once, the reader waiting for it, or twice?).
+        ws = [threading.Thread(target=handle_of, args=(lib, "index", i, g))
+              for i, g in enumerate(gpus)]
+        for t in ws:
+            t.start()
+        for i, g in enumerate(gpus):
+            rc, h = handle_of(lib, "index", i, g)
+            c.lap(f"gpu{i}.handle", rc)
+            if rc == 0:
+                handles[i] = h
+        c.t["handles_wall"] = sum(c.t.get(f"gpu{i}.handle", 0.0) for i in range(len(gpus)))
+        for t in ws:
+            t.join()
+        c.lap("warm_join")
+    elif threads:
         res = {}
 
         def get(i, g):
@@ -212,8 +247,8 @@ def gpuloop_runs(binary, outdir):
     return res
 
 
-VARIANTS = ("index", "index_threads", "busid", "uuid", "noattach_index", "noattach_busid",
-            "noattach_uuid", "noattach_busid_threads")
+VARIANTS = ("index", "index_threads", "index_warm", "init2_index", "busid", "uuid",
+            "noattach_index", "noattach_busid", "noattach_uuid", "noattach_busid_threads")
 
 
 def main():
