@@ -19,6 +19,8 @@ Bus ids and UUIDs come from /proc/driver/nvidia/gpus/*/information, not from NVM
 After the handle, per GPU: nvmlDeviceGetMemoryInfo (v1) and nvmlDeviceGetMemoryInfo_v2, each
 twice; nvmlDeviceGetUtilizationRates three times (is only the first call slow, and is it per
 GPU?); temperature twice; the compute-process count twice.
+In the index variant, after the reads: dlsym of every nvml* name in the library (what
+nvml-wrapper does before nvmlInit: it resolves ~400 symbols) and a second nvmlInit_v2.
 Also: the cost of a process's exit after NVML (the kernel closing the driver's fds, which a
 one-shot's caller waits for), with and without nvmlShutdown, against a process that never
 loaded NVML; and, where strace exists, `strace -f -tt -T` of one `gpuloop gpus --json` and one
@@ -46,6 +48,17 @@ def proc_gpus():
         out.append({"bus_id": os.path.basename(d), "uuid": info.get("GPU UUID", ""),
                     "minor": info.get("Device Minor", "")})
     return out
+
+
+def nvml_names():
+    """The nvml* names in the loaded library's file (its exports, and a few strings)."""
+    import re
+    with open("/proc/self/maps") as f:
+        path = next((l.split()[-1] for l in f if "nvidia-ml" in l or LIB in l), None)
+    if not path:
+        return []
+    with open(path, "rb") as f:
+        return sorted(set(re.findall(rb"nvml[A-Za-z0-9_]+", f.read())))
 
 
 class Clock:
@@ -170,6 +183,24 @@ def child(variant):
     used = {}
     for i, h in sorted(handles.items()):
         used[i] = reads(lib, c, i, h)
+    if variant == "index":
+        # What nvml-wrapper adds before gpuloop's attaches can start: resolving every NVML
+        # symbol (dlsym of each name the library exports) and, were gpuloop to call a bare
+        # nvmlInit_v2 first, a second (reference-counted) nvmlInit_v2.
+        c.lap("reads_done")
+        c.lap("init_again", lib.nvmlInit_v2())
+        names = nvml_names()
+        dlsym = ctypes.CDLL(None).dlsym
+        dlsym.restype, dlsym.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+        found = sum(1 for nm in names if dlsym(lib._handle, nm))
+        c.lap("dlsym_all")
+        c.rc["dlsym_all"] = f"{found} of {len(names)} names"
+        # The same number of ctypes calls to a C function that does nothing much: subtract it
+        # from dlsym_all for the lookups alone.
+        nop = ctypes.CDLL(None).dlerror
+        for _ in names:
+            nop()
+        c.lap("ctypes_calls_baseline")
     return {"ms": c.t, "rc": c.rc, "nvml_count": n.value, "proc_gpus": len(gpus),
             "mem_used": used}
 
