@@ -13,8 +13,15 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_LIMIT: Duration = Duration::from_secs(10);
 
 /// How much longer a whole read of several GPUs may take than one GPU's deadline, so that the
-/// GPUs that answered are reported beside one that did not.
-const PER_GPU_MARGIN: Duration = Duration::from_millis(500);
+/// GPUs that answered are reported beside one that did not: the deadline again, between half
+/// a second and two (a hung device count, which this bounds, then ends in at most 12 s by
+/// default). The per-GPU deadlines start a little after the whole read's (a thread, the
+/// device count), and a loaded machine can stall the thread that reports them: with a margin
+/// of a fixed 0.5 s, a 2-core machine under a load of 50 once failed a whole read of 1 s
+/// deadlines with one GPU hung, instead of reporting that GPU beside the others.
+fn per_gpu_margin(limit: Duration) -> Duration {
+    limit.clamp(Duration::from_millis(500), Duration::from_secs(2))
+}
 
 /// The deadline from `GPULOOP_DRIVER_TIMEOUT` (seconds), else `DEFAULT_LIMIT`.
 pub fn limit_from_env() -> Duration {
@@ -157,13 +164,17 @@ impl Backend for Deadline {
     // The NVML backend gives each GPU of several the same deadline and reports a hung one
     // beside the others: this outer bound is only for a call hung before that (the count).
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        self.call_within("gpus", self.limit + PER_GPU_MARGIN, |b| b.gpus())
+        self.call_within("gpus", self.limit + per_gpu_margin(self.limit), |b| {
+            b.gpus()
+        })
     }
 
     fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        self.call_within("inventory_gpus", self.limit + PER_GPU_MARGIN, |b| {
-            b.inventory_gpus()
-        })
+        self.call_within(
+            "inventory_gpus",
+            self.limit + per_gpu_margin(self.limit),
+            |b| b.inventory_gpus(),
+        )
     }
 
     fn mem_used(&self, indices: &[i64]) -> Result<Vec<(i64, i64)>, GpuError> {
