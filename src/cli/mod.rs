@@ -166,6 +166,13 @@ fn wants_driver(args: &Args) -> bool {
 /// Runs gpuloop and returns the process exit code.
 pub fn main() -> i32 {
     crate::timeline::start();
+    // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`). Set while
+    // this is the only thread: libc's getenv (NVML's init, below, reads the environment)
+    // races with a setenv on another thread.
+    if let Ok(exe) = std::env::current_exe() {
+        std::env::set_var("GPULOOP_EXE", &exe);
+        crate::runner::guard::enable(exe);
+    }
     // NVML's load and init (~10 ms on an H200) is most of a one-shot's time: it starts before
     // anything else, and overlaps it all.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -215,11 +222,6 @@ pub fn main() -> i32 {
     crate::output::set_color(args.color.into());
     crate::output::set_wide(args.wide);
     init_logs(args.verbose);
-    // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`).
-    if let Ok(exe) = std::env::current_exe() {
-        std::env::set_var("GPULOOP_EXE", &exe);
-        crate::runner::guard::enable(exe);
-    }
     let result = Config::from_args(&args).and_then(|cfg| on_script_thread(&args, &cfg));
     let code = match result {
         Ok(code) => code,
