@@ -127,11 +127,9 @@ impl Job {
             cmd: shown.clone(),
             source: e,
         };
-        let mut child = supervise::spawn_registered(opts.grace, command).map_err(spawn_err)?;
-        let pid = child.id() as i32;
-        // Our unreaped child: its pid cannot be reused, so its stat is its own.
-        let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
-        let id = Identity::new(pid, start);
+        let (mut child, id) =
+            supervise::spawn_registered(opts.grace, command).map_err(spawn_err)?;
+        let pid = id.pid;
         let pidfd = Pid::from_raw(pid).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
 
         let shared = Arc::new(Shared {

@@ -216,11 +216,12 @@ fn die_with_parent(command: &mut Command) {
 }
 
 /// Spawns a job's leader and registers it in one step, so the reaper never takes its exit
-/// status from under `Child::wait`. The leader dies with gpuloop (`PR_SET_PDEATHSIG`), and
-/// runs its command only once the guard knows its process group (`StartGate`).
-pub fn spawn_registered(grace: Duration, mut command: Command) -> io::Result<Child> {
+/// status from under `Child::wait`; returns it with its identity. The leader dies with
+/// gpuloop (`PR_SET_PDEATHSIG`), and runs its command only once the guard knows its process
+/// group (`StartGate`).
+pub fn spawn_registered(grace: Duration, mut command: Command) -> io::Result<(Child, Identity)> {
     die_with_parent(&mut command);
-    let (mut gate, ends) = if guard::enabled() {
+    let (gate, ends) = if guard::enabled() {
         let (gate, ends, hook) = StartGate::new()?;
         // SAFETY: the hook is async-signal-safe and allocates nothing (`StartGate::new`).
         unsafe { command.pre_exec(hook) };
@@ -230,52 +231,51 @@ pub fn spawn_registered(grace: Duration, mut command: Command) -> io::Result<Chi
     };
     let mut st = state();
     let pending = spawn_on_spawner(command, ends)?;
-    let mut reported = None;
-    if let Some(mut g) = gate.take() {
-        reported = g.child_pid();
-        if let Some(pid) = reported {
-            register(&mut st, pid, grace);
-        }
+    // Through the gate the leader is registered before it runs its command.
+    let early = gate.and_then(|mut g| {
+        let id = g.child_pid().map(|pid| register(&mut st, pid, grace));
         g.open();
-    }
+        id
+    });
     let spawned = pending
         .recv()
         .unwrap_or_else(|_| Err(io::Error::other("the spawner thread ended")));
-    match (spawned, reported) {
-        (Ok(child), None) => {
-            register(&mut st, child.id() as i32, grace);
-            Ok(child)
+    match spawned {
+        Ok(child) => {
+            let id = early.unwrap_or_else(|| register(&mut st, child.id() as i32, grace));
+            Ok((child, id))
         }
-        (Ok(child), Some(_)) => Ok(child),
-        (Err(e), Some(pid)) => {
-            // std reaped the child whose exec failed.
-            unregister(&mut st, pid);
+        Err(e) => {
+            // std reaped the child whose exec failed: no job after all.
+            if let Some(id) = early {
+                unregister(&mut st, id);
+            }
             Err(e)
         }
-        (Err(e), None) => Err(e),
     }
 }
 
-/// A new leader: live, its group the job's, and the guard told.
-fn register(st: &mut State, pid: i32, grace: Duration) {
+/// A new leader: live, its group the job's, and the guard told. Our unreaped child: its pid
+/// cannot be reused, so its stat is its own.
+fn register(st: &mut State, pid: i32, grace: Duration) -> Identity {
+    let id = Identity::new(pid, crate::process::read_stat(pid).map_or(0, |p| p.start));
     st.pgids.insert(pid);
     st.live.push(Live {
         pid,
         grace,
         lineage: HashSet::new(),
     });
-    let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
-    st.groups.push(Identity::new(pid, start));
-    guard::tell_group(Identity::new(pid, start));
+    st.groups.push(id);
+    guard::tell_group(id);
+    id
 }
 
-/// A leader whose exec failed: no job after all.
-fn unregister(st: &mut State, pid: i32) {
-    st.pgids.remove(&pid);
-    st.live.retain(|l| l.pid != pid);
-    if let Some(i) = st.groups.iter().position(|g| g.pid == pid) {
-        guard::forget_group(st.groups.swap_remove(i));
-    }
+/// A leader whose exec failed.
+fn unregister(st: &mut State, id: Identity) {
+    st.pgids.remove(&id.pid);
+    st.live.retain(|l| l.pid != id.pid);
+    st.groups.retain(|g| *g != id);
+    guard::forget_group(id);
 }
 
 /// The leader was reaped: its lineage stays known, it is no longer live.
