@@ -117,6 +117,34 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     Ok(Some(cfg))
 }
 
+/// The one-shots that read this machine's driver as their first real work.
+const DRIVER_FIRST: &[&str] = &[
+    "gpus", "holders", "diagnose", "clean", "wait", "epilog", "prolog",
+];
+
+/// Whether the raw command line is `gpuloop [FLAGS] ONE-SHOT …` (`DRIVER_FIRST`, after
+/// only global flags that take no value) on this machine's driver: no simulator, no host set.
+/// Read before clap parses (~0.5 ms, more on a busy machine), so that NVML starts loading at
+/// once; other spellings are caught after parsing (`wants_driver`). Never true where clap
+/// would not select the NVML backend.
+fn driver_first(argv: &[std::ffi::OsString], sim: bool) -> bool {
+    let valueless = |a: &str| {
+        matches!(a, "--json" | "--wide" | "--verbose")
+            || a.starts_with("--color=")
+            || (a.len() > 1 && a.starts_with('-') && a[1..].bytes().all(|b| b == b'v'))
+    };
+    let first = argv
+        .iter()
+        .skip(1)
+        .find(|a| a.to_str().is_none_or(|a| !valueless(a)))
+        .and_then(|a| a.to_str());
+    !sim && first.is_some_and(|a| DRIVER_FIRST.contains(&a))
+        && !argv.iter().any(|a| {
+            let a = a.as_encoded_bytes();
+            a.starts_with(b"--sim") || a.starts_with(b"--host")
+        })
+}
+
 /// Whether the parsed command is a one-shot that reads this machine's driver first thing.
 fn wants_driver(args: &Args) -> bool {
     let local = args.hosts.sources().is_empty();
@@ -145,7 +173,14 @@ pub fn main() -> i32 {
         std::env::set_var("GPULOOP_EXE", &exe);
         crate::runner::guard::enable(exe);
     }
-    let args = match Args::try_parse() {
+    // NVML's load and init (~10 ms on an H200) is most of a one-shot's time: it starts before
+    // anything else, and overlaps it all.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let sim = std::env::var_os("GPULOOP_SIM").is_some_and(|v| !v.is_empty());
+    if driver_first(&argv, sim) {
+        crate::gpu::nvml::preload();
+    }
+    let args = match Args::try_parse_from(&argv) {
         Ok(a) => a,
         Err(e) => {
             // --help and --version are answers, not errors.
@@ -180,8 +215,6 @@ pub fn main() -> i32 {
     if let Cmd::Guard = &args.cmd {
         return crate::runner::guard::main();
     }
-    // NVML's load and init (~10 ms on an H200) is most of a one-shot's time: it starts now,
-    // and overlaps the config, the logs, the interrupt handlers and the /proc scan.
     if wants_driver(&args) {
         crate::gpu::nvml::preload();
     }
@@ -266,6 +299,37 @@ mod tests {
 
     fn argv(line: &str) -> Vec<std::ffi::OsString> {
         line.split_whitespace().map(Into::into).collect()
+    }
+
+    #[test]
+    fn nvml_starts_before_parsing_only_for_a_one_shot_on_this_machines_driver() {
+        for yes in [
+            "gpuloop gpus",
+            "gpuloop holders --gpu 0 --json",
+            "gpuloop -v --json --color=never diagnose",
+            "gpuloop -vv clean --timeout 5",
+        ] {
+            assert!(driver_first(&argv(yes), false), "{yes}");
+        }
+        for no in [
+            "gpuloop",
+            "gpuloop run gpus",
+            "gpuloop eval holders",
+            "gpuloop --sim 2x8G gpus",
+            "gpuloop gpus --sim=2x8G",
+            "gpuloop --host a gpus",
+            "gpuloop holders --hosts-file f",
+            "gpuloop --limit memory=1G gpus",
+            "gpuloop --color never gpus",
+            "gpuloop kill 1234",
+            "gpuloop sim hold --name holders",
+        ] {
+            assert!(!driver_first(&argv(no), false), "{no}");
+        }
+        assert!(
+            !driver_first(&argv("gpuloop gpus"), true),
+            "GPULOOP_SIM set"
+        );
     }
 
     #[test]
