@@ -22,12 +22,35 @@ encryption): the client and agents' own cost without OpenSSH's. `TRANSPORTS=pipe
 OpenSSH and no pdsh: the one-shots then go over the pipe too, and the pdsh and ssh-loop
 baselines are left out.
 
+OPENSSH_BUNDLE=DIR (a bundle made by benches/openssh-bundle.sh DIR on a Debian 12 machine):
+ssh, sshd, ssh-keygen and pdsh come from DIR, for a machine with no OpenSSH or pdsh (the GPU
+bench machine). DIR/bin goes first on PATH and DIR/lib on LD_LIBRARY_PATH for everything this
+script starts, gpuloop and the ssh it starts included (the target's own glibc; the sessions
+sshd starts get a clean environment, so the agents run on the target's own libraries alone).
+A first `ssh -v` login runs before anything is measured; any sshd failure quotes sshd's log
+(-E). As root, sshd needs its privilege-separation user `sshd`: where it is missing, the bench
+adds it (useradd, or a line appended to /etc/passwd) only if BENCH_MAY_ADD_SSHD_USER=1, and
+says so on stderr and in the JSON (machine.sshd_user_added). As root, pdsh ignores
+PDSH_MODULE_DIR and loads modules only from its compiled-in dir: where that is missing, the
+bench makes it with the bundle's ssh module (and removes it at the end) only if
+BENCH_MAY_ADD_PDSH_MODULES=1; otherwise the pdsh baseline is left out, saying why.
+
+On the GPU bench machine (root, gVisor, no OpenSSH), from the repo root, carrying
+`target/release/gpuloop` and `.bench-ssh` (made here by `benches/openssh-bundle.sh .bench-ssh`):
+    benches/hosts-device.sh $OUT
+that is, with REPS=4 CALLS=30 TRANSPORTS=ssh,pipe and both BENCH_MAY_ADD_* set, under
+`timeout -s TERM 570` (JSON in $OUT/hosts-ssh.json, stderr in $OUT/hosts-ssh.log).
+
+OUT.json is also written after every size with "complete": false, so a run stopped by a time
+limit keeps the sizes it finished; the last write says "complete": true.
+
 Every process it signals is one it started and has not yet reaped (holders and sshd are its
 own children, so their pids cannot be reused), and the temp dir goes even on failure.
 Usage: benches/hosts.py [BIN [OUT.json]]   (the JSON goes to OUT.json, or to stdout)
-(env: CALLS, REPS, SIZES, TRANSPORTS; ONLY_SESSIONS=1 skips the one-shots and baselines)
+(env: CALLS, REPS, SIZES, TRANSPORTS, OPENSSH_BUNDLE, BENCH_MAY_ADD_SSHD_USER,
+BENCH_MAY_ADD_PDSH_MODULES; ONLY_SESSIONS=1 skips the one-shots and baselines)
 """
-import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import json, os, pwd, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
 BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release/gpuloop")
 CALLS = int(os.environ.get("CALLS", "30"))
@@ -38,6 +61,9 @@ OUT = sys.argv[2] if len(sys.argv) > 2 else None
 # The one-shots connect afresh each time: over ssh when it is measured, else over the pipe.
 ONESHOT = "ssh" if "ssh" in TRANSPORTS else "pipe"
 HZ = os.sysconf("SC_CLK_TCK")
+# OPENSSH_BUNDLE=DIR: ssh, sshd, ssh-keygen (and pdsh) from a benches/openssh-bundle.sh bundle.
+BUNDLE = os.path.abspath(os.environ["OPENSSH_BUNDLE"]) if os.environ.get("OPENSSH_BUNDLE") else None
+SSH, SSHD, KEYGEN, PDSH = "ssh", "/usr/sbin/sshd", "ssh-keygen", "pdsh"
 # Lets this script read /proc between the phases of a session; not counted in any figure.
 SETTLE_S = 0.5
 
@@ -92,12 +118,84 @@ def cpu_tree(roots):
     return out
 
 
+def first_line(*cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    return ((r.stdout + r.stderr).splitlines() or ["?"])[0]
+
+
+def use_bundle():
+    """Points every OpenSSH program this script and gpuloop start at the bundle: its bin/ first
+    on PATH (gpuloop starts `ssh` from PATH), its lib/ on LD_LIBRARY_PATH (the target's own
+    glibc, the bundle's other libraries), OPENSSL_CONF=/dev/null (the bundle's libcrypto does
+    not read the target's openssl.cnf, written for another OpenSSL). sshd gives the sessions
+    it starts a clean environment: the agents run with the target's own libraries."""
+    global SSH, SSHD, KEYGEN, PDSH
+    b = f"{BUNDLE}/bin"
+    for prog in ("ssh", "sshd", "ssh-keygen"):
+        if not os.access(f"{b}/{prog}", os.X_OK):
+            raise SystemExit(f"OPENSSH_BUNDLE={BUNDLE}: no {b}/{prog}; make the bundle with "
+                             f"benches/openssh-bundle.sh DIR on a machine with OpenSSH")
+    try:
+        manifest = dict(l.split(": ", 1) for l in open(f"{BUNDLE}/MANIFEST").read().splitlines())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"OPENSSH_BUNDLE={BUNDLE}: unreadable MANIFEST ({e})")
+    here = os.confstr("CS_GNU_LIBC_VERSION") or "none"  # "glibc 2.39"
+    ver = lambda v: tuple(int(x) for x in v.split("."))
+    if not here.startswith("glibc ") or ver(here.split()[1]) < ver(manifest["glibc_min"]):
+        raise SystemExit(f"OPENSSH_BUNDLE={BUNDLE} needs glibc >= {manifest['glibc_min']}, "
+                         f"this machine has {here}")
+    SSH, SSHD, KEYGEN = f"{b}/ssh", f"{b}/sshd", f"{b}/ssh-keygen"
+    # sshd re-execs itself by its argv[0]: it must be an absolute path.
+    PDSH = f"{b}/pdsh" if os.access(f"{b}/pdsh", os.X_OK) else None
+    os.environ["PATH"] = f"{b}:" + os.environ.get("PATH", "/usr/bin:/bin")
+    lib = os.environ.get("LD_LIBRARY_PATH")
+    os.environ["LD_LIBRARY_PATH"] = f"{BUNDLE}/lib" + (f":{lib}" if lib else "")
+    os.environ["OPENSSL_CONF"] = "/dev/null"
+    return manifest
+
+
+def sshd_user():
+    """As root, sshd needs its privilege-separation user `sshd` (it chroots to /run/sshd and
+    drops to that user before authentication). Adds it only where BENCH_MAY_ADD_SSHD_USER=1
+    says this machine is a throw-away one; says what it did. Returns what was done, or None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("sshd")
+        return None
+    except KeyError:
+        pass
+    if os.environ.get("BENCH_MAY_ADD_SSHD_USER") != "1":
+        raise SystemExit("sshd runs as root here and needs its privilege-separation user "
+                         "`sshd`, which this machine lacks. On a throw-away machine, "
+                         "BENCH_MAY_ADD_SSHD_USER=1 lets this bench add it; or add it yourself "
+                         "(useradd --system --no-create-home --home-dir /run/sshd sshd). "
+                         "TRANSPORTS=pipe measures without OpenSSH.")
+    if shutil.which("useradd"):
+        r = subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/run/sshd",
+                            "--shell", "/usr/sbin/nologin", "sshd"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"useradd sshd exited {r.returncode}: {r.stderr.strip()}")
+        did = f"added user sshd (uid {pwd.getpwnam('sshd').pw_uid}) with useradd --system"
+    else:
+        used = {p.pw_uid for p in pwd.getpwall()}
+        uid = next(u for u in range(999, 99, -1) if u not in used)
+        with open("/etc/passwd", "a") as f:
+            f.write(f"sshd:x:{uid}:65534::/run/sshd:/usr/sbin/nologin\n")
+        did = f"appended sshd:x:{uid}:65534::/run/sshd:/usr/sbin/nologin to /etc/passwd (no useradd)"
+    print(f"hosts.py: BENCH_MAY_ADD_SSHD_USER=1: {did}: sshd's privilege-separation user",
+          file=sys.stderr, flush=True)
+    return did
+
+
 class Bench:
     def __init__(self):
         self.tmp = tempfile.mkdtemp(prefix="gpuloop-bench-hosts-")
         self.holders = []  # Popen of `sim hold --foreground`: our children until reaped
         self.sshd = None
         self.session_proc = None  # a gpuloop session being measured (our unreaped child)
+        self.made_pdsh_dir = None  # a pdsh module dir this run made (removed at the end)
+        self.pdsh_skipped = None
 
     def env_of(self, alias):
         return dict(os.environ, GPULOOP_SIM="8x80G", GPULOOP_SIM_DIR=f"{self.tmp}/sims/{alias}")
@@ -128,7 +226,7 @@ class Bench:
         self.port = free_port()
         if "ssh" in TRANSPORTS:  # a pipe-only run needs no OpenSSH at all
             for k in ("host_key", "id"):
-                sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{tmp}/{k}")
+                sh(KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", f"{tmp}/{k}")
             shutil.copy(f"{tmp}/id.pub", f"{tmp}/authorized_keys")
             with open(f"{tmp}/host_key.pub") as f:
                 key = " ".join(f.read().split()[:2])
@@ -184,20 +282,86 @@ eval "exec $2"
         os.chmod(f"{tmp}/pipe-bin/ssh", 0o755)
         if "ssh" not in TRANSPORTS:
             return
-        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation dir
-        self.sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", f"{tmp}/sshd_config",
+        self.added_sshd_user = sshd_user()
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+        self.sshd = subprocess.Popen([SSHD, "-D", "-f", f"{tmp}/sshd_config",
                                       "-p", str(self.port), "-E", f"{tmp}/sshd.log"])
         deadline = time.time() + 30
         while True:
             if self.sshd.poll() is not None:
-                raise SystemExit("sshd exited: " + open(f"{tmp}/sshd.log").read())
+                raise SystemExit(f"sshd exited {self.sshd.returncode}" + self.sshd_log())
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 break
             except OSError:
                 if time.time() > deadline:
-                    raise SystemExit("sshd did not listen within 30 s")
+                    raise SystemExit("sshd did not listen within 30 s" + self.sshd_log())
                 time.sleep(0.05)
+        # One login before anything is measured: a failure (keys, the privilege-separation
+        # user, a sandbox that refuses what sshd does) shows here with both sides' words.
+        try:
+            r = subprocess.run([SSH, "-v", "-F", self.cfg, "-o", "BatchMode=yes",
+                                "-o", "ConnectTimeout=30", "h01", "echo ok"],
+                               capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise SystemExit("a first ssh login to the bench's sshd took over 120 s" + self.sshd_log())
+        if r.returncode != 0 or r.stdout.strip() != "ok":
+            raise SystemExit(f"a first ssh login to the bench's sshd failed (exit {r.returncode}, "
+                             f"stdout {r.stdout.strip()!r}); ssh -v said:\n{r.stderr[-3000:]}"
+                             + self.sshd_log())
+        if PDSH is not None and BUNDLE is not None and not os.environ.get("ONLY_SESSIONS"):
+            self.pdsh_modules()
+
+    def pdsh_modules(self):
+        """Lets the bundle's pdsh find its ssh module. pdsh checks the directory it loads
+        modules from (owner root or the user, not world-writable, up to /). Not as root, it
+        takes PDSH_MODULE_DIR: a copy in our own temp dir. As root it ignores that and loads
+        from its compiled-in directory (MANIFEST's pdsh_module_dir): one that holds an
+        sshcmd.so is used as it is; a missing one is made, with the bundle's module, only where
+        BENCH_MAY_ADD_PDSH_MODULES=1 says so, and removed at the end. Otherwise the pdsh
+        baseline is left out (self.pdsh_skipped says why)."""
+        global PDSH
+        if os.geteuid() != 0:
+            os.makedirs(f"{self.tmp}/pdsh-modules", mode=0o755)
+            shutil.copy(f"{BUNDLE}/lib/pdsh/sshcmd.so", f"{self.tmp}/pdsh-modules/")
+            os.environ["PDSH_MODULE_DIR"] = f"{self.tmp}/pdsh-modules"
+            return
+        d = MANIFEST.get("pdsh_module_dir", "")
+        why = None
+        if not d:
+            why = "the bundle's MANIFEST names no pdsh_module_dir"
+        elif os.path.exists(f"{d}/sshcmd.so"):
+            print(f"hosts.py: the bundle's pdsh (as root) loads this machine's {d}/sshcmd.so",
+                  file=sys.stderr, flush=True)
+        elif os.path.exists(d):
+            why = f"{d} (pdsh's compiled-in module dir) exists without sshcmd.so"
+        elif os.environ.get("BENCH_MAY_ADD_PDSH_MODULES") != "1":
+            why = (f"as root pdsh loads modules only from {d}, which this machine lacks; "
+                   "BENCH_MAY_ADD_PDSH_MODULES=1 lets the bench make it for the run")
+        else:
+            top = d
+            while not os.path.exists(os.path.dirname(top)):
+                top = os.path.dirname(top)
+            os.makedirs(d, mode=0o755)
+            self.made_pdsh_dir = top
+            shutil.copy(f"{BUNDLE}/lib/pdsh/sshcmd.so", f"{d}/")
+            print(f"hosts.py: BENCH_MAY_ADD_PDSH_MODULES=1: made {d} with the bundle's sshcmd.so "
+                  f"(pdsh's compiled-in module dir); {top} goes at the end",
+                  file=sys.stderr, flush=True)
+        if why:
+            print(f"hosts.py: no pdsh baseline: {why}", file=sys.stderr, flush=True)
+            self.pdsh_skipped = why
+            PDSH = None
+
+    def sshd_log(self):
+        """The end of sshd's log (-E), to quote in a failure, with the way around it."""
+        try:
+            with open(f"{self.tmp}/sshd.log") as f:
+                log = f.read()[-3000:].strip() or "(empty)"
+        except OSError as e:
+            log = f"(unreadable: {e})"
+        return (f"\nsshd ({SSHD}) log:\n{log}\n(without a working sshd here, TRANSPORTS=pipe "
+                "still measures the sessions without OpenSSH)")
 
     def teardown(self):
         try:
@@ -219,6 +383,8 @@ eval "exec $2"
                     self.sshd.kill()
                     self.sshd.wait()
             shutil.rmtree(self.tmp, ignore_errors=True)
+            if self.made_pdsh_dir:
+                shutil.rmtree(self.made_pdsh_dir, ignore_errors=True)
 
     def gl(self, transport):
         env = dict(os.environ)
@@ -231,7 +397,8 @@ eval "exec $2"
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         dt = time.perf_counter() - t
         if r.returncode not in ok:
-            raise SystemExit(f"{' '.join(cmd)[:300]} exited {r.returncode}: {r.stderr[-2000:]}")
+            raise SystemExit(f"{' '.join(cmd)[:300]} exited {r.returncode}: {r.stderr[-2000:]}"
+                             + (self.sshd_log() if self.sshd is not None else ""))
         return dt, r.stdout
 
     def session(self, transport, hosts, n):
@@ -265,7 +432,8 @@ eval "exec $2"
         err = errf.read()
         errf.close()
         if p.returncode != 0 or len(marks) != 3:
-            raise SystemExit(f"session over {hosts} ({transport}) exited {p.returncode}: {err[-2000:]}")
+            raise SystemExit(f"session over {hosts} ({transport}) exited {p.returncode}: {err[-2000:]}"
+                             + (self.sshd_log() if transport == "ssh" else ""))
         m = json.loads(last)
         if m["gpus"] != 8 * n or m["holders_n"] != n:
             raise SystemExit(f"session over {hosts}: {m['gpus']} GPUs, {m['holders_n']} holders")
@@ -285,10 +453,13 @@ eval "exec $2"
             "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                          if l.startswith("model name")), "?"),
             "kernel": os.uname().release,
-            "openssh": (subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
-                        if shutil.which("ssh") else "not installed"),
-            "pdsh": (subprocess.run(["pdsh", "-V"], capture_output=True, text=True).stdout.splitlines()[0]
-                     if shutil.which("pdsh") else "not installed"),
+            "openssh": (subprocess.run([SSH, "-V"], capture_output=True, text=True).stderr.strip()
+                        if shutil.which(SSH) else "not installed"),
+            "pdsh": (first_line(PDSH, "-V") if PDSH and shutil.which(PDSH)
+                     else self.pdsh_skipped or "not installed"),
+            "openssh_bundle": MANIFEST,
+            "glibc": os.confstr("CS_GNU_LIBC_VERSION"),
+            "sshd_user_added": getattr(self, "added_sshd_user", None),
             "loadavg_start": open("/proc/loadavg").read().split()[:3],
         }, "calls": CALLS, "reps": REPS, "bin": BIN, "sizes": {}}
         for n in SIZES:
@@ -323,6 +494,7 @@ eval "exec $2"
                 self.reap_holders()
                 results["sizes"][n] = row
                 print(n, json.dumps(row), file=sys.stderr, flush=True)
+                save(results, complete=False)
                 continue
             gl, env = self.gl(ONESHOT)
             oneshot = [self.timed(*gl, "--host", hosts, "--json", "gpus", env=env)[0]
@@ -346,26 +518,41 @@ eval "exec $2"
             })
             results["sizes"][n] = row
             print(n, json.dumps(row), file=sys.stderr, flush=True)
+            save(results, complete=False)
             if "ssh" not in TRANSPORTS:
                 continue
             pdsh_env = dict(os.environ, PDSH_RCMD_TYPE="ssh",
                             PDSH_SSH_ARGS=f"-F {self.cfg} -o BatchMode=yes %h")
             query = f"{BIN} gpus --json >/dev/null"
-            pdsh = [self.timed("pdsh", "-f", "32", "-w", hosts, query, env=pdsh_env)[0]
-                    for _ in range(REPS)]
+            # A bundle made where pdsh is not installed has none, and as root pdsh may
+            # find no module (pdsh_modules): the ssh loop stays.
+            pdsh = [self.timed(PDSH, "-f", "32", "-w", hosts, query, env=pdsh_env)[0]
+                    for _ in range(REPS)] if PDSH else None
             loop = []
             for _ in range(REPS if n <= 16 else 2):
                 t = time.perf_counter()
                 for a in aliases:
-                    sh("ssh", "-F", self.cfg, "-o", "BatchMode=yes", a, query)
+                    sh(SSH, "-F", self.cfg, "-o", "BatchMode=yes", a, query)
                 loop.append(time.perf_counter() - t)
             row.update({
-                "pdsh_query_ms": stats_ms(pdsh),
+                "pdsh_query_ms": stats_ms(pdsh) if pdsh else f"left out: {self.pdsh_skipped or 'pdsh not in the bundle'}",
                 "ssh_loop_query_ms": stats_ms(loop),
                 "loadavg_end": open("/proc/loadavg").read().split()[:3],
             })
             print(n, "baselines", json.dumps(row), file=sys.stderr, flush=True)
+            save(results, complete=False)
         return results
+
+
+def save(res, complete):
+    """Writes OUT.json; also after every size (complete: false), so a run stopped by a time
+    limit keeps the sizes it finished."""
+    res["complete"] = complete
+    if OUT:
+        with open(OUT, "w") as f:
+            f.write(json.dumps(res, indent=1) + "\n")
+    elif complete:
+        print(json.dumps(res, indent=1))
 
 
 def stop(signum, _frame):
@@ -376,6 +563,7 @@ def stop(signum, _frame):
 # `finally` below, so nothing it started is left behind.
 signal.signal(signal.SIGINT, stop)
 signal.signal(signal.SIGTERM, stop)
+MANIFEST = use_bundle() if BUNDLE else None
 b = Bench()
 try:
     b.setup()
@@ -383,8 +571,4 @@ try:
 finally:
     b.teardown()
 res["machine"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
-if OUT:
-    with open(OUT, "w") as f:
-        f.write(json.dumps(res, indent=1) + "\n")
-else:
-    print(json.dumps(res, indent=1))
+save(res, complete=True)
