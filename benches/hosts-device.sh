@@ -3,8 +3,8 @@
 # root, no network, no ssh, no pdsh), with the bundle benches/openssh-bundle.sh made elsewhere.
 # Run from the repo root, with target/release/gpuloop and the bundle carried:
 #   benches/hosts-device.sh OUTDIR
-# It lets the bench add sshd's privilege-separation user and pdsh's module dir (this is a
-# throw-away machine), checks that the bundle loads here, and stops the bench at 570 s (the
+# It lets the bench add sshd's privilege-separation user and pdsh's module dir, and unlock
+# root's login for sshd without PAM (this is a throw-away machine), checks that the bundle loads here, and stops the bench at 570 s (the
 # JSON keeps every size finished by then: "complete": false). Writes OUTDIR/hosts-ssh.json and
 # OUTDIR/hosts-ssh.log. Env REPS, CALLS, SIZES, TRANSPORTS, ONLY_SESSIONS, OPENSSH_BUNDLE
 # override the defaults below.
@@ -23,7 +23,8 @@ mkdir -p "$out"
         done
     fi
 } 2>&1 | tee "$out/hosts-ssh.log"
-export BENCH_MAY_ADD_SSHD_USER=1 BENCH_MAY_ADD_PDSH_MODULES=1 OPENSSH_BUNDLE="$bundle"
+export BENCH_MAY_ADD_SSHD_USER=1 BENCH_MAY_ADD_PDSH_MODULES=1 BENCH_MAY_UNLOCK_LOGIN=1
+export OPENSSH_BUNDLE="$bundle"
 export TRANSPORTS="${TRANSPORTS:-ssh,pipe}" REPS="${REPS:-4}" CALLS="${CALLS:-30}"
 rc=0
 timeout -s TERM 570 python3 benches/hosts.py target/release/gpuloop "$out/hosts-ssh.json" \

@@ -33,12 +33,15 @@ adds it (useradd, or a line appended to /etc/passwd) only if BENCH_MAY_ADD_SSHD_
 says so on stderr and in the JSON (machine.sshd_user_added). As root, pdsh ignores
 PDSH_MODULE_DIR and loads modules only from its compiled-in dir: where that is missing, the
 bench makes it with the bundle's ssh module (and removes it at the end) only if
-BENCH_MAY_ADD_PDSH_MODULES=1; otherwise the pdsh baseline is left out, saying why.
+BENCH_MAY_ADD_PDSH_MODULES=1; otherwise the pdsh baseline is left out, saying why. sshd
+without PAM refuses a locked account (shadow password `!...`) even with a key: as root, the
+bench sets that field to `*` only if BENCH_MAY_UNLOCK_LOGIN=1 (machine.login_unlocked). If the
+first login fails all the same, the error quotes the same login through `sshd -d`.
 
 On the GPU bench machine (root, gVisor, no OpenSSH), from the repo root, carrying
 `target/release/gpuloop` and `.bench-ssh` (made here by `benches/openssh-bundle.sh .bench-ssh`):
     benches/hosts-device.sh $OUT
-that is, with REPS=4 CALLS=30 TRANSPORTS=ssh,pipe and both BENCH_MAY_ADD_* set, under
+that is, with REPS=4 CALLS=30 TRANSPORTS=ssh,pipe and the three BENCH_MAY_* set, under
 `timeout -s TERM 570` (JSON in $OUT/hosts-ssh.json, stderr in $OUT/hosts-ssh.log).
 
 OUT.json is also written after every size with "complete": false, so a run stopped by a time
@@ -48,7 +51,8 @@ Every process it signals is one it started and has not yet reaped (holders and s
 own children, so their pids cannot be reused), and the temp dir goes even on failure.
 Usage: benches/hosts.py [BIN [OUT.json]]   (the JSON goes to OUT.json, or to stdout)
 (env: CALLS, REPS, SIZES, TRANSPORTS, OPENSSH_BUNDLE, BENCH_MAY_ADD_SSHD_USER,
-BENCH_MAY_ADD_PDSH_MODULES; ONLY_SESSIONS=1 skips the one-shots and baselines)
+BENCH_MAY_ADD_PDSH_MODULES, BENCH_MAY_UNLOCK_LOGIN; ONLY_SESSIONS=1 skips the one-shots and
+baselines)
 """
 import json, os, pwd, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
@@ -188,6 +192,37 @@ def sshd_user():
     return did
 
 
+def login_unlocked(user):
+    """Without PAM (UsePAM no), sshd refuses a user whose shadow password field starts with
+    `!` (a locked account; `*` is not one), even for a key: as root, finds that out before
+    sshd does. Where BENCH_MAY_UNLOCK_LOGIN=1 says this machine is a throw-away one, sets the
+    field to `*` (still no password login); says what it did. Returns what was done, or None."""
+    if os.geteuid() != 0 or not os.path.exists("/etc/shadow"):
+        return None
+    with open("/etc/shadow") as f:
+        lines = f.read().splitlines(keepends=True)
+    for i, l in enumerate(lines):
+        f = l.split(":")
+        if f[0] == user and len(f) > 1 and f[1].startswith("!"):
+            break
+    else:
+        return None
+    if os.environ.get("BENCH_MAY_UNLOCK_LOGIN") != "1":
+        raise SystemExit(f"{user}'s account is locked (its /etc/shadow password starts with '!'): "
+                         "sshd without PAM refuses it even with a key. On a throw-away machine, "
+                         "BENCH_MAY_UNLOCK_LOGIN=1 lets this bench set that field to '*' (no "
+                         f"password login either); or run `usermod -p '*' {user}`. "
+                         "TRANSPORTS=pipe measures without OpenSSH.")
+    f[1] = "*"
+    lines[i] = ":".join(f)
+    with open("/etc/shadow", "w") as out:
+        out.write("".join(lines))
+    did = f"set {user}'s locked /etc/shadow password field to '*'"
+    print(f"hosts.py: BENCH_MAY_UNLOCK_LOGIN=1: {did} (sshd without PAM refuses a locked account)",
+          file=sys.stderr, flush=True)
+    return did
+
+
 class Bench:
     def __init__(self):
         self.tmp = tempfile.mkdtemp(prefix="gpuloop-bench-hosts-")
@@ -283,6 +318,7 @@ eval "exec $2"
         if "ssh" not in TRANSPORTS:
             return
         self.added_sshd_user = sshd_user()
+        self.unlocked_login = login_unlocked(user)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
         self.sshd = subprocess.Popen([SSHD, "-D", "-f", f"{tmp}/sshd_config",
                                       "-p", str(self.port), "-E", f"{tmp}/sshd.log"])
@@ -304,11 +340,12 @@ eval "exec $2"
                                 "-o", "ConnectTimeout=30", "h01", "echo ok"],
                                capture_output=True, text=True, timeout=120)
         except subprocess.TimeoutExpired:
-            raise SystemExit("a first ssh login to the bench's sshd took over 120 s" + self.sshd_log())
+            raise SystemExit("a first ssh login to the bench's sshd took over 120 s"
+                             + self.login_diagnosis() + self.sshd_log())
         if r.returncode != 0 or r.stdout.strip() != "ok":
             raise SystemExit(f"a first ssh login to the bench's sshd failed (exit {r.returncode}, "
                              f"stdout {r.stdout.strip()!r}); ssh -v said:\n{r.stderr[-3000:]}"
-                             + self.sshd_log())
+                             + self.login_diagnosis() + self.sshd_log())
         if PDSH is not None and BUNDLE is not None and not os.environ.get("ONLY_SESSIONS"):
             self.pdsh_modules()
 
@@ -352,6 +389,39 @@ eval "exec $2"
             print(f"hosts.py: no pdsh baseline: {why}", file=sys.stderr, flush=True)
             self.pdsh_skipped = why
             PDSH = None
+
+    def login_diagnosis(self):
+        """After a failed first login, one more through a debugging sshd (-d: one connection,
+        in the foreground, its log on stderr), whose words say why: the bench's own sshd logs
+        only errors, and a refused login is not one."""
+        port, log = free_port(), f"{self.tmp}/sshd-debug.log"
+        with open(log, "w") as f:
+            d = subprocess.Popen([SSHD, "-d", "-e", "-f", f"{self.tmp}/sshd_config",
+                                  "-p", str(port), "-o", "LogLevel=DEBUG1"],
+                                 stdout=subprocess.DEVNULL, stderr=f)
+        try:
+            # Its one connection is the login: wait for its word that it listens, no probe.
+            deadline = time.time() + 10
+            while d.poll() is None and time.time() < deadline:
+                with open(log) as f:
+                    if "Server listening" in f.read():
+                        subprocess.run([SSH, "-F", self.cfg, "-p", str(port), "-o",
+                                        "BatchMode=yes", "-o", "ConnectTimeout=20", "h01",
+                                        "echo ok"], capture_output=True, timeout=60)
+                        break
+                time.sleep(0.05)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            if d.poll() is None:
+                d.terminate()
+                try:
+                    d.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    d.kill()
+                    d.wait()
+        with open(log) as f:
+            return f"\nthe same login through `sshd -d` said:\n{f.read()[-4000:].strip()}"
 
     def sshd_log(self):
         """The end of sshd's log (-E), to quote in a failure, with the way around it."""
@@ -460,6 +530,7 @@ eval "exec $2"
             "openssh_bundle": MANIFEST,
             "glibc": os.confstr("CS_GNU_LIBC_VERSION"),
             "sshd_user_added": getattr(self, "added_sshd_user", None),
+            "login_unlocked": getattr(self, "unlocked_login", None),
             "loadavg_start": open("/proc/loadavg").read().split()[:3],
         }, "calls": CALLS, "reps": REPS, "bin": BIN, "sizes": {}}
         for n in SIZES:
