@@ -1,9 +1,11 @@
 //! Criterion benchmarks of the in-process primitives on this machine's real process table:
-//! the /proc GPU scan, the maps parser, the simulator's gpu() and the holders() join.
+//! the /proc GPU scan, the maps parser, the simulator's gpu() and the holders() join; and the
+//! per-host work of a `--host` client: parsing a host's `gpus` reply and building the script's
+//! maps from it.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use gpuloop::gpu::sim::SimBackend;
-use gpuloop::gpu::{Backend, DeviceNodes};
+use gpuloop::gpu::{Backend, DeviceNodes, Gpu};
 use gpuloop::inspect::holders::Inventory;
 use gpuloop::process::scan;
 use std::hint::black_box;
@@ -48,6 +50,19 @@ fn benches(c: &mut Criterion) {
     c.bench_function("holders() inventory, sim 8 GPUs", |b| {
         b.iter(|| black_box(Inventory::take(&sim, &protected)))
     });
+    // One host's reply to `gpus` as the agent writes it, and what the client does with it.
+    let reply = serde_json::to_string(&sim.gpus().expect("sim gpus")).expect("json");
+    c.bench_function("client: parse one host's gpus reply, 8 GPUs", |b| {
+        b.iter(|| black_box(serde_json::from_str::<Vec<Gpu>>(black_box(&reply)).expect("parse")))
+    });
+    let gpus: Vec<Gpu> = serde_json::from_str(&reply).expect("parse");
+    c.bench_function("client: 8 GPU records to script maps, and dropped", |b| {
+        b.iter(|| black_box(gpuloop::script::convert::to_array(black_box(&gpus)).expect("maps")))
+    });
+    c.bench_function(
+        "client: 8 GPU records to script maps field by field, and dropped",
+        |b| b.iter(|| black_box(gpuloop::script::convert::gpu_maps(black_box(&gpus)))),
+    );
 }
 
 criterion_group!(primitives, benches);

@@ -89,6 +89,27 @@ where
     L: Fn(&Selection) -> Result<T, GpuError> + Sync,
     R: Fn(&Selection) -> Call,
 {
+    fan_then(s, sel, deadline, local, remote, |_, t| t)
+}
+
+/// `fan`, with each host's answer turned into `U` by `then` (given the host's name) where
+/// it is read: on that host's own task for a remote host, so that per-record work runs in
+/// parallel across the hosts.
+fn fan_then<T, U, L, R, F>(
+    s: &Session,
+    sel: &HostSel,
+    deadline: Option<Duration>,
+    local: L,
+    remote: R,
+    then: F,
+) -> Result<PerHost<U>, GpuError>
+where
+    T: DeserializeOwned + Send + 'static,
+    U: Send + 'static,
+    L: Fn(&Selection) -> Result<T, GpuError> + Sync,
+    R: Fn(&Selection) -> Call,
+    F: Fn(&str, T) -> U + Clone + Send + Sync + 'static,
+{
     let names = s.host_names();
     for h in sel.named_hosts() {
         if !names.iter().any(|n| n == h) {
@@ -105,7 +126,10 @@ where
     let Some(pool) = s.pool() else {
         return Ok(plan
             .into_iter()
-            .map(|(h, x)| (h, local(&x).map_err(Failure::Gpu)))
+            .map(|(h, x)| {
+                let r = local(&x).map(|t| then(&h, t)).map_err(Failure::Gpu);
+                (h, r)
+            })
             .collect());
     };
     let calls: Vec<(String, Call)> = plan
@@ -118,9 +142,9 @@ where
         .find(|(h, _)| h == LOCAL)
         .map(|(_, x)| x.clone());
     let (mine, theirs) = std::thread::scope(|sc| {
-        let local = &local;
-        let mine = here.map(|x| sc.spawn(move || local(&x)));
-        let theirs = pool.call_many(calls, deadline, s.interrupted());
+        let (local, mine_then) = (&local, then.clone());
+        let mine = here.map(|x| sc.spawn(move || local(&x).map(|t| mine_then(LOCAL, t))));
+        let theirs = pool.call_many_then(calls, deadline, s.interrupted(), then);
         (mine.map(|h| h.join()), theirs)
     });
     let mut theirs = theirs.into_iter();
@@ -183,15 +207,36 @@ fn call_timeout(s: &Session) -> Option<Duration> {
 
 /// Every host's GPUs, each host's part kept apart.
 pub fn gpus_per_host(s: &Session) -> Result<PerHost<Vec<Gpu>>, GpuError> {
-    let mut parts = fan(
+    gpus_per_host_as(s, |gs| gs)
+}
+
+/// Every host's GPUs, each host's records turned into `U` by `shape` as they arrive, on that
+/// host's own task (in parallel with the other hosts' replies): for a caller whose own work
+/// per record is not small, such as building a script's maps.
+pub fn gpus_per_host_as<U, F>(s: &Session, shape: F) -> Result<PerHost<U>, GpuError>
+where
+    U: Send + 'static,
+    F: Fn(Vec<Gpu>) -> U + Clone + Send + Sync + 'static,
+{
+    fan_then(
         s,
         &HostSel::all(),
         call_timeout(s),
         |_| local_gpus(s),
         |_| Call::Gpus,
-    )?;
-    name_parts(&mut parts, |g, h| g.host = h.to_string());
-    Ok(parts)
+        move |h, mut gs: Vec<Gpu>| {
+            if h != LOCAL {
+                gs.iter_mut().for_each(|g| g.host = h.to_string());
+            }
+            shape(gs)
+        },
+    )
+}
+
+/// The parts of the hosts that answered, in host order (an unreachable host skipped when
+/// the session or the call says so, and reported once).
+pub fn answered_parts<T>(s: &Session, parts: PerHost<T>) -> Result<Vec<T>, GpuError> {
+    Ok(answered(s, parts)?.into_iter().map(|(_, t)| t).collect())
 }
 
 /// Sets `host` on the records of the remote hosts.

@@ -194,42 +194,93 @@ impl Pool {
         deadline: Option<Duration>,
         interrupted: &'static AtomicBool,
     ) -> Vec<Result<T, HostError>> {
-        let mut handles = Vec::new();
-        for (host, call) in calls {
-            let conn = match self.slot(&host) {
-                Ok(Slot::Remote(Ok(c))) => Ok(c.clone()),
-                Ok(Slot::Remote(Err(e))) => Err(e.clone()),
-                Ok(Slot::Local) => Err(HostError::Unknown {
-                    host,
-                    known: "remote hosts".into(),
-                }),
-                Err(e) => Err(e),
-            };
-            handles.push(conn.map(|c| {
-                self.rt.spawn(async move {
-                    let raw = c.call(call, deadline, interrupted).await?;
-                    serde_json::from_str::<T>(raw.get()).map_err(|e| HostError::Protocol {
-                        host: c.host.clone(),
-                        why: format!("unexpected reply: {e}"),
-                    })
+        self.call_many_then(calls, deadline, interrupted, |_, t| t)
+    }
+
+    /// `call_many`, with `then` applied to each host's answer (and its name) on that host's
+    /// task too: the caller's own per-record work then runs in parallel with the other
+    /// hosts' replies, not one host after another once all are in.
+    pub fn call_many_then<T, U, F>(
+        &self,
+        calls: Vec<(String, Call)>,
+        deadline: Option<Duration>,
+        interrupted: &'static AtomicBool,
+        then: F,
+    ) -> Vec<Result<U, HostError>>
+    where
+        T: DeserializeOwned + Send + 'static,
+        U: Send + 'static,
+        F: Fn(&str, T) -> U + Send + Sync + 'static,
+    {
+        let then = Arc::new(then);
+        let mut work = Vec::new();
+        let mut out: Vec<Option<Result<U, HostError>>> = Vec::new();
+        let mut names = Vec::new();
+        for (i, (host, call)) in calls.into_iter().enumerate() {
+            out.push(None);
+            names.push(host.clone());
+            match self.slot(&host) {
+                Ok(Slot::Remote(Ok(c))) => work.push((i, c.clone(), call)),
+                Ok(Slot::Remote(Err(e))) => out[i] = Some(Err(e.clone())),
+                Ok(Slot::Local) => {
+                    out[i] = Some(Err(HostError::Unknown {
+                        host,
+                        known: "remote hosts".into(),
+                    }))
+                }
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        // One task starts the hosts' tasks: spawned from a worker they go to its own queue
+        // (the others steal them), where each spawn from this thread would wake a worker.
+        let all = self.rt.spawn(async move {
+            let handles: Vec<_> = work
+                .into_iter()
+                .map(|(i, c, call)| {
+                    let then = then.clone();
+                    let task = tokio::spawn(async move {
+                        let raw = c.call(call, deadline, interrupted).await?;
+                        let t = serde_json::from_str::<T>(raw.get()).map_err(|e| {
+                            HostError::Protocol {
+                                host: c.host.clone(),
+                                why: format!("unexpected reply: {e}"),
+                            }
+                        })?;
+                        Ok(then(&c.host, t))
+                    });
+                    (i, task)
+                })
+                .collect();
+            let mut answers = Vec::new();
+            for (i, task) in handles {
+                answers.push((i, task.await));
+            }
+            answers
+        });
+        let answers = self.rt.block_on(all).map_err(|e| e.to_string());
+        let failed = answers.as_ref().err().cloned();
+        for (i, r) in answers.unwrap_or_default() {
+            out[i] = Some(r.map_err(|e| e.to_string()).unwrap_or_else(|why| {
+                Err(HostError::Protocol {
+                    host: names[i].clone(),
+                    why: format!("the call task failed: {why}"),
                 })
             }));
         }
-        self.rt.block_on(async {
-            let mut out = Vec::new();
-            for h in handles {
-                out.push(match h {
-                    Err(e) => Err(e),
-                    Ok(j) => j.await.unwrap_or_else(|e| {
-                        Err(HostError::Protocol {
-                            host: "?".into(),
-                            why: format!("the call task failed: {e}"),
-                        })
-                    }),
-                });
-            }
-            out
-        })
+        out.into_iter()
+            .zip(names)
+            .map(|(r, host)| {
+                r.unwrap_or_else(|| {
+                    Err(HostError::Protocol {
+                        host,
+                        why: format!(
+                            "the call task failed: {}",
+                            failed.clone().unwrap_or_default()
+                        ),
+                    })
+                })
+            })
+            .collect()
     }
 
     /// Prints the rest of a spawned job's output (its last line, if it had no newline),
@@ -324,7 +375,8 @@ impl Conn {
         let mut next_probe = now + probe_every;
         // The ping in flight, and when it was sent.
         let mut probe: Option<(oneshot::Receiver<Answer>, tokio::time::Instant)> = None;
-        let mut tick = tokio::time::interval(TICK);
+        // Its first tick is one TICK away (a plain interval's first tick is at once).
+        let mut tick = tokio::time::interval_at(now + TICK, TICK);
         loop {
             tokio::select! {
                 body = &mut rx => {

@@ -5,7 +5,7 @@ use crate::hosts::HostSel;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::Filter;
 use crate::script::convert::{
-    script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
+    gpu_maps, script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
 };
 use crate::script::engine::def;
 use crate::session::Session;
@@ -52,11 +52,20 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          that names it; gpu(i) still reads the others, and diagnose() reports it as
          \"driver-error\".",
         move || -> RhaiResult<Array> {
-            let gs = actions::gpus(&s).map_err(to_script)?;
-            if let Some(e) = crate::gpu::unread(&gs, |_| true) {
-                return Err(to_script(e));
+            // Each host's maps are built on its own task as its reply comes in.
+            let parts = actions::gpus_per_host_as(&s, |gs| {
+                (crate::gpu::unread(&gs, |_| true), gpu_maps(&gs))
+            })
+            .map_err(to_script)?;
+            let parts = actions::answered_parts(&s, parts).map_err(to_script)?;
+            let mut all = Array::with_capacity(parts.iter().map(|(_, m)| m.len()).sum());
+            for (unread, maps) in parts {
+                if let Some(e) = unread {
+                    return Err(to_script(e));
+                }
+                all.extend(maps);
             }
-            to_array(&gs)
+            Ok(all)
         },
     );
     let s = session.clone();
