@@ -56,6 +56,9 @@ baselines)
 """
 import json, os, pwd, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pipe_transport import write_pipe_ssh  # noqa: E402  (beside this file)
+
 BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release/gpuloop")
 CALLS = int(os.environ.get("CALLS", "30"))
 REPS = int(os.environ.get("REPS", "5"))
@@ -304,17 +307,7 @@ SetEnv SHLVL=1
   LogLevel ERROR
   SetEnv GPULOOP_SIM=8x80G GPULOOP_SIM_DIR={tmp}/sims/{a}
 """)
-        # The `pipe` transport: gpuloop's ssh argv ends `-- DEST 'CMD'`; start CMD here with
-        # the alias's environment, as sshd would there.
-        os.makedirs(f"{tmp}/pipe-bin")
-        with open(f"{tmp}/pipe-bin/ssh", "w") as f:
-            f.write(f"""#!/bin/sh
-while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done
-shift
-GPULOOP_SIM=8x80G GPULOOP_SIM_DIR={tmp}/sims/$1; export GPULOOP_SIM GPULOOP_SIM_DIR
-eval "exec $2"
-""")
-        os.chmod(f"{tmp}/pipe-bin/ssh", 0o755)
+        write_pipe_ssh(tmp)  # the `pipe` transport
         if "ssh" not in TRANSPORTS:
             return
         self.added_sshd_user = sshd_user()
