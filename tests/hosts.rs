@@ -61,9 +61,11 @@ fn hosts_gather_from_every_host_with_their_names() {
         let e = "no error";
         try { gpu(0) } catch (err) { e = err; }
         print(e);
+        print(gpu().map(|g| `${g.host}:${g.index}:${g.mem_used_mib}`));
     "#;
     let out = c
         .run(&[
+            "-v",
             "--host",
             "ha",
             "--host",
@@ -72,6 +74,19 @@ fn hosts_gather_from_every_host_with_their_names() {
             &c.script("g.rhai", src),
         ])
         .ok();
+    // Each host's records are built where its reply is read; gpu() keeps host order.
+    assert_eq!(
+        out.stdout.lines().nth(6),
+        Some(r#"["ha:0:500", "ha:1:0", "hb:0:0", "hb:1:700", "hb:2:0", "hb:3:0"]"#),
+        "{}",
+        out.stdout
+    );
+    // -v accounts for each call over the hosts: when their answers came, which came last.
+    assert!(
+        out.stderr.contains("2 hosts answered in ") && out.stderr.contains("(last: h"),
+        "{}",
+        out.stderr
+    );
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines[0], r#"["ha:2:true", "hb:4:true"]"#);
     assert_eq!(lines[1], "3");

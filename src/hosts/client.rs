@@ -261,38 +261,29 @@ impl Pool {
             }
             (answers, started.elapsed())
         });
-        let answers = self.rt.block_on(all).map_err(|e| e.to_string());
-        let failed = answers.as_ref().err().cloned();
+        // The outer task only awaits the hosts' tasks; a host's task that panicked is that
+        // host's error, and a host without an answer (the outer task gone) is one too.
+        let task_failed = |host: &str, why: String| HostError::Protocol {
+            host: host.to_string(),
+            why: format!("the call task failed: {why}"),
+        };
+        let (answers, joined) = self.rt.block_on(all).unwrap_or_default();
         let mut times = Vec::new();
-        let joined = answers.as_ref().map(|(_, t)| *t).unwrap_or_default();
-        for (i, r) in answers.map(|(a, _)| a).unwrap_or_default() {
-            let r = r.map_err(|e| e.to_string()).unwrap_or_else(|why| {
-                Err(HostError::Protocol {
-                    host: names[i].clone(),
-                    why: format!("the call task failed: {why}"),
-                })
+        for (i, r) in answers {
+            out[i] = Some(match r {
+                Ok(r) => r.map(|(u, answered, done)| {
+                    times.push((answered, done, i));
+                    u
+                }),
+                Err(e) => Err(task_failed(&names[i], e.to_string())),
             });
-            out[i] = Some(r.map(|(u, answered, done)| {
-                times.push((answered, done, i));
-                u
-            }));
         }
         if tracing::enabled!(tracing::Level::DEBUG) && !times.is_empty() {
             log_times(&times, &names, joined, started.elapsed());
         }
         out.into_iter()
-            .zip(names)
-            .map(|(r, host)| {
-                r.unwrap_or_else(|| {
-                    Err(HostError::Protocol {
-                        host,
-                        why: format!(
-                            "the call task failed: {}",
-                            failed.clone().unwrap_or_default()
-                        ),
-                    })
-                })
-            })
+            .zip(&names)
+            .map(|(r, host)| r.unwrap_or_else(|| Err(task_failed(host, "no answer".into()))))
             .collect()
     }
 
