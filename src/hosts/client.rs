@@ -72,6 +72,8 @@ pub struct Conn {
     /// does not wait for this agent.
     hung: AtomicBool,
     child: Mutex<Option<tokio::process::Child>>,
+    /// The runtime (of `Pool::shards`) its reader, writer and calls run on.
+    shard: usize,
 }
 
 enum Slot {
@@ -81,7 +83,11 @@ enum Slot {
 
 /// The open connections of one session, in host-set order.
 pub struct Pool {
-    rt: tokio::runtime::Runtime,
+    /// Runtimes of one thread each; every host's connection lives on one of them, the hosts
+    /// spread evenly. A call's steps for one host (its request written, its reply read,
+    /// parsed and made into records) then stay on one thread, and the hosts' steps run in
+    /// parallel on the others.
+    shards: Vec<tokio::runtime::Runtime>,
     slots: Vec<(String, Slot)>,
     pub config: HostsConfig,
     /// Seconds each connection took to say hello (for -v and the benchmark).
@@ -96,32 +102,35 @@ impl Pool {
     /// Opens every remote host in parallel, `fanout` at a time; a host that fails keeps
     /// its error (each call to it returns that error).
     pub fn connect(config: HostsConfig) -> Pool {
-        // Replies are read, parsed and made into the caller's records on these workers, in
-        // parallel: as many as the cores, up to 4. On 16 cores, a gpu() over 64 hosts took
-        // about as long with 4, 8 or 16 of them (1.47, 1.45, 1.34-1.41 ms), and 8 or 16 used
-        // 1.5-1.8 times the CPU of 4 (waking one another); 2 took 2.05 ms.
-        let workers = crate::process::cores().clamp(2, 4);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .thread_name("gpuloop-hosts")
-            .enable_all()
-            .build()
-            .expect("the tokio runtime starts (threads and an epoll fd)");
+        let remote = config.hosts.iter().filter(|h| h.as_str() != LOCAL);
+        let shards: Vec<_> = (0..crate::process::cores()
+            .clamp(2, 16)
+            .min(remote.clone().count().max(1)))
+            .map(|_| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("gpuloop-hosts")
+                    .enable_all()
+                    .build()
+                    .expect("a tokio runtime starts (a thread and an epoll fd)")
+            })
+            .collect();
         let sem = Arc::new(Semaphore::new(config.fanout.max(1)));
         let mut handles = Vec::new();
-        for h in config.hosts.iter().filter(|h| h.as_str() != LOCAL) {
+        for (i, h) in remote.enumerate() {
             let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
             let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
-            handles.push(rt.spawn(async move {
+            let shard = i % shards.len();
+            handles.push(shards[shard].spawn(async move {
                 let _permit = sem.acquire_owned().await;
                 let started = Instant::now();
-                let r = connect(&host, &transport, timeout, answer_within).await;
+                let r = connect(&host, &transport, timeout, answer_within, shard).await;
                 (host, r, started.elapsed().as_secs_f64() * 1e3)
             }));
         }
         let mut opened: HashMap<String, Result<Arc<Conn>, HostError>> = HashMap::new();
         let mut connect_ms = Vec::new();
-        rt.block_on(async {
+        shards[0].block_on(async {
             for h in handles {
                 if let Ok((host, r, ms)) = h.await {
                     tracing::debug!(
@@ -151,7 +160,7 @@ impl Pool {
             })
             .collect();
         Pool {
-            rt,
+            shards,
             slots,
             config,
             connect_ms,
@@ -234,40 +243,36 @@ impl Pool {
             }
         }
         let started = Instant::now();
-        // One task starts the hosts' tasks: spawned from a worker they go to its own queue
-        // (the others steal them), where each spawn from this thread would wake a worker.
-        let all = self.rt.spawn(async move {
-            let handles: Vec<_> = work
-                .into_iter()
-                .map(|(i, c, call)| {
-                    let then = then.clone();
-                    let task = tokio::spawn(async move {
-                        let raw = c.call(call, deadline, interrupted).await?;
-                        let answered = started.elapsed();
-                        let t = serde_json::from_str::<T>(raw.get()).map_err(|e| {
-                            HostError::Protocol {
-                                host: c.host.clone(),
-                                why: format!("unexpected reply: {e}"),
-                            }
+        // Each host's task goes to its connection's runtime.
+        let handles: Vec<_> = work
+            .into_iter()
+            .map(|(i, c, call)| {
+                let then = then.clone();
+                let task = self.shards[c.shard].spawn(async move {
+                    let raw = c.call(call, deadline, interrupted).await?;
+                    let answered = started.elapsed();
+                    let t =
+                        serde_json::from_str::<T>(raw.get()).map_err(|e| HostError::Protocol {
+                            host: c.host.clone(),
+                            why: format!("unexpected reply: {e}"),
                         })?;
-                        Ok((then(&c.host, t), answered, started.elapsed()))
-                    });
-                    (i, task)
-                })
-                .collect();
+                    Ok((then(&c.host, t), answered, started.elapsed()))
+                });
+                (i, task)
+            })
+            .collect();
+        let (answers, joined) = self.shards[0].block_on(async {
             let mut answers = Vec::new();
             for (i, task) in handles {
                 answers.push((i, task.await));
             }
             (answers, started.elapsed())
         });
-        // The outer task only awaits the hosts' tasks; a host's task that panicked is that
-        // host's error, and a host without an answer (the outer task gone) is one too.
+        // A host's task that panicked is that host's error.
         let task_failed = |host: &str, why: String| HostError::Protocol {
             host: host.to_string(),
             why: format!("the call task failed: {why}"),
         };
-        let (answers, joined) = self.rt.block_on(all).unwrap_or_default();
         let mut times = Vec::new();
         for (i, r) in answers {
             out[i] = Some(match r {
@@ -315,7 +320,8 @@ impl Drop for Pool {
     /// Closes every agent's stdin (it then stops its jobs and exits) and waits, bounded,
     /// for them to be gone, so nothing started there outlives this session.
     fn drop(&mut self) {
-        let mut children = Vec::new();
+        let mut children: Vec<Vec<tokio::process::Child>> =
+            self.shards.iter().map(|_| Vec::new()).collect();
         for (_, slot) in &self.slots {
             if let Slot::Remote(Ok(c)) = slot {
                 lock(&c.writer).take();
@@ -325,18 +331,35 @@ impl Drop for Pool {
                         // agent stops its jobs when it reads again and finds the end).
                         let _ = child.start_kill();
                     }
-                    children.push(child);
+                    children[c.shard].push(child);
                 }
             }
         }
-        self.rt.block_on(async {
-            let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
-            for mut c in children {
-                if tokio::time::timeout_at(deadline, c.wait()).await.is_err() {
-                    let _ = c.start_kill();
+        // Each runtime waits for its own children (their exits are noticed by its driver),
+        // all at once, under one deadline.
+        let deadline = Instant::now() + CLOSE_WAIT;
+        let waits: Vec<_> = self
+            .shards
+            .iter()
+            .zip(children)
+            .map(|(rt, children)| {
+                rt.spawn(async move {
+                    let deadline = tokio::time::Instant::from_std(deadline);
+                    for mut c in children {
+                        if tokio::time::timeout_at(deadline, c.wait()).await.is_err() {
+                            let _ = c.start_kill();
+                        }
+                    }
+                })
+            })
+            .collect();
+        if let Some(rt) = self.shards.first() {
+            rt.block_on(async {
+                for w in waits {
+                    let _ = w.await;
                 }
-            }
-        });
+            });
+        }
     }
 }
 
@@ -505,6 +528,7 @@ async fn connect(
     transport: &Transport,
     timeout: Duration,
     answer_within: Duration,
+    shard: usize,
 ) -> Result<Conn, HostError> {
     let launch = transport.launch(host)?;
     let program = transport.program();
@@ -610,6 +634,7 @@ async fn connect(
         answer_within,
         hung: AtomicBool::new(false),
         child: Mutex::new(Some(child)),
+        shard,
     })
 }
 
