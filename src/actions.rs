@@ -218,9 +218,18 @@ where
     U: Send + 'static,
     F: Fn(Vec<Gpu>) -> U + Clone + Send + Sync + 'static,
 {
+    gpus_of_hosts_as(s, &HostSel::all(), shape)
+}
+
+/// The GPUs of the hosts `sel` names, each remote record named after its host, then shaped.
+fn gpus_of_hosts_as<U, F>(s: &Session, sel: &HostSel, shape: F) -> Result<PerHost<U>, GpuError>
+where
+    U: Send + 'static,
+    F: Fn(Vec<Gpu>) -> U + Clone + Send + Sync + 'static,
+{
     fan_then(
         s,
-        &HostSel::all(),
+        sel,
         call_timeout(s),
         |_| local_gpus(s),
         |_| Call::Gpus,
@@ -273,9 +282,7 @@ pub fn gpu_at(s: &Session, host: &str, index: i64) -> Result<Gpu, GpuError> {
         every: None,
         at: [(host.to_string(), vec![index])].into(),
     };
-    let mut parts = fan(s, &sel, call_timeout(s), |_| local_gpus(s), |_| Call::Gpus)?;
-    name_parts(&mut parts, |g, h| g.host = h.to_string());
-    let gpus = gather(s, parts)?;
+    let gpus = gather(s, gpus_of_hosts_as(s, &sel, |gs| gs)?)?;
     let count = gpus.len();
     gpus.into_iter()
         .find(|g| g.index == index)
