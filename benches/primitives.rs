@@ -59,10 +59,6 @@ fn benches(c: &mut Criterion) {
     c.bench_function("client: 8 GPU records to script maps, and dropped", |b| {
         b.iter(|| black_box(gpuloop::script::convert::to_array(black_box(&gpus)).expect("maps")))
     });
-    c.bench_function(
-        "client: 8 GPU records to script maps field by field, and dropped",
-        |b| b.iter(|| black_box(gpuloop::script::convert::gpu_maps(black_box(&gpus)))),
-    );
 }
 
 criterion_group!(primitives, benches);

@@ -302,7 +302,7 @@ fn gpu_body(e: GpuError) -> Body {
 
 fn ok<T: serde::Serialize>(r: Result<T, GpuError>) -> Body {
     match r {
-        Ok(v) => encode(v),
+        Ok(v) => Body::ok(&v),
         Err(e) => gpu_body(e),
     }
 }
@@ -418,16 +418,12 @@ fn handle(s: &Session, req: Request, out: &Out, jobs: &Jobs) -> Body {
 /// A spawned job's state; its outcome only when asked (a status poll stays small).
 fn state(job: u64, j: &Job, with_outcome: bool) -> Body {
     let outcome = if with_outcome { j.outcome() } else { None };
-    encode(JobState {
+    Body::ok(&JobState {
         job,
         pid: j.pid().into(),
         running: j.running(),
         outcome,
     })
-}
-
-fn encode<T: serde::Serialize>(v: T) -> Body {
-    Body::ok(&v)
 }
 
 /// The job a run or spawn request describes; its output goes to the client as `Output`
@@ -503,7 +499,7 @@ fn run(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
     });
     drop(cancel);
     match result {
-        Ok(o) => encode(o),
+        Ok(o) => Body::ok(&o),
         Err(e) => error(ErrorKind::Failed, e.to_string()),
     }
 }

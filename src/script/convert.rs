@@ -1,8 +1,7 @@
 //! Crossing the script boundary: serde structs to maps, and options/selectors from Rhai values.
 
-use crate::gpu::Gpu;
 use crate::inspect::select::{self, Selector};
-use rhai::{Array, Dynamic, EvalAltResult, ImmutableString, Map, Position};
+use rhai::{Array, Dynamic, EvalAltResult, Map, Position};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -59,52 +58,6 @@ pub fn to_map<T: Serialize>(v: &T) -> RhaiResult<Dynamic> {
 
 pub fn to_array<T: Serialize>(items: &[T]) -> RhaiResult<Array> {
     items.iter().map(to_map).collect()
-}
-
-/// GPU records as the script's maps: the same maps as `to_array` gives (a test holds them
-/// equal), built field by field. `gpu()` builds eight of them per host on every call, and
-/// this way costs about half: the GPUs of one host share one copy of their host's and
-/// model's names, and nothing goes through serde's generic path.
-pub fn gpu_maps(gpus: &[Gpu]) -> Array {
-    let mut shared: Vec<ImmutableString> = Vec::new();
-    let mut share = |text: &str| -> Dynamic {
-        let s = match shared.iter().find(|s| s.as_str() == text) {
-            Some(s) => s.clone(),
-            None => {
-                let s = ImmutableString::from(text);
-                shared.push(s.clone());
-                s
-            }
-        };
-        s.into()
-    };
-    let opt = |v: Option<i64>| v.map_or(Dynamic::UNIT, Dynamic::from_int);
-    gpus.iter()
-        .map(|g| {
-            // In key order: a map built from sorted pairs is bulk-built, not inserted into.
-            let fields: [(&str, Dynamic); 14] = [
-                ("bus_id", g.bus_id.as_str().into()),
-                ("host", share(&g.host)),
-                ("index", Dynamic::from_int(g.index)),
-                ("mem_free", Dynamic::from_int(g.mem_free)),
-                ("mem_total", Dynamic::from_int(g.mem_total)),
-                ("mem_total_mib", Dynamic::from_int(g.mem_total_mib)),
-                ("mem_used", Dynamic::from_int(g.mem_used)),
-                ("mem_used_mib", Dynamic::from_int(g.mem_used_mib)),
-                ("minor", Dynamic::from_int(g.minor)),
-                ("name", share(&g.name)),
-                ("procs", Dynamic::from_int(g.procs)),
-                ("temp_c", opt(g.temp_c)),
-                ("util", opt(g.util)),
-                ("uuid", g.uuid.as_str().into()),
-            ];
-            let mut m: Map = fields.into_iter().map(|(k, v)| (k.into(), v)).collect();
-            if let Some(e) = &g.error {
-                m.insert("error".into(), e.as_str().into());
-            }
-            Dynamic::from_map(m)
-        })
-        .collect()
 }
 
 /// A GPU selector: `()` is all; an index, a string as `--gpu` takes it (`"0,1"`, `"0-3"`, a
@@ -331,55 +284,4 @@ pub fn secs_arg(v: &Dynamic, what: &str) -> RhaiResult<Duration> {
         return Err(script_err(format!("{what}: seconds must be non-negative")));
     }
     Ok(Duration::from_secs_f64(s))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::gpu::Gpu;
-
-    /// `gpu_maps` builds by hand what `to_array` builds through serde: the same keys and
-    /// values, with an error, without util/temperature, with names shared or not.
-    #[test]
-    fn gpu_maps_are_the_serde_maps() {
-        let mut a = Gpu::new(
-            0,
-            0,
-            "GPU-a".into(),
-            "H200".into(),
-            "0:18".into(),
-            8 << 30,
-            1 << 30,
-            vec![],
-        );
-        a.util = Some(37);
-        a.temp_c = Some(41);
-        a.host = "gpu01".into();
-        let mut b = Gpu::new(
-            1,
-            3,
-            "GPU-b".into(),
-            "H200".into(),
-            "0:19".into(),
-            8 << 30,
-            0,
-            vec![],
-        );
-        b.host = "gpu02".into();
-        let c = Gpu::failed(2, 2, "the driver did not answer".into());
-        let gpus = [a, b, c];
-        let by_hand = gpu_maps(&gpus);
-        let by_serde = to_array(&gpus).expect("serde maps");
-        assert_eq!(by_hand.len(), 3);
-        for (h, s) in by_hand.iter().zip(&by_serde) {
-            let (h, s) = (h.as_map_ref().expect("map"), s.as_map_ref().expect("map"));
-            assert_eq!(h.keys().collect::<Vec<_>>(), s.keys().collect::<Vec<_>>());
-            for (k, v) in s.iter() {
-                assert_eq!(format!("{:?}", h[k]), format!("{v:?}"), "field {k}");
-                assert_eq!(h[k].type_name(), v.type_name(), "field {k}");
-            }
-        }
-        assert!(by_hand[2].as_map_ref().expect("map").contains_key("error"));
-        assert!(!by_hand[0].as_map_ref().expect("map").contains_key("error"));
-    }
 }

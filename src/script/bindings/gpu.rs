@@ -5,7 +5,7 @@ use crate::hosts::HostSel;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::Filter;
 use crate::script::convert::{
-    gpu_maps, script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
+    script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
 };
 use crate::script::engine::def;
 use crate::session::Session;
@@ -54,16 +54,16 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         move || -> RhaiResult<Array> {
             // Each host's maps are built on its own task as its reply comes in.
             let parts = actions::gpus_per_host_as(&s, |gs| {
-                (crate::gpu::unread(&gs, |_| true), gpu_maps(&gs))
+                (crate::gpu::unread(&gs, |_| true), to_array(&gs))
             })
             .map_err(to_script)?;
             let parts = actions::answered_parts(&s, parts).map_err(to_script)?;
-            let mut all = Array::with_capacity(parts.iter().map(|(_, m)| m.len()).sum());
+            let mut all = Array::new();
             for (unread, maps) in parts {
                 if let Some(e) = unread {
                     return Err(to_script(e));
                 }
-                all.extend(maps);
+                all.extend(maps?);
             }
             Ok(all)
         },
