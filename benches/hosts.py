@@ -50,7 +50,7 @@ limit keeps the sizes it finished; the last write says "complete": true.
 Every process it signals is one it started and has not yet reaped (holders and sshd are its
 own children, so their pids cannot be reused), and the temp dir goes even on failure.
 Usage: benches/hosts.py [BIN [OUT.json]]   (the JSON goes to OUT.json, or to stdout)
-(env: CALLS, REPS, SIZES, TRANSPORTS, OPENSSH_BUNDLE, BENCH_MAY_ADD_SSHD_USER,
+(env: CALLS, REPS, SIZES, TRANSPORTS, FLOOR, OPENSSH_BUNDLE, BENCH_MAY_ADD_SSHD_USER,
 BENCH_MAY_ADD_PDSH_MODULES, BENCH_MAY_UNLOCK_LOGIN; ONLY_SESSIONS=1 skips the one-shots and
 baselines)
 """
@@ -68,6 +68,8 @@ OUT = sys.argv[2] if len(sys.argv) > 2 else None
 # The one-shots connect afresh each time: over ssh when it is measured, else over the pipe.
 ONESHOT = "ssh" if "ssh" in TRANSPORTS else "pipe"
 HZ = os.sysconf("SC_CLK_TCK")
+# FLOOR=BIN: also run benches/fanout_floor.rs's binary for each size and transport.
+FLOOR = os.path.abspath(os.environ["FLOOR"]) if os.environ.get("FLOOR") else None
 # OPENSSH_BUNDLE=DIR: ssh, sshd, ssh-keygen (and pdsh) from a benches/openssh-bundle.sh bundle.
 BUNDLE = os.path.abspath(os.environ["OPENSSH_BUNDLE"]) if os.environ.get("OPENSSH_BUNDLE") else None
 SSH, SSHD, KEYGEN, PDSH = "ssh", "/usr/sbin/sshd", "ssh-keygen", "pdsh"
@@ -464,6 +466,20 @@ SetEnv SHLVL=1
                              + (self.sshd_log() if self.sshd is not None else ""))
         return dt, r.stdout
 
+    def floor(self, transport, n):
+        """benches/fanout_floor.rs over the same transport and agents: the round trip of a
+        client that only writes the request lines and waits for the reply lines."""
+        _, env = self.gl(transport)
+        out = {}
+        for method in ("gpus", "ping"):
+            r = subprocess.run([FLOOR, self.cfg, BIN, str(CALLS * REPS), method, str(n)],
+                               capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                raise SystemExit(f"fanout_floor over {n} hosts ({transport}) exited "
+                                 f"{r.returncode}: {r.stderr[-2000:]}")
+            out[method] = json.loads(r.stdout)
+        return out
+
     def session(self, transport, hosts, n):
         """One gpuloop session: first connection, CALLS gpu() then CALLS holders(); CPU time
         of each process tree read at the markers the script prints."""
@@ -547,6 +563,7 @@ SetEnv SHLVL=1
                         cpu[ph]["procs"] = c[ph]["procs"]
                 calls = CALLS * REPS
                 row[tr] = {
+                    **({"floor": self.floor(tr, n)} if FLOOR else {}),
                     "first_connection_ms": stats_ms(r["connect"]),
                     "gpu_call_ms": stats_ms(r["gpu"]),
                     "holders_call_ms": stats_ms(r["holders"]),

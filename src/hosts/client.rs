@@ -1,8 +1,7 @@
 //! The client side: one long-lived agent per host, opened in parallel (at most `fanout`
 //! at a time), calls with ids and deadlines over its stdio, behind a blocking API.
 
-pub use super::protocol::Raw;
-use super::protocol::{self, Body, Call, Hello, Message, Request, Stream, WireError};
+use super::protocol::{self, Answered, Body, Call, Hello, Message, Request, Stream, WireError};
 use super::{HostError, HostsConfig, Transport, LOCAL};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -25,7 +24,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(20);
 const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// What a call waits for: its result, or the agent's error.
-type Answer = Result<Raw, WireError>;
+type Answer = Result<Answered, WireError>;
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
 
@@ -252,7 +251,7 @@ impl Pool {
                     let raw = c.call(call, deadline, interrupted).await?;
                     let answered = started.elapsed();
                     let t =
-                        serde_json::from_str::<T>(raw.get()).map_err(|e| HostError::Protocol {
+                        raw.parse::<T>().map_err(|e| HostError::Protocol {
                             host: c.host.clone(),
                             why: format!("unexpected reply: {e}"),
                         })?;
@@ -369,7 +368,7 @@ impl Conn {
         call: Call,
         deadline: Option<Duration>,
         interrupted: &'static AtomicBool,
-    ) -> Result<Raw, HostError> {
+    ) -> Result<Answered, HostError> {
         let method = call.method().to_string();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // A job started by this call must not outlive it if it fails here.
@@ -726,6 +725,11 @@ async fn read_replies(
             Ok(None) => break "the agent's output ended".to_string(),
             Err(e) => break format!("reading from the agent: {e}"),
         };
+        // A result reply as the agent writes it goes to its caller whole, unread here.
+        if let Some(id) = protocol::ok_reply_id(&line) {
+            deliver(&host, &partial, &pending, id, Ok(Answered::Line(line)));
+            continue;
+        }
         let (id, body) = match Message::read(&line) {
             Ok(Message::Reply { id, body }) => (id, body),
             Ok(Message::Output { id, stream, data }) => {
@@ -746,23 +750,14 @@ async fn read_replies(
             }
         };
         let body = match body {
-            Body::Ok(v) => Ok(v),
+            Body::Ok(v) => Ok(Answered::Raw(v)),
             Body::Error(e) => Err(e),
         };
         let Some(id) = id else {
             tracing::warn!("host {host}: the agent rejected a request: {body:?}");
             continue;
         };
-        {
-            // A run's output ends with its reply; a spawned job's goes on.
-            let mut p = lock(&partial);
-            if !p.spawned.contains(&id) {
-                p.flush(&host, id);
-            }
-        }
-        if let Some(tx) = lock(&pending).remove(&id) {
-            let _ = tx.send(body);
-        }
+        deliver(&host, &partial, &pending, id, body);
     };
     // Give ssh a moment to print why it ended.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -776,6 +771,20 @@ async fn read_replies(
     drop(p);
     // Dropping the senders wakes every waiting call.
     lock(&pending).clear();
+}
+
+/// Hands request `id`'s reply to its caller, after the rest of its output (a run's output
+/// ends with its reply; a spawned job's goes on).
+fn deliver(host: &str, partial: &Mutex<Partial>, pending: &Pending, id: u64, body: Answer) {
+    {
+        let mut p = lock(partial);
+        if !p.spawned.contains(&id) {
+            p.flush(host, id);
+        }
+    }
+    if let Some(tx) = lock(pending).remove(&id) {
+        let _ = tx.send(body);
+    }
 }
 
 /// Prints the complete lines of `buf` as `[host] line` (all of it with `flush`).

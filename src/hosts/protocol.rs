@@ -11,6 +11,7 @@
 //! `holders_report`: the holders and how many processes could not be inspected there.
 
 pub use crate::inspect::Filter;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -259,6 +260,46 @@ pub enum Message {
 /// the client parses it once into the type it expects.
 pub type Raw = Box<RawValue>;
 
+/// A reply's result as the client holds it until the caller parses it into its own type.
+#[derive(Debug)]
+pub enum Answered {
+    /// A whole reply line of the shape the agent writes, `{"type":"reply","id":N,"ok":…}`:
+    /// the caller's parse is the one read of its result (the line is not read through and
+    /// its result copied out first; for a GPU list that was a third of the client's work).
+    Line(String),
+    /// The result alone, from a reply of any other shape.
+    Raw(Raw),
+}
+
+impl Answered {
+    /// The result as `T`; for a `Line`, the whole line must be that reply, nothing more.
+    pub fn parse<T: DeserializeOwned>(&self) -> serde_json::Result<T> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct OkLine<T> {
+            #[serde(rename = "type")]
+            _kind: IgnoredAny,
+            #[serde(rename = "id")]
+            _id: IgnoredAny,
+            ok: T,
+        }
+        match self {
+            Answered::Line(line) => serde_json::from_str::<OkLine<T>>(line).map(|l| l.ok),
+            Answered::Raw(raw) => serde_json::from_str(raw.get()),
+        }
+    }
+}
+
+/// The id of a line that starts as the agent starts a result reply,
+/// `{"type":"reply","id":N,"ok":`; None for any other line (`Message::read` reads those).
+/// The rest is read, and checked, by the caller's `Answered::parse`.
+pub fn ok_reply_id(line: &str) -> Option<u64> {
+    let rest = line.strip_prefix(r#"{"type":"reply","id":"#)?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let id = rest[..digits].parse().ok()?;
+    rest[digits..].starts_with(r#","ok":"#).then_some(id)
+}
+
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Body {
@@ -425,6 +466,48 @@ pub fn parse_request(line: &str) -> Result<Request, Message> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The agent's own result replies are handed on whole and parse as written; anything
+    /// else is left to `Message::read`, and a line that only starts like one fails to parse.
+    #[test]
+    fn result_replies_as_the_agent_writes_them_are_read_once_by_the_caller() {
+        let gpus = vec![1_i64, 2, 3];
+        let line = serde_json::to_string(&Message::Reply {
+            id: Some(41),
+            body: Body::ok(&gpus),
+        })
+        .unwrap();
+        assert_eq!(ok_reply_id(&line), Some(41));
+        let got: Vec<i64> = Answered::Line(line).parse().unwrap();
+        assert_eq!(got, gpus);
+        let error = serde_json::to_string(&Message::Reply {
+            id: Some(7),
+            body: Body::Error(WireError {
+                kind: ErrorKind::Failed,
+                message: "no".into(),
+            }),
+        })
+        .unwrap();
+        for other in [
+            error.as_str(),
+            r#"{"id":3,"type":"reply","ok":1}"#,
+            r#"{"type":"reply","id":,"ok":1}"#,
+            r#"{"type":"reply","id":99999999999999999999999,"ok":1}"#,
+            r#"{"type":"output","id":3,"stream":"stdout","data":"x"}"#,
+            r#"{"type":"reply","id":3}"#,
+        ] {
+            assert_eq!(ok_reply_id(other), None, "{other}");
+        }
+        for bad in [
+            r#"{"type":"reply","id":3,"ok":1,"error":{"kind":"failed","message":"x"}}"#,
+            r#"{"type":"reply","id":3,"ok":1,"ok":2}"#,
+            r#"{"type":"reply","id":3,"ok":1} trailing"#,
+            r#"{"type":"reply","id":3,"ok":[1,"#,
+        ] {
+            assert_eq!(ok_reply_id(bad), Some(3), "{bad}");
+            assert!(Answered::Line(bad.into()).parse::<i64>().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn wait_options_sit_beside_the_selection_on_the_wire() {

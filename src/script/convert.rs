@@ -52,8 +52,9 @@ pub fn to_script<E: std::fmt::Display>(e: E) -> Box<EvalAltResult> {
     script_err(e.to_string())
 }
 
+/// A record as a script's map (see `record`).
 pub fn to_map<T: Serialize>(v: &T) -> RhaiResult<Dynamic> {
-    rhai::serde::to_dynamic(v)
+    super::record::to_dynamic(v)
 }
 
 pub fn to_array<T: Serialize>(items: &[T]) -> RhaiResult<Array> {

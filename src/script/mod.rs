@@ -8,6 +8,7 @@ pub mod errors;
 pub mod fields;
 pub mod modules;
 pub mod recipes;
+mod record;
 
 pub use engine::{build_engine, run_source, EngineOpts};
 pub use errors::ScriptError;
