@@ -7,7 +7,8 @@
 //!     fanout_floor SSH_CONFIG REMOTE_BIN CALLS METHOD N [N ...]
 //!
 //! METHOD is `gpus` (what gpu() asks each host) or `ping` (answered by the agent's reader at
-//! once, with no work). `ssh` is whatever is first on PATH (benches/pipe_transport.py's for
+//! once, with no work). WRITERS=K (env) writes each round's requests from K threads at once
+//! (at most one per host), as gpuloop's shards do; by default one thread writes them all. `ssh` is whatever is first on PATH (benches/pipe_transport.py's for
 //! the pipe transport), started as gpuloop starts it. For each N it prints one JSON line:
 //! medians and 10th/90th percentiles (ms) of the whole round, of the writes alone, and of the
 //! first and last reply. benches/hosts.py runs it beside gpuloop's own session (FLOOR=BIN).
@@ -46,14 +47,59 @@ fn pct(xs: &mut [f64], p: f64) -> f64 {
     (xs[i] * 1e6).round() / 1e3
 }
 
-fn round(agents: &mut [Agent], id: u64, method: &str) -> [f64; 4] {
+/// Writer threads, each with its share of the agents' stdins: a round's requests are
+/// written by all of them at once, as gpuloop's shards do, not one after another.
+struct Writers {
+    start: Vec<std::sync::mpsc::Sender<(u64, Instant)>>,
+    done: std::sync::mpsc::Receiver<f64>,
+}
+
+impl Writers {
+    fn new(agents: &mut [Agent], threads: usize, method: &str) -> Writers {
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let mut shares: Vec<Vec<std::process::ChildStdin>> =
+            (0..threads).map(|_| Vec::new()).collect();
+        for (i, a) in agents.iter_mut().enumerate() {
+            shares[i % threads].push(a.child.stdin.take().expect("piped"));
+        }
+        let start = shares
+            .into_iter()
+            .map(|mut share| {
+                let (tx, rx) = std::sync::mpsc::channel::<(u64, Instant)>();
+                let (done, method) = (done_tx.clone(), method.to_string());
+                std::thread::spawn(move || {
+                    for (id, t0) in rx {
+                        let line = format!("{{\"id\":{id},\"method\":\"{method}\"}}\n");
+                        for stdin in &mut share {
+                            stdin.write_all(line.as_bytes()).expect("request");
+                        }
+                        let _ = done.send(t0.elapsed().as_secs_f64());
+                    }
+                });
+                tx
+            })
+            .collect();
+        Writers { start, done }
+    }
+}
+
+fn round(agents: &mut [Agent], writers: Option<&Writers>, id: u64, method: &str) -> [f64; 4] {
     let line = format!("{{\"id\":{id},\"method\":\"{method}\"}}\n");
     let t0 = Instant::now();
-    for a in agents.iter_mut() {
-        let stdin = a.child.stdin.as_mut().expect("piped");
-        stdin.write_all(line.as_bytes()).expect("request");
+    match writers {
+        None => {
+            for a in agents.iter_mut() {
+                let stdin = a.child.stdin.as_mut().expect("piped");
+                stdin.write_all(line.as_bytes()).expect("request");
+            }
+        }
+        Some(w) => {
+            for tx in &w.start {
+                tx.send((id, t0)).expect("writer");
+            }
+        }
     }
-    let written = t0.elapsed().as_secs_f64();
+    let mut written = t0.elapsed().as_secs_f64();
     let mut left: Vec<usize> = (0..agents.len()).collect();
     let (mut first, mut buf) = (None, vec![0u8; 1 << 16]);
     while !left.is_empty() {
@@ -75,6 +121,12 @@ fn round(agents: &mut [Agent], id: u64, method: &str) -> [f64; 4] {
         left = still;
     }
     let all = t0.elapsed().as_secs_f64();
+    if let Some(w) = writers {
+        // When the last writer was done.
+        written = (0..w.start.len())
+            .map(|_| w.done.recv().expect("writer"))
+            .fold(0.0, f64::max);
+    }
     [all, written, first.unwrap_or(all), all]
 }
 
@@ -102,6 +154,7 @@ fn main() {
     }
     let (config, bin, method) = (&args[0], &args[1], &args[3]);
     let calls: u64 = args[2].parse().expect("CALLS");
+    let threads: usize = std::env::var("WRITERS").map_or(1, |w| w.parse().expect("WRITERS"));
     for n in &args[4..] {
         let n: usize = n.parse().expect("N");
         let mut agents: Vec<Agent> = (1..=n)
@@ -112,9 +165,10 @@ fn main() {
             let fl = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).expect("getfl"));
             fcntl(fd, FcntlArg::F_SETFL(fl | OFlag::O_NONBLOCK)).expect("setfl");
         }
+        let writers = (threads > 1).then(|| Writers::new(&mut agents, threads.min(n), method));
         let mut cols: [Vec<f64>; 4] = Default::default();
         for id in 0..calls + 10 {
-            let r = round(&mut agents, id, method);
+            let r = round(&mut agents, writers.as_ref(), id, method);
             if id >= 10 {
                 for (c, x) in cols.iter_mut().zip(r) {
                     c.push(x);
@@ -123,9 +177,12 @@ fn main() {
         }
         let [all, written, first, _] = &mut cols;
         println!(
-            "{{\"hosts\":{n},\"method\":\"{method}\",\"calls\":{calls},\"round_ms\":[{},{},{}],\"writes_ms\":{},\"first_reply_ms\":{}}}",
+            "{{\"hosts\":{n},\"method\":\"{method}\",\"writers\":{},\"calls\":{calls},\"round_ms\":[{},{},{}],\"writes_ms\":{},\"first_reply_ms\":{}}}",
+            writers.as_ref().map_or(1, |w| w.start.len()),
             pct(all, 0.1), pct(all, 0.5), pct(all, 0.9), pct(written, 0.5), pct(first, 0.5)
         );
+        // Their stdins close with the writers.
+        drop(writers);
         for mut a in agents {
             drop(a.child.stdin.take());
             let _ = a.child.wait();

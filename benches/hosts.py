@@ -471,13 +471,15 @@ SetEnv SHLVL=1
         client that only writes the request lines and waits for the reply lines."""
         _, env = self.gl(transport)
         out = {}
-        for method in ("gpus", "ping"):
+        # One thread writes every request, or 16 at once (gpuloop's shards, at most 16).
+        for method, writers in (("gpus", 1), ("gpus", 16), ("ping", 16)):
             r = subprocess.run([FLOOR, self.cfg, BIN, str(CALLS * REPS), method, str(n)],
-                               capture_output=True, text=True, env=env)
+                               capture_output=True, text=True,
+                               env=dict(env, WRITERS=str(writers)))
             if r.returncode != 0:
                 raise SystemExit(f"fanout_floor over {n} hosts ({transport}) exited "
                                  f"{r.returncode}: {r.stderr[-2000:]}")
-            out[method] = json.loads(r.stdout)
+            out[f"{method}_{writers}_writers"] = json.loads(r.stdout)
         return out
 
     def session(self, transport, hosts, n):

@@ -250,11 +250,10 @@ impl Pool {
                 let task = self.shards[c.shard].spawn(async move {
                     let raw = c.call(call, deadline, interrupted).await?;
                     let answered = started.elapsed();
-                    let t =
-                        raw.parse::<T>().map_err(|e| HostError::Protocol {
-                            host: c.host.clone(),
-                            why: format!("unexpected reply: {e}"),
-                        })?;
+                    let t = raw.parse::<T>().map_err(|e| HostError::Protocol {
+                        host: c.host.clone(),
+                        why: format!("unexpected reply: {e}"),
+                    })?;
                     Ok((then(&c.host, t), answered, started.elapsed()))
                 });
                 (i, task)
