@@ -6,7 +6,7 @@
 # It lets the bench add sshd's privilege-separation user and pdsh's module dir, and unlock
 # root's login for sshd without PAM (this is a throw-away machine), checks that the bundle loads here, and stops the bench at 570 s (the
 # JSON keeps every size finished by then: "complete": false). Writes OUTDIR/hosts-ssh.json and
-# OUTDIR/hosts-ssh.log. Env REPS, CALLS, SIZES, TRANSPORTS, ONLY_SESSIONS, OPENSSH_BUNDLE
+# OUTDIR/hosts-ssh.log. Env REPS, CALLS, SIZES, TRANSPORTS, ONLY_SESSIONS, FLOOR, OPENSSH_BUNDLE
 # override the defaults below.
 set -eu
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }

@@ -12,6 +12,9 @@ own simulated 8x80G machine (SetEnv GPULOOP_SIM_DIR, AcceptEnv) and one holder. 
   between the phases;
 - `gpuloop --host h[01-N] gpus --json` and `gpuloop --host h[01-N] clean` as one-shots (a new
   connection per host), clean with a holder on every host;
+- with FLOOR=BIN (benches/fanout_floor.rs's binary), the floor under any client, per size and
+  transport: the same agents answering `gpus` and `ping` to a client that only writes the
+  request lines (from one thread, or 16 at once) and waits for the reply lines;
 - the same query through `pdsh -R ssh -f 32` and a sequential `for h in ...; do ssh ...` loop
   (`gpuloop gpus --json` stands in for `nvidia-smi --query-gpu`; a new ssh connection per host
   per query, as those tools make).
