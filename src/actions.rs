@@ -234,9 +234,7 @@ where
         |_| local_gpus(s),
         |_| Call::Gpus,
         move |h, mut gs: Vec<Gpu>| {
-            if h != LOCAL {
-                gs.iter_mut().for_each(|g| g.host = h.to_string());
-            }
+            name_items(h, &mut gs, |g, h| g.host = h.to_string());
             shape(gs)
         },
     )
@@ -251,9 +249,16 @@ pub fn answered_parts<T>(s: &Session, parts: PerHost<T>) -> Result<Vec<T>, GpuEr
 /// Sets `host` on the records of the remote hosts.
 fn name_parts<T>(parts: &mut PerHost<Vec<T>>, name: impl Fn(&mut T, &str)) {
     for (h, r) in parts.iter_mut() {
-        if let (Ok(items), false) = (r, h == LOCAL) {
-            items.iter_mut().for_each(|it| name(it, h));
+        if let Ok(items) = r {
+            name_items(h, items, &name);
         }
+    }
+}
+
+/// Sets `host` on one host's records, if that host is remote.
+fn name_items<T>(host: &str, items: &mut [T], name: impl Fn(&mut T, &str)) {
+    if host != LOCAL {
+        items.iter_mut().for_each(|it| name(it, host));
     }
 }
 

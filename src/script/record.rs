@@ -1,10 +1,10 @@
 //! A record (a serde struct) as a script's map, built from a template of its keys.
 //!
 //! rhai's serializer inserts a struct's fields into the map (a `BTreeMap`) one by one, each
-//! insert comparing keys down the tree: about 12,000 instructions for a GPU's 15 fields. Here
-//! each struct shape (its name and the keys it serialized) gets a map of those keys once per
-//! thread; a record's map is a clone of it, with the values put in key order. The map is
-//! the same, for a fraction of the work: `gpu()` over 64 hosts builds 512 of them a call.
+//! insert comparing keys down the tree: about 12,000 instructions for a GPU record's 14
+//! fields. Here each struct shape (its name and the keys it serialized) gets a map of those
+//! keys once per thread; a record's map is a clone of it, with the values put in key order.
+//! The map is the same, for a fraction of the work: `gpu()` over 64 hosts builds 512 a call.
 //! What is not a struct, or a struct whose keys repeat, goes through rhai's serializer.
 
 use super::convert::RhaiResult;
