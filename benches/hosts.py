@@ -41,7 +41,7 @@ without PAM refuses a locked account (shadow password `!...`) even with a key: a
 bench sets that field to `*` only if BENCH_MAY_UNLOCK_LOGIN=1 (machine.login_unlocked). If the
 first login fails all the same, the error quotes the same login through `sshd -d`.
 
-On the GPU bench machine (root, gVisor, no OpenSSH), from the repo root, carrying
+On the GPU bench machine (root, a Firecracker VM, no OpenSSH), from the repo root, carrying
 `target/release/gpuloop` and `.bench-ssh` (made here by `benches/openssh-bundle.sh .bench-ssh`):
     benches/hosts-device.sh $OUT
 that is, with REPS=4 CALLS=30 TRANSPORTS=ssh,pipe and the three BENCH_MAY_* set, under
