@@ -29,19 +29,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(back.call.method(), r.call.method());
         }
         Err(reply) => {
-            assert!(matches!(
-                reply,
-                Message::Reply {
-                    body: Body::Error(_),
-                    ..
-                }
-            ));
+            assert!(matches!(reply, Message::Reply { body: Body::Error(_), .. }));
             let text = reply.line();
             assert!(!text.contains('\n'), "{text}");
-            assert_eq!(
-                Message::read(&text).expect("an error reply reads back"),
-                reply
-            );
+            assert_eq!(Message::read(&text).expect("an error reply reads back"), reply);
         }
     }
     // The client side: what `read_replies` does with each line of the agent's (its reader
@@ -53,12 +44,10 @@ fuzz_target!(|data: &[u8]| {
             let whole = Answered::Line(line.to_string());
             if let Ok(v) = whole.parse::<serde_json::Value>() {
                 match Message::read(line) {
-                    Ok(Message::Reply {
-                        id: Some(i),
-                        body: Body::Ok(raw),
-                    }) => {
+                    Ok(Message::Reply { id: Some(i), body: Body::Ok(raw) }) => {
                         assert_eq!(i, id, "{line}");
-                        let general: serde_json::Value = serde_json::from_str(raw.get()).unwrap();
+                        let general: serde_json::Value =
+                            serde_json::from_str(raw.get()).expect("a read result is JSON");
                         assert_eq!(general, v, "{line}");
                     }
                     other => panic!("{line}: the caller's parse took it, the reader: {other:?}"),
@@ -73,14 +62,8 @@ fuzz_target!(|data: &[u8]| {
         };
         let text = m.line();
         assert!(!text.contains('\n'), "{text}");
-        assert_eq!(
-            Message::read(&text).expect("a message read re-encodes readably"),
-            m
-        );
-        if let Message::Reply {
-            body: Body::Ok(v), ..
-        } = m
-        {
+        assert_eq!(Message::read(&text).expect("a message read re-encodes readably"), m);
+        if let Message::Reply { body: Body::Ok(v), .. } = m {
             let v = v.get();
             let _ = serde_json::from_str::<Vec<Gpu>>(v);
             let _ = serde_json::from_str::<Vec<Holder>>(v);
