@@ -796,3 +796,53 @@ fn a_kill_never_takes_the_group_mates_of_a_dead_group_leader() {
         "the group-mate of a dead leader was signalled: {r}"
     );
 }
+
+/// Safety audit, round 7: a protected daemon inside a target's tree was refused, but the walk
+/// went on below it, so the daemon's own children were signalled without force. A refused
+/// process's subtree is never walked, as a refused target's never was.
+#[test]
+fn a_kill_never_walks_below_a_refused_daemon_in_the_tree() {
+    let sim = Sim::new("1x8G");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // target (bash) -> "nv-hostengine" (a bash whose argv[0] is the daemon's) -> sleep
+    let mut target = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "(exec -a nv-hostengine bash -c 'sleep 1000 & echo $! > {d}/kid; echo $$ > {d}/daemon; wait') & wait"
+        ))
+        .spawn()
+        .expect("bash");
+    let read = |name: &str| -> i32 {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Ok(t) = std::fs::read_to_string(dir.path().join(name)) {
+                if let Ok(p) = t.trim().parse() {
+                    return p;
+                }
+            }
+            assert!(std::time::Instant::now() < end, "no {name} pid");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    let (daemon, kid) = (read("daemon"), read("kid"));
+    for p in [target.id() as i32, daemon, kid] {
+        sim.adopt(p);
+    }
+    let r = sim.eval_json(&format!("kill({}, #{{grace: 10}})", target.id()));
+    let _ = target.wait();
+    assert_eq!(r["signalled"], serde_json::json!([target.id()]), "{r}");
+    assert!(
+        r["skipped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["pid"] == daemon && s["reason"].as_str().unwrap().contains("protected")),
+        "{r}"
+    );
+    assert!(alive(daemon), "the protected daemon was signalled: {r}");
+    assert!(
+        alive(kid),
+        "a child of the refused daemon was signalled: {r}"
+    );
+}

@@ -232,9 +232,15 @@ impl<'a> Guard<'a> {
 
 /// True if a process is one of the protected daemons, by comm (15 bytes at most) or argv[0].
 pub fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {
+    is_named(comm, cmdline, protected)
+}
+
+/// True if a process goes by one of `names`: its comm (the kernel keeps 15 bytes, so a longer
+/// name matches its first 15) or the base name of its argv[0].
+pub fn is_named<S: AsRef<str>>(comm: &str, cmdline: &str, names: &[S]) -> bool {
     let argv0 = cmdline.split(' ').next().unwrap_or("");
     let base = argv0.rsplit('/').next().unwrap_or(argv0);
-    protected.iter().any(|name| {
+    names.iter().map(AsRef::as_ref).any(|name| {
         comm == name
             || base == name
             || (comm.len() == 15 && name.len() > 15 && name.starts_with(comm))
@@ -310,7 +316,7 @@ struct Resolve<'a> {
     guard: &'a Guard<'a>,
     opts: &'a KillOpts,
     own_pgid: i32,
-    /// Every process pinned, taken or not (the walk goes through refused ones too).
+    /// Every process pinned, taken or not.
     pins: Vec<Pinned>,
     /// Indices into `pins` of the processes to signal.
     chosen: Vec<usize>,
@@ -404,7 +410,10 @@ impl Resolve<'_> {
     }
 
     /// Pins `pid`, found in the snapshot as tied to `pins[anchor]`, checks the tie through the
-    /// pins, and considers it. Returns its index in `pins` when the walk may go below it.
+    /// pins, and considers it. Returns its index in `pins` when the walk may go below it: only
+    /// when it was taken. Below a refused member (a protected daemon, an ancestor of gpuloop)
+    /// live that daemon's helpers or gpuloop's siblings, never the target's job (safety audit,
+    /// round 7: a daemon's children were signalled without force).
     fn member(
         &mut self,
         report: &mut KillReport,
@@ -447,7 +456,8 @@ impl Resolve<'_> {
             );
             return None;
         }
-        Some(self.consider(report, p).0)
+        let (i, taken) = self.consider(report, p);
+        taken.then_some(i)
     }
 
     /// Parents that would start the targets again: stopped with `parents` (same rules as any
