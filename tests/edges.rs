@@ -325,3 +325,42 @@ fn no_driver_never_reads_as_clean() {
     assert_eq!(v["d0"][0]["verdict"], "no-driver");
     assert_eq!(out.stderr.matches("warning").count(), 1, "{}", out.stderr);
 }
+
+/// Safety audit, round 7: `clean --parents` stopped the parent of a holder whatever it was; a
+/// job step's `slurmstepd` (or a container shim, sshd, tmux) was stopped as a "restarter",
+/// tearing down the step. Such a parent is neither reported nor stopped.
+#[test]
+fn clean_parents_never_stops_a_job_step_daemon() {
+    let sim = Sim::new("2x8G");
+    // The "slurmstepd" is a bash (argv[0] renamed) that runs the holder, then lives on (as a
+    // sleep, so that the final kill of its pid leaves nothing).
+    let mut step = std::process::Command::new("bash");
+    step.arg0("slurmstepd")
+        .args([
+            "-c",
+            r#""$GPULOOP_BIN" sim hold --gpu 0 --mib 64 --foreground; exec sleep 1000"#,
+        ])
+        .envs(sim.std_cmd().get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env("GPULOOP_BIN", bin())
+        .process_group(0)
+        .stdout(Stdio::piped());
+    let mut child = step.spawn().expect("spawn");
+    let parent = child.id() as i32;
+    sim.adopt(parent);
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let holder: i32 = line.trim().parse().expect("holder pid");
+    sim.adopt(holder);
+    let j = sim
+        .run(&["--json", "clean", "--gpu", "0", "--grace", "2", "--parents"])
+        .ok()
+        .json();
+    assert_eq!(j["kill"]["signalled"], serde_json::json!([holder]), "{j}");
+    assert_eq!(j["kill"]["restarters"], serde_json::json!([]), "{j}");
+    assert!(alive(parent), "the job step's daemon was stopped: {j}");
+    assert_eq!(sim.used_mib(0), 0);
+    let _ = child.kill();
+    let _ = child.wait();
+}

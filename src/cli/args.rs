@@ -344,7 +344,9 @@ pub struct KillFlags {
     /// those: stop the unit instead).
     #[arg(long)]
     pub force: bool,
-    /// Also stop the holders' restarters (live parents that would start them again).
+    /// Also stop the holders' restarters (live parents that would start them again; never
+    /// init, a login shell, nor a job step's or container's manager: slurmstepd, a
+    /// containerd shim, conmon, runc, tini, sshd, sudo, tmux, screen).
     #[arg(long)]
     pub parents: bool,
 }

@@ -251,7 +251,8 @@ pub struct KillArgs {
     #[serde(default = "d_true")]
     pub tree: bool,
     /// Also stop the targets' restarters: live parents that would start them again
-    /// (diagnose says "respawning"). Default false.
+    /// (diagnose says "respawning"); never init, a login shell, nor a job step's or
+    /// container's manager (slurmstepd, a containerd shim, sshd, tmux, …). Default false.
     #[serde(default)]
     pub parents: bool,
     /// Report what would be signalled and signal nothing (default false; always allowed).
@@ -276,7 +277,8 @@ pub struct CleanArgs {
     #[serde(default = "d5")]
     pub grace: f64,
     /// Also stop the holders' restarters: live parents that would start them again
-    /// (diagnose says "respawning"). Default false.
+    /// (diagnose says "respawning"); never init, a login shell, nor a job step's or
+    /// container's manager (slurmstepd, a containerd shim, sshd, tmux, …). Default false.
     #[serde(default)]
     pub parents: bool,
     /// Report what would be stopped and stop nothing (default false; always allowed).

@@ -57,20 +57,57 @@ fn is_interactive_shell(p: &ProcInfo, cmdline: &str) -> bool {
     shell && argv.all(|a| a.starts_with('-') && a != "-c")
 }
 
+/// Parents that start a process once on someone else's behalf and restart nothing: Slurm's
+/// step daemon and launcher, container shims, runtimes and inits, the ssh daemon, privilege
+/// wrappers, terminal multiplexers. Stopping one tears down a job step, a container or users'
+/// sessions (safety audit, round 7: `clean --parents` stopped the job's `slurmstepd`), so they
+/// are neither reported nor stopped as restarters. Matched by comm or argv[0]'s base name
+/// (`is_named`: the comm `containerd-shim` is what the kernel keeps of `containerd-shim-runc-v2`).
+const INFRASTRUCTURE: &[&str] = &[
+    "slurmstepd",
+    "srun",
+    "containerd-shim",
+    "containerd-shim-runc-v2",
+    "conmon",
+    "runc",
+    "crun",
+    "tini",
+    "dumb-init",
+    "docker-init",
+    "catatonit",
+    "sshd",
+    "sshd-session",
+    "sudo",
+    "su",
+    "tmux: server",
+    "tmux",
+    "screen",
+    "SCREEN",
+];
+
+fn is_infrastructure(p: &ProcInfo, cmdline: &str) -> bool {
+    super::kill::is_named(&p.comm, cmdline, INFRASTRUCTURE)
+}
+
 /// Why a live parent cannot restart anything, if so: init, service managers (their units are
-/// a service's business), processes started after the child (it was reparented to them).
+/// a service's business), infrastructure (`INFRASTRUCTURE`), processes started after the child
+/// (it was reparented to them).
 fn not_a_restarter(
     parent: &ProcInfo,
     child: &ProcInfo,
     never: &HashSet<i32>,
     cmdline: &dyn Fn(i32) -> String,
 ) -> bool {
-    parent.pid <= 1
+    if parent.pid <= 1
         || parent.is_zombie()
         || never.contains(&parent.pid)
         || parent.start > child.start
         || matches!(parent.comm.as_str(), "systemd" | "init")
-        || is_interactive_shell(parent, &cmdline(parent.pid))
+    {
+        return true;
+    }
+    let line = cmdline(parent.pid);
+    is_interactive_shell(parent, &line) || is_infrastructure(parent, &line)
 }
 
 /// The live parents of `stopped` (the holders taken) that are not themselves stopped, nor
@@ -215,5 +252,39 @@ mod tests {
         );
         // gpuloop's own ancestors are never restarters.
         assert!(find_with(&t, &ids, &HashSet::from([10]), &cmdline).is_empty());
+    }
+
+    /// Safety audit, round 7: `clean --parents` stopped a job step's `slurmstepd`.
+    #[test]
+    fn job_step_and_container_managers_are_not_restarters() {
+        let t = Tree::new(vec![
+            p(1, 0, "init", 0),
+            p(10, 1, "slurmstepd", 5),
+            p(11, 10, "python3", 6),
+            p(20, 1, "containerd-shim", 5),
+            p(21, 20, "python3", 6),
+            p(30, 1, "sshd", 5),
+            p(31, 30, "python3", 6),
+            // argv[0] counts too: a tini whose comm was renamed.
+            p(40, 1, "x", 5),
+            p(41, 40, "python3", 6),
+            p(50, 1, "bash", 5),
+            p(51, 50, "python3", 6),
+        ]);
+        let cmdline = |pid: i32| {
+            match pid {
+                40 => "/usr/bin/tini -- python3 serve.py",
+                50 => "bash -c while true; do python3 holder.py; done",
+                _ => "x",
+            }
+            .to_string()
+        };
+        let ids: Vec<Identity> = [11, 21, 31, 41, 51]
+            .iter()
+            .map(|&pid| t.get(pid).unwrap().identity())
+            .collect();
+        let rs = find_with(&t, &ids, &HashSet::new(), &cmdline);
+        let pids: Vec<i64> = rs.iter().map(|r| r.pid).collect();
+        assert_eq!(pids, [50], "{rs:?}");
     }
 }
