@@ -306,3 +306,28 @@ fn empty_gpuloop_sim_means_unset_and_a_corrupt_spec_file_says_so() {
     );
     assert!(out.stderr.contains("pass --sim SPEC"), "{}", out.stderr);
 }
+
+/// A new user's report, round 7: `--sim ""` (a script's `--sim "$SPEC"` with SPEC unset) fell
+/// through to the NVIDIA driver, so `clean` would have acted on the real GPUs. An empty spec on
+/// the command line is a usage error; an empty GPULOOP_SIM still means unset.
+#[test]
+fn an_empty_sim_flag_is_refused_not_the_real_driver() {
+    let sim = Sim::new("1x1G");
+    for args in [
+        &["--sim", "", "clean"][..],
+        &["clean", "--sim", " "],
+        &["--sim=", "gpus"],
+    ] {
+        let out = sim.run_with(args, |c| {
+            c.env_remove("GPULOOP_SIM")
+                .env("GPULOOP_NVML_LIB", "/nonexistent/libnvidia-ml.so.1");
+        });
+        let out = out.code(2);
+        assert!(
+            out.stderr.contains("--sim needs a spec like 8x80G"),
+            "{args:?}: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("driver"), "{args:?}: {}", out.stderr);
+    }
+}

@@ -6,7 +6,6 @@ mod commands;
 use crate::error::Error;
 use crate::session::{BackendChoice, Session};
 use args::{Args, Cmd, SimCmd};
-use clap::Parser;
 use std::sync::Arc;
 
 /// Validated settings every command needs.
@@ -17,7 +16,7 @@ pub struct Config {
 
 impl Config {
     fn from_args(args: &Args) -> Result<Config, Error> {
-        // An empty GPULOOP_SIM (or --sim "") means no simulator, like an unset one.
+        // An empty GPULOOP_SIM means no simulator, like an unset one (`parse` refuses --sim "").
         let choice = match args.sim.as_ref().filter(|s| !s.trim().is_empty()) {
             Some(spec) => {
                 // Reject a bad spec before anything runs.
@@ -51,6 +50,25 @@ impl Config {
             session: Arc::new(session),
         })
     }
+}
+
+/// The arguments, with `--sim ""` refused: an empty `GPULOOP_SIM` means unset, but an empty
+/// spec given on the command line is a mistake (`gpuloop --sim "$SPEC" clean` with `SPEC`
+/// unset would otherwise clean the real GPUs: a new user's report, round 7).
+fn parse(argv: &[std::ffi::OsString]) -> Result<Args, clap::Error> {
+    use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
+    let mut cmd = Args::command();
+    let matches = cmd.try_get_matches_from_mut(argv)?;
+    let args = Args::from_arg_matches(&matches)?;
+    let given = std::iter::successors(Some(&matches), |m| m.subcommand().map(|(_, m)| m))
+        .any(|m| m.value_source("sim") == Some(ValueSource::CommandLine));
+    if given && args.sim.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        return Err(cmd.error(
+            clap::error::ErrorKind::InvalidValue,
+            "--sim needs a spec like 8x80G: an empty one would mean the real GPUs (leave --sim out for them)",
+        ));
+    }
+    Ok(args)
 }
 
 /// `--host`/`--hosts-file`/`--hosts-from-slurm` into a host set; `None` when none was given.
@@ -181,7 +199,7 @@ pub fn main() -> i32 {
     if driver_first(&argv, sim) {
         crate::gpu::nvml::preload();
     }
-    let args = match Args::try_parse_from(&argv) {
+    let args = match parse(&argv) {
         Ok(a) => a,
         Err(e) => {
             // --help and --version are answers, not errors.
@@ -297,6 +315,7 @@ fn json_error(msg: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     fn argv(line: &str) -> Vec<std::ffi::OsString> {
         line.split_whitespace().map(Into::into).collect()
