@@ -184,7 +184,7 @@ fn answered<T>(s: &Session, parts: PerHost<T>) -> Result<Vec<(String, T)>, GpuEr
             Ok(v) => out.push((h, v)),
             Err(f) if skip && f.unreachable() => {
                 if s.note_skipped(&h) {
-                    eprintln!("warning: skipping {f}");
+                    crate::errln!("warning: skipping {f}");
                 }
             }
             Err(f) => return Err(f.into_gpu()),
@@ -870,7 +870,7 @@ fn wait_hosts(
         .map(|(h, _)| h.as_str())
         .collect();
     if !remote_dirty.is_empty() && !opts.timeout.is_zero() && !quiet {
-        eprintln!(
+        crate::errln!(
             "warning: not clean after {:.1}s on {}",
             opts.timeout.as_secs_f64(),
             remote_dirty.join(", ")
@@ -903,10 +903,10 @@ fn local_wait_clean(
     let Some(why) = why_not_clean(&outcome, opts) else {
         return Ok(outcome);
     };
-    eprintln!("warning: GPUs {why}:");
+    crate::errln!("warning: GPUs {why}:");
     if let Ok(ds) = local_diagnoses(s, sel, &Filter::default()) {
         for d in ds.iter().filter(|d| !d.is_clean()) {
-            eprintln!("  {}", describe_diagnosis(d));
+            crate::errln!("  {}", describe_diagnosis(d));
         }
     }
     Ok(outcome)
@@ -961,7 +961,7 @@ impl Progress {
 
     fn clear(&mut self) {
         if self.shown {
-            eprint!("\r\x1b[2K");
+            crate::err!("\r\x1b[2K");
             self.shown = false;
         }
     }

@@ -122,7 +122,7 @@ pub fn serve(session: Arc<Session>) -> i32 {
     let (gpus, backend) = match session.backend() {
         Ok(b) => (b.gpus().map_or(0, |g| g.len() as i64), b.kind()),
         Err(e) => {
-            eprintln!("warning: {e}");
+            crate::errln!("warning: {e}");
             (0, "none")
         }
     };

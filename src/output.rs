@@ -103,13 +103,54 @@ fn failed(e: std::io::Error) {
     // Whoever read our output has stopped: nothing later can reach them either.
     CLOSED.store(true, Ordering::SeqCst);
     if e.kind() != ErrorKind::BrokenPipe {
-        eprintln!("gpuloop: cannot write to stdout: {e}");
+        crate::errln!("gpuloop: cannot write to stdout: {e}");
     }
 }
 
 /// True once stdout is gone: scripts stop at their next statement, commands print no more.
 pub fn closed() -> bool {
     CLOSED.load(Ordering::Relaxed)
+}
+
+/// Writes `text` to stderr as it is. A failed write is dropped: when stderr is gone
+/// (`gpuloop … 2>&1 | head -1`) there is no one left to tell, and `eprint!` would panic.
+pub fn err(text: &str) {
+    err_bytes(text.as_bytes());
+}
+
+fn err_bytes(data: &[u8]) {
+    let _ = std::io::stderr().lock().write_all(data);
+}
+
+/// stderr for the log (`-v`): what cannot be written is dropped, as by `err`. tracing reports
+/// a failed write of its own with `eprintln!`, which panics on a closed pipe.
+pub struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        err_bytes(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `eprintln!` that ends quietly on a closed pipe (`output::err`).
+#[macro_export]
+macro_rules! errln {
+    ($($t:tt)*) => {
+        $crate::output::err(&format!("{}\n", format_args!($($t)*)))
+    };
+}
+
+/// `eprint!` that ends quietly on a closed pipe (`output::err`).
+#[macro_export]
+macro_rules! err {
+    ($($t:tt)*) => {
+        $crate::output::err(&format!($($t)*))
+    };
 }
 
 /// `println!` that ends quietly on a closed pipe.

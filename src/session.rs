@@ -68,7 +68,7 @@ impl Session {
             }
             BackendChoice::Auto => Ok({
                 if std::env::var_os("GPULOOP_SIM_DIR").is_some_and(|d| !d.is_empty()) {
-                    eprintln!(
+                    crate::errln!(
                         "note: GPULOOP_SIM_DIR is set but the simulator is not selected: using the NVIDIA driver (add --sim SPEC or set GPULOOP_SIM for the simulated GPUs)"
                     );
                 }
@@ -111,7 +111,7 @@ impl Session {
         let Ok(b) = self.backend() else { return };
         if let Some(why) = b.missing_driver() {
             if !self.warned_no_driver.swap(true, Ordering::Relaxed) {
-                eprintln!(
+                crate::errln!(
                     "warning: no NVIDIA driver: {why}; gpu() returns [], holders() still scans /dev/nvidia* fds, nothing reads as clean"
                 );
             }

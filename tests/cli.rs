@@ -134,6 +134,40 @@ fn a_closed_stdout_ends_every_command_quietly() {
     }
 }
 
+/// A new user's report, round 7: `gpuloop … 2>&1 | head -1` panicked (exit 101) at the first
+/// warning, log line or error written after head had gone: only stdout ended quietly. With
+/// stderr a pipe whose reader is gone, each command ends with its own exit code, no panic.
+#[test]
+fn a_closed_stderr_never_panics() {
+    let sim = Sim::new("2x8G");
+    for (args, code) in [
+        (&["eval", "for i in 0..3000 { warn(`line ${i}`) }"][..], 0),
+        (&["-v", "eval", "for i in 0..3000 { log(`line ${i}`) }"], 0),
+        (&["eval", "retry(3, || throw \"x\")"], 1),
+        (&["eval", "throw \"boom\""], 1),
+        (&["eval", "let x = ;"], 2),
+        (&["--bogus-flag"], 2),
+        (&["-v", "clean"], 0),
+    ] {
+        use std::io::Write;
+        let (r, w) = nix::unistd::pipe().unwrap();
+        drop(r);
+        let mut c = sim.std_cmd();
+        c.args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::from(w));
+        let o = c.output().unwrap();
+        let _ = std::io::stdout().flush();
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+}
+
 #[test]
 fn json_is_one_shape_everywhere_and_errors_are_json_too() {
     let sim = Sim::new("2x8G");

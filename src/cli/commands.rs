@@ -93,14 +93,14 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                     render::holders(&r.holders, Style::stdout())
                 })?;
                 if r.unreadable > 0 {
-                    eprintln!(
+                    crate::errln!(
                         "note: {} process(es) could not be inspected (other users'): holders among them are not listed; run as root to see every holder",
                         r.unreadable
                     );
                 }
                 if let Some(e) = r.unread {
                     // The other GPUs' holders are listed; this GPU's list is incomplete.
-                    eprintln!(
+                    crate::errln!(
                         "error: {e}: the driver's process list of that GPU is missing (holders shown for it are those the /proc scan found)"
                     );
                     return Ok(1);
@@ -136,7 +136,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
             let code = summary(cfg, rows)?;
             if !blind.is_empty() {
-                eprintln!(
+                crate::errln!(
                     "note: processes that could not be inspected (other users') on {}: holders among them are not listed; run gpuloop there as root to see every holder",
                     blind.join(", ")
                 );
@@ -262,7 +262,7 @@ fn per_host<T>(
             Ok(v) => ok.push((h, v)),
             Err(f) if !several => return Err(f.into_gpu().into()),
             Err(f) => {
-                eprintln!("gpuloop: {f}");
+                crate::errln!("gpuloop: {f}");
                 let state = if f.unreachable() {
                     "unreachable"
                 } else {
@@ -285,7 +285,7 @@ fn summary(cfg: &Config, mut rows: Vec<render::HostRow>) -> Result<i32, Error> {
     rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
     let text = render::host_summary(&rows, Style::stdout());
     if cfg.json {
-        eprintln!("{text}");
+        crate::errln!("{text}");
     } else {
         crate::outln!("\n{text}");
     }
@@ -349,7 +349,7 @@ fn journal(cfg: &Config, last: usize) -> Result<i32, Error> {
     let path = journal::path().map_err(err)?;
     let (entries, bad) = journal::read(&path).map_err(err)?;
     if bad > 0 {
-        eprintln!(
+        crate::errln!(
             "gpuloop: warning: {bad} line(s) of {} are not journal entries",
             path.display()
         );
@@ -362,7 +362,7 @@ fn journal(cfg: &Config, last: usize) -> Result<i32, Error> {
         return emit(cfg, &shown, String::new);
     }
     if shown.is_empty() {
-        eprintln!("no MCP calls journaled yet ({})", path.display());
+        crate::errln!("no MCP calls journaled yet ({})", path.display());
         return Ok(0);
     }
     for e in shown {
@@ -682,7 +682,7 @@ fn check(cfg: &Config, scripts: &[std::path::PathBuf]) -> Result<i32, Error> {
         let (file, src, dir) = match read_script(&p.display().to_string()) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("gpuloop: {e}");
+                crate::errln!("gpuloop: {e}");
                 failed += 1;
                 continue;
             }
@@ -699,7 +699,7 @@ fn check(cfg: &Config, scripts: &[std::path::PathBuf]) -> Result<i32, Error> {
         match checked {
             Ok(()) => crate::outln!("ok: {file}"),
             Err(e) => {
-                eprintln!("{}", e.message());
+                crate::errln!("{}", e.message());
                 failed += 1;
             }
         }

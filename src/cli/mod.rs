@@ -284,7 +284,7 @@ fn init_logs(verbose: u8) {
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(level))
-        .with_writer(std::io::stderr)
+        .with_writer(|| crate::output::Stderr)
         .with_ansi(crate::output::color_stderr())
         .with_target(false)
         .without_time()
@@ -299,9 +299,9 @@ fn report(e: Error, json: bool) -> i32 {
         if json {
             json_error(&msg);
         } else if matches!(e, Error::Script(_)) {
-            eprintln!("{msg}");
+            crate::errln!("{msg}");
         } else {
-            eprintln!("gpuloop: {msg}");
+            crate::errln!("gpuloop: {msg}");
         }
     }
     e.code()
@@ -309,7 +309,7 @@ fn report(e: Error, json: bool) -> i32 {
 
 fn json_error(msg: &str) {
     let msg = msg.trim_end().trim_start_matches("error: ");
-    eprintln!("{}", serde_json::json!({ "error": msg }));
+    crate::errln!("{}", serde_json::json!({ "error": msg }));
 }
 
 #[cfg(test)]

@@ -693,7 +693,7 @@ async fn read_stderr(host: String, stderr: tokio::process::ChildStderr, st: Arc<
     while let Ok(Some(line)) = read_line(&mut r, 64 * 1024).await {
         let mut s = lock(&st);
         if s.echo {
-            eprintln!("[{host}] {line}");
+            crate::errln!("[{host}] {line}");
         }
         s.tail.push_str(&line);
         s.tail.push('\n');

@@ -83,7 +83,7 @@ impl Server {
         if let Some(p) = &self.journal {
             if let Err(e) = journal::append(p, &entry) {
                 tracing::warn!("{e}");
-                eprintln!("gpuloop mcp: warning: {e}");
+                crate::errln!("gpuloop mcp: warning: {e}");
             }
         }
     }
@@ -271,7 +271,7 @@ pub fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError
     let journal = match journal::path() {
         Ok(p) => Some(p),
         Err(e) => {
-            eprintln!("gpuloop mcp: warning: calls are not journaled: {e}");
+            crate::errln!("gpuloop mcp: warning: calls are not journaled: {e}");
             None
         }
     };

@@ -99,7 +99,7 @@ impl Repl {
         if let Some(path) = &history {
             if path.exists() {
                 if let Err(e) = editor.load_history(path) {
-                    eprintln!(
+                    crate::errln!(
                         "warning: cannot read the REPL history {}: {e}",
                         path.display()
                     );
@@ -164,7 +164,7 @@ impl Repl {
                         )
                     }
                     ("vars", _) => self.print_vars(),
-                    _ => eprintln!("unknown command :{name} (:help lists the commands)"),
+                    _ => crate::errln!("unknown command :{name} (:help lists the commands)"),
                 }
                 continue;
             }
@@ -223,7 +223,7 @@ impl Repl {
             }
             .and_then(|()| self.editor.append_history(path).map_err(|e| e.to_string()));
             if let Err(e) = saved {
-                eprintln!(
+                crate::errln!(
                     "warning: cannot save the REPL history to {}: {e}",
                     path.display()
                 );
@@ -251,7 +251,7 @@ impl Repl {
             Ok(ast) => ast,
             Err(e) => {
                 let err = errors::from_parse(&e, SOURCE, &self.transcript);
-                eprintln!("{}", err.message());
+                crate::errln!("{}", err.message());
                 self.failed = err.code();
                 return None;
             }
@@ -280,15 +280,15 @@ impl Repl {
                     ScriptError::Interrupted => {
                         // The terminal may have echoed "^C" on the line: say it on a clean one.
                         if std::io::stderr().is_terminal() {
-                            eprint!("\r\x1b[2K");
+                            crate::err!("\r\x1b[2K");
                         }
-                        eprintln!("interrupted");
+                        crate::errln!("interrupted");
                         crate::interrupt::clear();
                         None
                     }
                     ScriptError::Exit(code) => Some(code),
                     err => {
-                        eprintln!("{}{hint}", err.message());
+                        crate::errln!("{}{hint}", err.message());
                         self.failed = err.code();
                         None
                     }
@@ -341,7 +341,7 @@ impl Repl {
                 Ok(m) => {
                     self.engine.register_static_module(alias, m);
                 }
-                Err(e) => eprintln!("warning: {alias}:: is gone after this line: {e}"),
+                Err(e) => crate::errln!("warning: {alias}:: is gone after this line: {e}"),
             }
         }
     }

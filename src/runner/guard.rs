@@ -223,7 +223,7 @@ pub fn main() -> i32 {
         }
         let r = kill::kill(&targets, &opts, &protected, &never);
         if !r.signalled.is_empty() {
-            eprintln!(
+            crate::errln!(
                 "gpuloop guard: gpuloop ended without stopping its jobs; killed pid(s) {:?}",
                 r.signalled
             );

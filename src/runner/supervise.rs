@@ -427,13 +427,13 @@ pub fn stop_tree(
         }
         signalled.extend(&report.signalled);
         for s in &report.stuck {
-            eprintln!(
+            crate::errln!(
                 "warning: pid {} ({}) is stuck in the kernel or the driver (D state, wchan {}): it goes when that call returns",
                 s.pid, s.name, s.wchan
             );
         }
         if !report.survivors.is_empty() {
-            eprintln!("warning: pid(s) {:?} survived SIGKILL", report.survivors);
+            crate::errln!("warning: pid(s) {:?} survived SIGKILL", report.survivors);
         }
         if !report.survivors.is_empty() || !report.stuck.is_empty() {
             // More rounds would not move what SIGKILL did not.

@@ -93,7 +93,7 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
         t => t,
     });
     if opts.json {
-        engine.on_print(|s| eprintln!("{s}"));
+        engine.on_print(|s| crate::errln!("{s}"));
     } else {
         engine.on_print(crate::output::line);
     }
@@ -109,7 +109,7 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
             }
         }
     });
-    engine.on_debug(|s, src, pos| eprintln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
+    engine.on_debug(|s, src, pos| crate::errln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
     bindings::gpu::register(&mut engine, &session);
     bindings::process::register(&mut engine, &session);
     bindings::helpers::register(&mut engine);

@@ -123,7 +123,7 @@ impl Log {
     }
 
     fn line(&self, msg: &str) {
-        eprintln!("{}: {msg}", self.tag);
+        crate::errln!("{}: {msg}", self.tag);
     }
 }
 

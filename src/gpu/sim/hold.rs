@@ -367,7 +367,7 @@ pub fn run_foreground(sim: &SimBackend, opts: &HoldOpts) -> ! {
             }
         }
         Err(e) => {
-            eprintln!("gpuloop: sim hold: {e}");
+            crate::errln!("gpuloop: sim hold: {e}");
             std::process::exit(1);
         }
     }

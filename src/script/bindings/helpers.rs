@@ -25,7 +25,7 @@ fn call(ctx: &NativeCallContext, f: &FnPtr, arg: i64) -> RhaiResult<Dynamic> {
 }
 
 fn log_line(msg: &Dynamic) {
-    eprintln!("[{:>7.2}s] {msg}", started().elapsed().as_secs_f64());
+    crate::errln!("[{:>7.2}s] {msg}", started().elapsed().as_secs_f64());
 }
 
 fn truthy(v: &Dynamic) -> bool {
@@ -91,9 +91,9 @@ pub fn register(engine: &mut Engine) {
          Any value is written as text.",
         |msg: Dynamic| {
             if crate::output::color_stderr() {
-                eprintln!("\x1b[33mwarning:\x1b[0m {msg}");
+                crate::errln!("\x1b[33mwarning:\x1b[0m {msg}");
             } else {
-                eprintln!("warning: {msg}");
+                crate::errln!("warning: {msg}");
             }
         },
     );
@@ -210,7 +210,7 @@ pub fn register(engine: &mut Engine) {
         "Ends the script with exit code 1, printing the value (a message, a float, a bool,
          ...) to stderr: exit(\"GPU 3 still held\").",
         |reason: Dynamic| -> RhaiResult<()> {
-            eprintln!("{reason}");
+            crate::errln!("{reason}");
             Err(exit_with(1))
         },
     );
@@ -222,7 +222,7 @@ pub fn register(engine: &mut Engine) {
          commands do for bad arguments. For checking ARGS:
          if ARGS.len() == 0 { usage(\"clean.rhai GPU…\") }",
         |msg: Dynamic| -> RhaiResult<()> {
-            eprintln!("usage: {msg}");
+            crate::errln!("usage: {msg}");
             Err(exit_with(2))
         },
     );
@@ -278,8 +278,8 @@ pub fn register(engine: &mut Engine) {
                     Err(e) if matches!(**e, EvalAltResult::ErrorTerminated(..)) => return last,
                     // The last failure is rethrown: shown once, by whoever catches it.
                     Err(_) if attempt == n => {}
-                    Ok(_) => eprintln!("retry: attempt {attempt}/{n} returned false"),
-                    Err(e) => eprintln!(
+                    Ok(_) => crate::errln!("retry: attempt {attempt}/{n} returned false"),
+                    Err(e) => crate::errln!(
                         "retry: attempt {attempt}/{n} failed:\n{}",
                         errors::describe(e, ctx.call_source())
                     ),

@@ -122,7 +122,7 @@ fn run_kill(s: &Session, target: &Dynamic, opts: &KillOpts, skip: bool) -> RhaiR
     let report =
         actions::skipping(skip, || actions::kill_routed(s, &targets, opts)).map_err(to_script)?;
     if report.interrupted {
-        eprintln!(
+        crate::errln!(
             "kill interrupted during the grace: signalled {:?}, exited {:?}, still running (not KILLed) {:?}",
             report.signalled, report.exited, report.survivors
         );
