@@ -270,3 +270,58 @@ fn the_patch_and_rerun_example_runs_green() {
         assert_eq!(sim.used_mib(g), 0, "GPU {g}");
     }
 }
+
+/// A new user's report, round 7: `patch::rerun_until("true")` stopped every compute holder on
+/// every GPU (any user's, as root) before its first attempt, and then failed on a daemon's
+/// memory on a GPU the job did not use. The GPUs it cleans are now the job's (`gpus`, else
+/// CUDA_VISIBLE_DEVICES); without either it cleans none; daemon memory does not hold it back.
+#[test]
+fn rerun_until_cleans_only_the_jobs_gpus_and_runs_beside_a_daemon() {
+    let sim = Sim::new("2x8G");
+    let other = *sim.hold(&["--gpu", "1", "--mib", "500"]).last().unwrap();
+    sim.hold(&[
+        "--gpu",
+        "0",
+        "--mib",
+        "100",
+        "--name",
+        "nvidia-persistenced",
+    ]);
+    let script = |cvd: Option<&str>, job_env: &str| {
+        let src = format!(
+            r#"import "patch" as patch;
+            let r = patch::rerun_until("true", #{{run: #{{echo: false{job_env}}}}});
+            print(to_json(#{{ok: r.ok, killed: r.attempts[0].killed}}));"#
+        );
+        let p = sim.path().join("cvd.rhai");
+        std::fs::write(&p, src).unwrap();
+        let out = sim
+            .run_with(&["run", p.to_str().unwrap()], |c| {
+                c.env_remove("CUDA_VISIBLE_DEVICES");
+                if let Some(v) = cvd {
+                    c.env("CUDA_VISIBLE_DEVICES", v);
+                }
+            })
+            .ok();
+        let v: serde_json::Value =
+            serde_json::from_str(out.stdout.lines().last().unwrap()).unwrap();
+        (v, out.stderr)
+    };
+    // Nothing says which GPUs the job uses: nothing is cleaned, and it says so.
+    let (v, err) = script(None, "");
+    assert_eq!(v, serde_json::json!({"ok": true, "killed": 0}), "{err}");
+    assert!(err.contains("no GPU is cleaned"), "{err}");
+    assert!(
+        alive(other),
+        "a holder on a GPU the job does not use was stopped"
+    );
+    // The job's own env names GPU 0, where only the daemon's memory is: it runs.
+    let (v, err) = script(None, ", env: #{CUDA_VISIBLE_DEVICES: \"0\"}");
+    assert_eq!(v, serde_json::json!({"ok": true, "killed": 0}), "{err}");
+    assert!(alive(other));
+    // The environment names GPU 1: its holder is in the job's way and is stopped.
+    let (v, err) = script(Some("1"), "");
+    assert_eq!(v, serde_json::json!({"ok": true, "killed": 1}), "{err}");
+    assert!(gone_within(other, 10));
+    assert_eq!(sim.used_mib(1), 0);
+}
