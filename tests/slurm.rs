@@ -809,3 +809,38 @@ fn epilog_needs_a_job_and_dry_run_stops_nothing() {
     assert!(alive(left));
     assert_eq!(sim.used_mib(1), 64);
 }
+
+/// A new user's report, round 7: with no GPU list in the environment (a CPU-only job, or no
+/// GPU gres) the epilog said "GPUs clean: nothing to do" while it had checked no GPU and GPUs
+/// were held. It now says that it knows no GPU of the job and checked none.
+#[test]
+fn an_epilog_without_the_jobs_gpus_says_it_checked_none() {
+    let sim = Sim::new("2x8G");
+    let stray = *sim.hold(&["--gpu", "1", "--mib", "64"]).last().unwrap();
+    // No squeue on PATH: it fails at once ("every other job is taken as running") instead of
+    // retrying a Slurm that is not there.
+    let empty = tempfile::tempdir().unwrap();
+    for dry in [true, false] {
+        let args: &[&str] = if dry {
+            &["epilog", "--dry-run"]
+        } else {
+            &["epilog"]
+        };
+        let out = sim.run_with(args, |c| {
+            c.envs([("SLURM_JOB_ID", "812"), ("SLURMD_NODENAME", "gpu07")])
+                .env_remove("SLURM_JOB_GPUS")
+                .env_remove("CUDA_VISIBLE_DEVICES")
+                .env("SLURM_CONF", "/nonexistent/slurm.conf")
+                .env("PATH", empty.path());
+        });
+        let out = out.ok();
+        assert!(
+            out.stderr.contains("no GPUs known for the job"),
+            "{}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("GPUs clean"), "{}", out.stderr);
+        assert!(out.stderr.contains("no GPU checked"), "{}", out.stderr);
+    }
+    assert!(alive(stray), "another job's holder was stopped");
+}

@@ -155,6 +155,11 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
             }
         }
     }
+    // A CPU-only job, or a Slurm without GPU gres: its own processes are still stopped, but
+    // no GPU is checked, and the log must not read as if one had been.
+    if sel.is_empty() {
+        log.line("no GPUs known for the job (SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES unset or empty): stopping its own processes, checking no GPU");
+    }
     let running = scontrol::running_jobs(&env.node);
     if running.is_none() {
         log.line("squeue failed: every other job is taken as running");
@@ -227,6 +232,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         let ds = actions::diagnoses(s, Some(sel.clone()))?;
         let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| d.verdict != "clean").collect();
         match dirty.first() {
+            None if sel.is_empty() => log.line("no GPU checked: nothing to do"),
             None => log.line("GPUs clean: nothing to do"),
             Some(d) if targets.is_empty() => log.line(&format!(
                 "would drain node {}: {}",
@@ -256,15 +262,18 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         )?
     };
     if outcome == WaitOutcome::Clean && stubborn.is_empty() {
-        log.line(&format!(
-            "GPUs {} clean in {:.2} s",
-            if sel.is_empty() {
-                "(none)".to_string()
-            } else {
-                join(&sel)
-            },
-            started.elapsed().as_secs_f64()
-        ));
+        if sel.is_empty() {
+            log.line(&format!(
+                "done in {:.2} s; no GPU checked",
+                started.elapsed().as_secs_f64()
+            ));
+        } else {
+            log.line(&format!(
+                "GPUs {} clean in {:.2} s",
+                join(&sel),
+                started.elapsed().as_secs_f64()
+            ));
+        }
         return Ok(0);
     }
     let ds = actions::diagnoses(s, Some(sel.clone()))?;
