@@ -288,7 +288,12 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
         } else {
             index
         };
-        let head = format!("GPU {gpu}  {:>7} MiB  ", d.mem_used_mib);
+        // Memory the driver could not read is unknown, not 0 MiB (which reads as clean).
+        let mib = match d.verdict.as_str() {
+            "no-driver" | "driver-error" => "?".to_string(),
+            _ => d.mem_used_mib.to_string(),
+        };
+        let head = format!("GPU {gpu}  {mib:>7} MiB  ");
         // The advice column starts after the padded verdict; long advice wraps under it.
         let indent = head.chars().count() + 17;
         let advice = match style.width {

@@ -324,6 +324,13 @@ fn no_driver_never_reads_as_clean() {
     assert_eq!(v["d0"][0]["gpu"], 0);
     assert_eq!(v["d0"][0]["verdict"], "no-driver");
     assert_eq!(out.stderr.matches("warning").count(), 1, "{}", out.stderr);
+    // A new user's report, round 7: the table said "0 MiB" for memory nobody could read.
+    let out = no_driver(&sim, &["eval", "diagnose()"]).ok();
+    assert!(
+        out.stdout.contains("GPU all        ? MiB  no-driver"),
+        "{}",
+        out.stdout
+    );
 }
 
 /// Safety audit, round 7: `clean --parents` stopped the parent of a holder whatever it was; a
