@@ -282,6 +282,45 @@ pub fn gpu(s: &Session, index: i64) -> Result<Gpu, GpuError> {
 }
 
 /// One GPU named as `"dest:index"`.
+/// One GPU named as `--gpu` names one: an index, a UUID (or a unique prefix of one) or a bus
+/// id. A UUID is unique across hosts; a bus id or an index on several hosts is ambiguous.
+pub fn gpu_named(s: &Session, text: &str) -> Result<Gpu, GpuError> {
+    let sels = select::parse(text)?;
+    let [sel] = sels.as_slice() else {
+        return Err(GpuError::BadSelector(format!(
+            "{text:?} names {} GPUs; gpu() takes one (gpu() with no argument lists them all)",
+            sels.len()
+        )));
+    };
+    let id = match sel {
+        Selector::Index(i) => return gpu(s, *i),
+        Selector::Id(id) => id,
+    };
+    let gpus = gpus(s)?;
+    let mut hosts: Vec<&str> = gpus.iter().map(|g| g.host.as_str()).collect();
+    hosts.dedup();
+    let mut found = Vec::new();
+    let mut last_err = None;
+    for h in hosts {
+        let here: Vec<Gpu> = gpus.iter().filter(|g| g.host == h).cloned().collect();
+        match select::resolve(std::slice::from_ref(sel), &here) {
+            Ok(idx) => found.extend(here.into_iter().filter(|g| idx.contains(&g.index))),
+            Err(e) => last_err = Some(e),
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(last_err.unwrap_or(GpuError::NoSuchGpuId {
+            id: id.clone(),
+            count: gpus.len(),
+        })),
+        n => Err(GpuError::Host(format!(
+            "gpu({text:?}): {n} hosts have that GPU; name one as gpu(\"{}:{}\")",
+            found[0].host, found[0].index
+        ))),
+    }
+}
+
 pub fn gpu_at(s: &Session, host: &str, index: i64) -> Result<Gpu, GpuError> {
     let sel = HostSel {
         every: None,

@@ -123,3 +123,24 @@ fn negative_numbers_get_gpuloops_own_message() {
         assert!(!out.stderr.contains("unexpected argument"), "{args:?}");
     }
 }
+
+/// A new user's report, round 7: `gpu("GPU-…")` and `gpu("<bus id>")` failed with `is not
+/// "dest:index"`, though a UUID or a bus id names a GPU everywhere else.
+#[test]
+fn gpu_takes_one_gpu_named_as_gpu_flag_names_it() {
+    let sim = Sim::new("4x8G");
+    let g2 = &sim.gpus()[2];
+    let (uuid, bus) = (g2["uuid"].as_str().unwrap(), g2["bus_id"].as_str().unwrap());
+    for name in [uuid, &uuid[..12], bus, "2", "local:2"] {
+        assert_eq!(sim.eval(&format!("gpu({name:?}).index")), "2", "{name}");
+    }
+    for (name, why) in [
+        ("0,1", "names 2 GPUs; gpu() takes one"),
+        ("GPU-", "matches 4 GPUs"),
+        ("GPU-ffff", "no GPU with UUID or bus id \"GPU-ffff\""),
+        ("7", "no GPU with index 7"),
+    ] {
+        let out = sim.run(&["eval", &format!("gpu({name:?})")]).code(1);
+        assert!(out.stderr.contains(why), "{name}: {}", out.stderr);
+    }
+}

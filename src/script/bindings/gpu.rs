@@ -89,11 +89,16 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         engine,
         "gpu",
         &["sel: String", "Map"],
-        "One GPU of one host, named \"dest:index\" (a host of --host and a GPU index).",
+        "One GPU named as --gpu names one: \"2\", a UUID or a unique prefix of one, a PCI bus
+         id, or \"dest:index\" (a host of --host and a GPU index). A name that matches no GPU,
+         several GPUs, or a GPU on several hosts is an error.",
         move |sel: &str| -> RhaiResult<Dynamic> {
-            let (host, index) = HostSel::parse_host_index(sel)
-                .ok_or_else(|| script_err(format!("gpu: {sel:?} is not \"dest:index\"")))?;
-            to_map(&actions::gpu_at(&s, &host, index).map_err(to_script)?)
+            let g = match HostSel::parse_host_index(sel) {
+                Some((host, index)) => actions::gpu_at(&s, &host, index),
+                None => actions::gpu_named(&s, sel),
+            }
+            .map_err(to_script)?;
+            to_map(&g)
         },
     );
     let s = session.clone();
