@@ -4,8 +4,13 @@
 use serde::Serialize;
 
 /// (name, source), embedded at build time from `scripts/`.
-pub const RECIPES: &[(&str, &str)] =
-    &[("clean-node", include_str!("../../scripts/clean-node.rhai"))];
+pub const RECIPES: &[(&str, &str)] = &[
+    ("clean-node", include_str!("../../scripts/clean-node.rhai")),
+    (
+        "slurm-site-policy",
+        include_str!("../../scripts/slurm-site-policy.rhai"),
+    ),
+];
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Recipe {
@@ -58,5 +63,18 @@ mod tests {
             assert!(!r.purpose.is_empty() && r.usage.contains(r.name), "{r:?}");
         }
         assert!(find("clean-node.rhai").is_some() && find("nope").is_none());
+    }
+
+    /// A new user's report, round 7: `scripts/slurm-site-policy.rhai` was called a recipe, but
+    /// only clean-node was built in. Every script in `scripts/` is one, runnable by name.
+    #[test]
+    fn every_script_in_scripts_is_built_in() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts");
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+            let src = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(find(&name), Some(src.as_str()), "{name} is not built in");
+        }
     }
 }
