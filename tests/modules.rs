@@ -135,3 +135,102 @@ fn stdlib_options_are_checked_up_front_and_errors_name_the_option() {
         r#"{}{"a":1}"#
     );
 }
+
+/// Reads a pid a background holder wrote to `path` (bounded wait).
+fn pid_in(path: &std::path::Path) -> i32 {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(p) = text.lines().next().and_then(|l| l.trim().parse().ok()) {
+            return p;
+        }
+        assert!(std::time::Instant::now() < end, "no pid in {path:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// SPEC's stdlib has "vLLM/torchrun worker cleanup"; there was no such module. `workers`
+/// groups the holders into jobs (a launcher and its workers; a holder started by a holder, as
+/// vLLM's engine core starts its workers) and stops one job whole, its restarter included.
+#[test]
+fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
+    let sim = Sim::new("4x8G");
+    let plain = sim.hold(&["--gpu", "0", "--mib", "100", "--workers", "2"]);
+    let sup = sim.hold(&["--gpu", "1", "--mib", "50", "--supervise"]);
+    // A vLLM-shaped chain, orphaned: an "engine core" holding GPU 2 whose child holds it too.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let mut c = sim.std_cmd();
+    c.env("GPULOOP_BIN", bin());
+    let status = std::process::Command::new("setsid")
+        .args([
+            "-f",
+            "bash",
+            "-c",
+            &format!(
+                r#""$GPULOOP_BIN" sim hold --foreground --gpu 2 --mib 30 > {d}/worker & exec -a VLLM_EngineCore "$GPULOOP_BIN" sim hold --foreground --gpu 2 --mib 40 > {d}/engine"#
+            ),
+        ])
+        .envs(c.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .status()
+        .expect("setsid");
+    assert!(status.success());
+    let (engine, worker) = (
+        pid_in(&dir.path().join("engine")),
+        pid_in(&dir.path().join("worker")),
+    );
+    sim.adopt(engine);
+    sim.adopt(worker);
+
+    let jobs = sim.eval_json(
+        r#"import "workers" as w;
+        w::jobs().map(|j| #{kind: j.kind, launcher: if j.launcher == () { 0 } else { j.launcher.pid },
+                            orphaned: j.orphaned, pids: j.pids, gpus: j.gpus, mem_mib: j.mem_mib})"#,
+    );
+    let pids = |v: &serde_json::Value| {
+        let mut p: Vec<i64> = v["pids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect();
+        p.sort();
+        p
+    };
+    assert_eq!(jobs.as_array().unwrap().len(), 3, "{jobs}");
+    // Largest first: the two workers of GPU 0 (200 MiB), the vLLM chain (70), the supervised one.
+    assert_eq!(jobs[0]["launcher"], plain[0], "{jobs}");
+    assert_eq!(pids(&jobs[0]), [plain[1] as i64, plain[2] as i64], "{jobs}");
+    assert_eq!(jobs[0]["gpus"], serde_json::json!([0]));
+    let mut chain = [engine as i64, worker as i64];
+    chain.sort();
+    assert_eq!(pids(&jobs[1]), chain, "{jobs}");
+    assert_eq!(jobs[1]["kind"], "vllm", "{jobs}");
+    assert_eq!(jobs[1]["orphaned"], true, "{jobs}");
+    assert_eq!(jobs[1]["mem_mib"], 70, "{jobs}");
+    assert_eq!(jobs[2]["launcher"], sup[0], "{jobs}");
+
+    // Stopping the supervised job takes its supervisor too; the others run on.
+    let r = sim.eval_json(
+        r#"import "workers" as w;
+        let j = w::jobs(1)[0];
+        let r = w::stop(j, #{grace: 2});
+        #{signalled: r.kill.signalled, clean: r.clean, left: r.kill.restarters}"#,
+    );
+    assert_eq!(r["clean"], true, "{r}");
+    assert!(
+        r["signalled"].as_array().unwrap().contains(&sup[0].into()),
+        "{r}"
+    );
+    assert_eq!(r["left"], serde_json::json!([]), "{r}");
+    assert!(gone_within(sup[0], 10));
+    for p in [plain[1], plain[2], engine, worker] {
+        assert!(alive(p), "pid {p} of another job was stopped");
+    }
+    // The orphaned chain goes whole.
+    let r = sim.eval_json(r#"import "workers" as w; w::stop(w::jobs(2)[0], #{grace: 2}).clean"#);
+    assert_eq!(r, true);
+    assert!(gone_within(engine, 10) && gone_within(worker, 10));
+    assert_eq!(sim.used_mib(2), 0);
+    assert!(alive(plain[1]));
+}

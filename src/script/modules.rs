@@ -12,6 +12,7 @@ pub const STDLIB: &[(&str, &str)] = &[
     ("report", include_str!("../../stdlib/report.rhai")),
     ("cleanup", include_str!("../../stdlib/cleanup.rhai")),
     ("patch", include_str!("../../stdlib/patch.rhai")),
+    ("workers", include_str!("../../stdlib/workers.rhai")),
 ];
 
 /// The resolver chain, in the order SPEC gives; a module found nowhere is an error that
