@@ -210,14 +210,22 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
     assert_eq!(jobs[1]["mem_mib"], 70, "{jobs}");
     assert_eq!(jobs[2]["launcher"], sup[0], "{jobs}");
 
-    // Stopping the supervised job takes its supervisor too; the others run on.
-    let r = sim.eval_json(
+    // Stopping the supervised job takes its supervisor too; the others run on, one of them on
+    // the same GPU (its memory stays: the job is done when the driver lists none of its own).
+    let beside = *sim
+        .hold(&["--gpu", "1", "--mib", "20", "--setsid"])
+        .last()
+        .unwrap();
+    let r = sim.eval_json(&format!(
         r#"import "workers" as w;
-        let j = w::jobs(1)[0];
-        let r = w::stop(j, #{grace: 2});
-        #{signalled: r.kill.signalled, clean: r.clean, left: r.kill.restarters}"#,
-    );
+        let j = w::jobs(1).filter(|j| j.launcher != () && j.launcher.pid == {})[0];
+        let r = w::stop(j, #{{grace: 2}});
+        #{{signalled: r.kill.signalled, clean: r.clean, shared_gpus: r.shared_gpus, left: r.kill.restarters}}"#,
+        sup[0]
+    ));
     assert_eq!(r["clean"], true, "{r}");
+    assert_eq!(r["shared_gpus"], true, "{r}");
+    assert!(alive(beside), "the other job on the same GPU was stopped");
     assert!(
         r["signalled"].as_array().unwrap().contains(&sup[0].into()),
         "{r}"

@@ -534,6 +534,36 @@ def s_restarter():
             pass
 
 
+@scenario("workers")
+def s_workers():
+    """stdlib workers on a vLLM-shaped job (API, engine core, one setsid worker per GPU) beside a
+    plain holder: jobs() groups the workers under the engine core, stop() takes them and the
+    engine core (their parent) and leaves the other job running."""
+    p, info = mess("vllm", "--gb", "4")
+    other, oinfo = mess("plain", "--gb", "2", "--gpus", "0")
+    api, pids = info["api"], info["pids"]
+    engine = [q for q in pids if q != api and ppid_of(q) == api]
+    workers = [q for q in pids if q not in (api, *engine)]
+    jobs = gl_json("eval", 'import "workers" as w; w::jobs().map(|j| #{pids: j.pids, '
+                   'launcher: if j.launcher == () { 0 } else { j.launcher.pid }, gpus: j.gpus, '
+                   'mem_mib: j.mem_mib, kind: j.kind})')
+    mine = [j for j in jobs if set(workers) <= set(j["pids"])]
+    check("workers: jobs() groups the vLLM-shaped job's workers under its engine core, apart from the plain holder",
+          len(jobs) == 2 and len(mine) == 1 and engine and mine[0]["launcher"] == engine[0]
+          and oinfo["pids"][0] not in mine[0]["pids"],
+          jobs=jobs, engine=engine, workers=workers)
+    t = time.monotonic()
+    rc, out, err, _ = gl("--json", "eval",
+                         'import "workers" as w; let j = w::jobs().filter(|j| j.pids.contains(%d))[0]; '
+                         'let r = w::stop(j, #{grace: 5}); #{clean: r.clean, shared_gpus: r.shared_gpus, signalled: r.kill.signalled}' % workers[0])
+    dt = time.monotonic() - t
+    r = json.loads(out) if out.strip() else {}
+    check("workers: stop() frees the job's GPUs, stops the engine core too, and leaves the other job",
+          rc == 0 and r.get("clean") is True and all(not alive(q) for q in workers + engine)
+          and alive(oinfo["pids"][0]),
+          rc=rc, seconds=round(dt, 3), result=r, other_alive=alive(oinfo["pids"][0]), err=err[-400:])
+
+
 @scenario("daemon")
 def s_daemon():
     """An MPS server keeps memory after its client is gone: a `daemon` verdict naming it, and
