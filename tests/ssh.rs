@@ -283,3 +283,30 @@ pub fn within(secs: u64, mut f: impl FnMut() -> bool) -> bool {
     }
     f()
 }
+
+/// A new user's report, round 7: `--host host:port` reached ssh whole ("Could not resolve
+/// hostname"), though SPEC gives `host:port` as a destination. The port now goes to `ssh -p`,
+/// ahead of the config's; records and selectors keep the destination as it was named.
+#[test]
+fn a_destination_with_a_port_reaches_that_port() {
+    let c = Cluster::new(&[("pa", "2x8G")], &[]);
+    let port = sshd().port;
+    let dest = format!("pa:{port}");
+    let out = c.run(&["--host", &dest, "--json", "gpus"]).ok();
+    let gs = out.json();
+    assert_eq!(gs.as_array().unwrap().len(), 2, "{gs}");
+    assert_eq!(gs[0]["host"], dest.as_str(), "{gs}");
+    let one = c
+        .run(&["--host", &dest, "eval", &format!("gpu(\"{dest}:1\").index")])
+        .ok();
+    assert_eq!(one.stdout.trim(), "1");
+    // The port given wins over the alias's own: a closed one is refused, and ssh says so.
+    let closed = free_port();
+    let out = c.run(&["--host", &format!("pa:{closed}"), "gpus"]);
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains(&format!("port {closed}")),
+        "{}",
+        out.stderr
+    );
+}

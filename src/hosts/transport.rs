@@ -107,8 +107,13 @@ impl Transport {
                     args.push("-F".into());
                     args.push(f.display().to_string());
                 }
+                let (host, port) = split_port(dest);
+                if let Some(port) = port {
+                    args.push("-p".into());
+                    args.push(port.to_string());
+                }
                 args.push("--".into());
-                args.push(dest.to_string());
+                args.push(host);
                 // One word for the remote shell: a path with spaces stays one path.
                 args.push(format!("{} agent", shell_quote(&o.remote_bin)));
                 Launch {
@@ -240,9 +245,69 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
+/// `host:port`, `user@host:port` or `[v6addr]:port` into the destination and port ssh takes
+/// apart: OpenSSH reads a port only from `-p` or an `ssh://` URI, and `host:port` given whole
+/// is a host name it cannot resolve. Anything else (an alias, an `ssh://` URI, a bare IPv6
+/// address) is passed on as it is.
+fn split_port(dest: &str) -> (String, Option<&str>) {
+    let whole = (dest.to_string(), None);
+    let Some((host, port)) = dest.rsplit_once(':') else {
+        return whole;
+    };
+    let numeric = !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+    if !numeric || dest.starts_with("ssh://") {
+        return whole;
+    }
+    let (user, name) = match host.rsplit_once('@') {
+        Some((u, n)) => (Some(u), n),
+        None => (None, host),
+    };
+    let name = match name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        Some(v6) => v6,
+        // A bare IPv6 address: its last group is not a port.
+        None if name.contains(':') || name.is_empty() => return whole,
+        None => name,
+    };
+    let dest = match user {
+        Some(u) => format!("{u}@{name}"),
+        None => name.to_string(),
+    };
+    (dest, Some(port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new user's report, round 7: `--host localhost:22` reached ssh whole ("Could not
+    /// resolve hostname localhost:22"), though SPEC gives `host:port` as a destination.
+    #[test]
+    fn host_port_becomes_ssh_dash_p() {
+        let t = Transport::ssh(None, None);
+        let line = |d: &str| t.launch(d).unwrap().args.join(" ");
+        assert!(
+            line("gpu01:2222").contains("-p 2222 -- gpu01 "),
+            "{}",
+            line("gpu01:2222")
+        );
+        assert!(line("alice@gpu01:22").contains("-p 22 -- alice@gpu01 "));
+        assert!(line("[::1]:2222").contains("-p 2222 -- ::1 "));
+        for same in [
+            "gpu01",
+            "ssh://gpu01:22",
+            "::1",
+            "fe80::1",
+            "gpu01:",
+            "alias:x",
+        ] {
+            assert!(
+                line(same).contains(&format!("-- {same} ")),
+                "{same}: {}",
+                line(same)
+            );
+            assert!(!line(same).contains("-p "), "{same}");
+        }
+    }
 
     #[test]
     fn ssh_never_prompts_and_keeps_host_key_checking() {
