@@ -374,6 +374,29 @@ fn remote_jobs_stop_at_script_end_on_ctrl_c_and_when_the_connection_drops() {
     );
 }
 
+/// A new user's report, round 7: `--host-timeout 3` did not cover connecting: a host that
+/// never said hello took the fixed 30 s. It bounds the connection too now.
+#[test]
+fn host_timeout_bounds_the_connection_too() {
+    let c = Cluster::new(&[("cok", "1x8G"), ("cmute", "1x8G")], &[]);
+    // On "cmute" ssh connects, but no agent ever says hello (it only reads, until the
+    // connection is closed).
+    let wrap = agent_wrapper(&c, "cmute", "exec cat >/dev/null");
+    let o = c
+        .cmd_with(
+            &wrap,
+            &["--host", "cok,cmute", "--host-timeout", "3", "gpus"],
+        )
+        .output()
+        .expect("gpuloop");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("host cmute: cannot connect: no answer within 3s"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
     let c = Cluster::new(&[("hok", "2x8G"), ("hhang", "1x8G")], &[]);

@@ -251,9 +251,10 @@ pub struct HostFlags {
     /// Go on without hosts that cannot be reached (they are reported).
     #[arg(long, global = true)]
     pub skip_unreachable: bool,
-    /// Seconds a host may take to answer: a call (beyond the time it asks for itself, like
-    /// a wait's timeout) or the ping sent every 5 s while a long call runs. A host that
-    /// hangs fails its part with a timeout error naming it; the others go on.
+    /// Seconds a host may take to answer: its connection (at most 30 s), a call (beyond the
+    /// time it asks for itself, like a wait's timeout) or the ping sent every 5 s while a long
+    /// call runs. A host that hangs fails its part with a timeout error naming it; the others
+    /// go on.
     #[arg(long, global = true, value_name = "SECS", default_value_t = crate::hosts::DEFAULT_HOST_TIMEOUT.as_secs_f64())]
     pub host_timeout: f64,
 }

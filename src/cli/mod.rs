@@ -132,6 +132,12 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     cfg.fanout = f.fanout;
     cfg.skip_unreachable = f.skip_unreachable;
     cfg.call_timeout = std::time::Duration::from_secs_f64(f.host_timeout);
+    // A host that does not answer its connection is the same as one that does not answer a
+    // call: --host-timeout bounds both (it used to leave connecting at 30 s).
+    cfg.connect_timeout = cfg.connect_timeout.min(cfg.call_timeout);
+    if let crate::hosts::Transport::Ssh(o) = &mut cfg.transport {
+        o.connect_timeout_s = o.connect_timeout_s.min(f.host_timeout.ceil() as u64).max(1);
+    }
     Ok(Some(cfg))
 }
 
