@@ -165,7 +165,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          grace (seconds before SIGKILL, default 5, 0 = no escalation), tree (default true:
          descendants too), dry_run (report, signal nothing), force (allow protected daemons),
          parents (default false: also stop the targets' restarters, under the same identity and
-         protection rules), on_error (\"skip\": go on without hosts that cannot be reached).
+         protection rules), on_error (\"skip\": go on without hosts that cannot be reached; each
+         target of such a host is in skipped, with what ssh said).
          With several hosts each holder map is killed on its own host, where its identity is
          checked (by_host holds each host's report); a bare pid is then ambiguous.",
         move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
