@@ -13,7 +13,7 @@ use crate::inspect::diagnose::{self, diagnose, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
 use crate::inspect::select::{self, Selector};
 use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
-use crate::inspect::{check_selection, Filter, Selection};
+use crate::inspect::{check_selection, Filter, Resolved, Selection};
 use crate::process::kill::{self, signal_name, KillOpts, KillReport, Skipped, Target};
 use crate::runner::{self, Cmd, Job, JobOpts, Outcome, RunError, Waited};
 use crate::session::Session;
@@ -111,14 +111,7 @@ where
     F: Fn(&str, T) -> U + Clone + Send + Sync + 'static,
 {
     let names = s.host_names();
-    for h in sel.named_hosts() {
-        if !names.iter().any(|n| n == h) {
-            return Err(host_err(HostError::Unknown {
-                host: h.to_string(),
-                known: names.join(", "),
-            }));
-        }
-    }
+    check_named_hosts(&names, &sel.at)?;
     let plan: Vec<(String, Selection)> = names
         .iter()
         .filter_map(|h| sel.on(h).map(|x| (h.clone(), x)))
@@ -338,6 +331,22 @@ fn local_gpus(s: &Session) -> Result<Vec<Gpu>, GpuError> {
     s.backend()?.gpus()
 }
 
+/// Resets one of this machine's GPUs. With a host set an index does not say whose GPU it is
+/// (a diagnosis of another host's GPU 2 is not this machine's GPU 2): refused, never guessed.
+pub fn reset_gpu(s: &Session, index: i64) -> Result<(), GpuError> {
+    let names = s.host_names();
+    if names != [LOCAL] {
+        return Err(GpuError::Reset {
+            index,
+            why: format!(
+                "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {index} is meant: reset it on that host itself (ssh HOST gpuloop run clean-node -- --gpus {index} --allow-reset)",
+                names.join(", ")
+            ),
+        });
+    }
+    s.backend()?.reset(index)
+}
+
 pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
     let inv = look(s)?;
     s.warn_no_driver();
@@ -363,6 +372,31 @@ pub fn select(s: &Session, sels: &[Selector]) -> Result<Vec<i64>, GpuError> {
     select::resolve(sels, &gpus)
 }
 
+/// A `"dest:index"` naming a host outside the set is a usage error that names the host and
+/// the set, never an empty selection. Names match exactly, as the host set itself is built
+/// and matched (`kill` routing, `run(…, #{host})`): they are ssh destinations as given.
+fn check_named_hosts(
+    names: &[String],
+    at: &std::collections::BTreeMap<String, Vec<i64>>,
+) -> Result<(), GpuError> {
+    for (h, ix) in at {
+        if names.iter().any(|n| n == h) {
+            continue;
+        }
+        let like = names
+            .iter()
+            .find(|n| n.eq_ignore_ascii_case(h))
+            .map(|n| format!("; host names match exactly: {n:?}?"))
+            .unwrap_or_default();
+        return Err(GpuError::BadSelector(format!(
+            "\"{h}:{}\": no host {h:?} in the host set ({}){like}",
+            ix.first().copied().unwrap_or_default(),
+            names.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 /// Selectors and `"dest:index"` entries as a selection over the host set. A UUID or bus id
 /// is looked up on this machine; with several hosts only indices name the same GPU everywhere.
 pub fn select_hosts(
@@ -370,7 +404,9 @@ pub fn select_hosts(
     sels: Option<&[Selector]>,
     at: std::collections::BTreeMap<String, Vec<i64>>,
 ) -> Result<HostSel, GpuError> {
-    let several = s.host_names() != [LOCAL];
+    let names = s.host_names();
+    check_named_hosts(&names, &at)?;
+    let several = names != [LOCAL];
     let every = match sels {
         None => None,
         Some(x) if several && x.iter().any(|x| !matches!(x, Selector::Index(_))) => {
@@ -381,6 +417,15 @@ pub fn select_hosts(
         Some(x) => Some(select(s, x)?),
     };
     Ok(HostSel { every, at })
+}
+
+/// On this machine alone, a filter naming no user here fails at once, before anything is
+/// looked at; with a host set each host answers for its own user database.
+pub fn check_filter(s: &Session, filter: &Filter) -> Result<(), GpuError> {
+    if s.host_names() == [LOCAL] {
+        filter.resolve()?;
+    }
+    Ok(())
 }
 
 /// Every selected host's holders (narrowed by `filter`), each host's part kept apart.
@@ -402,6 +447,7 @@ fn local_holders(
     all: bool,
     filter: &Filter,
 ) -> Result<Vec<Holder>, GpuError> {
+    let filter = filter.resolve()?;
     let mut hs = inventory(s, sel)?.holders(sel, all);
     hs.retain(|h| filter.matches(h));
     Ok(hs)
@@ -451,6 +497,7 @@ pub fn holders_report_in(
     all: bool,
     filter: &Filter,
 ) -> Result<HoldersReport, GpuError> {
+    let filter = filter.resolve()?;
     check_selection(sel, &inv.gpus)?;
     let mut holders = inv.holders(sel, all);
     holders.retain(|h| filter.matches(h));
@@ -481,8 +528,8 @@ pub fn holders_report_per_host(
         },
     )?;
     for (h, r) in &mut parts {
-        if let (Ok(r), false) = (r, h == LOCAL) {
-            r.holders.iter_mut().for_each(|x| x.host = h.clone());
+        if let Ok(r) = r {
+            name_items(h, &mut r.holders, name_holder);
         }
     }
     Ok(parts)
@@ -500,29 +547,19 @@ fn local_diagnoses(
         return Ok(diagnose::no_driver(sel, why));
     }
     check_selection(sel, &inv.gpus)?;
-    let sel = narrowed(&inv, sel, filter);
+    let sel = narrowed(&inv, sel, &filter.resolve()?);
     let restarters = s.restarters();
     let ctx = diagnose::Context {
         foreign_ns: backend.foreign_pid_namespace(),
         restarters: &restarters,
+        reach: s.reach(),
+        sim: backend.kind() == "sim",
     };
-    let mut ds = diagnose(&inv, &sel, &ctx);
-    // The simulator's GPUs are reset by gpuloop itself, not by nvidia-smi.
-    if backend.kind() == "sim" {
-        for d in &mut ds {
-            if let Some(gpu) = d.gpu {
-                d.advice = d.advice.replace(
-                    &format!("(or, as root, nvidia-smi -r -i {gpu})"),
-                    &format!("(or gpuloop sim reset --gpu {gpu})"),
-                );
-            }
-        }
-    }
-    Ok(ds)
+    Ok(diagnose(&inv, &sel, &ctx))
 }
 
 /// The selection cut down to the GPUs that the filtered holders use.
-fn narrowed(inv: &Inventory, sel: &Selection, filter: &Filter) -> Selection {
+fn narrowed(inv: &Inventory, sel: &Selection, filter: &Resolved) -> Selection {
     // An owner's processes share GPUs with others'; a job's GPUs are its own.
     if filter.job.is_none() {
         return sel.clone();
@@ -539,10 +576,23 @@ fn narrowed(inv: &Inventory, sel: &Selection, filter: &Filter) -> Selection {
     Some(gpus)
 }
 
+/// Names a remote diagnosis and every record in it that carries a pid (holders, daemons,
+/// footprint, launchers): each is a kill() target that must go to its own host, never here.
 fn name_diagnosis(d: &mut Diagnosis, host: &str) {
+    if host == LOCAL {
+        return;
+    }
     d.host = host.to_string();
-    for h in &mut d.holders {
-        h.host = host.to_string();
+    name_items(host, &mut d.holders, name_holder);
+    name_items(host, &mut d.daemons, name_holder);
+    name_items(host, &mut d.footprint, |f, h| f.host = h.to_string());
+}
+
+/// Names a holder's host, its launcher's with it.
+fn name_holder(x: &mut Holder, host: &str) {
+    x.host = host.to_string();
+    if let Some(l) = &mut x.origin.launcher {
+        l.host = host.to_string();
     }
 }
 
@@ -737,10 +787,40 @@ fn kill_fanned(
             r.map_err(|_| Failure::Gpu(GpuError::Host("the local kill panicked".into()))),
         ));
     }
+    let skip = skip_unreachable(s);
     for ((h, _), r) in calls.into_iter().zip(theirs) {
+        // A host skipped for being unreachable still answers for its targets: each is
+        // `skipped` in the report, with why, not left out of it.
+        let r = match r {
+            Err(e) if skip && e.unreachable() => {
+                if s.note_skipped(&h) {
+                    eprintln!("warning: skipping {e}");
+                }
+                let targets = by_host.get(&h).map_or(&[][..], Vec::as_slice);
+                Ok(unreachable_report(&h, &e, targets, opts.dry_run))
+            }
+            r => r,
+        };
         parts.push((h, r.map_err(Failure::Host)));
     }
     Ok(merge_kills(answered(s, parts)?, opts.dry_run))
+}
+
+/// The report of a host that could not be reached: every target skipped, with what ssh (or
+/// the agent) said.
+fn unreachable_report(host: &str, e: &HostError, targets: &[Target], dry_run: bool) -> KillReport {
+    let reason = format!("host {host} unreachable: {}", e.detail());
+    KillReport {
+        dry_run,
+        skipped: targets
+            .iter()
+            .map(|t| Skipped {
+                pid: t.pid().into(),
+                reason: reason.clone(),
+            })
+            .collect(),
+        ..KillReport::default()
+    }
 }
 
 /// One report from each host's: the union of the lists, each host's own under `by_host`.
@@ -809,7 +889,8 @@ pub fn kill_holders_watched(
         report.skipped.push(Skipped {
             pid: h.pid,
             reason: format!(
-                "main process of systemd unit {unit}, which would restart it: systemctl stop {unit} (or --force)"
+                "main process of systemd unit {unit}, which would restart it: {} (or --force)",
+                s.reach().there(&format!("systemctl stop {unit}"))
             ),
         });
     }
@@ -1101,7 +1182,7 @@ pub fn clean_watched(
     if let Some(why) = s.backend()?.missing_driver() {
         return Err(GpuError::NoDriver(why.to_string()));
     }
-    let sel = &narrowed(&inventory(s, sel)?, sel, filter);
+    let sel = &narrowed(&inventory(s, sel)?, sel, &filter.resolve()?);
     let kill = kill_holders_watched(s, sel, filter, kill_opts, w)?;
     let waited = std::time::Instant::now();
     let mut wait_opts = wait_opts.clone();
@@ -1537,5 +1618,64 @@ impl RemoteJob {
             interrupted,
         )
         .map_err(|e| remote_run_err(&self.host, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// Every JSON object under `v` that carries a pid, with the path to it.
+    fn pid_records<'a>(v: &'a Value, path: String, out: &mut Vec<(String, &'a Value)>) {
+        match v {
+            Value::Object(m) => {
+                if m.contains_key("pid") {
+                    out.push((path.clone(), v));
+                }
+                for (k, x) in m {
+                    pid_records(x, format!("{path}.{k}"), out);
+                }
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    pid_records(x, format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The bug: a remote diagnosis named its holders' host but left its daemons (and its
+    /// footprint, and the holders' launchers) as "local", so `kill(d.daemons, #{force:
+    /// true})` went to this machine. Every record in it that carries a pid names the host.
+    #[test]
+    fn every_record_with_a_pid_in_a_remote_diagnosis_names_its_host() {
+        let holder = |pid: i64, role: &str| {
+            json!({
+                "pid": pid, "ppid": 1, "pgid": pid, "sid": pid, "start": 7, "pidfs_ino": null,
+                "uid": 0, "user": "root", "name": "python3", "cmdline": "python3",
+                "state": "sleeping", "role": role, "gpus": [0], "mem": 0, "mem_mib": 0,
+                "evidence": ["driver"], "protected": role == "daemon", "host": "local",
+                "launcher": {"pid": pid - 1, "start": 6, "name": "torchrun", "host": "local"}
+            })
+        };
+        let mut d: Diagnosis = serde_json::from_value(json!({
+            "gpu": 0, "mem_used": 0, "mem_used_mib": 0,
+            "holders": [holder(100, "compute")],
+            "daemons": [holder(200, "daemon")],
+            "footprint": [{"pid": 300, "name": "python3", "gpus": [1], "host": "local"}],
+            "ghost_pids": [], "verdict": "held", "advice": "", "host": "local"
+        }))
+        .unwrap();
+        name_diagnosis(&mut d, "gpu02");
+        let v = serde_json::to_value(&d).unwrap();
+        let mut found = Vec::new();
+        pid_records(&v, "d".into(), &mut found);
+        assert_eq!(found.len(), 5, "{v}");
+        for (path, r) in found {
+            assert_eq!(r["host"], "gpu02", "{path} is not named: {r}");
+        }
+        assert_eq!(v["host"], "gpu02");
     }
 }

@@ -13,6 +13,7 @@ use crate::hosts::protocol::{
     self, Body, Call, ErrorKind, Hello, JobState, Message, Request, RunCall, Stream, WaitWire,
     WireError,
 };
+use crate::inspect::diagnose::Reach;
 use crate::inspect::wait::WaitOpts;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
@@ -62,11 +63,11 @@ struct Jobs {
 
 impl Jobs {
     /// A cancel flag for request `id`, dropped from the table with the guard.
-    fn cancel_flag(&self, id: u64) -> CancelGuard<'_> {
+    fn cancel_flag(self: &Arc<Jobs>, id: u64) -> CancelGuard {
         let flag = Arc::new(AtomicBool::new(false));
         lock(&self.cancels).insert(id, flag.clone());
         CancelGuard {
-            jobs: self,
+            jobs: self.clone(),
             id,
             flag,
         }
@@ -99,13 +100,14 @@ impl Jobs {
     }
 }
 
-struct CancelGuard<'a> {
-    jobs: &'a Jobs,
+/// A request's cancel flag: set by a `cancel` of its id, or when the client goes away.
+struct CancelGuard {
+    jobs: Arc<Jobs>,
     id: u64,
     flag: Arc<AtomicBool>,
 }
 
-impl Drop for CancelGuard<'_> {
+impl Drop for CancelGuard {
     fn drop(&mut self) {
         lock(&self.jobs.cancels).remove(&self.id);
     }
@@ -173,15 +175,27 @@ pub fn serve(session: Arc<Session>) -> i32 {
             out.send(&reply(Some(req.id), Body::ok(&true)));
             continue;
         }
+        if let Call::ReachedAs { host, gpuloop } = req.call {
+            // Read before the next line: every later request's advice names the host.
+            session.reached_as(Reach {
+                host: Some(host),
+                gpuloop,
+            });
+            out.send(&reply(Some(req.id), Body::ok(&true)));
+            continue;
+        }
         if let Call::Cancel { id } = req.call {
             let found = jobs.cancel(id);
             out.send(&reply(Some(req.id), Body::ok(&found)));
             continue;
         }
+        // A call a cancel can stop gets its flag here, before the next line is read: a
+        // cancel right behind it (Ctrl-C at once) finds it, whenever its worker starts.
+        let cancel = cancellable(&req.call).then(|| jobs.cancel_flag(req.id));
         let (s, o, j) = (session.clone(), out.clone(), jobs.clone());
         let spawned = workers.run(Box::new(move || {
             let id = req.id;
-            let body = handle(&s, req, &o, &j);
+            let body = handle(&s, req, &o, &j, cancel);
             o.send(&reply(Some(id), body));
         }));
         if let Err(e) = spawned {
@@ -293,11 +307,12 @@ fn next_line(
 }
 
 fn gpu_body(e: GpuError) -> Body {
-    let kind = match e {
-        GpuError::NoSuchGpu { .. } => ErrorKind::Usage,
-        _ => ErrorKind::Failed,
-    };
-    error(kind, e.to_string())
+    match e {
+        GpuError::NoSuchGpu { .. } => error(ErrorKind::Usage, e.to_string()),
+        // The client names the host: "host gpu02: no user \"alice\" there".
+        GpuError::NoUser { user } => error(ErrorKind::Usage, format!("no user {user:?} there")),
+        _ => error(ErrorKind::Failed, e.to_string()),
+    }
 }
 
 fn ok<T: serde::Serialize>(r: Result<T, GpuError>) -> Body {
@@ -337,7 +352,36 @@ fn wait_opts(w: WaitWire) -> WaitOpts {
     }
 }
 
-fn handle(s: &Session, req: Request, out: &Out, jobs: &Jobs) -> Body {
+/// The calls that a `cancel` stops: a kill's (or clean's) grace ends, KILLing nobody, and
+/// the answer says what was signalled and what still runs; a job stops; a wait ends.
+fn cancellable(call: &Call) -> bool {
+    matches!(
+        call,
+        Call::Kill { .. }
+            | Call::KillHolders { .. }
+            | Call::Clean { .. }
+            | Call::Run(_)
+            | Call::JobWait { .. }
+    )
+}
+
+/// A watch on a request's cancel flag, with no progress line (the client has its own).
+fn watching<T>(cancel: &Option<CancelGuard>, f: impl FnOnce(&mut actions::Watch) -> T) -> T {
+    let never = AtomicBool::new(false);
+    let stop = cancel.as_ref().map_or(&never, |c| &*c.flag);
+    f(&mut actions::Watch {
+        stop,
+        show: &mut |_| {},
+    })
+}
+
+fn handle(
+    s: &Session,
+    req: Request,
+    out: &Out,
+    jobs: &Arc<Jobs>,
+    cancel: Option<CancelGuard>,
+) -> Body {
     match req.call {
         Call::Gpus => ok(actions::gpus(s)),
         Call::Holders { sel, all, filter } => ok(actions::holders_of(s, &sel, all, &filter)),
@@ -361,10 +405,14 @@ fn handle(s: &Session, req: Request, out: &Out, jobs: &Jobs) -> Body {
                     None => Target::Pid(t.pid),
                 })
                 .collect();
-            ok(Ok(actions::kill(s, &targets, &opts)))
+            ok(Ok(watching(&cancel, |w| {
+                actions::kill_watched(s, &targets, &opts, w)
+            })))
         }
         Call::KillHolders { sel, filter, opts } => match kill_opts(&opts) {
-            Ok(o) => ok(actions::kill_holders(s, &sel, &filter, &o)),
+            Ok(o) => ok(watching(&cancel, |w| {
+                actions::kill_holders_watched(s, &sel, &filter, &o, w)
+            })),
             Err(b) => b,
         },
         Call::WaitClean { sel, wait } => ok(actions::wait_clean(s, &sel, &wait_opts(wait))),
@@ -374,14 +422,19 @@ fn handle(s: &Session, req: Request, out: &Out, jobs: &Jobs) -> Body {
             kill,
             wait,
         } => match kill_opts(&kill) {
-            Ok(k) => ok(actions::clean(s, &sel, &filter, &k, &wait_opts(wait))),
+            Ok(k) => ok(watching(&cancel, |w| {
+                actions::clean_watched(s, &sel, &filter, &k, &wait_opts(wait), w)
+            })),
             Err(b) => b,
         },
-        Call::Run(rc) => run(s, req.id, rc, out, jobs),
+        Call::Run(rc) => {
+            let cancel = cancel.unwrap_or_else(|| jobs.cancel_flag(req.id));
+            run(s, req.id, rc, out, cancel)
+        }
         Call::Spawn(rc) => spawn(s, req.id, rc, out, jobs),
         Call::JobWait { job, timeout_ms } => match jobs.spawned(job) {
             Ok(j) => {
-                let cancel = jobs.cancel_flag(req.id);
+                let cancel = cancel.unwrap_or_else(|| jobs.cancel_flag(req.id));
                 j.wait(Some(Duration::from_millis(timeout_ms)), &cancel.flag);
                 state(job, &j, true)
             }
@@ -411,7 +464,7 @@ fn handle(s: &Session, req: Request, out: &Out, jobs: &Jobs) -> Body {
             Err(b) => b,
         },
         Call::Ping => Body::ok(&true),
-        Call::Cancel { .. } => error(ErrorKind::Failed, "cancel is answered inline"),
+        Call::Cancel { .. } | Call::ReachedAs { .. } => error(ErrorKind::Failed, "answered inline"),
     }
 }
 
@@ -485,12 +538,11 @@ fn spawn(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
 
 /// Runs a job, streaming its output to the client; a cancel (or the client going away)
 /// stops its whole tree.
-fn run(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
+fn run(s: &Session, id: u64, rc: RunCall, out: &Out, cancel: CancelGuard) -> Body {
     let (cmd, opts) = match job_of(s, id, rc, out) {
         Ok(x) => x,
         Err(b) => return b,
     };
-    let cancel = jobs.cancel_flag(id);
     let result = Job::spawn(&cmd, opts).and_then(|job| match job.wait(None, &cancel.flag) {
         Waited::Done(o) => Ok(o),
         Waited::Running | Waited::Interrupted => job

@@ -28,6 +28,7 @@ impl Error {
                 GpuError::NoSuchGpu { .. }
                 | GpuError::NoSuchGpuId { .. }
                 | GpuError::BadSelector(_)
+                | GpuError::NoUser { .. }
                 | GpuError::BadSimSpec { .. },
             ) => 2,
             Error::Gpu(_) | Error::Other(_) => 1,

@@ -562,6 +562,7 @@ fn diagnosis_of(m: &Map) -> Option<Diagnosis> {
                 pid: int(f, "pid")?,
                 name: string(f, "name")?,
                 gpus: ints(f, "gpus")?,
+                host: string(f, "host").unwrap_or_else(|| "local".into()),
             })
         })
         .unwrap_or_default(),

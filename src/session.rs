@@ -7,6 +7,7 @@ use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::sim::SimBackend;
 use crate::gpu::{Backend, DeviceNodes, GpuError, NoDriver};
 use crate::hosts::{HostsConfig, Pool};
+use crate::inspect::diagnose::Reach;
 use crate::process::restart::Restarter;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -37,6 +38,9 @@ pub struct Session {
     warned_no_driver: AtomicBool,
     /// Parents that outlived holders this session stopped, and may start them again.
     restarters: Mutex<Vec<Restarter>>,
+    /// How the person reading this session's advice reaches this machine: set once by the
+    /// client of `gpuloop agent`; unset, they read it here.
+    reach: OnceLock<Reach>,
 }
 
 impl Session {
@@ -51,6 +55,7 @@ impl Session {
             verbose,
             warned_no_driver: AtomicBool::new(false),
             restarters: Mutex::new(Vec::new()),
+            reach: OnceLock::new(),
         }
     }
 
@@ -178,6 +183,20 @@ impl Session {
 
     pub fn protected(&self) -> &[String] {
         &self.config.protected
+    }
+
+    /// Where advice is read (see `Reach`): here, unless the client of an agent said how it
+    /// reaches this machine.
+    pub fn reach(&self) -> &Reach {
+        static HERE: OnceLock<Reach> = OnceLock::new();
+        self.reach
+            .get()
+            .unwrap_or_else(|| HERE.get_or_init(Reach::default))
+    }
+
+    /// The agent's client says how it names this machine; the first word stands.
+    pub fn reached_as(&self, reach: Reach) {
+        let _ = self.reach.set(reach);
     }
 
     pub fn interrupted(&self) -> &'static AtomicBool {

@@ -407,24 +407,13 @@ fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
     let wrap = agent_wrapper(&c, "hhang", &format!(r#"{sleep} | "$AGENT" "$@""#));
     let run = |args: &[&str]| -> Out {
         // No timing asserted: a generous outer bound only says it does not hang.
-        let mut cmd = c.cmd_with(&wrap, args);
-        let child = cmd
+        let child = c
+            .cmd_with(&wrap, args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("gpuloop");
-        let pid = child.id() as i32;
-        let waiter = std::thread::spawn(move || child.wait_with_output());
-        if !within(180, || waiter.is_finished()) {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("gpuloop {args:?} did not come back with a host hung");
-        }
-        let o = waiter.join().unwrap().expect("gpuloop");
-        Out {
-            code: o.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        }
+        finish_within(child, 180, &format!("gpuloop {args:?} with a host hung"))
     };
     // Long enough for the answering host on a loaded 2-core machine.
     let hosts = ["--host", "hok,hhang", "--host-timeout", "5"];
@@ -541,6 +530,27 @@ fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected
             assert!(serde_json::from_str::<serde_json::Value>(&stdout).is_ok_and(|v| v.is_array()));
         }
     }
+}
+
+/// A finished gpuloop's output.
+fn out_of(o: std::process::Output) -> Out {
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// Waits (bounded) for a gpuloop this test started; past the bound it is killed (by pid)
+/// and the test fails saying `what` did not come back.
+fn finish_within(child: std::process::Child, secs: u64, what: &str) -> Out {
+    let pid = child.id() as i32;
+    let waiter = std::thread::spawn(move || child.wait_with_output());
+    if !within(secs, || waiter.is_finished()) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("{what}: gpuloop did not come back");
+    }
+    out_of(waiter.join().unwrap().expect("gpuloop"))
 }
 
 /// A command line of this test binary's own: other worktrees run the same tests at the same
@@ -679,7 +689,7 @@ fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() 
     let hello = next();
     assert_eq!(hello["type"], "hello");
     assert_eq!(hello["gpus"], 1);
-    assert_eq!(hello["protocol"], 3);
+    assert_eq!(hello["protocol"], 4);
     let mut send = |s: &str| {
         stdin.write_all(s.as_bytes()).unwrap();
         stdin.write_all(b"\n").unwrap();
@@ -763,4 +773,289 @@ fn serving(pid: i32) -> bool {
         .any(|t| {
             std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("agent-"))
         })
+}
+
+/// Issue: `--user NAME`, `--mine` and `holders(#{user})` were turned into a uid here and the
+/// number sent to every host, where uids differ: `--user root` killed uid 0's processes on a
+/// host where root is uid 4242 and uid 0 is someone else. The user now crosses as given and
+/// each host looks it up in its own user database. Needs root (a private /etc/passwd for the
+/// agent, through a mount namespace of its own).
+#[test]
+fn user_and_mine_over_hosts_are_looked_up_on_each_host_not_here() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to give the agent a user database of its own");
+        return;
+    }
+    let c = Cluster::new(&[("wa", "1x8G")], &[]);
+    let p = c.sim("wa").hold(&["--gpu", "0", "--mib", "64"])[0];
+    // On wa, "root" is uid 4242 and uid 0 (the holder's owner) is "gpuadmin"; here, root is
+    // uid 0 and there is no gpuadmin.
+    let here = std::fs::read_to_string("/etc/passwd").expect("/etc/passwd");
+    assert!(!here.lines().any(|l| l.starts_with("gpuadmin:")));
+    let mut there: Vec<String> = here
+        .lines()
+        .filter(|l| !l.starts_with("root:"))
+        .map(str::to_string)
+        .collect();
+    there.insert(0, "root:x:4242:4242:root elsewhere:/root:/bin/sh".into());
+    there.push("gpuadmin:x:0:0:gpu admin:/root:/bin/sh".into());
+    let passwd = c.dir.path().join("passwd-wa");
+    std::fs::write(&passwd, there.join("\n") + "\n").expect("passwd");
+    let wrap = agent_wrapper(
+        &c,
+        "wa",
+        &format!(
+            r#"exec unshare -m sh -c 'mount --bind {} /etc/passwd && exec "$0" "$@"' "$AGENT" "$@""#,
+            passwd.display()
+        ),
+    );
+    let run = |args: &[&str]| out_of(c.cmd_with(&wrap, args).output().expect("gpuloop"));
+    let pids = |out: &Out| -> Vec<i64> {
+        out.json()
+            .as_array()
+            .expect("holders")
+            .iter()
+            .map(|h| h["pid"].as_i64().expect("pid"))
+            .collect()
+    };
+
+    // The wrong kill: root there is not uid 0.
+    let out = run(&[
+        "--host", "wa", "--json", "kill", "--user", "root", "--grace", "1",
+    ])
+    .ok();
+    assert_eq!(
+        out.json()["signalled"],
+        serde_json::json!([]),
+        "{}",
+        out.stdout
+    );
+    assert!(alive(p), "root's kill on wa stopped gpuadmin's holder");
+
+    let out = run(&["--host", "wa", "--json", "holders", "--user", "gpuadmin"]).ok();
+    assert_eq!(pids(&out), [i64::from(p)], "{}", out.stdout);
+    assert_eq!(out.json()[0]["user"], "gpuadmin");
+    // A number stays a number; --mine is the account the agent runs as there (root's uid 0).
+    let out = run(&["--host", "wa", "--json", "holders", "--user", "0"]).ok();
+    assert_eq!(pids(&out), [i64::from(p)]);
+    let out = run(&["--host", "wa", "--json", "holders", "--mine"]).ok();
+    assert_eq!(pids(&out), [i64::from(p)]);
+    // A user the host does not know is that host's error, naming both.
+    let out = run(&["--host", "wa", "holders", "--user", "no-such-user-here"]).code(1);
+    assert!(
+        out.stderr
+            .contains(r#"host wa: no user "no-such-user-here" there"#),
+        "{}",
+        out.stderr
+    );
+    let out = run(&[
+        "--host",
+        "wa",
+        "eval",
+        r#"[holders((), #{user: "gpuadmin"}).len(), holders((), #{user: "root"}).len(), holders((), #{user: 0}).len()]"#,
+    ])
+    .ok();
+    assert_eq!(out.stdout.trim(), "[1, 0, 1]");
+    assert!(alive(p));
+}
+
+/// Waits (bounded) until the signal log has a line for `pid` with `sig`.
+fn signal_logged(log: &std::path::Path, pid: i32, sig: &str) -> bool {
+    within(60, || {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                f.first() == Some(&pid.to_string().as_str()) && f.get(3) == Some(&sig)
+            })
+    })
+}
+
+/// Issue: Ctrl-C during a remote kill's grace returned at once and left the agent to wait
+/// out the grace and SIGKILL: the client never sent a cancel for kill, kill_holders or
+/// clean. As on this machine, Ctrl-C now stops the waiting there, KILLs nobody, and the
+/// report says what was signalled and what still runs.
+#[test]
+fn ctrl_c_during_a_remote_kill_kills_nobody_and_reports_what_still_runs() {
+    let c = Cluster::new(&[("ia", "1x8G")], &[]);
+    let log = c.dir.path().join("signals.log");
+    let wrap = agent_wrapper(
+        &c,
+        "ia",
+        &format!(
+            r#"GPULOOP_SIGNAL_LOG='{}' exec "$AGENT" "$@""#,
+            log.display()
+        ),
+    );
+    for cmd in ["kill", "clean"] {
+        let _ = std::fs::remove_file(&log);
+        let p = c
+            .sim("ia")
+            .hold(&["--gpu", "0", "--mib", "16", "--catch-term"])[0];
+        let g = c
+            .cmd_with(&wrap, &["--host", "ia", cmd, "--grace", "120"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gpuloop");
+        assert!(signal_logged(&log, p, "TERM"), "{cmd}: no TERM sent");
+        // Ctrl-C to the gpuloop this test started, by pid.
+        unsafe { libc::kill(g.id() as i32, libc::SIGINT) };
+        let out = finish_within(g, 60, &format!("{cmd} after Ctrl-C"));
+        let (stdout, stderr) = (&out.stdout, &out.stderr);
+        assert_eq!(out.code, 130, "{cmd}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("still running, not KILLed: {p}")),
+            "{cmd}: {stdout}\n{stderr}"
+        );
+        assert!(alive(p), "{cmd}: the holder was KILLed");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(!text.contains("KILL"), "{cmd}: {text}");
+        sigkill(p);
+        assert!(gone_within(p, 10));
+    }
+}
+
+/// Issue: a remote diagnosis named its holders' host but not its daemons' (nor its
+/// footprint's, nor the holders' launchers'): `kill(d.daemons, #{force: true})` went to this
+/// machine. Every record that carries a pid now carries its host.
+#[test]
+fn remote_diagnose_daemons_carry_their_host_so_kill_goes_there() {
+    let c = Cluster::new(&[("dd", "2x8G")], &[]);
+    let daemon = c
+        .sim("dd")
+        .hold(&["--gpu", "0", "--mib", "64", "--name", "nvidia-persistenced"])[0];
+    c.sim("dd")
+        .hold(&["--gpu", "1", "--mib", "64", "--map-all", "--workers", "1"]);
+    // This machine is in the set too, on a simulator of its own: the wrong route was here.
+    let local = Sim::new("1x8G");
+    let src = r#"
+        let d = diagnose(()).filter(|d| d.host == "dd" && d.gpu == 0)[0];
+        print(d.daemons.map(|x| x.host));
+        print(d.footprint.map(|x| x.host));
+        let ls = holders().filter(|h| h.host == "dd" && h.launcher != ()).map(|h| h.launcher.host);
+        print(ls);
+        let r = kill(d.daemons, #{force: true, dry_run: true});
+        print(r.by_host.keys());
+        print(r.would_signal);
+    "#;
+    let out = out_of(
+        c.cmd(&[
+            "--sim",
+            "1x8G",
+            "--host",
+            "local,dd",
+            "run",
+            &c.script("dd.rhai", src),
+        ])
+        .env("GPULOOP_SIM_DIR", local.path().join("state"))
+        .output()
+        .expect("gpuloop"),
+    )
+    .ok();
+    let stdout = &out.stdout;
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], r#"["dd"]"#, "{stdout}");
+    assert_eq!(lines[1], r#"["dd"]"#, "{stdout}");
+    assert_eq!(lines[2], r#"["dd"]"#, "{stdout}");
+    assert_eq!(lines[3], r#"["dd"]"#, "{stdout}");
+    assert_eq!(lines[4], format!("[{daemon}]"), "{stdout}");
+    assert!(alive(daemon));
+}
+
+/// Issue: with `#{on_error: "skip"}` an unreachable host's targets were left out of kill's
+/// report (only a warning on stderr named the host). Each is now `skipped`, with why.
+#[test]
+fn kill_with_on_error_skip_lists_an_unreachable_hosts_targets_as_skipped() {
+    let c = Cluster::new(&[("oa", "1x8G")], &["odown"]);
+    let p = c.sim("oa").hold(&["--gpu", "0", "--mib", "64"])[0];
+    let src = r#"
+        let hs = holders((), #{on_error: "skip"});
+        let r = kill(hs + [#{pid: 4242, start: 1, host: "odown"}], #{on_error: "skip", dry_run: true});
+        print(r.would_signal);
+        print(r.skipped.map(|s| `${s.pid}|${s.reason}`));
+        print(r.by_host.keys());
+        print(r.by_host.odown.skipped.len());
+    "#;
+    let out = c
+        .run(&["--host", "oa,odown", "run", &c.script("skip.rhai", src)])
+        .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines[0], format!("[{p}]"), "{}", out.stdout);
+    assert!(
+        lines[1].starts_with(
+            r#"["4242|host odown unreachable: cannot connect: ssh said: ssh: connect to host 127.0.0.1 port"#
+        ),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lines[2], r#"["oa", "odown"]"#, "{}", out.stdout);
+    assert_eq!(lines[3], "1", "{}", out.stdout);
+    assert_eq!(
+        out.stderr.matches("warning: skipping host odown").count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    assert!(alive(p));
+}
+
+/// Issue: advice is built on the host that has the GPU, which did not know it was remote:
+/// for gpu02's GPU 3 it said "(gpuloop kill --gpu 3)", which pasted where gpuloop runs acts on
+/// that machine's GPU 3. Advice now names the host the way this gpuloop reaches it; what
+/// only runs on the host itself says "on HOST:". And reset_gpu() never resets a GPU here for
+/// a diagnosis of another host's.
+#[test]
+fn advice_for_a_remote_gpu_names_its_host_never_a_bare_local_command() {
+    let c = Cluster::new(&[("va", "4x8G")], &[]);
+    c.sim("va").hold(&["--gpu", "3", "--mib", "64"]);
+    c.sim("va")
+        .run(&["sim", "leak", "--gpu", "2", "--mib", "100"])
+        .ok();
+    let out = c.run(&["--host", "va", "--json", "diagnose"]).code(1);
+    let advice = |gpu: i64| -> String {
+        out.json()
+            .as_array()
+            .expect("diagnoses")
+            .iter()
+            .find(|d| d["gpu"] == gpu)
+            .and_then(|d| d["advice"].as_str())
+            .unwrap_or_else(|| panic!("no advice for GPU {gpu}: {}", out.stdout))
+            .to_string()
+    };
+    let gpuloop = format!(
+        "gpuloop --ssh-config {} --remote-bin {} --host va",
+        c.config.display(),
+        bin().display()
+    );
+    let held = advice(3);
+    assert!(
+        held.ends_with(&format!("({gpuloop} kill --gpu 3)")),
+        "{held}"
+    );
+    let reset = advice(2);
+    assert!(
+        reset.contains("then on va: gpuloop run clean-node -- --gpus 2 --allow-reset (or, on va: gpuloop sim reset --gpu 2)"),
+        "{reset}"
+    );
+    // The one-shot's summary row quotes it too.
+    let out = c.run(&["--host", "va", "diagnose"]).code(1);
+    assert!(
+        !out.stdout.contains("(gpuloop kill --gpu 3)"),
+        "{}",
+        out.stdout
+    );
+    let out = c.run(&["--host", "va", "eval", "reset_gpu(2)"]).code(1);
+    assert!(
+        out.stderr
+            .contains("GPU reset of GPU 2 failed: reset_gpu() resets this machine's GPUs only"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        c.sim("va").used_mib(2),
+        100,
+        "nothing was reset on va either"
+    );
 }

@@ -144,3 +144,46 @@ fn gpu_takes_one_gpu_named_as_gpu_flag_names_it() {
         assert!(out.stderr.contains(why), "{name}: {}", out.stderr);
     }
 }
+
+/// Issue: a `"dest:index"` selector naming a host outside the set selected nothing, silently:
+/// `holders --gpu gpu02:1` said "no holders" and exited 0, `holders --gpu Local:1` too while
+/// GPU 1 was held; diagnose, wait, clean and kill said so but exited 1, where an unknown GPU
+/// index exits 2. It is a usage error everywhere now, naming the host and the host set.
+#[test]
+fn a_selector_naming_an_unknown_host_is_a_usage_error_not_an_empty_selection() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "1", "--mib", "8"])[0];
+    for cmd in [
+        &["holders"][..],
+        &["gpus"],
+        &["diagnose"],
+        &["wait", "--timeout", "0"],
+        &["clean", "--timeout", "0"],
+        &["kill"],
+    ] {
+        let out = sim.run(&[cmd, &["--gpu", "gpu02:1"]].concat()).code(2);
+        assert!(
+            out.stderr
+                .contains(r#"GPU selector "gpu02:1": no host "gpu02" in the host set (local)"#),
+            "{cmd:?}: {}",
+            out.stderr
+        );
+    }
+    // Host names match exactly, as the host set matches them; a near miss says which.
+    let out = sim.run(&["holders", "--gpu", "Local:1"]).code(2);
+    assert!(
+        out.stderr.contains(
+            r#"no host "Local" in the host set (local); host names match exactly: "local"?"#
+        ),
+        "{}",
+        out.stderr
+    );
+    let hs = sim
+        .run(&["--json", "holders", "--gpu", "local:1"])
+        .ok()
+        .json();
+    assert_eq!(indices(&hs, "pid"), [i64::from(p)]);
+    let out = sim.run(&["eval", r#"holders("gpu02:1")"#]).code(1);
+    assert!(out.stderr.contains(r#"no host "gpu02""#), "{}", out.stderr);
+    assert!(alive(p), "nothing was signalled");
+}

@@ -280,10 +280,13 @@ pub struct GpuSel {
 
 #[derive(Debug, Clone, ClapArgs)]
 pub struct Owner {
-    /// Only processes of this user (a name or a uid).
+    /// Only processes of this user (a name or a uid). With --host each host looks the name
+    /// up in its own user database (uids differ between machines); a host that does not know
+    /// it fails its part, naming the user.
     #[arg(long, value_name = "USER", conflicts_with = "mine")]
     pub user: Option<String>,
-    /// Only your own processes.
+    /// Only your own processes: those of the account gpuloop runs as. With --host that is,
+    /// on each host, the account its agent runs as there (the ssh login user).
     #[arg(long)]
     pub mine: bool,
     /// Only processes of this Slurm job (from their environment or cgroup).

@@ -10,7 +10,7 @@ use crate::gpu::GpuError;
 use crate::hosts::HostSel;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
-use crate::inspect::Filter;
+use crate::inspect::{Filter, User};
 use crate::process::kill::{parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
@@ -88,7 +88,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 let sel = selection(s, sel)?
                     .on(crate::hosts::LOCAL)
                     .unwrap_or(Some(Vec::new()));
-                let r = actions::holders_report_in(inv, &sel, *all, &owner_filter(owner)?)?;
+                let r = actions::holders_report_in(inv, &sel, *all, &owner_filter(s, owner)?)?;
                 let code = emit(cfg, &r.holders, || {
                     render::holders(&r.holders, Style::stdout())
                 })?;
@@ -111,7 +111,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 s,
                 selection(s, sel)?,
                 *all,
-                &owner_filter(owner)?,
+                &owner_filter(s, owner)?,
             )?;
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut hs = Vec::new();
@@ -146,7 +146,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Diagnose { sel, check, job } => {
             require_local_driver(s)?;
             let filter = Filter {
-                uid: None,
+                user: None,
                 job: *job,
             };
             let parts = actions::diagnoses_per_host(s, selection(s, sel)?, &filter)?;
@@ -175,7 +175,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         } => {
             let opts = kill_opts(kill)?;
             if pids.is_empty() {
-                return kill_holders(cfg, &selection(s, sel)?, &owner_filter(owner)?, &opts);
+                return kill_holders(cfg, &selection(s, sel)?, &owner_filter(s, owner)?, &opts);
             }
             if !sel.gpus.is_empty() || owner.user.is_some() || owner.mine || owner.job.is_some() {
                 return Err(Error::Usage(
@@ -192,7 +192,13 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             kill,
         } => {
             let wait = wait_opts(*timeout, wait)?;
-            clean(cfg, &selection(s, sel)?, &owner_filter(owner)?, &wait, kill)
+            clean(
+                cfg,
+                &selection(s, sel)?,
+                &owner_filter(s, owner)?,
+                &wait,
+                kill,
+            )
         }
         Cmd::Wait { sel, timeout, wait } => {
             wait_only(cfg, &selection(s, sel)?, &wait_opts(*timeout, wait)?)
@@ -305,23 +311,21 @@ fn require_local_driver(s: &Session) -> Result<(), Error> {
     Ok(())
 }
 
-/// `--user U` or `--mine` as a uid, and `--job N`, as a holder filter.
-fn owner_filter(owner: &Owner) -> Result<Filter, Error> {
-    let uid =
-        if owner.mine {
-            Some(nix::unistd::getuid().as_raw())
-        } else {
-            match &owner.user {
-                None => None,
-                Some(u) => Some(crate::process::user_id(u).ok_or_else(|| {
-                    Error::Usage(format!("--user: no user {u:?} on this machine"))
-                })?),
-            }
-        };
-    Ok(Filter {
-        uid,
+/// `--user U` or `--mine`, and `--job N`, as a holder filter. The user goes to each host as
+/// given (a name stays a name) and is looked up there; on this machine alone an unknown name
+/// is a usage error at once.
+fn owner_filter(s: &Session, owner: &Owner) -> Result<Filter, Error> {
+    let user = match (&owner.user, owner.mine) {
+        (_, true) => Some(User::Me),
+        (Some(u), false) => Some(User::parse(u)),
+        (None, false) => None,
+    };
+    let filter = Filter {
+        user,
         job: owner.job,
-    })
+    };
+    actions::check_filter(s, &filter).map_err(|e| Error::Usage(format!("--user: {e}")))?;
+    Ok(filter)
 }
 
 /// `gpuloop epilog` / `gpuloop prolog`.

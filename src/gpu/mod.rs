@@ -134,6 +134,9 @@ pub enum GpuError {
     /// The driver library did not load or initialise; nothing can be verified.
     #[error("no NVIDIA driver: {0}")]
     NoDriver(String),
+    /// `--user`/`#{user}` names no user in this machine's user database.
+    #[error("no user {user:?} on this machine")]
+    NoUser { user: String },
     /// One host of a host set failed (the message names it and quotes what ssh said).
     #[error("{0}")]
     Host(String),

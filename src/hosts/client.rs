@@ -372,6 +372,14 @@ impl Conn {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // A job started by this call must not outlive it if it fails here.
         let starts_job = matches!(call, Call::Run(_) | Call::Spawn(_));
+        // Ctrl-C during a kill's grace stops the waiting there and KILLs nobody, as here: the
+        // agent is told at once, and its answer (what was signalled, what still runs) is
+        // still awaited, so the caller reports it as it would a kill on this machine.
+        let reports_interrupt = matches!(
+            call,
+            Call::Kill { .. } | Call::KillHolders { .. } | Call::Clean { .. }
+        );
+        let mut cancelled = false;
         if matches!(call, Call::Spawn(_)) {
             lock(&self.partial).spawned.insert(id);
         }
@@ -431,13 +439,18 @@ impl Conn {
                         probe = self.ping().map(|r| (r, now));
                     }
                     let late = hangs || end.is_some_and(|e| now >= e);
-                    if late || interrupted.load(Ordering::Relaxed) {
+                    let stop = late || interrupted.load(Ordering::Relaxed);
+                    if stop && reports_interrupt && !cancelled {
+                        cancelled = true;
+                        self.cancel(id);
+                    }
+                    // An interrupted kill waits on for the agent's report; anything late
+                    // (and any other call) ends here.
+                    if late || (stop && !reports_interrupt) {
                         lock(&self.pending).remove(&id);
                         if starts_job {
                             // The job there must not outlive the call that started it.
-                            if let Ok(l) = serde_json::to_string(&Request { id: id | CANCEL_BIT, call: Call::Cancel { id } }) {
-                                self.send(l);
-                            }
+                            self.cancel(id);
                         }
                         if late {
                             self.hung.store(true, Ordering::Relaxed);
@@ -451,6 +464,16 @@ impl Conn {
                     }
                 }
             }
+        }
+    }
+
+    /// Asks the agent to stop request `id` (its answer to this is not awaited).
+    fn cancel(&self, id: u64) {
+        if let Ok(l) = serde_json::to_string(&Request {
+            id: id | CANCEL_BIT,
+            call: Call::Cancel { id },
+        }) {
+            self.send(l);
         }
     }
 
@@ -519,6 +542,8 @@ fn log_times(
 /// Cancel requests and pings get ids of their own, apart from the calls' ids.
 const CANCEL_BIT: u64 = 1 << 62;
 const PING_BIT: u64 = 1 << 61;
+/// `reached_as`'s id: its answer is not awaited.
+const REACHED_ID: u64 = 1 << 60;
 
 /// Starts the agent and reads its hello.
 async fn connect(
@@ -608,6 +633,18 @@ async fn connect(
     lock(&err_state).echo = true;
 
     let (wtx, wrx) = mpsc::unbounded_channel::<String>();
+    // First of all, how this side names the host: the agent's advice then says
+    // `gpuloop --host NAME …`, never a bare command that would act on the GPUs here.
+    let reached = Request {
+        id: REACHED_ID,
+        call: Call::ReachedAs {
+            host: host.to_string(),
+            gpuloop: transport.gpuloop_for(host),
+        },
+    };
+    if let Ok(line) = serde_json::to_string(&reached) {
+        let _ = wtx.send(line);
+    }
     tokio::spawn(write_lines(stdin, wrx));
     let pending: Pending = Arc::default();
     let partial: Arc<Mutex<Partial>> = Arc::default();

@@ -84,6 +84,17 @@ impl HostError {
         }
     }
 
+    /// What went wrong, without the leading `host NAME: ` of the whole message.
+    pub fn detail(&self) -> String {
+        let all = self.to_string();
+        match self.host() {
+            Some(h) => all
+                .strip_prefix(&format!("host {h}: "))
+                .map_or_else(|| all.clone(), str::to_string),
+            None => all,
+        }
+    }
+
     /// The host could not be used at all (as opposed to a call that failed there).
     pub fn unreachable(&self) -> bool {
         matches!(
@@ -243,11 +254,6 @@ impl HostSel {
             }
         }
         (!ix.is_empty()).then_some(Some(ix))
-    }
-
-    /// The hosts named by `"dest:index"` entries.
-    pub fn named_hosts(&self) -> impl Iterator<Item = &str> {
-        self.at.keys().map(String::as_str)
     }
 
     /// Parses one selector string: `"dest:index"`; anything else is `None`.

@@ -9,6 +9,11 @@
 //! `job_status` act on it by that id; and `ping`, which the agent answers at once, so a
 //! client can tell a host that hangs from a call that takes long. Protocol 3 added
 //! `holders_report`: the holders and how many processes could not be inspected there.
+//! Protocol 4: a filter's user crosses as the user gave it (`{"name": "alice"}`,
+//! `{"uid": 4242}` or `"me"`) and each agent looks it up in its own user database (protocol 3
+//! sent a uid resolved on the client, which names another user where uids differ); a filter
+//! with a field it does not know is refused, never read as "no filter". And `reached_as`,
+//! which the client sends first: how it names the host, for the commands in advice.
 
 pub use crate::inspect::Filter;
 use serde::de::{DeserializeOwned, IgnoredAny};
@@ -16,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 /// Bumped on any change a peer of the other version could misread.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 /// The longest request line the agent reads; longer ones get a `too_large` error.
 pub const MAX_REQUEST: usize = 1024 * 1024;
 /// The longest reply line the client reads (holders of a busy node fit many times over).
@@ -123,6 +128,13 @@ pub enum Call {
     },
     /// Answered `true` at once by the agent's reading loop: the host is alive and reading.
     Ping,
+    /// How the client names this host (`host`, as in its host set) and the gpuloop command
+    /// line that reaches it from there (`gpuloop --host gpu02`): advice built there names
+    /// it, so a command pasted where the client runs acts on that host. Sent once, first.
+    ReachedAs {
+        host: String,
+        gpuloop: String,
+    },
 }
 
 /// The methods an agent knows, as they are named on the wire.
@@ -142,6 +154,7 @@ pub const METHODS: &[&str] = &[
     "job_kill",
     "job_status",
     "ping",
+    "reached_as",
 ];
 
 impl Call {
@@ -162,6 +175,7 @@ impl Call {
             Call::JobKill { .. } => "job_kill",
             Call::JobStatus { .. } => "job_status",
             Call::Ping => "ping",
+            Call::ReachedAs { .. } => "reached_as",
         }
     }
 }
@@ -548,13 +562,65 @@ mod tests {
         let line = serde_json::to_string(&r).unwrap();
         assert_eq!(
             line,
-            r#"{"id":7,"method":"holders","params":{"sel":[0,2],"all":true,"filter":{"uid":null,"job":null}}}"#
+            r#"{"id":7,"method":"holders","params":{"sel":[0,2],"all":true,"filter":{"user":null,"job":null}}}"#
         );
         assert_eq!(parse_request(&line).unwrap(), r);
         assert_eq!(
             parse_request(r#"{"id":1,"method":"gpus"}"#).unwrap().call,
             Call::Gpus
         );
+    }
+
+    /// The bug: `--user alice` crossed as the uid alice has on the client, and each host
+    /// matched that number, another user's there. The user now crosses as given; a request
+    /// of protocol 3 (a `uid` in the filter) is refused, never read as "no filter" (which
+    /// would select every user's processes).
+    #[test]
+    fn user_filters_cross_as_given_and_a_protocol_3_uid_is_refused() {
+        use crate::inspect::User;
+        for (user, wire) in [
+            (User::Name("alice".into()), r#"{"name":"alice"}"#),
+            (User::Uid(4242), r#"{"uid":4242}"#),
+            (User::Me, r#""me""#),
+        ] {
+            let r = Request {
+                id: 2,
+                call: Call::KillHolders {
+                    sel: None,
+                    filter: Filter {
+                        user: Some(user),
+                        job: None,
+                    },
+                    opts: KillOpts {
+                        signal: "TERM".into(),
+                        grace_ms: 0,
+                        tree: true,
+                        dry_run: true,
+                        force: false,
+                        parents: false,
+                    },
+                },
+            };
+            let line = serde_json::to_string(&r).unwrap();
+            assert!(
+                line.contains(&format!(r#""filter":{{"user":{wire},"#)),
+                "{line}"
+            );
+            assert_eq!(parse_request(&line).unwrap(), r);
+        }
+        assert_eq!(User::parse("4242"), User::Uid(4242));
+        assert_eq!(User::parse("alice"), User::Name("alice".into()));
+        let old = r#"{"id":3,"method":"kill_holders","params":{"sel":null,"filter":{"uid":4242,"job":null},"opts":{"signal":"TERM","grace_ms":1000,"tree":true,"dry_run":false,"force":false,"parents":false}}}"#;
+        match parse_request(old) {
+            Err(Message::Reply {
+                id: Some(3),
+                body: Body::Error(e),
+            }) => {
+                assert_eq!(e.kind, ErrorKind::BadParams);
+                assert!(e.message.contains("unknown field `uid`"), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -609,6 +675,10 @@ mod tests {
                 filter: Filter::default(),
             },
             Call::Cancel { id: 3 },
+            Call::ReachedAs {
+                host: "gpu02".into(),
+                gpuloop: "gpuloop --host gpu02".into(),
+            },
         ];
         for (n, call) in calls.into_iter().enumerate() {
             assert!(METHODS.contains(&call.method()), "{}", call.method());

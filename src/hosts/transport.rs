@@ -159,6 +159,35 @@ impl Transport {
         })
     }
 
+    /// The command line that runs gpuloop against `dest` the way this transport reaches it
+    /// (`gpuloop --host gpu02`, with `--ssh-config`, `--transport srun --jobid J`,
+    /// `--remote-bin` as they were given): what advice built on that host tells a person
+    /// to run where this gpuloop runs.
+    pub fn gpuloop_for(&self, dest: &str) -> String {
+        let mut words = vec!["gpuloop".to_string()];
+        let remote_bin = match self {
+            Transport::Ssh(o) => {
+                if let Some(f) = &o.config {
+                    words.push("--ssh-config".into());
+                    words.push(shell_quote(&f.display().to_string()));
+                }
+                &o.remote_bin
+            }
+            Transport::Srun(o) => {
+                words.push("--transport srun".into());
+                if let Some(job) = o.job_for(dest) {
+                    words.push(format!("--jobid {}", shell_quote(job)));
+                }
+                &o.remote_bin
+            }
+        };
+        if remote_bin != "gpuloop" {
+            words.push(format!("--remote-bin {}", shell_quote(remote_bin)));
+        }
+        words.push(format!("--host {}", shell_quote(dest)));
+        words.join(" ")
+    }
+
     /// Reads why the command ended before the agent said hello: its exit code and stderr.
     pub fn classify(&self, dest: &str, code: Option<i32>, stderr: &str) -> HostError {
         let program = self.program();
@@ -307,6 +336,23 @@ mod tests {
             );
             assert!(!line(same).contains("-p "), "{same}");
         }
+    }
+
+    #[test]
+    fn advice_names_the_host_and_how_it_is_reached() {
+        assert_eq!(
+            Transport::ssh(None, None).gpuloop_for("gpu02"),
+            "gpuloop --host gpu02"
+        );
+        assert_eq!(
+            Transport::ssh(Some("/etc/my ssh".into()), Some("/opt/gpuloop".into()))
+                .gpuloop_for("alice@gpu02"),
+            "gpuloop --ssh-config '/etc/my ssh' --remote-bin /opt/gpuloop --host alice@gpu02"
+        );
+        assert_eq!(
+            Transport::srun(None, Some("812".into())).gpuloop_for("gpu02"),
+            "gpuloop --transport srun --jobid 812 --host gpu02"
+        );
     }
 
     #[test]

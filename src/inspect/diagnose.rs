@@ -59,6 +59,14 @@ pub struct FootprintOf {
     pub name: String,
     /// The GPUs it computes on.
     pub gpus: Vec<i64>,
+    /// The host it runs on, as the diagnosis's.
+    #[serde(default = "local")]
+    pub host: String,
+}
+
+/// A record's host until the client names it: this machine.
+fn local() -> String {
+    "local".into()
 }
 
 impl FootprintOf {
@@ -67,17 +75,58 @@ impl FootprintOf {
             pid: h.pid,
             name: h.name.clone(),
             gpus: h.gpus.clone(),
+            host: h.host.clone(),
         }
     }
 }
 
 /// What diagnose() needs besides the inventory.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Context<'a> {
     /// gpuloop runs in a child PID namespace the driver does not report in.
     pub foreign_ns: bool,
     /// Parents known to restart holders (from this session's kills).
     pub restarters: &'a [Restarter],
+    /// Where the advice is read, so the commands it gives act on this machine's GPUs.
+    pub reach: &'a Reach,
+    /// The simulator: its GPUs are reset by `gpuloop sim reset`, not by nvidia-smi.
+    pub sim: bool,
+}
+
+/// How the person reading advice reaches this machine. Advice is built where the GPUs are,
+/// and read where gpuloop was started: for a host of `--host`, a bare `gpuloop kill --gpu 3`
+/// pasted there would act on that machine's GPU 3, not this one's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reach {
+    /// The host's name in the reader's host set; `None` when they read it here.
+    pub host: Option<String>,
+    /// The command line that runs gpuloop on this machine from there (`gpuloop --host gpu02`).
+    pub gpuloop: String,
+}
+
+impl Default for Reach {
+    fn default() -> Reach {
+        Reach {
+            host: None,
+            gpuloop: "gpuloop".into(),
+        }
+    }
+}
+
+impl Reach {
+    /// A gpuloop command acting on this machine: `gpuloop --host gpu02 kill --gpu 3`.
+    pub fn gpuloop(&self, args: &str) -> String {
+        format!("{} {args}", self.gpuloop)
+    }
+
+    /// A command that only runs on this machine itself: as it is here; from elsewhere,
+    /// `on gpu02: CMD` (which no shell runs as is).
+    pub fn there(&self, cmd: &str) -> String {
+        match &self.host {
+            None => cmd.to_string(),
+            Some(h) => format!("on {h}: {cmd}"),
+        }
+    }
 }
 
 /// The diagnosis of a machine whose driver did not load: one entry per selected GPU, or one
@@ -120,7 +169,7 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
             let one = Some(vec![g.index]);
             let holders = inv.holders(&one, false);
             if let Some(e) = &g.error {
-                return driver_error(g, e, holders);
+                return driver_error(g, e, holders, ctx.reach);
             }
             let daemons: Vec<Holder> = inv
                 .holders(&one, true)
@@ -141,6 +190,8 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 foreign_ns: ctx.foreign_ns,
                 unreadable: inv.unreadable,
                 clients: &inv.holders,
+                reach: ctx.reach,
+                sim: ctx.sim,
             };
             let (verdict, advice) = stuck_verdict(&holders).unwrap_or_else(|| {
                 verdict(
@@ -170,7 +221,12 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
 
 /// A GPU the driver failed to read: its memory is unknown, so it is never clean. The holders
 /// the /proc scan found on its device node are still listed.
-fn driver_error(g: &crate::gpu::Gpu, error: &str, holders: Vec<Holder>) -> Diagnosis {
+fn driver_error(
+    g: &crate::gpu::Gpu,
+    error: &str,
+    holders: Vec<Holder>,
+    reach: &Reach,
+) -> Diagnosis {
     Diagnosis {
         gpu: Some(g.index),
         mem_used: 0,
@@ -181,8 +237,11 @@ fn driver_error(g: &crate::gpu::Gpu, error: &str, holders: Vec<Holder>) -> Diagn
         ghost_pids: Vec::new(),
         verdict: "driver-error".into(),
         advice: format!(
-            "the driver could not read this GPU ({error}): its memory is unknown, so it cannot be verified clean; check dmesg for Xid errors and nvidia-smi -q -i {}; a GPU that fell off the bus needs a reset or a reboot",
-            g.index
+            "the driver could not read this GPU ({error}): its memory is unknown, so it cannot be verified clean; check {}; a GPU that fell off the bus needs a reset or a reboot",
+            reach.there(&format!(
+                "dmesg for Xid errors and nvidia-smi -q -i {}",
+                g.index
+            ))
         ),
         host: g.host.clone(),
     }
@@ -235,7 +294,7 @@ fn list(ps: &[i64]) -> String {
 }
 
 /// Advice for holders that are a systemd unit's main process: stop the unit, not the pid.
-fn service_advice(gpu: i64, units: &[&Holder]) -> String {
+fn service_advice(gpu: i64, units: &[&Holder], reach: &Reach) -> String {
     let mut names: Vec<String> = units
         .iter()
         .filter_map(|h| {
@@ -265,7 +324,11 @@ fn service_advice(gpu: i64, units: &[&Holder]) -> String {
     format!(
         "{} hold(s) GPU {gpu} as a systemd unit's main process; {why}: {}",
         pids(units),
-        names.join("; ")
+        names
+            .iter()
+            .map(|n| reach.there(n))
+            .collect::<Vec<_>>()
+            .join("; ")
     )
 }
 
@@ -287,6 +350,21 @@ fn footprint_note(used_mib: i64, fp: &[&Holder]) -> String {
     format!("{used_mib} MiB: CUDA footprint of {who}")
 }
 
+/// How to reset `gpu`: the recipe (which resets through this machine's own driver, so it
+/// runs there), or the driver's tool directly.
+fn reset_advice(gpu: i64, reach: &Reach, sim: bool) -> String {
+    let recipe = reach.there(&format!(
+        "gpuloop run clean-node -- --gpus {gpu} --allow-reset"
+    ));
+    let direct = match (&reach.host, sim) {
+        (None, true) => format!("or gpuloop sim reset --gpu {gpu}"),
+        (Some(h), true) => format!("or, on {h}: gpuloop sim reset --gpu {gpu}"),
+        (None, false) => format!("or, as root, nvidia-smi -r -i {gpu}"),
+        (Some(h), false) => format!("or, as root on {h}, nvidia-smi -r -i {gpu}"),
+    };
+    format!("{recipe} ({direct})")
+}
+
 /// Everything the verdict rules look at for one GPU.
 struct Facts<'a> {
     gpu: i64,
@@ -304,6 +382,8 @@ struct Facts<'a> {
     unreadable: usize,
     /// Every process with a driver node open (a reset fails while there is one).
     clients: &'a [Holder],
+    reach: &'a Reach,
+    sim: bool,
 }
 
 /// The verdict rules, in order; kept apart from the inventory so each rule is testable.
@@ -313,6 +393,7 @@ fn verdict(
     respawned: impl Fn(i64) -> Option<Restarter>,
 ) -> (&'static str, String) {
     let (gpu, used_mib, holders, ghosts) = (f.gpu, f.used_mib, f.holders, f.ghosts);
+    let gpuloop = |args: String| f.reach.gpuloop(&args);
     if holders.is_empty() && used_mib == 0 {
         return ("clean", format!("GPU {gpu} is free"));
     }
@@ -324,8 +405,13 @@ fn verdict(
             return (
                 "respawning",
                 format!(
-                    "pid {} ({}) started {} ({}) again after its holder {} was stopped: stop the restarter (gpuloop clean --gpu {gpu} --parents)",
-                    r.pid, r.name, h.pid, h.name, r.holder
+                    "pid {} ({}) started {} ({}) again after its holder {} was stopped: stop the restarter ({})",
+                    r.pid,
+                    r.name,
+                    h.pid,
+                    h.name,
+                    r.holder,
+                    gpuloop(format!("clean --gpu {gpu} --parents"))
                 ),
             );
         }
@@ -337,9 +423,10 @@ fn verdict(
             return (
                 "inherited",
                 format!(
-                    "creator pid {} has exited; {} still hold(s) its CUDA handles (a forked child): gpuloop kill --gpu {gpu}",
+                    "creator pid {} has exited; {} still hold(s) its CUDA handles (a forked child): {}",
                     list(ghosts),
-                    pids(&unlisted)
+                    pids(&unlisted),
+                    gpuloop(format!("kill --gpu {gpu}"))
                 ),
             );
         }
@@ -349,15 +436,16 @@ fn verdict(
             .filter(|h| h.origin.service_main && h.origin.job.is_none())
             .collect();
         if !units.is_empty() {
-            return ("service", service_advice(gpu, &units));
+            return ("service", service_advice(gpu, &units, f.reach));
         }
         let orphans: Vec<&Holder> = holders.iter().filter(|h| orphaned(h)).collect();
         if !orphans.is_empty() {
             return (
                 "orphaned",
                 format!(
-                    "the job that started {} is gone; they are leftovers: gpuloop clean --gpu {gpu}",
-                    pids(&orphans)
+                    "the job that started {} is gone; they are leftovers: {}",
+                    pids(&orphans),
+                    gpuloop(format!("clean --gpu {gpu}"))
                 ),
             );
         }
@@ -365,8 +453,9 @@ fn verdict(
         return (
             "held",
             format!(
-                "{} hold(s) GPU {gpu} ({used_mib} MiB): stop it if it is not meant to run (gpuloop kill --gpu {gpu})",
-                pids(&all)
+                "{} hold(s) GPU {gpu} ({used_mib} MiB): stop it if it is not meant to run ({})",
+                pids(&all),
+                gpuloop(format!("kill --gpu {gpu}"))
             ),
         );
     }
@@ -392,7 +481,9 @@ fn verdict(
         return (
             "daemon",
             format!(
-                "{used_mib} MiB used: {who}; it is a protected GPU daemon: stopping its service (systemctl stop …) or gpuloop kill --gpu {gpu} --force frees it{also_footprint}"
+                "{used_mib} MiB used: {who}; it is a protected GPU daemon: stopping its service ({}) or {} frees it{also_footprint}",
+                f.reach.there("systemctl stop …"),
+                gpuloop(format!("kill --gpu {gpu} --force"))
             ),
         );
     }
@@ -419,8 +510,9 @@ fn verdict(
         return (
             "permission",
             format!(
-                "{used_mib} MiB used; {} process(es) could not be inspected (other users'): run as root (sudo gpuloop diagnose)",
-                f.unreadable
+                "{used_mib} MiB used; {} process(es) could not be inspected (other users'): run as root ({})",
+                f.unreadable,
+                f.reach.there("sudo gpuloop diagnose")
             ),
         );
     }
@@ -434,12 +526,13 @@ fn verdict(
         );
     }
     // A reset is all that frees it, and it fails while any process has the driver open.
+    let reset = reset_advice(gpu, f.reach, f.sim);
     let reset = if f.clients.is_empty() {
-        format!("only a GPU reset frees it: gpuloop run clean-node -- --gpus {gpu} --allow-reset (or, as root, nvidia-smi -r -i {gpu})")
+        format!("only a GPU reset frees it: {reset}")
     } else {
         let clients: Vec<&Holder> = f.clients.iter().collect();
         format!(
-            "only a GPU reset frees it, and a reset fails while driver clients are open: stop {} first, then gpuloop run clean-node -- --gpus {gpu} --allow-reset (or, as root, nvidia-smi -r -i {gpu})",
+            "only a GPU reset frees it, and a reset fails while driver clients are open: stop {} first, then {reset}",
             pids(&clients)
         )
     };
@@ -498,8 +591,12 @@ mod tests {
             foreign_ns,
             unreadable,
             clients: &[],
+            reach: &HERE,
+            sim: false,
         }
     }
+
+    static HERE: std::sync::LazyLock<Reach> = std::sync::LazyLock::new(Reach::default);
 
     #[test]
     fn each_verdict() {
@@ -605,6 +702,119 @@ mod tests {
         assert!(
             advice.starts_with("pid 1237 (bash) started 1300"),
             "{advice}"
+        );
+    }
+
+    /// Facts as a host of the set reports them.
+    fn at<'a>(f: Facts<'a>, reach: &'a Reach, sim: bool) -> Facts<'a> {
+        Facts { reach, sim, ..f }
+    }
+
+    /// The bug: advice is built on the host that has the GPU, which did not know it was
+    /// remote: "(gpuloop kill --gpu 3)" pasted where gpuloop runs acts on that machine's GPU 3.
+    /// For a host of the set, every command names the host, or says to run it there.
+    #[test]
+    fn advice_for_a_remote_host_names_it_in_every_command() {
+        let reach = Reach {
+            host: Some("gpu02".into()),
+            gpuloop: "gpuloop --host gpu02".into(),
+        };
+        let mut unit = h(8, &["driver"]);
+        unit.origin.service = Some("vllm.service".into());
+        unit.origin.service_main = true;
+        let mut daemon = h(9, &["driver", "fd", "map"]);
+        daemon.role = "daemon".into();
+        let r = Restarter {
+            pid: 1237,
+            name: "bash".into(),
+            holder: 1240,
+            identity: crate::process::Identity::new(1237, 1),
+        };
+        let held = [h(5, &["driver", "fd", "map"])];
+        let child = [h(6, &["fd", "map"])];
+        let units = [unit];
+        let daemons = [daemon];
+        let clients = [h(7, &["fd"])];
+        let lost = crate::gpu::Gpu::failed(3, 3, "GPU is lost".into());
+        for sim in [false, true] {
+            let f = |hs, ghosts, unreadable| {
+                at(facts(hs, ghosts, 100, true, false, unreadable), &reach, sim)
+            };
+            let advice = [
+                verdict(&f(&held, &[], 0), |_| false, |_| None),
+                verdict(&f(&held, &[], 0), |_| true, |_| None),
+                verdict(&f(&held, &[], 0), |_| false, |_| Some(r.clone())),
+                verdict(&f(&child, &[5], 0), |_| false, |_| None),
+                verdict(&f(&units, &[], 0), |_| false, |_| None),
+                verdict(&f(&[], &[], 2), |_| false, |_| None),
+                verdict(&f(&[], &[], 0), |_| false, |_| None),
+                verdict(
+                    &Facts {
+                        daemons: &daemons,
+                        ..f(&[], &[], 0)
+                    },
+                    |_| false,
+                    |_| None,
+                ),
+                verdict(
+                    &Facts {
+                        clients: &clients,
+                        ..f(&[], &[], 0)
+                    },
+                    |_| false,
+                    |_| None,
+                ),
+                (
+                    "driver-error",
+                    driver_error(&lost, "GPU is lost", Vec::new(), &reach).advice,
+                ),
+            ];
+            let verdicts: Vec<&str> = advice.iter().map(|(v, _)| *v).collect();
+            assert_eq!(
+                verdicts,
+                [
+                    "held",
+                    "orphaned",
+                    "respawning",
+                    "inherited",
+                    "service",
+                    "permission",
+                    "driver",
+                    "daemon",
+                    "driver",
+                    "driver-error"
+                ]
+            );
+            for (v, a) in &advice {
+                // Every command: `gpuloop --host gpu02 …`, `on gpu02: …`, or as root there.
+                for cmd in ["gpuloop ", "systemctl ", "nvidia-smi ", "dmesg"] {
+                    for (i, _) in a.match_indices(cmd) {
+                        // The clause the command is in (since the last `;` or `(`).
+                        let clause = a[..i].rsplit([';', '(']).next().unwrap_or_default();
+                        assert!(
+                            a[i..].starts_with("gpuloop --host gpu02 ")
+                                || clause.contains("on gpu02"),
+                            "{v} (sim {sim}): a bare {cmd:?} in {a:?}"
+                        );
+                    }
+                }
+            }
+            assert!(
+                advice[0].1.ends_with("(gpuloop --host gpu02 kill --gpu 0)"),
+                "{}",
+                advice[0].1
+            );
+        }
+        // Read here, the advice is as it always was.
+        let (_, a) = verdict(&facts(&held, &[], 100, true, false, 0), |_| false, |_| None);
+        assert!(a.ends_with("(gpuloop kill --gpu 0)"), "{a}");
+        assert_eq!(
+            reset_advice(2, &Reach::default(), false),
+            "gpuloop run clean-node -- --gpus 2 --allow-reset (or, as root, nvidia-smi -r -i 2)"
+        );
+        assert_eq!(
+            reset_advice(2, &Reach::default(), true),
+            "gpuloop run clean-node -- --gpus 2 --allow-reset (or gpuloop sim reset --gpu 2)"
         );
     }
 }

@@ -28,14 +28,68 @@ pub fn selected(sel: &Selection, index: i64) -> bool {
 }
 
 /// Which holders a caller wants besides the GPU selection: `#{user: "alice"}`, `#{job: 812}`,
-/// `--user U`, `--job N`.
+/// `--user U`, `--mine`, `--job N`. It crosses the wire as given and each host reads it with its
+/// own user database (`resolve`): uids differ between machines, so a name resolved here and
+/// sent as a number would pick another user's processes there.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Filter {
+    pub user: Option<User>,
+    pub job: Option<i64>,
+}
+
+/// Whose processes, as the user named them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum User {
+    /// A user name, looked up where the processes are.
+    Name(String),
+    /// A uid given as a number: the same number on every host.
+    Uid(u32),
+    /// `--mine`: the account gpuloop runs as where the processes are (over ssh, the login
+    /// user there).
+    Me,
+}
+
+impl User {
+    /// `--user` text: a number is a uid, anything else a name.
+    pub fn parse(text: &str) -> User {
+        match text.parse::<u32>() {
+            Ok(uid) => User::Uid(uid),
+            Err(_) => User::Name(text.to_string()),
+        }
+    }
+
+    /// The uid on this machine.
+    pub fn uid(&self) -> Result<u32, GpuError> {
+        match self {
+            User::Uid(u) => Ok(*u),
+            User::Me => Ok(nix::unistd::getuid().as_raw()),
+            User::Name(n) => {
+                crate::process::user_id(n).ok_or_else(|| GpuError::NoUser { user: n.clone() })
+            }
+        }
+    }
+}
+
+impl Filter {
+    /// The filter as this machine reads it; an unknown user name is an error.
+    pub fn resolve(&self) -> Result<Resolved, GpuError> {
+        Ok(Resolved {
+            uid: self.user.as_ref().map(User::uid).transpose()?,
+            job: self.job,
+        })
+    }
+}
+
+/// A filter with its user resolved on this machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resolved {
     pub uid: Option<u32>,
     pub job: Option<i64>,
 }
 
-impl Filter {
+impl Resolved {
     pub fn matches(&self, h: &holders::Holder) -> bool {
         self.uid.is_none_or(|u| h.uid == i64::from(u))
             && self.job.is_none_or(|j| h.origin.job == Some(j))

@@ -14,6 +14,14 @@ pub struct Launcher {
     /// With the pid, the identity: `kill(h.launcher)` checks it like a holder map.
     pub start: i64,
     pub name: String,
+    /// The host it runs on, as its holder's (`kill(h.launcher)` goes there).
+    #[serde(default = "local")]
+    pub host: String,
+}
+
+/// A record's host until the client names it: this machine.
+fn local() -> String {
+    "local".into()
 }
 
 /// Lineage and attribution of one process, as holder maps carry them.
@@ -143,6 +151,7 @@ fn launcher(p: &ProcInfo) -> Option<Launcher> {
                 pid: a.pid.into(),
                 start: a.start as i64,
                 name: a.comm,
+                host: local(),
             });
         }
         pid = a.ppid;

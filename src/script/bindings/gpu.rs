@@ -3,7 +3,7 @@
 use crate::actions;
 use crate::hosts::HostSel;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
-use crate::inspect::Filter;
+use crate::inspect::{Filter, User};
 use crate::script::convert::{
     script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
 };
@@ -137,9 +137,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          pid, ppid, pgid, sid, start, uid, user, name, cmdline, state, role, gpus, mem (bytes),
          evidence (\"driver\", \"fd\", \"map\"), protected, host; lineage: ppid_comm (the
          parent's name), reparented (the parent is init or a subreaper, or started after it: its
-         own parent is gone), launcher (#{pid, start, name} of the nearest live ancestor that is
-         not a shell, init or subreaper, or ()), service (the systemd unit from its cgroup, or
-         ()); attribution: job (Slurm job id from its environment or cgroup, or ()), container
+         own parent is gone), launcher (#{pid, start, name, host} of the nearest live ancestor
+         that is not a shell, init or subreaper, or ()), service (the systemd unit from its
+         cgroup, or ()); attribution: job (Slurm job id from its environment or cgroup, or ()), container
          (docker/containerd id or Kubernetes pod uid, or ()), cgroup (its cgroup path, or ()).",
         move || -> RhaiResult<Array> {
             to_array(&actions::holders(&s, HostSel::all(), false).map_err(to_script)?)
@@ -163,24 +163,28 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array | ()", "opts: Map", "Array"],
         "Holders with options: #{all: true} also returns observers (NVML-only clients such as
          nvidia-smi, which open the nodes but map nothing) and protected GPU daemons;
-         #{user: \"alice\"} (a name or a uid) only that user's processes; #{job: 812} only
-         that Slurm job's.",
+         #{user: \"alice\"} (a name or a uid) only that user's processes, the name looked
+         up on each host in its own user database (an unknown name is that host's error);
+         #{job: 812} only that Slurm job's.",
         move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
             let o = Opts::new(&opts, "holders", &["all", "user", "job", "on_error"])?;
             let all = o.bool("all", false)?;
-            let uid = match o.raw("user") {
+            // The user goes to each host as given, and each looks it up in its own user
+            // database: uids differ between machines.
+            let user = match o.raw("user") {
                 None => None,
-                Some(u) => {
-                    let name = u.to_string();
-                    Some(crate::process::user_id(&name).ok_or_else(|| {
-                        script_err(format!("holders: no user {name:?} on this machine"))
-                    })?)
-                }
+                Some(u) => Some(match u.as_int() {
+                    Ok(n) => User::Uid(u32::try_from(n).map_err(|_| {
+                        script_err(format!("holders: user {n} is not a valid uid"))
+                    })?),
+                    Err(_) => User::parse(&u.to_string()),
+                }),
             };
             let filter = Filter {
-                uid,
+                user,
                 job: o.opt_int("job")?,
             };
+            actions::check_filter(&s, &filter).map_err(|e| script_err(format!("holders: {e}")))?;
             to_array(&actions::skipping(o.on_error()?, || {
                 actions::holders_of(&s, selection(&s, &sel)?, all, &filter).map_err(to_script)
             })?)
@@ -194,8 +198,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["Array"],
         "Why memory is still used, per GPU: maps of gpu, mem_used_mib, holders (the GPU's
          compute holders, as holders(i)), daemons (protected GPU daemons on it), footprint
-         (#{pid, name, gpus} of other GPUs' processes whose CUDA context keeps a few MiB here),
-         ghost_pids (pids the driver lists that are dead or not visible here), verdict and
+         (#{pid, name, gpus, host} of other GPUs' processes whose CUDA context keeps a few MiB
+         here), ghost_pids (pids the driver lists that are dead or not visible here), verdict and
          advice (one line to act on; it never advises a reset while a driver client is open).
          Verdicts: \"clean\"; \"held\" (compute holders); \"stuck\" (a holder asleep in the
          driver, D state: SIGKILL takes effect only when the driver call returns, or after a
@@ -312,9 +316,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["index: i64", "()"],
         "Resets one GPU, the last resort for memory nobody holds (verdict \"driver\"): runs
          `nvidia-smi -r -i N` on real GPUs (needs root and an idle GPU), `sim reset` in the
-         simulator. Fails, with the driver's reason, while processes still use the GPU.",
-        move |index: i64| -> RhaiResult<()> {
-            s.backend().and_then(|b| b.reset(index)).map_err(to_script)
-        },
+         simulator. Fails, with the driver's reason, while processes still use the GPU.
+         It acts on this machine's GPUs only: with --host it is an error (a diagnosis of
+         another host's GPU N is not this machine's GPU N); reset there, on the host itself.",
+        move |index: i64| -> RhaiResult<()> { actions::reset_gpu(&s, index).map_err(to_script) },
     );
 }

@@ -167,7 +167,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          parents (default false: also stop the targets' restarters, under the same identity and
          protection rules; never init, a login shell, nor a job step's or container's manager
          such as slurmstepd, a containerd shim, conmon, tini, sshd, sudo or tmux),
-         on_error (\"skip\": go on without hosts that cannot be reached).
+         on_error (\"skip\": go on without hosts that cannot be reached; each target of such a
+         host is in skipped, with what ssh said).
          With several hosts each holder map is killed on its own host, where its identity is
          checked (by_host holds each host's report); a bare pid is then ambiguous.",
         move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
