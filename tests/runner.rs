@@ -688,3 +688,102 @@ fn a_job_handle_prints_as_a_job_not_a_rust_type() {
     assert!(out.starts_with("[Job(pid "), "{out}");
     assert!(!out.contains("::"), "{out}");
 }
+
+/// Runs `script` with bash as pid 1 of a PID namespace of its own (where `ns_last_pid` makes
+/// the next fork take a chosen pid), with `GPULOOP_BIN`, the test's directory as `TMPD` and a
+/// signal log. Returns the `key=value` words of its last line, and all it printed.
+fn in_pid_namespace(
+    sim: &Sim,
+    script: &str,
+) -> (std::collections::HashMap<String, String>, String) {
+    let tmp = sim.path().to_path_buf();
+    std::fs::write(tmp.join("ns.sh"), script).unwrap();
+    let out = in_new_pid_namespace(sim, &tmp.join("ns.sh"))
+        .env("GPULOOP_BIN", bin())
+        .env("GPULOOP_SIGNAL_LOG", tmp.join("signals.log"))
+        .env("TMPD", &tmp)
+        .output()
+        .expect("unshare");
+    let all = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    let last = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let fields = last
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    (fields, all)
+}
+
+/// Shell functions for the scripts run by `in_pid_namespace`.
+const NS_HELPERS: &str = r#"
+set -u
+B="$GPULOOP_BIN"; T="$TMPD"
+await() { for _ in $(seq 6000); do [ -e "$1" ] && return 0; sleep 0.01; done; echo "no $1"; exit 3; }
+alive() { case "$(awk '{print $3}' /proc/$1/stat 2>/dev/null)" in S|R) echo 1;; *) echo 0;; esac; }
+pgid() { awk '{print $5}' /proc/$1/stat; }
+signals() { cat "$GPULOOP_SIGNAL_LOG" 2>/dev/null | wc -l; }
+"#;
+
+/// Audit defect 1: `job.kill()` on a finished job took every process whose process group had
+/// the job leader's pid as its id. Once the group is empty, that id is anyone's: here an
+/// unrelated session takes the reaped leader's pid, makes a group of it, leaves a daemon in it
+/// and exits; the kill signalled that daemon. A finished job's group members are taken only
+/// by identity now (seen below the job, or forked by what was).
+#[test]
+fn a_finished_jobs_kill_signals_whoever_reused_its_group_id_never() {
+    if !pid_reuse_can_be_forced() {
+        return;
+    }
+    let sim = Sim::new("1x1G");
+    std::fs::write(
+        sim.path().join("finished.rhai"),
+        r#"let t = ARGS[0];
+           let j = spawn("true", #{echo: false});
+           j.wait();
+           write_file(`${t}/leader`, `${j.pid}`);
+           if !until(60, || file_exists(`${t}/go`)) { throw "no go"; }
+           j.kill();
+           write_file(`${t}/killed`, "");
+           if !until(60, || file_exists(`${t}/end`)) { throw "no end"; }"#,
+    )
+    .unwrap();
+    let script = format!(
+        r#"{NS_HELPERS}
+"$B" run "$T/finished.rhai" -- "$T" &
+g=$!
+await "$T/leader"; l=$(cat "$T/leader")
+echo $((l-1)) > /proc/sys/kernel/ns_last_pid
+setsid sh -c 'echo $$ > "$1"; sleep 1000 & echo $! > "$2"; exit 0' sh "$T/reuser" "$T/victim" </dev/null
+v=$(cat "$T/victim")
+reused=0; [ "$(cat "$T/reuser")" = "$l" ] && [ "$(pgid $v)" = "$l" ] && reused=1
+touch "$T/go"; await "$T/killed"
+after_kill=$(alive $v)
+touch "$T/end"; wait $g; code=$?
+echo "reused=$reused after_kill=$after_kill after_exit=$(alive $v) code=$code signals=$(signals)"
+"#
+    );
+    let (f, all) = in_pid_namespace(&sim, &script);
+    let field = |k: &str| {
+        f.get(k)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("no {k}: {all}"))
+    };
+    assert_eq!(field("reused"), "1", "the group id was not reused: {all}");
+    assert_eq!(field("code"), "0", "{all}");
+    assert_eq!(
+        field("after_kill"),
+        "1",
+        "job.kill() signalled the group id's new owner: {all}"
+    );
+    assert_eq!(field("after_exit"), "1", "the script's end did: {all}");
+    assert_eq!(field("signals"), "0", "{all}");
+}

@@ -66,6 +66,23 @@ impl ProcInfo {
     }
 }
 
+#[cfg(test)]
+impl ProcInfo {
+    /// A sleeping process named `p<pid>`, for tests of what is decided on a process table.
+    pub fn sleeping(pid: i32, ppid: i32, pgid: i32, sid: i32, start: u64) -> ProcInfo {
+        ProcInfo {
+            pid,
+            flags: 0,
+            comm: format!("p{pid}"),
+            state: 'S',
+            ppid,
+            pgid,
+            sid,
+            start,
+        }
+    }
+}
+
 /// Parses the text of /proc/PID/stat; the comm may hold spaces and parentheses.
 pub fn parse_stat(pid: i32, text: &str) -> Option<ProcInfo> {
     let open = text.find('(')?;
