@@ -1,5 +1,6 @@
 //! Processes as /proc shows them: stat fields, identity `(pid, start, pidfs inode)`, users, command lines.
 
+pub mod helpers;
 pub mod identity;
 pub mod kill;
 pub mod origin;

@@ -8,6 +8,7 @@
 //! says `bye`; when the pipe closes without that, gpuloop died, and the guard SIGKILLs
 //! those processes (by identity, through the kill engine) and their descendants.
 
+use crate::process::helpers;
 use crate::process::kill::{self, KillOpts, OnInterrupt, Target};
 use crate::process::Identity;
 use nix::sys::signal::Signal;
@@ -16,7 +17,7 @@ use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -24,13 +25,13 @@ use std::time::Duration;
 pub const SUBCOMMAND: &str = "__guard";
 
 static EXE: OnceLock<PathBuf> = OnceLock::new();
-/// The pid of this gpuloop's guard (0 before it starts).
-static GUARD_PID: AtomicI32 = AtomicI32::new(0);
 static CONN: Mutex<Option<Conn>> = Mutex::new(None);
 
 struct Conn {
     stdin: ChildStdin,
     child: Child,
+    /// It is one of gpuloop's own helpers (no job's orphan) under this identity.
+    helper: Option<crate::process::Identity>,
 }
 
 /// Lets jobs be guarded by starting `exe __guard` (the gpuloop binary calls this; library
@@ -50,17 +51,25 @@ fn send(line: &str) {
     };
     let mut conn = CONN.lock().unwrap_or_else(|e| e.into_inner());
     if conn.is_none() {
-        let started = Command::new(exe)
-            .arg(SUBCOMMAND)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .process_group(0)
-            .spawn();
+        let started = helpers::start(
+            || {
+                Command::new(exe)
+                    .arg(SUBCOMMAND)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .process_group(0)
+                    .spawn()
+            },
+            |child| Some(child.id()),
+        );
         match started {
-            Ok(mut child) => {
-                GUARD_PID.store(child.id() as i32, Ordering::Relaxed);
+            Ok((mut child, helper)) => {
                 if let Some(stdin) = child.stdin.take() {
-                    *conn = Some(Conn { stdin, child });
+                    *conn = Some(Conn {
+                        stdin,
+                        child,
+                        helper,
+                    });
                 }
             }
             Err(e) => {
@@ -73,12 +82,6 @@ fn send(line: &str) {
         // A guard that died is no reason to fail a job.
         let _ = writeln!(c.stdin, "{line}").and_then(|()| c.stdin.flush());
     }
-}
-
-/// True if `pid` is this gpuloop's own guard: a child in a group of its own, but no orphan
-/// of any job.
-pub fn is_guard(pid: i32) -> bool {
-    pid > 0 && GUARD_PID.load(Ordering::Relaxed) == pid
 }
 
 /// A job's process group, led by `leader`.
@@ -118,12 +121,17 @@ impl Drop for Goodbye {
         if let Some(Conn {
             mut stdin,
             mut child,
+            helper,
         }) = conn.take()
         {
             let _ = writeln!(stdin, "bye").and_then(|()| stdin.flush());
             drop(stdin);
             let deadline = std::time::Instant::now() + GUARD_EXIT_WAIT;
-            while matches!(child.try_wait(), Ok(None)) {
+            loop {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    helpers::forget(helper);
+                    break;
+                }
                 if std::time::Instant::now() >= deadline {
                     tracing::warn!(
                         "the guard process {} did not leave after goodbye",

@@ -13,6 +13,7 @@
 //! pipe to it closes without a goodbye.
 
 use super::guard;
+use crate::process::helpers;
 use crate::process::kill::{self, KillOpts, OnInterrupt, Target};
 use crate::process::tree::Tree;
 use crate::process::{Identity, ProcInfo};
@@ -321,13 +322,13 @@ fn me() -> Me {
 }
 
 /// A child of gpuloop that came from a job: gpuloop's own helpers stay in its process group
-/// (but for the guard, in a group of its own and known by pid), and its jobs' leaders are
-/// registered; any other child was reparented to gpuloop, the subreaper, from a job (a
+/// (but for the guard and the hosts' transports, in groups of their own and registered by
+/// identity, `process::helpers`), and its jobs' leaders are registered; any other child was reparented to gpuloop, the subreaper, from a job (a
 /// launcher in a group of its own that outlived a quick job is one).
 fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
     p.ppid == me.pid
         && p.pgid != me.pgid
-        && !guard::is_guard(p.pid)
+        && !helpers::is_helper(p)
         && !st.live.iter().any(|l| l.id.pid == p.pid)
 }
 
