@@ -689,14 +689,30 @@ fn a_job_handle_prints_as_a_job_not_a_rust_type() {
     assert!(!out.contains("::"), "{out}");
 }
 
-/// Runs `script` with bash as pid 1 of a PID namespace of its own (where `ns_last_pid` makes
-/// the next fork take a chosen pid), with `GPULOOP_BIN`, the test's directory as `TMPD` and a
-/// signal log. Returns the `key=value` words of its last line, and all it printed.
-fn in_pid_namespace(
-    sim: &Sim,
-    script: &str,
-) -> (std::collections::HashMap<String, String>, String) {
+/// What a script run by `in_pid_namespace` reported.
+struct Report {
+    /// The `key=value` words of its last line.
+    fields: std::collections::HashMap<String, String>,
+    /// All it printed, and gpuloop's stderr, for messages.
+    all: String,
+}
+
+impl Report {
+    fn field(&self, k: &str) -> &str {
+        self.fields
+            .get(k)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("no {k}: {}", self.all))
+    }
+}
+
+/// Runs the shell `script` with bash as pid 1 of a PID namespace of its own (where
+/// `ns_last_pid` makes the next fork take a chosen pid), with `GPULOOP_BIN`, the test's
+/// directory as `TMPD`, a signal log, and the Rhai script `rhai` in `$TMPD/job.rhai` (gpuloop's
+/// stderr goes to `$TMPD/stderr`).
+fn in_pid_namespace(sim: &Sim, rhai: &str, script: &str) -> Report {
     let tmp = sim.path().to_path_buf();
+    std::fs::write(tmp.join("job.rhai"), rhai).unwrap();
     std::fs::write(tmp.join("ns.sh"), script).unwrap();
     let out = in_new_pid_namespace(sim, &tmp.join("ns.sh"))
         .env("GPULOOP_BIN", bin())
@@ -705,22 +721,21 @@ fn in_pid_namespace(
         .output()
         .expect("unshare");
     let all = format!(
-        "{}\n{}",
+        "{}\n{}\ngpuloop: {}",
         String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(tmp.join("stderr")).unwrap_or_default()
     );
     assert!(out.status.success(), "{all}");
-    let last = String::from_utf8_lossy(&out.stdout)
+    let fields = String::from_utf8_lossy(&out.stdout)
         .lines()
         .last()
         .unwrap_or_default()
-        .to_string();
-    let fields = last
         .split(' ')
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    (fields, all)
+    Report { fields, all }
 }
 
 /// Shell functions for the scripts run by `in_pid_namespace`.
@@ -744,21 +759,17 @@ fn a_finished_jobs_kill_signals_whoever_reused_its_group_id_never() {
         return;
     }
     let sim = Sim::new("1x1G");
-    std::fs::write(
-        sim.path().join("finished.rhai"),
-        r#"let t = ARGS[0];
-           let j = spawn("true", #{echo: false});
-           j.wait();
-           write_file(`${t}/leader`, `${j.pid}`);
-           if !until(60, || file_exists(`${t}/go`)) { throw "no go"; }
-           j.kill();
-           write_file(`${t}/killed`, "");
-           if !until(60, || file_exists(`${t}/end`)) { throw "no end"; }"#,
-    )
-    .unwrap();
+    let rhai = r#"let t = ARGS[0];
+        let j = spawn("true", #{echo: false});
+        j.wait();
+        write_file(`${t}/leader`, `${j.pid}`);
+        if !until(60, || file_exists(`${t}/go`)) { throw "no go"; }
+        j.kill();
+        write_file(`${t}/killed`, "");
+        if !until(60, || file_exists(`${t}/end`)) { throw "no end"; }"#;
     let script = format!(
         r#"{NS_HELPERS}
-"$B" run "$T/finished.rhai" -- "$T" &
+"$B" run "$T/job.rhai" -- "$T" 2> "$T/stderr" &
 g=$!
 await "$T/leader"; l=$(cat "$T/leader")
 echo $((l-1)) > /proc/sys/kernel/ns_last_pid
@@ -771,19 +782,61 @@ touch "$T/end"; wait $g; code=$?
 echo "reused=$reused after_kill=$after_kill after_exit=$(alive $v) code=$code signals=$(signals)"
 "#
     );
-    let (f, all) = in_pid_namespace(&sim, &script);
-    let field = |k: &str| {
-        f.get(k)
-            .map(String::as_str)
-            .unwrap_or_else(|| panic!("no {k}: {all}"))
-    };
-    assert_eq!(field("reused"), "1", "the group id was not reused: {all}");
-    assert_eq!(field("code"), "0", "{all}");
+    let r = in_pid_namespace(&sim, rhai, &script);
+    let all = &r.all;
+    assert_eq!(r.field("reused"), "1", "the group id was not reused: {all}");
+    assert_eq!(r.field("code"), "0", "{all}");
     assert_eq!(
-        field("after_kill"),
+        r.field("after_kill"),
         "1",
         "job.kill() signalled the group id's new owner: {all}"
     );
-    assert_eq!(field("after_exit"), "1", "the script's end did: {all}");
-    assert_eq!(field("signals"), "0", "{all}");
+    assert_eq!(r.field("after_exit"), "1", "the script's end did: {all}");
+    assert_eq!(r.field("signals"), "0", "{all}");
+}
+
+/// Audit defect 3: the guard killed the members of any group with a finished job's id that
+/// started after the job's leader, and gpuloop tells it a group is gone only on the tick after
+/// the group empties. Here the job's last member ends, gpuloop reaps it, a process of the same
+/// session takes the leader's pid for a group of its own, and gpuloop is SIGKILLed before that
+/// tick: the guard killed the new group. gpuloop now says when a leader exits (before reaping
+/// it), and from then on the guard takes that group's members only by identity.
+#[test]
+fn the_guard_kills_whoever_reused_a_finished_jobs_group_id_never() {
+    if !pid_reuse_can_be_forced() {
+        return;
+    }
+    let sim = Sim::new("1x1G");
+    let rhai = r#"let t = ARGS[0];
+        let j = spawn(`(until [ -e ${t}/end ]; do sleep 0.01; done) & echo $! > ${t}/m; mv ${t}/m ${t}/member`,
+                      #{keep_children: true, echo: false});
+        write_file(`${t}/leader`, `${j.pid}`);
+        sleep(600);"#;
+    let script = format!(
+        r#"{NS_HELPERS}
+"$B" run "$T/job.rhai" -- "$T" 2> "$T/stderr" &
+g=$!
+await "$T/leader"; await "$T/member"; l=$(cat "$T/leader"); m=$(cat "$T/member")
+guard=$(grep -l -a -- __guard /proc/[0-9]*/cmdline | cut -d/ -f3)
+# The member ends and gpuloop reaps it: the group is empty, its id free.
+touch "$T/end"
+while [ -e /proc/$m ]; do :; done
+echo $((l-1)) > /proc/sys/kernel/ns_last_pid
+set -m; sleep 1000 & v=$!; set +m
+reused=0; [ "$v" = "$l" ] && [ "$(pgid $v)" = "$l" ] && reused=1
+kill -KILL $g
+for _ in $(seq 6000); do [ "$(alive $guard)" = 0 ] && break; sleep 0.01; done
+echo "reused=$reused guard_gone=$([ "$(alive $guard)" = 0 ] && echo 1) alive=$(alive $v) signals=$(signals)"
+"#
+    );
+    let r = in_pid_namespace(&sim, rhai, &script);
+    let all = &r.all;
+    assert_eq!(r.field("reused"), "1", "the group id was not reused: {all}");
+    assert_eq!(r.field("guard_gone"), "1", "{all}");
+    assert_eq!(
+        r.field("alive"),
+        "1",
+        "the guard killed the group id's new owner: {all}"
+    );
+    assert_eq!(r.field("signals"), "0", "{all}");
 }

@@ -285,6 +285,7 @@ impl Job {
 /// Kills and reaps a job whose threads could not start (its `Child` handle is gone).
 fn abandon(id: Identity, protected: &[String]) {
     supervise::stop_tree(Some(id), Signal::SIGKILL, Duration::ZERO, protected);
+    supervise::exiting(id);
     if let Some(pid) = Pid::from_raw(id.pid) {
         let end = Instant::now() + AFTER_KILL;
         while Instant::now() < end {
@@ -407,7 +408,7 @@ impl Monitor {
                 tracing::warn!("job pid {} still exists after SIGKILL", self.id.pid);
             }
         }
-        supervise::exiting();
+        supervise::exiting(self.id);
         let status = child.wait();
         let elapsed = self.started.elapsed();
         self.shared.lock().exited = true;

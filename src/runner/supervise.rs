@@ -283,10 +283,14 @@ fn unregister(st: &mut State, id: Identity) {
 
 /// The leader has exited and is about to be reaped: a last look at its tree and group while
 /// its pid, a zombie's now, still holds the group's id, so that every member the job has is
-/// known by identity before that id may go to anyone else.
-pub fn exiting() {
+/// known by identity (here and to the guard) before that id may go to anyone else.
+pub fn exiting(leader: Identity) {
     let tree = Tree::snapshot();
-    observe(&tree, &mut state());
+    let mut st = state();
+    observe(&tree, &mut st);
+    if st.groups.contains(&leader) {
+        guard::leader_exited(leader);
+    }
 }
 
 /// The leader was reaped: its lineage stays known, it is no longer live.
