@@ -471,6 +471,31 @@ fn a_host_that_hangs_fails_its_part_with_a_timeout_and_the_others_answer() {
     assert!(within(60, || pids_with(&sleep).is_empty()));
 }
 
+/// Audit defect 2: each host's ssh (or srun) runs as gpuloop's child in a process group of its
+/// own, and the runner took any such child for an orphan of a local job: when a local run()'s
+/// leader exited, its "leftovers" were the connections, which it stopped ("connection lost"
+/// on the next call). gpuloop's own transports are registered and never a job's now.
+#[test]
+fn host_connections_are_killed_as_a_local_jobs_leftovers_never() {
+    let c = Cluster::new(&[("la", "2x8G")], &[]);
+    let src = r#"
+        let before = gpu().len();
+        let r = run("true", #{echo: false});
+        let k = spawn("exit 0", #{echo: false});
+        k.wait();
+        k.kill();
+        print(`leftovers=${r.leftovers} code=${r.code} before=${before} after=${gpu().len()}`);
+    "#;
+    let out = c.run(&["--host", "la", "run", &c.script("t.rhai", src)]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("leftovers=[] code=0 before=2 after=2"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
 #[test]
 fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected() {
     // The agent of "nb" runs as nobody: root's processes there cannot be inspected. Needs

@@ -688,3 +688,155 @@ fn a_job_handle_prints_as_a_job_not_a_rust_type() {
     assert!(out.starts_with("[Job(pid "), "{out}");
     assert!(!out.contains("::"), "{out}");
 }
+
+/// What a script run by `in_pid_namespace` reported.
+struct Report {
+    /// The `key=value` words of its last line.
+    fields: std::collections::HashMap<String, String>,
+    /// All it printed, and gpuloop's stderr, for messages.
+    all: String,
+}
+
+impl Report {
+    fn field(&self, k: &str) -> &str {
+        self.fields
+            .get(k)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("no {k}: {}", self.all))
+    }
+}
+
+/// Runs the shell `script` with bash as pid 1 of a PID namespace of its own (where
+/// `ns_last_pid` makes the next fork take a chosen pid), with `GPULOOP_BIN`, the test's
+/// directory as `TMPD`, a signal log, and the Rhai script `rhai` in `$TMPD/job.rhai` (gpuloop's
+/// stderr goes to `$TMPD/stderr`).
+fn in_pid_namespace(sim: &Sim, rhai: &str, script: &str) -> Report {
+    let tmp = sim.path().to_path_buf();
+    std::fs::write(tmp.join("job.rhai"), rhai).unwrap();
+    std::fs::write(tmp.join("ns.sh"), script).unwrap();
+    let out = in_new_pid_namespace(sim, &tmp.join("ns.sh"))
+        .env("GPULOOP_BIN", bin())
+        .env("GPULOOP_SIGNAL_LOG", tmp.join("signals.log"))
+        .env("TMPD", &tmp)
+        .output()
+        .expect("unshare");
+    let all = format!(
+        "{}\n{}\ngpuloop: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(tmp.join("stderr")).unwrap_or_default()
+    );
+    assert!(out.status.success(), "{all}");
+    let fields = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Report { fields, all }
+}
+
+/// Shell functions for the scripts run by `in_pid_namespace`.
+const NS_HELPERS: &str = r#"
+set -u
+B="$GPULOOP_BIN"; T="$TMPD"
+await() { for _ in $(seq 6000); do [ -e "$1" ] && return 0; sleep 0.01; done; echo "no $1"; exit 3; }
+alive() { case "$(awk '{print $3}' /proc/$1/stat 2>/dev/null)" in S|R) echo 1;; *) echo 0;; esac; }
+pgid() { awk '{print $5}' /proc/$1/stat; }
+signals() { cat "$GPULOOP_SIGNAL_LOG" 2>/dev/null | wc -l; }
+"#;
+
+/// Audit defect 1: `job.kill()` on a finished job took every process whose process group had
+/// the job leader's pid as its id. Once the group is empty, that id is anyone's: here an
+/// unrelated session takes the reaped leader's pid, makes a group of it, leaves a daemon in it
+/// and exits; the kill signalled that daemon. A finished job's group members are taken only
+/// by identity now (seen below the job, or forked by what was).
+#[test]
+fn a_finished_jobs_kill_signals_whoever_reused_its_group_id_never() {
+    if !pid_reuse_can_be_forced() {
+        return;
+    }
+    let sim = Sim::new("1x1G");
+    let rhai = r#"let t = ARGS[0];
+        let j = spawn("true", #{echo: false});
+        j.wait();
+        write_file(`${t}/leader`, `${j.pid}`);
+        if !until(60, || file_exists(`${t}/go`)) { throw "no go"; }
+        j.kill();
+        write_file(`${t}/killed`, "");
+        if !until(60, || file_exists(`${t}/end`)) { throw "no end"; }"#;
+    let script = format!(
+        r#"{NS_HELPERS}
+"$B" run "$T/job.rhai" -- "$T" 2> "$T/stderr" &
+g=$!
+await "$T/leader"; l=$(cat "$T/leader")
+echo $((l-1)) > /proc/sys/kernel/ns_last_pid
+setsid sh -c 'echo $$ > "$1"; sleep 1000 & echo $! > "$2"; exit 0' sh "$T/reuser" "$T/victim" </dev/null
+v=$(cat "$T/victim")
+reused=0; [ "$(cat "$T/reuser")" = "$l" ] && [ "$(pgid $v)" = "$l" ] && reused=1
+touch "$T/go"; await "$T/killed"
+after_kill=$(alive $v)
+touch "$T/end"; wait $g; code=$?
+echo "reused=$reused after_kill=$after_kill after_exit=$(alive $v) code=$code signals=$(signals)"
+"#
+    );
+    let r = in_pid_namespace(&sim, rhai, &script);
+    let all = &r.all;
+    assert_eq!(r.field("reused"), "1", "the group id was not reused: {all}");
+    assert_eq!(r.field("code"), "0", "{all}");
+    assert_eq!(
+        r.field("after_kill"),
+        "1",
+        "job.kill() signalled the group id's new owner: {all}"
+    );
+    assert_eq!(r.field("after_exit"), "1", "the script's end did: {all}");
+    assert_eq!(r.field("signals"), "0", "{all}");
+}
+
+/// Audit defect 3: the guard killed the members of any group with a finished job's id that
+/// started after the job's leader, and gpuloop tells it a group is gone only on the tick after
+/// the group empties. Here the job's last member ends, gpuloop reaps it, a process of the same
+/// session takes the leader's pid for a group of its own, and gpuloop is SIGKILLed before that
+/// tick: the guard killed the new group. gpuloop now says when a leader exits (before reaping
+/// it), and from then on the guard takes that group's members only by identity.
+#[test]
+fn the_guard_kills_whoever_reused_a_finished_jobs_group_id_never() {
+    if !pid_reuse_can_be_forced() {
+        return;
+    }
+    let sim = Sim::new("1x1G");
+    let rhai = r#"let t = ARGS[0];
+        let j = spawn(`(until [ -e ${t}/end ]; do sleep 0.01; done) & echo $! > ${t}/m; mv ${t}/m ${t}/member`,
+                      #{keep_children: true, echo: false});
+        write_file(`${t}/leader`, `${j.pid}`);
+        sleep(600);"#;
+    let script = format!(
+        r#"{NS_HELPERS}
+"$B" run "$T/job.rhai" -- "$T" 2> "$T/stderr" &
+g=$!
+await "$T/leader"; await "$T/member"; l=$(cat "$T/leader"); m=$(cat "$T/member")
+guard=$(grep -l -a -- __guard /proc/[0-9]*/cmdline | cut -d/ -f3)
+# The member ends and gpuloop reaps it: the group is empty, its id free.
+touch "$T/end"
+while [ -e /proc/$m ]; do :; done
+echo $((l-1)) > /proc/sys/kernel/ns_last_pid
+set -m; sleep 1000 & v=$!; set +m
+reused=0; [ "$v" = "$l" ] && [ "$(pgid $v)" = "$l" ] && reused=1
+kill -KILL $g
+for _ in $(seq 6000); do [ "$(alive $guard)" = 0 ] && break; sleep 0.01; done
+echo "reused=$reused guard_gone=$([ "$(alive $guard)" = 0 ] && echo 1) alive=$(alive $v) signals=$(signals)"
+"#
+    );
+    let r = in_pid_namespace(&sim, rhai, &script);
+    let all = &r.all;
+    assert_eq!(r.field("reused"), "1", "the group id was not reused: {all}");
+    assert_eq!(r.field("guard_gone"), "1", "{all}");
+    assert_eq!(
+        r.field("alive"),
+        "1",
+        "the guard killed the group id's new owner: {all}"
+    );
+    assert_eq!(r.field("signals"), "0", "{all}");
+}

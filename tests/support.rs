@@ -177,6 +177,40 @@ impl Sim {
     }
 }
 
+/// `unshare --pid --fork --mount-proc bash SCRIPT` with the simulator's environment: the script
+/// is pid 1 of a PID namespace of its own, where writing `ns_last_pid` forces a pid's reuse.
+pub fn in_new_pid_namespace(sim: &Sim, script: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "bash"])
+        .arg(script);
+    for (k, v) in sim.std_cmd().get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
+/// True if the tests may make a PID namespace and set its next pid (root, or a container that
+/// allows it); where they may not, says that the calling test is skipped.
+pub fn pid_reuse_can_be_forced() -> bool {
+    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let can = *CAN.get_or_init(|| {
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "sh", "-c"])
+            .arg("echo 100 > /proc/sys/kernel/ns_last_pid")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !can {
+        eprintln!("skipped: no PID namespace of our own here (unshare --pid, ns_last_pid)");
+    }
+    can
+}
+
 /// True if the process exists and is not a zombie.
 pub fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

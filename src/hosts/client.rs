@@ -71,6 +71,9 @@ pub struct Conn {
     /// does not wait for this agent.
     hung: AtomicBool,
     child: Mutex<Option<tokio::process::Child>>,
+    /// The transport is one of gpuloop's own helpers under this identity: the runner never
+    /// takes it for a local job's orphan.
+    helper: Option<crate::process::Identity>,
     /// The runtime (of `Pool::shards`) its reader, writer and calls run on.
     shard: usize,
 }
@@ -318,8 +321,7 @@ impl Drop for Pool {
     /// Closes every agent's stdin (it then stops its jobs and exits) and waits, bounded,
     /// for them to be gone, so nothing started there outlives this session.
     fn drop(&mut self) {
-        let mut children: Vec<Vec<tokio::process::Child>> =
-            self.shards.iter().map(|_| Vec::new()).collect();
+        let mut children: Vec<Vec<_>> = self.shards.iter().map(|_| Vec::new()).collect();
         for (_, slot) in &self.slots {
             if let Slot::Remote(Ok(c)) = slot {
                 lock(&c.writer).take();
@@ -329,7 +331,7 @@ impl Drop for Pool {
                         // agent stops its jobs when it reads again and finds the end).
                         let _ = child.start_kill();
                     }
-                    children[c.shard].push(child);
+                    children[c.shard].push((child, c.helper));
                 }
             }
         }
@@ -343,9 +345,13 @@ impl Drop for Pool {
             .map(|(rt, children)| {
                 rt.spawn(async move {
                     let deadline = tokio::time::Instant::from_std(deadline);
-                    for mut c in children {
-                        if tokio::time::timeout_at(deadline, c.wait()).await.is_err() {
-                            let _ = c.start_kill();
+                    for (mut c, helper) in children {
+                        match tokio::time::timeout_at(deadline, c.wait()).await {
+                            // Reaped: its identity names nothing any more.
+                            Ok(_) => crate::process::helpers::forget(helper),
+                            Err(_) => {
+                                let _ = c.start_kill();
+                            }
                         }
                     }
                 })
@@ -566,10 +572,15 @@ async fn connect(
         .kill_on_drop(true)
         // A Ctrl-C at the terminal is gpuloop's to handle; it must not cut every link.
         .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| HostError::Connect {
-        host: host.to_string(),
-        why: format!("cannot start {}: {e}", launch.program),
-    })?;
+    // A child in a group of its own: registered as gpuloop's own before anything can see it,
+    // or the runner would stop it as a local job's orphan.
+    let (mut child, helper) =
+        crate::process::helpers::start(|| cmd.spawn(), |c| c.id()).map_err(|e| {
+            HostError::Connect {
+                host: host.to_string(),
+                why: format!("cannot start {}: {e}", launch.program),
+            }
+        })?;
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
@@ -669,6 +680,7 @@ async fn connect(
         answer_within,
         hung: AtomicBool::new(false),
         child: Mutex::new(Some(child)),
+        helper,
         shard,
     })
 }

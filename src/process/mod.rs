@@ -1,5 +1,6 @@
 //! Processes as /proc shows them: stat fields, identity `(pid, start, pidfs inode)`, users, command lines.
 
+pub mod helpers;
 pub mod identity;
 pub mod kill;
 pub mod origin;
@@ -63,6 +64,23 @@ impl ProcInfo {
     /// A kernel thread (kthreadd and its children): never signalled.
     pub fn is_kernel_thread(&self) -> bool {
         self.flags & PF_KTHREAD != 0
+    }
+}
+
+#[cfg(test)]
+impl ProcInfo {
+    /// A sleeping process named `p<pid>`, for tests of what is decided on a process table.
+    pub fn sleeping(pid: i32, ppid: i32, pgid: i32, sid: i32, start: u64) -> ProcInfo {
+        ProcInfo {
+            pid,
+            flags: 0,
+            comm: format!("p{pid}"),
+            state: 'S',
+            ppid,
+            pgid,
+            sid,
+            start,
+        }
     }
 }
 

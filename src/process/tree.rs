@@ -58,6 +58,18 @@ impl Tree {
         out
     }
 
+    /// `pid`, then its parent, its parent's parent, … as far as this snapshot goes.
+    pub fn ancestry(&self, pid: i32) -> impl Iterator<Item = &ProcInfo> {
+        let mut next = self.get(pid);
+        // A snapshot read while pids were reused may hold a loop.
+        let mut seen = HashSet::new();
+        std::iter::from_fn(move || {
+            let p = next.filter(|p| seen.insert(p.pid))?;
+            next = self.get(p.ppid);
+            Some(p)
+        })
+    }
+
     /// The members of `pid`'s process group when `pid` leads it: the group is then `pid`'s own
     /// job, and what it double-forked or setsid'd away from its tree still carries its pgid.
     /// A group led by anyone else is never taken, not even when its leader is gone: a dead
@@ -104,16 +116,7 @@ mod tests {
     use super::*;
 
     fn p(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcInfo {
-        ProcInfo {
-            pid,
-            flags: 0,
-            comm: format!("p{pid}"),
-            state: 'S',
-            ppid,
-            pgid,
-            sid,
-            start: pid as u64,
-        }
+        ProcInfo::sleeping(pid, ppid, pgid, sid, pid as u64)
     }
 
     #[test]
@@ -132,6 +135,9 @@ mod tests {
             p(32, 1, 30, 5),
         ]);
         assert_eq!(t.descendants(10), vec![11, 12, 13]);
+        let up: Vec<i32> = t.ancestry(13).map(|p| p.pid).collect();
+        assert_eq!(up, vec![13, 12, 10, 1]);
+        assert_eq!(t.ancestry(99).count(), 0);
         assert_eq!(t.job_group(10), vec![11, 12, 13]);
         // 11's group is led by 10, alive: not 11's own job.
         assert!(t.job_group(11).is_empty());

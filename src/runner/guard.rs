@@ -3,11 +3,14 @@
 //!
 //! gpuloop starts it (`gpuloop __guard`, in a process group of its own) with the first job
 //! and tells it, over its stdin, each job's process group (`g PID START`, before the job
-//! runs its command), each process seen below a job (`p PID START`), and each finished
-//! job's group once it is empty (`f PID START`: its id may be reused from then on). When gpuloop ends normally it has stopped its jobs and
-//! says `bye`; when the pipe closes without that, gpuloop died, and the guard SIGKILLs
-//! those processes (by identity, through the kill engine) and their descendants.
+//! runs its command), each process seen below a job (`p PID START`), each leader that has
+//! exited, before gpuloop reaps it (`x PID START`: every process then in its group has been
+//! told by identity), and each finished job's group once it is empty (`f PID START`). When
+//! gpuloop ends normally it has stopped its jobs and says `bye`; when the pipe closes without
+//! that, gpuloop died, and the guard SIGKILLs those processes (by identity, through the kill
+//! engine) and their descendants.
 
+use crate::process::helpers;
 use crate::process::kill::{self, KillOpts, OnInterrupt, Target};
 use crate::process::Identity;
 use nix::sys::signal::Signal;
@@ -16,7 +19,7 @@ use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -24,13 +27,13 @@ use std::time::Duration;
 pub const SUBCOMMAND: &str = "__guard";
 
 static EXE: OnceLock<PathBuf> = OnceLock::new();
-/// The pid of this gpuloop's guard (0 before it starts).
-static GUARD_PID: AtomicI32 = AtomicI32::new(0);
 static CONN: Mutex<Option<Conn>> = Mutex::new(None);
 
 struct Conn {
     stdin: ChildStdin,
     child: Child,
+    /// It is one of gpuloop's own helpers (no job's orphan) under this identity.
+    helper: Option<crate::process::Identity>,
 }
 
 /// Lets jobs be guarded by starting `exe __guard` (the gpuloop binary calls this; library
@@ -50,17 +53,25 @@ fn send(line: &str) {
     };
     let mut conn = CONN.lock().unwrap_or_else(|e| e.into_inner());
     if conn.is_none() {
-        let started = Command::new(exe)
-            .arg(SUBCOMMAND)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .process_group(0)
-            .spawn();
+        let started = helpers::start(
+            || {
+                Command::new(exe)
+                    .arg(SUBCOMMAND)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .process_group(0)
+                    .spawn()
+            },
+            |child| Some(child.id()),
+        );
         match started {
-            Ok(mut child) => {
-                GUARD_PID.store(child.id() as i32, Ordering::Relaxed);
+            Ok((mut child, helper)) => {
                 if let Some(stdin) = child.stdin.take() {
-                    *conn = Some(Conn { stdin, child });
+                    *conn = Some(Conn {
+                        stdin,
+                        child,
+                        helper,
+                    });
                 }
             }
             Err(e) => {
@@ -75,15 +86,16 @@ fn send(line: &str) {
     }
 }
 
-/// True if `pid` is this gpuloop's own guard: a child in a group of its own, but no orphan
-/// of any job.
-pub fn is_guard(pid: i32) -> bool {
-    pid > 0 && GUARD_PID.load(Ordering::Relaxed) == pid
-}
-
 /// A job's process group, led by `leader`.
 pub fn tell_group(leader: Identity) {
     send(&format!("g {} {}", leader.pid, leader.start));
+}
+
+/// A job's leader has exited and is about to be reaped, which may free its group's id: the
+/// processes the group has now were told by identity, and from now on its members are known
+/// only that way.
+pub fn leader_exited(leader: Identity) {
+    send(&format!("x {} {}", leader.pid, leader.start));
 }
 
 /// A finished job's group that has no member left: from now on its id may be taken by
@@ -118,12 +130,17 @@ impl Drop for Goodbye {
         if let Some(Conn {
             mut stdin,
             mut child,
+            helper,
         }) = conn.take()
         {
             let _ = writeln!(stdin, "bye").and_then(|()| stdin.flush());
             drop(stdin);
             let deadline = std::time::Instant::now() + GUARD_EXIT_WAIT;
-            while matches!(child.try_wait(), Ok(None)) {
+            loop {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    helpers::forget(helper);
+                    break;
+                }
                 if std::time::Instant::now() >= deadline {
                     tracing::warn!(
                         "the guard process {} did not leave after goodbye",
@@ -141,6 +158,8 @@ impl Drop for Goodbye {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Watch {
     pub groups: Vec<Identity>,
+    /// The guarded groups whose leader gpuloop saw exit, before it reaped it.
+    pub exited: HashSet<Identity>,
     pub members: HashSet<Identity>,
     /// gpuloop said goodbye: nothing to do.
     pub bye: bool,
@@ -164,7 +183,13 @@ impl Watch {
                     break;
                 }
                 (Some("g"), Some(id)) => w.groups.push(id),
-                (Some("f"), Some(id)) => w.groups.retain(|g| *g != id),
+                (Some("x"), Some(id)) => {
+                    w.exited.insert(id);
+                }
+                (Some("f"), Some(id)) => {
+                    w.groups.retain(|g| *g != id);
+                    w.exited.remove(&id);
+                }
                 (Some("p"), Some(id)) => {
                     w.members.insert(id);
                 }
@@ -174,18 +199,36 @@ impl Watch {
         w
     }
 
-    /// The live processes it guards: members by identity, and members of a guarded group
-    /// that started no earlier than its leader (a group id is a pid, and pids are reused).
-    pub fn targets(&self, table: &[crate::process::ProcInfo]) -> Vec<Target> {
+    /// The live processes it guards: leaders and members by identity, and the members of a
+    /// guarded group whose leader gpuloop never saw exit. `session` is the guard's own, which
+    /// is gpuloop's and every job group's (a leader gets a group of its own, not a session).
+    pub fn targets(&self, table: &[crate::process::ProcInfo], session: Option<i32>) -> Vec<Target> {
+        // A group id is a pid: free for anyone once the leader is reaped and the group is empty. A
+        // later start than the leader's cannot tell a reuse apart (a reuser always starts later),
+        // and gpuloop sees a group empty only on its next tick: killed in between, it left the
+        // guard a group id that may be someone else's by now. So a member is taken by its group
+        // only if the leader still held the id when gpuloop died: gpuloop says `x` before it reaps
+        // a leader, having told every member the group then had by identity, and what those fork
+        // later is taken with them, as their descendants. A leader that outlived gpuloop dies by
+        // PDEATHSIG and is reaped by init (or a subreaper above gpuloop), so its group's id can be
+        // reused only in the moments between gpuloop's death and the guard's look, and then only by
+        // a process of the jobs' own session: a member must be in it, and a group made by `setsid`
+        // is not. (A leader whose exec failed is reaped inside `Command::spawn`, before gpuloop can
+        // say `x`, and forgotten with `f` right after: the same narrow window, for a group that
+        // never ran anything.)
+        let by_group = |p: &crate::process::ProcInfo| {
+            Some(p.sid) == session
+                && self
+                    .groups
+                    .iter()
+                    .any(|g| g.pid == p.pgid && p.start >= g.start && !self.exited.contains(g))
+        };
         table
             .iter()
             .filter(|p| !p.is_zombie() && p.pid > 1)
             .filter(|p| {
-                self.members.contains(&p.identity())
-                    || self
-                        .groups
-                        .iter()
-                        .any(|g| g.pid == p.pgid && p.start >= g.start)
+                let id = p.identity();
+                self.members.contains(&id) || self.groups.contains(&id) || by_group(p)
             })
             .map(|p| Target::Exact(p.identity()))
             .collect()
@@ -215,9 +258,12 @@ pub fn main() -> i32 {
         ..KillOpts::default()
     };
     let never = AtomicBool::new(false);
+    let session = crate::process::read_stat(std::process::id() as i32)
+        .ok()
+        .map(|p| p.sid);
     // More rounds catch what forked while the first was being killed.
     for _ in 0..3 {
-        let targets = watch.targets(&crate::process::process_table());
+        let targets = watch.targets(&crate::process::process_table(), session);
         if targets.is_empty() {
             break;
         }
@@ -237,17 +283,13 @@ mod tests {
     use super::*;
     use crate::process::ProcInfo;
 
+    /// A process of the jobs' session, 5.
     fn p(pid: i32, pgid: i32, start: u64) -> ProcInfo {
-        ProcInfo {
-            pid,
-            flags: 0,
-            comm: format!("p{pid}"),
-            state: 'S',
-            ppid: 1,
-            pgid,
-            sid: pgid,
-            start,
-        }
+        ProcInfo::sleeping(pid, 1, pgid, 5, start)
+    }
+
+    fn pids(w: &Watch, table: &[ProcInfo]) -> Vec<i32> {
+        w.targets(table, Some(5)).iter().map(Target::pid).collect()
     }
 
     #[test]
@@ -256,12 +298,13 @@ mod tests {
         assert_eq!(w.groups, vec![Identity::new(10, 100)]);
         assert!(w.members.contains(&Identity::new(12, 105)));
         assert!(!w.bye);
-        let w = Watch::read("g 10 100\ng 20 200\nf 10 100\nf 20 7\n".as_bytes());
+        let w = Watch::read("g 10 100\ng 20 200\nx 20 200\nf 10 100\nf 20 7\n".as_bytes());
         assert_eq!(
             w.groups,
             vec![Identity::new(20, 200)],
             "only the very group is forgotten"
         );
+        assert!(w.exited.contains(&Identity::new(20, 200)));
         let w = Watch::read("g 10 100\nbye\ng 11 1\n".as_bytes());
         assert!(w.bye);
         assert_eq!(w.groups.len(), 1);
@@ -279,7 +322,31 @@ mod tests {
             p(31, 31, 300),
             p(40, 40, 999),
         ];
-        let pids: Vec<i32> = w.targets(&table).iter().map(Target::pid).collect();
-        assert_eq!(pids, vec![11, 30]);
+        assert_eq!(pids(&w, &table), vec![11, 30]);
+    }
+
+    /// Audit defect 3: a finished job's group emptied, another process took the leader's pid
+    /// and made a group of it, and gpuloop was SIGKILLed before its next tick forgot the
+    /// group: the guard killed the new group (its members started after the leader).
+    #[test]
+    fn the_guard_kills_whoever_reused_a_finished_jobs_group_id_never() {
+        // gpuloop saw leader 10 exit after telling its member 11; 11 forked 12, which the
+        // kill engine takes as 11's descendant. 13 and 14 are in a group that reused the
+        // id, in the jobs' session and in one of its own (setsid).
+        let w = Watch::read("g 10 100\np 11 101\nx 10 100\n".as_bytes());
+        let mut other_session = p(14, 10, 301);
+        other_session.sid = 14;
+        let table = vec![
+            p(11, 10, 101),
+            p(12, 10, 150),
+            p(13, 10, 300),
+            other_session.clone(),
+        ];
+        assert_eq!(pids(&w, &table), vec![11]);
+        // A leader that died with gpuloop: its group's members are the job's (the leader
+        // held the id), the leader too, but not a group of that id in another session.
+        let w = Watch::read("g 10 100\n".as_bytes());
+        let table = vec![p(10, 10, 100), p(12, 10, 150), other_session];
+        assert_eq!(pids(&w, &table), vec![10, 12]);
     }
 }

@@ -7,7 +7,7 @@ use super::{name_of, Cmd, JobOpts, Outcome, RunError};
 use crate::process::Identity;
 use nix::sys::signal::Signal;
 use rustix::event::{poll, PollFd, PollFlags};
-use rustix::process::{pidfd_open, Pid, PidfdFlags};
+use rustix::process::{pidfd_open, waitid, Pid, PidfdFlags, WaitId, WaitIdOptions};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -285,6 +285,7 @@ impl Job {
 /// Kills and reaps a job whose threads could not start (its `Child` handle is gone).
 fn abandon(id: Identity, protected: &[String]) {
     supervise::stop_tree(Some(id), Signal::SIGKILL, Duration::ZERO, protected);
+    supervise::exiting(id);
     if let Some(pid) = Pid::from_raw(id.pid) {
         let end = Instant::now() + AFTER_KILL;
         while Instant::now() < end {
@@ -294,7 +295,7 @@ fn abandon(id: Identity, protected: &[String]) {
             }
         }
     }
-    supervise::finished(id.pid);
+    supervise::finished(id);
 }
 
 /// A pipe end the readers can poll and read.
@@ -392,7 +393,7 @@ struct Monitor {
 impl Monitor {
     fn run(self, mut child: Child) {
         let deadline = self.timeout.map(|t| self.started + t);
-        if !self.wait_exit(&mut child, deadline) {
+        if !self.wait_exit(deadline) {
             self.shared.lock().timed_out = true;
             {
                 let _one = self
@@ -403,14 +404,15 @@ impl Monitor {
                 supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace, &self.protected);
             }
             // A main process that survives SIGKILL is stuck in the kernel: keep watching.
-            while !self.wait_exit(&mut child, Some(Instant::now() + AFTER_KILL)) {
+            while !self.wait_exit(Some(Instant::now() + AFTER_KILL)) {
                 tracing::warn!("job pid {} still exists after SIGKILL", self.id.pid);
             }
         }
+        supervise::exiting(self.id);
         let status = child.wait();
         let elapsed = self.started.elapsed();
         self.shared.lock().exited = true;
-        supervise::finished(self.id.pid);
+        supervise::finished(self.id);
         // What the job left running (background children, daemons it forked) would outlive
         // the result and pile up across re-runs, holding GPUs: stop it, unless kept.
         let leftovers = if self.keep_children {
@@ -471,8 +473,9 @@ impl Monitor {
         self.shared.changed.notify_all();
     }
 
-    /// True once the main process exited; false when `deadline` passed first.
-    fn wait_exit(&self, child: &mut Child, deadline: Option<Instant>) -> bool {
+    /// True once the main process exited (it is left unreaped, a zombie that keeps its pid
+    /// and its group's id); false when `deadline` passed first.
+    fn wait_exit(&self, deadline: Option<Instant>) -> bool {
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) {
@@ -493,7 +496,18 @@ impl Monitor {
                 }
                 // Kernels without pidfds: look every 20 ms.
                 None => {
-                    if !matches!(child.try_wait(), Ok(None)) {
+                    let exited = Pid::from_raw(self.id.pid).is_none_or(|p| {
+                        !matches!(
+                            waitid(
+                                WaitId::Pid(p),
+                                WaitIdOptions::EXITED
+                                    | WaitIdOptions::NOHANG
+                                    | WaitIdOptions::NOWAIT
+                            ),
+                            Ok(None)
+                        )
+                    });
+                    if exited {
                         return true;
                     }
                     std::thread::sleep(left.map_or(Duration::from_millis(20), |l| {

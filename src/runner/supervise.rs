@@ -13,6 +13,7 @@
 //! pipe to it closes without a goodbye.
 
 use super::guard;
+use crate::process::helpers;
 use crate::process::kill::{self, KillOpts, OnInterrupt, Target};
 use crate::process::tree::Tree;
 use crate::process::{Identity, ProcInfo};
@@ -40,10 +41,12 @@ const ROUNDS: usize = 5;
 struct State {
     /// Jobs whose leader has not been reaped yet.
     live: Vec<Live>,
-    /// Every job's process group (the leader's pid): members are the job's, even orphaned.
+    /// Every job's process group id (its leader's pid), to tell one job's processes from
+    /// another's.
     pgids: HashSet<i32>,
-    /// Every descendant ever seen below a job, and the job (leader pid) it was seen under.
-    seen: HashMap<Identity, i32>,
+    /// Every process ever seen below a finished job (in its tree or its group), and the job
+    /// (its leader) it was seen under.
+    seen: HashMap<Identity, Identity>,
     /// What the guard was told.
     told: HashSet<Identity>,
     /// The jobs' groups the guard watches: each is forgotten once its leader is done and
@@ -52,7 +55,7 @@ struct State {
 }
 
 struct Live {
-    pid: i32,
+    id: Identity,
     /// The job's grace, used when the script ends with the job still running.
     grace: Duration,
     lineage: HashSet<Identity>,
@@ -261,7 +264,7 @@ fn register(st: &mut State, pid: i32, grace: Duration) -> Identity {
     let id = Identity::new(pid, crate::process::read_stat(pid).map_or(0, |p| p.start));
     st.pgids.insert(pid);
     st.live.push(Live {
-        pid,
+        id,
         grace,
         lineage: HashSet::new(),
     });
@@ -273,19 +276,41 @@ fn register(st: &mut State, pid: i32, grace: Duration) -> Identity {
 /// A leader whose exec failed.
 fn unregister(st: &mut State, id: Identity) {
     st.pgids.remove(&id.pid);
-    st.live.retain(|l| l.pid != id.pid);
+    st.live.retain(|l| l.id != id);
     st.groups.retain(|g| *g != id);
     guard::forget_group(id);
 }
 
-/// The leader was reaped: its lineage stays known, it is no longer live.
-pub fn finished(pid: i32) {
+/// The leader has exited and is about to be reaped: a last look at its tree and group while
+/// its pid, a zombie's now, still holds the group's id, so that every member the job has is
+/// known by identity (here and to the guard) before that id may go to anyone else.
+pub fn exiting(leader: Identity) {
+    let tree = Tree::snapshot();
     let mut st = state();
-    if let Some(i) = st.live.iter().position(|l| l.pid == pid) {
+    observe(&tree, &mut st);
+    if st.groups.contains(&leader) {
+        guard::leader_exited(leader);
+    }
+}
+
+/// The leader was reaped: its lineage stays known, it is no longer live.
+pub fn finished(leader: Identity) {
+    let mut st = state();
+    if let Some(i) = st.live.iter().position(|l| l.id == leader) {
         let live = st.live.swap_remove(i);
-        st.seen.extend(live.lineage.into_iter().map(|id| (id, pid)));
+        st.seen
+            .extend(live.lineage.into_iter().map(|id| (id, leader)));
     }
     CHANGED.notify_all();
+}
+
+/// True if `id` was seen below the job led by `leader` (live or finished).
+fn known(st: &State, leader: Identity, id: Identity) -> bool {
+    st.seen.get(&id) == Some(&leader)
+        || st
+            .live
+            .iter()
+            .any(|l| l.id == leader && l.lineage.contains(&id))
 }
 
 /// Who gpuloop is, for telling its own children from adopted ones.
@@ -301,14 +326,14 @@ fn me() -> Me {
 }
 
 /// A child of gpuloop that came from a job: gpuloop's own helpers stay in its process group
-/// (but for the guard, in a group of its own and known by pid), and its jobs' leaders are
-/// registered; any other child was reparented to gpuloop, the subreaper, from a job (a
+/// (but for the guard and the hosts' transports, in groups of their own and registered by
+/// identity, `process::helpers`), and its jobs' leaders are registered; any other child was reparented to gpuloop, the subreaper, from a job (a
 /// launcher in a group of its own that outlived a quick job is one).
 fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
     p.ppid == me.pid
         && p.pgid != me.pgid
-        && !guard::is_guard(p.pid)
-        && !st.live.iter().any(|l| l.pid == p.pid)
+        && !helpers::is_helper(p)
+        && !st.live.iter().any(|l| l.id.pid == p.pid)
 }
 
 /// Records the processes below each live job, so orphans can later be told apart by job;
@@ -316,10 +341,17 @@ fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
 fn observe(tree: &Tree, st: &mut State) {
     let mut new = Vec::new();
     for live in &mut st.live {
+        // A leader reaped a moment ago (not yet `finished`) has left its pid to anyone.
+        if tree
+            .get(live.id.pid)
+            .is_none_or(|p| p.start != live.id.start)
+        {
+            continue;
+        }
         let below = tree
-            .descendants(live.pid)
+            .descendants(live.id.pid)
             .into_iter()
-            .chain(tree.job_group(live.pid));
+            .chain(tree.job_group(live.id.pid));
         for pid in below {
             if let Some(p) = tree.get(pid) {
                 if live.lineage.insert(p.identity()) {
@@ -328,7 +360,7 @@ fn observe(tree: &Tree, st: &mut State) {
             }
         }
     }
-    let done = |g: &Identity| !st.live.iter().any(|l| l.pid == g.pid) && !tree.group_exists(g.pid);
+    let done = |g: &Identity| !st.live.iter().any(|l| l.id == *g) && !tree.group_exists(g.pid);
     let (gone, kept): (Vec<Identity>, Vec<Identity>) = st.groups.iter().partition(|g| done(g));
     st.groups = kept;
     for g in gone {
@@ -347,8 +379,9 @@ fn observe(tree: &Tree, st: &mut State) {
     }
 }
 
-/// The live processes of a job's tree: the leader, its descendants, its process group, and
-/// the adopted orphans that belong to no other job (`None`: every job and every orphan,
+/// The live processes of a job's tree: the leader, its descendants, its process group (once
+/// the leader is reaped, only the members known to be the job's), and the adopted orphans
+/// that belong to no other job (`None`: every job and every orphan,
 /// at script end). The kill engine adds the targets' descendants.
 fn targets(table: &[ProcInfo], root: Option<Identity>, me: &Me, st: &State) -> Vec<Target> {
     let tree = Tree::new(table.to_vec());
@@ -358,24 +391,32 @@ fn targets(table: &[ProcInfo], root: Option<Identity>, me: &Me, st: &State) -> V
             let other_live = st
                 .live
                 .iter()
-                .filter(|l| l.pid != r.pid)
+                .filter(|l| l.id != r)
                 .any(|l| l.lineage.contains(&p.identity()));
-            let other_done = st.seen.get(&p.identity()).is_some_and(|&j| j != r.pid);
+            let other_done = st.seen.get(&p.identity()).is_some_and(|&j| j != r);
             other_group || other_live || other_done
         })
     };
     let mut pids: Vec<i32> = Vec::new();
     match root {
-        // A reaped leader's pid may belong to another process by now; then its group is
-        // empty too (a pid is not reused while a group still carries it) and only orphans
-        // are left to find.
-        Some(r) if tree.get(r.pid).is_some_and(|p| p.start != r.start) => {}
-        Some(r) => {
+        // The leader is unreaped (a zombie too): its pid, and so its group's id, is its own.
+        Some(r) if tree.get(r.pid).is_some_and(|p| p.start == r.start) => {
             pids.push(r.pid);
             pids.extend(tree.descendants(r.pid));
             pids.extend(table.iter().filter(|p| p.pgid == r.pid).map(|p| p.pid));
         }
-        None => pids.extend(st.live.iter().map(|l| l.pid)),
+        // Reaped: once its group is empty the id is free, and anyone may make a group of it
+        // (take the pid, setsid, fork, exit), even before gpuloop sees the group empty. A
+        // process in a group of that id is the job's only by identity: seen below the job
+        // (up to the leader's exit, `exiting`), or forked by a process that was.
+        Some(r) => pids.extend(
+            table
+                .iter()
+                .filter(|p| p.pgid == r.pid)
+                .filter(|p| tree.ancestry(p.pid).any(|a| known(st, r, a.identity())))
+                .map(|p| p.pid),
+        ),
+        None => pids.extend(st.live.iter().map(|l| l.id.pid)),
     }
     pids.extend(
         table
@@ -453,8 +494,8 @@ fn current_targets(root: Option<Identity>, me: &Me) -> Vec<Target> {
 }
 
 /// The processes a job left running after its leader exited (`root` is the reaped leader):
-/// its process group, its recorded lineage, the orphans that belong to no other job, and
-/// everything below them. Nothing is signalled.
+/// the members of its process group known to be its own, the orphans that belong to no
+/// other job, and everything below them. Nothing is signalled.
 pub fn leftovers(root: Identity) -> Vec<i64> {
     let me = me();
     let targets = current_targets(Some(root), &me);
@@ -580,5 +621,59 @@ fn supervise_loop() {
         if zombie_child_exists() {
             reap_adopted();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: i32, ppid: i32, pgid: i32, start: u64) -> ProcInfo {
+        ProcInfo::sleeping(pid, ppid, pgid, pgid, start)
+    }
+
+    fn pids(targets: &[Target]) -> Vec<i32> {
+        let mut pids: Vec<i32> = targets.iter().map(Target::pid).collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// Audit defect 1, the decision: a finished job's group members are its own only by
+    /// identity, since the group's id is free once the group is empty.
+    #[test]
+    fn a_finished_jobs_kill_signals_whoever_reused_its_group_id_never() {
+        let me = Me {
+            pid: 1000,
+            pgid: 1000,
+        };
+        let leader = Identity::new(10, 100);
+        let mut st = State::default();
+        st.pgids.insert(10);
+        // Seen below the job: 12 stayed in its group (its parent, not gpuloop, outlived the
+        // leader), 14 left it with setsid.
+        st.seen.insert(Identity::new(12, 105), leader);
+        st.seen.insert(Identity::new(14, 106), leader);
+        let table = vec![
+            p(1, 0, 1, 1),
+            p(11, 1, 11, 90),
+            p(12, 11, 10, 105),
+            // Forked by 12 after the last look: the job's too.
+            p(13, 12, 10, 400),
+            p(14, 1, 14, 106),
+            p(15, 14, 10, 401),
+            // A group of the same id made by a process that took the leader's pid later:
+            // its child is left in it, and another process has pid 12 by now.
+            p(30, 1, 10, 300),
+        ];
+        let got = targets(&table, Some(leader), &me, &st);
+        assert_eq!(pids(&got), vec![12, 13, 15]);
+        let reused = vec![p(1, 0, 1, 1), p(12, 1, 10, 500), p(30, 12, 10, 501)];
+        assert!(targets(&reused, Some(leader), &me, &st).is_empty());
+        // The leader unreaped (a zombie too): its pid holds the group's id, so the whole
+        // group and the leader's tree are the job's.
+        let mut zombie = p(10, 1000, 10, 100);
+        zombie.state = 'Z';
+        let held = vec![zombie, p(20, 1, 10, 200), p(21, 20, 21, 201)];
+        assert_eq!(pids(&targets(&held, Some(leader), &me, &st)), vec![20]);
     }
 }
