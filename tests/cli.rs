@@ -245,3 +245,56 @@ fn help_lists_global_flags_apart_the_environment_and_a_man_page() {
         "{man}"
     );
 }
+
+/// Defect 1: the word after SCRIPT was parsed by gpuloop when it spelled one of its flags:
+/// `run a.rhai --json` gave the script no ARGS, `-v x` turned on gpuloop's logs, `--help`
+/// printed gpuloop's help, and `--host X` would have sent the script to another host.
+#[test]
+fn every_word_after_the_script_is_the_scripts_own() {
+    let sim = Sim::new("1x8G");
+    let p = sim.path().join("args.rhai");
+    std::fs::write(&p, "print(to_json(ARGS));").unwrap();
+    let script = p.to_str().unwrap();
+    for (args, want) in [
+        (&["--json"][..], r#"["--json"]"#),
+        (&["-v", "x"], r#"["-v","x"]"#),
+        (&["--help"], r#"["--help"]"#),
+        (&["--host", "elsewhere"], r#"["--host","elsewhere"]"#),
+        (&["--sim", "1x1G", "-h"], r#"["--sim","1x1G","-h"]"#),
+        // The older spelling: a `--` right after SCRIPT is dropped, a later one kept.
+        (&["--", "-v", "x"], r#"["-v","x"]"#),
+        (&["--", "--", "x"], r#"["--","x"]"#),
+        (&["x", "--", "y"], r#"["x","--","y"]"#),
+    ] {
+        let out = sim.run(&[&["run", script], args].concat()).ok();
+        assert_eq!(out.stdout.trim(), want, "{args:?}");
+        assert_eq!(out.stderr, "", "{args:?}: gpuloop took a flag");
+    }
+    // gpuloop's own flags still go before SCRIPT.
+    let out = sim.run(&["run", "-v", script, "q"]).ok();
+    assert_eq!(out.stdout.trim(), r#"["q"]"#);
+    assert!(out.stderr.contains("DEBUG"), "{}", out.stderr);
+    let out = sim.run(&["--json", "run", "--", script, "q"]).ok();
+    assert_eq!(
+        out.stderr.trim(),
+        r#"["q"]"#,
+        "print() goes to stderr under --json"
+    );
+    let out = sim.run(&["run", "--bogus", script]).code(2);
+    assert!(out.stderr.contains("'--bogus'"), "{}", out.stderr);
+    // A recipe's --help is the recipe's, and each documented spelling of its flags works.
+    let out = sim.run(&["run", "clean-node", "--help"]).ok();
+    assert!(
+        out.stdout
+            .starts_with("usage: gpuloop run clean-node [--gpus"),
+        "{}",
+        out.stdout
+    );
+    for args in [
+        &["run", "clean-node", "--gpus", "0", "--timeout", "1"][..],
+        &["run", "clean-node", "--", "--gpus", "0", "--timeout", "1"],
+    ] {
+        let out = sim.run(args).ok();
+        assert!(out.stdout.contains("clean in"), "{args:?}: {}", out.stdout);
+    }
+}

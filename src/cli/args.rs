@@ -7,7 +7,8 @@ use std::path::PathBuf;
 const GLOBAL: &str = "Global options";
 
 const AFTER_HELP: &str = "\
-Scripts: gpuloop run SCRIPT [-- ARGS…] (or a built-in recipe: gpuloop recipes); reference: gpuloop doc.
+Scripts: gpuloop [OPTIONS] run SCRIPT [ARGS…] (or a built-in recipe: gpuloop recipes): everything
+after SCRIPT is the script's ARGS, untouched (a first `--` is dropped); reference: gpuloop doc.
 
 Exit codes: 0 success; 1 runtime error, or clean/wait/diagnose finding a selected GPU not
 clean, or no driver; 2 usage or compile error; 130 interrupted.
@@ -68,13 +69,23 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
-    /// Run a Rhai script (`-` reads it from stdin); arguments after `--` are in ARGS.
+    /// Run a Rhai script (`-` reads it from stdin); everything after SCRIPT is in its ARGS.
+    ///
+    /// gpuloop's own options go before SCRIPT: after it, `--json`, `-v`, `--host X` or
+    /// `--help` are the script's arguments, never gpuloop's (a script must not run on other
+    /// hosts than the ones named before it). A `--` right after SCRIPT is accepted and dropped.
     Run {
-        /// A script file, `-` for stdin, or the name of a built-in recipe (gpuloop recipes).
-        script: String,
-        /// Arguments for the script, after `--`: the script's ARGS.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// SCRIPT (a file, `-` for stdin, or the name of a built-in recipe: gpuloop recipes),
+        /// then the script's arguments, verbatim: its ARGS.
+        // One positional, because clap matches a known flag even after a single-valued
+        // positional: only a trailing var arg takes every word after its first value as is.
+        #[arg(
+            required = true,
+            num_args = 1..,
+            trailing_var_arg = true,
+            value_names = ["SCRIPT", "ARGS"]
+        )]
+        argv: Vec<String>,
     },
     /// Evaluate code and print the value of its last expression.
     Eval {
@@ -87,7 +98,7 @@ pub enum Cmd {
         #[arg(required = true)]
         scripts: Vec<PathBuf>,
     },
-    /// List the recipes built into gpuloop (run one with `gpuloop run NAME -- ARGS…`).
+    /// List the recipes built into gpuloop (run one with `gpuloop run NAME ARGS…`).
     Recipes,
     /// Interactive Rhai prompt with every gpuloop function (:help lists them, :quit leaves).
     Repl,

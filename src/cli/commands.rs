@@ -24,7 +24,10 @@ use std::time::Duration;
 pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
     let s = &cfg.session;
     match &args.cmd {
-        Cmd::Run { script, args } => run_script(cfg, script, args),
+        Cmd::Run { argv } => match argv.split_first() {
+            Some((script, args)) => run_script(cfg, script, args),
+            None => Err(Error::Usage("run: give a SCRIPT".into())),
+        },
         Cmd::Eval { code } => eval(cfg, code),
         Cmd::Check { scripts } => check(cfg, scripts),
         Cmd::Man => {
@@ -628,6 +631,11 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
 }
 
 fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error> {
+    // `run SCRIPT -- ARGS…`, the older spelling, still works: that `--` is no argument.
+    let args = match args.split_first() {
+        Some((first, rest)) if first == "--" => rest,
+        _ => args,
+    };
     let (file, src, dir) = read_script(script)?;
     // Whatever the script started (run/spawn) is stopped when this goes out of scope.
     let _jobs = crate::runner::Supervisor::start(cfg.session.protected());

@@ -428,7 +428,7 @@ pub fn list() -> Vec<Tool> {
         tool::<RecipeArgs>(
             "run_recipe",
             "Run a ready recipe",
-            "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME -- \
+            "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME \
              ARGS` on this server's GPUs, and return its exit code and the end of its output. \
              Reports progress, can be cancelled (the recipe and what it started are stopped). \
              Needs the server's `--allow recipes`.",
