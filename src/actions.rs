@@ -742,10 +742,18 @@ fn local_kill_holders(
     on_terminal(s, |w| kill_holders_watched(s, sel, filter, opts, w))
 }
 
+/// How a skipped protected daemon's reason says what would stop it: the command line's flag
+/// (the one-shots, here or through an agent); MCP, which never stops one, replaces it.
+pub const FORCE_HINT: &str = "--force stops it";
+
 /// Stops every compute holder of the selection (narrowed by `filter`) here, each pinned by
 /// its identity; the report says which GPUs each held. A systemd unit's main process is left
 /// alone unless `force`: systemd would only restart it. With `force`, the protected daemons
-/// of the selection are stopped too (issue 11, item 2), never mere observers. With the
+/// of the selection are stopped too (issue 11, item 2), never mere observers. Without it,
+/// those that hold a GPU (driver-listed or mapping a node: what keeps memory used) are listed
+/// as skipped with the flag that stops them, so that `kill --gpu N` on a GPU only a daemon
+/// holds does not read as a success that signalled nobody; a daemon that only has the nodes
+/// open (nvidia-persistenced on every GPU node) holds nothing and is not news. With the
 /// caller's progress and stop flag.
 pub fn kill_holders_watched(
     s: &Session,
@@ -754,12 +762,30 @@ pub fn kill_holders_watched(
     opts: &KillOpts,
     w: &mut Watch,
 ) -> Result<KillReport, GpuError> {
-    let mut hs = local_holders(s, sel, opts.force, filter)?;
+    let mut hs = local_holders(s, sel, true, filter)?;
     hs.retain(|h| h.is_compute() || h.protected);
+    let (daemons, hs): (Vec<Holder>, Vec<Holder>) =
+        hs.into_iter().partition(|h| h.protected && !opts.force);
     let (units, hs): (Vec<Holder>, Vec<Holder>) = hs
         .into_iter()
         .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
     let mut report = kill_watched(s, &holder_targets(&hs), opts, w);
+    let holding = |h: &Holder| h.mem > 0 || h.evidence.iter().any(|e| e != "fd");
+    for h in daemons.into_iter().filter(holding) {
+        report.skipped.push(Skipped {
+            pid: h.pid,
+            reason: format!(
+                "{} is a protected GPU daemon ({} MiB on GPU {}): left alone; stop its service, or {FORCE_HINT}",
+                h.name,
+                h.mem_mib,
+                h.gpus
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        });
+    }
     for t in &mut report.targets {
         if let Some(h) = hs.iter().find(|h| h.pid == t.pid) {
             t.gpus.clone_from(&h.gpus);

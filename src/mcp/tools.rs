@@ -634,7 +634,10 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
         return Ok(
             match actions::kill_holders(ctx.session, &sel, &Filter::default(), &kill_opts) {
-                Ok(report) => Reply::ok(summary::kill(&report), json!(report)),
+                Ok(mut report) => {
+                    no_force_here(&mut report);
+                    Reply::ok(summary::kill(&report), json!(report))
+                }
                 Err(e) => Reply::failed(e),
             },
         );
@@ -652,10 +655,11 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
             show: &mut |m| progress.send(m),
         },
     );
-    let r = match r {
+    let mut r = match r {
         Ok(r) => r,
         Err(e) => return Ok(Reply::failed(e)),
     };
+    no_force_here(&mut r.kill);
     if r.outcome == WaitOutcome::Interrupted || ctx.stopped() {
         return Err(CallError::Cancelled {
             signalled: r.kill.signalled,
@@ -667,6 +671,16 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
         data: json!(r),
         failed: false,
     })
+}
+
+/// A protected daemon clean left alone: through MCP no flag stops it, so say so.
+fn no_force_here(r: &mut crate::process::kill::KillReport) {
+    for s in &mut r.skipped {
+        s.reason = s.reason.replace(
+            actions::FORCE_HINT,
+            "MCP never stops it (the person can, with --force)",
+        );
+    }
 }
 
 fn run(ctx: &Ctx, a: RunArgs) -> Result<Reply, CallError> {
