@@ -298,3 +298,46 @@ fn every_word_after_the_script_is_the_scripts_own() {
         assert!(out.stdout.contains("clean in"), "{args:?}: {}", out.stdout);
     }
 }
+
+/// Defect 2: `clean -h` interleaved the global --limit and host flags (--host, --transport,
+/// --jobid, …) with clean's own options; each command's own options come first, together.
+#[test]
+fn each_commands_own_options_are_listed_apart_from_the_global_ones() {
+    let sim = Sim::new("1x8G");
+    for (cmd, own) in [
+        ("clean", &["--gpu", "--user", "--timeout", "--force"][..]),
+        ("holders", &["--gpu", "--all"]),
+        ("run", &[]),
+    ] {
+        let help = sim.run(&[cmd, "-h"]).ok().stdout;
+        let (_, rest) = help.split_once("\nOptions:\n").expect("an Options heading");
+        // The command's own section ends at the next heading.
+        let section = rest.split("\n\n").next().unwrap_or_default();
+        for flag in own {
+            assert!(
+                section.contains(flag),
+                "{cmd}: {flag} not in its own options:\n{help}"
+            );
+        }
+        for global in [
+            "--limit",
+            "--host ",
+            "--hosts-file",
+            "--hosts-from-slurm",
+            "--transport",
+            "--jobid",
+            "--fanout",
+            "--sim",
+            "--json",
+        ] {
+            assert!(
+                !section.contains(global),
+                "{cmd}: the global {global} among its own options:\n{section}"
+            );
+        }
+        assert!(
+            help.contains("Global options:") && help.contains("Hosts (global options):"),
+            "{help}"
+        );
+    }
+}

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 /// The heading global flags are listed under, apart from each command's own.
 const GLOBAL: &str = "Global options";
+/// The heading of the global flags that name and reach several hosts.
+const HOSTS: &str = "Hosts (global options)";
 
 const AFTER_HELP: &str = "\
 Scripts: gpuloop [OPTIONS] run SCRIPT [ARGS…] (or a built-in recipe: gpuloop recipes): everything
@@ -59,7 +61,7 @@ pub struct Args {
     pub wide: bool,
     /// A resource limit for scripts, NAME=N (repeatable): array, string (bytes; K/M/G),
     /// map, calls, expr_depth, depth, memory (bytes; K/M/G). Also [limits] in config.toml.
-    #[arg(long = "limit", global = true, value_name = "NAME=N")]
+    #[arg(long = "limit", global = true, value_name = "NAME=N", help_heading = GLOBAL)]
     pub limits: Vec<String>,
     #[command(flatten)]
     pub hosts: HostFlags,
@@ -231,41 +233,41 @@ pub enum Cmd {
 pub struct HostFlags {
     /// Act on these hosts (repeatable): ssh destinations or aliases, hostlists like
     /// 'gpu[01-16],login1'; `local` is this machine without ssh.
-    #[arg(long = "host", global = true, value_name = "DEST")]
+    #[arg(long = "host", global = true, value_name = "DEST", help_heading = HOSTS)]
     pub hosts: Vec<String>,
     /// Hosts from a file: one destination or hostlist per line, `#` comments.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = HOSTS)]
     pub hosts_file: Vec<PathBuf>,
     /// Hosts from Slurm (repeatable): a job id (812, 812_3, 812+1) gives the job's nodes
     /// (`scontrol show job`), a node list ('gpu[01-16]') is expanded by `scontrol show
     /// hostnames`. Adds to --host and --hosts-file.
-    #[arg(long, global = true, value_name = "JOBID|NODELIST")]
+    #[arg(long, global = true, value_name = "JOBID|NODELIST", help_heading = HOSTS)]
     pub hosts_from_slurm: Vec<String>,
     /// How to reach the hosts: ssh (`ssh -o BatchMode=yes HOST gpuloop agent`), or srun (a
     /// step of a running job: `srun --overlap --jobid J -w NODE gpuloop agent`, where ssh to
     /// compute nodes is refused).
-    #[arg(long, global = true, value_name = "HOW", default_value = "ssh")]
+    #[arg(long, global = true, value_name = "HOW", default_value = "ssh", help_heading = HOSTS)]
     pub transport: TransportArg,
     /// The Slurm job --transport srun steps into, for nodes no --hosts-from-slurm JOBID
     /// listed (default: $SLURM_JOB_ID).
-    #[arg(long, global = true, value_name = "J")]
+    #[arg(long, global = true, value_name = "J", help_heading = HOSTS)]
     pub jobid: Option<String>,
     /// The gpuloop to run on the hosts (default: gpuloop on their PATH).
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH", help_heading = HOSTS)]
     pub remote_bin: Option<String>,
     /// ssh client config file, passed to ssh as -F FILE.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = HOSTS)]
     pub ssh_config: Option<PathBuf>,
     /// Connections opened in parallel (like pdsh -f).
-    #[arg(long, global = true, value_name = "N", default_value_t = crate::hosts::DEFAULT_FANOUT)]
+    #[arg(long, global = true, value_name = "N", default_value_t = crate::hosts::DEFAULT_FANOUT, help_heading = HOSTS)]
     pub fanout: usize,
     /// Go on without hosts that cannot be reached (they are reported).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = HOSTS)]
     pub skip_unreachable: bool,
     /// Seconds a host may take to answer: a call (beyond the time it asks for itself, like
     /// a wait's timeout) or the ping sent every 5 s while a long call runs. A host that
     /// hangs fails its part with a timeout error naming it; the others go on.
-    #[arg(long, global = true, value_name = "SECS", default_value_t = crate::hosts::DEFAULT_HOST_TIMEOUT.as_secs_f64())]
+    #[arg(long, global = true, value_name = "SECS", default_value_t = crate::hosts::DEFAULT_HOST_TIMEOUT.as_secs_f64(), help_heading = HOSTS)]
     pub host_timeout: f64,
 }
 
@@ -505,6 +507,19 @@ mod tests {
         let mut missing = Vec::new();
         undocumented(&Args::command(), "gpuloop", &mut missing);
         assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
+
+    /// Defect 2: `--limit` and the host flags were global without a heading, so every
+    /// command's help listed them among its own options.
+    #[test]
+    fn every_global_flag_has_a_heading_of_its_own() {
+        let cmd = Args::command();
+        let bare: Vec<&str> = cmd
+            .get_arguments()
+            .filter(|a| a.is_global_set() && a.get_help_heading().is_none())
+            .map(|a| a.get_id().as_str())
+            .collect();
+        assert!(bare.is_empty(), "global flags without a heading: {bare:?}");
     }
 
     #[test]
