@@ -482,10 +482,9 @@ fn local_diagnoses(
     Ok(ds)
 }
 
-/// The selection cut down to the GPUs that the filtered holders use.
+/// The selection cut down to the GPUs that the filtered holders use (diagnose --user/--job).
 fn narrowed(inv: &Inventory, sel: &Selection, filter: &Filter) -> Selection {
-    // An owner's processes share GPUs with others'; a job's GPUs are its own.
-    if filter.job.is_none() {
+    if filter.is_empty() {
         return sel.clone();
     }
     let mut gpus: Vec<i64> = inv
@@ -526,6 +525,26 @@ pub fn diagnoses_per_host(
     )?;
     name_parts(&mut parts, name_diagnosis);
     Ok(parts)
+}
+
+/// The GPUs of the selection that the holders `filter` picks hold now, on each host (`wait
+/// --user/--mine/--job`); `None` when they hold none.
+pub fn held_by(s: &Session, sel: &HostSel, filter: &Filter) -> Result<Option<HostSel>, GpuError> {
+    let mut at = std::collections::BTreeMap::new();
+    for (host, hs) in answered(s, holders_per_host(s, sel.clone(), false, filter)?)? {
+        let on = sel.on(&host).flatten();
+        let mut gpus: Vec<i64> = hs
+            .iter()
+            .flat_map(|h| h.gpus.iter().copied())
+            .filter(|g| crate::inspect::selected(&on, *g))
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        if !gpus.is_empty() {
+            at.insert(host, gpus);
+        }
+    }
+    Ok((!at.is_empty()).then_some(HostSel { every: None, at }))
 }
 
 pub fn diagnoses(s: &Session, sel: impl Into<HostSel>) -> Result<Vec<Diagnosis>, GpuError> {
@@ -1076,7 +1095,7 @@ fn local_clean(
 }
 
 /// clean here with the caller's progress and stop flag. With a filter, its holders are
-/// stopped and the GPUs they used verified.
+/// stopped; with a job, only the GPUs its holders used are verified.
 pub fn clean_watched(
     s: &Session,
     sel: &Selection,
@@ -1088,7 +1107,13 @@ pub fn clean_watched(
     if let Some(why) = s.backend()?.missing_driver() {
         return Err(GpuError::NoDriver(why.to_string()));
     }
-    let sel = &narrowed(&inventory(s, sel)?, sel, filter);
+    // clean --user stops that owner's holders and verifies the whole selection (an owner's
+    // processes share GPUs with others'); a job's GPUs are its own: only they are verified.
+    let job_only = Filter {
+        uid: None,
+        job: filter.job,
+    };
+    let sel = &narrowed(&inventory(s, sel)?, sel, &job_only);
     let kill = kill_holders_watched(s, sel, filter, kill_opts, w)?;
     let waited = std::time::Instant::now();
     let mut wait_opts = wait_opts.clone();

@@ -132,9 +132,8 @@ pub enum Cmd {
         /// Print nothing: only the exit code says whether every selected GPU is clean.
         #[arg(long)]
         check: bool,
-        /// Only the GPUs that this Slurm job's processes hold.
-        #[arg(long, value_name = "JOBID")]
-        job: Option<i64>,
+        #[command(flatten)]
+        held_by: HeldBy,
     },
     /// Stop the compute holders of the selected GPUs, or the given PIDs (TERM, grace, KILL).
     ///
@@ -168,9 +167,15 @@ pub enum Cmd {
         kill: KillFlags,
     },
     /// Wait until the selected GPUs are free, killing nothing (exit 1 if not clean in time).
+    ///
+    /// With --user, --mine or --job it waits for the GPUs those processes hold when it starts:
+    /// until they are gone and those GPUs are clean (memory back, no compute holder of
+    /// anyone's). When they hold no selected GPU there is nothing to wait for: it says so.
     Wait {
         #[command(flatten)]
         sel: GpuSel,
+        #[command(flatten)]
+        held_by: HeldBy,
         /// Seconds to wait for the memory to be released.
         #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
         timeout: f64,
@@ -299,6 +304,23 @@ pub struct Owner {
     #[arg(long)]
     pub mine: bool,
     /// Only processes of this Slurm job (from their environment or cgroup).
+    #[arg(long, value_name = "JOBID")]
+    pub job: Option<i64>,
+}
+
+/// `--user`, `--mine`, `--job` of `diagnose` and `wait`: they pick GPUs, those the matching
+/// processes hold; each GPU is then judged whole (`holders`/`kill`/`clean` pick processes).
+#[derive(Debug, Clone, ClapArgs)]
+pub struct HeldBy {
+    /// Only the GPUs this user's processes hold (a name or a uid); each is judged whole, with
+    /// every user's holders.
+    #[arg(long, value_name = "USER", conflicts_with = "mine")]
+    pub user: Option<String>,
+    /// Only the GPUs your own processes hold; each is judged whole.
+    #[arg(long)]
+    pub mine: bool,
+    /// Only the GPUs this Slurm job's processes hold (from their environment or cgroup); each
+    /// is judged whole.
     #[arg(long, value_name = "JOBID")]
     pub job: Option<i64>,
 }

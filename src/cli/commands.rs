@@ -1,6 +1,6 @@
 //! One function per command; each returns the exit code or an `Error`.
 
-use super::args::{Args, Cmd, GpuSel, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
+use super::args::{Args, Cmd, GpuSel, HeldBy, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
 use super::Config;
 use crate::actions;
 use crate::error::Error;
@@ -146,12 +146,13 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             }
             Ok(code)
         }
-        Cmd::Diagnose { sel, check, job } => {
+        Cmd::Diagnose {
+            sel,
+            check,
+            held_by,
+        } => {
             require_local_driver(s)?;
-            let filter = Filter {
-                uid: None,
-                job: *job,
-            };
+            let filter = held_by_filter(held_by)?;
             let parts = actions::diagnoses_per_host(s, selection(s, sel)?, &filter)?;
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut ds = Vec::new();
@@ -197,9 +198,17 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             let wait = wait_opts(*timeout, wait)?;
             clean(cfg, &selection(s, sel)?, &owner_filter(owner)?, &wait, kill)
         }
-        Cmd::Wait { sel, timeout, wait } => {
-            wait_only(cfg, &selection(s, sel)?, &wait_opts(*timeout, wait)?)
-        }
+        Cmd::Wait {
+            sel,
+            held_by,
+            timeout,
+            wait,
+        } => wait_only(
+            cfg,
+            &selection(s, sel)?,
+            &held_by_filter(held_by)?,
+            &wait_opts(*timeout, wait)?,
+        ),
         Cmd::Epilog { hook: h } => hook(cfg, Hook::Epilog, h),
         Cmd::Prolog { hook: h } => hook(cfg, Hook::Prolog, h),
         Cmd::Sim(cmd) => sim(cfg, cmd),
@@ -310,21 +319,27 @@ fn require_local_driver(s: &Session) -> Result<(), Error> {
 
 /// `--user U` or `--mine` as a uid, and `--job N`, as a holder filter.
 fn owner_filter(owner: &Owner) -> Result<Filter, Error> {
+    filter_of(owner.user.as_deref(), owner.mine, owner.job)
+}
+
+/// diagnose's and wait's `--user`/`--mine`/`--job`: the same filter, picking GPUs.
+fn held_by_filter(h: &HeldBy) -> Result<Filter, Error> {
+    filter_of(h.user.as_deref(), h.mine, h.job)
+}
+
+fn filter_of(user: Option<&str>, mine: bool, job: Option<i64>) -> Result<Filter, Error> {
     let uid =
-        if owner.mine {
+        if mine {
             Some(nix::unistd::getuid().as_raw())
         } else {
-            match &owner.user {
+            match user {
                 None => None,
                 Some(u) => Some(crate::process::user_id(u).ok_or_else(|| {
                     Error::Usage(format!("--user: no user {u:?} on this machine"))
                 })?),
             }
         };
-    Ok(Filter {
-        uid,
-        job: owner.job,
-    })
+    Ok(Filter { uid, job })
 }
 
 /// `gpuloop epilog` / `gpuloop prolog`.
@@ -549,10 +564,26 @@ fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
     Ok(0)
 }
 
-/// `gpuloop wait`: wait_clean as a command; kills nothing.
-/// `gpuloop wait`: wait_clean, then the report (which says what is left: the wait is quiet).
-fn wait_only(cfg: &Config, sel: &HostSel, opts: &WaitOpts) -> Result<i32, Error> {
+/// `gpuloop wait`: wait_clean, then the report (which says what is left: the wait is quiet);
+/// kills nothing. With a filter it waits for the GPUs the filtered processes hold now.
+fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> Result<i32, Error> {
     require_local_driver(&cfg.session)?;
+    let held;
+    let sel = match filter.is_empty() {
+        true => sel,
+        false => match actions::held_by(&cfg.session, sel, filter)? {
+            Some(x) => {
+                held = x;
+                &held
+            }
+            None => {
+                eprintln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job holds a selected GPU");
+                return emit(cfg, &serde_json::json!({"clean": true, "gpus": []}), || {
+                    "clean".into()
+                });
+            }
+        },
+    };
     let outcome = actions::wait_quietly(&cfg.session, sel, opts)?;
     let clean = match outcome {
         WaitOutcome::Interrupted => return Ok(130),

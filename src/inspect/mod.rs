@@ -36,6 +36,11 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// No filter at all: every holder.
+    pub fn is_empty(&self) -> bool {
+        self.uid.is_none() && self.job.is_none()
+    }
+
     pub fn matches(&self, h: &holders::Holder) -> bool {
         self.uid.is_none_or(|u| h.uid == i64::from(u))
             && self.job.is_none_or(|j| h.origin.job == Some(j))
