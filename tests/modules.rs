@@ -77,7 +77,7 @@ fn a_missing_module_is_a_clear_error() {
     let sim = Sim::new("1x8G");
     let out = sim
         .script("m.rhai", "import \"no_such_module\" as m;", &[])
-        .code(1);
+        .code(2);
     assert!(out.stderr.contains("no_such_module"), "{}", out.stderr);
     assert!(out.stderr.contains("m.rhai:1:"), "{}", out.stderr);
 }
