@@ -341,3 +341,81 @@ fn each_commands_own_options_are_listed_apart_from_the_global_ones() {
         );
     }
 }
+
+/// Defect 7: `clean --timeout 1e99` and `wait --timeout inf` said "must be a non-negative
+/// number"; `--limit string=abc` said `unknown unit 'C'`; `holders(#{all: true})` and
+/// `wait_clean(#{timeout: 1})` failed with "found a map"; `holders((), #{job: "812"})`
+/// refused the string `env("SLURM_JOB_ID")` gives.
+#[test]
+fn small_messages_say_what_is_wrong_and_options_maps_stand_alone() {
+    let sim = Sim::new("2x8G");
+    for (args, want) in [
+        (
+            &["clean", "--timeout", "1e99"][..],
+            "--timeout 1e99 is not a number of seconds: it must be finite, from 0 to 1e9",
+        ),
+        (
+            &["wait", "--timeout", "inf"],
+            "--timeout inf is not a number of seconds: it must be finite",
+        ),
+        (
+            &["kill", "--grace", "-1"],
+            "--grace -1 is not a number of seconds",
+        ),
+        (
+            &["--limit", "string=abc", "gpus"],
+            r#"--limit "string=abc": "abc" is not a whole number, optionally with a unit: K, M or G"#,
+        ),
+        (
+            &["--limit", "string=5T", "gpus"],
+            r#""5T" has an unknown unit 'T'"#,
+        ),
+    ] {
+        let out = sim.run(args).code(2);
+        assert!(out.stderr.contains(want), "{args:?}: {}", out.stderr);
+    }
+    sim.run(&["--limit", "string=64M", "gpus"]).ok();
+    let out = sim
+        .run(&["eval", "wait_clean(0, #{timeout: 1e99})"])
+        .code(1);
+    assert!(
+        out.stderr
+            .contains("option timeout: 1e99 is not a number of seconds: it must be finite"),
+        "{}",
+        out.stderr
+    );
+    let job = sim.hold_with(&["--gpu", "1", "--mib", "8"], &[("SLURM_JOB_ID", "812")])[0];
+    sim.hold(&["--gpu", "0", "--observer"]);
+    // An options map alone: the selector defaults to every GPU.
+    assert_eq!(sim.eval("holders(#{all: true}).len()"), "2");
+    assert_eq!(sim.eval("holders(#{job: 812}).len()"), "1");
+    assert_eq!(sim.eval("wait_clean(#{timeout: 0, quiet: true})"), "false");
+    assert_eq!(sim.eval("diagnose(#{on_error: \"skip\"}).len()"), "2");
+    // A job id as a string of digits, as env("SLURM_JOB_ID") gives it.
+    let out = sim
+        .run_with(
+            &[
+                "eval",
+                "holders((), #{job: env(\"SLURM_JOB_ID\")}).map(|h| h.pid)",
+            ],
+            |c| {
+                c.env("SLURM_JOB_ID", "812");
+            },
+        )
+        .ok();
+    assert_eq!(out.stdout.trim(), format!("[{job}]"));
+    let out = sim.run(&["eval", "holders((), #{job: \"81x\"})"]).code(1);
+    assert!(
+        out.stderr.contains("must be a Slurm job id"),
+        "{}",
+        out.stderr
+    );
+    let doc = sim.run(&["doc"]).ok().stdout;
+    for sig in [
+        "`holders(opts: Map) -> Array`",
+        "`wait_clean(opts: Map) -> bool`",
+        "`diagnose(opts: Map) -> Array`",
+    ] {
+        assert!(doc.contains(sig), "gpuloop doc lacks {sig}");
+    }
+}

@@ -101,7 +101,7 @@ fn stdlib_options_are_checked_up_front_and_errors_name_the_option() {
         ),
         (
             r#"import "cleanup" as c; c::ensure_clean(0, #{timeout: -2})"#.to_string(),
-            "cleanup::ensure_clean: option timeout must be a non-negative".to_string(),
+            "cleanup::ensure_clean: option timeout: -2 is not a number of seconds".to_string(),
         ),
         (
             format!(

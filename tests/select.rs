@@ -138,15 +138,15 @@ fn negative_numbers_get_gpuloops_own_message() {
     for (args, want) in [
         (
             &["kill", "--grace", "-1"][..],
-            "--grace must be a non-negative",
+            "--grace -1 is not a number of seconds",
         ),
         (
             &["clean", "--timeout", "-5"],
-            "--timeout must be a non-negative",
+            "--timeout -5 is not a number of seconds",
         ),
         (
             &["wait", "--timeout", "-5"],
-            "--timeout must be a non-negative",
+            "--timeout -5 is not a number of seconds",
         ),
         (&["kill", "-3"], "-3 is not a process id"),
         (&["gpus", "--gpu", "-1"], "not negative"),

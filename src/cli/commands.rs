@@ -390,12 +390,7 @@ fn journal(cfg: &Config, last: usize) -> Result<i32, Error> {
 }
 
 fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
-    if !(0.0..=1e9).contains(&v) {
-        return Err(Error::Usage(format!(
-            "{what} must be a non-negative number of seconds"
-        )));
-    }
-    Ok(Duration::from_secs_f64(v))
+    crate::inspect::wait::seconds(v).map_err(|why| Error::Usage(format!("{what} {why}")))
 }
 
 fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {

@@ -109,12 +109,8 @@ fn args<T: for<'de> Deserialize<'de>>(tool: &str, raw: Map<String, Value>) -> Re
 }
 
 fn seconds(tool: &str, what: &str, v: f64) -> Result<Duration, CallError> {
-    if !(0.0..=1e9).contains(&v) {
-        return Err(CallError::BadArguments(format!(
-            "{tool}: {what} must be a non-negative number of seconds, got {v}"
-        )));
-    }
-    Ok(Duration::from_secs_f64(v))
+    crate::inspect::wait::seconds(v)
+        .map_err(|why| CallError::BadArguments(format!("{tool}: {what} {why}")))
 }
 
 fn signal(tool: &str, name: &str) -> Result<Signal, CallError> {

@@ -106,6 +106,13 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          (from the agent's hello), error (why it cannot be reached, or ()).",
         move || -> RhaiResult<Array> { to_array(&actions::hosts(&s)) },
     );
+    let diagnose = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
+        let o = Opts::new(&opts, "diagnose", &["on_error"])?;
+        let sel = selection(s, &sel)?;
+        actions::skipping(o.on_error()?, || {
+            to_array(&actions::diagnoses(s, sel).map_err(to_script)?)
+        })
+    };
     let s = session.clone();
     def(
         engine,
@@ -113,13 +120,16 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array | ()", "opts: Map", "Array"],
         "diagnose() with options: on_error: \"skip\" goes on without hosts that cannot be
          reached (reported once).",
-        move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-            let o = Opts::new(&opts, "diagnose", &["on_error"])?;
-            let sel = selection(&s, &sel)?;
-            actions::skipping(o.on_error()?, || {
-                to_array(&actions::diagnoses(&s, sel).map_err(to_script)?)
-            })
-        },
+        move |sel: Dynamic, opts: Map| diagnose(&s, sel, opts),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "diagnose",
+        &["opts: Map", "Array"],
+        "diagnose() of every GPU with options: diagnose(#{on_error: \"skip\"}) is
+         diagnose((), #{on_error: \"skip\"}).",
+        move |opts: Map| diagnose(&s, Dynamic::UNIT, opts),
     );
 
     let s = session.clone();
@@ -151,6 +161,26 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
             to_array(&actions::holders(&s, selection(&s, &sel)?, false).map_err(to_script)?)
         },
     );
+    let holders = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
+        let o = Opts::new(&opts, "holders", &["all", "user", "job", "on_error"])?;
+        let all = o.bool("all", false)?;
+        let uid = match o.raw("user") {
+            None => None,
+            Some(u) => {
+                let name = u.to_string();
+                Some(crate::process::user_id(&name).ok_or_else(|| {
+                    script_err(format!("holders: no user {name:?} on this machine"))
+                })?)
+            }
+        };
+        let filter = Filter {
+            uid,
+            job: o.job_id("job")?,
+        };
+        to_array(&actions::skipping(o.on_error()?, || {
+            actions::holders_of(s, selection(s, &sel)?, all, &filter).map_err(to_script)
+        })?)
+    };
     let s = session.clone();
     def(
         engine,
@@ -159,27 +189,16 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "Holders with options: #{all: true} also returns observers (NVML-only clients such as
          nvidia-smi, which open the nodes but map nothing) and protected GPU daemons;
          #{user: \"alice\"} (a name or a uid) only that user's processes; #{job: 812} only
-         that Slurm job's.",
-        move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-            let o = Opts::new(&opts, "holders", &["all", "user", "job", "on_error"])?;
-            let all = o.bool("all", false)?;
-            let uid = match o.raw("user") {
-                None => None,
-                Some(u) => {
-                    let name = u.to_string();
-                    Some(crate::process::user_id(&name).ok_or_else(|| {
-                        script_err(format!("holders: no user {name:?} on this machine"))
-                    })?)
-                }
-            };
-            let filter = Filter {
-                uid,
-                job: o.opt_int("job")?,
-            };
-            to_array(&actions::skipping(o.on_error()?, || {
-                actions::holders_of(&s, selection(&s, &sel)?, all, &filter).map_err(to_script)
-            })?)
-        },
+         that Slurm job's (a string of digits too: #{job: env(\"SLURM_JOB_ID\")}).",
+        move |sel: Dynamic, opts: Map| holders(&s, sel, opts),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "holders",
+        &["opts: Map", "Array"],
+        "Holders of every GPU with options: holders(#{all: true}) is holders((), #{all: true}).",
+        move |opts: Map| holders(&s, Dynamic::UNIT, opts),
     );
 
     let s = session.clone();
@@ -283,6 +302,15 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array | ()", "bool"],
         "wait_clean() for the selected GPUs.",
         move |sel: Dynamic| wait(&s, sel, Map::new()),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "wait_clean",
+        &["opts: Map", "bool"],
+        "wait_clean() of every GPU with options: wait_clean(#{timeout: 60}) is
+         wait_clean((), #{timeout: 60}).",
+        move |opts: Map| wait(&s, Dynamic::UNIT, opts),
     );
     let s = session.clone();
     def(
