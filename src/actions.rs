@@ -558,10 +558,9 @@ fn local_diagnoses(
     Ok(diagnose(&inv, &sel, &ctx))
 }
 
-/// The selection cut down to the GPUs that the filtered holders use.
+/// The selection cut down to the GPUs that the filtered holders use (diagnose --user/--job).
 fn narrowed(inv: &Inventory, sel: &Selection, filter: &Resolved) -> Selection {
-    // An owner's processes share GPUs with others'; a job's GPUs are its own.
-    if filter.job.is_none() {
+    if filter.is_empty() {
         return sel.clone();
     }
     let mut gpus: Vec<i64> = inv
@@ -615,6 +614,26 @@ pub fn diagnoses_per_host(
     )?;
     name_parts(&mut parts, name_diagnosis);
     Ok(parts)
+}
+
+/// The GPUs of the selection that the holders `filter` picks hold now, on each host (`wait
+/// --user/--mine/--job`); `None` when they hold none.
+pub fn held_by(s: &Session, sel: &HostSel, filter: &Filter) -> Result<Option<HostSel>, GpuError> {
+    let mut at = std::collections::BTreeMap::new();
+    for (host, hs) in answered(s, holders_per_host(s, sel.clone(), false, filter)?)? {
+        let on = sel.on(&host).flatten();
+        let mut gpus: Vec<i64> = hs
+            .iter()
+            .flat_map(|h| h.gpus.iter().copied())
+            .filter(|g| crate::inspect::selected(&on, *g))
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        if !gpus.is_empty() {
+            at.insert(host, gpus);
+        }
+    }
+    Ok((!at.is_empty()).then_some(HostSel { every: None, at }))
 }
 
 pub fn diagnoses(s: &Session, sel: impl Into<HostSel>) -> Result<Vec<Diagnosis>, GpuError> {
@@ -794,7 +813,7 @@ fn kill_fanned(
         let r = match r {
             Err(e) if skip && e.unreachable() => {
                 if s.note_skipped(&h) {
-                    eprintln!("warning: skipping {e}");
+                    crate::errln!("warning: skipping {e}");
                 }
                 let targets = by_host.get(&h).map_or(&[][..], Vec::as_slice);
                 Ok(unreachable_report(&h, &e, targets, opts.dry_run))
@@ -861,10 +880,18 @@ fn local_kill_holders(
     on_terminal(s, |w| kill_holders_watched(s, sel, filter, opts, w))
 }
 
+/// How a skipped protected daemon's reason says what would stop it: the command line's flag
+/// (the one-shots, here or through an agent); MCP, which never stops one, replaces it.
+pub const FORCE_HINT: &str = "--force stops it";
+
 /// Stops every compute holder of the selection (narrowed by `filter`) here, each pinned by
 /// its identity; the report says which GPUs each held. A systemd unit's main process is left
 /// alone unless `force`: systemd would only restart it. With `force`, the protected daemons
-/// of the selection are stopped too (issue 11, item 2), never mere observers. With the
+/// of the selection are stopped too (issue 11, item 2), never mere observers. Without it,
+/// those that hold a GPU (driver-listed or mapping a node: what keeps memory used) are listed
+/// as skipped with the flag that stops them, so that `kill --gpu N` on a GPU only a daemon
+/// holds does not read as a success that signalled nobody; a daemon that only has the nodes
+/// open (nvidia-persistenced on every GPU node) holds nothing and is not news. With the
 /// caller's progress and stop flag.
 pub fn kill_holders_watched(
     s: &Session,
@@ -873,12 +900,30 @@ pub fn kill_holders_watched(
     opts: &KillOpts,
     w: &mut Watch,
 ) -> Result<KillReport, GpuError> {
-    let mut hs = local_holders(s, sel, opts.force, filter)?;
+    let mut hs = local_holders(s, sel, true, filter)?;
     hs.retain(|h| h.is_compute() || h.protected);
+    let (daemons, hs): (Vec<Holder>, Vec<Holder>) =
+        hs.into_iter().partition(|h| h.protected && !opts.force);
     let (units, hs): (Vec<Holder>, Vec<Holder>) = hs
         .into_iter()
         .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
     let mut report = kill_watched(s, &holder_targets(&hs), opts, w);
+    let holding = |h: &Holder| h.mem > 0 || h.evidence.iter().any(|e| e != "fd");
+    for h in daemons.into_iter().filter(holding) {
+        report.skipped.push(Skipped {
+            pid: h.pid,
+            reason: format!(
+                "{} is a protected GPU daemon ({} MiB on GPU {}): left alone; stop its service, or {FORCE_HINT}",
+                h.name,
+                h.mem_mib,
+                h.gpus
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        });
+    }
     for t in &mut report.targets {
         if let Some(h) = hs.iter().find(|h| h.pid == t.pid) {
             t.gpus.clone_from(&h.gpus);
@@ -1170,7 +1215,7 @@ fn local_clean(
 }
 
 /// clean here with the caller's progress and stop flag. With a filter, its holders are
-/// stopped and the GPUs they used verified.
+/// stopped; with a job, only the GPUs its holders used are verified.
 pub fn clean_watched(
     s: &Session,
     sel: &Selection,
@@ -1182,7 +1227,13 @@ pub fn clean_watched(
     if let Some(why) = s.backend()?.missing_driver() {
         return Err(GpuError::NoDriver(why.to_string()));
     }
-    let sel = &narrowed(&inventory(s, sel)?, sel, &filter.resolve()?);
+    // clean --user stops that owner's holders and verifies the whole selection (an owner's
+    // processes share GPUs with others'); a job's GPUs are its own: only they are verified.
+    let job_only = Resolved {
+        uid: None,
+        job: filter.job,
+    };
+    let sel = &narrowed(&inventory(s, sel)?, sel, &job_only);
     let kill = kill_holders_watched(s, sel, filter, kill_opts, w)?;
     let waited = std::time::Instant::now();
     let mut wait_opts = wait_opts.clone();

@@ -102,15 +102,24 @@ impl Limits {
             Some((i, c)) if i > 0 && c.is_ascii_alphabetic() => (&value[..i], Some(c)),
             _ => (value, None),
         };
+        let units = "a whole number, optionally with a unit: K, M or G (x1024), e.g. 64M";
+        // "abc" is no number with a unit 'c': say what is wrong with the whole value.
+        let digits = digits.trim();
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("--limit {item:?}: {value:?} is not {units}"));
+        }
         let scale: usize = match unit.map(|c| c.to_ascii_uppercase()) {
             None => 1,
             Some('K') => 1 << 10,
             Some('M') => 1 << 20,
             Some('G') => 1 << 30,
-            Some(c) => return Err(format!("--limit {item:?}: unknown unit {c:?} (K, M or G)")),
+            Some(c) => {
+                return Err(format!(
+                    "--limit {item:?}: {value:?} has an unknown unit {c:?}: N must be {units}"
+                ))
+            }
         };
         let n = digits
-            .trim()
             .parse::<usize>()
             .ok()
             .and_then(|n| n.checked_mul(scale))

@@ -279,3 +279,177 @@ fn help_lists_global_flags_apart_the_environment_and_a_man_page() {
         "{man}"
     );
 }
+
+/// Defect 1: the word after SCRIPT was parsed by gpuloop when it spelled one of its flags:
+/// `run a.rhai --json` gave the script no ARGS, `-v x` turned on gpuloop's logs, `--help`
+/// printed gpuloop's help, and `--host X` would have sent the script to another host.
+#[test]
+fn every_word_after_the_script_is_the_scripts_own() {
+    let sim = Sim::new("1x8G");
+    let p = sim.path().join("args.rhai");
+    std::fs::write(&p, "print(to_json(ARGS));").unwrap();
+    let script = p.to_str().unwrap();
+    for (args, want) in [
+        (&["--json"][..], r#"["--json"]"#),
+        (&["-v", "x"], r#"["-v","x"]"#),
+        (&["--help"], r#"["--help"]"#),
+        (&["--host", "elsewhere"], r#"["--host","elsewhere"]"#),
+        (&["--sim", "1x1G", "-h"], r#"["--sim","1x1G","-h"]"#),
+        // The older spelling: a `--` right after SCRIPT is dropped, a later one kept.
+        (&["--", "-v", "x"], r#"["-v","x"]"#),
+        (&["--", "--", "x"], r#"["--","x"]"#),
+        (&["x", "--", "y"], r#"["x","--","y"]"#),
+    ] {
+        let out = sim.run(&[&["run", script], args].concat()).ok();
+        assert_eq!(out.stdout.trim(), want, "{args:?}");
+        assert_eq!(out.stderr, "", "{args:?}: gpuloop took a flag");
+    }
+    // gpuloop's own flags still go before SCRIPT.
+    let out = sim.run(&["run", "-v", script, "q"]).ok();
+    assert_eq!(out.stdout.trim(), r#"["q"]"#);
+    assert!(out.stderr.contains("DEBUG"), "{}", out.stderr);
+    let out = sim.run(&["--json", "run", "--", script, "q"]).ok();
+    assert_eq!(
+        out.stderr.trim(),
+        r#"["q"]"#,
+        "print() goes to stderr under --json"
+    );
+    let out = sim.run(&["run", "--bogus", script]).code(2);
+    assert!(out.stderr.contains("'--bogus'"), "{}", out.stderr);
+    // A recipe's --help is the recipe's, and each documented spelling of its flags works.
+    let out = sim.run(&["run", "clean-node", "--help"]).ok();
+    assert!(
+        out.stdout
+            .starts_with("usage: gpuloop run clean-node [--gpus"),
+        "{}",
+        out.stdout
+    );
+    for args in [
+        &["run", "clean-node", "--gpus", "0", "--timeout", "1"][..],
+        &["run", "clean-node", "--", "--gpus", "0", "--timeout", "1"],
+    ] {
+        let out = sim.run(args).ok();
+        assert!(out.stdout.contains("clean in"), "{args:?}: {}", out.stdout);
+    }
+}
+
+/// Defect 2: `clean -h` interleaved the global --limit and host flags (--host, --transport,
+/// --jobid, …) with clean's own options; each command's own options come first, together.
+#[test]
+fn each_commands_own_options_are_listed_apart_from_the_global_ones() {
+    let sim = Sim::new("1x8G");
+    for (cmd, own) in [
+        ("clean", &["--gpu", "--user", "--timeout", "--force"][..]),
+        ("holders", &["--gpu", "--all"]),
+        ("run", &[]),
+    ] {
+        let help = sim.run(&[cmd, "-h"]).ok().stdout;
+        let (_, rest) = help.split_once("\nOptions:\n").expect("an Options heading");
+        // The command's own section ends at the next heading.
+        let section = rest.split("\n\n").next().unwrap_or_default();
+        for flag in own {
+            assert!(
+                section.contains(flag),
+                "{cmd}: {flag} not in its own options:\n{help}"
+            );
+        }
+        for global in [
+            "--limit",
+            "--host ",
+            "--hosts-file",
+            "--hosts-from-slurm",
+            "--transport",
+            "--jobid",
+            "--fanout",
+            "--sim",
+            "--json",
+        ] {
+            assert!(
+                !section.contains(global),
+                "{cmd}: the global {global} among its own options:\n{section}"
+            );
+        }
+        assert!(
+            help.contains("Global options:") && help.contains("Hosts (global options):"),
+            "{help}"
+        );
+    }
+}
+
+/// Defect 7: `clean --timeout 1e99` and `wait --timeout inf` said "must be a non-negative
+/// number"; `--limit string=abc` said `unknown unit 'C'`; `holders(#{all: true})` and
+/// `wait_clean(#{timeout: 1})` failed with "found a map"; `holders((), #{job: "812"})`
+/// refused the string `env("SLURM_JOB_ID")` gives.
+#[test]
+fn small_messages_say_what_is_wrong_and_options_maps_stand_alone() {
+    let sim = Sim::new("2x8G");
+    for (args, want) in [
+        (
+            &["clean", "--timeout", "1e99"][..],
+            "--timeout 1e99 is not a number of seconds: it must be finite, from 0 to 1e9",
+        ),
+        (
+            &["wait", "--timeout", "inf"],
+            "--timeout inf is not a number of seconds: it must be finite",
+        ),
+        (
+            &["kill", "--grace", "-1"],
+            "--grace -1 is not a number of seconds",
+        ),
+        (
+            &["--limit", "string=abc", "gpus"],
+            r#"--limit "string=abc": "abc" is not a whole number, optionally with a unit: K, M or G"#,
+        ),
+        (
+            &["--limit", "string=5T", "gpus"],
+            r#""5T" has an unknown unit 'T'"#,
+        ),
+    ] {
+        let out = sim.run(args).code(2);
+        assert!(out.stderr.contains(want), "{args:?}: {}", out.stderr);
+    }
+    sim.run(&["--limit", "string=64M", "gpus"]).ok();
+    let out = sim
+        .run(&["eval", "wait_clean(0, #{timeout: 1e99})"])
+        .code(1);
+    assert!(
+        out.stderr
+            .contains("option timeout: 1e99 is not a number of seconds: it must be finite"),
+        "{}",
+        out.stderr
+    );
+    let job = sim.hold_with(&["--gpu", "1", "--mib", "8"], &[("SLURM_JOB_ID", "812")])[0];
+    sim.hold(&["--gpu", "0", "--observer"]);
+    // An options map alone: the selector defaults to every GPU.
+    assert_eq!(sim.eval("holders(#{all: true}).len()"), "2");
+    assert_eq!(sim.eval("holders(#{job: 812}).len()"), "1");
+    assert_eq!(sim.eval("wait_clean(#{timeout: 0, quiet: true})"), "false");
+    assert_eq!(sim.eval("diagnose(#{on_error: \"skip\"}).len()"), "2");
+    // A job id as a string of digits, as env("SLURM_JOB_ID") gives it.
+    let out = sim
+        .run_with(
+            &[
+                "eval",
+                "holders((), #{job: env(\"SLURM_JOB_ID\")}).map(|h| h.pid)",
+            ],
+            |c| {
+                c.env("SLURM_JOB_ID", "812");
+            },
+        )
+        .ok();
+    assert_eq!(out.stdout.trim(), format!("[{job}]"));
+    let out = sim.run(&["eval", "holders((), #{job: \"81x\"})"]).code(1);
+    assert!(
+        out.stderr.contains("must be a Slurm job id"),
+        "{}",
+        out.stderr
+    );
+    let doc = sim.run(&["doc"]).ok().stdout;
+    for sig in [
+        "`holders(opts: Map) -> Array`",
+        "`wait_clean(opts: Map) -> bool`",
+        "`diagnose(opts: Map) -> Array`",
+    ] {
+        assert!(doc.contains(sig), "gpuloop doc lacks {sig}");
+    }
+}

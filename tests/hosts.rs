@@ -1084,3 +1084,89 @@ fn advice_for_a_remote_gpu_names_its_host_never_a_bare_local_command() {
         "nothing was reset on va either"
     );
 }
+
+/// Defect 5: the README runs clean-node over `--host 'gpu[01-04]'`, but its tables had no
+/// HOST column, listed each GPU index once per host, and matched holders by index alone, so
+/// na's GPU 3 listed nb's processes; its verdict lines named no host either.
+#[test]
+fn clean_node_over_several_hosts_names_each_gpus_host_and_lists_its_own_holders() {
+    let c = Cluster::new(&[("na", "4x8G"), ("nb", "4x8G")], &[]);
+    let ps = c
+        .sim("nb")
+        .hold(&["--gpu", "3", "--mib", "100", "--workers", "2"]);
+    let workers = &ps[1..];
+    let out = c
+        .run(&["--host", "na,nb", "run", "clean-node", "--timeout", "10"])
+        .ok();
+    let before: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|l| *l != "before:")
+        .skip(1)
+        .take_while(|l| *l != "after:")
+        .collect();
+    assert!(
+        before[0].contains("HOST") && before[0].contains("GPU"),
+        "{}",
+        out.stdout
+    );
+    let row = |host: &str, gpu: &str| -> Vec<&str> {
+        before
+            .iter()
+            .copied()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.first() == Some(&host) && f.get(1) == Some(&gpu)
+            })
+            .collect()
+    };
+    assert_eq!(row("na", "3").len(), 1, "{}", out.stdout);
+    assert!(
+        row("na", "3")[0].ends_with(" -"),
+        "na's GPU 3 lists nb's holders: {}",
+        out.stdout
+    );
+    let nb3 = row("nb", "3");
+    assert_eq!(nb3.len(), 1, "{}", out.stdout);
+    for w in workers {
+        assert!(nb3[0].contains(&format!("({w})")), "{}", out.stdout);
+        assert!(gone_within(*w, 10), "worker {w} survived");
+    }
+    assert!(out.stdout.contains("clean in"), "{}", out.stdout);
+    // A verdict names its host; a GPU of another machine is not reset from here.
+    c.sim("nb")
+        .run(&["sim", "leak", "--gpu", "2", "--mib", "9"])
+        .ok();
+    let out = c
+        .run(&[
+            "--host",
+            "na,nb",
+            "run",
+            "clean-node",
+            "--timeout",
+            "0.3",
+            "--allow-reset",
+        ])
+        .code(1);
+    assert!(
+        out.stdout.contains("  GPU nb:2 [driver] "),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("step: GPU nb:2: not reset: "),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(c.sim("nb").used_mib(2), 9, "{}", out.stdout);
+    // The stdlib's report names hosts the same way.
+    let src = r#"import "report" as r; r::gpu_lines(gpu(), holders()) + r::problems(diagnose())"#;
+    let out = c.run(&["--host", "na,nb", "eval", src]).ok();
+    for want in [
+        "GPU na:2: 0/8192 MiB",
+        "GPU nb:2: 9/8192 MiB",
+        "GPU nb:2 [driver]",
+    ] {
+        assert!(out.stdout.contains(want), "{want}: {}", out.stdout);
+    }
+}

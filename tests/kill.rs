@@ -631,6 +631,7 @@ fn force_on_the_command_line_includes_the_protected_holders() {
     let watcher = sim.hold(&["--gpu", "0", "--observer"])[0];
     let r = sim.run(&["--json", "kill", "--gpu", "0"]).ok().json();
     assert_eq!(r["signalled"], serde_json::json!([]), "{r}");
+    assert_eq!(r["skipped"][0]["pid"], d, "{r}");
     assert!(alive(d));
     let r = sim
         .run(&["--json", "kill", "--gpu", "0", "--force"])
@@ -845,4 +846,58 @@ fn a_kill_never_walks_below_a_refused_daemon_in_the_tree() {
         alive(kid),
         "a child of the refused daemon was signalled: {r}"
     );
+}
+
+/// Defect 6: `kill --gpu N` on a GPU only a protected daemon holds printed `signalled: none`
+/// and an empty `skipped`, right after diagnose advised `gpuloop kill --gpu N --force`.
+#[test]
+fn kill_and_clean_say_which_protected_daemon_they_left_alone() {
+    let sim = Sim::new("2x8G");
+    let d = sim.hold(&[
+        "--gpu",
+        "1",
+        "--mib",
+        "100",
+        "--name",
+        "nvidia-persistenced",
+    ])[0];
+    let why = "nvidia-persiste is a protected GPU daemon (100 MiB on GPU 1): left alone";
+    let out = sim.run(&["kill", "--gpu", "1"]).ok();
+    assert!(
+        out.stdout.contains(&format!("skipped {d}: {why}"))
+            && out.stdout.contains("--force stops it"),
+        "{}",
+        out.stdout
+    );
+    for args in [
+        &["--json", "kill", "--gpu", "1"][..],
+        &["--json", "kill", "--gpu", "1", "--dry-run"],
+    ] {
+        let r = sim.run(args).ok().json();
+        assert_eq!(r["signalled"], serde_json::json!([]), "{args:?}: {r}");
+        assert_eq!(r["skipped"][0]["pid"], d, "{args:?}: {r}");
+        let reason = r["skipped"][0]["reason"].as_str().unwrap();
+        // The command line's flag, not the script's option.
+        assert!(
+            reason.contains(why) && reason.contains("--force") && !reason.contains("pass force"),
+            "{reason}"
+        );
+    }
+    let out = sim
+        .run(&["clean", "--gpu", "1", "--timeout", "0.3"])
+        .code(1);
+    assert!(
+        out.stdout.contains(&format!("skipped {d}: {why}")),
+        "{}",
+        out.stdout
+    );
+    let j = sim
+        .run(&["--json", "clean", "--gpu", "1", "--timeout", "0.3"])
+        .code(1)
+        .json();
+    assert_eq!(j["kill"]["skipped"][0]["pid"], d, "{j}");
+    // Another GPU's daemon is not this selection's news.
+    let r = sim.run(&["--json", "kill", "--gpu", "0"]).ok().json();
+    assert_eq!(r["skipped"], serde_json::json!([]), "{r}");
+    assert!(alive(d));
 }

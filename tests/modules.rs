@@ -77,7 +77,7 @@ fn a_missing_module_is_a_clear_error() {
     let sim = Sim::new("1x8G");
     let out = sim
         .script("m.rhai", "import \"no_such_module\" as m;", &[])
-        .code(1);
+        .code(2);
     assert!(out.stderr.contains("no_such_module"), "{}", out.stderr);
     assert!(out.stderr.contains("m.rhai:1:"), "{}", out.stderr);
 }
@@ -101,7 +101,7 @@ fn stdlib_options_are_checked_up_front_and_errors_name_the_option() {
         ),
         (
             r#"import "cleanup" as c; c::ensure_clean(0, #{timeout: -2})"#.to_string(),
-            "cleanup::ensure_clean: option timeout must be a non-negative".to_string(),
+            "cleanup::ensure_clean: option timeout: -2 is not a number of seconds".to_string(),
         ),
         (
             format!(

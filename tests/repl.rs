@@ -311,7 +311,7 @@ fn help_kill_shows_its_doc() {
     assert!(s.contains("kill(target"), "{s}");
     t.line(":help");
     t.wait_for("the overview", |s| {
-        s.contains("kill(target[, opts])") && s.contains("wait_clean([sel[, opts]])")
+        s.contains("kill(target[, opts])") && s.contains("wait_clean([sel][, opts])")
     });
 }
 

@@ -199,7 +199,10 @@ fn bad_commands_and_options_are_clear_errors() {
         ),
         (r#"run("true", #{env: "A=1"})"#, "option env must be a map"),
         (r#"run(42)"#, "expected a command string or an argv array"),
-        (r#"spawn("true", #{timeout: -1})"#, "non-negative"),
+        (
+            r#"spawn("true", #{timeout: -1})"#,
+            "-1 is not a number of seconds",
+        ),
     ] {
         let out = sim.run(&["eval", code]).code(1);
         assert!(out.stderr.contains(want), "{code}: {}", out.stderr);

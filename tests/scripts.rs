@@ -316,10 +316,86 @@ fn check_and_run_resolve_imports_and_say_where_they_looked() {
         "{}",
         out.stderr
     );
-    let out = sim.run(&["run", p.to_str().unwrap()]).code(1);
+    let out = sim.run(&["run", p.to_str().unwrap()]).code(2);
     assert!(out.stderr.contains(&want), "{}", out.stderr);
     std::fs::write(&p, "import \"report\" as r;\n").unwrap();
     sim.run(&["check", p.to_str().unwrap()]).ok();
+}
+
+/// Defect 4: script mistakes were runtime errors. `run clean-node -- --gpus 99` printed the
+/// "before:" table, then `no GPU with index 99`, rc 1; `--timeout abc` a raw float-parsing
+/// error, rc 1; a missing module rc 1 from `run` (after the lines above the import had run)
+/// but rc 2 from `check`; slurm-site-policy threw (rc 1) for bad arguments.
+#[test]
+fn script_mistakes_are_usage_errors_found_before_anything_runs() {
+    let sim = Sim::new("2x8G");
+    for (args, want) in [
+        (
+            &["--gpus", "99"][..],
+            "usage: --gpus 99: no GPU with index 99",
+        ),
+        (
+            &["--", "--gpus", "99"],
+            "usage: --gpus 99: no GPU with index 99",
+        ),
+        (
+            &["--timeout", "abc"],
+            "usage: --timeout abc: not a number of seconds",
+        ),
+        (
+            &["--grace", "-1"],
+            "usage: --grace -1: not a number of seconds",
+        ),
+        (&["--timeout"], "usage: --timeout needs seconds"),
+    ] {
+        let out = sim.run(&[&["run", "clean-node"], args].concat()).code(2);
+        assert_eq!(out.stdout, "", "{args:?}: printed before the usage error");
+        assert!(out.stderr.starts_with(want), "{args:?}: {}", out.stderr);
+    }
+    let policy = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/slurm-site-policy.rhai"
+    );
+    for (args, want) in [
+        (&["--bogus"][..], "usage: unknown argument --bogus"),
+        (
+            &["--max-temp", "hot"],
+            "usage: --max-temp hot: not a whole number",
+        ),
+    ] {
+        let out = sim.run(&[&["run", policy], args].concat()).code(2);
+        assert!(out.stderr.starts_with(want), "{args:?}: {}", out.stderr);
+    }
+    // A missing module: exit 2 from run and check alike, and run runs nothing first, also
+    // where the import sits in a function body.
+    for (name, src) in [
+        ("top.rhai", "print(\"ran\");\nimport \"nosuchmod\" as m;\n"),
+        (
+            "fn.rhai",
+            "fn f() { import \"nosuchmod\" as m; m::g() }\nprint(\"ran\");\nf();\n",
+        ),
+    ] {
+        let p = sim.path().join(name);
+        std::fs::write(&p, src).unwrap();
+        let p = p.to_str().unwrap();
+        let out = sim.run(&["run", p]).code(2);
+        assert_eq!(out.stdout, "", "{name}: ran before the error");
+        assert!(
+            out.stderr.contains("module not found: nosuchmod"),
+            "{}",
+            out.stderr
+        );
+        sim.run(&["check", p]).code(2);
+    }
+    // One computed at run time can only fail then: still a usage error.
+    let out = sim
+        .run(&["eval", "let m = \"nosuch\" + \"mod\"; import m as x;"])
+        .code(2);
+    assert!(
+        out.stderr.contains("module not found: nosuchmod"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

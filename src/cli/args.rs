@@ -5,9 +5,12 @@ use std::path::PathBuf;
 
 /// The heading global flags are listed under, apart from each command's own.
 const GLOBAL: &str = "Global options";
+/// The heading of the global flags that name and reach several hosts.
+const HOSTS: &str = "Hosts (global options)";
 
 const AFTER_HELP: &str = "\
-Scripts: gpuloop run SCRIPT [-- ARGS…] (or a built-in recipe: gpuloop recipes); reference: gpuloop doc.
+Scripts: gpuloop [OPTIONS] run SCRIPT [ARGS…] (or a built-in recipe: gpuloop recipes): everything
+after SCRIPT is the script's ARGS, untouched (a first `--` is dropped); reference: gpuloop doc.
 
 Exit codes: 0 success; 1 runtime error, or clean/wait/diagnose finding a selected GPU not
 clean, or no driver; 2 usage or compile error; 130 interrupted.
@@ -58,7 +61,7 @@ pub struct Args {
     pub wide: bool,
     /// A resource limit for scripts, NAME=N (repeatable): array, string (bytes; K/M/G),
     /// map, calls, expr_depth, depth, memory (bytes; K/M/G). Also [limits] in config.toml.
-    #[arg(long = "limit", global = true, value_name = "NAME=N")]
+    #[arg(long = "limit", global = true, value_name = "NAME=N", help_heading = GLOBAL)]
     pub limits: Vec<String>,
     #[command(flatten)]
     pub hosts: HostFlags,
@@ -68,13 +71,23 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
-    /// Run a Rhai script (`-` reads it from stdin); arguments after `--` are in ARGS.
+    /// Run a Rhai script (`-` reads it from stdin); everything after SCRIPT is in its ARGS.
+    ///
+    /// gpuloop's own options go before SCRIPT: after it, `--json`, `-v`, `--host X` or
+    /// `--help` are the script's arguments, never gpuloop's (a script must not run on other
+    /// hosts than the ones named before it). A `--` right after SCRIPT is accepted and dropped.
     Run {
-        /// A script file, `-` for stdin, or the name of a built-in recipe (gpuloop recipes).
-        script: String,
-        /// Arguments for the script, after `--`: the script's ARGS.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// SCRIPT (a file, `-` for stdin, or the name of a built-in recipe: gpuloop recipes),
+        /// then the script's arguments, verbatim: its ARGS.
+        // One positional, because clap matches a known flag even after a single-valued
+        // positional: only a trailing var arg takes every word after its first value as is.
+        #[arg(
+            required = true,
+            num_args = 1..,
+            trailing_var_arg = true,
+            value_names = ["SCRIPT", "ARGS"]
+        )]
+        argv: Vec<String>,
     },
     /// Evaluate code and print the value of its last expression.
     Eval {
@@ -87,7 +100,7 @@ pub enum Cmd {
         #[arg(required = true)]
         scripts: Vec<PathBuf>,
     },
-    /// List the recipes built into gpuloop (run one with `gpuloop run NAME -- ARGS…`).
+    /// List the recipes built into gpuloop (run one with `gpuloop run NAME ARGS…`).
     Recipes,
     /// Interactive Rhai prompt with every gpuloop function (:help lists them, :quit leaves).
     Repl,
@@ -119,9 +132,8 @@ pub enum Cmd {
         /// Print nothing: only the exit code says whether every selected GPU is clean.
         #[arg(long)]
         check: bool,
-        /// Only the GPUs that this Slurm job's processes hold.
-        #[arg(long, value_name = "JOBID")]
-        job: Option<i64>,
+        #[command(flatten)]
+        held_by: HeldBy,
     },
     /// Stop the compute holders of the selected GPUs, or the given PIDs (TERM, grace, KILL).
     ///
@@ -155,9 +167,15 @@ pub enum Cmd {
         kill: KillFlags,
     },
     /// Wait until the selected GPUs are free, killing nothing (exit 1 if not clean in time).
+    ///
+    /// With --user, --mine or --job it waits for the GPUs those processes hold when it starts:
+    /// until they are gone and those GPUs are clean (memory back, no compute holder of
+    /// anyone's). When they hold no selected GPU there is nothing to wait for: it says so.
     Wait {
         #[command(flatten)]
         sel: GpuSel,
+        #[command(flatten)]
+        held_by: HeldBy,
         /// Seconds to wait for the memory to be released.
         #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
         timeout: f64,
@@ -220,42 +238,42 @@ pub enum Cmd {
 pub struct HostFlags {
     /// Act on these hosts (repeatable): ssh destinations or aliases, hostlists like
     /// 'gpu[01-16],login1'; `local` is this machine without ssh.
-    #[arg(long = "host", global = true, value_name = "DEST")]
+    #[arg(long = "host", global = true, value_name = "DEST", help_heading = HOSTS)]
     pub hosts: Vec<String>,
     /// Hosts from a file: one destination or hostlist per line, `#` comments.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = HOSTS)]
     pub hosts_file: Vec<PathBuf>,
     /// Hosts from Slurm (repeatable): a job id (812, 812_3, 812+1) gives the job's nodes
     /// (`scontrol show job`), a node list ('gpu[01-16]') is expanded by `scontrol show
     /// hostnames`. Adds to --host and --hosts-file.
-    #[arg(long, global = true, value_name = "JOBID|NODELIST")]
+    #[arg(long, global = true, value_name = "JOBID|NODELIST", help_heading = HOSTS)]
     pub hosts_from_slurm: Vec<String>,
     /// How to reach the hosts: ssh (`ssh -o BatchMode=yes HOST gpuloop agent`), or srun (a
     /// step of a running job: `srun --overlap --jobid J -w NODE gpuloop agent`, where ssh to
     /// compute nodes is refused).
-    #[arg(long, global = true, value_name = "HOW", default_value = "ssh")]
+    #[arg(long, global = true, value_name = "HOW", default_value = "ssh", help_heading = HOSTS)]
     pub transport: TransportArg,
     /// The Slurm job --transport srun steps into, for nodes no --hosts-from-slurm JOBID
     /// listed (default: $SLURM_JOB_ID).
-    #[arg(long, global = true, value_name = "J")]
+    #[arg(long, global = true, value_name = "J", help_heading = HOSTS)]
     pub jobid: Option<String>,
     /// The gpuloop to run on the hosts (default: gpuloop on their PATH).
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH", help_heading = HOSTS)]
     pub remote_bin: Option<String>,
     /// ssh client config file, passed to ssh as -F FILE.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = HOSTS)]
     pub ssh_config: Option<PathBuf>,
     /// Connections opened in parallel (like pdsh -f).
-    #[arg(long, global = true, value_name = "N", default_value_t = crate::hosts::DEFAULT_FANOUT)]
+    #[arg(long, global = true, value_name = "N", default_value_t = crate::hosts::DEFAULT_FANOUT, help_heading = HOSTS)]
     pub fanout: usize,
     /// Go on without hosts that cannot be reached (they are reported).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = HOSTS)]
     pub skip_unreachable: bool,
     /// Seconds a host may take to answer: its connection (at most 30 s), a call (beyond the
     /// time it asks for itself, like a wait's timeout) or the ping sent every 5 s while a long
     /// call runs. A host that hangs fails its part with a timeout error naming it; the others
     /// go on.
-    #[arg(long, global = true, value_name = "SECS", default_value_t = crate::hosts::DEFAULT_HOST_TIMEOUT.as_secs_f64())]
+    #[arg(long, global = true, value_name = "SECS", default_value_t = crate::hosts::DEFAULT_HOST_TIMEOUT.as_secs_f64(), help_heading = HOSTS)]
     pub host_timeout: f64,
 }
 
@@ -290,6 +308,23 @@ pub struct Owner {
     #[arg(long)]
     pub mine: bool,
     /// Only processes of this Slurm job (from their environment or cgroup).
+    #[arg(long, value_name = "JOBID")]
+    pub job: Option<i64>,
+}
+
+/// `--user`, `--mine`, `--job` of `diagnose` and `wait`: they pick GPUs, those the matching
+/// processes hold; each GPU is then judged whole (`holders`/`kill`/`clean` pick processes).
+#[derive(Debug, Clone, ClapArgs)]
+pub struct HeldBy {
+    /// Only the GPUs this user's processes hold (a name or a uid); each is judged whole, with
+    /// every user's holders.
+    #[arg(long, value_name = "USER", conflicts_with = "mine")]
+    pub user: Option<String>,
+    /// Only the GPUs your own processes hold; each is judged whole.
+    #[arg(long)]
+    pub mine: bool,
+    /// Only the GPUs this Slurm job's processes hold (from their environment or cgroup); each
+    /// is judged whole.
     #[arg(long, value_name = "JOBID")]
     pub job: Option<i64>,
 }
@@ -500,6 +535,19 @@ mod tests {
         let mut missing = Vec::new();
         undocumented(&Args::command(), "gpuloop", &mut missing);
         assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
+
+    /// Defect 2: `--limit` and the host flags were global without a heading, so every
+    /// command's help listed them among its own options.
+    #[test]
+    fn every_global_flag_has_a_heading_of_its_own() {
+        let cmd = Args::command();
+        let bare: Vec<&str> = cmd
+            .get_arguments()
+            .filter(|a| a.is_global_set() && a.get_help_heading().is_none())
+            .map(|a| a.get_id().as_str())
+            .collect();
+        assert!(bare.is_empty(), "global flags without a heading: {bare:?}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! One function per command; each returns the exit code or an `Error`.
 
-use super::args::{Args, Cmd, GpuSel, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
+use super::args::{Args, Cmd, GpuSel, HeldBy, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
 use super::Config;
 use crate::actions;
 use crate::error::Error;
@@ -24,7 +24,10 @@ use std::time::Duration;
 pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
     let s = &cfg.session;
     match &args.cmd {
-        Cmd::Run { script, args } => run_script(cfg, script, args),
+        Cmd::Run { argv } => match argv.split_first() {
+            Some((script, args)) => run_script(cfg, script, args),
+            None => Err(Error::Usage("run: give a SCRIPT".into())),
+        },
         Cmd::Eval { code } => eval(cfg, code),
         Cmd::Check { scripts } => check(cfg, scripts),
         Cmd::Man => {
@@ -143,12 +146,13 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             }
             Ok(code)
         }
-        Cmd::Diagnose { sel, check, job } => {
+        Cmd::Diagnose {
+            sel,
+            check,
+            held_by,
+        } => {
             require_local_driver(s)?;
-            let filter = Filter {
-                user: None,
-                job: *job,
-            };
+            let filter = held_by_filter(s, held_by)?;
             let parts = actions::diagnoses_per_host(s, selection(s, sel)?, &filter)?;
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut ds = Vec::new();
@@ -200,9 +204,17 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 kill,
             )
         }
-        Cmd::Wait { sel, timeout, wait } => {
-            wait_only(cfg, &selection(s, sel)?, &wait_opts(*timeout, wait)?)
-        }
+        Cmd::Wait {
+            sel,
+            held_by,
+            timeout,
+            wait,
+        } => wait_only(
+            cfg,
+            &selection(s, sel)?,
+            &held_by_filter(s, held_by)?,
+            &wait_opts(*timeout, wait)?,
+        ),
         Cmd::Epilog { hook: h } => hook(cfg, Hook::Epilog, h),
         Cmd::Prolog { hook: h } => hook(cfg, Hook::Prolog, h),
         Cmd::Sim(cmd) => sim(cfg, cmd),
@@ -311,19 +323,30 @@ fn require_local_driver(s: &Session) -> Result<(), Error> {
     Ok(())
 }
 
-/// `--user U` or `--mine`, and `--job N`, as a holder filter. The user goes to each host as
-/// given (a name stays a name) and is looked up there; on this machine alone an unknown name
-/// is a usage error at once.
+/// `--user U` or `--mine`, and `--job N`, as a holder filter.
 fn owner_filter(s: &Session, owner: &Owner) -> Result<Filter, Error> {
-    let user = match (&owner.user, owner.mine) {
+    filter_of(s, owner.user.as_deref(), owner.mine, owner.job)
+}
+
+/// diagnose's and wait's `--user`/`--mine`/`--job`: the same filter, picking GPUs.
+fn held_by_filter(s: &Session, h: &HeldBy) -> Result<Filter, Error> {
+    filter_of(s, h.user.as_deref(), h.mine, h.job)
+}
+
+/// The user goes to each host as given (a name stays a name) and is looked up there; on this
+/// machine alone an unknown name is a usage error at once.
+fn filter_of(
+    s: &Session,
+    user: Option<&str>,
+    mine: bool,
+    job: Option<i64>,
+) -> Result<Filter, Error> {
+    let user = match (user, mine) {
         (_, true) => Some(User::Me),
         (Some(u), false) => Some(User::parse(u)),
         (None, false) => None,
     };
-    let filter = Filter {
-        user,
-        job: owner.job,
-    };
+    let filter = Filter { user, job };
     actions::check_filter(s, &filter).map_err(|e| Error::Usage(format!("--user: {e}")))?;
     Ok(filter)
 }
@@ -376,12 +399,7 @@ fn journal(cfg: &Config, last: usize) -> Result<i32, Error> {
 }
 
 fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
-    if !(0.0..=1e9).contains(&v) {
-        return Err(Error::Usage(format!(
-            "{what} must be a non-negative number of seconds"
-        )));
-    }
-    Ok(Duration::from_secs_f64(v))
+    crate::inspect::wait::seconds(v).map_err(|why| Error::Usage(format!("{what} {why}")))
 }
 
 fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
@@ -550,10 +568,26 @@ fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
     Ok(0)
 }
 
-/// `gpuloop wait`: wait_clean as a command; kills nothing.
-/// `gpuloop wait`: wait_clean, then the report (which says what is left: the wait is quiet).
-fn wait_only(cfg: &Config, sel: &HostSel, opts: &WaitOpts) -> Result<i32, Error> {
+/// `gpuloop wait`: wait_clean, then the report (which says what is left: the wait is quiet);
+/// kills nothing. With a filter it waits for the GPUs the filtered processes hold now.
+fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> Result<i32, Error> {
     require_local_driver(&cfg.session)?;
+    let held;
+    let sel = match filter.is_empty() {
+        true => sel,
+        false => match actions::held_by(&cfg.session, sel, filter)? {
+            Some(x) => {
+                held = x;
+                &held
+            }
+            None => {
+                crate::errln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job holds a selected GPU");
+                return emit(cfg, &serde_json::json!({"clean": true, "gpus": []}), || {
+                    "clean".into()
+                });
+            }
+        },
+    };
     let outcome = actions::wait_quietly(&cfg.session, sel, opts)?;
     let clean = match outcome {
         WaitOutcome::Interrupted => return Ok(130),
@@ -632,6 +666,11 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
 }
 
 fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error> {
+    // `run SCRIPT -- ARGS…`, the older spelling, still works: that `--` is no argument.
+    let args = match args.split_first() {
+        Some((first, rest)) if first == "--" => rest,
+        _ => args,
+    };
     let (file, src, dir) = read_script(script)?;
     // Whatever the script started (run/spawn) is stopped when this goes out of scope.
     let _jobs = crate::runner::Supervisor::start(cfg.session.protected());

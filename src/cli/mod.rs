@@ -95,10 +95,12 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     if f.fanout == 0 {
         return Err(Error::Usage("--fanout must be at least 1".into()));
     }
-    if !(f.host_timeout > 0.0 && f.host_timeout <= 1e9) {
-        return Err(Error::Usage(
-            "--host-timeout must be a positive number of seconds".into(),
-        ));
+    if !(f.host_timeout > 0.0 && f.host_timeout <= crate::inspect::wait::MAX_SECS) {
+        return Err(Error::Usage(format!(
+            "--host-timeout {}: it must be a finite number of seconds, more than 0 and at most {:e} (about 31 years)",
+            f.host_timeout,
+            crate::inspect::wait::MAX_SECS
+        )));
     }
     let transport = if srun {
         if f.ssh_config.is_some() {

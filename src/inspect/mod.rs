@@ -73,6 +73,11 @@ impl User {
 }
 
 impl Filter {
+    /// No filter at all: every holder.
+    pub fn is_empty(&self) -> bool {
+        self.user.is_none() && self.job.is_none()
+    }
+
     /// The filter as this machine reads it; an unknown user name is an error.
     pub fn resolve(&self) -> Result<Resolved, GpuError> {
         Ok(Resolved {
@@ -90,6 +95,11 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// No filter at all: every holder.
+    pub fn is_empty(&self) -> bool {
+        self.uid.is_none() && self.job.is_none()
+    }
+
     pub fn matches(&self, h: &holders::Holder) -> bool {
         self.uid.is_none_or(|u| h.uid == i64::from(u))
             && self.job.is_none_or(|j| h.origin.job == Some(j))

@@ -109,12 +109,8 @@ fn args<T: for<'de> Deserialize<'de>>(tool: &str, raw: Map<String, Value>) -> Re
 }
 
 fn seconds(tool: &str, what: &str, v: f64) -> Result<Duration, CallError> {
-    if !(0.0..=1e9).contains(&v) {
-        return Err(CallError::BadArguments(format!(
-            "{tool}: {what} must be a non-negative number of seconds, got {v}"
-        )));
-    }
-    Ok(Duration::from_secs_f64(v))
+    crate::inspect::wait::seconds(v)
+        .map_err(|why| CallError::BadArguments(format!("{tool}: {what} {why}")))
 }
 
 fn signal(tool: &str, name: &str) -> Result<Signal, CallError> {
@@ -430,7 +426,7 @@ pub fn list() -> Vec<Tool> {
         tool::<RecipeArgs>(
             "run_recipe",
             "Run a ready recipe",
-            "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME -- \
+            "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME \
              ARGS` on this server's GPUs, and return its exit code and the end of its output. \
              Reports progress, can be cancelled (the recipe and what it started are stopped). \
              Needs the server's `--allow recipes`.",
@@ -636,7 +632,10 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
         return Ok(
             match actions::kill_holders(ctx.session, &sel, &Filter::default(), &kill_opts) {
-                Ok(report) => Reply::ok(summary::kill(&report), json!(report)),
+                Ok(mut report) => {
+                    no_force_here(&mut report);
+                    Reply::ok(summary::kill(&report), json!(report))
+                }
                 Err(e) => Reply::failed(e),
             },
         );
@@ -654,10 +653,11 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
             show: &mut |m| progress.send(m),
         },
     );
-    let r = match r {
+    let mut r = match r {
         Ok(r) => r,
         Err(e) => return Ok(Reply::failed(e)),
     };
+    no_force_here(&mut r.kill);
     if r.outcome == WaitOutcome::Interrupted || ctx.stopped() {
         return Err(CallError::Cancelled {
             signalled: r.kill.signalled,
@@ -669,6 +669,16 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
         data: json!(r),
         failed: false,
     })
+}
+
+/// A protected daemon clean left alone: through MCP no flag stops it, so say so.
+fn no_force_here(r: &mut crate::process::kill::KillReport) {
+    for s in &mut r.skipped {
+        s.reason = s.reason.replace(
+            actions::FORCE_HINT,
+            "MCP never stops it (the person can, with --force)",
+        );
+    }
 }
 
 fn run(ctx: &Ctx, a: RunArgs) -> Result<Reply, CallError> {

@@ -174,11 +174,25 @@ fn param_names(f: &FnMeta) -> Vec<String> {
 }
 
 /// Overloads whose parameters extend one another read as `a[, b[, c]]`; unrelated ones are
-/// joined with `|`: `job[, opts] | target[, opts]`.
+/// joined with `|`: `job[, opts] | target[, opts]`. Two parameters each optional on its own
+/// (`f()`, `f(sel)`, `f(opts)`, `f(sel, opts)`) read as `[sel][, opts]`.
 fn folded_params(overloads: &[&FnMeta]) -> String {
     let mut lists: Vec<Vec<String>> = overloads.iter().map(|f| param_names(f)).collect();
     lists.sort_by_key(Vec::len);
     lists.dedup();
+    let mut folded = Vec::new();
+    let pair = lists.iter().find(|l| {
+        l.len() == 2
+            && [vec![], vec![l[0].clone()], vec![l[1].clone()]]
+                .iter()
+                .all(|x| lists.contains(x))
+    });
+    if let Some(pair) = pair.cloned() {
+        let (a, b) = (pair[0].clone(), pair[1].clone());
+        let each = [vec![], vec![a.clone()], vec![b.clone()], pair];
+        lists.retain(|l| !each.contains(l));
+        folded.push(format!("[{a}][, {b}]"));
+    }
     let mut chains: Vec<Vec<Vec<String>>> = Vec::new();
     for l in lists {
         match chains
@@ -189,11 +203,8 @@ fn folded_params(overloads: &[&FnMeta]) -> String {
             None => chains.push(vec![l]),
         }
     }
-    chains
-        .iter()
-        .map(|c| fold(c))
-        .collect::<Vec<_>>()
-        .join(" | ")
+    folded.extend(chains.iter().map(|c| fold(c)));
+    folded.join(" | ")
 }
 
 /// A chain of parameter lists, each extending the one before, as optional parameters.
@@ -294,6 +305,8 @@ mod tests {
     fn overloads_fold_into_optional_parameters() {
         let (a, b, c) = (f(&[]), f(&["sel"]), f(&["sel", "opts"]));
         assert_eq!(folded_params(&[&a, &b, &c]), "[sel[, opts]]");
+        let o = f(&["opts"]);
+        assert_eq!(folded_params(&[&a, &b, &o, &c]), "[sel][, opts]");
         let (t, to) = (f(&["target"]), f(&["target", "opts"]));
         assert_eq!(folded_params(&[&to, &t]), "target[, opts]");
         assert_eq!(folded_params(&[&a]), "");

@@ -146,6 +146,31 @@ impl<'a> Opts<'a> {
         }
     }
 
+    /// A Slurm job id: an integer, or a string of digits as `env("SLURM_JOB_ID")` gives it.
+    pub fn job_id(&self, key: &str) -> RhaiResult<Option<i64>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let id = match v.as_int() {
+            Ok(i) => Some(i),
+            Err(_) => v
+                .clone()
+                .into_string()
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok()),
+        };
+        id.filter(|i| *i >= 0).map(Some).ok_or_else(|| {
+            script_err(format!(
+                "{}: option {key} must be a Slurm job id, 812 or \"812\" (as env(\"SLURM_JOB_ID\") gives it), not {}",
+                self.func,
+                match v.clone().into_string() {
+                    Ok(s) => format!("{s:?}"),
+                    Err(_) => format!("a {}", v.type_name()),
+                }
+            ))
+        })
+    }
+
     /// Seconds given as int or float.
     pub fn secs(&self, key: &str, default: Option<Duration>) -> RhaiResult<Option<Duration>> {
         match self.get(key) {
@@ -156,13 +181,9 @@ impl<'a> Opts<'a> {
                     .map(|i| i as f64)
                     .or_else(|_| v.as_float())
                     .map_err(|_| self.wrong(key, "seconds (a number)", v))?;
-                if !(0.0..=1e9).contains(&s) {
-                    return Err(script_err(format!(
-                        "{}: option {key} must be a non-negative number of seconds",
-                        self.func
-                    )));
-                }
-                Ok(Some(Duration::from_secs_f64(s)))
+                crate::inspect::wait::seconds(s)
+                    .map(Some)
+                    .map_err(|why| script_err(format!("{}: option {key}: {why}", self.func)))
             }
         }
     }
@@ -281,8 +302,5 @@ pub fn secs_arg(v: &Dynamic, what: &str) -> RhaiResult<Duration> {
                 v.type_name()
             ))
         })?;
-    if !(0.0..=1e9).contains(&s) {
-        return Err(script_err(format!("{what}: seconds must be non-negative")));
-    }
-    Ok(Duration::from_secs_f64(s))
+    crate::inspect::wait::seconds(s).map_err(|why| script_err(format!("{what}: {why}")))
 }

@@ -135,7 +135,9 @@ pub fn compile(engine: &Engine, file: &str, source: &str) -> Result<AST, ScriptE
     Ok(ast)
 }
 
-/// Compiles and runs a script; returns the value of its last expression.
+/// Compiles a script, finds the modules it imports (as `gpuloop check` does: a missing one
+/// is a compile error, before anything runs), and runs it; returns the value of its last
+/// expression.
 pub fn run_source(
     engine: &Engine,
     scope: &mut Scope,
@@ -143,6 +145,7 @@ pub fn run_source(
     source: &str,
 ) -> Result<Dynamic, ScriptError> {
     let ast = compile(engine, file, source)?;
+    check_imports(engine, &ast, file, source)?;
     engine
         .eval_ast_with_scope::<Dynamic>(scope, &ast)
         .map_err(|e| errors::from_eval(*e, file, source))
@@ -165,19 +168,38 @@ pub fn imports(ast: &AST) -> Vec<(String, String, rhai::Position)> {
         .collect()
 }
 
-/// Finds (and compiles) every module a script imports at its top level, as running it would:
-/// `gpuloop check` fails on a missing module, saying where it looked.
+/// Every `import` with a constant path anywhere in a script: at its top level, in blocks
+/// and in function bodies (where it runs only when the function is called).
+fn static_imports(ast: &AST) -> Vec<(String, rhai::Position)> {
+    let mut found = Vec::new();
+    ast.walk(&mut |nodes: &[rhai::ASTNode]| {
+        if let Some(rhai::ASTNode::Stmt(rhai::Stmt::Import(x, _))) = nodes.last() {
+            if let rhai::Expr::StringConstant(path, pos) = &x.0 {
+                found.push((path.to_string(), *pos));
+            }
+        }
+        true
+    });
+    found
+}
+
+/// Finds (and compiles) every module a script imports with a constant path, as running it
+/// would: a missing module, or one that does not compile, is a compile error (exit 2) that
+/// says where it looked, from `gpuloop check` and `gpuloop run` alike.
 pub fn check_imports(
     engine: &Engine,
     ast: &AST,
     file: &str,
     source: &str,
 ) -> Result<(), ScriptError> {
-    for (path, _, pos) in imports(ast) {
+    for (path, pos) in static_imports(ast) {
         engine
             .module_resolver()
             .resolve(engine, Some(file), &path, pos)
-            .map_err(|e| errors::from_eval(*e, file, source))?;
+            .map_err(|e| match errors::from_eval(*e, file, source) {
+                ScriptError::Runtime(m) => ScriptError::Compile(m),
+                other => other,
+            })?;
     }
     Ok(())
 }

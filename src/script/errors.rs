@@ -170,6 +170,9 @@ pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
     for c in context.iter().rev() {
         out.push_str(&format!("\n  note: {c}"));
     }
+    if msg.starts_with(super::modules::NOT_FOUND) {
+        return ScriptError::Compile(out);
+    }
     ScriptError::Runtime(out)
 }
 

@@ -15,6 +15,11 @@ pub const STDLIB: &[(&str, &str)] = &[
     ("workers", include_str!("../../stdlib/workers.rhai")),
 ];
 
+/// How the error of a module found nowhere begins: an import computed at run time that
+/// finds nothing is still a usage error (exit 2), as a missing constant one is before the
+/// script runs.
+pub const NOT_FOUND: &str = "module not found: ";
+
 /// The resolver chain, in the order SPEC gives; a module found nowhere is an error that
 /// says where it was looked for.
 pub fn resolver(script_dir: Option<PathBuf>) -> Resolver {
@@ -79,7 +84,7 @@ impl ModuleResolver for Resolver {
                 // Not ErrorModuleNotFound: rhai would replace it with its own, without the path.
                 EvalAltResult::ErrorModuleNotFound(name, p) if name == path => {
                     Box::new(EvalAltResult::ErrorRuntime(
-                        format!("module not found: {}", self.looked(path)).into(),
+                        format!("{NOT_FOUND}{}", self.looked(path)).into(),
                         p,
                     ))
                 }

@@ -111,6 +111,13 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          (from the agent's hello), error (why it cannot be reached, or ()).",
         move || -> RhaiResult<Array> { to_array(&actions::hosts(&s)) },
     );
+    let diagnose = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
+        let o = Opts::new(&opts, "diagnose", &["on_error"])?;
+        let sel = selection(s, &sel)?;
+        actions::skipping(o.on_error()?, || {
+            to_array(&actions::diagnoses(s, sel).map_err(to_script)?)
+        })
+    };
     let s = session.clone();
     def(
         engine,
@@ -118,13 +125,16 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array | ()", "opts: Map", "Array"],
         "diagnose() with options: on_error: \"skip\" goes on without hosts that cannot be
          reached (reported once).",
-        move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-            let o = Opts::new(&opts, "diagnose", &["on_error"])?;
-            let sel = selection(&s, &sel)?;
-            actions::skipping(o.on_error()?, || {
-                to_array(&actions::diagnoses(&s, sel).map_err(to_script)?)
-            })
-        },
+        move |sel: Dynamic, opts: Map| diagnose(&s, sel, opts),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "diagnose",
+        &["opts: Map", "Array"],
+        "diagnose() of every GPU with options: diagnose(#{on_error: \"skip\"}) is
+         diagnose((), #{on_error: \"skip\"}).",
+        move |opts: Map| diagnose(&s, Dynamic::UNIT, opts),
     );
 
     let s = session.clone();
@@ -156,6 +166,30 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
             to_array(&actions::holders(&s, selection(&s, &sel)?, false).map_err(to_script)?)
         },
     );
+    let holders = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
+        let o = Opts::new(&opts, "holders", &["all", "user", "job", "on_error"])?;
+        let all = o.bool("all", false)?;
+        // The user goes to each host as given, and each looks it up in its own user
+        // database: uids differ between machines.
+        let user = match o.raw("user") {
+            None => None,
+            Some(u) => Some(match u.as_int() {
+                Ok(n) => User::Uid(
+                    u32::try_from(n)
+                        .map_err(|_| script_err(format!("holders: user {n} is not a valid uid")))?,
+                ),
+                Err(_) => User::parse(&u.to_string()),
+            }),
+        };
+        let filter = Filter {
+            user,
+            job: o.job_id("job")?,
+        };
+        actions::check_filter(s, &filter).map_err(|e| script_err(format!("holders: {e}")))?;
+        to_array(&actions::skipping(o.on_error()?, || {
+            actions::holders_of(s, selection(s, &sel)?, all, &filter).map_err(to_script)
+        })?)
+    };
     let s = session.clone();
     def(
         engine,
@@ -165,30 +199,17 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          nvidia-smi, which open the nodes but map nothing) and protected GPU daemons;
          #{user: \"alice\"} (a name or a uid) only that user's processes, the name looked
          up on each host in its own user database (an unknown name is that host's error);
-         #{job: 812} only that Slurm job's.",
-        move |sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-            let o = Opts::new(&opts, "holders", &["all", "user", "job", "on_error"])?;
-            let all = o.bool("all", false)?;
-            // The user goes to each host as given, and each looks it up in its own user
-            // database: uids differ between machines.
-            let user = match o.raw("user") {
-                None => None,
-                Some(u) => Some(match u.as_int() {
-                    Ok(n) => User::Uid(u32::try_from(n).map_err(|_| {
-                        script_err(format!("holders: user {n} is not a valid uid"))
-                    })?),
-                    Err(_) => User::parse(&u.to_string()),
-                }),
-            };
-            let filter = Filter {
-                user,
-                job: o.opt_int("job")?,
-            };
-            actions::check_filter(&s, &filter).map_err(|e| script_err(format!("holders: {e}")))?;
-            to_array(&actions::skipping(o.on_error()?, || {
-                actions::holders_of(&s, selection(&s, &sel)?, all, &filter).map_err(to_script)
-            })?)
-        },
+         #{job: 812} only that Slurm job's (a string of digits too: #{job:
+         env(\"SLURM_JOB_ID\")}).",
+        move |sel: Dynamic, opts: Map| holders(&s, sel, opts),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "holders",
+        &["opts: Map", "Array"],
+        "Holders of every GPU with options: holders(#{all: true}) is holders((), #{all: true}).",
+        move |opts: Map| holders(&s, Dynamic::UNIT, opts),
     );
 
     let s = session.clone();
@@ -292,6 +313,15 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array | ()", "bool"],
         "wait_clean() for the selected GPUs.",
         move |sel: Dynamic| wait(&s, sel, Map::new()),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "wait_clean",
+        &["opts: Map", "bool"],
+        "wait_clean() of every GPU with options: wait_clean(#{timeout: 60}) is
+         wait_clean((), #{timeout: 60}).",
+        move |opts: Map| wait(&s, Dynamic::UNIT, opts),
     );
     let s = session.clone();
     def(
