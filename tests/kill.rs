@@ -179,6 +179,15 @@ fn clean_json_reports_the_kill_and_the_gpus() {
     assert_eq!(j["clean"], true);
     assert_eq!(j["kill"]["exited"], serde_json::json!([p]));
     assert_eq!(j["gpus"][0]["verdict"], "clean");
+    // A new user's report, round 7: with nothing to stop, clean still said "memory back 0.0 s
+    // after the kill".
+    let out = sim.run(&["clean"]).ok();
+    assert!(
+        out.stdout.contains("clean: nothing to stop"),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("after the kill"), "{}", out.stdout);
 }
 
 #[test]

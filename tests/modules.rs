@@ -44,8 +44,17 @@ fn imports_resolve_in_order() {
 
 #[test]
 fn the_stdlib_report_module_summarises() {
-    let sim = Sim::new("2x8G");
+    let sim = Sim::new("3x8G");
     let p = sim.hold(&["--gpu", "1", "--mib", "42", "--name", "trainer"])[0];
+    // A new user's report, round 7: a GPU whose only memory is a daemon's read "free".
+    sim.hold(&[
+        "--gpu",
+        "2",
+        "--mib",
+        "100",
+        "--name",
+        "nvidia-persistenced",
+    ]);
     let out = sim
         .script(
             "r.rhai",
@@ -55,7 +64,7 @@ fn the_stdlib_report_module_summarises() {
         .ok();
     assert!(
         out.stdout
-            .contains("2 GPU(s), 1 with memory used, 1 compute holder(s)"),
+            .contains("3 GPU(s), 2 with memory used, 1 compute holder(s)"),
         "{}",
         out.stdout
     );
@@ -67,6 +76,12 @@ fn the_stdlib_report_module_summarises() {
     );
     assert!(
         out.stdout.contains("GPU 0: 0/8192 MiB  free"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("GPU 2: 100/8192 MiB  no compute holder (diagnose() says whose)"),
         "{}",
         out.stdout
     );

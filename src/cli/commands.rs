@@ -544,7 +544,10 @@ fn clean(
             "{}\n{}\n{}",
             render::kill_report(&r.kill, Style::stdout()),
             render::diagnoses(&r.after, Style::stdout()),
-            if r.clean {
+            if r.clean && r.kill.signalled.is_empty() {
+                // Nothing was stopped: there was no kill for the memory to come back after.
+                "clean: nothing to stop".to_string()
+            } else if r.clean {
                 format!("clean: memory back {secs:.1} s after the kill")
             } else {
                 format!("NOT clean after {secs:.1} s")
