@@ -602,6 +602,8 @@ fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
             show: &mut |m| progress.send(m),
         },
     );
+    let mut report = report;
+    no_force_here(&mut report);
     let mut line = summary::kill(&report);
     if a.force {
         line.push_str(" (force has no effect through MCP: protected daemons are never signalled)");
@@ -671,13 +673,14 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
     })
 }
 
-/// A protected daemon clean left alone: through MCP no flag stops it, so say so.
+/// A protected daemon kill or clean left alone: through MCP no flag stops it, so say so.
 fn no_force_here(r: &mut crate::process::kill::KillReport) {
+    let here = "MCP never stops it (the person can, with --force)";
     for s in &mut r.skipped {
-        s.reason = s.reason.replace(
-            actions::FORCE_HINT,
-            "MCP never stops it (the person can, with --force)",
-        );
+        s.reason = s
+            .reason
+            .replace(actions::FORCE_HINT, here)
+            .replace(crate::process::kill::FORCE_ANYWAY, here);
     }
 }
 

@@ -222,13 +222,16 @@ impl<'a> Guard<'a> {
         }
         if !force && is_protected(&p.comm, &pinned.dir.cmdline(), self.protected) {
             return Some(format!(
-                "protected: {} is a GPU daemon (pass force to stop it anyway)",
+                "protected: {} is a GPU daemon ({FORCE_ANYWAY})",
                 p.comm
             ));
         }
         None
     }
 }
+
+/// What a refused daemon's reason says would stop it (MCP, which never does, replaces it).
+pub const FORCE_ANYWAY: &str = "force stops it anyway: --force, or force: true in a script";
 
 /// True if a process is one of the protected daemons, by comm (15 bytes at most) or argv[0].
 pub fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {

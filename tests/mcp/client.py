@@ -292,6 +292,9 @@ async def cancel_and_run():
             check(c["signalled"] == [] and [x["pid"] for x in c["skipped"]] == [daemon], f"daemon kill: {c}")
             check(alive(daemon), "the protected daemon was killed through MCP")
             check("force has no effect" in r.content[0].text, r.content[0].text)
+            # The reason tells the model what it can do here: nothing; not "--force".
+            why = c["skipped"][0]["reason"]
+            check("MCP never stops it" in why and "force: true" not in why, f"daemon reason: {why}")
 
 
 async def hosts():
