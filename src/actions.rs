@@ -274,7 +274,6 @@ pub fn gpu(s: &Session, index: i64) -> Result<Gpu, GpuError> {
     }
 }
 
-/// One GPU named as `"dest:index"`.
 /// One GPU named as `--gpu` names one: an index, a UUID (or a unique prefix of one) or a bus
 /// id. A UUID is unique across hosts; a bus id or an index on several hosts is ambiguous.
 pub fn gpu_named(s: &Session, text: &str) -> Result<Gpu, GpuError> {
@@ -314,6 +313,7 @@ pub fn gpu_named(s: &Session, text: &str) -> Result<Gpu, GpuError> {
     }
 }
 
+/// One GPU named as `"dest:index"`.
 pub fn gpu_at(s: &Session, host: &str, index: i64) -> Result<Gpu, GpuError> {
     let sel = HostSel {
         every: None,
@@ -563,16 +563,20 @@ fn narrowed(inv: &Inventory, sel: &Selection, filter: &Resolved) -> Selection {
     if filter.is_empty() {
         return sel.clone();
     }
-    let mut gpus: Vec<i64> = inv
-        .holders(sel, false)
-        .iter()
-        .filter(|h| filter.matches(h))
-        .flat_map(|h| h.gpus.clone())
+    let hs = inv.holders(sel, false);
+    Some(gpus_used(hs.iter().filter(|h| filter.matches(h)), sel))
+}
+
+/// The selected GPUs that `holders` use, sorted, once each: what --user, --mine and --job
+/// narrow a diagnose, a wait and a clean to.
+fn gpus_used<'a>(holders: impl Iterator<Item = &'a Holder>, sel: &Selection) -> Vec<i64> {
+    let mut gpus: Vec<i64> = holders
+        .flat_map(|h| h.gpus.iter().copied())
         .filter(|g| crate::inspect::selected(sel, *g))
         .collect();
     gpus.sort_unstable();
     gpus.dedup();
-    Some(gpus)
+    gpus
 }
 
 /// Names a remote diagnosis and every record in it that carries a pid (holders, daemons,
@@ -621,14 +625,7 @@ pub fn diagnoses_per_host(
 pub fn held_by(s: &Session, sel: &HostSel, filter: &Filter) -> Result<Option<HostSel>, GpuError> {
     let mut at = std::collections::BTreeMap::new();
     for (host, hs) in answered(s, holders_per_host(s, sel.clone(), false, filter)?)? {
-        let on = sel.on(&host).flatten();
-        let mut gpus: Vec<i64> = hs
-            .iter()
-            .flat_map(|h| h.gpus.iter().copied())
-            .filter(|g| crate::inspect::selected(&on, *g))
-            .collect();
-        gpus.sort_unstable();
-        gpus.dedup();
+        let gpus = gpus_used(hs.iter(), &sel.on(&host).flatten());
         if !gpus.is_empty() {
             at.insert(host, gpus);
         }
@@ -1227,13 +1224,9 @@ pub fn clean_watched(
     if let Some(why) = s.backend()?.missing_driver() {
         return Err(GpuError::NoDriver(why.to_string()));
     }
-    // clean --user stops that owner's holders and verifies the whole selection (an owner's
-    // processes share GPUs with others'); a job's GPUs are its own: only they are verified.
-    let job_only = Resolved {
-        uid: None,
-        job: filter.job,
-    };
-    let sel = &narrowed(&inventory(s, sel)?, sel, &job_only);
+    // Like diagnose and wait: with --user, --mine or --job, the GPUs verified are those the
+    // filtered holders use (what else holds them is reported, and keeps them not clean).
+    let sel = &narrowed(&inventory(s, sel)?, sel, &filter.resolve()?);
     let kill = kill_holders_watched(s, sel, filter, kill_opts, w)?;
     let waited = std::time::Instant::now();
     let mut wait_opts = wait_opts.clone();

@@ -196,6 +196,30 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
     );
     sim.adopt(engine);
     sim.adopt(worker);
+    // Review, round 7: two unrelated jobs that one daemon (here a "crond", a copy of bash by
+    // that name) started through shells of their own sessions were one job, because they
+    // shared that distant launcher; stop() would have taken both.
+    let crond = dir.path().join("crond");
+    std::fs::copy("/bin/bash", &crond).unwrap();
+    let one = |gpu: u32, out: &str| {
+        format!(
+            r#"setsid bash -c '"$GPULOOP_BIN" sim hold --foreground --gpu {gpu} --mib 10 > {d}/{out}; :' &"#
+        )
+    };
+    let mut cron = std::process::Command::new(&crond)
+        .args([
+            "-c",
+            &format!("{} {} wait", one(0, "cron_a"), one(3, "cron_b")),
+        ])
+        .envs(c.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .spawn()
+        .expect("crond");
+    let (cron_a, cron_b) = (
+        pid_in(&dir.path().join("cron_a")),
+        pid_in(&dir.path().join("cron_b")),
+    );
+    sim.adopt(cron_a);
+    sim.adopt(cron_b);
 
     let jobs = sim.eval_json(
         r#"import "workers" as w;
@@ -212,7 +236,18 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
         p.sort();
         p
     };
-    assert_eq!(jobs.as_array().unwrap().len(), 3, "{jobs}");
+    assert_eq!(jobs.as_array().unwrap().len(), 5, "{jobs}");
+    for p in [cron_a, cron_b] {
+        let mine: Vec<&serde_json::Value> = jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["pids"].as_array().unwrap().contains(&p.into()))
+            .collect();
+        assert_eq!(mine.len(), 1, "{jobs}");
+        assert_eq!(pids(mine[0]), [p as i64], "cron's jobs were joined: {jobs}");
+        assert_eq!(mine[0]["launcher"], 0, "{jobs}");
+    }
     // Largest first: the two workers of GPU 0 (200 MiB), the vLLM chain (70), the supervised one.
     assert_eq!(jobs[0]["launcher"], plain[0], "{jobs}");
     assert_eq!(pids(&jobs[0]), [plain[1] as i64, plain[2] as i64], "{jobs}");
@@ -231,10 +266,22 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
         .hold(&["--gpu", "1", "--mib", "20", "--setsid"])
         .last()
         .unwrap();
+    // Its parent is stopped only when asked (parents: true), as clean --parents.
+    let dry = sim.eval_json(&format!(
+        r#"import "workers" as w;
+        let j = w::jobs(1).filter(|j| j.launcher != () && j.launcher.pid == {})[0];
+        [w::stop(j, #{{dry_run: true}}).kill.would_signal, w::stop(j, #{{dry_run: true, parents: true}}).kill.would_signal]"#,
+        sup[0]
+    ));
+    assert!(
+        !dry[0].as_array().unwrap().contains(&sup[0].into()),
+        "{dry}"
+    );
+    assert!(dry[1].as_array().unwrap().contains(&sup[0].into()), "{dry}");
     let r = sim.eval_json(&format!(
         r#"import "workers" as w;
         let j = w::jobs(1).filter(|j| j.launcher != () && j.launcher.pid == {})[0];
-        let r = w::stop(j, #{{grace: 2}});
+        let r = w::stop(j, #{{grace: 2, parents: true}});
         #{{signalled: r.kill.signalled, clean: r.clean, shared_gpus: r.shared_gpus, left: r.kill.restarters}}"#,
         sup[0]
     ));
@@ -247,7 +294,7 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
     );
     assert_eq!(r["left"], serde_json::json!([]), "{r}");
     assert!(gone_within(sup[0], 10));
-    for p in [plain[1], plain[2], engine, worker] {
+    for p in [plain[1], plain[2], engine, worker, cron_a, cron_b] {
         assert!(alive(p), "pid {p} of another job was stopped");
     }
     // The orphaned chain goes whole.
@@ -256,4 +303,13 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
     assert!(gone_within(engine, 10) && gone_within(worker, 10));
     assert_eq!(sim.used_mib(2), 0);
     assert!(alive(plain[1]));
+    // One of cron's jobs goes alone.
+    let r = sim.eval_json(&format!(
+        r#"import "workers" as w; w::stop(w::jobs().filter(|j| j.pids.contains({cron_a}))[0], #{{grace: 2}}).kill.signalled"#
+    ));
+    assert_eq!(r, serde_json::json!([cron_a]), "{r}");
+    assert!(gone_within(cron_a, 10) && alive(cron_b));
+    // Our "crond" (by pid, its child); cron_b is the simulator's to end (adopted).
+    let _ = cron.kill();
+    let _ = cron.wait();
 }

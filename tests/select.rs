@@ -110,6 +110,22 @@ fn wait_and_diagnose_take_user_mine_and_job() {
             out.stderr
         );
     }
+    // Nothing was verified, so it is not "clean" (review, round 7: it said clean: true).
+    let v = sim.run(&["--json", "wait", "--job", "5"]).ok().json();
+    assert_eq!(v["clean"], Value::Null, "{v}");
+    assert_eq!(v["nothing_to_wait_for"], true, "{v}");
+    // clean narrows the same way (review, round 7: clean --user checked every GPU, so another
+    // user's holders made it "NOT clean" after the whole timeout): nothing of theirs, nothing
+    // to stop, and the GPUs others hold are not its business.
+    let out = sim
+        .run(&["clean", "--user", other, "--timeout", "0.2"])
+        .ok();
+    assert!(
+        out.stdout.contains("clean: nothing to stop"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(gpus(&["diagnose"], 1), [0, 1, 2, 3]);
     sim.run(&["wait", "--user", "root", "--mine"]).code(2);
     let help = sim.run(&["wait", "--help"]).ok().stdout;
     assert!(help.contains("the GPUs those processes hold"), "{help}");

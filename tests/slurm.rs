@@ -772,6 +772,14 @@ fn site_policy_recipe_says_what_it_would_stop_and_drain() {
         out.stderr
     );
     assert!(alive(stray));
+    // Review, round 7: without SLURM_JOB_GPUS every process of the job counted as outside
+    // its allocation. The allocation is unknown then, and rule 3 is skipped.
+    let out = sim.run_with(&["run", "slurm-site-policy", "--dry-run"], |c| {
+        c.envs(env).env_remove("SLURM_JOB_GPUS");
+    });
+    let out = out.ok();
+    assert!(out.stderr.contains("rule 3 skipped"), "{}", out.stderr);
+    assert!(!out.stderr.contains("would stop"), "{}", out.stderr);
 }
 
 /// Without Slurm's environment the hooks refuse (exit 2); `--dry-run` names what the epilog

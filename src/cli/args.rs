@@ -298,9 +298,9 @@ pub struct GpuSel {
 
 #[derive(Debug, Clone, ClapArgs)]
 pub struct Owner {
-    /// Only processes of this user (a name or a uid). With --host each host looks the name
-    /// up in its own user database (uids differ between machines); a host that does not know
-    /// it fails its part, naming the user.
+    /// Only processes of this user (a name or a uid); clean then verifies the GPUs they held.
+    /// With --host each host looks the name up in its own user database (uids differ between
+    /// machines); a host that does not know it fails its part, naming the user.
     #[arg(long, value_name = "USER", conflicts_with = "mine")]
     pub user: Option<String>,
     /// Only your own processes: those of the account gpuloop runs as. With --host that is,

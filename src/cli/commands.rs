@@ -584,10 +584,14 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
                 &held
             }
             None => {
-                crate::errln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job holds a selected GPU");
-                return emit(cfg, &serde_json::json!({"clean": true, "gpus": []}), || {
-                    "clean".into()
-                });
+                // Nothing was verified: never "clean" (their memory may still be on its way
+                // back, after a kill); `gpuloop wait` without the filter checks the GPUs.
+                crate::errln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job holds a selected GPU (their memory is not checked; gpuloop wait without it checks the GPUs)");
+                return emit(
+                    cfg,
+                    &serde_json::json!({"clean": null, "nothing_to_wait_for": true, "gpus": []}),
+                    || "nothing to wait for".into(),
+                );
             }
         },
     };

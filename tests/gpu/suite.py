@@ -537,8 +537,9 @@ def s_restarter():
 @scenario("workers")
 def s_workers():
     """stdlib workers on a vLLM-shaped job (API, engine core, one setsid worker per GPU) beside a
-    plain holder: jobs() groups the workers under the engine core, stop() takes them and the
-    engine core (their parent) and leaves the other job running."""
+    plain holder: jobs() puts each worker under the engine core (one job per session, as the
+    workers setsid), never with the plain holder; stop(…, parents: true) takes the workers and
+    the engine core (their parent) and leaves the other job running."""
     p, info = mess("vllm", "--gb", "4")
     other, oinfo = mess("plain", "--gb", "2", "--gpus", "0")
     api, pids = info["api"], info["pids"]
@@ -547,15 +548,18 @@ def s_workers():
     jobs = gl_json("eval", 'import "workers" as w; w::jobs().map(|j| #{pids: j.pids, '
                    'launcher: if j.launcher == () { 0 } else { j.launcher.pid }, gpus: j.gpus, '
                    'mem_mib: j.mem_mib, kind: j.kind})')
-    mine = [j for j in jobs if set(workers) <= set(j["pids"])]
-    check("workers: jobs() groups the vLLM-shaped job's workers under its engine core, apart from the plain holder",
-          len(jobs) == 2 and len(mine) == 1 and engine and mine[0]["launcher"] == engine[0]
-          and oinfo["pids"][0] not in mine[0]["pids"],
+    mine = [j for j in jobs if set(j["pids"]) & set(workers)]
+    check("workers: jobs() puts the vLLM-shaped job's workers under its engine core, apart from the plain holder",
+          engine and mine and all(j["launcher"] == engine[0] for j in mine)
+          and sorted(q for j in mine for q in j["pids"]) == sorted(workers)
+          and not any(oinfo["pids"][0] in j["pids"] for j in mine),
           jobs=jobs, engine=engine, workers=workers)
     t = time.monotonic()
     rc, out, err, _ = gl("--json", "eval",
-                         'import "workers" as w; let j = w::jobs().filter(|j| j.pids.contains(%d))[0]; '
-                         'let r = w::stop(j, #{grace: 5}); #{clean: r.clean, shared_gpus: r.shared_gpus, signalled: r.kill.signalled}' % workers[0])
+                         'import "workers" as w; let js = w::jobs().filter(|j| j.launcher != () && j.launcher.pid == %d); '
+                         'let rs = js.map(|j| w::stop(j, #{grace: 5, parents: true})); '
+                         '#{jobs: js.len(), clean: rs.all(|r| r.clean == true), signalled: rs.map(|r| r.kill.signalled)}'
+                         % (engine[0] if engine else -1))
     dt = time.monotonic() - t
     r = json.loads(out) if out.strip() else {}
     check("workers: stop() frees the job's GPUs, stops the engine core too, and leaves the other job",
