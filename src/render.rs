@@ -385,9 +385,19 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
         });
     }
     if r.interrupted {
-        out.push(style.red(&format!(
-            "interrupted during the grace; still running, not KILLed: {}",
+        // Over hosts, each pid with its host: a pid alone names nothing on the login node.
+        let left = if r.by_host.is_empty() {
             join(&r.survivors)
+        } else {
+            r.by_host
+                .iter()
+                .filter(|(_, h)| !h.survivors.is_empty())
+                .map(|(host, h)| format!("{host}: {}", join(&h.survivors)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        out.push(style.red(&format!(
+            "interrupted during the grace; still running, not KILLed: {left}"
         )));
     }
     for k in r.killed_at_once.iter().filter(|_| !r.dry_run) {

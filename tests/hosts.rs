@@ -931,7 +931,7 @@ fn ctrl_c_during_a_remote_kill_kills_nobody_and_reports_what_still_runs() {
         let (stdout, stderr) = (&out.stdout, &out.stderr);
         assert_eq!(out.code, 130, "{cmd}: {stdout}\n{stderr}");
         assert!(
-            stdout.contains(&format!("still running, not KILLed: {p}")),
+            stdout.contains(&format!("still running, not KILLed: ia: {p}")),
             "{cmd}: {stdout}\n{stderr}"
         );
         assert!(alive(p), "{cmd}: the holder was KILLed");
