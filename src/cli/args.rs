@@ -133,7 +133,7 @@ pub enum Cmd {
         #[arg(long)]
         check: bool,
         #[command(flatten)]
-        held_by: HeldBy,
+        owner: Owner,
     },
     /// Stop the compute holders of the selected GPUs, or the given PIDs (TERM, grace, KILL).
     ///
@@ -175,7 +175,7 @@ pub enum Cmd {
         #[command(flatten)]
         sel: GpuSel,
         #[command(flatten)]
-        held_by: HeldBy,
+        owner: Owner,
         /// Seconds to wait for the memory to be released.
         #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
         timeout: f64,
@@ -296,35 +296,21 @@ pub struct GpuSel {
     pub gpus: Vec<String>,
 }
 
+/// `--user`, `--mine`, `--job`: whose processes. holders and kill take only theirs; diagnose,
+/// wait and clean judge the GPUs they hold (each with every user's holders there).
 #[derive(Debug, Clone, ClapArgs)]
 pub struct Owner {
-    /// Only processes of this user (a name or a uid); clean then verifies the GPUs they held.
-    /// With --host each host looks the name up in its own user database (uids differ between
-    /// machines); a host that does not know it fails its part, naming the user.
+    /// Only processes of this user (a name or a uid): holders and kill take only theirs;
+    /// diagnose, wait and clean judge the GPUs they hold. With --host each host looks the name
+    /// up in its own user database (uids differ between machines); a host that does not know
+    /// it fails its part, naming the user.
     #[arg(long, value_name = "USER", conflicts_with = "mine")]
     pub user: Option<String>,
-    /// Only your own processes: those of the account gpuloop runs as. With --host that is,
-    /// on each host, the account its agent runs as there (the ssh login user).
+    /// Only your own processes, as --user: those of the account gpuloop runs as. With --host
+    /// that is, on each host, the account its agent runs as there (the ssh login user).
     #[arg(long)]
     pub mine: bool,
-    /// Only processes of this Slurm job (from their environment or cgroup).
-    #[arg(long, value_name = "JOBID")]
-    pub job: Option<i64>,
-}
-
-/// `--user`, `--mine`, `--job` of `diagnose` and `wait`: they pick GPUs, those the matching
-/// processes hold; each GPU is then judged whole (`holders`/`kill`/`clean` pick processes).
-#[derive(Debug, Clone, ClapArgs)]
-pub struct HeldBy {
-    /// Only the GPUs this user's processes hold (a name or a uid); each is judged whole, with
-    /// every user's holders.
-    #[arg(long, value_name = "USER", conflicts_with = "mine")]
-    pub user: Option<String>,
-    /// Only the GPUs your own processes hold; each is judged whole.
-    #[arg(long)]
-    pub mine: bool,
-    /// Only the GPUs this Slurm job's processes hold (from their environment or cgroup); each
-    /// is judged whole.
+    /// Only processes of this Slurm job (from their environment or cgroup), as --user.
     #[arg(long, value_name = "JOBID")]
     pub job: Option<i64>,
 }

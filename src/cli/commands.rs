@@ -1,6 +1,6 @@
 //! One function per command; each returns the exit code or an `Error`.
 
-use super::args::{Args, Cmd, GpuSel, HeldBy, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
+use super::args::{Args, Cmd, GpuSel, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
 use super::Config;
 use crate::actions;
 use crate::error::Error;
@@ -146,13 +146,9 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             }
             Ok(code)
         }
-        Cmd::Diagnose {
-            sel,
-            check,
-            held_by,
-        } => {
+        Cmd::Diagnose { sel, check, owner } => {
             require_local_driver(s)?;
-            let filter = held_by_filter(s, held_by)?;
+            let filter = owner_filter(s, owner)?;
             let parts = actions::diagnoses_per_host(s, selection(s, sel)?, &filter)?;
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut ds = Vec::new();
@@ -206,13 +202,13 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         }
         Cmd::Wait {
             sel,
-            held_by,
+            owner,
             timeout,
             wait,
         } => wait_only(
             cfg,
             &selection(s, sel)?,
-            &held_by_filter(s, held_by)?,
+            &owner_filter(s, owner)?,
             &wait_opts(*timeout, wait)?,
         ),
         Cmd::Epilog { hook: h } => hook(cfg, Hook::Epilog, h),
@@ -323,30 +319,19 @@ fn require_local_driver(s: &Session) -> Result<(), Error> {
     Ok(())
 }
 
-/// `--user U` or `--mine`, and `--job N`, as a holder filter.
+/// `--user U` or `--mine`, and `--job N`, as a holder filter. The user goes to each host as
+/// given (a name stays a name) and is looked up there; on this machine alone an unknown name
+/// is a usage error at once.
 fn owner_filter(s: &Session, owner: &Owner) -> Result<Filter, Error> {
-    filter_of(s, owner.user.as_deref(), owner.mine, owner.job)
-}
-
-/// diagnose's and wait's `--user`/`--mine`/`--job`: the same filter, picking GPUs.
-fn held_by_filter(s: &Session, h: &HeldBy) -> Result<Filter, Error> {
-    filter_of(s, h.user.as_deref(), h.mine, h.job)
-}
-
-/// The user goes to each host as given (a name stays a name) and is looked up there; on this
-/// machine alone an unknown name is a usage error at once.
-fn filter_of(
-    s: &Session,
-    user: Option<&str>,
-    mine: bool,
-    job: Option<i64>,
-) -> Result<Filter, Error> {
-    let user = match (user, mine) {
+    let user = match (&owner.user, owner.mine) {
         (_, true) => Some(User::Me),
         (Some(u), false) => Some(User::parse(u)),
         (None, false) => None,
     };
-    let filter = Filter { user, job };
+    let filter = Filter {
+        user,
+        job: owner.job,
+    };
     actions::check_filter(s, &filter).map_err(|e| Error::Usage(format!("--user: {e}")))?;
     Ok(filter)
 }
@@ -575,26 +560,22 @@ fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
 /// kills nothing. With a filter it waits for the GPUs the filtered processes hold now.
 fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> Result<i32, Error> {
     require_local_driver(&cfg.session)?;
-    let held;
-    let sel = match filter.is_empty() {
-        true => sel,
-        false => match actions::held_by(&cfg.session, sel, filter)? {
-            Some(x) => {
-                held = x;
-                &held
-            }
-            None => {
-                // Nothing was verified: never "clean" (their memory may still be on its way
-                // back, after a kill); `gpuloop wait` without the filter checks the GPUs.
-                crate::errln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job holds a selected GPU (their memory is not checked; gpuloop wait without it checks the GPUs)");
-                return emit(
-                    cfg,
-                    &serde_json::json!({"clean": null, "nothing_to_wait_for": true, "gpus": []}),
-                    || "nothing to wait for".into(),
-                );
-            }
-        },
+    let held = if filter.is_empty() {
+        None
+    } else {
+        let Some(held) = actions::held_by(&cfg.session, sel, filter)? else {
+            // Nothing was verified: never "clean" (their memory may still be on its way back,
+            // after a kill); `gpuloop wait` without the filter checks the GPUs.
+            crate::errln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job holds a selected GPU (their memory is not checked; gpuloop wait without it checks the GPUs)");
+            return emit(
+                cfg,
+                &serde_json::json!({"clean": null, "nothing_to_wait_for": true, "gpus": []}),
+                || "nothing to wait for".into(),
+            );
+        };
+        Some(held)
     };
+    let sel = held.as_ref().unwrap_or(sel);
     let outcome = actions::wait_quietly(&cfg.session, sel, opts)?;
     let clean = match outcome {
         WaitOutcome::Interrupted => return Ok(130),
