@@ -21,6 +21,11 @@ use std::time::Duration;
 /// The name that means this machine, reached without ssh.
 pub const LOCAL: &str = "local";
 
+/// A record's host until the client names it: this machine (serde's default for `host`).
+pub fn local() -> String {
+    LOCAL.into()
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum HostError {
     #[error("bad host list {expr:?}: {why}")]

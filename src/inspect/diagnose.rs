@@ -60,13 +60,8 @@ pub struct FootprintOf {
     /// The GPUs it computes on.
     pub gpus: Vec<i64>,
     /// The host it runs on, as the diagnosis's.
-    #[serde(default = "local")]
+    #[serde(default = "crate::hosts::local")]
     pub host: String,
-}
-
-/// A record's host until the client names it: this machine.
-fn local() -> String {
-    "local".into()
 }
 
 impl FootprintOf {

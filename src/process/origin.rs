@@ -15,13 +15,8 @@ pub struct Launcher {
     pub start: i64,
     pub name: String,
     /// The host it runs on, as its holder's (`kill(h.launcher)` goes there).
-    #[serde(default = "local")]
+    #[serde(default = "crate::hosts::local")]
     pub host: String,
-}
-
-/// A record's host until the client names it: this machine.
-fn local() -> String {
-    "local".into()
 }
 
 /// Lineage and attribution of one process, as holder maps carry them.
@@ -151,7 +146,7 @@ fn launcher(p: &ProcInfo) -> Option<Launcher> {
                 pid: a.pid.into(),
                 start: a.start as i64,
                 name: a.comm,
-                host: local(),
+                host: crate::hosts::local(),
             });
         }
         pid = a.ppid;
