@@ -189,7 +189,8 @@ impl UserConfig {
             path: path.to_path_buf(),
             why,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let text =
+            crate::input::text(path, crate::input::CONFIG).map_err(|e| err(e.to_string()))?;
         UserConfig::parse(path, &text)
     }
 

@@ -17,6 +17,7 @@ pub mod config;
 pub mod error;
 pub mod gpu;
 pub mod hosts;
+pub mod input;
 pub mod inspect;
 pub mod interrupt;
 pub mod mcp;

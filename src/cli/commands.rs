@@ -17,7 +17,6 @@ use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
 use crate::session::Session;
 use crate::slurm::{Hook, HookOpts, JobEnv};
 use serde::Serialize;
-use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
@@ -612,11 +611,14 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
 }
 
 fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBuf>), Error> {
+    use crate::input::{self, ReadError};
     if script == "-" {
-        let mut src = String::new();
-        std::io::stdin()
-            .read_to_string(&mut src)
-            .map_err(|e| Error::Usage(format!("cannot read the script from stdin: {e}")))?;
+        let src = input::stdin(input::SCRIPT)
+            .and_then(|b| String::from_utf8(b).map_err(|_| ReadError::NotUtf8))
+            .map_err(|e| match e {
+                ReadError::Interrupted => Error::Script(crate::script::ScriptError::Interrupted),
+                e => Error::Usage(format!("cannot read the script from stdin: {e}")),
+            })?;
         return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
     }
     // A name that is no file here runs the recipe built in under that name.
@@ -630,15 +632,20 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
             ));
         }
     }
-    let src = std::fs::read_to_string(script).map_err(|e| {
+    let src = input::text(path, input::SCRIPT).map_err(|e| {
         let names: Vec<&str> = crate::script::recipes::RECIPES
             .iter()
             .map(|(n, _)| *n)
             .collect();
-        Error::Usage(format!(
-            "cannot read script {script}: {e} (built-in recipes: {}; gpuloop recipes lists them)",
-            names.join(", ")
-        ))
+        let hint = match e {
+            // Only a missing file may have meant a recipe.
+            ReadError::Io(ref io) if io.kind() == std::io::ErrorKind::NotFound => format!(
+                " (built-in recipes: {}; gpuloop recipes lists them)",
+                names.join(", ")
+            ),
+            _ => String::new(),
+        };
+        Error::Usage(format!("cannot read script {script}: {e}{hint}"))
     })?;
     let dir = Path::new(script)
         .parent()

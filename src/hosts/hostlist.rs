@@ -1,94 +1,240 @@
 //! Hostlist expressions as Slurm and ClusterShell write them: `gpu[01-16],login1`,
 //! `rack[1-2]-n[1,3-4]`; zero padding is kept from the range's first bound.
+//!
+//! Parsed in one pass without recursion, and sized before anything is expanded: an
+//! expression of 20,000 groups (`x[1][1]…`) or a range of millions is an error at once,
+//! and expanding costs time in proportion to the names it makes.
 
 use super::HostError;
+use std::collections::HashSet;
 
-/// At most this many names from one expression (a typo like `n[1-9999999]` is an error,
-/// not a million ssh processes).
+/// At most this many hosts in one host set, and names made from one expression (repeats
+/// counted): a typo like `n[1-9999999]` is an error, not a million ssh processes. Slurm's
+/// largest clusters have tens of thousands of nodes.
 pub const MAX_HOSTS: usize = 65_536;
+
+/// At most this many bytes in one name: a DNS name has at most 253, and an ssh destination
+/// adds a user and a port.
+pub const MAX_NAME: usize = 1024;
+
+/// How much of an expression an error quotes.
+const QUOTED: usize = 80;
 
 /// Expands an expression into host names, in the order written, duplicates removed.
 pub fn expand(expr: &str) -> Result<Vec<String>, HostError> {
-    let bad = |why: &str| HostError::BadHostlist {
-        expr: expr.to_string(),
-        why: why.to_string(),
-    };
-    let mut out: Vec<String> = Vec::new();
-    for item in split_top(expr).map_err(|w| bad(&w))? {
-        let item = item.trim();
-        if item.is_empty() {
-            continue;
-        }
-        for name in expand_item(item).map_err(|w| bad(&w))? {
-            if !out.contains(&name) {
-                if out.len() >= MAX_HOSTS {
-                    return Err(bad(&format!("more than {MAX_HOSTS} hosts")));
-                }
-                out.push(name);
+    let mut set = HostSet::default();
+    set.add_expr(expr)?;
+    Ok(set.into_names())
+}
+
+/// A set of host names in the order first named, each once, of at most `MAX_HOSTS`.
+#[derive(Debug, Default)]
+pub struct HostSet {
+    names: Vec<String>,
+    seen: HashSet<String>,
+}
+
+impl HostSet {
+    /// Adds the names of a hostlist expression (one that names none is an error).
+    pub fn add_expr(&mut self, expr: &str) -> Result<(), HostError> {
+        let items = split_top(expr).map_err(|w| bad(expr, w))?;
+        let mut made = 0usize;
+        for item in items {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let pattern = Pattern::parse(item).map_err(|w| bad(expr, w))?;
+            made = made.saturating_add(pattern.count);
+            if made > MAX_HOSTS {
+                return Err(bad(expr, format!("names more than {MAX_HOSTS} hosts")));
+            }
+            for name in pattern.names() {
+                self.add(name).map_err(|w| bad(expr, w))?;
             }
         }
+        if made == 0 {
+            return Err(bad(expr, "names no host".into()));
+        }
+        Ok(())
     }
-    if out.is_empty() {
-        return Err(bad("names no host"));
+
+    /// Adds one name (a no-op for one already in the set).
+    pub fn add(&mut self, name: String) -> Result<(), String> {
+        if self.seen.contains(&name) {
+            return Ok(());
+        }
+        if self.names.len() >= MAX_HOSTS {
+            return Err(format!("more than {MAX_HOSTS} hosts in all"));
+        }
+        self.seen.insert(name.clone());
+        self.names.push(name);
+        Ok(())
     }
-    Ok(out)
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn into_names(self) -> Vec<String> {
+        self.names
+    }
+}
+
+/// The error for `expr`, quoting at most its first `QUOTED` characters.
+fn bad(expr: &str, why: String) -> HostError {
+    let expr = match expr.char_indices().nth(QUOTED) {
+        Some((i, _)) => format!("{}…", &expr[..i]),
+        None => expr.to_string(),
+    };
+    HostError::BadHostlist { expr, why }
 }
 
 /// Splits on commas outside brackets.
 fn split_top(expr: &str) -> Result<Vec<&str>, String> {
     let mut parts = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
+    let (mut open, mut start) = (false, 0);
     for (i, c) in expr.char_indices() {
         match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
+            '[' if open => return Err("nested brackets".into()),
+            ']' if !open => return Err("a ] with no [ before it".into()),
+            '[' | ']' => open = !open,
+            ',' if !open => {
                 parts.push(&expr[start..i]);
                 start = i + 1;
             }
             _ => {}
         }
-        if !(0..=1).contains(&depth) {
-            return Err("unbalanced or nested brackets".into());
-        }
     }
-    if depth != 0 {
+    if open {
         return Err("unclosed bracket".into());
     }
     parts.push(&expr[start..]);
     Ok(parts)
 }
 
-/// One item: a prefix, then any number of `[ranges]` with text between them.
-fn expand_item(item: &str) -> Result<Vec<String>, String> {
-    let Some(open) = item.find('[') else {
-        if item.contains(']') {
-            return Err("unbalanced or nested brackets".into());
-        }
-        return Ok(vec![item.to_string()]);
-    };
-    let close = item[open..]
-        .find(']')
-        .map(|i| open + i)
-        .ok_or("unclosed bracket")?;
-    let prefix = &item[..open];
-    let values = expand_ranges(&item[open + 1..close])?;
-    let rests = expand_item(&item[close + 1..])?;
-    let mut out = Vec::with_capacity(values.len() * rests.len());
-    for v in &values {
-        for r in &rests {
-            if out.len() >= MAX_HOSTS {
-                return Err(format!("more than {MAX_HOSTS} hosts"));
-            }
-            out.push(format!("{prefix}{v}{r}"));
-        }
-    }
-    Ok(out)
+/// One number range of a bracket: `lo..=hi`, printed `width` digits wide (0: as is).
+#[derive(Debug, Clone, Copy)]
+struct Range {
+    lo: u64,
+    hi: u64,
+    width: usize,
 }
 
-/// `01-03,7` → `01 02 03 7`.
-fn expand_ranges(body: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
+impl Range {
+    fn len(&self) -> usize {
+        // Checked against MAX_HOSTS when parsed.
+        (self.hi - self.lo + 1) as usize
+    }
+
+    /// The `i`th value, as text.
+    fn nth(&self, i: usize) -> String {
+        format!("{:0w$}", self.lo + i as u64, w = self.width)
+    }
+}
+
+/// One bracket group: its ranges, and how many values they give.
+#[derive(Debug)]
+struct Group {
+    ranges: Vec<Range>,
+    count: usize,
+}
+
+impl Group {
+    fn nth(&self, mut i: usize) -> String {
+        for r in &self.ranges {
+            if i < r.len() {
+                return r.nth(i);
+            }
+            i -= r.len();
+        }
+        String::new()
+    }
+}
+
+/// One item (no top-level comma): text and bracket groups in turn, `texts.len() ==
+/// groups.len() + 1`.
+#[derive(Debug)]
+struct Pattern<'a> {
+    texts: Vec<&'a str>,
+    groups: Vec<Group>,
+    /// How many names it makes (at most `MAX_HOSTS`).
+    count: usize,
+}
+
+impl<'a> Pattern<'a> {
+    /// Reads the item left to right; every group is sized, and the product of the sizes and
+    /// the length of a name are checked, before any name is made.
+    fn parse(item: &'a str) -> Result<Pattern<'a>, String> {
+        let (mut texts, mut groups) = (Vec::new(), Vec::new());
+        let mut rest = item;
+        let mut count = 1usize;
+        let mut name_len = 0usize;
+        while let Some(open) = rest.find('[') {
+            let close = rest[open..]
+                .find(']')
+                .map(|i| open + i)
+                .ok_or("unclosed bracket")?;
+            let group = parse_group(&rest[open + 1..close])?;
+            count = count
+                .checked_mul(group.count)
+                .filter(|&c| c <= MAX_HOSTS)
+                .ok_or_else(|| format!("names more than {MAX_HOSTS} hosts"))?;
+            let widest = group
+                .ranges
+                .iter()
+                .map(|r| r.nth(r.len() - 1).len())
+                .max()
+                .unwrap_or(0);
+            name_len = name_len.saturating_add(open).saturating_add(widest);
+            if name_len > MAX_NAME {
+                return Err(format!("makes a name longer than {MAX_NAME} bytes"));
+            }
+            texts.push(&rest[..open]);
+            groups.push(group);
+            rest = &rest[close + 1..];
+        }
+        if rest.contains(']') {
+            return Err("a ] with no [ before it".into());
+        }
+        if name_len.saturating_add(rest.len()) > MAX_NAME {
+            return Err(format!("makes a name longer than {MAX_NAME} bytes"));
+        }
+        texts.push(rest);
+        Ok(Pattern {
+            texts,
+            groups,
+            count,
+        })
+    }
+
+    /// The names, the last group varying fastest (`r[1-2]-n[1-2]`: r1-n1 r1-n2 r2-n1 r2-n2).
+    fn names(&self) -> impl Iterator<Item = String> + '_ {
+        (0..self.count).map(move |mut k| {
+            let mut values = vec![String::new(); self.groups.len()];
+            for (g, v) in self.groups.iter().zip(values.iter_mut()).rev() {
+                *v = g.nth(k % g.count);
+                k /= g.count;
+            }
+            let mut name = String::with_capacity(MAX_NAME.min(64));
+            for (t, v) in self.texts.iter().zip(&values) {
+                name.push_str(t);
+                name.push_str(v);
+            }
+            name.push_str(self.texts[self.texts.len() - 1]);
+            name
+        })
+    }
+}
+
+/// `01-03,7` → ranges 01..=03 (two wide) and 7..=7.
+fn parse_group(body: &str) -> Result<Group, String> {
+    let mut ranges = Vec::new();
+    let mut count = 0usize;
     for r in body.split(',') {
         let r = r.trim();
         let (lo, hi) = r.split_once('-').unwrap_or((r, r));
@@ -102,17 +248,27 @@ fn expand_ranges(body: &str) -> Result<Vec<String>, String> {
         if b < a {
             return Err(format!("range {r:?} runs backwards"));
         }
-        if b - a >= MAX_HOSTS as u64 {
-            return Err(format!("more than {MAX_HOSTS} hosts"));
-        }
+        count = usize::try_from(b - a)
+            .ok()
+            .and_then(|n| n.checked_add(1))
+            .and_then(|n| n.checked_add(count))
+            .filter(|&c| c <= MAX_HOSTS)
+            .ok_or_else(|| format!("names more than {MAX_HOSTS} hosts"))?;
         let width = if lo.len() > 1 && lo.starts_with('0') {
             lo.len()
         } else {
             0
         };
-        out.extend((a..=b).map(|n| format!("{n:0width$}")));
+        if width > MAX_NAME {
+            return Err(format!("makes a name longer than {MAX_NAME} bytes"));
+        }
+        ranges.push(Range {
+            lo: a,
+            hi: b,
+            width,
+        });
     }
-    Ok(out)
+    Ok(Group { ranges, count })
 }
 
 #[cfg(test)]
@@ -138,6 +294,8 @@ mod tests {
             expand("alice@gpu[1-2]").unwrap(),
             ["alice@gpu1", "alice@gpu2"]
         );
+        assert_eq!(expand("n[1-2]x[7]").unwrap(), ["n1x7", "n2x7"]);
+        assert_eq!(expand("n[098-100]").unwrap(), ["n098", "n099", "n100"]);
     }
 
     #[test]
@@ -151,9 +309,48 @@ mod tests {
             "",
             " , ",
             "n[1-99999999]",
+            "n[1-99999999999999999999999]",
+            "n[1-65537]",
+            "n[1-256][1-257]",
+            "a]b[1]",
         ] {
             let e = expand(bad).unwrap_err().to_string();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
         }
+    }
+
+    /// 20,000 nested groups recursed once per group and overflowed the stack (an abort, 134).
+    #[test]
+    fn twenty_thousand_groups_are_an_error_not_a_stack_overflow() {
+        let expr = format!("x{}", "[1]".repeat(20_000));
+        let e = expand(&expr).unwrap_err().to_string();
+        assert!(e.contains("longer than 1024 bytes"), "{e}");
+        // The message quotes the start of the expression, not all 60 KB of it.
+        assert!(e.len() < 300, "{}", e.len());
+        let nested = format!("{}1{}", "[".repeat(20_000), "]".repeat(20_000));
+        assert!(expand(&nested).unwrap_err().to_string().contains("nested"));
+        // Short groups in a row are still fine.
+        assert_eq!(expand(&format!("x{}", "[1]".repeat(100))).unwrap().len(), 1);
+    }
+
+    /// `gpu[1-65535]` took 17 s of CPU: every name was compared with every earlier one.
+    #[test]
+    fn the_largest_host_set_expands_in_linear_time() {
+        let names = expand("gpu[1-65536]").unwrap();
+        assert_eq!(names.len(), MAX_HOSTS);
+        assert_eq!(names[65_535], "gpu65536");
+        let e = expand("gpu[1-65536],login1").unwrap_err().to_string();
+        assert!(e.contains("more than 65536 hosts"), "{e}");
+    }
+
+    #[test]
+    fn a_host_set_holds_each_name_once_and_at_most_the_limit() {
+        let mut set = HostSet::default();
+        set.add_expr("a,b").unwrap();
+        set.add_expr("b,c").unwrap();
+        assert_eq!(set.len(), 3);
+        set.add_expr("n[1-65533]").unwrap();
+        let e = set.add_expr("m1").unwrap_err().to_string();
+        assert!(e.contains("more than 65536 hosts in all"), "{e}");
     }
 }

@@ -162,19 +162,18 @@ impl HostsConfig {
     /// Builds the host set from every source; each host once, in the order first named.
     /// With `--transport srun`, a host a job listed is reached through that job.
     pub fn from_args(src: HostSources, mut transport: Transport) -> Result<HostsConfig, HostError> {
-        let mut hosts: Vec<String> = Vec::new();
-        let mut add = |names: Vec<String>| {
-            for n in names {
-                if !hosts.contains(&n) {
-                    hosts.push(n);
-                }
-            }
+        let mut set = hostlist::HostSet::default();
+        let too_many = |why: String| HostError::BadHostlist {
+            expr: "the host set".into(),
+            why,
         };
         for e in src.exprs {
-            add(hostlist::expand(e)?);
+            set.add_expr(e)?;
         }
         for f in src.files {
-            add(read_hosts_file(f)?);
+            for name in read_hosts_file(f)? {
+                set.add(name).map_err(too_many)?;
+            }
         }
         for arg in src.slurm {
             let from = slurm::SlurmSource::parse(arg)?;
@@ -184,8 +183,14 @@ impl HostsConfig {
                     o.jobs.entry(n.clone()).or_insert_with(|| job.clone());
                 }
             }
-            add(names);
+            for name in names {
+                set.add(name).map_err(too_many)?;
+            }
         }
+        if set.is_empty() {
+            return Err(too_many("names no host".into()));
+        }
+        let hosts = set.into_names();
         if let Transport::Srun(o) = &transport {
             let jobless: Vec<&str> = hosts
                 .iter()
@@ -215,20 +220,21 @@ pub fn read_hosts_file(path: &Path) -> Result<Vec<String>, HostError> {
         path: path.to_path_buf(),
         why,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let mut out = Vec::new();
+    let text =
+        crate::input::text(path, crate::input::HOSTS_FILE).map_err(|e| err(e.to_string()))?;
+    let mut set = hostlist::HostSet::default();
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
         }
-        let names = hostlist::expand(line).map_err(|e| err(format!("line {}: {e}", n + 1)))?;
-        out.extend(names);
+        set.add_expr(line)
+            .map_err(|e| err(format!("line {}: {e}", n + 1)))?;
     }
-    if out.is_empty() {
+    if set.is_empty() {
         return Err(err("names no host".into()));
     }
-    Ok(out)
+    Ok(set.into_names())
 }
 
 /// A GPU selection over a host set: indices meant on every host, and `"dest:index"` ones.

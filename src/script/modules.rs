@@ -1,10 +1,10 @@
 //! `import` resolution: the script's directory, `GPULOOP_PATH`, the user's modules directory,
 //! then the standard library compiled into the binary.
 
-use rhai::module_resolvers::{FileModuleResolver, ModuleResolversCollection};
+use rhai::module_resolvers::ModuleResolversCollection;
 use rhai::{Engine, EvalAltResult, Module, ModuleResolver, Position, Scope, Shared};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The standard library: (module name, source), embedded at build time.
@@ -26,7 +26,7 @@ pub fn resolver(script_dir: Option<PathBuf>) -> Resolver {
     let mut chain = ModuleResolversCollection::new();
     let dirs = search_path(script_dir);
     for d in &dirs {
-        chain.push(FileModuleResolver::new_with_path(d));
+        chain.push(Dir::new(d));
     }
     chain.push(Stdlib::default());
     Resolver { chain, dirs }
@@ -90,6 +90,82 @@ impl ModuleResolver for Resolver {
                 }
                 e => Box::new(e),
             })
+    }
+}
+
+/// Modules in one directory: `NAME.rhai` under it, read as every script is (a regular file
+/// of bounded size; a FIFO or a link to a device is an error naming it, never a hang), and
+/// compiled once.
+pub struct Dir {
+    dir: PathBuf,
+    cache: Mutex<HashMap<PathBuf, Shared<Module>>>,
+}
+
+impl Dir {
+    pub fn new(dir: &Path) -> Dir {
+        Dir {
+            dir: dir.to_path_buf(),
+            cache: Mutex::default(),
+        }
+    }
+
+    /// `dir/path` with the extension `.rhai` (replacing any other, as rhai's own resolver does).
+    fn file(&self, path: &str) -> PathBuf {
+        let mut file = self.dir.join(path);
+        file.set_extension("rhai");
+        file
+    }
+}
+
+impl ModuleResolver for Dir {
+    fn resolve(
+        &self,
+        engine: &Engine,
+        _source: Option<&str>,
+        path: &str,
+        pos: Position,
+    ) -> Result<Shared<Module>, Box<EvalAltResult>> {
+        let file = self.file(path);
+        if let Some(m) = self.cache.lock().ok().and_then(|c| c.get(&file).cloned()) {
+            return Ok(m);
+        }
+        let in_module = |e: EvalAltResult| Box::new(EvalAltResult::ErrorInModule(path.into(), e.into(), pos));
+        let src = match crate::input::text(&file, crate::input::MODULE) {
+            Ok(src) => src,
+            Err(crate::input::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Box::new(EvalAltResult::ErrorModuleNotFound(
+                    path.into(),
+                    pos,
+                )))
+            }
+            Err(e) => {
+                return Err(in_module(EvalAltResult::ErrorRuntime(
+                    format!("cannot read module {}: {e}", file.display()).into(),
+                    Position::NONE,
+                )))
+            }
+        };
+        let mut ast = engine
+            .compile(module_source(&src))
+            .map_err(|e| in_module(e.into()))?;
+        ast.set_source(path);
+        let module: Shared<Module> = Module::eval_ast_as_new(Scope::new(), &ast, engine)
+            .map_err(|e| in_module(*e))?
+            .into();
+        if let Ok(mut c) = self.cache.lock() {
+            c.insert(file, module.clone());
+        }
+        Ok(module)
+    }
+}
+
+/// A module's text as it is compiled: without a byte-order mark, and with a first line
+/// `#!…` left blank (so line numbers hold), as rhai's own file resolver read modules.
+fn module_source(src: &str) -> &str {
+    let src = crate::input::without_bom(src);
+    match src.strip_prefix("#!") {
+        Some(rest) => rest.find('\n').map_or("", |i| &rest[i..]),
+        None => src,
     }
 }
 

@@ -33,6 +33,10 @@ fn truthy(v: &Dynamic) -> bool {
 }
 
 pub fn register(engine: &mut Engine) {
+    let max_file = match engine.max_string_size() {
+        0 => usize::MAX,
+        n => n,
+    };
     started();
     // Typed overloads: they replace rhai's own sleep(), which Ctrl-C cannot interrupt.
     def(
@@ -110,10 +114,11 @@ pub fn register(engine: &mut Engine) {
         engine,
         "read_file",
         &["path: String", "String"],
-        "The whole file as a string (invalid UTF-8 is replaced). Only regular files: a FIFO,
-         a device or a directory is an error.",
-        |path: ImmutableString| -> RhaiResult<String> {
-            read_regular(path.as_str())
+        "The whole file as a string (invalid UTF-8 is replaced). Only regular files of at most
+         the string limit (--limit string, 256 MiB unless set): a FIFO, a device, a directory
+         or a larger file is an error.",
+        move |path: ImmutableString| -> RhaiResult<String> {
+            read_regular(path.as_str(), max_file)
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .map_err(|e| script_err(format!("read_file({path:?}): {e}")))
         },
@@ -135,11 +140,11 @@ pub fn register(engine: &mut Engine) {
         &["path: String", "old: String", "new: String", "i64"],
         "Replaces every occurrence of old with new in a file; returns how many were replaced
          (0 leaves the file untouched).",
-        |path: ImmutableString, old: ImmutableString, new: ImmutableString| -> RhaiResult<i64> {
+        move |path: ImmutableString, old: ImmutableString, new: ImmutableString| -> RhaiResult<i64> {
             if old.is_empty() {
                 return Err(script_err("replace_in_file: old must not be empty"));
             }
-            let text = read_regular(path.as_str())
+            let text = read_regular(path.as_str(), max_file)
                 .and_then(|b| {
                     String::from_utf8(b).map_err(|_| std::io::Error::other("not UTF-8 text"))
                 })
@@ -319,47 +324,24 @@ fn exit_with(code: i64) -> Box<EvalAltResult> {
     ))
 }
 
-/// What a file that is not a regular file is, for messages.
-fn kind(t: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else {
-        "not a regular file"
-    }
-}
-
 fn not_regular(t: std::fs::FileType) -> std::io::Error {
     std::io::Error::other(format!(
         "{}, not a regular file: only regular files are read and written",
-        kind(t)
+        crate::input::kind_of(t)
     ))
 }
 
-/// Reads a regular file. Opened without blocking, so a FIFO is refused instead of
-/// waiting for a writer that may never come (where Ctrl-C could not reach).
-fn read_regular(path: &str) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let t = f.metadata()?.file_type();
-    if !t.is_file() {
-        return Err(not_regular(t));
-    }
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes)?;
-    Ok(bytes)
+/// Reads a regular file of at most `limit` bytes (the script's string limit: a bigger one
+/// could not be a string anyway), as every file gpuloop is handed is read.
+fn read_regular(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
+    let kind = crate::input::Kind {
+        what: "string (--limit string)",
+        limit: limit as u64,
+    };
+    crate::input::file(std::path::Path::new(path), kind).map_err(|e| match e {
+        crate::input::ReadError::Io(e) => e,
+        e => std::io::Error::other(e.to_string()),
+    })
 }
 
 /// Replaces a regular file (or creates one) atomically; anything else at the path (a FIFO,

@@ -1,0 +1,317 @@
+//! Reading what gpuloop is handed (scripts, modules, hosts files, the config, stdin): regular
+//! files only, each kind with a size limit, and stdin read so that Ctrl-C ends the wait.
+//!
+//! A path may name `/dev/zero` (endless), a FIFO (blocks until a writer comes, where no
+//! signal reaches a plain `read`) or a huge file; each is an error that names the file and
+//! the limit, never an out-of-memory kill or a hang.
+
+use std::io::Read;
+use std::path::Path;
+
+/// What is being read, with its size limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kind {
+    /// "script", "module", "hosts file", … for messages.
+    pub what: &'static str,
+    /// The most bytes accepted.
+    pub limit: u64,
+}
+
+/// A script file, or one piped to `run -`. Real scripts are a few KiB; the largest recipe
+/// is under 20 KiB.
+pub const SCRIPT: Kind = Kind {
+    what: "script",
+    limit: 16 << 20,
+};
+/// An imported module, as a script.
+pub const MODULE: Kind = Kind {
+    what: "module",
+    limit: SCRIPT.limit,
+};
+/// `--hosts-file`: one destination a line; 65,536 hosts of 64 bytes are 4 MiB.
+pub const HOSTS_FILE: Kind = Kind {
+    what: "hosts file",
+    limit: 4 << 20,
+};
+/// config.toml.
+pub const CONFIG: Kind = Kind {
+    what: "config file",
+    limit: 1 << 20,
+};
+/// One line typed or piped into the REPL.
+pub const REPL_LINE: Kind = Kind {
+    what: "REPL line",
+    limit: 1 << 20,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{kind}, not a regular file: only regular files are read")]
+    NotRegular { kind: &'static str },
+    #[error("larger than {} (the limit of a {what})", size(*.limit))]
+    TooLarge { what: &'static str, limit: u64 },
+    #[error("not UTF-8 text")]
+    NotUtf8,
+    /// Ctrl-C (or another terminating signal) while waiting for input.
+    #[error("interrupted")]
+    Interrupted,
+}
+
+/// "16 MiB", "1 KiB", "100 bytes".
+pub fn size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// What a file that is not a regular file is, for messages.
+pub fn kind_of(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The bytes of a regular file of at most `kind.limit` bytes. Opened without blocking and
+/// checked with fstat before any read, so a FIFO is refused at once instead of waiting for a
+/// writer, and a link to a device is judged by what it points to.
+pub fn file(path: &Path, kind: Kind) -> Result<Vec<u8>, ReadError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(ReadError::NotRegular {
+            kind: kind_of(meta.file_type()),
+        });
+    }
+    let too_large = ReadError::TooLarge {
+        what: kind.what,
+        limit: kind.limit,
+    };
+    if meta.len() > kind.limit {
+        return Err(too_large);
+    }
+    // The size can grow after fstat (a log being written, a /proc file that says 0): the
+    // read itself stops one byte past the limit.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.take(kind.limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > kind.limit {
+        return Err(too_large);
+    }
+    Ok(bytes)
+}
+
+/// A regular file's text, as `file` reads it.
+pub fn text(path: &Path, kind: Kind) -> Result<String, ReadError> {
+    String::from_utf8(file(path, kind)?).map_err(|_| ReadError::NotUtf8)
+}
+
+/// How often a read of stdin looks at the interrupt flag when no signal woke it (a signal
+/// that arrives between the look and the wait is seen this much later).
+const STDIN_TICK_MS: u16 = 200;
+
+/// Bytes asked of one read of stdin.
+const CHUNK: usize = 64 << 10;
+
+/// Waits until stdin has something to read (or its end); `Err(Interrupted)` on Ctrl-C or
+/// another terminating signal. gpuloop's handlers restart a plain `read`, which would wait
+/// for a writer forever.
+fn stdin_ready() -> Result<(), ReadError> {
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let fd = stdin.as_fd();
+    loop {
+        if crate::interrupt::is_set() {
+            return Err(ReadError::Interrupted);
+        }
+        let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(STDIN_TICK_MS)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(ReadError::Io(e.into())),
+        }
+    }
+}
+
+/// One `read(2)` of stdin once it is ready; 0 at its end.
+fn stdin_chunk(buf: &mut [u8]) -> Result<usize, ReadError> {
+    loop {
+        stdin_ready()?;
+        // SAFETY: fd 0 stays open for the process's life; buf is valid for buf.len() bytes.
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock => continue,
+            _ => return Err(ReadError::Io(e)),
+        }
+    }
+}
+
+/// All of stdin, at most `kind.limit` bytes; Ctrl-C ends the wait for it.
+pub fn stdin(kind: Kind) -> Result<Vec<u8>, ReadError> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = stdin_chunk(&mut buf)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf[..n]);
+        if out.len() as u64 > kind.limit {
+            return Err(ReadError::TooLarge {
+                what: kind.what,
+                limit: kind.limit,
+            });
+        }
+    }
+}
+
+/// Stdin line by line, each line at most `kind.limit` bytes; Ctrl-C ends the wait for one.
+pub struct StdinLines {
+    kind: Kind,
+    buf: Vec<u8>,
+    /// Where the unread part of `buf` starts.
+    at: usize,
+    eof: bool,
+}
+
+impl StdinLines {
+    pub fn new(kind: Kind) -> StdinLines {
+        StdinLines {
+            kind,
+            buf: Vec::new(),
+            at: 0,
+            eof: false,
+        }
+    }
+
+    /// The next line without its newline; `None` at the end of stdin. A line over the limit
+    /// is an error, and the rest of it is skipped, so reading can go on after it.
+    pub fn next_line(&mut self) -> Result<Option<String>, ReadError> {
+        let mut over = false;
+        loop {
+            if let Some(i) = memchr::memchr(b'\n', &self.buf[self.at..]) {
+                let line = self.buf[self.at..self.at + i].to_vec();
+                self.at += i + 1;
+                return self.finish(line, over).map(Some);
+            }
+            if self.eof {
+                if self.at == self.buf.len() {
+                    return if over { Err(self.too_large()) } else { Ok(None) };
+                }
+                let line = self.buf[self.at..].to_vec();
+                self.at = self.buf.len();
+                return self.finish(line, over).map(Some);
+            }
+            if (self.buf.len() - self.at) as u64 > self.kind.limit {
+                // Drop what is read of the line so far; keep reading to its end.
+                over = true;
+                self.buf.clear();
+                self.at = 0;
+            }
+            self.buf.drain(..self.at);
+            self.at = 0;
+            let len = self.buf.len();
+            self.buf.resize(len + CHUNK, 0);
+            let n = stdin_chunk(&mut self.buf[len..]);
+            self.buf.truncate(len + *n.as_ref().unwrap_or(&0));
+            self.eof = n? == 0;
+        }
+    }
+
+    fn too_large(&self) -> ReadError {
+        ReadError::TooLarge {
+            what: self.kind.what,
+            limit: self.kind.limit,
+        }
+    }
+
+    fn finish(&self, line: Vec<u8>, over: bool) -> Result<String, ReadError> {
+        if over || line.len() as u64 > self.kind.limit {
+            return Err(self.too_large());
+        }
+        let line = line.strip_suffix(b"\r").unwrap_or(&line);
+        Ok(String::from_utf8_lossy(line).into_owned())
+    }
+}
+
+/// A script's text without the UTF-8 byte-order mark some editors put first (rhai would read
+/// it as an unknown character).
+pub fn without_bom(src: &str) -> &str {
+    src.strip_prefix('\u{feff}').unwrap_or(src)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: Kind = Kind {
+        what: "test file",
+        limit: 10,
+    };
+
+    #[test]
+    fn regular_files_up_to_the_limit_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"0123456789").unwrap();
+        assert_eq!(file(&p, TINY).unwrap(), b"0123456789");
+        std::fs::write(&p, b"0123456789a").unwrap();
+        let e = file(&p, TINY).unwrap_err().to_string();
+        assert_eq!(e, "larger than 10 bytes (the limit of a test file)");
+    }
+
+    #[test]
+    fn endless_devices_and_fifos_are_refused_without_reading() {
+        let e = file(Path::new("/dev/zero"), SCRIPT).unwrap_err().to_string();
+        assert!(e.starts_with("a character device, not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        // No writer: a blocking open would wait forever.
+        let e = file(&fifo, SCRIPT).unwrap_err().to_string();
+        assert!(e.starts_with("a FIFO, not a regular file"), "{e}");
+        let e = file(dir.path(), SCRIPT).unwrap_err().to_string();
+        assert!(e.starts_with("a directory"), "{e}");
+    }
+
+    #[test]
+    fn a_file_growing_past_the_limit_is_cut_at_the_limit() {
+        // /proc files say 0 bytes and have more.
+        let e = file(Path::new("/proc/self/maps"), TINY).unwrap_err();
+        assert!(matches!(e, ReadError::TooLarge { limit: 10, .. }), "{e}");
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(size(16 << 20), "16 MiB");
+        assert_eq!(size(4 << 10), "4 KiB");
+        assert_eq!(size(1000), "1000 bytes");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        assert_eq!(without_bom("\u{feff}let x = 1;"), "let x = 1;");
+        assert_eq!(without_bom("let x = 1;"), "let x = 1;");
+    }
+}
