@@ -206,28 +206,28 @@ impl StdinLines {
     }
 
     /// The next line without its newline; `None` at the end of stdin. A line over the limit
-    /// is an error, and the rest of it is skipped, so reading can go on after it.
+    /// is an error at once (its end may never come: `/dev/zero`); reading ends there.
     pub fn next_line(&mut self) -> Result<Option<String>, ReadError> {
-        let mut over = false;
         loop {
+            // Lines already buffered must not outrun a Ctrl-C either.
+            if crate::interrupt::is_set() {
+                return Err(ReadError::Interrupted);
+            }
             if let Some(i) = memchr::memchr(b'\n', &self.buf[self.at..]) {
                 let line = self.buf[self.at..self.at + i].to_vec();
                 self.at += i + 1;
-                return self.finish(line, over).map(Some);
+                return self.finish(line).map(Some);
             }
             if self.eof {
                 if self.at == self.buf.len() {
-                    return if over { Err(self.too_large()) } else { Ok(None) };
+                    return Ok(None);
                 }
                 let line = self.buf[self.at..].to_vec();
                 self.at = self.buf.len();
-                return self.finish(line, over).map(Some);
+                return self.finish(line).map(Some);
             }
             if (self.buf.len() - self.at) as u64 > self.kind.limit {
-                // Drop what is read of the line so far; keep reading to its end.
-                over = true;
-                self.buf.clear();
-                self.at = 0;
+                return Err(self.too_large());
             }
             self.buf.drain(..self.at);
             self.at = 0;
@@ -246,8 +246,8 @@ impl StdinLines {
         }
     }
 
-    fn finish(&self, line: Vec<u8>, over: bool) -> Result<String, ReadError> {
-        if over || line.len() as u64 > self.kind.limit {
+    fn finish(&self, line: Vec<u8>) -> Result<String, ReadError> {
+        if line.len() as u64 > self.kind.limit {
             return Err(self.too_large());
         }
         let line = line.strip_suffix(b"\r").unwrap_or(&line);

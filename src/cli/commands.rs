@@ -619,6 +619,7 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
                 ReadError::Interrupted => Error::Script(crate::script::ScriptError::Interrupted),
                 e => Error::Usage(format!("cannot read the script from stdin: {e}")),
             })?;
+        let src = input::without_bom(&src).to_string();
         return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
     }
     // A name that is no file here runs the recipe built in under that name.
@@ -657,7 +658,7 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
             }
         })
         .and_then(|p| p.canonicalize().ok());
-    Ok((script.to_string(), src, dir))
+    Ok((script.to_string(), input::without_bom(&src).to_string(), dir))
 }
 
 fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error> {

@@ -46,12 +46,18 @@ struct Repl {
     /// gpuloop's and rhai's function names, which do not change during a session.
     builtin: Names,
     editor: Editor<Helper, FileHistory>,
+    /// Lines piped in (stdin is no terminal), read with a bound on each and Ctrl-C heard
+    /// while waiting; the editor reads a terminal.
+    piped: Option<crate::input::StdinLines>,
     history: Option<PathBuf>,
     json: bool,
     style: Style,
     /// The exit code of the last input's error (0: none).
     failed: i32,
 }
+
+/// How many bytes the REPL compiles, at most, to find where one input ends (a few seconds).
+const MAX_COMPILED: usize = 32 << 20;
 
 /// What one read from the prompt gave.
 enum Read {
@@ -60,6 +66,10 @@ enum Read {
     Cleared,
     /// Ctrl-D.
     Eof,
+    /// Input that cannot be taken (a line past its limit): the error, and the input is dropped.
+    Refused(String),
+    /// Ctrl-C or another terminating signal while waiting for piped input.
+    Interrupted,
 }
 
 impl Repl {
@@ -115,6 +125,8 @@ impl Repl {
             lines: 0,
             builtin,
             editor,
+            piped: (!std::io::stdin().is_terminal())
+                .then(|| crate::input::StdinLines::new(crate::input::REPL_LINE)),
             history,
             json,
             style,
@@ -145,6 +157,14 @@ impl Repl {
                 Read::Input(s) => s,
                 Read::Cleared => continue,
                 Read::Eof => return Ok(0),
+                Read::Interrupted => return Ok(130),
+                Read::Refused(why) => {
+                    crate::errln!("error: {why}");
+                    if batch {
+                        return Ok(2);
+                    }
+                    continue;
+                }
             };
             let cmd = input.trim();
             if let Some(cmd) = cmd.strip_prefix(':') {
@@ -182,14 +202,35 @@ impl Repl {
     /// lacks its end (an open brace, a trailing operator).
     fn read(&mut self) -> Result<Read, Error> {
         let mut input = String::new();
+        // Bytes compiled so far to tell whether the input is complete: each line compiles
+        // all of it again, so an input continued line after line costs the square of its
+        // length; past this it is refused rather than read for hours.
+        let mut compiled = 0usize;
         loop {
+            if crate::interrupt::is_set() && self.piped.is_some() {
+                return Ok(Read::Interrupted);
+            }
             let prompt = if input.is_empty() { PROMPT } else { MORE };
-            let line = match self.editor.readline(prompt) {
+            let line = match self.next_line(prompt)? {
                 Ok(line) => line,
-                Err(ReadlineError::Interrupted) => return Ok(Read::Cleared),
-                Err(ReadlineError::Eof) => return Ok(Read::Eof),
-                Err(e) => return Err(Error::Other(format!("reading the prompt: {e}"))),
+                Err(read) => return Ok(read),
             };
+            // A terminal's line is as long as someone typed or pasted; the piped one is
+            // bounded as it is read. Either way one input is at most a script's size.
+            let limit = crate::input::REPL_LINE.limit;
+            if line.len() as u64 > limit {
+                return Ok(Read::Refused(format!(
+                    "a line longer than {} (the limit of a REPL line): dropped",
+                    crate::input::size(limit)
+                )));
+            }
+            let limit = crate::input::SCRIPT.limit;
+            if (input.len() + line.len()) as u64 > limit {
+                return Ok(Read::Refused(format!(
+                    "an input longer than {} (the limit of a script): dropped",
+                    crate::input::size(limit)
+                )));
+            }
             if !input.is_empty() {
                 input.push('\n');
             }
@@ -198,10 +239,37 @@ impl Repl {
                 return Ok(Read::Cleared);
             }
             let command = input.trim_start().starts_with(':');
+            compiled += input.len();
+            if compiled > MAX_COMPILED {
+                return Ok(Read::Refused(format!(
+                    "an input continued over too many lines to check each one (more than {} compiled): run it as a script, gpuloop run FILE",
+                    crate::input::size(MAX_COMPILED as u64)
+                )));
+            }
             if command || !self.incomplete(&input) {
                 self.remember(&input);
                 return Ok(Read::Input(input));
             }
+        }
+    }
+
+    /// The next line, from the pipe or the editor; `Err(read)` when there is none to take.
+    fn next_line(&mut self, prompt: &str) -> Result<Result<String, Read>, Error> {
+        use crate::input::ReadError;
+        if let Some(piped) = &mut self.piped {
+            return Ok(match piped.next_line() {
+                Ok(Some(line)) => Ok(line),
+                Ok(None) => Err(Read::Eof),
+                Err(ReadError::Interrupted) => Err(Read::Interrupted),
+                Err(e @ ReadError::TooLarge { .. }) => Err(Read::Refused(format!("a line {e}"))),
+                Err(e) => return Err(Error::Other(format!("reading stdin: {e}"))),
+            });
+        }
+        match self.editor.readline(prompt) {
+            Ok(line) => Ok(Ok(line)),
+            Err(ReadlineError::Interrupted) => Ok(Err(Read::Cleared)),
+            Err(ReadlineError::Eof) => Ok(Err(Read::Eof)),
+            Err(e) => Err(Error::Other(format!("reading the prompt: {e}"))),
         }
     }
 
@@ -287,6 +355,10 @@ impl Repl {
                         None
                     }
                     ScriptError::Exit(code) => Some(code),
+                    ScriptError::Said(code, msg) => {
+                        crate::errln!("{msg}");
+                        Some(code)
+                    }
                     err => {
                         crate::errln!("{}{hint}", err.message());
                         self.failed = err.code();

@@ -127,6 +127,9 @@ pub fn new_scope(args: &[String]) -> Scope<'static> {
 }
 
 pub fn compile(engine: &Engine, file: &str, source: &str) -> Result<AST, ScriptError> {
+    // Editors on Windows start a file with a byte-order mark, which rhai reads as a stray
+    // character: it is no part of the script.
+    let source = crate::input::without_bom(source);
     errors::remember(file, source);
     let mut ast = engine
         .compile(source)

@@ -13,6 +13,9 @@ pub enum ScriptError {
     Runtime(String),
     /// `exit(code)` was called.
     Exit(i32),
+    /// `exit(reason)` or `usage(msg)`: ends with this code, saying why (on stderr, as
+    /// `{"error": …}` under --json).
+    Said(i32, String),
     /// Ctrl-C or SIGTERM: exit 130.
     Interrupted,
 }
@@ -22,7 +25,7 @@ impl ScriptError {
         match self {
             ScriptError::Compile(_) => 2,
             ScriptError::Runtime(_) => 1,
-            ScriptError::Exit(c) => *c,
+            ScriptError::Exit(c) | ScriptError::Said(c, _) => *c,
             ScriptError::Interrupted => 130,
         }
     }
@@ -30,7 +33,7 @@ impl ScriptError {
     /// The rendered text (empty for exit and interrupt, which print nothing more).
     pub fn message(&self) -> &str {
         match self {
-            ScriptError::Compile(m) | ScriptError::Runtime(m) => m,
+            ScriptError::Compile(m) | ScriptError::Runtime(m) | ScriptError::Said(_, m) => m,
             _ => "",
         }
     }
@@ -85,10 +88,21 @@ pub const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
 #[derive(Debug, Clone, Copy)]
 pub struct MemoryLimit(pub usize);
 
-/// How a script stopped by the engine ends: `exit(N)`, Ctrl-C, or past its memory limit.
+/// What `exit(reason)` and `usage(msg)` end a script with: the code and what to print.
+#[derive(Debug, Clone)]
+pub struct ExitSaying {
+    pub code: i64,
+    pub message: String,
+}
+
+/// How a script stopped by the engine ends: `exit(N)`, `exit(reason)`, Ctrl-C, or past its
+/// memory limit.
 fn terminated(token: &rhai::Dynamic, pos: rhai::Position, file: &str, source: &str) -> ScriptError {
     if let Ok(code) = token.as_int() {
         return ScriptError::Exit(exit_status(code));
+    }
+    if let Some(ExitSaying { code, message }) = token.clone().try_cast::<ExitSaying>() {
+        return ScriptError::Said(exit_status(code), message);
     }
     if let Some(MemoryLimit(limit)) = token.clone().try_cast::<MemoryLimit>() {
         let limit = limit as f64;

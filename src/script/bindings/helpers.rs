@@ -214,10 +214,7 @@ pub fn register(engine: &mut Engine) {
         &["reason: ?", "()"],
         "Ends the script with exit code 1, printing the value (a message, a float, a bool,
          ...) to stderr: exit(\"GPU 3 still held\").",
-        |reason: Dynamic| -> RhaiResult<()> {
-            crate::errln!("{reason}");
-            Err(exit_with(1))
-        },
+        |reason: Dynamic| -> RhaiResult<()> { Err(exit_saying(1, reason.to_string())) },
     );
     def(
         engine,
@@ -226,10 +223,7 @@ pub fn register(engine: &mut Engine) {
         "Ends the script as a usage error: prints \"usage: MSG\" to stderr and exits 2, as
          commands do for bad arguments. For checking ARGS:
          if ARGS.len() == 0 { usage(\"clean.rhai GPU…\") }",
-        |msg: Dynamic| -> RhaiResult<()> {
-            crate::errln!("usage: {msg}");
-            Err(exit_with(2))
-        },
+        |msg: Dynamic| -> RhaiResult<()> { Err(exit_saying(2, format!("usage: {msg}"))) },
     );
     def(
         engine,
@@ -314,6 +308,15 @@ pub fn register(engine: &mut Engine) {
             }
         },
     );
+}
+
+/// Ends the script with `code`, printing `message` where the script's errors go (after
+/// its jobs are stopped; as `{"error": …}` under --json).
+fn exit_saying(code: i64, message: String) -> Box<EvalAltResult> {
+    Box::new(EvalAltResult::ErrorTerminated(
+        Dynamic::from(crate::script::errors::ExitSaying { code, message }),
+        Position::NONE,
+    ))
 }
 
 /// `errors::exit_status` maps the code to the process status.
