@@ -58,7 +58,16 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> Body {
 #[derive(Default)]
 struct Jobs {
     cancels: Mutex<HashMap<u64, Arc<AtomicBool>>>,
-    spawned: Mutex<HashMap<u64, Arc<Job>>>,
+    spawned: Mutex<HashMap<u64, Slot>>,
+    /// Signalled when a spawn's slot leaves `Starting`.
+    started: std::sync::Condvar,
+}
+
+/// A spawn's id is taken when its request is read, before its worker starts the job, so a
+/// `job_kill` or `cancel` right behind it finds it, and a second spawn of that id is refused.
+enum Slot {
+    Starting,
+    Started(Arc<Job>),
 }
 
 impl Jobs {
@@ -73,30 +82,70 @@ impl Jobs {
         }
     }
 
+    /// Takes `id` for a spawn; false if a spawn already has it.
+    fn reserve(&self, id: u64) -> bool {
+        match lock(&self.spawned).entry(id) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Slot::Starting);
+                true
+            }
+        }
+    }
+
+    /// What the spawn of `id` came to: its job, or `None` (it failed), its slot dropped.
+    fn settle(&self, id: u64, job: Option<Arc<Job>>) {
+        let mut spawned = lock(&self.spawned);
+        match job {
+            Some(j) => spawned.insert(id, Slot::Started(j)),
+            None => spawned.remove(&id),
+        };
+        self.started.notify_all();
+    }
+
+    /// The job spawned as `job`, once it has started (a spawn still starting is waited for:
+    /// a fork and an exec).
     fn spawned(&self, job: u64) -> Result<Arc<Job>, Body> {
-        lock(&self.spawned).get(&job).cloned().ok_or_else(|| {
-            error(
-                ErrorKind::Usage,
-                format!("no job {job} was spawned on this connection"),
-            )
-        })
+        let mut spawned = lock(&self.spawned);
+        loop {
+            match spawned.get(&job) {
+                Some(Slot::Started(j)) => return Ok(j.clone()),
+                Some(Slot::Starting) => {
+                    spawned = self
+                        .started
+                        .wait(spawned)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                None => {
+                    return Err(error(
+                        ErrorKind::Usage,
+                        format!("no job {job} was spawned on this connection"),
+                    ))
+                }
+            }
+        }
     }
 
     /// Cancels request `id`: its wait or run ends; a spawned job of that id is stopped
-    /// (in the background: a stop takes the job's grace). False if there is no such request.
-    fn cancel(&self, id: u64) -> bool {
+    /// (in the background: a stop takes the job's grace, and one still starting is waited
+    /// for). False if there is no such request.
+    fn cancel(self: &Arc<Self>, id: u64) -> bool {
         let flagged = lock(&self.cancels)
             .get(&id)
             .map(|f| f.store(true, Ordering::SeqCst))
             .is_some();
-        let job = lock(&self.spawned).get(&id).cloned();
-        if let Some(job) = &job {
-            let job = job.clone();
+        let spawn = lock(&self.spawned).contains_key(&id);
+        if spawn {
+            let jobs = self.clone();
             let _ = std::thread::Builder::new()
                 .name(format!("cancel-{id}"))
-                .spawn(move || job.stop(Signal::SIGTERM, None));
+                .spawn(move || {
+                    if let Ok(job) = jobs.spawned(id) {
+                        job.stop(Signal::SIGTERM, None);
+                    }
+                });
         }
-        flagged || job.is_some()
+        flagged || spawn
     }
 }
 
@@ -189,9 +238,24 @@ pub fn serve(session: Arc<Session>) -> i32 {
             out.send(&reply(Some(req.id), Body::ok(&found)));
             continue;
         }
+        // A spawn takes its id here, before the next line is read, for the same reason.
+        if matches!(req.call, Call::Spawn(_)) && !jobs.reserve(req.id) {
+            out.send(&reply(
+                Some(req.id),
+                error(
+                    ErrorKind::Usage,
+                    format!(
+                        "a job was already spawned as {} on this connection: each spawn needs an id of its own",
+                        req.id
+                    ),
+                ),
+            ));
+            continue;
+        }
         // A call a cancel can stop gets its flag here, before the next line is read: a
         // cancel right behind it (Ctrl-C at once) finds it, whenever its worker starts.
         let cancel = cancellable(&req.call).then(|| jobs.cancel_flag(req.id));
+        let (id, is_spawn) = (req.id, matches!(req.call, Call::Spawn(_)));
         let (s, o, j) = (session.clone(), out.clone(), jobs.clone());
         let spawned = workers.run(Box::new(move || {
             let id = req.id;
@@ -199,6 +263,9 @@ pub fn serve(session: Arc<Session>) -> i32 {
             o.send(&reply(Some(id), body));
         }));
         if let Err(e) = spawned {
+            if is_spawn {
+                jobs.settle(id, None);
+            }
             out.send(&reply(
                 None,
                 error(ErrorKind::Failed, format!("cannot start a thread: {e}")),
@@ -524,15 +591,21 @@ fn job_of(s: &Session, id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts)
 fn spawn(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
     let (cmd, opts) = match job_of(s, id, rc, out) {
         Ok(x) => x,
-        Err(b) => return b,
+        Err(b) => {
+            jobs.settle(id, None);
+            return b;
+        }
     };
     match Job::spawn(&cmd, opts) {
         Ok(job) => {
             let job = Arc::new(job);
-            lock(&jobs.spawned).insert(id, job.clone());
+            jobs.settle(id, Some(job.clone()));
             state(id, &job, false)
         }
-        Err(e) => error(ErrorKind::Failed, e.to_string()),
+        Err(e) => {
+            jobs.settle(id, None);
+            error(ErrorKind::Failed, e.to_string())
+        }
     }
 }
 

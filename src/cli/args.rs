@@ -311,8 +311,13 @@ pub struct Owner {
     #[arg(long)]
     pub mine: bool,
     /// Only processes of this Slurm job (from their environment or cgroup), as --user.
-    #[arg(long, value_name = "JOBID")]
+    #[arg(long, value_name = "JOBID", value_parser = job_id)]
     pub job: Option<i64>,
+}
+
+/// `--job`: a positive decimal Slurm job id.
+fn job_id(s: &str) -> Result<i64, String> {
+    crate::slurm::job_id(s).ok_or_else(|| format!("{s:?} is not a Slurm job id (a positive decimal number, as 812)"))
 }
 
 /// How `clean` and `wait` judge "clean".

@@ -38,9 +38,10 @@ impl SlurmSource {
 /// followed by digits.
 pub fn is_job_id(s: &str) -> bool {
     let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    let job = |p: &str| p == p.trim() && crate::slurm::job_id(p).is_some();
     match s.split_once(['_', '+']) {
-        Some((job, part)) => digits(job) && digits(part),
-        None => digits(s),
+        Some((j, part)) => job(j) && digits(part),
+        None => job(s),
     }
 }
 

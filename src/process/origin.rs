@@ -125,7 +125,7 @@ pub fn origin(p: &ProcInfo) -> Origin {
         service,
         job: cg
             .job
-            .or_else(|| env_var(p.pid, "SLURM_JOB_ID").and_then(|j| j.parse().ok())),
+            .or_else(|| env_var(p.pid, "SLURM_JOB_ID").and_then(|j| crate::slurm::job_id(&j))),
         container: cg.container,
         cgroup: cg.path,
         service_main,

@@ -152,14 +152,14 @@ impl<'a> Opts<'a> {
             return Ok(None);
         };
         let id = match v.as_int() {
-            Ok(i) => Some(i),
+            Ok(i) => Some(i).filter(|&i| i > 0),
             Err(_) => v
                 .clone()
                 .into_string()
                 .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok()),
+                .and_then(|s| crate::slurm::job_id(&s)),
         };
-        id.filter(|i| *i >= 0).map(Some).ok_or_else(|| {
+        id.map(Some).ok_or_else(|| {
             script_err(format!(
                 "{}: option {key} must be a Slurm job id, 812 or \"812\" (as env(\"SLURM_JOB_ID\") gives it), not {}",
                 self.func,

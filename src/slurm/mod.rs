@@ -59,10 +59,11 @@ impl JobEnv {
         let id = var("SLURM_JOB_ID")
             .filter(|v| !v.is_empty())
             .ok_or_else(|| SlurmError::NoJob("SLURM_JOB_ID is not set".into()))?;
-        let job = id
-            .trim()
-            .parse()
-            .map_err(|_| SlurmError::BadEnv(format!("SLURM_JOB_ID={id:?} is not a job id")))?;
+        let job = job_id(&id).ok_or_else(|| {
+            SlurmError::BadEnv(format!(
+                "SLURM_JOB_ID={id:?} is not a job id (a positive decimal number)"
+            ))
+        })?;
         let list = var("SLURM_JOB_GPUS")
             .filter(|v| !v.trim().is_empty())
             .or_else(|| var("CUDA_VISIBLE_DEVICES"))
@@ -74,6 +75,12 @@ impl JobEnv {
             .map(|h| h.trim().to_string())
             .map(|h| h.split('.').next().unwrap_or_default().to_string())
             .unwrap_or_default();
+        // The node is drained by this name: a hostlist (`n[1-100]`, `a,b`) would drain many.
+        if !node.is_empty() && !is_node_name(&node) {
+            return Err(SlurmError::BadEnv(format!(
+                "node name {node:?} (SLURMD_NODENAME, else the hostname) is not one node's name: letters, digits, - and _ only; a hook drains only the node it runs on"
+            )));
+        }
         Ok(JobEnv {
             job,
             user: var("SLURM_JOB_USER").unwrap_or_default(),
@@ -81,6 +88,24 @@ impl JobEnv {
             node,
         })
     }
+}
+
+/// A Slurm job id: a positive decimal number, as Slurm prints it (`812`; not `+812`, `0`,
+/// `-1`, nor `0x32c`).
+pub fn job_id(s: &str) -> Option<i64> {
+    let s = s.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok().filter(|&n: &i64| n > 0)
+}
+
+/// One node's name, as slurm.conf's NodeName gives it: letters, digits, `-` and `_`,
+/// starting with a letter or digit; never a hostlist expression.
+pub fn is_node_name(s: &str) -> bool {
+    s.len() <= 255
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// "0,1" or "2" (empty: no GPUs); anything else (UUIDs, MIG names) is an error.
@@ -413,6 +438,31 @@ mod tests {
             env(&[("SLURM_JOB_ID", "9"), ("SLURM_JOB_GPUS", "GPU-abc")]),
             Err(SlurmError::BadEnv(_))
         ));
+    }
+
+    /// `SLURMD_NODENAME='n[1-100]'` reached `scontrol update nodename=n[1-100] state=drain`,
+    /// which drains a hundred nodes.
+    #[test]
+    fn a_hostlist_as_the_node_name_is_refused() {
+        for bad in ["n[1-100]", "a,b", "n 1", "-n1", "n1=x", "n1\n"] {
+            let e = env(&[("SLURM_JOB_ID", "9"), ("SLURMD_NODENAME", bad)]);
+            assert!(matches!(e, Err(SlurmError::BadEnv(_))), "{bad:?}: {e:?}");
+        }
+        for good in ["gpu07", "node-1_a", "n1.cluster.org"] {
+            assert!(env(&[("SLURM_JOB_ID", "9"), ("SLURMD_NODENAME", good)]).is_ok());
+        }
+    }
+
+    /// `SLURM_JOB_ID` of -1, 0 or +812 was taken as a job.
+    #[test]
+    fn only_a_positive_decimal_job_id_is_a_job() {
+        for bad in ["-1", "0", "+812", "0x32c", "8 12", "", "99999999999999999999"] {
+            assert_eq!(job_id(bad), None, "{bad:?}");
+            let e = env(&[("SLURM_JOB_ID", bad)]);
+            assert!(e.is_err(), "{bad:?}");
+        }
+        assert_eq!(job_id("812"), Some(812));
+        assert_eq!(job_id(" 812\n"), Some(812));
     }
 
     #[test]

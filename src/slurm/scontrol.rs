@@ -27,6 +27,10 @@ pub fn drain(node: &str, reason: &str) -> Result<(), String> {
     if node.is_empty() {
         return Err("no node name (SLURMD_NODENAME unset, no hostname)".into());
     }
+    // scontrol takes a hostlist here: only ever one node, this one.
+    if !super::is_node_name(node) {
+        return Err(format!("{node:?} is not one node's name"));
+    }
     let (node_arg, reason_arg) = (format!("nodename={node}"), format!("reason={reason}"));
     command_output(
         "scontrol",
