@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 secs="${1:-30}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(sim_spec config patch protocol)
+[ ${#targets[@]} -gt 0 ] || targets=(sim_spec config patch protocol hostlist)
 
 triple="$(rustc -vV | sed -n "s/^host: //p")"
 export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \

@@ -343,6 +343,27 @@ mod tests {
         assert!(e.contains("more than 65536 hosts"), "{e}");
     }
 
+    /// The fuzz target's seeds (fuzz/corpus/hostlist, nesting cases among them), through
+    /// the parser here too, where cargo-fuzz is not installed.
+    #[test]
+    fn the_fuzz_corpus_expands_within_the_limits_or_is_an_error() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/hostlist");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            match expand(&text) {
+                Ok(names) => {
+                    assert!(!names.is_empty() && names.len() <= MAX_HOSTS, "{path:?}");
+                    assert!(names.iter().all(|n| n.len() <= MAX_NAME), "{path:?}");
+                }
+                Err(e) => assert!(e.to_string().len() < 400, "{path:?}: {e}"),
+            }
+            seen += 1;
+        }
+        assert!(seen >= 10, "{seen} seeds in {dir:?}");
+    }
+
     #[test]
     fn a_host_set_holds_each_name_once_and_at_most_the_limit() {
         let mut set = HostSet::default();
