@@ -283,8 +283,13 @@ mod tests {
 
     #[test]
     fn endless_devices_and_fifos_are_refused_without_reading() {
-        let e = file(Path::new("/dev/zero"), SCRIPT).unwrap_err().to_string();
-        assert!(e.starts_with("a character device, not a regular file"), "{e}");
+        let e = file(Path::new("/dev/zero"), SCRIPT)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("a character device, not a regular file"),
+            "{e}"
+        );
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();

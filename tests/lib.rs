@@ -13,6 +13,7 @@ mod holders;
 mod hostile;
 mod hosts;
 mod identity;
+mod inputs;
 mod kill;
 mod mcp;
 mod modules;

@@ -658,7 +658,11 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
             }
         })
         .and_then(|p| p.canonicalize().ok());
-    Ok((script.to_string(), input::without_bom(&src).to_string(), dir))
+    Ok((
+        script.to_string(),
+        input::without_bom(&src).to_string(),
+        dir,
+    ))
 }
 
 fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error> {

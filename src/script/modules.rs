@@ -129,7 +129,8 @@ impl ModuleResolver for Dir {
         if let Some(m) = self.cache.lock().ok().and_then(|c| c.get(&file).cloned()) {
             return Ok(m);
         }
-        let in_module = |e: EvalAltResult| Box::new(EvalAltResult::ErrorInModule(path.into(), e.into(), pos));
+        let in_module =
+            |e: EvalAltResult| Box::new(EvalAltResult::ErrorInModule(path.into(), e.into(), pos));
         let src = match crate::input::text(&file, crate::input::MODULE) {
             Ok(src) => src,
             Err(crate::input::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -105,7 +105,8 @@ pub fn job_id(s: &str) -> Option<i64> {
 pub fn is_node_name(s: &str) -> bool {
     s.len() <= 255
         && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// "0,1" or "2" (empty: no GPUs); anything else (UUIDs, MIG names) is an error.
@@ -456,7 +457,15 @@ mod tests {
     /// `SLURM_JOB_ID` of -1, 0 or +812 was taken as a job.
     #[test]
     fn only_a_positive_decimal_job_id_is_a_job() {
-        for bad in ["-1", "0", "+812", "0x32c", "8 12", "", "99999999999999999999"] {
+        for bad in [
+            "-1",
+            "0",
+            "+812",
+            "0x32c",
+            "8 12",
+            "",
+            "99999999999999999999",
+        ] {
             assert_eq!(job_id(bad), None, "{bad:?}");
             let e = env(&[("SLURM_JOB_ID", bad)]);
             assert!(e.is_err(), "{bad:?}");

@@ -140,7 +140,10 @@ pub fn register(engine: &mut Engine) {
         &["path: String", "old: String", "new: String", "i64"],
         "Replaces every occurrence of old with new in a file; returns how many were replaced
          (0 leaves the file untouched).",
-        move |path: ImmutableString, old: ImmutableString, new: ImmutableString| -> RhaiResult<i64> {
+        move |path: ImmutableString,
+              old: ImmutableString,
+              new: ImmutableString|
+              -> RhaiResult<i64> {
             if old.is_empty() {
                 return Err(script_err("replace_in_file: old must not be empty"));
             }

@@ -1,0 +1,499 @@
+//! What gpuloop is handed, at its worst: endless and huge files, FIFOs, stdin that never
+//! ends or never comes, host lists nested 20,000 deep or naming millions, Slurm variables
+//! that name many nodes or no job, a byte-order mark. Each is a clear error (exit 2, or 130
+//! for a signal) within a deadline: never a hang, an abort or an out-of-memory kill.
+
+use crate::support::*;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Every command here answers at once; this only bounds a hang (the defect under test).
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Waits for a started gpuloop, at most `DEADLINE`; a hang is KILLed (it is this test's
+/// child) and fails the test. An abort shows as 128 + its signal.
+fn finish(mut child: Child, what: &str) -> Out {
+    let mut pipe = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut s);
+            }
+            String::from_utf8_lossy(&s).into_owned()
+        })
+    };
+    let out = pipe(child.stdout.take().map(|o| Box::new(o) as _));
+    let err = pipe(child.stderr.take().map(|e| Box::new(e) as _));
+    let end = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {DEADLINE:?} (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Out {
+        code: status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// `gpuloop ARGS` on `sim` with `stdin`, waited for as `finish` does.
+fn run_in(sim: &Sim, args: &[&str], stdin: Stdio) -> Out {
+    let child = sim
+        .std_cmd()
+        .args(args)
+        .current_dir(sim.path())
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gpuloop");
+    finish(child, &args.join(" "))
+}
+
+fn run(sim: &Sim, args: &[&str]) -> Out {
+    run_in(sim, args, Stdio::null())
+}
+
+fn zero() -> Stdio {
+    std::fs::File::open("/dev/zero").unwrap().into()
+}
+
+/// A file of `len` bytes that takes no disk (a hole).
+fn sparse(path: &Path, len: u64) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+}
+
+fn has(out: &Out, words: &[&str]) {
+    for w in words {
+        assert!(out.stderr.contains(w), "{w:?} not in: {}", out.stderr);
+    }
+}
+
+/// Issue: `run /dev/zero`, `run - < /dev/zero`, `--hosts-file /dev/zero`, a module linked
+/// to /dev/zero and `repl < /dev/zero` read until the machine ran out of memory (24 GB, an
+/// out-of-memory kill). Each is refused now, naming the file and the limit.
+#[test]
+fn endless_and_huge_inputs_are_refused_naming_the_file_and_the_limit() {
+    let sim = Sim::new("1x1G");
+    let dir = sim.path();
+    std::fs::write(dir.join("one.rhai"), "1").unwrap();
+
+    let out = run(&sim, &["run", "/dev/zero"]).code(2);
+    has(
+        &out,
+        &["cannot read script /dev/zero", "a character device"],
+    );
+    let out = run_in(&sim, &["run", "-"], zero()).code(2);
+    has(&out, &["from stdin", "larger than 16 MiB"]);
+    let out = run(&sim, &["--hosts-file", "/dev/zero", "check", "./one.rhai"]).code(2);
+    has(&out, &["hosts file /dev/zero", "a character device"]);
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zmod.rhai")).unwrap();
+    std::fs::write(dir.join("imp.rhai"), "import \"zmod\" as z;\n1").unwrap();
+    let out = run(&sim, &["run", "./imp.rhai"]).code(2);
+    has(
+        &out,
+        &["cannot read module", "zmod.rhai", "a character device"],
+    );
+    let out = run_in(&sim, &["repl"], zero()).code(2);
+    has(
+        &out,
+        &["a line larger than 1 MiB (the limit of a REPL line)"],
+    );
+
+    // Regular files past their limit: read no further than the limit.
+    sparse(&dir.join("big.rhai"), (16 << 20) + 1);
+    let out = run(&sim, &["run", "./big.rhai"]).code(2);
+    has(
+        &out,
+        &["cannot read script ./big.rhai", "larger than 16 MiB"],
+    );
+    let out = run(&sim, &["check", "./big.rhai"]).code(2);
+    has(&out, &["larger than 16 MiB"]);
+    sparse(&dir.join("hosts"), (4 << 20) + 1);
+    let out = run(&sim, &["--hosts-file", "hosts", "check", "./one.rhai"]).code(2);
+    has(&out, &["hosts file hosts", "larger than 4 MiB"]);
+    sparse(&dir.join("bigmod.rhai"), (16 << 20) + 1);
+    std::fs::write(dir.join("imp2.rhai"), "import \"bigmod\" as b;\n1").unwrap();
+    let out = run(&sim, &["run", "./imp2.rhai"]).code(2);
+    has(&out, &["bigmod.rhai", "larger than 16 MiB"]);
+    let conf = dir.join("config/gpuloop");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", conf.join("config.toml")).unwrap();
+    let out = run(&sim, &["eval", "1"]).code(2);
+    has(&out, &["config file", "config.toml", "a character device"]);
+    std::fs::remove_file(conf.join("config.toml")).unwrap();
+    // read_file reads no more than a string may hold.
+    let out = run(
+        &sim,
+        &[
+            "--limit",
+            "string=1M",
+            "eval",
+            &format!("read_file({:?})", dir.join("hosts").display()),
+        ],
+    )
+    .code(1);
+    has(&out, &["read_file(", "larger than 1 MiB"]);
+    // Under the limits all of these work.
+    std::fs::write(dir.join("hosts"), "local\n").unwrap();
+    run(&sim, &["--hosts-file", "hosts", "check", "./one.rhai"]).ok();
+    let out = run_in(
+        &sim,
+        &["repl"],
+        Stdio::from(std::fs::File::open(dir.join("one.rhai")).unwrap()),
+    )
+    .ok();
+    assert_eq!(out.stdout.trim(), "1");
+}
+
+/// Issue: a FIFO as the script, a module, or the hosts file blocked gpuloop for a writer
+/// that never came, and INT, TERM and HUP did not end it. It is refused at once.
+#[test]
+fn fifos_are_refused_at_once_never_waited_for() {
+    let sim = Sim::new("1x1G");
+    let dir = sim.path();
+    let mode = nix::sys::stat::Mode::S_IRWXU;
+    nix::unistd::mkfifo(&dir.join("fifo"), mode).unwrap();
+    nix::unistd::mkfifo(&dir.join("fmod.rhai"), mode).unwrap();
+    std::fs::write(dir.join("one.rhai"), "1").unwrap();
+    std::fs::write(dir.join("imp.rhai"), "import \"fmod\" as f;\n1").unwrap();
+    for args in [
+        &["run", "./fifo"][..],
+        &["check", "./fifo"],
+        &["--hosts-file", "./fifo", "check", "./one.rhai"],
+        &["run", "./imp.rhai"],
+        &["check", "./imp.rhai"],
+    ] {
+        let out = run(&sim, args).code(2);
+        has(&out, &["a FIFO, not a regular file"]);
+    }
+}
+
+/// Issue: `run -` blocked on a pipe nobody writes to ignored Ctrl-C, TERM and HUP (the
+/// handlers restart the read). Each ends it now with 130.
+#[test]
+fn run_stdin_blocked_on_a_silent_pipe_ends_on_int_term_and_hup() {
+    let sim = Sim::new("1x1G");
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let mut child = sim
+            .std_cmd()
+            .args(["run", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start gpuloop");
+        // The write end stays open and silent until the end of this round.
+        let _silent = child.stdin.take();
+        let pid = child.id() as i32;
+        // Once gpuloop catches the signal, it is an interrupt, whether it comes before the
+        // read starts or while it waits.
+        let caught = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    let mask = s
+                        .lines()
+                        .find_map(|l| l.strip_prefix("SigCgt:"))?
+                        .trim()
+                        .to_string();
+                    u64::from_str_radix(&mask, 16).ok()
+                })
+                .is_some_and(|m| m & (1 << (sig - 1)) != 0)
+        };
+        let end = Instant::now() + DEADLINE;
+        while !caught(pid) {
+            assert!(Instant::now() < end, "gpuloop never installed its handlers");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: our own child, still running (not reaped).
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        let out = finish(child, &format!("run - then signal {sig}"));
+        assert_eq!(out.code, 130, "signal {sig}: {}", out.stderr);
+    }
+}
+
+/// Issue: 20,000 nested groups (`x[1][1]…`) overflowed the stack (abort 134) from every
+/// front end that reads a host list, and `gpu[1-65535]` took 17 s of CPU. They are usage
+/// errors (exit 2) at once now; the largest set allowed is 65,536 hosts.
+#[test]
+fn deep_and_huge_host_lists_are_usage_errors_never_an_abort() {
+    let sim = Sim::new("1x1G");
+    let dir = sim.path();
+    std::fs::write(dir.join("one.rhai"), "1").unwrap();
+    let groups = format!("x{}", "[1]".repeat(20_000));
+    let brackets = format!("{}1{}", "[".repeat(20_000), "]".repeat(20_000));
+    std::fs::write(dir.join("deep"), format!("{groups}\n")).unwrap();
+    std::fs::write(dir.join("nested"), format!("{brackets}\n")).unwrap();
+    for (args, says) in [
+        (
+            vec!["--host", &groups, "check", "./one.rhai"],
+            "longer than 1024 bytes",
+        ),
+        (
+            vec!["--host", &brackets, "check", "./one.rhai"],
+            "nested brackets",
+        ),
+        (
+            vec!["--hosts-file", "deep", "check", "./one.rhai"],
+            "line 1",
+        ),
+        (
+            vec!["--hosts-file", "nested", "eval", "hosts()"],
+            "nested brackets",
+        ),
+        (
+            vec!["--host", &groups, "eval", "hosts()"],
+            "longer than 1024 bytes",
+        ),
+        (vec!["--host", &groups, "gpus"], "longer than 1024 bytes"),
+        (
+            vec!["--host", "gpu[1-65537]", "check", "./one.rhai"],
+            "more than 65536 hosts",
+        ),
+        (
+            vec!["--host", "gpu[1-9999999999]", "gpus"],
+            "more than 65536 hosts",
+        ),
+        (
+            vec!["--host", "n[1-300][1-300]", "gpus"],
+            "more than 65536 hosts",
+        ),
+    ] {
+        let out = run(&sim, &args).code(2);
+        has(&out, &["bad host list", says]);
+        assert!(
+            out.stderr.len() < 1000,
+            "the error quotes 60 KB: {}",
+            out.stderr.len()
+        );
+    }
+    // 65,536 hosts from a file plus one more on the command line pass the cap.
+    let names: String = (0..65_536).map(|i| format!("h{i}\n")).collect();
+    std::fs::write(dir.join("many"), names).unwrap();
+    let out = run(
+        &sim,
+        &[
+            "--hosts-file",
+            "many",
+            "--host",
+            "one-more",
+            "check",
+            "./one.rhai",
+        ],
+    )
+    .code(2);
+    has(&out, &["more than 65536 hosts in all"]);
+    // The largest set is taken (nothing connects before a command needs the hosts).
+    let out = run(&sim, &["--host", "gpu[1-65536]", "check", "./one.rhai"]).ok();
+    assert!(out.stdout.contains("ok: ./one.rhai"), "{}", out.stdout);
+}
+
+/// Issue: a UTF-8 byte-order mark before a script (as some editors write it) was a compile
+/// error, "Unexpected '\u{feff}'". It is skipped, in scripts, stdin and modules.
+#[test]
+fn a_byte_order_mark_before_a_script_or_module_is_skipped() {
+    let sim = Sim::new("1x1G");
+    let dir = sim.path();
+    let bom = "\u{feff}";
+    std::fs::write(
+        dir.join("bom.rhai"),
+        format!("{bom}let x = 1;\nprint(x + 1);"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("m.rhai"), format!("{bom}fn two() {{ 2 }}")).unwrap();
+    std::fs::write(
+        dir.join("imp.rhai"),
+        format!("{bom}import \"m\" as m;\nprint(m::two());"),
+    )
+    .unwrap();
+    for script in ["./bom.rhai", "./imp.rhai"] {
+        let out = run(&sim, &["run", script]).ok();
+        assert_eq!(out.stdout.trim(), "2");
+        run(&sim, &["check", script]).ok();
+    }
+    let out = run_in(
+        &sim,
+        &["run", "-"],
+        Stdio::from(std::fs::File::open(dir.join("bom.rhai")).unwrap()),
+    )
+    .ok();
+    assert_eq!(out.stdout.trim(), "2");
+    // A mistake after the mark is shown with the caret where the mistake is.
+    std::fs::write(dir.join("bad.rhai"), format!("{bom}1 +* 2")).unwrap();
+    let out = run(&sim, &["run", "./bad.rhai"]).code(2);
+    has(&out, &["bad.rhai:1:4", "1 | 1 +* 2\n  |    ^"]);
+}
+
+/// Issue: `gpuloop --json eval 'usage("bad")'` and `exit("msg")` printed plain text where a
+/// program reads JSON. Under --json they print `{"error": …}`; without it, the text.
+#[test]
+fn usage_and_exit_with_a_reason_print_json_errors_under_json() {
+    let sim = Sim::new("1x1G");
+    for (code, exit, msg) in [
+        ("usage(\"bad\")", 2, "usage: bad"),
+        ("exit(\"msg\")", 1, "msg"),
+        ("exit(2.5)", 1, "2.5"),
+    ] {
+        let out = run(&sim, &["--json", "eval", code]).code(exit);
+        let err: serde_json::Value = serde_json::from_str(out.stderr.trim())
+            .unwrap_or_else(|e| panic!("{code}: not JSON ({e}): {}", out.stderr));
+        assert_eq!(err["error"], msg, "{code}");
+        assert_eq!(out.stdout, "");
+        let out = run(&sim, &["eval", code]).code(exit);
+        assert_eq!(out.stderr.trim(), msg, "{code}");
+    }
+    // Plain exit codes print nothing, as before.
+    let out = run(&sim, &["--json", "eval", "exit(3)"]).code(3);
+    assert_eq!(out.stderr, "");
+}
+
+/// Fake `scontrol` and `squeue` that record how they were called.
+fn fake_slurm(dir: &Path) -> std::path::PathBuf {
+    let bin = dir.join("fake-slurm");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = dir.join("slurm-calls");
+    for tool in ["scontrol", "squeue"] {
+        let p = bin.join(tool);
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\necho \"{tool} $*\" >> '{}'\n", log.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    bin
+}
+
+/// Issue: `SLURMD_NODENAME='n[1-100]'` reached `scontrol update nodename=n[1-100]
+/// state=drain`, which drains a hundred nodes; `SLURM_JOB_ID` of -1, 0 or +812 was taken.
+/// The hooks refuse both (exit 2) and call no Slurm command.
+#[test]
+fn slurm_hooks_drain_only_their_own_node_and_take_only_a_real_job_id() {
+    let sim = Sim::new("1x1G");
+    let bin = fake_slurm(sim.path());
+    let log = sim.path().join("slurm-calls");
+    // Memory nobody holds: the epilog would drain the node.
+    run(&sim, &["sim", "leak", "--gpu", "0", "--mib", "500"]).ok();
+    let hook = |hook: &str, vars: &[(&str, &str)]| {
+        let child = sim
+            .std_cmd()
+            .args([hook, "--timeout", "1"])
+            .envs(vars.iter().copied())
+            .env("SLURM_JOB_GPUS", "0")
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start gpuloop");
+        finish(child, hook)
+    };
+    for node in ["n[1-100]", "a,b", "n 1"] {
+        for h in ["epilog", "prolog"] {
+            let out = hook(h, &[("SLURM_JOB_ID", "812"), ("SLURMD_NODENAME", node)]).code(2);
+            has(&out, &["is not one node's name"]);
+        }
+    }
+    for id in ["-1", "0", "+812", "0x32c"] {
+        let out = hook(
+            "epilog",
+            &[("SLURM_JOB_ID", id), ("SLURMD_NODENAME", "gpu07")],
+        )
+        .code(2);
+        has(&out, &["is not a job id"]);
+    }
+    assert!(
+        !log.exists(),
+        "Slurm was called: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    // A plain node name is drained, that one only.
+    let out = hook(
+        "epilog",
+        &[("SLURM_JOB_ID", "812"), ("SLURMD_NODENAME", "gpu07")],
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        calls.contains("scontrol update nodename=gpu07 state=drain"),
+        "{calls}"
+    );
+    // --job takes the same ids.
+    for id in ["0", "-1", "+812"] {
+        let out = run(&sim, &["holders", &format!("--job={id}")]).code(2);
+        has(&out, &["not a Slurm job id"]);
+    }
+    run(&sim, &["holders", "--job", "812"]).ok();
+    let out = run(&sim, &["eval", "holders(#{job: 0})"]).code(1);
+    has(&out, &["must be a Slurm job id"]);
+}
+
+/// Issue: the agent answered "no job 5" to a `job_kill` sent right after `spawn` (the spawn
+/// was still starting on its worker), and took a second spawn of the same id. The id is
+/// taken as the request is read now: the kill finds the job, the duplicate is refused.
+#[test]
+fn the_agent_finds_a_job_killed_right_after_its_spawn_and_refuses_a_duplicate_id() {
+    use std::io::{BufRead, BufReader, Write};
+    let sim = Sim::new("1x1G");
+    let mut agent = sim
+        .std_cmd()
+        .arg("agent")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the agent");
+    let spawn = r#"{"id": 5, "method": "spawn", "params": {"shell": "sleep 600", "argv": null, "timeout_ms": null, "cwd": null, "env": [], "grace_ms": 5000, "echo": false, "keep_children": false}}"#;
+    let kill = r#"{"id": 6, "method": "job_kill", "params": {"job": 5, "signal": "KILL", "grace_ms": null}}"#;
+    let mut stdin = agent.stdin.take().unwrap();
+    // All three in one write: the kill and the duplicate are read while the spawn starts.
+    stdin
+        .write_all(format!("{spawn}\n{kill}\n{spawn}\n").as_bytes())
+        .unwrap();
+    let mut lines = BufReader::new(agent.stdout.take().unwrap()).lines();
+    // Three replies come, whatever they say (the hello first).
+    let mut replies = Vec::new();
+    while replies.len() < 3 {
+        let line = lines.next().expect("a reply").unwrap();
+        let m: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if m["type"] == "reply" {
+            replies.push(m);
+        }
+    }
+    let find = |id: u64, error: bool| {
+        replies
+            .iter()
+            .find(|m| m["id"] == id && m.get("error").is_some() == error)
+            .unwrap_or_else(|| panic!("no reply {id} (error: {error}): {replies:?}"))
+    };
+    let (spawned, killed) = (find(5, false), find(6, false));
+    let refused = &find(5, true)["error"];
+    let pid = spawned["ok"]["pid"].as_i64().unwrap() as i32;
+    assert_eq!(killed["ok"]["job"], 5, "{killed}");
+    assert_eq!(killed["ok"]["running"], false, "{killed}");
+    assert_eq!(refused["kind"], "usage", "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("already spawned as 5"),
+        "{refused}"
+    );
+    assert!(gone_within(pid, 60), "the job {pid} still runs");
+    drop(stdin);
+    let out = finish(agent, "the agent after its stdin closed");
+    assert_eq!(out.code, 0);
+}
