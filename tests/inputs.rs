@@ -7,7 +7,7 @@ use crate::support::*;
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// Every command here answers at once; this only bounds a hang (the defect under test).
@@ -16,7 +16,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// Waits for a started gpuloop, at most `DEADLINE`; a hang is KILLed (it is this test's
 /// child) and fails the test. An abort shows as 128 + its signal.
 fn finish(mut child: Child, what: &str) -> Out {
-    let mut pipe = |r: Option<Box<dyn Read + Send>>| {
+    let pipe = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut s = Vec::new();
             if let Some(mut r) = r {
