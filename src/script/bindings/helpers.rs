@@ -341,7 +341,7 @@ fn not_regular(t: std::fs::FileType) -> std::io::Error {
 /// could not be a string anyway), as every file gpuloop is handed is read.
 fn read_regular(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
     let kind = crate::input::Kind {
-        what: "string (--limit string)",
+        what: "script string, --limit string",
         limit: limit as u64,
     };
     crate::input::file(std::path::Path::new(path), kind).map_err(|e| match e {
