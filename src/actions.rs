@@ -1181,7 +1181,7 @@ fn describe_dirty(dirty: &Dirty) -> String {
 /// `gpuloop clean` and `cleanup`'s first rung: holders → kill → wait_clean → diagnose.
 /// Its JSON (`clean --json`, the MCP tool `clean`, the agent's reply) is
 /// `{clean, kill, wait_ms, gpus}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CleanReport {
     pub clean: bool,
     pub kill: KillReport,

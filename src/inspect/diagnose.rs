@@ -25,7 +25,7 @@ pub const VERDICTS: &[&str] = &[
     "no-driver",
 ];
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Diagnosis {
     /// The GPU index; `None` only for the one "no-driver" entry that stands for all GPUs.
     pub gpu: Option<i64>,
@@ -53,7 +53,7 @@ impl Diagnosis {
 }
 
 /// A process whose CUDA context maps a GPU it does not use.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FootprintOf {
     pub pid: i64,
     pub name: String,

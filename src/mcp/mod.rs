@@ -20,16 +20,12 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tools::{CallError, Ctx, Progress};
-
-/// The JSON-RPC error code of a call the policy refuses (in the range JSON-RPC leaves to
-/// servers); its message names the `--allow` flag that permits it.
-pub const REFUSED: ErrorCode = ErrorCode(-32001);
+use tools::{CallError, Ctx, Progress, Reply};
 
 /// How long in-flight calls get to stop what they started when the server ends.
 const DRAIN: Duration = Duration::from_secs(20);
@@ -198,24 +194,29 @@ impl ServerHandler for Server {
                 }
             }
         };
-        let outcome = joined.unwrap_or_else(|e| {
-            Err(CallError::BadArguments(format!(
-                "{name}: internal error: {e}"
-            )))
-        });
-        let (result, signalled, summary) = match &outcome {
-            Ok(r) => (
-                if r.failed { "error" } else { "ok" },
-                r.signalled.clone(),
-                r.summary.clone(),
-            ),
-            Err(CallError::Refused(r)) => ("refused", Vec::new(), r.to_string()),
+        // What the model must read (bad arguments, a refusal, a failure) is a tool result
+        // with `isError`: many clients show a model only tool results, never protocol
+        // errors. An unknown tool stays a protocol error, and a cancelled call gets no result.
+        let (reply, result) = match joined {
+            Ok(Ok(r)) => {
+                let result = if r.failed { "error" } else { "ok" };
+                (Ok(r), result)
+            }
+            Ok(Err(CallError::Refused(r))) => (Ok(Reply::refused(&r)), "refused"),
+            Ok(Err(e @ (CallError::BadArguments(_) | CallError::NotOverHosts { .. }))) => {
+                (Ok(Reply::failed(e)), "error")
+            }
+            Ok(Err(e @ CallError::UnknownTool(_))) => (Err(e), "error"),
+            Ok(Err(e @ CallError::Cancelled { .. })) => (Err(e), "cancelled"),
+            Err(e) => (Ok(Reply::failed(format!("{name}: internal error: {e}"))), "error"),
+        };
+        let (signalled, summary) = match &reply {
+            Ok(r) => (r.signalled.clone(), r.summary.clone()),
             Err(CallError::Cancelled { signalled }) => (
-                "cancelled",
                 signalled.clone(),
                 "cancelled by the client; what the call started was stopped".into(),
             ),
-            Err(e) => ("error", Vec::new(), e.to_string()),
+            Err(e) => (Vec::new(), e.to_string()),
         };
         self.record(journal::Entry {
             time: journal::now_utc(),
@@ -227,7 +228,7 @@ impl ServerHandler for Server {
             elapsed_ms: started.elapsed().as_millis() as i64,
             server_pid: i64::from(std::process::id()),
         });
-        match outcome {
+        match reply {
             Ok(reply) => {
                 // The line to quote first, then the record as JSON text for clients that
                 // show models only text; the same record as structured content.
@@ -243,24 +244,8 @@ impl ServerHandler for Server {
                 ];
                 Ok(result.into())
             }
-            Err(CallError::Refused(r)) => Err(McpError::new(
-                REFUSED,
-                r.to_string(),
-                Some(json!({ "tool": r.tool, "allow": r.needs.name() })),
-            )),
-            Err(e @ (CallError::BadArguments(_) | CallError::UnknownTool(_))) => {
-                Err(McpError::invalid_params(e.to_string(), None))
-            }
-            Err(e @ CallError::NotOverHosts { .. }) => Err(McpError::new(
-                ErrorCode::INVALID_REQUEST,
-                e.to_string(),
-                None,
-            )),
-            Err(e @ CallError::Cancelled { .. }) => Err(McpError::new(
-                ErrorCode::INTERNAL_ERROR,
-                e.to_string(),
-                None,
-            )),
+            Err(e @ CallError::UnknownTool(_)) => Err(McpError::invalid_params(e.to_string(), None)),
+            Err(e) => Err(McpError::new(ErrorCode::INTERNAL_ERROR, e.to_string(), None)),
         }
     }
 }

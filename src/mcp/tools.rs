@@ -13,7 +13,13 @@ use crate::session::Session;
 use nix::sys::signal::Signal;
 use rmcp::model::{Tool, ToolAnnotations};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use crate::actions::CleanReport;
+use crate::gpu::Gpu;
+use crate::inspect::diagnose::Diagnosis;
+use crate::inspect::holders::Holder;
+use crate::process::kill::KillReport;
+use crate::script::recipes::Recipe;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -44,8 +50,9 @@ impl Ctx<'_> {
     }
 }
 
-/// A finished call: the line a model can quote, the structured record (the same serde
-/// records as `--json`), the pids it signalled, and whether the tool itself failed.
+/// A finished call: the line a model can quote, the structured record (the tool's declared
+/// output type, the same serde records as `--json`), the pids it signalled, and whether the
+/// tool itself failed.
 #[derive(Debug, Clone)]
 pub struct Reply {
     pub summary: String,
@@ -55,26 +62,154 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn ok(summary: String, data: Value) -> Reply {
-        Reply {
-            summary,
-            data,
-            signalled: Vec::new(),
-            failed: false,
+    fn ok(summary: String, out: impl Serialize) -> Reply {
+        Reply::signalled(summary, out, Vec::new())
+    }
+
+    fn signalled(summary: String, out: impl Serialize, signalled: Vec<i64>) -> Reply {
+        match serde_json::to_value(out) {
+            Ok(data) => Reply {
+                summary,
+                data,
+                signalled,
+                failed: false,
+            },
+            Err(e) => Reply {
+                signalled,
+                ..Reply::failed(format!("cannot encode the result: {e}"))
+            },
         }
     }
 
     /// The tool ran but could not do its job (no such GPU, no driver, cannot start the
-    /// command): an `isError` result, which a model reads, not a protocol error.
-    fn failed(error: impl std::fmt::Display) -> Reply {
+    /// command), or was called with arguments it cannot take: an `isError` result, which a
+    /// model reads and can correct, not a protocol error.
+    pub fn failed(error: impl std::fmt::Display) -> Reply {
         let error = error.to_string();
         Reply {
-            data: json!({ "error": error }),
+            data: json!(Output::<()>::Error { error: error.clone() }),
             summary: error,
             signalled: Vec::new(),
             failed: true,
         }
     }
+
+    /// A call the policy refused: the message says what and how the person allows it.
+    pub fn refused(r: &Refusal) -> Reply {
+        let out = Output::<()>::Refused {
+            refused: true,
+            tool: r.tool.to_string(),
+            allow: r.needs.name().to_string(),
+        };
+        Reply {
+            data: json!(out),
+            summary: r.to_string(),
+            signalled: Vec::new(),
+            failed: true,
+        }
+    }
+}
+
+/// A tool's structured content, as its `outputSchema` declares it: the tool's own record, or
+/// (with `isError`) why it did not do its job.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+// Each branch is an object; MCP wants that said at the schema's root.
+#[schemars(extend("type" = "object"))]
+pub enum Output<T> {
+    Done(T),
+    /// The server's policy refused the call; the text content says how the person running
+    /// the server can allow it.
+    Refused {
+        #[schemars(extend("const" = true))]
+        refused: bool,
+        /// The tool refused.
+        tool: String,
+        /// The `gpuloop mcp --allow` value that permits it.
+        allow: String,
+    },
+    /// Bad arguments, or the tool could not do its job: what went wrong and what to do.
+    Error { error: String },
+}
+
+// ---- what each tool returns (its `outputSchema`) ----
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct GpusOut {
+    pub gpus: Vec<Gpu>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct HoldersOut {
+    pub holders: Vec<Holder>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DiagnoseOut {
+    /// True when every selected GPU is clean.
+    pub clean: bool,
+    pub gpus: Vec<Diagnosis>,
+}
+
+impl DiagnoseOut {
+    fn of(gpus: Vec<Diagnosis>) -> DiagnoseOut {
+        DiagnoseOut {
+            clean: gpus.iter().all(|d| d.verdict == "clean"),
+            gpus,
+        }
+    }
+}
+
+/// How a wait ended.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum WaitEnd {
+    Clean,
+    TimedOut,
+    Stalled,
+    Respawned,
+    Unsettled,
+    Interrupted,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WaitOut {
+    /// True when the selected GPUs were verified clean.
+    pub clean: bool,
+    pub outcome: WaitEnd,
+    pub elapsed_ms: i64,
+    /// What diagnose says of each selected GPU at the end.
+    pub gpus: Vec<Diagnosis>,
+}
+
+/// `clean`'s record: the kill, the wait and the verification; a dry run returns only what
+/// the kill would signal.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CleanOut {
+    Done(CleanReport),
+    DryRun(KillReport),
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunOut {
+    pub command: String,
+    /// The exit code; none when a signal ended it.
+    pub code: Option<i64>,
+    pub signal: Option<String>,
+    pub ok: bool,
+    pub timed_out: bool,
+    pub elapsed_ms: i64,
+    pub pid: i64,
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+    /// Processes it left running, which were stopped.
+    pub leftovers: Vec<i64>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RecipesOut {
+    pub recipes: Vec<Recipe>,
 }
 
 /// Calls that never reach the tool's work, and cancellations.
@@ -103,9 +238,18 @@ pub enum CallError {
 /// while gpus, holders and diagnose gather from every host (each record with its `host`).
 pub const ONE_MACHINE: &[&str] = &["wait_clean", "kill", "clean", "run", "run_recipe"];
 
+/// A tool's arguments, read here rather than by the SDK so that a bad one is a tool result
+/// the model reads; the message names the argument ("gpus: invalid type: …").
 fn args<T: for<'de> Deserialize<'de>>(tool: &str, raw: Map<String, Value>) -> Result<T, CallError> {
-    serde_json::from_value(Value::Object(raw))
-        .map_err(|e| CallError::BadArguments(format!("{tool}: {e}")))
+    serde_path_to_error::deserialize(Value::Object(raw)).map_err(|e| {
+        let at = e.path().to_string();
+        let why = e.into_inner();
+        CallError::BadArguments(if at == "." {
+            format!("{tool}: {why}")
+        } else {
+            format!("{tool}: {at}: {why}")
+        })
+    })
 }
 
 fn seconds(tool: &str, what: &str, v: f64) -> Result<Duration, CallError> {
@@ -217,7 +361,10 @@ pub struct WaitArgs {
 /// A process to stop: a holder record as `holders` returned it (its `pid` and `start` are
 /// checked, so a reused pid is never hit), or a bare pid (resolved when the call runs).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a pid, or a holder record with at least its pid and start (as `holders` returns it)"
+)]
 pub enum TargetArg {
     Pid(i64),
     Holder {
@@ -284,7 +431,10 @@ pub struct CleanArgs {
 
 /// A shell command line (run by `sh -c`) or an argv array (no shell).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a shell command line (a string) or an argv array (strings)"
+)]
 pub enum CommandArg {
     Shell(String),
     Argv(Vec<String>),
@@ -331,7 +481,8 @@ pub struct RecipeArgs {
 
 // ---- the tool list ----
 
-fn tool<T: JsonSchema + 'static>(
+/// A tool whose arguments are `In` and whose structured content is an `Output<Out>`.
+fn tool<In: JsonSchema + 'static, Out: JsonSchema + 'static>(
     name: &'static str,
     title: &'static str,
     description: &'static str,
@@ -342,7 +493,8 @@ fn tool<T: JsonSchema + 'static>(
         .destructive(!read_only)
         .open_world(false);
     Tool::new(name, description, serde_json::Map::new())
-        .with_input_schema::<T>()
+        .with_input_schema::<In>()
+        .with_output_schema::<Output<Out>>()
         .with_title(title)
         .with_annotations(hints)
 }
@@ -350,7 +502,7 @@ fn tool<T: JsonSchema + 'static>(
 /// Every tool, with its schema and the description a model reads.
 pub fn list() -> Vec<Tool> {
     vec![
-        tool::<NoArgs>(
+        tool::<NoArgs, GpusOut>(
             "gpus",
             "List GPUs",
             "List the GPUs with their memory use: index, name, uuid, mem_used_mib / \
@@ -358,7 +510,7 @@ pub fn list() -> Vec<Tool> {
              reports. Start here to see which GPUs still hold memory.",
             true,
         ),
-        tool::<HoldersArgs>(
+        tool::<HoldersArgs, HoldersOut>(
             "holders",
             "Who holds the GPUs",
             "List the processes holding GPU memory (compute holders): the driver's process \
@@ -368,7 +520,7 @@ pub fn list() -> Vec<Tool> {
              cmdline, state, role, gpus, mem. Pass these records to `kill` as targets.",
             true,
         ),
-        tool::<SelArgs>(
+        tool::<SelArgs, DiagnoseOut>(
             "diagnose",
             "Why is GPU memory still used",
             "Explain each GPU's memory: a verdict (clean, held, orphaned, inherited, \
@@ -377,7 +529,7 @@ pub fn list() -> Vec<Tool> {
              a cleanup; quote the advice.",
             true,
         ),
-        tool::<WaitArgs>(
+        tool::<WaitArgs, WaitOut>(
             "wait_clean",
             "Wait until GPUs are free",
             "Wait until the selected GPUs have no compute holder and their memory is released \
@@ -386,7 +538,7 @@ pub fn list() -> Vec<Tool> {
              and can be cancelled.",
             true,
         ),
-        tool::<KillArgs>(
+        tool::<KillArgs, KillReport>(
             "kill",
             "Stop processes safely",
             "Stop processes: all targets get the signal at once (through pidfds), one shared \
@@ -396,7 +548,7 @@ pub fn list() -> Vec<Tool> {
              Needs the server's `--allow kill` unless dry_run is true.",
             false,
         ),
-        tool::<CleanArgs>(
+        tool::<CleanArgs, CleanOut>(
             "clean",
             "Stop GPU holders and verify",
             "The whole cleanup: stop every compute holder of the selected GPUs (TERM, grace, \
@@ -406,7 +558,7 @@ pub fn list() -> Vec<Tool> {
              is true (a dry run lists what would be stopped).",
             false,
         ),
-        tool::<RunArgs>(
+        tool::<RunArgs, RunOut>(
             "run",
             "Run a command",
             "Run a command (e.g. re-run the job) in its own process group with a timeout, and \
@@ -416,14 +568,14 @@ pub fn list() -> Vec<Tool> {
              server's `--allow run`.",
             false,
         ),
-        tool::<NoArgs>(
+        tool::<NoArgs, RecipesOut>(
             "recipes",
             "List the ready recipes",
             "List the recipes built into gpuloop (ready Rhai scripts such as clean-node, the \
              escalation ladder TERM -> KILL -> wait -> diagnose -> verify): name, purpose, usage.",
             true,
         ),
-        tool::<RecipeArgs>(
+        tool::<RecipeArgs, RunOut>(
             "run_recipe",
             "Run a ready recipe",
             "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME \
@@ -453,24 +605,21 @@ pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, Cal
         "gpus" => {
             args::<NoArgs>(name, raw)?;
             Ok(match actions::gpus(s) {
-                Ok(gpus) => Reply::ok(summary::gpus(&gpus), json!({ "gpus": gpus })),
+                Ok(gpus) => Reply::ok(summary::gpus(&gpus), GpusOut { gpus }),
                 Err(e) => Reply::failed(e),
             })
         }
         "holders" => {
             let a: HoldersArgs = args(name, raw)?;
             Ok(match actions::holders(s, &a.gpus, a.all) {
-                Ok(hs) => Reply::ok(summary::holders(&hs, a.all), json!({ "holders": hs })),
+                Ok(hs) => Reply::ok(summary::holders(&hs, a.all), HoldersOut { holders: hs }),
                 Err(e) => Reply::failed(e),
             })
         }
         "diagnose" => {
             let a: SelArgs = args(name, raw)?;
             Ok(match actions::diagnoses(s, &a.gpus) {
-                Ok(ds) => Reply::ok(
-                    summary::diagnoses(&ds),
-                    json!({ "clean": ds.iter().all(|d| d.verdict == "clean"), "gpus": ds }),
-                ),
+                Ok(ds) => Reply::ok(summary::diagnoses(&ds), DiagnoseOut::of(ds)),
                 Err(e) => Reply::failed(e),
             })
         }
@@ -487,7 +636,7 @@ pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, Cal
                 .collect();
             Ok(Reply::ok(
                 format!("{} recipe(s): {}", list.len(), names.join("; ")),
-                json!({ "recipes": list }),
+                RecipesOut { recipes: list },
             ))
         }
         "run_recipe" => run_recipe(ctx, args(name, raw)?),
@@ -533,19 +682,19 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
     let why = actions::why_not_clean(&outcome, &opts);
     Ok(Reply::ok(
         summary::wait(outcome.is_clean(), elapsed, why, &after),
-        json!({
-            "clean": outcome.is_clean(),
-            "outcome": match outcome {
-                WaitOutcome::Clean => "clean",
-                WaitOutcome::TimedOut => "timed-out",
-                WaitOutcome::Stalled => "stalled",
-                WaitOutcome::Respawned(_) => "respawned",
-                WaitOutcome::Unsettled => "unsettled",
-                WaitOutcome::Interrupted | WaitOutcome::NoDriver(_) => "interrupted",
+        WaitOut {
+            clean: outcome.is_clean(),
+            outcome: match outcome {
+                WaitOutcome::Clean => WaitEnd::Clean,
+                WaitOutcome::TimedOut => WaitEnd::TimedOut,
+                WaitOutcome::Stalled => WaitEnd::Stalled,
+                WaitOutcome::Respawned(_) => WaitEnd::Respawned,
+                WaitOutcome::Unsettled => WaitEnd::Unsettled,
+                WaitOutcome::Interrupted | WaitOutcome::NoDriver(_) => WaitEnd::Interrupted,
             },
-            "elapsed_ms": elapsed.as_millis() as i64,
-            "gpus": after,
-        }),
+            elapsed_ms: elapsed.as_millis() as i64,
+            gpus: after,
+        },
     ))
 }
 
@@ -608,12 +757,8 @@ fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
     if a.force {
         line.push_str(" (force has no effect through MCP: protected daemons are never signalled)");
     }
-    Ok(Reply {
-        summary: line,
-        signalled: report.signalled.clone(),
-        data: json!(report),
-        failed: false,
-    })
+    let signalled = report.signalled.clone();
+    Ok(Reply::signalled(line, report, signalled))
 }
 
 fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
@@ -636,7 +781,7 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
             match actions::kill_holders(ctx.session, &sel, &Filter::default(), &kill_opts) {
                 Ok(mut report) => {
                     no_force_here(&mut report);
-                    Reply::ok(summary::kill(&report), json!(report))
+                    Reply::ok(summary::kill(&report), CleanOut::DryRun(report))
                 }
                 Err(e) => Reply::failed(e),
             },
@@ -665,12 +810,8 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
             signalled: r.kill.signalled,
         });
     }
-    Ok(Reply {
-        summary: summary::clean(&r),
-        signalled: r.kill.signalled.clone(),
-        data: json!(r),
-        failed: false,
-    })
+    let (line, signalled) = (summary::clean(&r), r.kill.signalled.clone());
+    Ok(Reply::signalled(line, CleanOut::Done(r), signalled))
 }
 
 /// A protected daemon kill or clean left alone: through MCP no flag stops it, so say so.
@@ -758,21 +899,21 @@ fn run_job(
     // exited (its `leftovers`), as run() does in scripts.
     let leftovers = outcome.leftovers.clone();
     let tail = tail_lines.max(1);
-    Ok(Reply {
-        summary: summary::run(job.command(), &outcome, Some(timeout), &leftovers),
-        signalled: leftovers.clone(),
-        data: json!({
-            "command": job.command(),
-            "code": outcome.code,
-            "signal": outcome.signal,
-            "ok": outcome.ok,
-            "timed_out": outcome.timed_out,
-            "elapsed_ms": outcome.elapsed_ms,
-            "pid": outcome.pid,
-            "stdout_tail": runner::tail(&outcome.stdout, tail),
-            "stderr_tail": runner::tail(&outcome.stderr, tail),
-            "leftovers": leftovers,
-        }),
-        failed: false,
-    })
+    let out = RunOut {
+        command: job.command().to_string(),
+        code: outcome.code,
+        signal: outcome.signal.clone(),
+        ok: outcome.ok,
+        timed_out: outcome.timed_out,
+        elapsed_ms: outcome.elapsed_ms,
+        pid: outcome.pid,
+        stdout_tail: runner::tail(&outcome.stdout, tail),
+        stderr_tail: runner::tail(&outcome.stderr, tail),
+        leftovers: leftovers.clone(),
+    };
+    Ok(Reply::signalled(
+        summary::run(job.command(), &outcome, Some(timeout), &leftovers),
+        out,
+        leftovers,
+    ))
 }

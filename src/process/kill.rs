@@ -62,20 +62,20 @@ impl Default for KillOpts {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Skipped {
     pub pid: i64,
     pub reason: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct KillError {
     pub pid: i64,
     pub error: String,
 }
 
 /// One process kill() signalled (or, in a dry run, would signal), and what ended it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Stopped {
     pub pid: i64,
     pub name: String,
@@ -91,7 +91,7 @@ pub struct Stopped {
 }
 
 /// The report `kill()` returns to scripts.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct KillReport {
     pub dry_run: bool,
@@ -119,7 +119,7 @@ pub struct KillReport {
     pub by_host: std::collections::BTreeMap<String, KillReport>,
 }
 /// A process that SIGKILL has not ended yet because it sleeps uninterruptibly.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Stuck {
     pub pid: i64,
     pub name: String,

@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The nearest live ancestor that started a holder: neither a shell, init, nor a subreaper.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Launcher {
     pub pid: i64,
     /// With the pid, the identity: `kill(h.launcher)` checks it like a holder map.
@@ -20,7 +20,7 @@ pub struct Launcher {
 }
 
 /// Lineage and attribution of one process, as holder maps carry them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct Origin {
     /// The parent's name (comm).

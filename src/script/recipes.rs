@@ -12,7 +12,7 @@ pub const RECIPES: &[(&str, &str)] = &[
     ),
 ];
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Recipe {
     pub name: &'static str,
     /// The first line of its header comment, after "name: ".
