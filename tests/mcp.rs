@@ -117,6 +117,35 @@ fn mcp_python_client_reads_diagnoses_and_is_refused_without_allow() {
     assert_eq!(j[1]["tool"], "run_recipe");
 }
 
+/// Bad arguments and refusals were JSON-RPC errors, which many clients never pass to the
+/// model, so it could neither correct the call nor tell its user how to allow it.
+#[test]
+fn mcp_bad_arguments_and_refusals_are_tool_results_the_model_reads() {
+    let sim = Sim::new("2x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "1024"])[0];
+    python_client(
+        &sim,
+        "errors_are_results",
+        &["--sim", "2x8G", "mcp"],
+        json!({ "holder": holder }),
+    );
+    assert!(alive(holder), "a read-only server stopped the holder");
+}
+
+/// No tool declared an outputSchema, although every one returns structured content.
+#[test]
+fn mcp_every_tool_declares_an_output_schema_its_results_match() {
+    let sim = Sim::new("3x8G");
+    let victim = sim.hold(&["--gpu", "0", "--mib", "512"])[0];
+    let held = sim.hold(&["--gpu", "1", "--mib", "512"])[0];
+    python_client(
+        &sim,
+        "output_schemas",
+        &["--sim", "3x8G", "mcp", "--allow", "kill,clean,run,recipes"],
+        json!({ "kill": victim, "clean": held }),
+    );
+}
+
 /// With `--host`, the read-only tools gather from every host over the real sshd (each
 /// record with its host) and the tools that act on one machine are refused.
 #[test]
