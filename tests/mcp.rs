@@ -307,3 +307,35 @@ fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
         "2 GPU(s) (Simulated GPU 8GB): memory used on GPU 1 2048/8192 MiB"
     );
 }
+
+/// A line that is not JSON gets no reply: rmcp's stdio transport drops it on purpose (see
+/// RELIABILITY.md), so the server must go on serving the lines after it. Well-formed JSON
+/// that is no JSON-RPC message is answered "Invalid request", with no id.
+#[test]
+fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
+    let sim = Sim::new("1x8G");
+    let lines = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        "this is not json",
+        r#"{"jsonrpc":"2.0","id":2,"#,
+        r#"{"hello":"world"}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+    ];
+    let out = sim
+        .cmd()
+        .arg("mcp")
+        .write_stdin(lines.join("\n") + "\n")
+        .timeout(Duration::from_secs(60))
+        .output()
+        .expect("run gpuloop mcp");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let replies: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line the server writes is JSON"))
+        .collect();
+    let ids: Vec<&Value> = replies.iter().map(|r| &r["id"]).collect();
+    assert_eq!(ids, [&json!(1), &Value::Null, &json!(3)], "{replies:?}");
+    assert_eq!(replies[1]["error"]["code"], -32600, "{replies:?}");
+    assert_eq!(replies[2]["result"], json!({}), "{replies:?}");
+}

@@ -122,7 +122,9 @@ impl ServerHandler for Server {
                  is really released. Start with `diagnose` (or `gpus`, `holders`); `clean` stops \
                  the holders and verifies; `wait_clean` waits instead of sleeping. This server's \
                  policy, set by the person who runs it: {}. Protected GPU daemons are never \
-                 signalled. Quote the one-line summary each tool returns.{}",
+                 signalled. Quote the one-line summary each tool returns. A call that is \
+                 refused or cannot run comes back as an error result whose text says why and \
+                 what to do; a refusal says how the person can allow it.{}",
                 self.policy.describe(),
                 self.over_hosts()
             ))
@@ -208,7 +210,10 @@ impl ServerHandler for Server {
             }
             Ok(Err(e @ CallError::UnknownTool(_))) => (Err(e), "error"),
             Ok(Err(e @ CallError::Cancelled { .. })) => (Err(e), "cancelled"),
-            Err(e) => (Ok(Reply::failed(format!("{name}: internal error: {e}"))), "error"),
+            Err(e) => (
+                Ok(Reply::failed(format!("{name}: internal error: {e}"))),
+                "error",
+            ),
         };
         let (signalled, summary) = match &reply {
             Ok(r) => (r.signalled.clone(), r.summary.clone()),
@@ -244,8 +249,14 @@ impl ServerHandler for Server {
                 ];
                 Ok(result.into())
             }
-            Err(e @ CallError::UnknownTool(_)) => Err(McpError::invalid_params(e.to_string(), None)),
-            Err(e) => Err(McpError::new(ErrorCode::INTERNAL_ERROR, e.to_string(), None)),
+            Err(e @ CallError::UnknownTool(_)) => {
+                Err(McpError::invalid_params(e.to_string(), None))
+            }
+            Err(e) => Err(McpError::new(
+                ErrorCode::INTERNAL_ERROR,
+                e.to_string(),
+                None,
+            )),
         }
     }
 }

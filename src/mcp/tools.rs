@@ -3,22 +3,22 @@
 
 use super::policy::{Permission, Policy, Refusal};
 use super::summary;
+use crate::actions::CleanReport;
 use crate::actions::{self, Watch};
+use crate::gpu::Gpu;
+use crate::inspect::diagnose::Diagnosis;
+use crate::inspect::holders::Holder;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, Selection};
+use crate::process::kill::KillReport;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
 use crate::runner::{self, Cmd, Job, JobOpts, Waited};
+use crate::script::recipes::Recipe;
 use crate::session::Session;
 use nix::sys::signal::Signal;
 use rmcp::model::{Tool, ToolAnnotations};
 use schemars::JsonSchema;
-use crate::actions::CleanReport;
-use crate::gpu::Gpu;
-use crate::inspect::diagnose::Diagnosis;
-use crate::inspect::holders::Holder;
-use crate::process::kill::KillReport;
-use crate::script::recipes::Recipe;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,7 +87,9 @@ impl Reply {
     pub fn failed(error: impl std::fmt::Display) -> Reply {
         let error = error.to_string();
         Reply {
-            data: json!(Output::<()>::Error { error: error.clone() }),
+            data: json!(Output::<()>::Error {
+                error: error.clone()
+            }),
             summary: error,
             signalled: Vec::new(),
             failed: true,
@@ -129,7 +131,9 @@ pub enum Output<T> {
         allow: String,
     },
     /// Bad arguments, or the tool could not do its job: what went wrong and what to do.
-    Error { error: String },
+    Error {
+        error: String,
+    },
 }
 
 // ---- what each tool returns (its `outputSchema`) ----
