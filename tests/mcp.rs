@@ -310,7 +310,8 @@ fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
 
 /// A line that is not JSON gets no reply: rmcp's stdio transport drops it on purpose (see
 /// RELIABILITY.md), so the server must go on serving the lines after it. Well-formed JSON
-/// that is no JSON-RPC message is answered "Invalid request", with no id.
+/// that is no JSON-RPC message is answered "Invalid request" with no id, and a `tools/call`
+/// whose arguments are not an object stays a protocol error (not a tool result).
 #[test]
 fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
     let sim = Sim::new("1x8G");
@@ -320,7 +321,8 @@ fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
         "this is not json",
         r#"{"jsonrpc":"2.0","id":2,"#,
         r#"{"hello":"world"}"#,
-        r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"gpus","arguments":"x"}}"#,
+        r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#,
     ];
     let out = sim
         .cmd()
@@ -334,8 +336,11 @@ fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("every line the server writes is JSON"))
         .collect();
-    let ids: Vec<&Value> = replies.iter().map(|r| &r["id"]).collect();
-    assert_eq!(ids, [&json!(1), &Value::Null, &json!(3)], "{replies:?}");
-    assert_eq!(replies[1]["error"]["code"], -32600, "{replies:?}");
-    assert_eq!(replies[2]["result"], json!({}), "{replies:?}");
+    let mut ids: Vec<String> = replies.iter().map(|r| r["id"].to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, ["1", "3", "4", "null"], "{replies:?}");
+    let to = |id: Value| replies.iter().find(|r| r["id"] == id).expect("a reply");
+    assert_eq!(to(Value::Null)["error"]["code"], -32600, "{replies:?}");
+    assert!(to(json!(3))["error"]["code"].is_i64(), "{replies:?}");
+    assert_eq!(to(json!(4))["result"], json!({}), "{replies:?}");
 }

@@ -921,3 +921,63 @@ fn run_job(
         leftovers,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_bad_argument_is_named_in_the_message() {
+        let e = args::<SelArgs>("diagnose", raw(json!({ "gpus": "zero" }))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "diagnose: gpus: invalid type: string \"zero\", expected a sequence"
+        );
+        let e = args::<KillArgs>("kill", raw(json!({ "targets": [{ "pid": 5 }] }))).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("kill: targets[0]: expected a pid, or a holder record"),
+            "{e}"
+        );
+        let e = args::<NoArgs>("gpus", raw(json!({ "sudo": true }))).unwrap_err();
+        assert!(e.to_string().contains("unknown field `sudo`"), "{e}");
+    }
+
+    #[test]
+    fn a_refusal_is_an_error_result_saying_how_to_allow_it() {
+        let r = Policy::default()
+            .check("clean", Permission::Clean, false)
+            .unwrap_err();
+        let reply = Reply::refused(&r);
+        assert!(reply.failed);
+        assert!(reply.summary.contains("`gpuloop mcp --allow clean`"));
+        assert_eq!(
+            reply.data,
+            json!({ "refused": true, "tool": "clean", "allow": "clean" })
+        );
+    }
+
+    #[test]
+    fn every_output_schema_is_an_object_that_admits_the_error_shapes() {
+        for t in list() {
+            let schema = t
+                .output_schema
+                .unwrap_or_else(|| panic!("{}: none", t.name));
+            assert_eq!(schema["type"], "object", "{}", t.name);
+            let required: Vec<&Value> = schema["anyOf"]
+                .as_array()
+                .map(|a| a.iter().map(|b| &b["required"]).collect())
+                .unwrap_or_default();
+            assert!(
+                required.contains(&&json!(["refused", "tool", "allow"]))
+                    && required.contains(&&json!(["error"])),
+                "{}: {schema:?}",
+                t.name
+            );
+        }
+    }
+}
