@@ -25,3 +25,4 @@ mod select;
 mod sim;
 mod slurm;
 mod ssh;
+mod stale;

@@ -173,6 +173,7 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 .collect();
             let footprint: Vec<&Holder> = inv.footprint_on(g.index, &None);
             let ghosts = inv.ghosts.get(&g.index).cloned().unwrap_or_default();
+            let stale = inv.stale.get(&g.index).cloned().unwrap_or_default();
             let facts = Facts {
                 gpu: g.index,
                 used_mib: g.mem_used_mib,
@@ -181,6 +182,7 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 footprint: &footprint,
                 footprint_only: Inventory::footprint_explains(g, footprint.len(), 0),
                 ghosts: &ghosts,
+                stale: &stale,
                 driver_lists_any: !g.driver_procs.is_empty(),
                 foreign_ns: ctx.foreign_ns,
                 unreadable: inv.unreadable,
@@ -188,7 +190,7 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 reach: ctx.reach,
                 sim: ctx.sim,
             };
-            let (verdict, advice) = stuck_verdict(&holders).unwrap_or_else(|| {
+            let (verdict, mut advice) = stuck_verdict(&holders).unwrap_or_else(|| {
                 verdict(
                     &facts,
                     |h: &Holder| {
@@ -198,6 +200,9 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                     |pid| restart::started_by(pid as i32, ctx.restarters).cloned(),
                 )
             });
+            if !stale.is_empty() {
+                advice.push_str(&format!("; {}", stale_note(g.index, &stale)));
+            }
             Diagnosis {
                 gpu: Some(g.index),
                 mem_used: g.mem_used,
@@ -345,6 +350,19 @@ fn footprint_note(used_mib: i64, fp: &[&Holder]) -> String {
     format!("{used_mib} MiB: CUDA footprint of {who}")
 }
 
+/// "pid 812 is the driver's stale record: the process now at that pid does not use GPU 0".
+fn stale_note(gpu: i64, stale: &[i64]) -> String {
+    match stale {
+        [one] => format!(
+            "pid {one} is the driver's stale record: the process now at that pid does not use GPU {gpu}"
+        ),
+        many => format!(
+            "pids {} are the driver's stale records: the processes now at those pids do not use GPU {gpu}",
+            list(many)
+        ),
+    }
+}
+
 /// How to reset `gpu`: the recipe (which resets through this machine's own driver, so it
 /// runs there), or the driver's tool directly.
 fn reset_advice(gpu: i64, reach: &Reach, sim: bool) -> String {
@@ -372,6 +390,8 @@ struct Facts<'a> {
     /// What is used is no more than their footprint, and the driver lists nobody here.
     footprint_only: bool,
     ghosts: &'a [i64],
+    /// The ghosts whose pid is a live process here that does not use this GPU.
+    stale: &'a [i64],
     driver_lists_any: bool,
     foreign_ns: bool,
     unreadable: usize,
@@ -511,12 +531,18 @@ fn verdict(
             ),
         );
     }
-    if !ghosts.is_empty() {
+    // Only pids that really are absent here: a stale record's pid exists, as another process.
+    let absent: Vec<i64> = ghosts
+        .iter()
+        .copied()
+        .filter(|p| !f.stale.contains(p))
+        .collect();
+    if !absent.is_empty() {
         return (
             "other-namespace",
             format!(
                 "{used_mib} MiB used by pid(s) {} that do not exist here: they run in another PID namespace (a container); run gpuloop there or on the host",
-                list(ghosts)
+                list(&absent)
             ),
         );
     }
@@ -582,6 +608,7 @@ mod tests {
             footprint: &[],
             footprint_only: false,
             ghosts,
+            stale: &[],
             driver_lists_any: listed,
             foreign_ns,
             unreadable,
