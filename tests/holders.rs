@@ -185,3 +185,32 @@ fn holders_one_shot_prints_a_table_and_json() {
     assert_eq!(j[0]["pid"], p as i64);
     assert_eq!(j[0]["name"], "python3");
 }
+
+/// The bug: a process whose main thread exited while another thread keeps the GPU (State Z,
+/// Threads 2, an empty /proc/PID/fd, the driver listing PID) was no holder; the GPU was
+/// called `other-namespace` ("pids that do not exist here") and `clean` failed with the
+/// memory still held. Its threads show what it holds, and it is killed by its pid.
+#[test]
+fn a_defunct_leader_whose_threads_hold_the_gpu_is_a_live_holder() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "100", "--defunct-leader"])[0];
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while state_of(p) != Some('Z') {
+        assert!(std::time::Instant::now() < end, "the leader did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+    assert!(status.contains("Threads:\t2"), "{status}");
+    let hs = sim.run(&["--json", "holders", "--gpu", "0"]).ok().json();
+    assert_eq!(pids_in(&hs), vec![p as i64], "{hs}");
+    assert_eq!(hs[0]["state"], "sleeping (main thread exited)");
+    assert_eq!(hs[0]["mem_mib"], 100);
+    assert_eq!(hs[0]["gpus"], serde_json::json!([0]));
+    let d = sim.run(&["--json", "diagnose", "--gpu", "0"]).code(1).json();
+    assert_eq!(d[0]["verdict"], "held", "{d}");
+    assert_eq!(d[0]["ghost_pids"], serde_json::json!([]), "{d}");
+    let out = sim.run(&["clean", "--gpu", "0", "--timeout", "10"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(gone_within(p, 10), "the defunct leader's process still runs");
+    assert_eq!(sim.used_mib(0), 0);
+}

@@ -434,6 +434,10 @@ pub enum SimCmd {
         /// SIGKILL does not end it until `sim release` (cgroup-v1 freezer; needs root).
         #[arg(long, conflicts_with = "foreground")]
         stuck: bool,
+        /// Once holding, the holder's main thread exits (SYS_exit) while another thread keeps
+        /// the handles: a defunct thread-group leader (`python <defunct>`) still holding the GPU.
+        #[arg(long, conflicts_with_all = ["foreground", "workers", "fork_child", "supervise", "stuck"])]
+        defunct_leader: bool,
         #[arg(long, hide = true)]
         as_holder: bool,
     },

@@ -864,6 +864,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             supervise,
             catch_term,
             stuck,
+            defunct_leader,
             ..
         } => HoldOpts {
             gpu: *gpu,
@@ -881,6 +882,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             supervise: *supervise,
             catch_term: *catch_term,
             stuck: *stuck,
+            defunct_leader: *defunct_leader,
         },
         _ => HoldOpts::default(),
     }
