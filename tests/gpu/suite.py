@@ -275,6 +275,37 @@ def s_inherited():
           verdict=d["verdict"], ghost_pids=d["ghost_pids"], advice=d["advice"])
 
 
+@scenario("defunct-leader")
+def s_defunct_leader():
+    """The main thread exits (SYS_exit) while another thread keeps the CUDA context: a live
+    holder found through its threads, killed by pid, memory verified."""
+    p, info = mess("defunct-leader", "--gb", "4", "--gpus", "0")
+    pid = info["pids"][0]
+
+    def state():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                st = dict(l.split(":\t", 1) for l in f.read().splitlines() if ":\t" in l)
+            return st.get("State", "")[:1], int(st.get("Threads", "0"))
+        except OSError:
+            return None, 0
+    until(lambda: state()[0] == "Z", 20)
+    st, threads = state()
+    hs = [h for h in gl_json("holders", "--gpu", "0") if h["pid"] == pid]
+    d = gl_json("diagnose", "--gpu", "0")[0]
+    check("defunct-leader: the zombie leader with live threads is a holder of GPU 0 with its memory",
+          st == "Z" and threads > 1 and len(hs) == 1 and hs[0]["mem_mib"] > 3000
+          and "main thread exited" in hs[0]["state"],
+          state=st, threads=threads, holder=hs, used=used_mib())
+    check("defunct-leader: diagnose names it, never other-namespace",
+          d["verdict"] in ("held", "orphaned") and pid not in d["ghost_pids"],
+          verdict=d["verdict"], advice=d["advice"], ghosts=d["ghost_pids"])
+    rc, total, released, overhead, out, err = timed_clean()
+    check("defunct-leader: gpuloop clean frees it (exit 0, 0 MiB, the process gone)",
+          rc == 0 and all(u == 0 for u in used_mib()) and not os.path.exists(f"/proc/{pid}"),
+          rc=rc, seconds=round(total, 3), used=used_mib(), err=err.strip()[-300:])
+
+
 @scenario("observer")
 def s_observer():
     p, info = mess("observer")
