@@ -206,11 +206,17 @@ fn a_defunct_leader_whose_threads_hold_the_gpu_is_a_live_holder() {
     assert_eq!(hs[0]["state"], "sleeping (main thread exited)");
     assert_eq!(hs[0]["mem_mib"], 100);
     assert_eq!(hs[0]["gpus"], serde_json::json!([0]));
-    let d = sim.run(&["--json", "diagnose", "--gpu", "0"]).code(1).json();
+    let d = sim
+        .run(&["--json", "diagnose", "--gpu", "0"])
+        .code(1)
+        .json();
     assert_eq!(d[0]["verdict"], "held", "{d}");
     assert_eq!(d[0]["ghost_pids"], serde_json::json!([]), "{d}");
     let out = sim.run(&["clean", "--gpu", "0", "--timeout", "10"]);
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
-    assert!(gone_within(p, 10), "the defunct leader's process still runs");
+    assert!(
+        gone_within(p, 10),
+        "the defunct leader's process still runs"
+    );
     assert_eq!(sim.used_mib(0), 0);
 }

@@ -26,3 +26,4 @@ mod sim;
 mod slurm;
 mod ssh;
 mod stale;
+mod verdicts;

@@ -389,7 +389,8 @@ pub enum SimCmd {
         /// fails, as a real allocation does.
         #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         mib: i64,
-        /// Process name (comm), e.g. nvidia-persistenced.
+        /// Process name (comm), e.g. nvidia-persistenced. With nvidia-cuda-mps-server, its
+        /// launcher (its parent) is named as MPS's control daemon, as on a real MPS node.
         #[arg(long)]
         name: Option<String>,
         /// Open the device node without mapping it (an NVML-only client).

@@ -1,5 +1,6 @@
 //! holders(): the driver's process lists joined with one scan of /proc (fds, then mappings).
 
+use super::diagnose::Usage;
 use super::Selection;
 use crate::gpu::{Backend, DeviceNodes, Gpu, GpuError};
 use crate::process::identity::{self, ProcDir};
@@ -127,6 +128,24 @@ impl Inventory {
             .collect()
     }
 
+    /// Everything on GPU `g` that diagnose() and wait_clean() judge it by.
+    pub fn on_gpu(&self, g: &Gpu) -> OnGpu<'_> {
+        let one = Some(vec![g.index]);
+        OnGpu {
+            used_mib: g.mem_used_mib,
+            memory_known: g.error.is_none(),
+            holders: self.holders(&one, false),
+            daemons: self
+                .holders(&one, true)
+                .into_iter()
+                .filter(|h| h.role == "daemon")
+                .collect(),
+            footprint: self.footprint_on(g.index, &None),
+            ghosts: self.ghosts.get(&g.index).cloned().unwrap_or_default(),
+            stale: self.stale.get(&g.index).cloned().unwrap_or_default(),
+        }
+    }
+
     /// Compute holders that map GPU `g` without using it (a CUDA context's footprint there)
     /// and whose compute GPUs all lie outside `sel` (`None`: outside `g`).
     pub fn footprint_on(&self, g: i64, sel: &Selection) -> Vec<&Holder> {
@@ -165,6 +184,34 @@ impl Inventory {
             h.mem_mib = h.mem / crate::gpu::MIB;
         }
         h
+    }
+}
+
+/// What is on one GPU, from one inventory.
+pub struct OnGpu<'a> {
+    pub used_mib: i64,
+    pub memory_known: bool,
+    /// Compute holders.
+    pub holders: Vec<Holder>,
+    /// Protected GPU daemons.
+    pub daemons: Vec<Holder>,
+    /// Compute holders of other GPUs whose context maps this one.
+    pub footprint: Vec<&'a Holder>,
+    pub ghosts: Vec<i64>,
+    pub stale: Vec<i64>,
+}
+
+impl OnGpu<'_> {
+    /// The facts that decide whether the GPU is clean, as a diagnosis of it gives them.
+    pub fn usage(&self) -> Usage {
+        Usage::new(
+            self.used_mib,
+            self.memory_known,
+            &self.holders,
+            &self.daemons,
+            self.footprint.len(),
+            self.ghosts.len(),
+        )
     }
 }
 

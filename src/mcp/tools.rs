@@ -469,7 +469,7 @@ pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, Cal
             Ok(match actions::diagnoses(s, &a.gpus) {
                 Ok(ds) => Reply::ok(
                     summary::diagnoses(&ds),
-                    json!({ "clean": ds.iter().all(|d| d.verdict == "clean"), "gpus": ds }),
+                    json!({ "clean": ds.iter().all(|d| d.is_clean()), "gpus": ds }),
                 ),
                 Err(e) => Reply::failed(e),
             })

@@ -271,7 +271,12 @@ impl Held {
 
 /// The launcher: it holds nothing, forks the holders and, once they all hold, waits for them.
 fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
-    set_comm("launcher");
+    // MPS's server is a child of its control daemon, which is how it is told apart from the
+    // control daemon when both names are cut to `nvidia-cuda-mps`.
+    set_comm(match opts.name.as_deref() {
+        Some("nvidia-cuda-mps-server") => "nvidia-cuda-mps-control",
+        _ => "launcher",
+    });
     if opts.workers > 0 || opts.supervise {
         report(&format!("pid {}", std::process::id()));
     }
