@@ -327,7 +327,8 @@ pub struct WaitFlags {
         allow_negative_numbers = true
     )]
     pub settle: f64,
-    /// Demand 0 MiB, also where the rest is the CUDA footprint of jobs on other GPUs.
+    /// Demand 0 MiB, also where the rest is what protected daemons keep (an MPS server's
+    /// context) or the CUDA footprint of jobs on other GPUs.
     #[arg(long)]
     pub strict: bool,
     /// Stop waiting once nothing holds the memory left and it has not moved this long
