@@ -220,3 +220,74 @@ fn a_defunct_leader_whose_threads_hold_the_gpu_is_a_live_holder() {
     );
     assert_eq!(sim.used_mib(0), 0);
 }
+
+/// Starts `python3` mapping `path` (one page, shared) with `also` open, returns its pid once
+/// it maps it.
+fn map_file(sim: &Sim, path: &std::path::Path, also: &std::path::Path) -> i32 {
+    let mut child = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import mmap, sys, time\n\
+             f = open(sys.argv[1], 'r+b'); m = mmap.mmap(f.fileno(), 4096)\n\
+             g = open(sys.argv[2], 'rb')\n\
+             print('ready', flush=True); time.sleep(1000)",
+        ])
+        .arg(path)
+        .arg(also)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let pid = child.id() as i32;
+    sim.adopt(pid);
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(
+        line.trim(),
+        "ready",
+        "python3 did not map {}",
+        path.display()
+    );
+    pid
+}
+
+/// The bugs: a process that maps only nvidiactl was a "compute" holder of no GPU, which
+/// `kill --dry-run` with no --gpu would TERM; and a mapped file named `/x /dev/nvidia1`
+/// made its process a compute holder of GPU 1.
+#[test]
+fn false_holders_from_maps_parsing_nvidiactl_alone_and_a_spaced_path_hold_no_gpu() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["gpus"]).ok();
+    let dev = sim.path().join("state/dev");
+    let ctl = map_file(&sim, &dev.join("nvidiactl"), &dev.join("nvidia-uvm"));
+    // "<tmp>/x <tmp>/state/dev/nvidia1": a path with a space, then a node's path.
+    let spaced = std::path::PathBuf::from(format!(
+        "{}/x {}",
+        sim.path().display(),
+        dev.join("nvidia1").display()
+    ));
+    std::fs::create_dir_all(spaced.parent().unwrap()).unwrap();
+    std::fs::write(&spaced, vec![0u8; 4096]).unwrap();
+    let decoy = map_file(&sim, &spaced, &dev.join("nvidiactl"));
+    let holder = sim.hold(&["--gpu", "0", "--mib", "10"])[0];
+    let all = sim.run(&["--json", "holders", "--all"]).ok().json();
+    let of = |pid: i32| all.as_array().unwrap().iter().find(|h| h["pid"] == pid);
+    let c = of(ctl).unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(c["role"], "observer", "{c}");
+    assert_eq!(c["gpus"], serde_json::json!([]), "{c}");
+    // The decoy has nvidiactl open and maps a file whose name only contains a node's path.
+    let d = of(decoy).unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(d["role"], "observer", "{d}");
+    assert_eq!(d["gpus"], serde_json::json!([]), "{d}");
+    let out = sim.run(&["--json", "kill", "--dry-run"]).ok().json();
+    let would: Vec<i64> = out["would_signal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_i64)
+        .collect();
+    assert_eq!(would, vec![holder as i64], "{out}");
+}
