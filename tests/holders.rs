@@ -221,9 +221,9 @@ fn a_defunct_leader_whose_threads_hold_the_gpu_is_a_live_holder() {
     assert_eq!(sim.used_mib(0), 0);
 }
 
-/// Starts `python3` mapping `path` (one page, shared) with `also` open, returns its pid once
-/// it maps it.
-fn map_file(sim: &Sim, path: &std::path::Path, also: &std::path::Path) -> i32 {
+/// Starts `python3` mapping `path` (one page, shared) with `also` open; returns it once it
+/// maps it (the simulator's drop kills it if the test fails first).
+fn map_file(sim: &Sim, path: &std::path::Path, also: &std::path::Path) -> std::process::Child {
     let mut child = std::process::Command::new("python3")
         .args([
             "-c",
@@ -251,7 +251,7 @@ fn map_file(sim: &Sim, path: &std::path::Path, also: &std::path::Path) -> i32 {
         "python3 did not map {}",
         path.display()
     );
-    pid
+    child
 }
 
 /// The bugs: a process that maps only nvidiactl was a "compute" holder of no GPU, which
@@ -262,7 +262,8 @@ fn false_holders_from_maps_parsing_nvidiactl_alone_and_a_spaced_path_hold_no_gpu
     let sim = Sim::new("2x8G");
     sim.run(&["gpus"]).ok();
     let dev = sim.path().join("state/dev");
-    let ctl = map_file(&sim, &dev.join("nvidiactl"), &dev.join("nvidia-uvm"));
+    let ctl_child = map_file(&sim, &dev.join("nvidiactl"), &dev.join("nvidia-uvm"));
+    let ctl = ctl_child.id() as i32;
     // "<tmp>/x <tmp>/state/dev/nvidia1": a path with a space, then a node's path.
     let spaced = std::path::PathBuf::from(format!(
         "{}/x {}",
@@ -271,7 +272,8 @@ fn false_holders_from_maps_parsing_nvidiactl_alone_and_a_spaced_path_hold_no_gpu
     ));
     std::fs::create_dir_all(spaced.parent().unwrap()).unwrap();
     std::fs::write(&spaced, vec![0u8; 4096]).unwrap();
-    let decoy = map_file(&sim, &spaced, &dev.join("nvidiactl"));
+    let decoy_child = map_file(&sim, &spaced, &dev.join("nvidiactl"));
+    let decoy = decoy_child.id() as i32;
     let holder = sim.hold(&["--gpu", "0", "--mib", "10"])[0];
     let all = sim.run(&["--json", "holders", "--all"]).ok().json();
     let of = |pid: i32| all.as_array().unwrap().iter().find(|h| h["pid"] == pid);
@@ -290,4 +292,8 @@ fn false_holders_from_maps_parsing_nvidiactl_alone_and_a_spaced_path_hold_no_gpu
         .filter_map(Value::as_i64)
         .collect();
     assert_eq!(would, vec![holder as i64], "{out}");
+    for mut c in [ctl_child, decoy_child] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }

@@ -849,6 +849,49 @@ mod tests {
 
     static HERE: std::sync::LazyLock<Reach> = std::sync::LazyLock::new(Reach::default);
 
+    /// The one judgement of clean, on its own.
+    #[test]
+    fn usage_is_clean_under_each_demand() {
+        let lax = Demand::default();
+        let strict = Demand {
+            strict: true,
+            ..lax
+        };
+        let u = |used_mib, holders, footprint, ghosts, daemon_mib| Usage {
+            used_mib,
+            memory_known: true,
+            holders,
+            footprint,
+            ghosts,
+            daemon_mib,
+        };
+        assert!(u(0, 0, 0, 0, 0).is_clean(&lax));
+        assert!(!u(0, 1, 0, 0, 0).is_clean(&lax), "a compute holder");
+        assert!(!u(5, 0, 0, 0, 0).is_clean(&lax), "memory nobody holds");
+        let five = Demand {
+            max_used_mib: 5,
+            ..lax
+        };
+        assert!(u(5, 0, 0, 0, 0).is_clean(&five));
+        // A footprint, and what a daemon keeps, are not dirt unless strict.
+        assert!(u(3, 0, 1, 0, 0).is_clean(&lax));
+        assert!(!u(3, 0, 1, 0, 0).is_clean(&strict));
+        assert!(u(74, 0, 0, 0, 82).is_clean(&lax));
+        assert!(!u(74, 0, 0, 0, 82).is_clean(&strict));
+        assert!(
+            !u(900, 0, 0, 0, 82).is_clean(&lax),
+            "more than the daemon keeps"
+        );
+        // Memory the driver lists for someone else is never explained away.
+        assert!(!u(3, 0, 1, 1, 0).is_clean(&lax));
+        assert!(!u(74, 0, 0, 1, 82).is_clean(&lax));
+        let unknown = Usage {
+            memory_known: false,
+            ..u(0, 0, 0, 0, 0)
+        };
+        assert!(!unknown.is_clean(&lax));
+    }
+
     #[test]
     fn verdict_names_are_the_serde_names() {
         let names: Vec<&str> = Verdict::ALL.iter().map(|v| v.as_str()).collect();

@@ -269,9 +269,22 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
             .iter()
             .map(|&m| index_of_minor(m))
             .collect();
+        // A protected daemon is never signalled for what it holds (without force, which
+        // takes it whatever it holds): one with the node open keeps what the driver lists,
+        // as a display server that does not map the node may.
+        let daemon_open: BTreeSet<i64> = if is_protected(&user.info.comm, &user.cmdline, protected)
+        {
+            user.open
+                .minors
+                .iter()
+                .map(|&m| index_of_minor(m))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
         let mut own = BTreeMap::new();
         for (&g, &mem) in listed.into_iter().flatten() {
-            if hidden || mapped.contains(&g) {
+            if hidden || mapped.contains(&g) || daemon_open.contains(&g) {
                 own.insert(g, mem);
             } else {
                 ghosts.entry(g).or_default().push(pid.into());
