@@ -194,8 +194,9 @@ fn holders_one_shot_prints_a_table_and_json() {
 fn a_defunct_leader_whose_threads_hold_the_gpu_is_a_live_holder() {
     let sim = Sim::new("2x8G");
     let p = sim.hold(&["--gpu", "0", "--mib", "100", "--defunct-leader"])[0];
+    let q = sim.hold(&["--gpu", "1", "--mib", "50", "--defunct-leader"])[0];
     let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while state_of(p) != Some('Z') {
+    while state_of(p) != Some('Z') || state_of(q) != Some('Z') {
         assert!(std::time::Instant::now() < end, "the leader did not exit");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }

@@ -437,12 +437,14 @@ fn driver_error(
 fn stuck_verdict(holders: &[Holder]) -> Option<(Verdict, String)> {
     holders
         .iter()
-        .filter(|h| h.state == "disk-sleep")
+        .filter(|h| h.state.starts_with("disk-sleep"))
         .find_map(|h| {
             std::thread::sleep(std::time::Duration::from_millis(20));
             let dir = crate::process::identity::ProcDir::open(h.pid as i32).ok()?;
             let now = dir.stat().ok()?;
-            (now.start as i64 == h.start && now.state == 'D').then(|| {
+            // A defunct leader is in the state of the thread that holds for it.
+            let state = crate::process::scan::live_thread(&dir).map_or(now.state, |(_, s)| s);
+            (now.start as i64 == h.start && state == 'D').then(|| {
                 (
                     Verdict::Stuck,
                     format!(
