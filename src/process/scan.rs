@@ -193,7 +193,8 @@ fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
 /// `None` for a live process, a kernel thread, or a zombie that is all gone (it holds
 /// nothing: its parent only has to reap it).
 pub fn live_thread(dir: &ProcDir) -> Option<(i32, char)> {
-    if !dir.stat().ok()?.is_zombie() {
+    // Most processes without fds are kernel threads: one thread, told without reading a file.
+    if dir.threads().ok()? < 2 || !dir.stat().ok()?.is_zombie() {
         return None;
     }
     let mut tasks = rustix::fs::Dir::new(dir.open_at("task", true).ok()?).ok()?;
