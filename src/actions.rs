@@ -1067,7 +1067,7 @@ fn local_wait_clean(
     };
     crate::errln!("warning: GPUs {why}:");
     if let Ok(ds) = local_diagnoses(s, sel, &Filter::default()) {
-        for d in ds.iter().filter(|d| !d.is_clean()) {
+        for d in ds.iter().filter(|d| !d.is_clean_under(&opts.demand())) {
             crate::errln!("  {}", describe_diagnosis(d));
         }
     }

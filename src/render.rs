@@ -2,7 +2,7 @@
 //! (the REPL and `eval`), in colour only on a terminal; plus the JSON form of a Rhai value.
 
 use crate::gpu::{Gpu, MIB};
-use crate::inspect::diagnose::{Diagnosis, FootprintOf};
+use crate::inspect::diagnose::{Diagnosis, FootprintOf, Verdict};
 use crate::inspect::holders::Holder;
 use crate::process::kill::KillReport;
 use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
@@ -277,7 +277,7 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             .join(", ");
         // Pad before painting, so escape codes do not upset the alignment.
         let verdict = format!("{:<15}", d.verdict);
-        let verdict = if d.verdict == "clean" {
+        let verdict = if d.verdict == Verdict::Clean {
             style.green(&verdict)
         } else {
             style.red(&verdict)
@@ -289,9 +289,9 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             index
         };
         // Memory the driver could not read is unknown, not 0 MiB (which reads as clean).
-        let mib = match d.verdict.as_str() {
-            "no-driver" | "driver-error" => "?".to_string(),
-            _ => d.mem_used_mib.to_string(),
+        let mib = match d.verdict.memory_known() {
+            false => "?".to_string(),
+            true => d.mem_used_mib.to_string(),
         };
         let head = format!("GPU {gpu}  {mib:>7} MiB  ");
         // The advice column starts after the padded verdict; long advice wraps under it.
@@ -301,7 +301,7 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             None => d.advice.clone(),
         };
         let mut line = format!("{head}{verdict}  {advice}");
-        if !holders.is_empty() && d.verdict != "clean" {
+        if !holders.is_empty() && d.verdict != Verdict::Clean {
             line.push_str(&format!("\n        holders: {holders}"));
         }
         if !d.ghost_pids.is_empty() {
@@ -577,7 +577,7 @@ fn diagnosis_of(m: &Map) -> Option<Diagnosis> {
         })
         .unwrap_or_default(),
         ghost_pids: ints(m, "ghost_pids")?,
-        verdict: string(m, "verdict")?,
+        verdict: Verdict::parse(&string(m, "verdict")?)?,
         advice: string(m, "advice")?,
         host: string(m, "host").unwrap_or_else(|| "local".into()),
     })

@@ -56,7 +56,10 @@ fn an_mps_server_beside_a_context_footprint_is_not_called_a_footprint() {
     assert_eq!(d["mem_used_mib"], 2003);
     assert_eq!(d["verdict"], "daemon", "{d}");
     let a = advice(&d);
-    assert!(a.contains(&format!("(pid {server}) holds 2000 MiB")), "{a}");
+    assert!(
+        a.contains(&format!("2000 MiB: MPS server pid {server}")),
+        "{a}"
+    );
     assert!(
         !a.contains("2003 MiB is") && !a.contains("2003 MiB:"),
         "{a}"

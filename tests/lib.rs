@@ -25,3 +25,5 @@ mod select;
 mod sim;
 mod slurm;
 mod ssh;
+mod stale;
+mod verdicts;

@@ -97,7 +97,7 @@ fn diagnoses() -> Vec<Diagnosis> {
             daemons: vec![],
             footprint: vec![],
             ghost_pids: vec![],
-            verdict: "clean".into(),
+            verdict: gpuloop::inspect::diagnose::Verdict::Clean,
             advice: "GPU 0 is free".into(),
             host: "local".into(),
         },
@@ -109,7 +109,7 @@ fn diagnoses() -> Vec<Diagnosis> {
             daemons: vec![],
             footprint: vec![],
             ghost_pids: vec![9999],
-            verdict: "orphaned".into(),
+            verdict: gpuloop::inspect::diagnose::Verdict::Orphaned,
             advice: "the job that started these workers is gone: kill them (gpuloop kill --gpu 1)"
                 .into(),
             host: "local".into(),

@@ -327,7 +327,8 @@ pub struct WaitFlags {
         allow_negative_numbers = true
     )]
     pub settle: f64,
-    /// Demand 0 MiB, also where the rest is the CUDA footprint of jobs on other GPUs.
+    /// Demand 0 MiB, also where the rest is what protected daemons keep (an MPS server's
+    /// context) or the CUDA footprint of jobs on other GPUs.
     #[arg(long)]
     pub strict: bool,
     /// Stop waiting once nothing holds the memory left and it has not moved this long
@@ -389,7 +390,8 @@ pub enum SimCmd {
         /// fails, as a real allocation does.
         #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         mib: i64,
-        /// Process name (comm), e.g. nvidia-persistenced.
+        /// Process name (comm), e.g. nvidia-persistenced. With nvidia-cuda-mps-server, its
+        /// launcher (its parent) is named as MPS's control daemon, as on a real MPS node.
         #[arg(long)]
         name: Option<String>,
         /// Open the device node without mapping it (an NVML-only client).
@@ -434,6 +436,10 @@ pub enum SimCmd {
         /// SIGKILL does not end it until `sim release` (cgroup-v1 freezer; needs root).
         #[arg(long, conflicts_with = "foreground")]
         stuck: bool,
+        /// Once holding, the holder's main thread exits (SYS_exit) while another thread keeps
+        /// the handles: a defunct thread-group leader (`python <defunct>`) still holding the GPU.
+        #[arg(long, conflicts_with_all = ["foreground", "workers", "fork_child", "supervise", "stuck"])]
+        defunct_leader: bool,
         #[arg(long, hide = true)]
         as_holder: bool,
     },

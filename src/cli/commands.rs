@@ -8,6 +8,7 @@ use crate::gpu::sim::hold::{self, HoldOpts};
 use crate::gpu::sim::SimBackend;
 use crate::gpu::GpuError;
 use crate::hosts::HostSel;
+use crate::inspect::diagnose::Demand;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, User};
@@ -153,14 +154,14 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut ds = Vec::new();
             for (h, part) in parts {
-                rows.push(diagnosis_row(&h, &part));
+                rows.push(diagnosis_row(&h, &part, &Demand::default()));
                 ds.extend(part);
             }
             if !check {
                 emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))?;
             }
             let code = summary(cfg, rows)?;
-            // Another GPU's CUDA footprint does not make this one dirty (wait_clean agrees).
+            // The one judgement of clean (wait, clean, the hooks and MCP make the same).
             Ok(if ds.iter().all(|d| d.is_clean()) {
                 code
             } else {
@@ -248,10 +249,14 @@ fn row(host: &str, state: &str, detail: String) -> render::HostRow {
     }
 }
 
-fn diagnosis_row(host: &str, ds: &[crate::inspect::diagnose::Diagnosis]) -> render::HostRow {
+fn diagnosis_row(
+    host: &str,
+    ds: &[crate::inspect::diagnose::Diagnosis],
+    demand: &Demand,
+) -> render::HostRow {
     let dirty: Vec<String> = ds
         .iter()
-        .filter(|d| !d.is_clean())
+        .filter(|d| !d.is_clean_under(demand))
         .map(actions::describe_diagnosis)
         .collect();
     if dirty.is_empty() {
@@ -508,7 +513,7 @@ fn clean(
     let parts = actions::clean_per_host(&cfg.session, sel, filter, &kill_opts, wait)?;
     let (parts, mut rows) = per_host(cfg, parts)?;
     for (h, c) in &parts {
-        let mut r = diagnosis_row(h, &c.after);
+        let mut r = diagnosis_row(h, &c.after, &wait.demand());
         r.detail = format!("stopped {}; {}", c.kill.signalled.len(), r.detail);
         if !c.clean && r.good() {
             r.state = "NOT clean".into();
@@ -585,7 +590,7 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
     let (parts, mut rows) = per_host(cfg, parts)?;
     let mut after = Vec::new();
     for (h, part) in parts {
-        rows.push(diagnosis_row(&h, &part));
+        rows.push(diagnosis_row(&h, &part, &opts.demand()));
         after.extend(part);
     }
     #[derive(Serialize)]
@@ -864,6 +869,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             supervise,
             catch_term,
             stuck,
+            defunct_leader,
             ..
         } => HoldOpts {
             gpu: *gpu,
@@ -881,6 +887,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             supervise: *supervise,
             catch_term: *catch_term,
             stuck: *stuck,
+            defunct_leader: *defunct_leader,
         },
         _ => HoldOpts::default(),
     }

@@ -158,7 +158,7 @@ pub struct DiagnoseOut {
 impl DiagnoseOut {
     fn of(gpus: Vec<Diagnosis>) -> DiagnoseOut {
         DiagnoseOut {
-            clean: gpus.iter().all(|d| d.verdict == "clean"),
+            clean: gpus.iter().all(|d| d.is_clean()),
             gpus,
         }
     }

@@ -82,6 +82,15 @@ impl ProcDir {
             .unwrap_or_default()
     }
 
+    /// How many threads the process counts (a zombie leader among them until it is reaped):
+    /// the links of its `task` directory, less two; one system call, no file read.
+    pub fn threads(&self) -> io::Result<u64> {
+        let st = rustix::fs::statat(&self.fd, "task", rustix::fs::AtFlags::empty())
+            .map_err(|e| gone_as_not_found(e.into()))?;
+        #[allow(clippy::unnecessary_cast)]
+        Ok((st.st_nlink as u64).saturating_sub(2))
+    }
+
     /// /proc/PID/status as text (signal masks, NSpid, …).
     pub fn status(&self) -> io::Result<String> {
         Ok(String::from_utf8_lossy(&self.read("status")?).into_owned())

@@ -214,7 +214,8 @@ impl<'a> Guard<'a> {
                 p.pid, p.comm
             ));
         }
-        if p.is_zombie() {
+        // A zombie leader whose other threads live on still holds what they hold.
+        if p.is_zombie() && crate::process::scan::live_thread(&pinned.dir).is_none() {
             return Some(format!(
                 "zombie: it holds nothing, but its parent (pid {}) must reap it",
                 p.ppid

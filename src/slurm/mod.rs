@@ -228,9 +228,16 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         }
         stubborn = r.survivors;
     }
+    let wopts = WaitOpts {
+        timeout: opts.timeout,
+        exiting: stubborn.iter().map(|&p| p as i32).collect(),
+        ..WaitOpts::default()
+    };
+    // The dry run, the wait and the drain reason judge the GPUs alike.
+    let demand = wopts.demand();
     if opts.dry_run {
         let ds = actions::diagnoses(s, Some(sel.clone()))?;
-        let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| d.verdict != "clean").collect();
+        let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| !d.is_clean_under(&demand)).collect();
         match dirty.first() {
             None if sel.is_empty() => log.line("no GPU checked: nothing to do"),
             None => log.line("GPUs clean: nothing to do"),
@@ -247,11 +254,6 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         WaitOutcome::Clean
     } else {
         let backend = s.backend()?;
-        let wopts = WaitOpts {
-            timeout: opts.timeout,
-            exiting: stubborn.iter().map(|&p| p as i32).collect(),
-            ..WaitOpts::default()
-        };
         wait::wait_clean(
             backend,
             &Some(sel.clone()),
@@ -277,7 +279,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         return Ok(0);
     }
     let ds = actions::diagnoses(s, Some(sel.clone()))?;
-    let why = match ds.iter().find(|d| d.verdict != "clean") {
+    let why = match ds.iter().find(|d| !d.is_clean_under(&demand)) {
         Some(d) => reason(d, env.job),
         None => format!(
             "gpuloop: job={} pid={} survived SIGKILL",
@@ -425,7 +427,7 @@ mod tests {
             daemons: vec![],
             footprint: vec![],
             ghost_pids: vec![],
-            verdict: "driver".into(),
+            verdict: crate::inspect::diagnose::Verdict::Driver,
             advice: String::new(),
             host: "local".into(),
         };

@@ -14,6 +14,9 @@ started, then keeps running (the launcher sleeps) until killed. Modes:
   ipc         a CUDA IPC exporter and an importer of its tensor
   ddp         torch.distributed NCCL ranks (one per GPU) under a launcher
   vllm        an API process, an engine-core child, one setsid worker per GPU
+  defunct-leader  a CUDA context held by a non-main thread; the main thread then SYS_exits,
+              leaving a zombie leader (State Z, Threads > 1, empty /proc/PID/fd) that holds
+              the memory through its live thread
 """
 import json, os, signal, sys, time
 
@@ -142,6 +145,21 @@ def main():
         child = pipe_child(lambda w: os.write(w, b"1"))
         ready(pids=[os.getpid(), child], creator=os.getpid(), child=child)
         os._exit(0)
+    elif MODE == "defunct-leader":
+        import ctypes, threading
+        held = threading.Event()
+
+        def keep():
+            x = hold(gpus()[0])
+            held.set()
+            sleep_forever()
+
+        threading.Thread(target=keep, daemon=False).start()
+        held.wait(120)
+        ready(pids=[os.getpid()])
+        # SYS_exit (60 on x86_64, 93 on arm64) ends only the main thread.
+        nr = 93 if os.uname().machine in ("aarch64", "arm64") else 60
+        ctypes.CDLL(None, use_errno=True).syscall(nr, 0)
     elif MODE == "observer":
         import pynvml
         pynvml.nvmlInit()

@@ -275,6 +275,37 @@ def s_inherited():
           verdict=d["verdict"], ghost_pids=d["ghost_pids"], advice=d["advice"])
 
 
+@scenario("defunct-leader")
+def s_defunct_leader():
+    """The main thread exits (SYS_exit) while another thread keeps the CUDA context: a live
+    holder found through its threads, killed by pid, memory verified."""
+    p, info = mess("defunct-leader", "--gb", "4", "--gpus", "0")
+    pid = info["pids"][0]
+
+    def state():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                st = dict(l.split(":\t", 1) for l in f.read().splitlines() if ":\t" in l)
+            return st.get("State", "")[:1], int(st.get("Threads", "0"))
+        except OSError:
+            return None, 0
+    until(lambda: state()[0] == "Z", 20)
+    st, threads = state()
+    hs = [h for h in gl_json("holders", "--gpu", "0") if h["pid"] == pid]
+    d = gl_json("diagnose", "--gpu", "0")[0]
+    check("defunct-leader: the zombie leader with live threads is a holder of GPU 0 with its memory",
+          st == "Z" and threads > 1 and len(hs) == 1 and hs[0]["mem_mib"] > 3000
+          and "main thread exited" in hs[0]["state"],
+          state=st, threads=threads, holder=hs, used=used_mib())
+    check("defunct-leader: diagnose names it, never other-namespace",
+          d["verdict"] in ("held", "orphaned") and pid not in d["ghost_pids"],
+          verdict=d["verdict"], advice=d["advice"], ghosts=d["ghost_pids"])
+    rc, total, released, overhead, out, err = timed_clean()
+    check("defunct-leader: gpuloop clean frees it (exit 0, 0 MiB, the process gone)",
+          rc == 0 and all(u == 0 for u in used_mib()) and not os.path.exists(f"/proc/{pid}"),
+          rc=rc, seconds=round(total, 3), used=used_mib(), err=err.strip()[-300:])
+
+
 @scenario("observer")
 def s_observer():
     p, info = mess("observer")
@@ -570,8 +601,9 @@ def s_workers():
 
 @scenario("daemon")
 def s_daemon():
-    """An MPS server keeps memory after its client is gone: a `daemon` verdict naming it, and
-    no reset advice while it has the driver open."""
+    """MPS: clean stops the client, leaves the control daemon and the server, and exits 0: the
+    memory the server keeps is not dirt (reported as "N MiB: MPS server pid P", advice `echo
+    quit | nvidia-cuda-mps-control`, never systemctl or a reset); --strict counts it."""
     ctl = shutil.which("nvidia-cuda-mps-control")
     if not ctl:
         check("daemon: needs nvidia-cuda-mps-control", True, skipped="MPS not installed")
@@ -584,15 +616,25 @@ def s_daemon():
     subprocess.run([ctl, "-d"], env=env, check=True)
     try:
         p, info = mess("plain", "--gb", "2", "--gpus", "0", env=env)
-        kill_pids([info["pids"][0]])
-        until(lambda: not alive(info["pids"][0]), 10)
-        time.sleep(1)  # the server keeps its own context; let the client's memory go
+        client = info["pids"][0]
+        rc, out, err, dt = gl("clean", "--gpu", "0", "--timeout", "30")
         d = gl_json("diagnose", "--gpu", "0")[0]
-        server = [h for h in gl_json("holders", "--all") if "mps" in h["name"]]
-        check("daemon: memory an MPS server keeps reads `daemon`, naming it, with no reset advice",
-              d["mem_used_mib"] == 0 or (d["verdict"] == "daemon" and "mps" in d["advice"]
-                                          and "reset" not in d["advice"]),
-              verdict=d["verdict"], advice=d["advice"], mem=d["mem_used_mib"], server=server)
+        mps = [h for h in gl_json("holders", "--all") if h["name"].startswith("nvidia-cuda-mps")]
+        server = [h["pid"] for h in mps if h["ppid"] in [m["pid"] for m in mps]]
+        check("daemon: clean stops the MPS client, leaves both MPS processes, and exits 0",
+              rc == 0 and not alive(client) and len(mps) == 2 and all(alive(h["pid"]) for h in mps),
+              rc=rc, seconds=round(dt, 3), out=out[-600:], err=err[-300:], mps=[(h["pid"], h["ppid"], h["mem_mib"]) for h in mps])
+        check("daemon: the report names what the MPS server keeps and MPS's own way to stop",
+              bool(server) and f"MiB: MPS server pid {server[0]}" in out
+              and "echo quit | nvidia-cuda-mps-control" in out and "systemctl" not in d["advice"]
+              and "reset" not in d["advice"],
+              out=out[-600:], verdict=d["verdict"], advice=d["advice"], mem=d["mem_used_mib"])
+        rc_d, _, _, _ = gl("diagnose", "--gpu", "0")
+        rc_w, _, _, _ = gl("wait", "--gpu", "0", "--timeout", "0")
+        rc_s, _, _, _ = gl("wait", "--gpu", "0", "--timeout", "0", "--strict")
+        check("daemon: diagnose and wait read clean (exit 0); --strict counts the server's memory (exit 1)",
+              rc_d == 0 and rc_w == 0 and (rc_s == 1 or d["mem_used_mib"] == 0),
+              diagnose=rc_d, wait=rc_w, strict=rc_s, mem=d["mem_used_mib"])
     finally:
         subprocess.run([ctl], input="quit\n", text=True, env=env)
         until(lambda: not [h for h in gl_json("holders", "--all") if "mps" in h["name"]], 20)
