@@ -17,6 +17,7 @@ mod kill;
 mod mcp;
 mod modules;
 mod patch;
+mod recipes;
 mod render;
 mod repl;
 mod runner;

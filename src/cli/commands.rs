@@ -611,36 +611,39 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
     Ok(if clean { code } else { 1 })
 }
 
+/// The script SCRIPT names: stdin, a file (a path), or a built-in recipe (a bare name, never
+/// a file of the current directory). A recipe has no directory of its own: its imports come
+/// from GPULOOP_PATH, the user's modules and the standard library, never from the current
+/// directory either.
 fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBuf>), Error> {
-    if script == "-" {
-        let mut src = String::new();
-        std::io::stdin()
-            .read_to_string(&mut src)
-            .map_err(|e| Error::Usage(format!("cannot read the script from stdin: {e}")))?;
-        return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
-    }
-    // A name that is no file here runs the recipe built in under that name.
-    let path = Path::new(script);
-    if !path.exists() && !script.contains('/') {
-        if let Some(src) = crate::script::recipes::find(script) {
-            return Ok((
-                script.to_string(),
-                src.to_string(),
-                std::env::current_dir().ok(),
-            ));
+    use crate::script::recipes::{self, Named};
+    let path = match Named::of(script) {
+        Named::Stdin => {
+            let mut src = String::new();
+            std::io::stdin()
+                .read_to_string(&mut src)
+                .map_err(|e| Error::Usage(format!("cannot read the script from stdin: {e}")))?;
+            return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
         }
-    }
-    let src = std::fs::read_to_string(script).map_err(|e| {
-        let names: Vec<&str> = crate::script::recipes::RECIPES
-            .iter()
-            .map(|(n, _)| *n)
-            .collect();
+        Named::Recipe(name) => {
+            let src = recipes::find(name).ok_or_else(|| {
+                Error::Usage(format!(
+                    "no recipe named {name:?} (built-in recipes: {}; gpuloop recipes lists \
+                     them); a script file is named by a path: ./{name} or {name}.rhai",
+                    recipes::names()
+                ))
+            })?;
+            return Ok((name.to_string(), src.to_string(), None));
+        }
+        Named::File(path) => Path::new(path),
+    };
+    let src = std::fs::read_to_string(path).map_err(|e| {
         Error::Usage(format!(
             "cannot read script {script}: {e} (built-in recipes: {}; gpuloop recipes lists them)",
-            names.join(", ")
+            recipes::names()
         ))
     })?;
-    let dir = Path::new(script)
+    let dir = path
         .parent()
         .map(|p| {
             if p.as_os_str().is_empty() {

@@ -71,8 +71,8 @@ async def wait_journal(pred, secs, what):
     raise AssertionError(f"no journal entry {what} within {secs}s: {journal()}")
 
 
-def server(args=None):
-    return StdioServerParameters(command=BIN, args=args or SERVER_ARGS, env=SERVER_ENV)
+def server(args=None, cwd=None):
+    return StdioServerParameters(command=BIN, args=args or SERVER_ARGS, env=SERVER_ENV, cwd=cwd)
 
 
 async def call(session, name, args=None, **kw):
@@ -330,7 +330,28 @@ async def hosts():
     check(alive(a) and alive(b), "a read-only server over hosts stopped a holder")
 
 
-SCENARIOS = {"read_only": read_only, "done_when": done_when, "cancel_and_run": cancel_and_run, "hosts": hosts}
+async def recipes_from_cwd():
+    """run_recipe runs the built-in recipe, never a file of the server's current directory,
+    and a path is no recipe."""
+    marker = PLANTED["marker"]
+    async with stdio_client(server(cwd=PLANTED["cwd"])) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            r = await call(s, "run_recipe", {"name": "clean-node", "args": ["--timeout", "1"], "timeout": 120})
+            c = r.structured_content
+            check(c["code"] == 0 and "clean in" in c["stdout_tail"], f"run_recipe clean-node: {c}")
+            for name in ["./clean-node", "clean-node.rhai", "../hostile-cwd/clean-node", "/bin/true"]:
+                try:
+                    await s.call_tool("run_recipe", {"name": name})
+                except MCPError as e:
+                    check(e.code == -32602 and "no recipe" in e.message, f"{name}: {e.code} {e.message}")
+                    print(f"  run_recipe {name}: {e.message}")
+                    continue
+                raise AssertionError(f"run_recipe ran {name!r}")
+    check(not os.path.exists(marker), "run_recipe ran a file of the server's current directory")
+
+
+SCENARIOS = {"recipes_from_cwd": recipes_from_cwd, "read_only": read_only, "done_when": done_when, "cancel_and_run": cancel_and_run, "hosts": hosts}
 
 if __name__ == "__main__":
     anyio.run(SCENARIOS[sys.argv[1]])
