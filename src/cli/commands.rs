@@ -215,7 +215,29 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Prolog { hook: h } => hook(cfg, Hook::Prolog, h),
         Cmd::Sim(cmd) => sim(cfg, cmd),
         Cmd::Mcp { allow } => mcp(cfg, allow),
-        Cmd::Journal { last } => journal(cfg, *last),
+        Cmd::Journal {
+            last,
+            since,
+            pid,
+            user,
+            front_end,
+        } => {
+            let filter = crate::journal::Filter {
+                since: since
+                    .as_deref()
+                    .map(crate::journal::parse_since)
+                    .transpose()
+                    .map_err(Error::Usage)?,
+                pid: *pid,
+                user: user.clone(),
+                front_end: front_end
+                    .as_deref()
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(Error::Usage)?,
+            };
+            journal(cfg, *last, &filter)
+        }
         Cmd::Agent => Ok(crate::agent::serve(cfg.session.clone())),
         // Handled in `cli::main` before anything starts; kept for a complete match.
         Cmd::Guard => Ok(crate::runner::guard::main()),
@@ -355,30 +377,39 @@ fn mcp(cfg: &Config, allow: &[String]) -> Result<i32, Error> {
     crate::mcp::serve(s.clone(), policy).map_err(|e| Error::Other(e.to_string()))
 }
 
-fn journal(cfg: &Config, last: usize) -> Result<i32, Error> {
-    use crate::mcp::journal;
+/// `gpuloop journal`: the records are streamed (with `--json`, as a JSON array written as it
+/// is read), so a journal of any size is shown in bounded memory.
+fn journal(cfg: &Config, last: usize, filter: &crate::journal::Filter) -> Result<i32, Error> {
+    use crate::journal;
     let err = |e: journal::JournalError| Error::Other(e.to_string());
-    let path = journal::path().map_err(err)?;
-    let (entries, bad) = journal::read(&path).map_err(err)?;
-    if bad > 0 {
+    let dir = journal::dir().map_err(err)?;
+    let mut first = true;
+    let found = journal::last(&dir, filter, last, &mut |r| {
+        if cfg.json {
+            let sep = if first { "[\n  " } else { ",\n  " };
+            crate::output::text(&format!(
+                "{sep}{}",
+                serde_json::to_string(&r).unwrap_or_default()
+            ));
+        } else {
+            crate::outln!("{}", journal::line(&r));
+        }
+        first = false;
+    })
+    .map_err(err)?;
+    if cfg.json {
+        crate::outln!("{}", if first { "[]" } else { "\n]" });
+    }
+    let path = dir.join(journal::FILE);
+    if found.bad > 0 {
         crate::errln!(
-            "gpuloop: warning: {bad} line(s) of {} are not journal entries",
+            "gpuloop: warning: {} line(s) of {} are not journal records",
+            found.bad,
             path.display()
         );
     }
-    let shown =
-        &entries[entries
-            .len()
-            .saturating_sub(if last == 0 { entries.len() } else { last })..];
-    if cfg.json {
-        return emit(cfg, &shown, String::new);
-    }
-    if shown.is_empty() {
-        crate::errln!("no MCP calls journaled yet ({})", path.display());
-        return Ok(0);
-    }
-    for e in shown {
-        crate::outln!("{}", journal::line(e));
+    if found.matched == 0 && !cfg.json {
+        crate::errln!("nothing journaled that matches ({})", path.display());
     }
     Ok(0)
 }
@@ -401,6 +432,7 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
         force: k.force,
         parents: k.parents,
         on_interrupt: Default::default(),
+        why: Default::default(),
     })
 }
 
