@@ -946,7 +946,7 @@ pub fn kill_holders_watched(
     Ok(report)
 }
 /// Why the audit journal says a holder was stopped: "holder of GPU 0,1 (compute, 4096 MiB)".
-fn holder_why(h: &Holder) -> String {
+pub fn holder_why(h: &Holder) -> String {
     let gpus: Vec<String> = h.gpus.iter().map(i64::to_string).collect();
     format!(
         "holder of GPU {} ({}, {} MiB, seen by {})",

@@ -12,6 +12,7 @@ mod edges;
 mod holders;
 mod hostile;
 mod hosts;
+mod journal;
 mod identity;
 mod kill;
 mod mcp;

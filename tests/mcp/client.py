@@ -55,6 +55,11 @@ async def gone_within(pid, secs):
 
 
 def journal():
+    """The MCP calls journaled (the journal also has a record of every signal)."""
+    return [r for r in records() if r["kind"] == "call"]
+
+
+def records():
     if not os.path.exists(JOURNAL):
         return []
     with open(JOURNAL) as f:
@@ -171,7 +176,9 @@ async def read_only():
     got = [(e["tool"], e["result"]) for e in journal()]
     check(got == calls, f"journal {got} != calls {calls}")
     for e in journal():
-        check(e["time"].endswith("Z") and e["server_pid"] > 0 and "arguments" in e, f"entry {e}")
+        check(e["time"].endswith("Z") and e["gpuloop_pid"] > 0 and "arguments" in e, f"entry {e}")
+        check(e["front_end"] == "mcp" and e["user"]["name"] and e["host"], f"entry {e}")
+    check(not [r for r in records() if r["kind"] == "signal"], "a read-only server journaled a signal")
     check(journal()[1]["arguments"] == {"all": True}, f"arguments not journaled: {journal()[1]}")
     print(f"  journal: {len(got)} lines, one per call")
 
@@ -214,6 +221,12 @@ async def done_when():
 
     e = [e for e in journal() if e["tool"] == "clean"][-1]
     check(e["result"] == "ok" and set(workers) <= set(e["signalled"]), f"journal: {e}")
+    # Each signal of the call is journaled with the call that sent it.
+    sent = [r for r in records() if r["kind"] == "signal"]
+    check(set(workers) <= {r["target"]["pid"] for r in sent}, f"signals journaled: {sent}")
+    for r in sent:
+        check(r["front_end"] == "mcp" and r["call"]["tool"] == "clean", f"signal record: {r}")
+        check(r["outcome"] == "delivered" and r["why"] and r["target"]["start"] > 0, f"signal record: {r}")
     print(f"  verified: 8 GPUs at 0 MiB, {len(e['signalled'])} pids stopped, daemon and nvidia-smi left alone")
 
 
