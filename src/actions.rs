@@ -905,10 +905,7 @@ pub fn kill_holders_watched(
         .into_iter()
         .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
     let opts = KillOpts {
-        why: hs
-            .iter()
-            .map(|h| (h.pid as i32, holder_why(h)))
-            .collect(),
+        why: hs.iter().map(|h| (h.pid as i32, holder_why(h))).collect(),
         ..opts.clone()
     };
     let mut report = kill_watched(s, &holder_targets(&hs), &opts, w);

@@ -9,7 +9,9 @@
 //! a line; past [`MAX_BYTES`] the file is rotated to `journal.jsonl.1`. A journal that cannot
 //! be written never holds a signal back: the signal goes out and gpuloop warns once.
 
-use rustix::fs::{fstat, openat, renameat, statat, AtFlags, FileType, FlockOperation, Mode, OFlags};
+use rustix::fs::{
+    fstat, openat, renameat, statat, AtFlags, FileType, FlockOperation, Mode, OFlags,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::cell::RefCell;
@@ -473,7 +475,9 @@ impl Filter {
             .user
             .as_ref()
             .is_none_or(|u| *u == r.user.name || *u == r.user.uid.to_string());
-        self.since.as_ref().is_none_or(|t| r.time.as_str() >= t.as_str())
+        self.since
+            .as_ref()
+            .is_none_or(|t| r.time.as_str() >= t.as_str())
             && pid_ok
             && user_ok
             && self.front_end.is_none_or(|f| f == r.front_end)
@@ -647,14 +651,16 @@ pub fn last(
 pub fn line(r: &Record) -> String {
     let head = format!(
         "{} {} {}({}) {}",
-        r.time, r.host, r.user.name, r.user.uid, r.front_end_name()
+        r.time,
+        r.host,
+        r.user.name,
+        r.user.uid,
+        r.front_end_name()
     );
     match &r.event {
         Event::Signal(s) => {
             let t = &s.target;
-            let owner = t
-                .uid
-                .map_or_else(|| "?".into(), crate::process::user_name);
+            let owner = t.uid.map_or_else(|| "?".into(), crate::process::user_name);
             format!(
                 "{head} {} -> pid {} ({}, {owner}, start {}): {} [{}] {}",
                 s.signal,
@@ -792,12 +798,36 @@ mod tests {
         assert_eq!((mode(&dir), mode(&dir.join(FILE))), (0o700, 0o600));
         // Filters: pid, front end, user.
         let by = |f: Filter| all(&dir, &f).0;
-        assert_eq!(by(Filter { pid: Some(42), ..Filter::default() }), vec![b.clone()]);
-        let mcp = Filter { front_end: Some(FrontEnd::Mcp), ..Filter::default() };
+        assert_eq!(
+            by(Filter {
+                pid: Some(42),
+                ..Filter::default()
+            }),
+            vec![b.clone()]
+        );
+        let mcp = Filter {
+            front_end: Some(FrontEnd::Mcp),
+            ..Filter::default()
+        };
         assert_eq!(by(mcp), vec![b.clone()]);
-        assert_eq!(by(Filter { user: Some("0".into()), ..Filter::default() }).len(), 2);
-        assert!(by(Filter { user: Some("nobody".into()), ..Filter::default() }).is_empty());
-        assert!(by(Filter { since: Some("2999-01-01".into()), ..Filter::default() }).is_empty());
+        assert_eq!(
+            by(Filter {
+                user: Some("0".into()),
+                ..Filter::default()
+            })
+            .len(),
+            2
+        );
+        assert!(by(Filter {
+            user: Some("nobody".into()),
+            ..Filter::default()
+        })
+        .is_empty());
+        assert!(by(Filter {
+            since: Some("2999-01-01".into()),
+            ..Filter::default()
+        })
+        .is_empty());
         assert_eq!(all(&top.path().join("none"), &Filter::default()).0, vec![]);
     }
 
@@ -844,13 +874,17 @@ mod tests {
         let e = append(&dir, &r).unwrap_err().to_string();
         assert!(e.contains("writable by others (mode 777)"), "{e}");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-        std::fs::set_permissions(dir.join(FILE), std::fs::Permissions::from_mode(0o622))
-            .unwrap();
-        assert!(append(&dir, &r).unwrap_err().to_string().contains("writable by others"));
-        std::fs::set_permissions(dir.join(FILE), std::fs::Permissions::from_mode(0o600))
-            .unwrap();
+        std::fs::set_permissions(dir.join(FILE), std::fs::Permissions::from_mode(0o622)).unwrap();
+        assert!(append(&dir, &r)
+            .unwrap_err()
+            .to_string()
+            .contains("writable by others"));
+        std::fs::set_permissions(dir.join(FILE), std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::hard_link(dir.join(FILE), top.path().join("other")).unwrap();
-        assert!(append(&dir, &r).unwrap_err().to_string().contains("hard links"));
+        assert!(append(&dir, &r)
+            .unwrap_err()
+            .to_string()
+            .contains("hard links"));
         std::fs::remove_file(top.path().join("other")).unwrap();
         if rustix::process::geteuid().is_root() {
             std::os::unix::fs::chown(dir.join(FILE), Some(65534), None).unwrap();
@@ -910,7 +944,10 @@ mod tests {
     #[test]
     fn since_takes_a_utc_time_or_an_age() {
         assert_eq!(parse_since("2026-12-01").unwrap(), "2026-12-01");
-        assert_eq!(parse_since("2026-12-01T14:05Z").unwrap(), "2026-12-01T14:05");
+        assert_eq!(
+            parse_since("2026-12-01T14:05Z").unwrap(),
+            "2026-12-01T14:05"
+        );
         assert!(parse_since("10m").unwrap() < now_utc());
         for bad in ["yesterday", "2026-1-1", "10x", "m", "2026-12-01T"] {
             assert!(parse_since(bad).is_err(), "{bad}");

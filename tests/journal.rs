@@ -6,7 +6,7 @@ use crate::support::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn journal_file(sim: &Sim) -> PathBuf {
@@ -52,9 +52,15 @@ fn check_record(r: &Value, pid: i32, start: u64, front_end: &str) {
     assert_eq!(r["target"]["pid"], pid, "{r}");
     assert_eq!(r["target"]["start"], start, "{r}");
     assert_eq!(r["target"]["uid"], euid, "{r}");
-    assert!(r["target"]["comm"].as_str().is_some_and(|c| !c.is_empty()), "{r}");
+    assert!(
+        r["target"]["comm"].as_str().is_some_and(|c| !c.is_empty()),
+        "{r}"
+    );
     assert_eq!(r["user"]["uid"], euid, "{r}");
-    assert!(r["user"]["name"].as_str().is_some_and(|n| !n.is_empty()), "{r}");
+    assert!(
+        r["user"]["name"].as_str().is_some_and(|n| !n.is_empty()),
+        "{r}"
+    );
     assert_eq!(r["host"], hostname(), "{r}");
     assert!(r["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{r}");
     assert!(r["gpuloop_pid"].as_i64().is_some_and(|p| p > 0), "{r}");
@@ -69,15 +75,30 @@ fn audit_cli_kills_are_journaled_with_who_what_why_and_outcome_and_dry_runs_are_
     let start = start_of(holder);
     sim.run(&["kill", "--gpu", "0", "--dry-run"]).ok();
     assert!(alive(holder));
-    assert_eq!(signals(&sim), Vec::<Value>::new(), "a dry run was journaled");
+    assert_eq!(
+        signals(&sim),
+        Vec::<Value>::new(),
+        "a dry run was journaled"
+    );
 
     sim.run(&["kill", "--gpu", "0", "--grace", "10"]).ok();
     let r = record_of(&sim, holder);
     check_record(&r, holder, start, "cli");
     assert_eq!(r["signal"], "TERM");
-    assert!(r["why"].as_str().unwrap().starts_with("holder of GPU 0 ("), "{r}");
-    let argv: Vec<&str> = r["argv"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
-    assert!(argv.ends_with(&["kill", "--gpu", "0", "--grace", "10"]), "{argv:?}");
+    assert!(
+        r["why"].as_str().unwrap().starts_with("holder of GPU 0 ("),
+        "{r}"
+    );
+    let argv: Vec<&str> = r["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        argv.ends_with(&["kill", "--gpu", "0", "--grace", "10"]),
+        "{argv:?}"
+    );
 
     // A tree: the launcher by pid, its worker as its child.
     let ps = sim.hold(&["--gpu", "1", "--mib", "64", "--workers", "1"]);
@@ -88,7 +109,10 @@ fn audit_cli_kills_are_journaled_with_who_what_why_and_outcome_and_dry_runs_are_
     let w = record_of(&sim, worker);
     check_record(&w, worker, worker_start, "cli");
     assert!(
-        w["why"].as_str().unwrap().starts_with(&format!("child of pid {launcher} ")),
+        w["why"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("child of pid {launcher} ")),
         "{w}"
     );
 }
@@ -108,11 +132,14 @@ fn audit_script_kills_and_job_kills_are_journaled_as_the_script_front_end() {
     let r = record_of(&sim, job);
     assert_eq!(r["front_end"], "script", "{r}");
     assert!(r["why"].as_str().unwrap().contains("job"), "{r}");
-    assert!(r["argv"].as_array().unwrap().contains(&json!("eval")), "{r}");
+    assert!(
+        r["argv"].as_array().unwrap().contains(&json!("eval")),
+        "{r}"
+    );
 }
 
 #[test]
-fn audit_epilog_kills_are_journaled_as_the_epilog_front_end() {
+fn audit_epilog_and_prolog_kills_are_journaled_as_their_front_ends() {
     let sim = Sim::new("2x8G");
     let left = sim.hold_with(
         &["--gpu", "1", "--mib", "64", "--setsid"],
@@ -130,6 +157,24 @@ fn audit_epilog_kills_are_journaled_as_the_epilog_front_end() {
     let r = record_of(&sim, left);
     check_record(&r, left, start, "epilog");
     assert!(r["why"].as_str().unwrap().contains("job 812"), "{r}");
+
+    // The prolog stops a stray (of no job) on the starting job's GPU.
+    let stray = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    let start = start_of(stray);
+    sim.run_with(&["prolog", "--timeout", "10"], |c| {
+        c.envs([
+            ("SLURM_JOB_ID", "813"),
+            ("SLURM_JOB_GPUS", "0"),
+            ("SLURMD_NODENAME", "gpu07"),
+        ]);
+    })
+    .ok();
+    let r = record_of(&sim, stray);
+    check_record(&r, stray, start, "prolog");
+    assert!(
+        r["why"].as_str().unwrap().contains("holder of GPU 0"),
+        "{r}"
+    );
 }
 
 /// The agent (what `--host` reaches through ssh) journals the remote client's call and the
@@ -168,7 +213,10 @@ fn audit_agent_kills_are_journaled_with_the_remote_clients_call() {
     assert_eq!(r["why"], "pid and start time given", "{r}");
     assert_eq!(r["call"]["method"], "kill", "{r}");
     assert_eq!(r["call"]["params"]["targets"][0]["pid"], holder, "{r}");
-    assert_eq!(r["call"]["ssh_connection"], "10.0.0.9 51234 10.0.0.1 22", "{r}");
+    assert_eq!(
+        r["call"]["ssh_connection"], "10.0.0.9 51234 10.0.0.1 22",
+        "{r}"
+    );
 }
 
 #[test]
@@ -179,11 +227,15 @@ fn audit_gpuloop_journal_filters_by_pid_front_end_user_and_time() {
     sim.run(&["kill", &a.to_string()]).ok();
     sim.eval(&format!("kill({b}); ()"));
     let shown = |args: &[&str]| -> Vec<Value> {
-        let out = sim.run(&[&["--json", "journal", "-n", "0"], args].concat()).ok();
+        let out = sim
+            .run(&[&["--json", "journal", "-n", "0"], args].concat())
+            .ok();
         out.json().as_array().unwrap().clone()
     };
     let pids = |rs: Vec<Value>| -> Vec<i64> {
-        rs.iter().filter_map(|r| r["target"]["pid"].as_i64()).collect()
+        rs.iter()
+            .filter_map(|r| r["target"]["pid"].as_i64())
+            .collect()
     };
     assert_eq!(pids(shown(&[])), vec![i64::from(a), i64::from(b)]);
     assert_eq!(pids(shown(&["--pid", &b.to_string()])), vec![i64::from(b)]);
@@ -227,5 +279,9 @@ fn audit_a_linked_journal_is_refused_and_the_signal_still_goes_out() {
     );
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
     let out = sim.run(&["journal"]).code(1);
-    assert!(out.stderr.contains("a symbolic link; refused"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("a symbolic link; refused"),
+        "{}",
+        out.stderr
+    );
 }

@@ -472,7 +472,10 @@ impl Resolve<'_> {
         }
         let why = match tie {
             Tie::Child => format!("child of pid {} ({})", a.info.pid, a.info.comm),
-            Tie::Group => format!("in the process group of pid {} ({})", a.info.pid, a.info.comm),
+            Tie::Group => format!(
+                "in the process group of pid {} ({})",
+                a.info.pid, a.info.comm
+            ),
         };
         let (i, taken) = self.consider(report, p, why);
         taken.then_some(i)

@@ -467,7 +467,10 @@ pub fn stop_tree(
             grace: if first { grace } else { Duration::ZERO },
             tree: true,
             on_interrupt: OnInterrupt::KillNow,
-            why: targets.iter().map(|t| (t.pid(), job_member(root))).collect(),
+            why: targets
+                .iter()
+                .map(|t| (t.pid(), job_member(root)))
+                .collect(),
             ..KillOpts::default()
         };
         let report = kill::kill(&targets, &opts, protected, &more);
