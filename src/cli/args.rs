@@ -77,8 +77,9 @@ pub enum Cmd {
     /// `--help` are the script's arguments, never gpuloop's (a script must not run on other
     /// hosts than the ones named before it). A `--` right after SCRIPT is accepted and dropped.
     Run {
-        /// SCRIPT (a file, `-` for stdin, or the name of a built-in recipe: gpuloop recipes),
-        /// then the script's arguments, verbatim: its ARGS.
+        /// SCRIPT (a file's path: it has a `/` or ends in `.rhai`; `-` for stdin; any other
+        /// word is a built-in recipe: gpuloop recipes), then the script's arguments,
+        /// verbatim: its ARGS.
         // One positional, because clap matches a known flag even after a single-valued
         // positional: only a trailing var arg takes every word after its first value as is.
         #[arg(

@@ -661,7 +661,7 @@ fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBu
             let src = recipes::find(name).ok_or_else(|| {
                 Error::Usage(format!(
                     "no recipe named {name:?} (built-in recipes: {}; gpuloop recipes lists \
-                     them); a script file is named by a path: ./{name} or {name}.rhai",
+                     them); to run a file, name it by its path: ./{name}",
                     recipes::names()
                 ))
             })?;
