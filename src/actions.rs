@@ -942,6 +942,7 @@ pub fn kill_holders_watched(
     }
     Ok(report)
 }
+
 /// Why the audit journal says a holder was stopped: "holder of GPU 0,1 (compute, 4096 MiB)".
 pub fn holder_why(h: &Holder) -> String {
     let gpus: Vec<String> = h.gpus.iter().map(i64::to_string).collect();
@@ -953,6 +954,7 @@ pub fn holder_why(h: &Holder) -> String {
         h.evidence.join("+")
     )
 }
+
 /// `local_kill_holders` on every selected host at once, each host's report kept apart.
 pub fn kill_holders_per_host(
     s: &Session,

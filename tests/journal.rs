@@ -138,6 +138,66 @@ fn audit_script_kills_and_job_kills_are_journaled_as_the_script_front_end() {
     );
 }
 
+/// The guard, which KILLs what the jobs of a SIGKILLed gpuloop left, journals as the front end
+/// of that gpuloop: here an agent, whose job kills it.
+#[test]
+fn audit_the_guards_kills_are_journaled_as_the_front_end_it_acts_for() {
+    use std::os::unix::process::CommandExt;
+    let sim = Sim::new("1x1G");
+    let pid_file = sim.path().join("child");
+    let job = format!(
+        "sleep 371 & echo $! > {}; kill -KILL $PPID; exec sleep 371",
+        pid_file.display()
+    );
+    let mut cmd = sim.std_cmd();
+    cmd.arg("agent")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut agent = cmd.spawn().unwrap();
+    let request = json!({"id": 1, "method": "run", "params": {
+        "shell": job, "argv": null, "timeout_ms": 60_000, "cwd": null, "env": [],
+        "grace_ms": 1000, "echo": false}});
+    let mut stdin = agent.stdin.take().unwrap();
+    writeln!(stdin, "{request}").unwrap();
+    agent.wait().unwrap();
+    drop(stdin);
+    let end = Instant::now() + Duration::from_secs(30);
+    let child: i32 = loop {
+        let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        if let Ok(p) = text.trim().parse() {
+            break p;
+        }
+        assert!(Instant::now() < end, "the job did not fork");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    while !signals(&sim).iter().any(|r| r["target"]["pid"] == child) {
+        assert!(
+            Instant::now() < end,
+            "the guard journaled no KILL of {child}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = record_of(&sim, child);
+    assert_eq!(
+        (&r["front_end"], &r["signal"]),
+        (&json!("agent"), &json!("KILL")),
+        "{r}"
+    );
+    assert!(
+        r["why"].as_str().unwrap().starts_with("left by a job"),
+        "{r}"
+    );
+    assert!(gone_within(child, 10));
+}
+
 #[test]
 fn audit_epilog_and_prolog_kills_are_journaled_as_their_front_ends() {
     let sim = Sim::new("2x8G");
