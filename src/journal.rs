@@ -568,7 +568,7 @@ pub fn read(
             continue;
         };
         let path = dir.join(name);
-        let mut lines = BufReader::new(std::fs::File::from(fd));
+        let mut lines = BufReader::with_capacity(MAX_LINE, std::fs::File::from(fd));
         let mut buf = Vec::new();
         loop {
             buf.clear();

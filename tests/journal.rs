@@ -345,3 +345,56 @@ fn audit_a_linked_journal_is_refused_and_the_signal_still_goes_out() {
         out.stderr
     );
 }
+
+/// `gpuloop journal` on a huge journal aborted (134): it read it whole. A 384 MiB line (a sparse
+/// file, no newline) under a 256 MiB address-space limit is skipped, counted, and the records
+/// after it are shown.
+#[test]
+fn audit_a_huge_journal_is_read_in_bounded_memory() {
+    use std::os::unix::process::CommandExt;
+    let sim = Sim::new("1x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    sim.run(&["kill", &holder.to_string()]).ok();
+    let file = journal_file(&sim);
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap();
+    f.set_len(f.metadata().unwrap().len() + (384 << 20))
+        .unwrap();
+    drop(f);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap()
+        .write_all(b"\n")
+        .unwrap();
+    let b = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    sim.run(&["kill", &b.to_string()]).ok();
+    let mut cmd = sim.std_cmd();
+    cmd.args(["--json", "journal", "-n", "0"]);
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256 << 20,
+                rlim_max: 256 << 20,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let shown: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let pids: Vec<i64> = shown
+        .iter()
+        .filter_map(|r| r["target"]["pid"].as_i64())
+        .collect();
+    assert_eq!(pids, vec![i64::from(holder), i64::from(b)]);
+    assert!(
+        stderr.contains("1 line(s)") && stderr.contains("not journal records"),
+        "{stderr}"
+    );
+}
