@@ -52,19 +52,42 @@ pub enum FrontEnd {
 }
 
 impl FrontEnd {
+    pub const ALL: [FrontEnd; 6] = [
+        FrontEnd::Cli,
+        FrontEnd::Script,
+        FrontEnd::Mcp,
+        FrontEnd::Agent,
+        FrontEnd::Epilog,
+        FrontEnd::Prolog,
+    ];
     pub const NAMES: &'static [&'static str] =
         &["cli", "script", "mcp", "agent", "epilog", "prolog"];
+
+    /// Its name, as the journal writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrontEnd::Cli => "cli",
+            FrontEnd::Script => "script",
+            FrontEnd::Mcp => "mcp",
+            FrontEnd::Agent => "agent",
+            FrontEnd::Epilog => "epilog",
+            FrontEnd::Prolog => "prolog",
+        }
+    }
 }
 
 impl FromStr for FrontEnd {
     type Err = String;
     fn from_str(s: &str) -> Result<FrontEnd, String> {
-        serde_json::from_value(Value::String(s.to_string())).map_err(|_| {
-            format!(
-                "unknown front end {s:?} (one of {})",
-                FrontEnd::NAMES.join(", ")
-            )
-        })
+        FrontEnd::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown front end {s:?} (one of {})",
+                    FrontEnd::NAMES.join(", ")
+                )
+            })
     }
 }
 
@@ -185,11 +208,7 @@ pub const FRONT_END_ENV: &str = "GPULOOP_JOURNAL_FRONT_END";
 
 /// This process's front end, for a helper it starts (set as [`FRONT_END_ENV`] on the helper).
 pub fn front_end_name() -> Option<&'static str> {
-    let f = CONTEXT.get()?.front_end;
-    FrontEnd::NAMES
-        .iter()
-        .copied()
-        .find(|n| n.parse::<FrontEnd>().ok() == Some(f))
+    Some(CONTEXT.get()?.front_end.name())
 }
 
 /// The front end a helper was started for.
@@ -655,7 +674,7 @@ pub fn line(r: &Record) -> String {
         r.host,
         r.user.name,
         r.user.uid,
-        r.front_end_name()
+        r.front_end.name()
     );
     match &r.event {
         Event::Signal(s) => {
@@ -688,13 +707,6 @@ pub fn line(r: &Record) -> String {
 }
 
 impl Record {
-    fn front_end_name(&self) -> String {
-        serde_json::to_value(self.front_end)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default()
-    }
-
     /// What asked for the signal: the server call, or the command line.
     fn asked(&self) -> String {
         match &self.call {
@@ -939,6 +951,15 @@ mod tests {
         let mut got = Vec::new();
         let found = last(&dir, &Filter::default(), 2, &mut |r| got.push(r)).unwrap();
         assert_eq!((found.bad, found.matched, got.len()), (1, 5, 2));
+    }
+
+    #[test]
+    fn front_end_names_are_the_journals() {
+        for (f, n) in FrontEnd::ALL.into_iter().zip(FrontEnd::NAMES) {
+            assert_eq!((f.name(), n.parse::<FrontEnd>()), (*n, Ok(f)));
+            assert_eq!(serde_json::to_value(f).unwrap(), *n);
+        }
+        assert!("web".parse::<FrontEnd>().is_err());
     }
 
     #[test]
