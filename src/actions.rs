@@ -904,7 +904,11 @@ pub fn kill_holders_watched(
     let (units, hs): (Vec<Holder>, Vec<Holder>) = hs
         .into_iter()
         .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
-    let mut report = kill_watched(s, &holder_targets(&hs), opts, w);
+    let opts = KillOpts {
+        why: hs.iter().map(|h| (h.pid as i32, holder_why(h))).collect(),
+        ..opts.clone()
+    };
+    let mut report = kill_watched(s, &holder_targets(&hs), &opts, w);
     let holding = |h: &Holder| h.mem > 0 || h.evidence.iter().any(|e| e != "fd");
     for h in daemons.into_iter().filter(holding) {
         report.skipped.push(Skipped {
@@ -938,6 +942,19 @@ pub fn kill_holders_watched(
     }
     Ok(report)
 }
+
+/// Why the audit journal says a holder was stopped: "holder of GPU 0,1 (compute, 4096 MiB)".
+pub fn holder_why(h: &Holder) -> String {
+    let gpus: Vec<String> = h.gpus.iter().map(i64::to_string).collect();
+    format!(
+        "holder of GPU {} ({}, {} MiB, seen by {})",
+        gpus.join(","),
+        h.role,
+        h.mem_mib,
+        h.evidence.join("+")
+    )
+}
+
 /// `local_kill_holders` on every selected host at once, each host's report kept apart.
 pub fn kill_holders_per_host(
     s: &Session,

@@ -195,7 +195,11 @@ pub fn serve(session: Arc<Session>) -> i32 {
         let (s, o, j) = (session.clone(), out.clone(), jobs.clone());
         let spawned = workers.run(Box::new(move || {
             let id = req.id;
-            let body = handle(&s, req, &o, &j, cancel);
+            // The signals this request sends are journaled with the client's call.
+            let call = serde_json::to_value(&req.call).unwrap_or_default();
+            let body = crate::journal::in_call(crate::journal::FrontEnd::Agent, call, || {
+                handle(&s, req, &o, &j, cancel)
+            });
             o.send(&reply(Some(id), body));
         }));
         if let Err(e) = spawned {

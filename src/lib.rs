@@ -19,6 +19,7 @@ pub mod gpu;
 pub mod hosts;
 pub mod inspect;
 pub mod interrupt;
+pub mod journal;
 pub mod mcp;
 pub mod memory;
 pub mod output;

@@ -250,6 +250,21 @@ fn mcp_python_client_cancels_wait_clean_and_run_and_never_kills_daemons() {
     );
 }
 
+/// `run_recipe` under `--allow recipes` ran `./clean-node` of the server's directory, which
+/// runs any command without `--allow run`.
+#[test]
+fn recipes_from_cwd_mcp_run_recipe_runs_only_built_in_recipes() {
+    let sim = Sim::new("2x8G");
+    let (dir, marker) = crate::recipes::hostile_dir(&sim);
+    python_client(
+        &sim,
+        "recipes_from_cwd",
+        &["--sim", "2x8G", "mcp", "--allow", "recipes"],
+        json!({ "cwd": dir, "marker": marker }),
+    );
+    assert!(!marker.exists());
+}
+
 #[test]
 fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
     let node = std::process::Command::new("node").arg("--version").output();

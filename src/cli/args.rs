@@ -77,8 +77,9 @@ pub enum Cmd {
     /// `--help` are the script's arguments, never gpuloop's (a script must not run on other
     /// hosts than the ones named before it). A `--` right after SCRIPT is accepted and dropped.
     Run {
-        /// SCRIPT (a file, `-` for stdin, or the name of a built-in recipe: gpuloop recipes),
-        /// then the script's arguments, verbatim: its ARGS.
+        /// SCRIPT (a file's path: it has a `/` or ends in `.rhai`; `-` for stdin; any other
+        /// word is a built-in recipe: gpuloop recipes), then the script's arguments,
+        /// verbatim: its ARGS.
         // One positional, because clap matches a known flag even after a single-valued
         // positional: only a trailing var arg takes every word after its first value as is.
         #[arg(
@@ -209,11 +210,24 @@ pub enum Cmd {
         #[arg(long, value_name = "WHAT", value_delimiter = ',')]
         allow: Vec<String>,
     },
-    /// Show the journal of MCP calls (time, tool, arguments, what was signalled, result).
+    /// Show the audit journal: every signal gpuloop sent (who asked, through which front end,
+    /// to which process, why, and what came of it) and every MCP call.
     Journal {
-        /// How many of the latest calls to show (0: all).
+        /// How many of the latest records to show (0: all).
         #[arg(long, short = 'n', default_value_t = 20, value_name = "N")]
         last: usize,
+        /// Only records since a UTC time (2026-12-01, 2026-12-01T14:05) or an age (10m, 2h, 3d).
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
+        /// Only signals to this pid, and calls that signalled it.
+        #[arg(long, value_name = "PID")]
+        pid: Option<i64>,
+        /// Only what this user (name or uid) ran.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
+        /// Only records of this front end.
+        #[arg(long, value_name = "FRONT_END", value_parser = clap::builder::PossibleValuesParser::new(crate::journal::FrontEnd::NAMES))]
+        front_end: Option<String>,
     },
     /// Shell completions.
     Completions {

@@ -216,7 +216,29 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Prolog { hook: h } => hook(cfg, Hook::Prolog, h),
         Cmd::Sim(cmd) => sim(cfg, cmd),
         Cmd::Mcp { allow } => mcp(cfg, allow),
-        Cmd::Journal { last } => journal(cfg, *last),
+        Cmd::Journal {
+            last,
+            since,
+            pid,
+            user,
+            front_end,
+        } => {
+            let filter = crate::journal::Filter {
+                since: since
+                    .as_deref()
+                    .map(crate::journal::parse_since)
+                    .transpose()
+                    .map_err(Error::Usage)?,
+                pid: *pid,
+                user: user.clone(),
+                front_end: front_end
+                    .as_deref()
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(Error::Usage)?,
+            };
+            journal(cfg, *last, &filter)
+        }
         Cmd::Agent => Ok(crate::agent::serve(cfg.session.clone())),
         // Handled in `cli::main` before anything starts; kept for a complete match.
         Cmd::Guard => Ok(crate::runner::guard::main()),
@@ -360,30 +382,39 @@ fn mcp(cfg: &Config, allow: &[String]) -> Result<i32, Error> {
     crate::mcp::serve(s.clone(), policy).map_err(|e| Error::Other(e.to_string()))
 }
 
-fn journal(cfg: &Config, last: usize) -> Result<i32, Error> {
-    use crate::mcp::journal;
+/// `gpuloop journal`: the records are streamed (with `--json`, as a JSON array written as it
+/// is read), so a journal of any size is shown in bounded memory.
+fn journal(cfg: &Config, last: usize, filter: &crate::journal::Filter) -> Result<i32, Error> {
+    use crate::journal;
     let err = |e: journal::JournalError| Error::Other(e.to_string());
-    let path = journal::path().map_err(err)?;
-    let (entries, bad) = journal::read(&path).map_err(err)?;
-    if bad > 0 {
+    let dir = journal::dir().map_err(err)?;
+    let mut first = true;
+    let found = journal::last(&dir, filter, last, &mut |r| {
+        if cfg.json {
+            let sep = if first { "[\n  " } else { ",\n  " };
+            crate::output::text(&format!(
+                "{sep}{}",
+                serde_json::to_string(&r).unwrap_or_default()
+            ));
+        } else {
+            crate::outln!("{}", journal::line(&r));
+        }
+        first = false;
+    })
+    .map_err(err)?;
+    if cfg.json {
+        crate::outln!("{}", if first { "[]" } else { "\n]" });
+    }
+    let path = dir.join(journal::FILE);
+    if found.bad > 0 {
         crate::errln!(
-            "gpuloop: warning: {bad} line(s) of {} are not journal entries",
+            "gpuloop: warning: {} line(s) of {} are not journal records",
+            found.bad,
             path.display()
         );
     }
-    let shown =
-        &entries[entries
-            .len()
-            .saturating_sub(if last == 0 { entries.len() } else { last })..];
-    if cfg.json {
-        return emit(cfg, &shown, String::new);
-    }
-    if shown.is_empty() {
-        crate::errln!("no MCP calls journaled yet ({})", path.display());
-        return Ok(0);
-    }
-    for e in shown {
-        crate::outln!("{}", journal::line(e));
+    if found.matched == 0 && !cfg.json {
+        crate::errln!("nothing journaled that matches ({})", path.display());
     }
     Ok(0)
 }
@@ -406,6 +437,7 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
         force: k.force,
         parents: k.parents,
         on_interrupt: Default::default(),
+        why: Default::default(),
     })
 }
 
@@ -616,36 +648,39 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
     Ok(if clean { code } else { 1 })
 }
 
+/// The script SCRIPT names: stdin, a file (a path), or a built-in recipe (a bare name, never
+/// a file of the current directory). A recipe has no directory of its own: its imports come
+/// from GPULOOP_PATH, the user's modules and the standard library, never from the current
+/// directory either.
 fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBuf>), Error> {
-    if script == "-" {
-        let mut src = String::new();
-        std::io::stdin()
-            .read_to_string(&mut src)
-            .map_err(|e| Error::Usage(format!("cannot read the script from stdin: {e}")))?;
-        return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
-    }
-    // A name that is no file here runs the recipe built in under that name.
-    let path = Path::new(script);
-    if !path.exists() && !script.contains('/') {
-        if let Some(src) = crate::script::recipes::find(script) {
-            return Ok((
-                script.to_string(),
-                src.to_string(),
-                std::env::current_dir().ok(),
-            ));
+    use crate::script::recipes::{self, Named};
+    let path = match Named::of(script) {
+        Named::Stdin => {
+            let mut src = String::new();
+            std::io::stdin()
+                .read_to_string(&mut src)
+                .map_err(|e| Error::Usage(format!("cannot read the script from stdin: {e}")))?;
+            return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
         }
-    }
-    let src = std::fs::read_to_string(script).map_err(|e| {
-        let names: Vec<&str> = crate::script::recipes::RECIPES
-            .iter()
-            .map(|(n, _)| *n)
-            .collect();
+        Named::Recipe(name) => {
+            let src = recipes::find(name).ok_or_else(|| {
+                Error::Usage(format!(
+                    "no recipe named {name:?} (built-in recipes: {}; gpuloop recipes lists \
+                     them); to run a file, name it by its path: ./{name}",
+                    recipes::names()
+                ))
+            })?;
+            return Ok((name.to_string(), src.to_string(), None));
+        }
+        Named::File(path) => Path::new(path),
+    };
+    let src = std::fs::read_to_string(path).map_err(|e| {
         Error::Usage(format!(
             "cannot read script {script}: {e} (built-in recipes: {}; gpuloop recipes lists them)",
-            names.join(", ")
+            recipes::names()
         ))
     })?;
-    let dir = Path::new(script)
+    let dir = path
         .parent()
         .map(|p| {
             if p.as_os_str().is_empty() {

@@ -223,6 +223,13 @@ pub fn main() -> i32 {
             return e.exit_code();
         }
     };
+    // Every signal from here on is journaled as this command's.
+    crate::journal::start(
+        front_end(&args.cmd),
+        argv.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+    );
     // The simulator's holder and watcher must start no threads before they fork.
     if let Cmd::Sim(
         SimCmd::Hold {
@@ -256,6 +263,21 @@ pub fn main() -> i32 {
     };
     tracing::debug!("done at {:.1} ms", crate::timeline::ms());
     code
+}
+
+/// The front end the audit journal names for a command. The guard acts for the gpuloop that
+/// started it, which tells it its front end.
+fn front_end(cmd: &Cmd) -> crate::journal::FrontEnd {
+    use crate::journal::FrontEnd;
+    match cmd {
+        Cmd::Run { .. } | Cmd::Eval { .. } | Cmd::Check { .. } | Cmd::Repl => FrontEnd::Script,
+        Cmd::Epilog { .. } => FrontEnd::Epilog,
+        Cmd::Prolog { .. } => FrontEnd::Prolog,
+        Cmd::Mcp { .. } => FrontEnd::Mcp,
+        Cmd::Agent => FrontEnd::Agent,
+        Cmd::Guard => crate::journal::inherited().unwrap_or(FrontEnd::Script),
+        _ => FrontEnd::Cli,
+    }
 }
 
 /// Runs the command on a thread whose stack is sized for the deepest value the limits

@@ -2,15 +2,16 @@
 //! tokio), so an AI assistant runs the act-verify loop through gpuloop's tools.
 //!
 //! `tools` carries each call out through `actions`, exactly as the CLI does; `policy` is
-//! what the person allowed (read-only by default); `journal` records every call. The async
+//! what the person allowed (read-only by default); the audit journal (`crate::journal`)
+//! records every call and every signal a call sends. The async
 //! side here only moves messages: each call runs on a blocking thread with its own stop flag,
 //! set when the client cancels it, so a cancelled call stops what it started.
 
-pub mod journal;
 pub mod policy;
 mod summary;
 pub mod tools;
 
+use crate::journal::{self, FrontEnd};
 use crate::session::Session;
 use policy::Policy;
 use rmcp::model::{
@@ -75,9 +76,9 @@ impl Server {
         }
     }
 
-    fn record(&self, entry: journal::Entry) {
+    fn record(&self, entry: journal::Call) {
         if let Some(p) = &self.journal {
-            if let Err(e) = journal::append(p, &entry) {
+            if let Err(e) = journal::call(p, entry) {
                 tracing::warn!("{e}");
                 crate::errln!("gpuloop mcp: warning: {e}");
             }
@@ -169,7 +170,9 @@ impl ServerHandler for Server {
                     stop: &stop,
                     progress: &progress,
                 };
-                tools::call(&ctx, &name, arguments)
+                // The signals this call sends are journaled with it.
+                let call = serde_json::json!({ "tool": name, "arguments": arguments.clone() });
+                journal::in_call(FrontEnd::Mcp, call, || tools::call(&ctx, &name, arguments))
             })
         };
         let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -223,15 +226,13 @@ impl ServerHandler for Server {
             ),
             Err(e) => (Vec::new(), e.to_string()),
         };
-        self.record(journal::Entry {
-            time: journal::now_utc(),
+        self.record(journal::Call {
             tool: name.clone(),
             arguments: Value::Object(arguments),
             signalled,
             result: result.into(),
             summary,
             elapsed_ms: started.elapsed().as_millis() as i64,
-            server_pid: i64::from(std::process::id()),
         });
         match reply {
             Ok(reply) => {
@@ -264,7 +265,7 @@ impl ServerHandler for Server {
 /// Serves MCP on stdin/stdout until the client closes the connection or gpuloop is
 /// interrupted; returns the exit code. Jobs started by `run` are stopped before it returns.
 pub fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError> {
-    let journal = match journal::path() {
+    let journal = match journal::dir() {
         Ok(p) => Some(p),
         Err(e) => {
             crate::errln!("gpuloop mcp: warning: calls are not journaled: {e}");

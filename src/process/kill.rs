@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::pidfd_send_signal;
 use serde::{Deserialize, Serialize};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Write;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -46,6 +46,9 @@ pub struct KillOpts {
     pub parents: bool,
     /// What an interrupt during the grace does.
     pub on_interrupt: OnInterrupt,
+    /// Why each target (by pid) was chosen, for the audit journal: "holder of GPU 0". A
+    /// target not named here is journaled as a bare pid or an identity the caller gave.
+    pub why: HashMap<i32, String>,
 }
 
 impl Default for KillOpts {
@@ -58,6 +61,7 @@ impl Default for KillOpts {
             force: false,
             parents: false,
             on_interrupt: OnInterrupt::StopWaiting,
+            why: HashMap::new(),
         }
     }
 }
@@ -328,11 +332,13 @@ struct Resolve<'a> {
     seen: HashSet<i32>,
     /// The targets themselves, as taken (their parents are the restarters).
     taken: Vec<Identity>,
+    /// Why each process taken was chosen, by pid, for the audit journal.
+    why: HashMap<i32, String>,
 }
 
 impl Resolve<'_> {
     /// Keeps `p` and takes it unless it was considered before or is refused.
-    fn consider(&mut self, report: &mut KillReport, p: Pinned) -> (usize, bool) {
+    fn consider(&mut self, report: &mut KillReport, p: Pinned, why: String) -> (usize, bool) {
         let pid = p.info.pid;
         let i = self.pins.len();
         self.pins.push(p);
@@ -346,6 +352,7 @@ impl Resolve<'_> {
             }
             None => {
                 self.chosen.push(i);
+                self.why.insert(pid, why);
                 (i, true)
             }
         }
@@ -370,7 +377,11 @@ impl Resolve<'_> {
         };
         // A refused target's tree is never walked (its children may be gpuloop's siblings, or
         // a daemon's helpers).
-        let (i, taken) = self.consider(report, p);
+        let why = self.opts.why.get(&pid).cloned().unwrap_or_else(|| match t {
+            Target::Pid(_) => "bare pid".into(),
+            Target::Exact(_) => "pid and start time given".into(),
+        });
+        let (i, taken) = self.consider(report, p, why);
         if !taken {
             return;
         }
@@ -460,7 +471,14 @@ impl Resolve<'_> {
             );
             return None;
         }
-        let (i, taken) = self.consider(report, p);
+        let why = match tie {
+            Tie::Child => format!("child of pid {} ({})", a.info.pid, a.info.comm),
+            Tie::Group => format!(
+                "in the process group of pid {} ({})",
+                a.info.pid, a.info.comm
+            ),
+        };
+        let (i, taken) = self.consider(report, p, why);
         taken.then_some(i)
     }
 
@@ -496,7 +514,11 @@ impl Resolve<'_> {
         if !parent.is_parent_of(&self.pins[holder]) {
             return false;
         }
-        self.consider(report, parent).1
+        let why = format!(
+            "parent of pid {}, which may start it again",
+            self.pins[holder].info.pid
+        );
+        self.consider(report, parent, why).1
     }
 }
 
@@ -526,6 +548,7 @@ fn kill_in(
         chosen: Vec::new(),
         seen: HashSet::new(),
         taken: Vec::new(),
+        why: HashMap::new(),
     };
     for t in targets {
         resolve.target(&mut report, t);
@@ -533,6 +556,8 @@ fn kill_in(
     resolve.restarters(&mut report);
     let chosen: HashSet<usize> = resolve.chosen.iter().copied().collect();
     let order = resolve.chosen;
+    let why = resolve.why;
+    let why = |pid: i32| why.get(&pid).map_or("", String::as_str);
     let mut pins: Vec<Option<Pinned>> = resolve
         .pins
         .into_iter()
@@ -575,12 +600,12 @@ fn kill_in(
         } else {
             opts.signal
         };
-        match send(&p, sig) {
+        match send(&p, sig, why(pid)) {
             Ok(()) => {
                 tracing::debug!("kill: {} -> pid {pid}", signal_name(sig));
                 // A stopped process would not act on TERM until continued.
                 if p.info.state == 'T' && sig != Signal::SIGKILL {
-                    let _ = send(&p, Signal::SIGCONT);
+                    let _ = send(&p, Signal::SIGCONT, why(pid));
                 }
                 if let Some(reason) = futile {
                     report.killed_at_once.push(Skipped {
@@ -632,7 +657,8 @@ fn kill_in(
     if escalates && !report.interrupted {
         for v in victims.iter_mut().filter(|v| !v.exited && !v.killed) {
             tracing::debug!("kill: grace over, KILL -> pid {}", v.pinned.info.pid);
-            v.escalated = send(&v.pinned, Signal::SIGKILL).is_ok();
+            let pid = v.pinned.info.pid;
+            v.escalated = send(&v.pinned, Signal::SIGKILL, why(pid)).is_ok();
             v.killed = v.escalated;
         }
         if victims.iter().any(|v| v.killed && !v.exited) {
@@ -746,15 +772,32 @@ pub fn wchan(dir: &super::identity::ProcDir) -> String {
     }
 }
 
-/// Sends `sig` through the pidfd of a pinned process (never by pid), and logs it when
-/// `GPULOOP_SIGNAL_LOG` names a file.
-fn send(p: &Pinned, sig: Signal) -> rustix::io::Result<()> {
+/// Sends `sig` through the pidfd of a pinned process (never by pid); journals it, with `why`
+/// the process was chosen and what came of it, and logs it when `GPULOOP_SIGNAL_LOG` names
+/// a file.
+fn send(p: &Pinned, sig: Signal, why: &str) -> rustix::io::Result<()> {
     let raw =
         rustix::process::Signal::from_named_raw(sig as i32).ok_or(rustix::io::Errno::INVAL)?;
     let r = pidfd_send_signal(&p.fd, raw);
     if r.is_ok() {
         log_signal(&p.identity(), &p.info.comm, sig);
     }
+    let outcome = match r {
+        Ok(()) => "delivered".to_string(),
+        Err(rustix::io::Errno::SRCH) => "already gone".to_string(),
+        Err(e) => format!("error: {}", describe_errno(e, sig)),
+    };
+    crate::journal::signal(
+        crate::journal::Target {
+            pid: p.info.pid.into(),
+            start: p.info.start,
+            comm: p.info.comm.clone(),
+            uid: p.dir.uid().ok(),
+        },
+        signal_name(sig),
+        why,
+        &outcome,
+    );
     r
 }
 

@@ -55,7 +55,11 @@ fn send(line: &str) {
     if conn.is_none() {
         let started = helpers::start(
             || {
-                Command::new(exe)
+                let mut guard = Command::new(exe);
+                if let Some(f) = crate::journal::front_end_name() {
+                    guard.env(crate::journal::FRONT_END_ENV, f);
+                }
+                guard
                     .arg(SUBCOMMAND)
                     .stdin(Stdio::piped())
                     .stdout(Stdio::null())
@@ -267,6 +271,11 @@ pub fn main() -> i32 {
         if targets.is_empty() {
             break;
         }
+        let why = "left by a job of a gpuloop that ended without stopping it";
+        let opts = KillOpts {
+            why: targets.iter().map(|t| (t.pid(), why.into())).collect(),
+            ..opts.clone()
+        };
         let r = kill::kill(&targets, &opts, &protected, &never);
         if !r.signalled.is_empty() {
             crate::errln!(

@@ -433,6 +433,14 @@ fn targets(table: &[ProcInfo], root: Option<Identity>, me: &Me, st: &State) -> V
         .collect()
 }
 
+/// Why the audit journal says a job's process was stopped.
+fn job_member(root: Option<Identity>) -> String {
+    match root {
+        Some(r) => format!("process of the job gpuloop started as pid {}", r.pid),
+        None => "process of a job gpuloop started".into(),
+    }
+}
+
 /// Stops a job's whole tree (or, with `None`, everything gpuloop started): `signal`, one
 /// shared `grace`, SIGKILL, through the kill engine; repeated for anything forked meanwhile;
 /// then reaps the orphans that died. Returns the pids signalled.
@@ -459,6 +467,10 @@ pub fn stop_tree(
             grace: if first { grace } else { Duration::ZERO },
             tree: true,
             on_interrupt: OnInterrupt::KillNow,
+            why: targets
+                .iter()
+                .map(|t| (t.pid(), job_member(root)))
+                .collect(),
             ..KillOpts::default()
         };
         let report = kill::kill(&targets, &opts, protected, &more);

@@ -195,6 +195,13 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
     let kill_opts = KillOpts {
         grace: opts.grace,
         dry_run: opts.dry_run,
+        why: targets
+            .iter()
+            .map(|h| {
+                let why = format!("{}; {}", actions::holder_why(h), whose(h));
+                (h.pid as i32, why)
+            })
+            .collect(),
         ..KillOpts::default()
     };
     for h in &targets {

@@ -55,6 +55,11 @@ async def gone_within(pid, secs):
 
 
 def journal():
+    """The MCP calls journaled (the journal also has a record of every signal)."""
+    return [r for r in records() if r["kind"] == "call"]
+
+
+def records():
     if not os.path.exists(JOURNAL):
         return []
     with open(JOURNAL) as f:
@@ -71,8 +76,8 @@ async def wait_journal(pred, secs, what):
     raise AssertionError(f"no journal entry {what} within {secs}s: {journal()}")
 
 
-def server(args=None):
-    return StdioServerParameters(command=BIN, args=args or SERVER_ARGS, env=SERVER_ENV)
+def server(args=None, cwd=None):
+    return StdioServerParameters(command=BIN, args=args or SERVER_ARGS, env=SERVER_ENV, cwd=cwd)
 
 
 # Each tool's declared outputSchema, read once per client process (one server's tools).
@@ -198,7 +203,9 @@ async def read_only():
     got = [(e["tool"], e["result"]) for e in journal()]
     check(got == calls, f"journal {got} != calls {calls}")
     for e in journal():
-        check(e["time"].endswith("Z") and e["server_pid"] > 0 and "arguments" in e, f"entry {e}")
+        check(e["time"].endswith("Z") and e["gpuloop_pid"] > 0 and "arguments" in e, f"entry {e}")
+        check(e["front_end"] == "mcp" and e["user"]["name"] and e["host"], f"entry {e}")
+    check(not [r for r in records() if r["kind"] == "signal"], "a read-only server journaled a signal")
     check(journal()[1]["arguments"] == {"all": True}, f"arguments not journaled: {journal()[1]}")
     print(f"  journal: {len(got)} lines, one per call")
 
@@ -241,6 +248,12 @@ async def done_when():
 
     e = [e for e in journal() if e["tool"] == "clean"][-1]
     check(e["result"] == "ok" and set(workers) <= set(e["signalled"]), f"journal: {e}")
+    # Each signal of the call is journaled with the call that sent it.
+    sent = [r for r in records() if r["kind"] == "signal"]
+    check(set(workers) <= {r["target"]["pid"] for r in sent}, f"signals journaled: {sent}")
+    for r in sent:
+        check(r["front_end"] == "mcp" and r["call"]["tool"] == "clean", f"signal record: {r}")
+        check(r["outcome"] == "delivered" and r["why"] and r["target"]["start"] > 0, f"signal record: {r}")
     print(f"  verified: 8 GPUs at 0 MiB, {len(e['signalled'])} pids stopped, daemon and nvidia-smi left alone")
 
 
@@ -414,7 +427,23 @@ async def output_schemas():
                 await tool_error(s, name, {"no_such_argument": 1}, f"{name}: ", "unknown field `no_such_argument`")
 
 
+async def recipes_from_cwd():
+    """run_recipe runs the built-in recipe, never a file of the server's current directory,
+    and a path is no recipe."""
+    marker = PLANTED["marker"]
+    async with stdio_client(server(cwd=PLANTED["cwd"])) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            r = await call(s, "run_recipe", {"name": "clean-node", "args": ["--timeout", "1"], "timeout": 120})
+            c = r.structured_content
+            check(c["code"] == 0 and "clean in" in c["stdout_tail"], f"run_recipe clean-node: {c}")
+            for name in ["./clean-node", "clean-node.rhai", "../hostile-cwd/clean-node", "/bin/true"]:
+                await tool_error(s, "run_recipe", {"name": name}, "no recipe")
+    check(not os.path.exists(marker), "run_recipe ran a file of the server's current directory")
+
+
 SCENARIOS = {
+    "recipes_from_cwd": recipes_from_cwd,
     "read_only": read_only,
     "done_when": done_when,
     "cancel_and_run": cancel_and_run,

@@ -100,6 +100,7 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
         force: o.bool("force", d.force)?,
         parents: o.bool("parents", d.parents)?,
         on_interrupt: Default::default(),
+        why: Default::default(),
     })
 }
 
