@@ -56,8 +56,8 @@ impl Config {
 /// spec given on the command line is a mistake (`gpuloop --sim "$SPEC" clean` with `SPEC`
 /// unset would otherwise clean the real GPUs: a new user's report, round 7).
 fn parse(argv: &[std::ffi::OsString]) -> Result<Args, clap::Error> {
-    use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
-    let mut cmd = Args::command();
+    use clap::{parser::ValueSource, FromArgMatches};
+    let mut cmd = args::command();
     let matches = cmd.try_get_matches_from_mut(argv)?;
     let args = Args::from_arg_matches(&matches)?;
     let given = std::iter::successors(Some(&matches), |m| m.subcommand().map(|(_, m)| m))

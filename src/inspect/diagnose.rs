@@ -349,7 +349,7 @@ fn footprint_note(used_mib: i64, fp: &[&Holder]) -> String {
 /// runs there), or the driver's tool directly.
 fn reset_advice(gpu: i64, reach: &Reach, sim: bool) -> String {
     let recipe = reach.there(&format!(
-        "gpuloop run clean-node -- --gpus {gpu} --allow-reset"
+        "gpuloop run clean-node --gpu {gpu} --allow-reset"
     ));
     let direct = match (&reach.host, sim) {
         (None, true) => format!("or gpuloop sim reset --gpu {gpu}"),
@@ -805,11 +805,11 @@ mod tests {
         assert!(a.ends_with("(gpuloop kill --gpu 0)"), "{a}");
         assert_eq!(
             reset_advice(2, &Reach::default(), false),
-            "gpuloop run clean-node -- --gpus 2 --allow-reset (or, as root, nvidia-smi -r -i 2)"
+            "gpuloop run clean-node --gpu 2 --allow-reset (or, as root, nvidia-smi -r -i 2)"
         );
         assert_eq!(
             reset_advice(2, &Reach::default(), true),
-            "gpuloop run clean-node -- --gpus 2 --allow-reset (or gpuloop sim reset --gpu 2)"
+            "gpuloop run clean-node --gpu 2 --allow-reset (or gpuloop sim reset --gpu 2)"
         );
     }
 }

@@ -371,9 +371,13 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Memory in use per GPU index, and the driver's process list per GPU index.
-    fn usage(&self) -> Result<(Vec<i64>, Vec<Vec<DriverProc>>), GpuError> {
+    /// Memory in use per GPU index, the driver's process list per GPU index, and whether a
+    /// process computes there.
+    fn usage(&self) -> Result<(Vec<i64>, Vec<Vec<DriverProc>>, Vec<bool>), GpuError> {
         let mut used = vec![0i64; self.spec.count];
+        // A GPU computes only for a process whose own memory is there: a context's footprint
+        // and memory nobody holds keep it idle, as on a real GPU.
+        let mut busy = vec![false; self.spec.count];
         let mut procs: Vec<BTreeMap<i32, i64>> = vec![BTreeMap::new(); self.spec.count];
         for (_, a) in self.live_allocations()? {
             let Some(i) = usize::try_from(a.gpu).ok().filter(|&i| i < self.spec.count) else {
@@ -382,6 +386,7 @@ impl SimBackend {
             // Sizes were checked (at most 1 PiB each): saturating sums cannot wrap to "free".
             let bytes = a.mib.saturating_mul(MIB);
             used[i] = used[i].saturating_add(bytes);
+            busy[i] |= !a.leaked && !a.footprint;
             // The driver names pids of another namespace only in `raw` mode.
             if !a.leaked && !a.footprint && (a.ns == self.own_ns || self.spec.foreign_pids_raw) {
                 let mem = procs[i].entry(a.creator).or_default();
@@ -396,7 +401,7 @@ impl SimBackend {
                     .collect()
             })
             .collect();
-        Ok((used, procs))
+        Ok((used, procs, busy))
     }
 
     /// Records an allocation with no holder (`gpuloop sim leak`).
@@ -426,7 +431,7 @@ impl SimBackend {
     /// Fails as a real allocation does when `mib` more would not fit on the GPU.
     pub fn check_capacity(&self, gpu: i64, mib: i64) -> Result<(), GpuError> {
         let i = self.minor(gpu).map(|_| gpu as usize)?;
-        let (used, _) = self.usage()?;
+        let (used, ..) = self.usage()?;
         let total_mib = self.spec.mem_bytes / MIB;
         let free_mib = (total_mib - used.get(i).copied().unwrap_or(0) / MIB).max(0);
         if mib > free_mib {
@@ -557,7 +562,7 @@ impl Backend for SimBackend {
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        let (used, procs) = self.usage()?;
+        let (used, procs, busy) = self.usage()?;
         Ok(procs
             .into_iter()
             .enumerate()
@@ -577,8 +582,8 @@ impl Backend for SimBackend {
                     used[i].min(self.spec.mem_bytes),
                     driver_procs,
                 );
-                g.util = Some(if used[i] > 0 { 100 } else { 0 });
-                g.temp_c = Some(if used[i] > 0 { 61 } else { 34 });
+                g.util = Some(if busy[i] { 100 } else { 0 });
+                g.temp_c = Some(if busy[i] { 61 } else { 34 });
                 g
             })
             .collect())
