@@ -160,3 +160,59 @@ fn the_doc_and_the_readme_name_every_verdict() {
         );
     }
 }
+
+/// docs/reference.md is what `gpuloop doc` prints: the committed reference never drifts from
+/// the functions the binary registers (regenerate it with `cargo run -- doc > docs/reference.md`).
+#[test]
+fn docs_reference_md_is_what_gpuloop_doc_prints() {
+    let sim = Sim::new("2x8G");
+    let out = sim.run(&["doc"]).ok().stdout;
+    let committed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/reference.md"
+    ))
+    .expect("docs/reference.md");
+    assert!(
+        committed == out,
+        "docs/reference.md differs from `gpuloop doc`: run `cargo run -- doc > docs/reference.md`"
+    );
+}
+
+/// A new user's report: `gpuloop man` pointed to gpuloop-run(1) … gpuloop-clean(1), but those
+/// pages were never generated and no subcommand's options were in any page.
+#[test]
+fn man_dir_writes_a_page_for_every_subcommand_with_its_options() {
+    let sim = Sim::new("1x8G");
+    let dir = sim.path().join("man1");
+    sim.run(&["man", "--dir", dir.to_str().expect("utf-8 path")])
+        .ok();
+    fn pages(cmd: &clap::Command, prefix: &str, out: &mut Vec<(String, clap::Command)>) {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            if sub.get_name() == "help" {
+                continue;
+            }
+            let name = format!("{prefix}-{}", sub.get_name());
+            out.push((name.clone(), sub.clone()));
+            pages(sub, &name, out);
+        }
+    }
+    let cmd = <gpuloop::cli::args::Args as clap::CommandFactory>::command();
+    let mut want = Vec::new();
+    pages(&cmd, "gpuloop", &mut want);
+    assert!(want.iter().any(|(n, _)| n == "gpuloop-sim-hold"));
+    assert!(dir.join("gpuloop.1").exists());
+    for (name, sub) in want {
+        let page = std::fs::read_to_string(dir.join(format!("{name}.1")))
+            .unwrap_or_else(|e| panic!("no page {name}.1: {e}"));
+        assert!(page.contains(".SH OPTIONS"), "{name}.1 lists no options");
+        for a in sub.get_arguments().filter(|a| !a.is_hide_set()) {
+            if let Some(long) = a.get_long() {
+                // roff escapes the dashes: \-\-timeout.
+                assert!(
+                    page.contains(&format!("\\-\\-{}", long.replace('-', "\\-"))),
+                    "{name}.1 lacks --{long}"
+                );
+            }
+        }
+    }
+}

@@ -17,7 +17,9 @@ clean, or no driver; 2 usage or compile error; 130 interrupted.
 
 Environment:
   GPULOOP_SIM      the --sim spec: simulated GPUs held by real processes
-  GPULOOP_SIM_DIR  the simulator's state directory (default $XDG_RUNTIME_DIR/gpuloop-sim)
+  GPULOOP_SIM_DIR  the simulator's state directory (default $XDG_RUNTIME_DIR/gpuloop-sim, else
+                   /tmp/gpuloop-sim-UID): every session of a user shares the default; one of
+                   its own: export GPULOOP_SIM_DIR=$(mktemp -d)
   GPULOOP_PATH     directories (colon-separated) where `import` looks for modules
   SLURM_JOB_ID     the job --transport srun steps into, unless --jobid or
                    --hosts-from-slurm JOBID names one

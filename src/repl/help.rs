@@ -367,6 +367,29 @@ mod tests {
     }
 
     #[test]
+    fn a_long_sentence_wraps_between_words_under_its_column() {
+        let line = summary_line(
+            "wait_clean([sel][, opts])",
+            "Waits until every GPU has no memory used and no compute holder; true as soon as it is.",
+            60,
+        );
+        let lines: Vec<&str> = line.lines().collect();
+        assert!(lines.len() > 1, "{line}");
+        assert!(lines[0].starts_with("  wait_clean([sel][, opts])  Waits"), "{line}");
+        for l in &lines[1..] {
+            assert!(l.starts_with(&" ".repeat(DOC_COLUMN)), "{line}");
+        }
+        assert!(lines.iter().all(|l| l.chars().count() <= 60), "{line}");
+        assert!(line.ends_with("as soon as it is."), "{line}");
+        // A call wider than its column puts the sentence under it.
+        let line = summary_line("replace_in_file(path, old, new)", "Replaces.", 100);
+        assert_eq!(
+            line,
+            format!("  replace_in_file(path, old, new)\n{}Replaces.", " ".repeat(DOC_COLUMN))
+        );
+    }
+
+    #[test]
     fn first_sentence_stops_at_the_period() {
         assert_eq!(
             first_sentence("One GPU by index.\nAn unknown index is an error."),
