@@ -152,10 +152,22 @@ pub fn overview(engine: &Engine, ast: &AST, domains: &Domains, style: Style) -> 
 fn summaries(fns: &[&FnMeta]) -> Vec<String> {
     let mut by_name: BTreeMap<&str, Vec<(String, Vec<&FnMeta>)>> = BTreeMap::new();
     // Property getters (`get$pid`) read as fields (`job.pid`), not calls.
-    for f in fns.iter().filter(|f| !f.name.contains('$')) {
+    let mut fns: Vec<&&FnMeta> = fns.iter().filter(|f| !f.name.contains('$')).collect();
+    // Fewest parameters first: the base overload's doc leads its line.
+    fns.sort_by_key(|f| f.params.len());
+    for f in fns {
         let sentence = first_sentence(&f.doc());
         let docs = by_name.entry(f.name.as_str()).or_default();
-        match docs.iter_mut().find(|(s, _)| *s == sentence) {
+        // Overloads fold into one line when they say the same, take the same parameters (an
+        // int and a float `secs`), or one documents itself as a form of the other
+        // ("kill() with options: …").
+        let params = param_names(f);
+        let same = |(s, overloads): &(String, Vec<&FnMeta>)| {
+            *s == sentence
+                || sentence.contains(&format!("{}()", f.name))
+                || overloads.iter().any(|o| param_names(o) == params)
+        };
+        match docs.iter_mut().find(|d| same(d)) {
             Some((_, overloads)) => overloads.push(f),
             None => docs.push((sentence, vec![f])),
         }
