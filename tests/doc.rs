@@ -216,3 +216,87 @@ fn man_dir_writes_a_page_for_every_subcommand_with_its_options() {
         }
     }
 }
+
+/// The `sh` blocks of README.md and docs/*.md: the lines that run gpuloop, without their
+/// comments, as words (single quotes only group words there).
+fn documented_commands() -> Vec<(String, Vec<String>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read");
+        let mut in_sh = false;
+        for line in text.lines() {
+            if line.starts_with("```") {
+                in_sh = line == "```sh";
+                continue;
+            }
+            let cmd = line.split(" # ").next().unwrap_or_default().trim();
+            if !in_sh || !cmd.starts_with("gpuloop ") {
+                continue;
+            }
+            let mut words = Vec::new();
+            for (i, part) in cmd.split('\'').enumerate() {
+                if i % 2 == 1 {
+                    words.push(part.to_string());
+                } else {
+                    words.extend(part.split_whitespace().map(str::to_string));
+                }
+            }
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            out.push((format!("{name}: {cmd}"), words));
+        }
+    }
+    out
+}
+
+/// Every gpuloop command the README and the docs show is one gpuloop takes: the flags exist,
+/// and take the values written.
+#[test]
+fn every_gpuloop_command_in_the_readme_and_docs_parses() {
+    let commands = documented_commands();
+    assert!(commands.len() > 30, "{commands:?}");
+    for (where_, words) in commands {
+        if let Err(e) = gpuloop::cli::args::command().try_get_matches_from(&words) {
+            panic!("{where_}:\n{e}");
+        }
+    }
+}
+
+/// A new user follows README.md: its five commands on the simulator run as it says (the
+/// `export` is the harness's own simulator), and end with GPU 2 clean.
+#[test]
+fn the_readmes_five_simulator_commands_run_as_it_says() {
+    let sim = Sim::new("8x80G");
+    let readme: Vec<_> = documented_commands()
+        .into_iter()
+        .filter(|(w, _)| w.starts_with("README.md"))
+        .collect();
+    let start = readme
+        .iter()
+        .position(|(_, words)| words.get(1).is_some_and(|w| w == "sim"))
+        .expect("the simulator block");
+    let five = &readme[start..start + 5];
+    for (where_, words) in five {
+        let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+        let out = sim.run(&args);
+        let want = if args[0] == "diagnose" { 1 } else { 0 };
+        assert_eq!(out.code, want, "{where_}\n{}{}", out.stdout, out.stderr);
+        if args[0] == "holders" {
+            assert!(out.stdout.contains("(reparented)"), "{}", out.stdout);
+        }
+        if args[0] == "diagnose" {
+            assert!(out.stdout.contains("inherited"), "{}", out.stdout);
+        }
+    }
+    assert_eq!(sim.used_mib(2), 0);
+    // `sim hold` ran through the command line: its processes are ended by pid here.
+    sim.run(&["sim", "stop"]).ok();
+}
