@@ -504,9 +504,15 @@ fn nested_records(a: &Array, style: Style) -> Option<String> {
         .collect();
     keys.sort_by_key(|k| first.get(*k).is_some_and(holds_records));
     let header: Vec<String> = keys.iter().map(|k| k.to_uppercase()).collect();
-    let mut t = table(&header.iter().map(String::as_str).collect::<Vec<_>>(), style);
+    let mut t = table(
+        &header.iter().map(String::as_str).collect::<Vec<_>>(),
+        style,
+    );
     for m in &rows {
-        t.add_row(keys.iter().map(|k| m.get(*k).map_or_else(String::new, cell)));
+        t.add_row(
+            keys.iter()
+                .map(|k| m.get(*k).map_or_else(String::new, cell)),
+        );
     }
     Some(trimmed(t))
 }
@@ -526,7 +532,11 @@ fn cell(v: &Dynamic) -> String {
         }
     }
     if let Some(a) = v.read_lock::<Array>() {
-        let sep = if a.iter().all(|x| x.is_int()) { "," } else { " " };
+        let sep = if a.iter().all(|x| x.is_int()) {
+            ","
+        } else {
+            " "
+        };
         return a.iter().map(cell).collect::<Vec<_>>().join(sep);
     }
     flat(v)

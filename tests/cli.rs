@@ -265,11 +265,8 @@ fn help_lists_global_flags_apart_the_environment_and_a_man_page() {
         "{clean}"
     );
     // docs/simulator.md and --help give the same --sim spec.
-    let docs = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/docs/simulator.md"
-    ))
-    .unwrap();
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/simulator.md")).unwrap();
     for key in gpuloop::gpu::sim::OPTIONS {
         assert!(
             docs.contains(&format!(",{key}=")),
@@ -299,11 +296,15 @@ fn a_commands_short_help_shows_its_own_options_and_one_line_for_the_global_ones(
     ] {
         let short = sim.run(&[cmd, &["-h"]].concat()).ok().stdout;
         for global in ["--sim <SPEC>", "--hosts-file <FILE>", "--host-timeout"] {
-            assert!(!short.contains(global), "{cmd:?} -h lists {global}:\n{short}");
+            assert!(
+                !short.contains(global),
+                "{cmd:?} -h lists {global}:\n{short}"
+            );
         }
         let last = short.trim_end().lines().last().unwrap_or_default();
         assert_eq!(
-            last, "Global options: --sim --json -v --color --wide --limit --host … (gpuloop --help)",
+            last,
+            "Global options: --sim --json -v --color --wide --limit --host … (gpuloop --help)",
             "{cmd:?} -h:\n{short}"
         );
         let long = sim.run(&[cmd, &["--help"]].concat()).ok().stdout;
@@ -319,7 +320,14 @@ fn a_commands_short_help_shows_its_own_options_and_one_line_for_the_global_ones(
     // gpuloop's own -h still lists them, and the global options still work after a command.
     let top = sim.run(&["-h"]).ok().stdout;
     assert!(top.contains("--sim <SPEC>"), "{top}");
-    assert_eq!(sim.run(&["gpus", "--json"]).ok().json().as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        sim.run(&["gpus", "--json"])
+            .ok()
+            .json()
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
 }
 
 /// The simulator's default directory is shared by every session of a user: --help says so,
@@ -329,7 +337,10 @@ fn help_says_the_default_sim_dir_is_shared_and_how_to_have_one_of_ones_own() {
     let sim = Sim::new("1x8G");
     let help = sim.run(&["--help"]).ok().stdout;
     assert!(help.contains("/tmp/gpuloop-sim-UID"), "{help}");
-    assert!(help.contains("every session of a user shares the default"), "{help}");
+    assert!(
+        help.contains("every session of a user shares the default"),
+        "{help}"
+    );
     assert!(help.contains("GPULOOP_SIM_DIR=$(mktemp -d)"), "{help}");
 }
 

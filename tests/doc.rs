@@ -167,11 +167,9 @@ fn the_doc_and_the_readme_name_every_verdict() {
 fn docs_reference_md_is_what_gpuloop_doc_prints() {
     let sim = Sim::new("2x8G");
     let out = sim.run(&["doc"]).ok().stdout;
-    let committed = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/docs/reference.md"
-    ))
-    .expect("docs/reference.md");
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference.md"))
+            .expect("docs/reference.md");
     assert!(
         committed == out,
         "docs/reference.md differs from `gpuloop doc`: run `cargo run -- doc > docs/reference.md`"

@@ -339,10 +339,18 @@ fn no_driver_never_reads_as_clean() {
 #[test]
 fn holders_without_a_driver_prints_nothing_on_stdout() {
     let sim = Sim::new("1x8G");
-    for args in [&["holders"][..], &["--json", "holders"], &["holders", "--all"]] {
+    for args in [
+        &["holders"][..],
+        &["--json", "holders"],
+        &["holders", "--all"],
+    ] {
         let out = no_driver(&sim, args).code(1);
         assert_eq!(out.stdout, "", "{args:?}");
-        assert!(out.stderr.contains("no NVIDIA driver"), "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("no NVIDIA driver"),
+            "{args:?}: {}",
+            out.stderr
+        );
     }
 }
 

@@ -614,7 +614,8 @@ fn the_clean_node_recipe_takes_gpu_as_the_commands_do() {
     }
     let out = sim.run(&["run", "clean-node", "--gpu", "9"]).code(2);
     assert!(
-        out.stderr.starts_with("usage: --gpu 9: no GPU with index 9"),
+        out.stderr
+            .starts_with("usage: --gpu 9: no GPU with index 9"),
         "{}",
         out.stderr
     );
@@ -635,7 +636,11 @@ fn the_clean_node_recipe_shows_the_selected_gpus_each_fact_once_in_seconds() {
         .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
         .collect();
     assert_eq!(rows.len(), 2, "one row before, one after:\n{}", out.stdout);
-    assert!(rows.iter().all(|r| r.trim_start().starts_with("6 ")), "{}", out.stdout);
+    assert!(
+        rows.iter().all(|r| r.trim_start().starts_with("6 ")),
+        "{}",
+        out.stdout
+    );
     let both = format!("{}{}", out.stdout, out.stderr);
     assert_eq!(
         both.matches(&pid.to_string()).count(),
@@ -668,7 +673,10 @@ fn the_recipes_table_fits_every_name_in_its_column() {
         assert_eq!(head, format!("{:<width$}  ", r.name), "{out}");
         assert!(purpose.starts_with(|c: char| c != ' '), "{out}");
         let (pad, how) = usage.split_at(width + 2);
-        assert!(pad.trim().is_empty() && how.starts_with("gpuloop run"), "{out}");
+        assert!(
+            pad.trim().is_empty() && how.starts_with("gpuloop run"),
+            "{out}"
+        );
     }
 }
 

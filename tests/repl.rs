@@ -642,13 +642,25 @@ fn help_one_liners_are_whole_sentences_of_the_overload_they_name() {
 #[test]
 fn nested_records_print_as_a_table() {
     let sim = Sim::new("2x8G");
-    let pids = sim.hold(&["--gpu", "0", "--mib", "100", "--workers", "2", "--name", "vllm"]);
+    let pids = sim.hold(&[
+        "--gpu",
+        "0",
+        "--mib",
+        "100",
+        "--workers",
+        "2",
+        "--name",
+        "vllm",
+    ]);
     let t = Term::start(&sim, &state_dir(&sim), &[]);
     t.line(r#"import "workers" as w;"#);
     t.wait_idle();
     t.line("w::jobs()");
     let s = t.wait_for("the jobs table", |s| s.contains("HOLDERS"));
-    let header = s.lines().find(|l| l.contains("HOLDERS")).unwrap_or_default();
+    let header = s
+        .lines()
+        .find(|l| l.contains("HOLDERS"))
+        .unwrap_or_default();
     for col in ["KIND", "GPUS", "MEM_MIB", "PIDS"] {
         assert!(header.contains(col), "{col}:\n{s}");
     }

@@ -348,9 +348,7 @@ fn footprint_note(used_mib: i64, fp: &[&Holder]) -> String {
 /// How to reset `gpu`: the recipe (which resets through this machine's own driver, so it
 /// runs there), or the driver's tool directly.
 fn reset_advice(gpu: i64, reach: &Reach, sim: bool) -> String {
-    let recipe = reach.there(&format!(
-        "gpuloop run clean-node --gpu {gpu} --allow-reset"
-    ));
+    let recipe = reach.there(&format!("gpuloop run clean-node --gpu {gpu} --allow-reset"));
     let direct = match (&reach.host, sim) {
         (None, true) => format!("or gpuloop sim reset --gpu {gpu}"),
         (Some(h), true) => format!("or, on {h}: gpuloop sim reset --gpu {gpu}"),

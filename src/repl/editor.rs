@@ -274,7 +274,10 @@ mod tests {
                 .collect(),
             stdlib: vec!["report".into()],
             fields: [
-                ("g", set(&["index", "mem_used_mib", "mem_total_mib", "util"])),
+                (
+                    "g",
+                    set(&["index", "mem_used_mib", "mem_total_mib", "util"]),
+                ),
                 ("hs[]", set(&["pid", "mem_mib", "name"])),
             ]
             .into_iter()

@@ -387,7 +387,10 @@ mod tests {
         );
         let lines: Vec<&str> = line.lines().collect();
         assert!(lines.len() > 1, "{line}");
-        assert!(lines[0].starts_with("  wait_clean([sel][, opts])  Waits"), "{line}");
+        assert!(
+            lines[0].starts_with("  wait_clean([sel][, opts])  Waits"),
+            "{line}"
+        );
         for l in &lines[1..] {
             assert!(l.starts_with(&" ".repeat(DOC_COLUMN)), "{line}");
         }
@@ -397,7 +400,10 @@ mod tests {
         let line = summary_line("replace_in_file(path, old, new)", "Replaces.", 100);
         assert_eq!(
             line,
-            format!("  replace_in_file(path, old, new)\n{}Replaces.", " ".repeat(DOC_COLUMN))
+            format!(
+                "  replace_in_file(path, old, new)\n{}Replaces.",
+                " ".repeat(DOC_COLUMN)
+            )
         );
     }
 

@@ -157,6 +157,16 @@ fn default_dir() -> PathBuf {
     }
 }
 
+/// The simulated driver's answer, per GPU index.
+struct Usage {
+    /// Memory in use (bytes).
+    used: Vec<i64>,
+    /// The driver's process list.
+    procs: Vec<Vec<DriverProc>>,
+    /// Whether a process computes there (its own memory, not a footprint or a leak).
+    busy: Vec<bool>,
+}
+
 /// One allocation record, as stored in `alloc/*.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Allocation {
@@ -371,9 +381,8 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Memory in use per GPU index, the driver's process list per GPU index, and whether a
-    /// process computes there.
-    fn usage(&self) -> Result<(Vec<i64>, Vec<Vec<DriverProc>>, Vec<bool>), GpuError> {
+    /// What the simulated driver reports, per GPU index.
+    fn usage(&self) -> Result<Usage, GpuError> {
         let mut used = vec![0i64; self.spec.count];
         // A GPU computes only for a process whose own memory is there: a context's footprint
         // and memory nobody holds keep it idle, as on a real GPU.
@@ -401,7 +410,7 @@ impl SimBackend {
                     .collect()
             })
             .collect();
-        Ok((used, procs, busy))
+        Ok(Usage { used, procs, busy })
     }
 
     /// Records an allocation with no holder (`gpuloop sim leak`).
@@ -431,7 +440,7 @@ impl SimBackend {
     /// Fails as a real allocation does when `mib` more would not fit on the GPU.
     pub fn check_capacity(&self, gpu: i64, mib: i64) -> Result<(), GpuError> {
         let i = self.minor(gpu).map(|_| gpu as usize)?;
-        let (used, ..) = self.usage()?;
+        let used = self.usage()?.used;
         let total_mib = self.spec.mem_bytes / MIB;
         let free_mib = (total_mib - used.get(i).copied().unwrap_or(0) / MIB).max(0);
         if mib > free_mib {
@@ -562,7 +571,7 @@ impl Backend for SimBackend {
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        let (used, procs, busy) = self.usage()?;
+        let Usage { used, procs, busy } = self.usage()?;
         Ok(procs
             .into_iter()
             .enumerate()
