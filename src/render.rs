@@ -514,6 +514,13 @@ fn nested_records(a: &Array, style: Style) -> Option<String> {
                 .map(|k| m.get(*k).map_or_else(String::new, cell)),
         );
     }
+    let numbers: Vec<usize> = (0..keys.len())
+        .filter(|&i| {
+            rows.iter()
+                .all(|m| m.get(keys[i]).is_some_and(|v| v.is_int()))
+        })
+        .collect();
+    right(&mut t, &numbers);
     Some(trimmed(t))
 }
 
@@ -888,6 +895,33 @@ mod tests {
         let v = eval(r#"[#{index: 0, name: "x"}]"#);
         assert_eq!(value(&v, Style::PLAIN), r#"[#{index: 0, name: "x"}]"#);
         assert_eq!(value(&eval("[]"), Style::PLAIN), "[]");
+    }
+
+    /// A new user's report: `w::jobs()` printed as one raw map literal. Maps that carry
+    /// gpuloop records print as a table; the records in a cell as name(pid).
+    #[test]
+    fn maps_that_carry_records_print_as_a_table() {
+        let holder =
+            |pid: i64| format!(r#"#{{pid: {pid}, start: 1, evidence: ["map"], name: "vllm"}}"#);
+        let v = eval(&format!(
+            r#"[#{{kind: "vllm", gpus: [0, 1], mem_mib: 2048, host: "local", launcher: (), holders: [{}, {}]}},
+                #{{kind: "other", gpus: [3], mem_mib: 300, host: "local", launcher: #{{pid: 5, name: "torchrun"}}, holders: [{}]}}]"#,
+            holder(7),
+            holder(8),
+            holder(9)
+        ));
+        assert_eq!(
+            value(&v, Style::PLAIN),
+            " GPUS  KIND   LAUNCHER     MEM_MIB  HOLDERS\n \
+             0,1   vllm   -               2048  vllm(7) vllm(8)\n \
+             3     other  torchrun(5)      300  vllm(9)"
+        );
+        // Without a record inside, a user's maps stay literals.
+        let v = eval(r#"[#{kind: "x", holders: [#{pid: 1}]}]"#);
+        assert_eq!(
+            value(&v, Style::PLAIN),
+            r#"[#{holders: [#{pid: 1}], kind: "x"}]"#
+        );
     }
 
     #[test]
