@@ -339,7 +339,7 @@ pub fn reset_gpu(s: &Session, index: i64) -> Result<(), GpuError> {
         return Err(GpuError::Reset {
             index,
             why: format!(
-                "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {index} is meant: reset it on that host itself (ssh HOST gpuloop run clean-node -- --gpus {index} --allow-reset)",
+                "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {index} is meant: reset it on that host itself (ssh HOST gpuloop run clean-node --gpu {index} --allow-reset)",
                 names.join(", ")
             ),
         });

@@ -422,8 +422,24 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
     out.join("\n")
 }
 
+/// `gpuloop recipes`: each recipe's name, what it is for, and how to run it, under it; the name
+/// column is as wide as the longest name.
+pub fn recipes(rs: &[crate::script::recipes::Recipe]) -> String {
+    let width = rs.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    rs.iter()
+        .map(|r| {
+            format!(
+                "{:<width$}  {}\n{:<width$}  {}",
+                r.name, r.purpose, "", r.usage
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A script value for people: arrays of GPU or holder maps as tables, diagnoses, kill and run
-/// reports as short summaries, a string as its text, anything else in Rhai's literal form.
+/// reports as short summaries, arrays of maps that carry such records (`workers::jobs()`) as
+/// tables, a string as its text, anything else in Rhai's literal form.
 pub fn value(v: &Dynamic, style: Style) -> String {
     if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
         return s.to_string();
@@ -438,6 +454,9 @@ pub fn value(v: &Dynamic, style: Style) -> String {
         if let Some(ds) = all_of(&a, diagnosis_of) {
             return diagnoses(&ds, style);
         }
+        if let Some(t) = nested_records(&a, style) {
+            return t;
+        }
     }
     if let Some(m) = v.read_lock::<Map>() {
         if let Some(r) = kill_report_of(&m) {
@@ -448,6 +467,86 @@ pub fn value(v: &Dynamic, style: Style) -> String {
         }
     }
     literal(v)
+}
+
+/// An array of maps with the same fields that carry gpuloop records (as `workers::jobs()`
+/// gives: each job with its holders) as a table: a column per field, the records in a cell as
+/// `name(pid)`. `None` for anything else, which prints as a literal.
+fn nested_records(a: &Array, style: Style) -> Option<String> {
+    let rows: Vec<Map> = a
+        .iter()
+        .map(|v| v.read_lock::<Map>().map(|m| m.clone()))
+        .collect::<Option<_>>()?;
+    let first = rows.first()?;
+    let same = |m: &Map| m.len() == first.len() && first.keys().all(|k| m.contains_key(k));
+    let is_record = |v: &Dynamic| {
+        v.read_lock::<Map>()
+            .is_some_and(|m| crate::script::fields::record_kind(&m).is_some())
+    };
+    let holds_records = |v: &Dynamic| {
+        is_record(v)
+            || v.read_lock::<Array>()
+                .is_some_and(|a| !a.is_empty() && a.iter().all(is_record))
+    };
+    let carries = |m: &Map| m.values().any(holds_records);
+    if !rows.iter().all(|m| same(m) && carries(m)) {
+        return None;
+    }
+    // The records last (they are the widest), and no HOST column on one machine alone.
+    let local = |v: &Dynamic| {
+        v.read_lock::<rhai::ImmutableString>()
+            .is_some_and(|s| s.as_str() == crate::hosts::LOCAL)
+    };
+    let mut keys: Vec<&str> = first
+        .keys()
+        .map(|k| k.as_str())
+        .filter(|k| *k != "host" || !rows.iter().all(|m| m.get(*k).is_some_and(local)))
+        .collect();
+    keys.sort_by_key(|k| first.get(*k).is_some_and(holds_records));
+    let header: Vec<String> = keys.iter().map(|k| k.to_uppercase()).collect();
+    let mut t = table(
+        &header.iter().map(String::as_str).collect::<Vec<_>>(),
+        style,
+    );
+    for m in &rows {
+        t.add_row(
+            keys.iter()
+                .map(|k| m.get(*k).map_or_else(String::new, cell)),
+        );
+    }
+    let numbers: Vec<usize> = (0..keys.len())
+        .filter(|&i| {
+            rows.iter()
+                .all(|m| m.get(keys[i]).is_some_and(|v| v.is_int()))
+        })
+        .collect();
+    right(&mut t, &numbers);
+    Some(trimmed(t))
+}
+
+/// A value in a table cell: text bare, `()` as `-`, lists joined with commas, a process record
+/// as `name(pid)`.
+fn cell(v: &Dynamic) -> String {
+    if v.is_unit() {
+        return "-".into();
+    }
+    if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
+        return s.to_string();
+    }
+    if let Some(m) = v.read_lock::<Map>() {
+        if let (Some(name), Some(pid)) = (string(&m, "name"), int(&m, "pid")) {
+            return format!("{name}({pid})");
+        }
+    }
+    if let Some(a) = v.read_lock::<Array>() {
+        let sep = if a.iter().all(|x| x.is_int()) {
+            ","
+        } else {
+            " "
+        };
+        return a.iter().map(cell).collect::<Vec<_>>().join(sep);
+    }
+    flat(v)
 }
 
 /// Every element converted, or `None` (also for an empty array, which prints as `[]`).
@@ -796,6 +895,33 @@ mod tests {
         let v = eval(r#"[#{index: 0, name: "x"}]"#);
         assert_eq!(value(&v, Style::PLAIN), r#"[#{index: 0, name: "x"}]"#);
         assert_eq!(value(&eval("[]"), Style::PLAIN), "[]");
+    }
+
+    /// A new user's report: `w::jobs()` printed as one raw map literal. Maps that carry
+    /// gpuloop records print as a table; the records in a cell as name(pid).
+    #[test]
+    fn maps_that_carry_records_print_as_a_table() {
+        let holder =
+            |pid: i64| format!(r#"#{{pid: {pid}, start: 1, evidence: ["map"], name: "vllm"}}"#);
+        let v = eval(&format!(
+            r#"[#{{kind: "vllm", gpus: [0, 1], mem_mib: 2048, host: "local", launcher: (), holders: [{}, {}]}},
+                #{{kind: "other", gpus: [3], mem_mib: 300, host: "local", launcher: #{{pid: 5, name: "torchrun"}}, holders: [{}]}}]"#,
+            holder(7),
+            holder(8),
+            holder(9)
+        ));
+        assert_eq!(
+            value(&v, Style::PLAIN),
+            " GPUS  KIND   LAUNCHER     MEM_MIB  HOLDERS\n \
+             0,1   vllm   -               2048  vllm(7) vllm(8)\n \
+             3     other  torchrun(5)      300  vllm(9)"
+        );
+        // Without a record inside, a user's maps stay literals.
+        let v = eval(r#"[#{kind: "x", holders: [#{pid: 1}]}]"#);
+        assert_eq!(
+            value(&v, Style::PLAIN),
+            r#"[#{holders: [#{pid: 1}], kind: "x"}]"#
+        );
     }
 
     #[test]

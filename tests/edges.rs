@@ -336,6 +336,27 @@ fn no_driver_never_reads_as_clean() {
     );
 }
 
+/// A new user's report: `gpuloop holders` without a driver printed `no holders` on stdout,
+/// which read alone looks like a clean machine (the error was on stderr, exit 1). Nothing was
+/// read, so nothing is printed as a result: not the table, not `[]`.
+#[test]
+fn holders_without_a_driver_prints_nothing_on_stdout() {
+    let sim = Sim::new("1x8G");
+    for args in [
+        &["holders"][..],
+        &["--json", "holders"],
+        &["holders", "--all"],
+    ] {
+        let out = no_driver(&sim, args).code(1);
+        assert_eq!(out.stdout, "", "{args:?}");
+        assert!(
+            out.stderr.contains("no NVIDIA driver"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+}
+
 /// Safety audit, round 7: `clean --parents` stopped the parent of a holder whatever it was; a
 /// job step's `slurmstepd` (or a container shim, sshd, tmux) was stopped as a "restarter",
 /// tearing down the step. Such a parent is neither reported nor stopped.

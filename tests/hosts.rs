@@ -1061,7 +1061,7 @@ fn advice_for_a_remote_gpu_names_its_host_never_a_bare_local_command() {
     );
     let reset = advice(2);
     assert!(
-        reset.contains("then on va: gpuloop run clean-node -- --gpus 2 --allow-reset (or, on va: gpuloop sim reset --gpu 2)"),
+        reset.contains("then on va: gpuloop run clean-node --gpu 2 --allow-reset (or, on va: gpuloop sim reset --gpu 2)"),
         "{reset}"
     );
     // The one-shot's summary row quotes it too.

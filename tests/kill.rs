@@ -578,6 +578,108 @@ fn the_clean_node_recipe_prints_before_and_after_and_sets_the_exit_code() {
     );
 }
 
+/// A new user's report: `gpuloop run clean-node --gpu 0` was "unknown argument --gpu" (the
+/// recipe took only `--gpus`, and only one list). It takes `--gpu` in every form the commands
+/// take, repeatable, with `--gpus` the same flag.
+#[test]
+fn the_clean_node_recipe_takes_gpu_as_the_commands_do() {
+    let sim = Sim::new("4x8G");
+    let gpus = sim.gpus();
+    let uuid = gpus[2]["uuid"].as_str().unwrap()[..12].to_string();
+    let bus = gpus[3]["bus_id"].as_str().unwrap().to_string();
+    for (args, cleaned) in [
+        (vec!["--gpu", "0,1"], vec![0, 1]),
+        (vec!["--gpu", "1-2"], vec![1, 2]),
+        (vec!["--gpu", uuid.as_str()], vec![2]),
+        (vec!["--gpu", bus.as_str()], vec![3]),
+        (vec!["--gpu", "0", "--gpu", "3"], vec![0, 3]),
+        (vec!["--gpus", "2"], vec![2]),
+    ] {
+        let pids: Vec<i32> = (0..4)
+            .map(|g| sim.hold(&["--gpu", &g.to_string(), "--mib", "100"])[0])
+            .collect();
+        let out = sim
+            .run(&[&["run", "clean-node"][..], &args, &["--timeout", "5"]].concat())
+            .ok();
+        for (g, pid) in pids.iter().enumerate() {
+            let selected = cleaned.contains(&g);
+            assert_eq!(
+                gone_within(*pid, if selected { 5 } else { 0 }),
+                selected,
+                "{args:?}: GPU {g}'s holder\n{}",
+                out.stdout
+            );
+        }
+        sim.run(&["sim", "stop"]).ok();
+    }
+    let out = sim.run(&["run", "clean-node", "--gpu", "9"]).code(2);
+    assert!(
+        out.stderr
+            .starts_with("usage: --gpu 9: no GPU with index 9"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A new user's report: `clean-node --gpus 6` printed all 8 GPUs before and after, said what
+/// it killed three times (a log line, a step, the tables) and wrote `2726 ms` where the
+/// commands write `0.2 s`. It shows the selected GPUs, each fact once, in the commands' units.
+#[test]
+fn the_clean_node_recipe_shows_the_selected_gpus_each_fact_once_in_seconds() {
+    let sim = Sim::new("8x8G");
+    let pid = sim.hold(&["--gpu", "6", "--mib", "700", "--name", "vllm-worker"])[0];
+    sim.hold(&["--gpu", "1", "--mib", "300"]);
+    let out = sim.run(&["run", "clean-node", "--gpu", "6"]).ok();
+    let rows: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 2, "one row before, one after:\n{}", out.stdout);
+    assert!(
+        rows.iter().all(|r| r.trim_start().starts_with("6 ")),
+        "{}",
+        out.stdout
+    );
+    let both = format!("{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        both.matches(&pid.to_string()).count(),
+        2,
+        "the holder before, and its kill once:\n{both}"
+    );
+    let last = out.stdout.trim_end().lines().last().unwrap_or_default();
+    let secs = last
+        .strip_prefix("clean in ")
+        .and_then(|t| t.strip_suffix(" s"))
+        .unwrap_or_else(|| panic!("{last}"));
+    assert!(secs.parse::<f64>().is_ok(), "{last}");
+    assert!(!both.contains(" ms"), "{both}");
+    assert_eq!(sim.used_mib(1), 300, "GPU 1 was not selected");
+}
+
+/// A new user's report: the `recipes` table's name column was 12 wide, and
+/// `slurm-site-policy` pushed its line out of it.
+#[test]
+fn the_recipes_table_fits_every_name_in_its_column() {
+    let sim = Sim::new("1x8G");
+    let out = sim.run(&["recipes"]).ok().stdout;
+    let lines: Vec<&str> = out.lines().collect();
+    let names = gpuloop::script::recipes::list();
+    assert_eq!(lines.len(), 2 * names.len(), "{out}");
+    let width = names.iter().map(|r| r.name.len()).max().unwrap();
+    for (pair, r) in lines.chunks(2).zip(&names) {
+        let (name, usage) = (pair[0], pair[1]);
+        let (head, purpose) = name.split_at(width + 2);
+        assert_eq!(head, format!("{:<width$}  ", r.name), "{out}");
+        assert!(purpose.starts_with(|c: char| c != ' '), "{out}");
+        let (pad, how) = usage.split_at(width + 2);
+        assert!(
+            pad.trim().is_empty() && how.starts_with("gpuloop run"),
+            "{out}"
+        );
+    }
+}
+
 /// Issue 10, defect 12: a holder map with a missing or non-integer `start` was treated as a
 /// bare pid, and killed whatever had the pid. It is an error now, and nothing is signalled.
 #[test]

@@ -17,7 +17,9 @@ clean, or no driver; 2 usage or compile error; 130 interrupted.
 
 Environment:
   GPULOOP_SIM      the --sim spec: simulated GPUs held by real processes
-  GPULOOP_SIM_DIR  the simulator's state directory (default $XDG_RUNTIME_DIR/gpuloop-sim)
+  GPULOOP_SIM_DIR  the simulator's state directory (default $XDG_RUNTIME_DIR/gpuloop-sim, else
+                   /tmp/gpuloop-sim-UID): every session of a user shares the default; one of
+                   its own: export GPULOOP_SIM_DIR=$(mktemp -d)
   GPULOOP_PATH     directories (colon-separated) where `import` looks for modules
   SLURM_JOB_ID     the job --transport srun steps into, unless --jobid or
                    --hosts-from-slurm JOBID names one
@@ -234,8 +236,13 @@ pub enum Cmd {
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff): gpuloop man > gpuloop.1
-    Man,
+    /// Print the man page (roff): gpuloop man > gpuloop.1; --dir DIR writes one per command.
+    Man {
+        /// Write gpuloop.1 and a page per command (gpuloop-clean.1, gpuloop-sim-hold.1, …)
+        /// into DIR instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Serve this machine to a remote gpuloop: line-delimited JSON on stdin/stdout (what
     /// `--host` starts through ssh).
     Agent,
@@ -289,6 +296,62 @@ pub struct HostFlags {
     /// go on.
     #[arg(long, global = true, value_name = "SECS", default_value_t = crate::hosts::DEFAULT_HOST_TIMEOUT.as_secs_f64(), help_heading = HOSTS)]
     pub host_timeout: f64,
+}
+
+/// The command line as parsed and documented: `Args`, with each command's short help (`-h`)
+/// listing its own options and the global ones folded into one line at the end (`--help`
+/// still lists them all, after the command's own).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let cmd = Args::command();
+    let globals: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .map(|a| a.clone().hide_short_help(true))
+        .collect();
+    let name = |a: &clap::Arg| match (a.get_long(), a.get_short()) {
+        (_, Some(c)) => format!("-{c}"),
+        (Some(l), None) => format!("--{l}"),
+        (None, None) => a.get_id().to_string(),
+    };
+    let general: Vec<String> = globals
+        .iter()
+        .filter(|a| a.get_help_heading() == Some(GLOBAL))
+        .map(name)
+        .collect();
+    let line = format!(
+        "Global options: {} --host … (gpuloop --help)",
+        general.join(" ")
+    );
+    fold_globals(cmd, &globals, &line)
+}
+
+/// Gives every subcommand, at any depth, its own copy of the global options hidden from `-h`,
+/// before clap would copy them in unchanged, and the line that names them instead.
+fn fold_globals(cmd: clap::Command, globals: &[clap::Arg], line: &str) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    names.iter().fold(cmd, |cmd, name| {
+        cmd.mut_subcommand(name, |sub| {
+            let long = sub.get_after_help().map(|h| h.to_string());
+            let short = match &long {
+                Some(h) => format!("{h}\n\n{line}"),
+                None => line.to_string(),
+            };
+            let mut sub = globals
+                .iter()
+                .fold(sub, |sub, a| sub.arg(a.clone()))
+                .after_help(short);
+            sub = match long {
+                Some(h) => sub.after_long_help(h),
+                // `--help` lists the global options themselves: no line pointing elsewhere.
+                None => sub.after_long_help(""),
+            };
+            fold_globals(sub, globals, line)
+        })
+    })
 }
 
 impl HostFlags {

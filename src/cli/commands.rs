@@ -31,23 +31,10 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         },
         Cmd::Eval { code } => eval(cfg, code),
         Cmd::Check { scripts } => check(cfg, scripts),
-        Cmd::Man => {
-            let cmd = <Args as clap::CommandFactory>::command();
-            let mut out = Vec::new();
-            clap_mangen::Man::new(cmd)
-                .render(&mut out)
-                .map_err(|e| Error::Other(format!("man page: {e}")))?;
-            crate::output::bytes(&out);
-            Ok(0)
-        }
+        Cmd::Man { dir } => man(dir.as_deref()),
         Cmd::Recipes => {
             let rs = crate::script::recipes::list();
-            emit(cfg, &rs, || {
-                rs.iter()
-                    .map(|r| format!("{:<12} {}\n{:<12} {}", r.name, r.purpose, "", r.usage))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
+            emit(cfg, &rs, || render::recipes(&rs))
         }
         Cmd::Repl => crate::repl::run(cfg.session.clone(), cfg.json),
         Cmd::Doc { definitions } => doc(cfg, definitions.as_deref()),
@@ -85,8 +72,12 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 let inv = actions::look(s)?;
                 if let Some(why) = s.backend()?.missing_driver() {
                     // The fd scan still finds who has the nodes open; the exit code says the rest.
+                    // Nothing found is no result: an empty list ("no holders", `[]`) read alone
+                    // would look like a clean machine.
                     let hs = inv.holders(&None, *all);
-                    emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+                    if !hs.is_empty() {
+                        emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+                    }
                     return Err(GpuError::NoDriver(why.to_string()).into());
                 }
                 let sel = selection(s, sel)?
@@ -578,6 +569,25 @@ fn clean(
     })?;
     let code = summary(cfg, rows)?;
     Ok(if r.clean { code } else { 1 })
+}
+
+/// `gpuloop man`: the page of gpuloop itself on stdout, or with `dir` every command's page
+/// (gpuloop.1, gpuloop-clean.1, gpuloop-sim-hold.1, …) written there, each with all its options.
+fn man(dir: Option<&Path>) -> Result<i32, Error> {
+    let cmd = <Args as clap::CommandFactory>::command();
+    let Some(dir) = dir else {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(cmd)
+            .render(&mut out)
+            .map_err(|e| Error::Other(format!("man page: {e}")))?;
+        crate::output::bytes(&out);
+        return Ok(0);
+    };
+    std::fs::create_dir_all(dir)
+        .and_then(|()| clap_mangen::generate_to(cmd, dir))
+        .map_err(|e| Error::Other(format!("writing man pages into {}: {e}", dir.display())))?;
+    crate::outln!("wrote the man pages into {}", dir.display());
+    Ok(0)
 }
 
 /// `gpuloop doc`: the reference in Markdown, or definition files for editors.

@@ -56,9 +56,26 @@ impl Config {
 /// spec given on the command line is a mistake (`gpuloop --sim "$SPEC" clean` with `SPEC`
 /// unset would otherwise clean the real GPUs: a new user's report, round 7).
 fn parse(argv: &[std::ffi::OsString]) -> Result<Args, clap::Error> {
+    use clap::error::ErrorKind;
     use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
     let mut cmd = Args::command();
-    let matches = cmd.try_get_matches_from_mut(argv)?;
+    let matches = match cmd.try_get_matches_from_mut(argv) {
+        Ok(m) => m,
+        // Help comes from the command as documented (each command's -h folds the global
+        // options into one line); building that costs time a one-shot need not spend.
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            return Err(args::command()
+                .try_get_matches_from(argv)
+                .err()
+                .unwrap_or(e))
+        }
+        Err(e) => return Err(e),
+    };
     let args = Args::from_arg_matches(&matches)?;
     let given = std::iter::successors(Some(&matches), |m| m.subcommand().map(|(_, m)| m))
         .any(|m| m.value_source("sim") == Some(ValueSource::CommandLine));

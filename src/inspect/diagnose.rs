@@ -571,9 +571,7 @@ fn stale_note(gpu: i64, stale: &[i64]) -> String {
 /// How to reset `gpu`: the recipe (which resets through this machine's own driver, so it
 /// runs there), or the driver's tool directly.
 fn reset_advice(gpu: i64, reach: &Reach, sim: bool) -> String {
-    let recipe = reach.there(&format!(
-        "gpuloop run clean-node -- --gpus {gpu} --allow-reset"
-    ));
+    let recipe = reach.there(&format!("gpuloop run clean-node --gpu {gpu} --allow-reset"));
     let direct = match (&reach.host, sim) {
         (None, true) => format!("or gpuloop sim reset --gpu {gpu}"),
         (Some(h), true) => format!("or, on {h}: gpuloop sim reset --gpu {gpu}"),
@@ -1116,11 +1114,11 @@ mod tests {
         assert!(a.ends_with("(gpuloop kill --gpu 0)"), "{a}");
         assert_eq!(
             reset_advice(2, &Reach::default(), false),
-            "gpuloop run clean-node -- --gpus 2 --allow-reset (or, as root, nvidia-smi -r -i 2)"
+            "gpuloop run clean-node --gpu 2 --allow-reset (or, as root, nvidia-smi -r -i 2)"
         );
         assert_eq!(
             reset_advice(2, &Reach::default(), true),
-            "gpuloop run clean-node -- --gpus 2 --allow-reset (or gpuloop sim reset --gpu 2)"
+            "gpuloop run clean-node --gpu 2 --allow-reset (or gpuloop sim reset --gpu 2)"
         );
     }
 }

@@ -472,7 +472,7 @@ pub struct RunArgs {
 pub struct RecipeArgs {
     /// The recipe's name, as `recipes` lists it (e.g. "clean-node").
     pub name: String,
-    /// Its arguments, as on the command line (e.g. ["--gpus", "0,1", "--timeout", "60"]).
+    /// Its arguments, as on the command line (e.g. ["--gpu", "0,1", "--timeout", "60"]).
     #[serde(default)]
     pub args: Vec<String>,
     /// Seconds before the recipe is stopped (default 600).
