@@ -899,6 +899,23 @@ pub fn kill_holders_watched(
 ) -> Result<KillReport, GpuError> {
     let mut hs = local_holders(s, sel, true, filter)?;
     hs.retain(|h| h.is_compute() || h.protected);
+    // The user filter bounds every process signalled, not only the holders it picked: their
+    // trees, groups and parents are that user's or left alone (read on this host, as the
+    // holders were).
+    let bounded;
+    let opts = match (&filter.user, filter.resolve()?.uid) {
+        (Some(user), Some(uid)) => {
+            bounded = KillOpts {
+                owner: Some(kill::Owner {
+                    uid,
+                    said: user.flag(),
+                }),
+                ..opts.clone()
+            };
+            &bounded
+        }
+        _ => opts,
+    };
     let (daemons, hs): (Vec<Holder>, Vec<Holder>) =
         hs.into_iter().partition(|h| h.protected && !opts.force);
     let (units, hs): (Vec<Holder>, Vec<Holder>) = hs

@@ -16,6 +16,7 @@ mod identity;
 mod kill;
 mod mcp;
 mod modules;
+mod owner;
 mod patch;
 mod render;
 mod repl;

@@ -400,7 +400,7 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
         dry_run: k.dry_run,
         force: k.force,
         parents: k.parents,
-        on_interrupt: Default::default(),
+        ..KillOpts::default()
     })
 }
 

@@ -46,6 +46,33 @@ pub struct KillOpts {
     pub parents: bool,
     /// What an interrupt during the grace does.
     pub on_interrupt: OnInterrupt,
+    /// The one user whose processes may be signalled (`--user`, `--mine`): targets, their
+    /// trees, their groups and their parents alike. Anyone else's is left alone, and said.
+    pub owner: Option<Owner>,
+}
+
+/// The user a kill is bounded to, and how the caller named it ("--user nobody", "--mine"),
+/// for the reason a process outside it is left alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub said: String,
+}
+
+impl Owner {
+    /// Why `p` is outside the bound, if it is: "owned by root, outside --user nobody". A
+    /// process whose owner cannot be read is outside it too.
+    fn excludes(&self, p: &Pinned) -> Option<String> {
+        match p.dir.uid() {
+            Ok(uid) if uid == self.uid => None,
+            Ok(uid) => Some(format!(
+                "owned by {}, outside {}",
+                super::user_name(uid),
+                self.said
+            )),
+            Err(e) => Some(format!("owner unreadable ({e}), outside {}", self.said)),
+        }
+    }
 }
 
 impl Default for KillOpts {
@@ -58,6 +85,7 @@ impl Default for KillOpts {
             force: false,
             parents: false,
             on_interrupt: OnInterrupt::StopWaiting,
+            owner: None,
         }
     }
 }
@@ -338,7 +366,12 @@ impl Resolve<'_> {
         if !self.seen.insert(pid) {
             return (i, false);
         }
-        match self.guard.refuse(&self.pins[i], self.opts.force) {
+        let p = &self.pins[i];
+        let refused = self.guard.refuse(p, self.opts.force).or_else(|| {
+            let owner = self.opts.owner.as_ref()?;
+            owner.excludes(p)
+        });
+        match refused {
             Some(reason) => {
                 skip(report, pid, reason);
                 (i, false)

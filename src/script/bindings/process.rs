@@ -99,7 +99,7 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
         dry_run: o.bool("dry_run", d.dry_run)?,
         force: o.bool("force", d.force)?,
         parents: o.bool("parents", d.parents)?,
-        on_interrupt: Default::default(),
+        ..KillOpts::default()
     })
 }
 
