@@ -910,3 +910,28 @@ fn kill_and_clean_say_which_protected_daemon_they_left_alone() {
     assert_eq!(r["skipped"], serde_json::json!([]), "{r}");
     assert!(alive(d));
 }
+
+/// `gpuloop kill 999999`, a pid that is no process, exited 0 as if it had stopped something.
+/// As kill(1), it fails and says so; a script's kill() of a vanished pid still reports it as
+/// already gone (`a_vanished_target_is_already_gone_not_an_error`).
+#[test]
+fn kill_of_a_pid_that_is_no_process_exits_1_and_says_so() {
+    let sim = Sim::new("1x8G");
+    // Above pid_max: no process can have it.
+    let max: i64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .expect("pid_max")
+        .trim()
+        .parse()
+        .expect("pid_max");
+    let pid = (max + 1).to_string();
+    let out = sim.run(&["kill", &pid]).code(1);
+    assert!(
+        out.stderr.contains(&format!("no such process: {pid}")),
+        "{}",
+        out.stderr
+    );
+    // A live pid named with it is still stopped.
+    let p = sim.hold(&["--gpu", "0", "--mib", "10"])[0];
+    let out = sim.run(&["kill", &p.to_string(), &pid]).code(1);
+    assert!(gone_within(p, 10), "{}", out.stdout);
+}

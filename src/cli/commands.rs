@@ -11,7 +11,7 @@ use crate::hosts::HostSel;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, User};
-use crate::process::kill::{parse_signal, KillOpts, KillReport, Target};
+use crate::process::kill::{self, parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
 use crate::session::Session;
@@ -466,7 +466,19 @@ fn kill_pids(cfg: &Config, pids: &[i64], opts: &KillOpts) -> Result<i32, Error> 
         targets.push((None, Target::Pid(pid)));
     }
     let report = actions::kill_routed(&cfg.session, &targets, opts)?;
-    kill_done(cfg, &report)
+    let code = kill_done(cfg, &report)?;
+    // As kill(1): a pid named that is no process is a failure, not a quiet success.
+    let missing: Vec<String> = report
+        .skipped
+        .iter()
+        .filter(|s| s.reason == kill::GONE && pids.contains(&s.pid))
+        .map(|s| s.pid.to_string())
+        .collect();
+    if missing.is_empty() {
+        return Ok(code);
+    }
+    crate::errln!("gpuloop: kill: no such process: {}", missing.join(", "));
+    Ok(code.max(1))
 }
 
 fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
@@ -661,7 +673,7 @@ fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error>
     };
     let (file, src, dir) = read_script(script)?;
     // Whatever the script started (run/spawn) is stopped when this goes out of scope.
-    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
     let engine = build_engine(
         session,
@@ -676,7 +688,7 @@ fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error>
 }
 
 fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
-    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
     let dir = std::env::current_dir().ok();
     let engine = build_engine(

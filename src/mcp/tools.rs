@@ -732,7 +732,6 @@ fn run_job(
         cwd: cwd.map(Into::into),
         // stdout is the MCP channel: output is captured, never echoed.
         echo: false,
-        protected: ctx.session.protected().to_vec(),
         ..JobOpts::default()
     };
     let job = match Job::spawn(cmd, opts) {

@@ -258,6 +258,10 @@ impl<'a> Guard<'a> {
     }
 }
 
+/// The reason given for a target that had exited before it could be signalled: not an error
+/// for a holder seen earlier, but a bare pid the command line named that does not exist is.
+pub const GONE: &str = "already gone";
+
 /// What a refused daemon's reason says would stop it (MCP, which never does, replaces it).
 pub const FORCE_ANYWAY: &str = "force stops it anyway: --force, or force: true in a script";
 
@@ -397,7 +401,7 @@ impl Resolve<'_> {
         };
         let p = match pinned {
             Ok(Some(p)) => p,
-            Ok(None) => return skip(report, pid, "already gone".into()),
+            Ok(None) => return skip(report, pid, GONE.into()),
             Err(reason) => return skip(report, pid, reason),
         };
         // A refused target's tree is never walked (its children may be gpuloop's siblings, or
@@ -460,7 +464,7 @@ impl Resolve<'_> {
         let p = match identity::pin_now(pid) {
             Ok(Some(p)) => p,
             Ok(None) => {
-                skip(report, pid, "already gone".into());
+                skip(report, pid, GONE.into());
                 return None;
             }
             Err(reason) => {
@@ -629,7 +633,7 @@ fn kill_in(
                     killed: sig == Signal::SIGKILL,
                 });
             }
-            Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, "already gone".into()),
+            Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, GONE.into()),
             Err(e) => report.errors.push(KillError {
                 pid: pid.into(),
                 error: describe_errno(e, sig),

@@ -256,13 +256,19 @@ pub fn run_command(
 ) -> Result<String, CommandFailure> {
     use std::io::Read;
     use std::process::{Command, Stdio};
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| CommandFailure::Start(e.kind(), e.to_string()))?;
+    // Registered as gpuloop's own, so that the job runner never takes it for a job's orphan.
+    let (mut child, helper) = helpers::start(
+        || {
+            Command::new(program)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        },
+        |c| Some(c.id()),
+    )
+    .map_err(|e| CommandFailure::Start(e.kind(), e.to_string()))?;
     // Both pipes are drained at once, so a chatty program never blocks on a full one.
     let drain = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
@@ -289,6 +295,7 @@ pub fn run_command(
             }
         }
     };
+    helpers::forget(helper);
     let (out, err) = (
         stdout.join().unwrap_or_default(),
         stderr.join().unwrap_or_default(),

@@ -59,7 +59,7 @@ fn command(func: &str, v: &Dynamic) -> RhaiResult<Cmd> {
 }
 
 /// Options of run()/spawn(), and whether `check` was asked for.
-fn job_opts(func: &'static str, s: &Session, opts: &Map) -> RhaiResult<(JobOpts, bool)> {
+fn job_opts(func: &'static str, opts: &Map) -> RhaiResult<(JobOpts, bool)> {
     let o = Opts::new(opts, func, RUN_OPTS)?;
     let d = JobOpts::default();
     let env = match o.raw("env") {
@@ -90,7 +90,6 @@ fn job_opts(func: &'static str, s: &Session, opts: &Map) -> RhaiResult<(JobOpts,
         env,
         echo: o.bool("echo", d.echo)?,
         grace: o.secs("grace", Some(d.grace))?.unwrap_or(d.grace),
-        protected: s.protected().to_vec(),
         keep_children: o.bool("keep_children", false)?,
         sink: None,
     };
@@ -126,7 +125,7 @@ fn finish(
 fn run(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<Dynamic> {
     let cmd = command("run", cmd)?;
     let host = Opts::new(opts, "run", RUN_OPTS)?.string("host")?;
-    let (opts, check) = job_opts("run", s, opts)?;
+    let (opts, check) = job_opts("run", opts)?;
     let timeout = opts.timeout;
     let o = actions::run(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("run", e))?;
     finish(&cmd.display(), timeout, o, check)
@@ -135,7 +134,7 @@ fn run(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<Dynamic> {
 fn spawn(s: &Arc<Session>, cmd: &Dynamic, opts: &Map) -> RhaiResult<JobHandle> {
     let cmd = command("spawn", cmd)?;
     let host = Opts::new(opts, "spawn", RUN_OPTS)?.string("host")?;
-    let (opts, check) = job_opts("spawn", s, opts)?;
+    let (opts, check) = job_opts("spawn", opts)?;
     let job = actions::spawn(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("spawn", e))?;
     Ok(JobHandle {
         job: Arc::new(job),
