@@ -1051,3 +1051,69 @@ fn a_job_that_joins_gpuloops_group_and_double_forks_dies_with_a_sigkilled_gpuloo
         );
     }
 }
+
+/// Forced pid reuse against what the two changes above rely on: a job's processes are taken
+/// whatever their name, and as gpuloop's orphans whatever their group. Here 12 grandchildren
+/// that joined gpuloop's group are killed and reaped, and each pid is taken by an innocent
+/// named `nvidia-persistenced`, in gpuloop's group too (bash, pid 1 of the namespace, started
+/// gpuloop without job control): neither `j.kill()`, nor the script's end, nor the guard of a
+/// SIGKILLed gpuloop may signal one.
+#[test]
+fn a_recycled_pid_in_gpuloops_group_named_like_a_daemon_is_never_taken_for_a_jobs() {
+    if !pid_reuse_can_be_forced() {
+        return;
+    }
+    let sim = Sim::new("1x1G");
+    std::fs::write(sim.path().join("join.py"), JOIN_GPULOOPS_GROUP).unwrap();
+    let rhai = r#"let t = ARGS[0];
+        let j = spawn(["python3", `${t}/join.py`, `${t}/pids`, "391", "stay"], #{echo: false});
+        if !until(60, || file_exists(`${t}/pids`) && read_file(`${t}/pids`).split("\n").filter(|l| l != "").len() == 12) { throw "no pids"; }
+        write_file(`${t}/ready`, "");
+        if !until(60, || file_exists(`${t}/go`)) { throw "no go"; }
+        j.kill();
+        write_file(`${t}/killed`, "");
+        if !until(60, || file_exists(`${t}/end`)) { throw "no end"; }"#;
+    let script = format!(
+        r#"{NS_HELPERS}
+tried=0; reused=0; hit=0
+for r in $(seq 6); do
+  rm -f "$T/pids" "$T/ready" "$T/go" "$T/killed" "$T/end"
+  "$B" run "$T/job.rhai" -- "$T" 2> "$T/stderr" &
+  g=$!
+  await "$T/ready"
+  mapfile -t gs < "$T/pids"
+  for p in "${{gs[@]}}"; do kill -9 "$p"; done
+  # gpuloop, their parent now, reaps them: then their pids are free.
+  for p in "${{gs[@]}}"; do while [ -e /proc/$p ]; do sleep 0.005; done; done
+  inn=()
+  for p in "${{gs[@]}}"; do
+    echo $((p-1)) > /proc/sys/kernel/ns_last_pid
+    bash -c 'exec -a nvidia-persistenced sleep 1000' & s=$!
+    tried=$((tried+1)); [ "$s" = "$p" ] && reused=$((reused+1))
+    inn+=("$s")
+  done
+  touch "$T/go"; await "$T/killed"
+  for s in "${{inn[@]}}"; do [ "$(alive $s)" = 1 ] || hit=$((hit+1)); done
+  if [ $((r % 2)) = 0 ]; then
+    guard=$(grep -l -a -- __guard /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3 | head -1)
+    kill -KILL $g; wait $g
+    for _ in $(seq 6000); do [ "$(alive $guard)" = 0 ] && break; sleep 0.01; done
+  else
+    touch "$T/end"; wait $g
+  fi
+  for s in "${{inn[@]}}"; do [ "$(alive $s)" = 1 ] || hit=$((hit+1)); done
+  kill -9 "${{inn[@]}}"; wait "${{inn[@]}}" 2>/dev/null
+done
+echo "tried=$tried reused=$reused hit=$hit"
+"#
+    );
+    let r = in_pid_namespace(&sim, rhai, &script);
+    let all = &r.all;
+    assert_eq!(r.field("tried"), "72", "{all}");
+    assert_eq!(r.field("reused"), "72", "every pid was reused: {all}");
+    assert_eq!(
+        r.field("hit"),
+        "0",
+        "an innocent that reused a pid was signalled: {all}"
+    );
+}
