@@ -694,7 +694,7 @@ pub fn kill_watched(s: &Session, targets: &[Target], opts: &KillOpts, w: &mut Wa
 fn wire_kill_opts(o: &KillOpts) -> protocol::KillOpts {
     protocol::KillOpts {
         signal: signal_name(o.signal).to_string(),
-        grace_ms: o.grace.as_millis() as u64,
+        grace_ms: kill::grace_ms(o.grace),
         tree: o.tree,
         dry_run: o.dry_run,
         force: o.force,
@@ -718,7 +718,8 @@ fn wait_wire(o: &WaitOpts) -> protocol::WaitWire {
 
 /// The deadline of a remote kill: its grace, the wait for SIGKILLed processes, and slack.
 fn kill_deadline(s: &Session, o: &KillOpts) -> Option<Duration> {
-    call_timeout(s).map(|t| t + o.grace + Duration::from_secs(10))
+    // A grace that never ends (`NEVER`) leaves the call unbounded: the agent waits for its exits.
+    call_timeout(s).and_then(|t| t.checked_add(o.grace)?.checked_add(Duration::from_secs(10)))
 }
 
 /// kill() with each target on its own host (`None`: the only host there is). Identities
@@ -1277,8 +1278,8 @@ pub fn clean_per_host(
     wait_opts: &WaitOpts,
 ) -> Result<PerHost<CleanReport>, GpuError> {
     let wire = wire_kill_opts(kill_opts);
-    let deadline =
-        wait_deadline(s, wait_opts).map(|d| d + kill_opts.grace + Duration::from_secs(10));
+    let deadline = wait_deadline(s, wait_opts)
+        .map(|d| d.saturating_add(kill_opts.grace) + Duration::from_secs(10));
     let mut parts = fan(
         s,
         &sel.into(),
@@ -1423,7 +1424,7 @@ fn run_call(cmd: &Cmd, opts: &JobOpts) -> protocol::RunCall {
         timeout_ms: opts.timeout.map(|t| t.as_millis() as u64),
         cwd: opts.cwd.as_ref().map(|p| p.display().to_string()),
         env: opts.env.clone(),
-        grace_ms: opts.grace.as_millis() as u64,
+        grace_ms: kill::grace_ms(opts.grace),
         echo: opts.echo,
         keep_children: opts.keep_children,
     }
@@ -1448,9 +1449,10 @@ pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<
     };
     let call = Call::Run(run_call(cmd, &opts));
     // No deadline unless the job has one: a lost link still ends the call at once.
-    let deadline = opts
-        .timeout
-        .map(|t| t + opts.grace + pool.config.call_timeout);
+    let deadline = opts.timeout.and_then(|t| {
+        t.checked_add(opts.grace)?
+            .checked_add(pool.config.call_timeout)
+    });
     pool.call(host, call, deadline, s.interrupted())
         .map_err(|e| remote_run_err(host, e))
 }
@@ -1632,10 +1634,10 @@ impl Spawned {
             Call::JobKill {
                 job: r.job,
                 signal: signal_name(signal).to_string(),
-                grace_ms: Some(grace.as_millis() as u64),
+                grace_ms: Some(kill::grace_ms(grace)),
             },
             // The stop's grace, the wait after SIGKILL and the output's drain.
-            grace + Duration::from_secs(10),
+            grace.saturating_add(Duration::from_secs(10)),
             &NEVER,
         )?;
         Ok(r.record(st))

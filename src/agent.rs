@@ -330,7 +330,7 @@ fn kill_opts(o: &protocol::KillOpts) -> Result<KillOpts, Body> {
                 format!("unknown signal {:?}", o.signal),
             )
         })?,
-        grace: Duration::from_millis(o.grace_ms),
+        grace: crate::process::kill::grace_of_ms(o.grace_ms),
         tree: o.tree,
         dry_run: o.dry_run,
         force: o.force,
@@ -449,7 +449,7 @@ fn handle(
                 return error(ErrorKind::BadParams, format!("unknown signal {signal:?}"));
             };
             match jobs.spawned(job) {
-                Ok(j) => match j.stop(sig, grace_ms.map(Duration::from_millis)) {
+                Ok(j) => match j.stop(sig, grace_ms.map(crate::process::kill::grace_of_ms)) {
                     Some(_) => state(job, &j, true),
                     None => error(
                         ErrorKind::Failed,
@@ -511,7 +511,7 @@ fn job_of(id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts), Body> {
         cwd: rc.cwd.map(Into::into),
         env: rc.env,
         echo: false,
-        grace: Duration::from_millis(rc.grace_ms),
+        grace: crate::process::kill::grace_of_ms(rc.grace_ms),
         keep_children: rc.keep_children,
         sink,
     };

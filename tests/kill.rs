@@ -935,3 +935,96 @@ fn kill_of_a_pid_that_is_no_process_exits_1_and_says_so() {
     let out = sim.run(&["kill", &p.to_string(), &pid]).code(1);
     assert!(gone_within(p, 10), "{}", out.stdout);
 }
+
+/// A TERM-catching holder (it carries on) under a script shell that could restart it,
+/// started as `sim hold --foreground` below `bash -c`: returns (holder, parent).
+fn term_catcher_under_a_shell(sim: &Sim) -> (i32, i32) {
+    use std::io::BufRead;
+    let script = r#"echo $$ > "$D/parent"
+        "$1" sim hold --foreground --catch-term --gpu 0 --mib 64 &
+        wait
+        exec sleep 1000"#;
+    let mut c = sim.wrapped(&["setsid", "bash", "-c", script, "bash"]);
+    c.env("D", sim.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().expect("setsid bash");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("holder pid");
+    let holder: i32 = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
+    sim.adopt(holder);
+    let parent: i32 = std::fs::read_to_string(sim.path().join("parent"))
+        .expect("parent")
+        .trim()
+        .parse()
+        .expect("parent pid");
+    sim.adopt(parent);
+    (holder, parent)
+}
+
+/// `grace 0` meant "TERM, never KILL" for kill and clean but "KILL at once" for jobs, and a
+/// holder still running its TERM handler was called "respawning" by its own parent, with
+/// advice to stop that parent (`--parents`). Now 0 is TERM then KILL at once everywhere (as
+/// `docker stop -t 0`), "inf" never KILLs, and the very holder still there is waited for:
+/// only a holder with a new identity is a respawn.
+#[test]
+fn grace_zero_kills_at_once_and_inf_waits_for_the_same_holder_without_calling_it_a_respawn() {
+    let sim = Sim::new("1x8G");
+    let (holder, parent) = term_catcher_under_a_shell(&sim);
+    let out = sim.run(&[
+        "--json",
+        "clean",
+        "--gpu",
+        "0",
+        "--grace",
+        "inf",
+        "--timeout",
+        "1",
+    ]);
+    let r = out.json();
+    assert_eq!(out.code, 1, "{r}");
+    assert!(alive(holder), "--grace inf sent KILL: {r}");
+    assert_ne!(r["after"][0]["verdict"], "respawning", "{r}");
+    assert!(!out.stdout.contains("--parents"), "{}", out.stdout);
+    assert!(!out.stdout.contains("respawn"), "{}", out.stdout);
+    assert_eq!(r["kill"]["survivors"], serde_json::json!([holder]), "{r}");
+
+    let out = sim
+        .run(&[
+            "--json",
+            "clean",
+            "--gpu",
+            "0",
+            "--grace",
+            "0",
+            "--timeout",
+            "10",
+        ])
+        .ok();
+    let r = out.json();
+    assert_eq!(r["kill"]["targets"][0]["pid"], holder, "{r}");
+    assert_eq!(r["kill"]["targets"][0]["ended_by"], "KILL", "{r}");
+    assert!(gone_within(holder, 10));
+    assert!(alive(parent), "the parent was signalled: {r}");
+
+    // The same in a script, and for a job: 0 KILLs at once, "inf" never does.
+    let (holder, _) = term_catcher_under_a_shell(&sim);
+    let r = sim.eval_json(&format!("kill({holder}, #{{grace: \"inf\"}})"));
+    assert_eq!(r["survivors"], serde_json::json!([holder]), "{r}");
+    assert!(alive(holder));
+    let r = sim.eval_json(&format!("kill({holder}, #{{grace: 0}})"));
+    assert_eq!(r["targets"][0]["ended_by"], "KILL", "{r}");
+    let r = sim.eval_json(
+        r#"let job = "trap 'sleep 0.2; exit 7' TERM; sleep 1000 & wait";
+           let inf = run(job, #{echo: false, timeout: 0.5, grace: "inf"});
+           let zero = run(job, #{echo: false, timeout: 0.5, grace: 0});
+           #{inf: [inf.code, inf.signal], zero: [zero.code, zero.signal]}"#,
+    );
+    assert_eq!(r["inf"], serde_json::json!([7, null]), "{r}");
+    assert_eq!(r["zero"], serde_json::json!([null, "KILL"]), "{r}");
+    let out = sim.run(&["kill", "--grace", "-1", "1"]).code(2);
+    assert!(out.stderr.contains("or inf"), "{}", out.stderr);
+}

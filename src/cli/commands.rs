@@ -340,7 +340,7 @@ fn owner_filter(s: &Session, owner: &Owner) -> Result<Filter, Error> {
 fn hook(cfg: &Config, which: Hook, h: &HookFlags) -> Result<i32, Error> {
     let opts = HookOpts {
         timeout: seconds(h.timeout, "--timeout")?,
-        grace: seconds(h.grace, "--grace")?,
+        grace: grace(h.grace)?,
         dry_run: h.dry_run,
     };
     let env = JobEnv::from(|k| std::env::var(k).ok())?;
@@ -387,6 +387,11 @@ fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
     crate::inspect::wait::seconds(v).map_err(|why| Error::Usage(format!("{what} {why}")))
 }
 
+/// `--grace SECS`, or `--grace inf` for never sending KILL.
+fn grace(v: f64) -> Result<Duration, Error> {
+    kill::grace_seconds(v).map_err(|why| Error::Usage(format!("--grace {why}")))
+}
+
 fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
     Ok(KillOpts {
         signal: parse_signal(&k.signal).ok_or_else(|| {
@@ -395,7 +400,7 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
                 k.signal
             ))
         })?,
-        grace: seconds(k.grace, "--grace")?,
+        grace: grace(k.grace)?,
         tree: true,
         dry_run: k.dry_run,
         force: k.force,

@@ -686,6 +686,7 @@ mod tests {
             name: "bash".into(),
             holder: 1240,
             identity: crate::process::Identity::new(1237, 1),
+            holder_identity: crate::process::Identity::new(1240, 2),
         };
         let held = [h(1300, &["driver", "fd", "map"])];
         let (v, advice) = verdict(
@@ -724,6 +725,7 @@ mod tests {
             name: "bash".into(),
             holder: 1240,
             identity: crate::process::Identity::new(1237, 1),
+            holder_identity: crate::process::Identity::new(1240, 2),
         };
         let held = [h(5, &["driver", "fd", "map"])];
         let child = [h(6, &["fd", "map"])];

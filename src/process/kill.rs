@@ -35,7 +35,8 @@ impl Target {
 #[derive(Debug, Clone)]
 pub struct KillOpts {
     pub signal: Signal,
-    /// Survivors get SIGKILL after this; zero means no escalation.
+    /// Survivors get SIGKILL after this: zero is TERM then KILL at once (as `docker stop
+    /// -t 0`), `NEVER` ("inf") is no KILL at all.
     pub grace: Duration,
     /// Also the targets' descendants (and their job's process group).
     pub tree: bool,
@@ -183,6 +184,37 @@ pub type Progress<'a> = &'a mut dyn FnMut(usize, usize, Option<Duration>);
 /// How long SIGKILLed processes get to disappear before they are reported as survivors
 /// (a process stuck in the driver, in uninterruptible sleep, can outlive SIGKILL).
 const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a job stop with no KILL (`NEVER`) waits for its processes: until they exit.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A grace that never ends: the signal, and never SIGKILL (`grace: "inf"`, `--grace inf`).
+pub const NEVER: Duration = Duration::MAX;
+
+/// A grace in seconds; infinity (what "inf" parses to) is `NEVER`.
+pub fn grace_seconds(v: f64) -> Result<Duration, String> {
+    if v == f64::INFINITY {
+        return Ok(NEVER);
+    }
+    crate::inspect::wait::seconds(v).map_err(|why| format!("{why}, or inf to never send KILL"))
+}
+
+/// A grace on the agent's wire, in milliseconds: `NEVER` is `u64::MAX`.
+pub fn grace_ms(grace: Duration) -> u64 {
+    if grace == NEVER {
+        return u64::MAX;
+    }
+    u64::try_from(grace.as_millis()).unwrap_or(u64::MAX - 1)
+}
+
+/// The grace a wire's milliseconds stand for (`grace_ms` turned back).
+pub fn grace_of_ms(ms: u64) -> Duration {
+    if ms == u64::MAX {
+        NEVER
+    } else {
+        Duration::from_millis(ms)
+    }
+}
 
 /// Parses "TERM", "SIGTERM", "term" or a number.
 pub fn parse_signal(s: &str) -> Option<Signal> {
@@ -601,7 +633,7 @@ fn kill_in(
     // from now on is out of reach.
     let signalled_at = Instant::now();
     let mut victims = Vec::new();
-    let escalates = opts.signal != Signal::SIGKILL && !opts.grace.is_zero();
+    let escalates = opts.signal != Signal::SIGKILL && opts.grace != NEVER;
     for p in pinned {
         let pid = p.info.pid;
         // Issue 11, item 6: a signal the process cannot act on only costs the whole grace.
@@ -646,10 +678,21 @@ fn kill_in(
     // kill() and clean), or cuts the grace short (`KillNow`: stopping a job).
     let first_wait = if victims.iter().all(|v| v.killed) {
         KILL_WAIT
-    } else {
+    } else if opts.grace != NEVER {
         opts.grace
+    } else if opts.on_interrupt == OnInterrupt::KillNow {
+        // A job stopped with no KILL: its processes are waited for until they exit (an
+        // interrupt then sends the KILL), since a job is never left behind.
+        FOREVER
+    } else {
+        // kill() and clean with no KILL: the survivors are reported, and clean waits for
+        // them until its timeout.
+        Duration::ZERO
     };
-    let escalation = escalates.then_some(signalled_at + first_wait);
+    let first_deadline = signalled_at
+        .checked_add(first_wait)
+        .unwrap_or(signalled_at + KILL_WAIT);
+    let escalation = escalates.then_some(first_deadline);
     // SIGKILLs already sent while stopping a job are waited for whatever happens.
     let never = AtomicBool::new(false);
     let first_interrupt: &dyn Interrupt =
@@ -660,12 +703,14 @@ fn kill_in(
         };
     let cut = wait_exits(
         &mut victims,
-        signalled_at + first_wait,
+        first_deadline,
         first_interrupt,
         &mut |left, all| progress(left, all, escalation.map(|t| t - Instant::now().min(t))),
     );
     report.interrupted = cut && opts.on_interrupt == OnInterrupt::StopWaiting;
-    if escalates && !report.interrupted {
+    // A job stop's interrupt means KILL now, even with a grace that never ends.
+    let kill_now = cut && opts.on_interrupt == OnInterrupt::KillNow;
+    if (escalates || kill_now) && !report.interrupted {
         for v in victims.iter_mut().filter(|v| !v.exited && !v.killed) {
             tracing::debug!("kill: grace over, KILL -> pid {}", v.pinned.info.pid);
             v.escalated = send(&v.pinned, Signal::SIGKILL).is_ok();

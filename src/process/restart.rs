@@ -17,6 +17,10 @@ pub struct Restarter {
     /// Known to the kill that found it; a report read back from a script has none.
     #[serde(skip, default = "unknown")]
     pub identity: Identity,
+    /// The holder's identity: while that very process is still exiting, nothing was
+    /// started again.
+    #[serde(skip, default = "unknown")]
+    pub holder_identity: Identity,
 }
 
 fn unknown() -> Identity {
@@ -142,6 +146,7 @@ fn find_with(
             name: parent.comm.clone(),
             holder: child.pid.into(),
             identity: parent.identity(),
+            holder_identity: child.identity(),
         });
     }
     out
@@ -169,16 +174,18 @@ pub fn still_running(mut rs: Vec<Restarter>, within: Duration) -> Vec<Restarter>
 }
 
 /// The restarter among `pid`'s ancestors (a few levels: `bash -c` may run `sh` that runs
-/// python), if one of `restarters` started it.
+/// python), if one of `restarters` started it again: a holder with a new identity. The holder
+/// it stopped, still there (a TERM handler shutting down), is no restart.
 pub fn started_by(pid: i32, restarters: &[Restarter]) -> Option<&Restarter> {
     if restarters.is_empty() {
         return None;
     }
-    let mut p = super::read_stat(pid).ok()?;
+    let holder = super::read_stat(pid).ok()?;
+    let mut p = holder.clone();
     for _ in 0..8 {
         let parent = super::read_stat(p.ppid).ok()?;
         if let Some(r) = restarters.iter().find(|r| r.identity == parent.identity()) {
-            return Some(r);
+            return (r.holder_identity != holder.identity()).then_some(r);
         }
         if parent.pid <= 1 {
             return None;

@@ -461,8 +461,8 @@ pub fn stop_tree(root: Option<Identity>, signal: Signal, grace: Duration) -> Vec
         if targets.is_empty() {
             break;
         }
-        // For a job, no grace means SIGKILL at once (for kill() it means "no escalation").
-        let first = round == 0 && !grace.is_zero();
+        // Later rounds are for what forked during the first one's grace: SIGKILL at once.
+        let first = round == 0;
         // Everything a job started is the job's, whatever it calls itself: the protection
         // of GPU daemons by name is for processes gpuloop did not start (a job's
         // `exec -a nvidia-persistenced` is no daemon).

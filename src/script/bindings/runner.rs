@@ -89,7 +89,7 @@ fn job_opts(func: &'static str, opts: &Map) -> RhaiResult<(JobOpts, bool)> {
         cwd: o.string("cwd")?.map(PathBuf::from),
         env,
         echo: o.bool("echo", d.echo)?,
-        grace: o.secs("grace", Some(d.grace))?.unwrap_or(d.grace),
+        grace: o.grace("grace", d.grace)?,
         keep_children: o.bool("keep_children", false)?,
         sink: None,
     };
@@ -167,7 +167,10 @@ fn stop(h: &JobHandle, opts: &Map) -> RhaiResult<Dynamic> {
             ))
         })?,
     };
-    let grace = o.secs("grace", None)?;
+    let grace = match o.raw("grace") {
+        Some(_) => Some(o.grace("grace", Duration::ZERO)?),
+        None => None,
+    };
     match h.job.stop(signal, grace).map_err(|e| run_err("kill", e))? {
         Some(o) => to_map(&o),
         None => Err(run_err("kill", RunError::Stuck { pid: h.job.pid() })),
@@ -209,7 +212,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["cmd: String | Array", "opts: Map", "Map"],
         "run() with options: timeout (seconds, default none), cwd, env (a map added to the
          environment), echo (default true), grace (seconds between TERM and KILL, default 5;
-         0 means KILL at once), check (default false: when true a failure throws, with the
+         0 means TERM then KILL at once; \"inf\" never KILLs: the stop waits until the tree
+         has exited, and Ctrl-C then KILLs it), check (default false: when true a failure throws, with the
          end of stderr), keep_children (default false: when true, what the job leaves running
          after its main process exits is kept, and still listed in leftovers), host (a host of
          --host: the job runs there under its agent, which stops its whole tree on timeout,
@@ -281,7 +285,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "kill",
         &["job: &mut Job", "opts: Map", "Map"],
         "job.kill() with options: signal (default \"TERM\"), grace (seconds before KILL,
-         default the job's; 0 means KILL at once).",
+         default the job's; 0 means TERM then KILL at once; \"inf\" never KILLs and waits
+         for the tree to exit).",
         |h: &mut JobHandle, opts: Map| stop(h, &opts),
     );
     def(
