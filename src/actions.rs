@@ -1206,8 +1206,16 @@ pub struct CleanReport {
     /// Not in the JSON: read back as clean or not from `clean`.
     #[serde(skip, default = "not_clean")]
     pub outcome: WaitOutcome,
-    /// How long the memory took to come back after the kill (the whole wait).
+    /// The whole wait after the kill, the settle time included.
     pub wait_ms: i64,
+    /// When clean: how long the memory took to come back after the kill. The wait then
+    /// watched for `settle_ms` more (it ends at the first look past that, within one poll),
+    /// so this is `wait_ms - settle_ms`, to one poll interval.
+    #[serde(default)]
+    pub released_ms: Option<i64>,
+    /// How long it was watched after it read clean (`--settle`).
+    #[serde(default)]
+    pub settle_ms: i64,
     /// What diagnose() says of each selected GPU afterwards.
     #[serde(rename = "gpus")]
     pub after: Vec<Diagnosis>,
@@ -1261,8 +1269,11 @@ pub fn clean_watched(
     };
     let wait_ms = waited.elapsed().as_millis() as i64;
     let after = local_diagnoses(s, sel, &Filter::default())?;
+    let settle_ms = wait_opts.settle.as_millis() as i64;
     Ok(CleanReport {
         clean: outcome.is_clean(),
+        released_ms: outcome.is_clean().then(|| (wait_ms - settle_ms).max(0)),
+        settle_ms,
         kill,
         outcome,
         wait_ms,
@@ -1325,9 +1336,16 @@ pub fn merge_clean(parts: Vec<(String, CleanReport)>, dry_run: bool) -> CleanRep
     );
     let outcome = combine(parts.iter().map(|(_, c)| c.outcome.clone()));
     let wait_ms = parts.iter().map(|(_, c)| c.wait_ms).max().unwrap_or(0);
+    let released_ms = parts
+        .iter()
+        .map(|(_, c)| c.released_ms)
+        .try_fold(0, |most, r| r.map(|r| most.max(r)));
+    let settle_ms = parts.iter().map(|(_, c)| c.settle_ms).max().unwrap_or(0);
     CleanReport {
         kill,
         clean: outcome.is_clean(),
+        released_ms: released_ms.filter(|_| outcome.is_clean()),
+        settle_ms,
         outcome,
         wait_ms,
         after: parts.into_iter().flat_map(|(_, c)| c.after).collect(),

@@ -1028,3 +1028,70 @@ fn grace_zero_kills_at_once_and_inf_waits_for_the_same_holder_without_calling_it
     let out = sim.run(&["kill", "--grace", "-1", "1"]).code(2);
     assert!(out.stderr.contains("or inf"), "{}", out.stderr);
 }
+
+/// A TERM-ignoring target was reported twice, the two lines contradicting each other
+/// ("ignored TERM, got KILL after 0.0 s", then "KILL at once … sent KILL at once"); its JSON
+/// `signal` said TERM while it was listed in `killed_at_once`; and `kill --dry-run` said it
+/// would send TERM. Lines, JSON and dry run now agree: KILL, once, with why.
+#[test]
+fn a_term_ignoring_target_is_reported_once_as_killed_at_once_everywhere() {
+    let sim = Sim::new("1x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "64", "--ignore-term"])[0];
+    let dry = sim
+        .run(&["--json", "kill", "--gpu", "0", "--dry-run"])
+        .ok()
+        .json();
+    assert_eq!(dry["targets"][0]["pid"], p, "{dry}");
+    assert_eq!(dry["targets"][0]["signal"], "KILL", "{dry}");
+    let why = dry["killed_at_once"][0]["reason"].as_str().unwrap_or_default();
+    assert!(why.contains("would send KILL at once"), "{dry}");
+    let text = sim.run(&["kill", "--gpu", "0", "--dry-run"]).ok().stdout;
+    assert!(text.contains("would send KILL to:"), "{text}");
+    assert!(!text.contains("would send TERM"), "{text}");
+    assert!(text.contains("ignores TERM (SigIgn)"), "{text}");
+
+    let out = sim.run(&["kill", "--gpu", "0", "--grace", "30"]).ok();
+    let lines: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains(&p.to_string()))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", out.stdout);
+    assert!(
+        lines[0].contains("ignores TERM (SigIgn): sent KILL at once, gone after"),
+        "{}",
+        out.stdout
+    );
+    let p = sim.hold(&["--gpu", "0", "--mib", "64", "--ignore-term"])[0];
+    let r = sim
+        .run(&["--json", "kill", "--gpu", "0", "--grace", "30"])
+        .ok()
+        .json();
+    assert_eq!(r["targets"][0]["pid"], p, "{r}");
+    assert_eq!(r["targets"][0]["signal"], "KILL", "{r}");
+    assert_eq!(r["targets"][0]["ended_by"], "KILL", "{r}");
+    assert_eq!(r["killed_at_once"][0]["pid"], p, "{r}");
+}
+
+/// `clean --settle 2` said "memory back 2.0 s after the kill" when the memory was back at
+/// once: the settle watch was counted as the release. The two are reported apart.
+#[test]
+fn clean_with_settle_reports_the_release_and_the_settle_apart() {
+    let sim = Sim::new("1x8G");
+    sim.hold(&["--gpu", "0", "--mib", "64"]);
+    let r = sim
+        .run(&["--json", "clean", "--gpu", "0", "--settle", "1"])
+        .ok()
+        .json();
+    assert_eq!(r["clean"], true, "{r}");
+    assert_eq!(r["settle_ms"], 1000, "{r}");
+    let (wait, released) = (r["wait_ms"].as_i64().unwrap(), r["released_ms"].as_i64());
+    assert_eq!(released, Some(wait - 1000), "{r}");
+    sim.hold(&["--gpu", "0", "--mib", "64"]);
+    let out = sim.run(&["clean", "--gpu", "0", "--settle", "1"]).ok();
+    assert!(
+        out.stdout.contains("after the kill, still clean 1.0 s later"),
+        "{}",
+        out.stdout
+    );
+}

@@ -550,7 +550,15 @@ fn clean(
                 // Nothing was stopped: there was no kill for the memory to come back after.
                 "clean: nothing to stop".to_string()
             } else if r.clean {
-                format!("clean: memory back {secs:.1} s after the kill")
+                // The release and the settle watch are two times, said apart.
+                let back = r.released_ms.unwrap_or(r.wait_ms) as f64 / 1000.0;
+                match r.settle_ms {
+                    0 => format!("clean: memory back {back:.1} s after the kill"),
+                    settle => format!(
+                        "clean: memory back {back:.1} s after the kill, still clean {:.1} s later",
+                        settle as f64 / 1000.0
+                    ),
+                }
             } else {
                 format!("NOT clean after {secs:.1} s")
             }

@@ -323,6 +323,8 @@ struct Victim {
     escalated: bool,
     /// SIGKILL was sent to it (at once or after the grace).
     killed: bool,
+    /// The signal it got first: the one asked for, or KILL when it could not act on that.
+    first: Signal,
 }
 
 /// Signals every target at once, waits for exits on pidfds, escalates after one shared grace.
@@ -609,21 +611,38 @@ fn kill_in(
         .collect();
     let pinned: Vec<Pinned> = order.iter().filter_map(|&i| pins[i].take()).collect();
 
-    let first = signal_name(opts.signal).to_string();
-    let stopped = |pid: i32, name: String, ended_by: Option<&str>, exit_ms: Option<i64>| Stopped {
-        pid: pid.into(),
-        name,
-        gpus: Vec::new(),
-        signal: first.clone(),
-        ended_by: ended_by.map(str::to_string),
-        exit_ms,
+    let escalates = opts.signal != Signal::SIGKILL && opts.grace != NEVER;
+    // Issue 11, item 6: a signal the process cannot act on only costs the whole grace, so it
+    // gets KILL at once; decided here, so that a dry run says what would really be sent.
+    let futile: Vec<Option<String>> = pinned
+        .iter()
+        .map(|p| escalates.then(|| futile_signal(p, opts.signal)).flatten())
+        .collect();
+    let stopped = |p: &Pinned, sent: Signal, ended_by: Option<&str>, exit_ms: Option<i64>| {
+        Stopped {
+            pid: p.info.pid.into(),
+            name: p.info.comm.clone(),
+            gpus: Vec::new(),
+            signal: signal_name(sent).to_string(),
+            ended_by: ended_by.map(str::to_string),
+            exit_ms,
+        }
+    };
+    let first_of = |why: &Option<String>| match why {
+        Some(_) => Signal::SIGKILL,
+        None => opts.signal,
     };
     if opts.dry_run {
         report.would_signal = pinned.iter().map(|p| p.info.pid.into()).collect();
-        report.targets = pinned
-            .iter()
-            .map(|p| stopped(p.info.pid, p.info.comm.clone(), None, None))
-            .collect();
+        for (p, why) in pinned.iter().zip(&futile) {
+            report.targets.push(stopped(p, first_of(why), None, None));
+            if let Some(why) = why {
+                report.killed_at_once.push(Skipped {
+                    pid: p.info.pid.into(),
+                    reason: format!("{why}: would send KILL at once"),
+                });
+            }
+        }
         report.elapsed_ms = started.elapsed().as_millis() as i64;
         return report;
     }
@@ -633,16 +652,9 @@ fn kill_in(
     // from now on is out of reach.
     let signalled_at = Instant::now();
     let mut victims = Vec::new();
-    let escalates = opts.signal != Signal::SIGKILL && opts.grace != NEVER;
-    for p in pinned {
+    for (p, futile) in pinned.into_iter().zip(futile) {
         let pid = p.info.pid;
-        // Issue 11, item 6: a signal the process cannot act on only costs the whole grace.
-        let futile = escalates.then(|| futile_signal(&p, opts.signal)).flatten();
-        let sig = if futile.is_some() {
-            Signal::SIGKILL
-        } else {
-            opts.signal
-        };
+        let sig = first_of(&futile);
         match send(&p, sig) {
             Ok(()) => {
                 tracing::debug!("kill: {} -> pid {pid}", signal_name(sig));
@@ -650,10 +662,10 @@ fn kill_in(
                 if p.info.state == 'T' && sig != Signal::SIGKILL {
                     let _ = send(&p, Signal::SIGCONT);
                 }
-                if let Some(reason) = futile {
+                if let Some(why) = futile {
                     report.killed_at_once.push(Skipped {
                         pid: pid.into(),
-                        reason,
+                        reason: format!("{why}: sent KILL at once"),
                     });
                 }
                 report.signalled.push(pid.into());
@@ -661,8 +673,9 @@ fn kill_in(
                     pinned: p,
                     exited: false,
                     exit_at: None,
-                    escalated: sig != opts.signal,
+                    escalated: false,
                     killed: sig == Signal::SIGKILL,
+                    first: sig,
                 });
             }
             Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, GONE.into()),
@@ -748,15 +761,14 @@ fn kill_in(
         let ended_by = match (v.exited, v.escalated) {
             (false, _) => None,
             (true, true) => Some("KILL"),
-            (true, false) => Some(first.as_str()),
+            (true, false) => Some(signal_name(v.first)),
         };
         let exit_ms = v
             .exit_at
             .map(|t| t.saturating_duration_since(signalled_at).as_millis() as i64);
-        let name = v.pinned.info.comm.clone();
         report
             .targets
-            .push(stopped(v.pinned.info.pid, name, ended_by, exit_ms));
+            .push(stopped(&v.pinned, v.first, ended_by, exit_ms));
     }
     // A parent that only waited for its holder exits with it; the ones still running after
     // their holder ended are those that may start it again.
@@ -793,7 +805,7 @@ fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
     let name = signal_name(sig);
     if mask("SigIgn:").is_some_and(|m| m & bit != 0) {
         return Some(format!(
-            "pid {pid} ignores {name} (SigIgn): sent KILL at once"
+            "pid {pid} ignores {name} (SigIgn)"
         ));
     }
     let ns_init = field("NSpid:").is_some_and(|v| {
@@ -802,7 +814,7 @@ fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
     });
     if ns_init && mask("SigCgt:").is_some_and(|m| m & bit == 0) {
         return Some(format!(
-            "pid {pid} is the init of its own PID namespace and has no {name} handler (SigCgt), so the kernel drops {name}: sent KILL at once"
+            "pid {pid} is the init of its own PID namespace and has no {name} handler (SigCgt), so the kernel drops {name}"
         ));
     }
     None
