@@ -423,7 +423,7 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
     for k in r
         .killed_at_once
         .iter()
-        .filter(|k| !r.targets.iter().any(|t| t.pid == k.pid))
+        .filter(|k| !r.dry_run && !r.targets.iter().any(|t| t.pid == k.pid))
     {
         out.push(format!("KILL at once {}: {}", k.pid, k.reason));
     }

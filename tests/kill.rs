@@ -265,7 +265,7 @@ fn reports_say_which_signal_ended_each_process_and_when_memory_came_back() {
     let out = sim.run(&["clean", "--grace", "0.5"]).ok();
     assert!(
         out.stdout.contains(&format!(
-            "{stubborn} (trainer) on GPU 0 ignored TERM, got KILL after"
+            "{stubborn} (trainer) on GPU 0 ignores TERM (SigIgn): sent KILL at once, gone after"
         )) && out
             .stdout
             .contains(&format!("{polite} (python3) on GPU 1 exited on TERM after")),
@@ -1043,7 +1043,9 @@ fn a_term_ignoring_target_is_reported_once_as_killed_at_once_everywhere() {
         .json();
     assert_eq!(dry["targets"][0]["pid"], p, "{dry}");
     assert_eq!(dry["targets"][0]["signal"], "KILL", "{dry}");
-    let why = dry["killed_at_once"][0]["reason"].as_str().unwrap_or_default();
+    let why = dry["killed_at_once"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
     assert!(why.contains("would send KILL at once"), "{dry}");
     let text = sim.run(&["kill", "--gpu", "0", "--dry-run"]).ok().stdout;
     assert!(text.contains("would send KILL to:"), "{text}");
@@ -1090,7 +1092,8 @@ fn clean_with_settle_reports_the_release_and_the_settle_apart() {
     sim.hold(&["--gpu", "0", "--mib", "64"]);
     let out = sim.run(&["clean", "--gpu", "0", "--settle", "1"]).ok();
     assert!(
-        out.stdout.contains("after the kill, still clean 1.0 s later"),
+        out.stdout
+            .contains("after the kill, still clean 1.0 s later"),
         "{}",
         out.stdout
     );

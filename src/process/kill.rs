@@ -618,16 +618,15 @@ fn kill_in(
         .iter()
         .map(|p| escalates.then(|| futile_signal(p, opts.signal)).flatten())
         .collect();
-    let stopped = |p: &Pinned, sent: Signal, ended_by: Option<&str>, exit_ms: Option<i64>| {
-        Stopped {
+    let stopped =
+        |p: &Pinned, sent: Signal, ended_by: Option<&str>, exit_ms: Option<i64>| Stopped {
             pid: p.info.pid.into(),
             name: p.info.comm.clone(),
             gpus: Vec::new(),
             signal: signal_name(sent).to_string(),
             ended_by: ended_by.map(str::to_string),
             exit_ms,
-        }
-    };
+        };
     let first_of = |why: &Option<String>| match why {
         Some(_) => Signal::SIGKILL,
         None => opts.signal,
@@ -804,9 +803,7 @@ fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
     let bit = 1u64 << (sig as i32 - 1);
     let name = signal_name(sig);
     if mask("SigIgn:").is_some_and(|m| m & bit != 0) {
-        return Some(format!(
-            "pid {pid} ignores {name} (SigIgn)"
-        ));
+        return Some(format!("pid {pid} ignores {name} (SigIgn)"));
     }
     let ns_init = field("NSpid:").is_some_and(|v| {
         let ids: Vec<&str> = v.split_whitespace().collect();
