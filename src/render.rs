@@ -228,7 +228,7 @@ fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) ->
         Cell::new(h.pid),
         Cell::new(parent(h)),
         Cell::new(&h.user),
-        Cell::new(&h.name),
+        Cell::new(crate::process::display_name(&h.name, &h.cmdline)),
         Cell::new(join(&h.gpus)),
         Cell::new(h.mem_mib),
         colored(h.state.clone(), state_color(&h.state), style),
@@ -251,7 +251,12 @@ fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) ->
 /// "4242 torchrun", a systemd unit's main process "1 systemd [vllm.service]", and an orphan
 /// "1 init (reparented)".
 fn parent(h: &Holder) -> String {
-    let mut s = format!("{} {}", h.ppid, h.origin.ppid_comm);
+    // Read back from an older agent, a holder map has the parent's comm only.
+    let name = match h.origin.ppid_name.as_str() {
+        "" => &h.origin.ppid_comm,
+        name => name,
+    };
+    let mut s = format!("{} {name}", h.ppid);
     if h.origin.service_main {
         if let Some(unit) = &h.origin.service {
             s.push_str(&format!(" [{unit}]"));

@@ -1098,3 +1098,70 @@ fn clean_with_settle_reports_the_release_and_the_settle_apart() {
         out.stdout
     );
 }
+
+/// Reads the first line a process prints (a holder's pid), and remembers that pid.
+fn first_line_pid(sim: &Sim, mut c: std::process::Command) -> i32 {
+    use std::io::BufRead;
+    c.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().expect("spawn");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("a pid");
+    let pid = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
+    sim.adopt(pid);
+    pid
+}
+
+/// vLLM names its processes `VLLM::EngineCore`, which the kernel keeps as `VLLM::EngineCor`;
+/// real torchrun's agent is `pt_elastic`, and restarts the workers it starts. Tables and
+/// reports showed the cut names, the PARENT column said `pt_elastic`, and diagnose of a
+/// worker only advised `kill --gpu N`, which the agent answers with a new worker.
+#[test]
+fn cut_names_are_shown_whole_and_a_torchrun_agent_is_named_for_what_it_does() {
+    let sim = Sim::new("2x8G");
+    let engine = first_line_pid(
+        &sim,
+        sim.wrapped(&[
+            "setsid",
+            "bash",
+            "-c",
+            r#"exec -a VLLM::EngineCore "$1" sim hold --foreground --name VLLM::EngineCore --gpu 0 --mib 64"#,
+            "bash",
+        ]),
+    );
+    let agent = r#"import ctypes, subprocess, sys
+ctypes.CDLL(None).prctl(15, b"pt_elastic")
+p = subprocess.Popen([sys.argv[1], "sim", "hold", "--foreground", "--gpu", "1", "--mib", "64"], stdout=subprocess.PIPE)
+print(p.stdout.readline().decode().strip(), flush=True)
+p.wait()"#;
+    let worker = first_line_pid(&sim, sim.wrapped(&["setsid", "python3", "-c", agent]));
+    let table = sim.run(&["holders"]).ok().stdout;
+    let row = |pid: i32| {
+        table
+            .lines()
+            .find(|l| l.trim_start().starts_with(&pid.to_string()))
+            .unwrap_or_else(|| panic!("no row for {pid}: {table}"))
+            .to_string()
+    };
+    assert!(row(engine).contains("VLLM::EngineCore"), "{table}");
+    assert!(
+        row(worker).contains("torchrun agent (restarts its workers)"),
+        "{table}"
+    );
+    let d = sim.run(&["--json", "diagnose", "--gpu", "1"]).json();
+    let advice = d[0]["advice"].as_str().unwrap_or_default();
+    assert!(advice.contains("torchrun agent"), "{d}");
+    assert!(advice.contains("--parents"), "{d}");
+    let out = sim.run(&["kill", "--gpu", "0"]).ok();
+    assert!(
+        out.stdout
+            .contains(&format!("{engine} (VLLM::EngineCore) on GPU 0")),
+        "{}",
+        out.stdout
+    );
+    sim.run(&["clean", "--gpu", "1", "--parents"]).ok();
+    assert!(gone_within(worker, 10));
+}

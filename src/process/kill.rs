@@ -325,6 +325,8 @@ struct Victim {
     killed: bool,
     /// The signal it got first: the one asked for, or KILL when it could not act on that.
     first: Signal,
+    /// Its name as a person is shown it, read before it was signalled.
+    name: String,
 }
 
 /// Signals every target at once, waits for exits on pidfds, escalates after one shared grace.
@@ -618,14 +620,18 @@ fn kill_in(
         .iter()
         .map(|p| escalates.then(|| futile_signal(p, opts.signal)).flatten())
         .collect();
+    // Names are read before any signal: a process that has exited has no command line.
+    let name = |p: &Pinned| super::display_name(&p.info.comm, &p.dir.cmdline());
     let stopped =
-        |p: &Pinned, sent: Signal, ended_by: Option<&str>, exit_ms: Option<i64>| Stopped {
-            pid: p.info.pid.into(),
-            name: p.info.comm.clone(),
-            gpus: Vec::new(),
-            signal: signal_name(sent).to_string(),
-            ended_by: ended_by.map(str::to_string),
-            exit_ms,
+        |p: &Pinned, name: String, sent: Signal, ended_by: Option<&str>, exit_ms: Option<i64>| {
+            Stopped {
+                pid: p.info.pid.into(),
+                name,
+                gpus: Vec::new(),
+                signal: signal_name(sent).to_string(),
+                ended_by: ended_by.map(str::to_string),
+                exit_ms,
+            }
         };
     let first_of = |why: &Option<String>| match why {
         Some(_) => Signal::SIGKILL,
@@ -634,7 +640,9 @@ fn kill_in(
     if opts.dry_run {
         report.would_signal = pinned.iter().map(|p| p.info.pid.into()).collect();
         for (p, why) in pinned.iter().zip(&futile) {
-            report.targets.push(stopped(p, first_of(why), None, None));
+            report
+                .targets
+                .push(stopped(p, name(p), first_of(why), None, None));
             if let Some(why) = why {
                 report.killed_at_once.push(Skipped {
                     pid: p.info.pid.into(),
@@ -654,6 +662,7 @@ fn kill_in(
     for (p, futile) in pinned.into_iter().zip(futile) {
         let pid = p.info.pid;
         let sig = first_of(&futile);
+        let shown = name(&p);
         match send(&p, sig) {
             Ok(()) => {
                 tracing::debug!("kill: {} -> pid {pid}", signal_name(sig));
@@ -675,6 +684,7 @@ fn kill_in(
                     escalated: false,
                     killed: sig == Signal::SIGKILL,
                     first: sig,
+                    name: shown,
                 });
             }
             Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, GONE.into()),
@@ -765,9 +775,13 @@ fn kill_in(
         let exit_ms = v
             .exit_at
             .map(|t| t.saturating_duration_since(signalled_at).as_millis() as i64);
-        report
-            .targets
-            .push(stopped(&v.pinned, v.first, ended_by, exit_ms));
+        report.targets.push(stopped(
+            &v.pinned,
+            v.name.clone(),
+            v.first,
+            ended_by,
+            exit_ms,
+        ));
     }
     // A parent that only waited for its holder exits with it; the ones still running after
     // their holder ended are those that may start it again.

@@ -199,6 +199,23 @@ pub fn user_name(uid: u32) -> String {
     name
 }
 
+/// The name to show a person for a process: a known restarter by what it is ("torchrun agent
+/// (restarts its workers)"); where the kernel cut the comm to 15 bytes (`VLLM::EngineCor`,
+/// `nvidia-persiste`), the full name from the command line: argv[0]'s base name, or the
+/// process title the program set; otherwise its comm.
+pub fn display_name(comm: &str, cmdline: &str) -> String {
+    if let Some(known) = restart::known(comm) {
+        return known.to_string();
+    }
+    let first = cmdline.split(' ').next().unwrap_or("");
+    let base = first.rsplit('/').next().unwrap_or(first);
+    if comm.len() == 15 && base.len() > comm.len() && base.starts_with(comm) {
+        base.to_string()
+    } else {
+        comm.to_string()
+    }
+}
+
 /// The command line with NULs as spaces; empty for kernel threads and the unreadable.
 pub fn cmdline(pid: i32) -> String {
     let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
@@ -322,6 +339,31 @@ mod tests {
             ('S', 1, 4242, 4242, 4194560, 987654)
         );
         assert!(!p.is_kernel_thread());
+    }
+
+    #[test]
+    fn names_cut_by_the_kernel_are_shown_whole() {
+        assert_eq!(
+            display_name("VLLM::EngineCor", "VLLM::EngineCore"),
+            "VLLM::EngineCore"
+        );
+        assert_eq!(
+            display_name("nvidia-persiste", "/usr/bin/nvidia-persistenced --verbose"),
+            "nvidia-persistenced"
+        );
+        // A comm not cut, or a command line that is not the same name, stays the comm.
+        assert_eq!(
+            display_name("python3", "/usr/bin/python3.12 x.py"),
+            "python3"
+        );
+        assert_eq!(
+            display_name("pt_main_thread1", "python3 train.py"),
+            "pt_main_thread1"
+        );
+        assert_eq!(
+            display_name("pt_elastic", "/usr/bin/python3 /usr/bin/torchrun train.py"),
+            "torchrun agent (restarts its workers)"
+        );
     }
 
     #[test]

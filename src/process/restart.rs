@@ -45,6 +45,37 @@ impl Restarter {
     }
 }
 
+/// Parents known by name to restart the workers they start, and what to call them: real
+/// torchrun's elastic agent names itself `pt_elastic` (and runs as `torchrun`), starts its
+/// workers in sessions of their own and starts them again (`--max-restarts`).
+const KNOWN: &[(&str, &str)] = &[("pt_elastic", TORCHRUN_AGENT), ("torchrun", TORCHRUN_AGENT)];
+
+const TORCHRUN_AGENT: &str = "torchrun agent (restarts its workers)";
+
+/// What a process with this comm is, if it is a known restarter.
+pub fn known(comm: &str) -> Option<&'static str> {
+    KNOWN
+        .iter()
+        .find(|(c, _)| *c == comm)
+        .map(|(_, what)| *what)
+}
+
+/// Advice for holders whose parent is a known restarter, from what a holder map says of its
+/// parent (`pid`, `ppid`, the parent's comm): stopping such a worker alone only gets it
+/// started again, so the restarter goes with it (`parents` is the command that does that).
+pub fn advice<'a>(
+    holders: impl IntoIterator<Item = (i64, i64, &'a str)>,
+    parents: &str,
+) -> Option<String> {
+    let (pid, ppid, what) = holders
+        .into_iter()
+        .find_map(|(pid, ppid, comm)| Some((pid, ppid, known(comm)?)))?;
+    Some(format!(
+        "the parent of {pid}, pid {ppid}, is a {what}: stopping the worker alone only gets it started again; stop the {} with it ({parents})",
+        what.split(" (").next().unwrap_or(what)
+    ))
+}
+
 /// Shells, whose login or interactive instances start things by hand and restart nothing.
 const SHELLS: &[&str] = &["bash", "sh", "dash", "zsh", "fish", "ksh", "tcsh", "csh"];
 
@@ -143,7 +174,7 @@ fn find_with(
         }
         out.push(Restarter {
             pid: parent.pid.into(),
-            name: parent.comm.clone(),
+            name: super::display_name(&parent.comm, &cmdline(parent.pid)),
             holder: child.pid.into(),
             identity: parent.identity(),
             holder_identity: child.identity(),
