@@ -345,9 +345,13 @@ fn me() -> Me {
 /// transports, scontrol, nvidia-smi) is registered by identity as it starts
 /// (`process::helpers`). Any other child was reparented to gpuloop, the subreaper, from a
 /// job, whatever process group it put itself in: a job can join gpuloop's own group and
-/// double-fork, and what it forked is still the job's.
+/// double-fork, and what it forked is still the job's. Without the subreaper (a library
+/// user, a unit test) nothing is reparented to gpuloop, so every child is its own.
 fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
-    p.ppid == me.pid && !helpers::is_helper(p) && !st.live.iter().any(|l| l.id.pid == p.pid)
+    SUBREAPER.load(Ordering::SeqCst)
+        && p.ppid == me.pid
+        && !helpers::is_helper(p)
+        && !st.live.iter().any(|l| l.id.pid == p.pid)
 }
 
 /// Records the processes below each live job, so orphans can later be told apart by job;
