@@ -1289,8 +1289,10 @@ pub fn clean_per_host(
     wait_opts: &WaitOpts,
 ) -> Result<PerHost<CleanReport>, GpuError> {
     let wire = wire_kill_opts(kill_opts);
-    let deadline = wait_deadline(s, wait_opts)
-        .map(|d| d.saturating_add(kill_opts.grace) + Duration::from_secs(10));
+    let deadline = wait_deadline(s, wait_opts).and_then(|d| {
+        d.checked_add(kill_opts.grace)?
+            .checked_add(Duration::from_secs(10))
+    });
     let mut parts = fan(
         s,
         &sel.into(),
@@ -1695,7 +1697,8 @@ impl RemoteJob {
         pool.call(
             &self.host,
             call,
-            Some(takes + pool.config.call_timeout),
+            // A stop that never KILLs (`grace: "inf"`) waits for the tree: no deadline.
+            takes.checked_add(pool.config.call_timeout),
             interrupted,
         )
         .map_err(|e| remote_run_err(&self.host, e))
