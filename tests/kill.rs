@@ -939,23 +939,13 @@ fn kill_of_a_pid_that_is_no_process_exits_1_and_says_so() {
 /// A TERM-catching holder (it carries on) under a script shell that could restart it,
 /// started as `sim hold --foreground` below `bash -c`: returns (holder, parent).
 fn term_catcher_under_a_shell(sim: &Sim) -> (i32, i32) {
-    use std::io::BufRead;
     let script = r#"echo $$ > "$D/parent"
         "$1" sim hold --foreground --catch-term --gpu 0 --mib 64 &
         wait
         exec sleep 1000"#;
     let mut c = sim.wrapped(&["setsid", "bash", "-c", script, "bash"]);
-    c.env("D", sim.path())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut child = c.spawn().expect("setsid bash");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("holder pid");
-    let holder: i32 = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
-    sim.adopt(holder);
+    c.env("D", sim.path());
+    let holder = started_pid(sim, c);
     let parent: i32 = std::fs::read_to_string(sim.path().join("parent"))
         .expect("parent")
         .trim()
@@ -1099,22 +1089,6 @@ fn clean_with_settle_reports_the_release_and_the_settle_apart() {
     );
 }
 
-/// Reads the first line a process prints (a holder's pid), and remembers that pid.
-fn first_line_pid(sim: &Sim, mut c: std::process::Command) -> i32 {
-    use std::io::BufRead;
-    c.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut child = c.spawn().expect("spawn");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("a pid");
-    let pid = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
-    sim.adopt(pid);
-    pid
-}
-
 /// vLLM names its processes `VLLM::EngineCore`, which the kernel keeps as `VLLM::EngineCor`;
 /// real torchrun's agent is `pt_elastic`, and restarts the workers it starts. Tables and
 /// reports showed the cut names, the PARENT column said `pt_elastic`, and diagnose of a
@@ -1122,7 +1096,7 @@ fn first_line_pid(sim: &Sim, mut c: std::process::Command) -> i32 {
 #[test]
 fn cut_names_are_shown_whole_and_a_torchrun_agent_is_named_for_what_it_does() {
     let sim = Sim::new("2x8G");
-    let engine = first_line_pid(
+    let engine = started_pid(
         &sim,
         sim.wrapped(&[
             "setsid",
@@ -1137,7 +1111,7 @@ ctypes.CDLL(None).prctl(15, b"pt_elastic")
 p = subprocess.Popen([sys.argv[1], "sim", "hold", "--foreground", "--gpu", "1", "--mib", "64"], stdout=subprocess.PIPE)
 print(p.stdout.readline().decode().strip(), flush=True)
 p.wait()"#;
-    let worker = first_line_pid(&sim, sim.wrapped(&["setsid", "python3", "-c", agent]));
+    let worker = started_pid(&sim, sim.wrapped(&["setsid", "python3", "-c", agent]));
     let table = sim.run(&["holders"]).ok().stdout;
     let row = |pid: i32| {
         table

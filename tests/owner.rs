@@ -5,10 +5,8 @@
 
 use crate::ssh::Cluster;
 use crate::support::*;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Stdio;
 
 const AS_NOBODY: &str = "setpriv --reuid=65534 --regid=65534 --clear-groups";
 
@@ -37,18 +35,8 @@ fn pid_in(path: &Path) -> i32 {
 /// directory) and returns the pid of the holder it starts, as `sim hold --foreground` prints it.
 fn start(sim: &Sim, script: &str) -> i32 {
     let mut c = sim.wrapped(&["setsid", "bash", "-c", script, "bash"]);
-    c.env("D", sim.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = c.spawn().expect("setsid bash");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("holder pid");
-    let pid = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
-    sim.adopt(pid);
-    pid
+    c.env("D", sim.path());
+    started_pid(sim, c)
 }
 
 /// A root holder leading its group, with a child and a group member (double-forked away from
