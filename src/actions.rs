@@ -1253,6 +1253,11 @@ pub fn clean_watched(
     // Like diagnose and wait: with --user, --mine or --job, the GPUs verified are those the
     // filtered holders use (what else holds them is reported, and keeps them not clean).
     let sel = &narrowed(&inventory(s, sel)?, sel, &filter.resolve()?);
+    // With no KILL ever, the wait below is the one that waits for them, until its timeout.
+    let kill_opts = &KillOpts {
+        wait_forever: false,
+        ..kill_opts.clone()
+    };
     let kill = kill_holders_watched(s, sel, filter, kill_opts, w)?;
     let waited = std::time::Instant::now();
     let mut wait_opts = wait_opts.clone();

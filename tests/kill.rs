@@ -1000,13 +1000,15 @@ fn grace_zero_kills_at_once_and_inf_waits_for_the_same_holder_without_calling_it
     assert!(gone_within(holder, 10));
     assert!(alive(parent), "the parent was signalled: {r}");
 
-    // The same in a script, and for a job: 0 KILLs at once, "inf" never does.
+    // The same in a script, and for a job: 0 KILLs at once, "inf" never does and waits for
+    // the exit.
     let (holder, _) = term_catcher_under_a_shell(&sim);
-    let r = sim.eval_json(&format!("kill({holder}, #{{grace: \"inf\"}})"));
-    assert_eq!(r["survivors"], serde_json::json!([holder]), "{r}");
-    assert!(alive(holder));
     let r = sim.eval_json(&format!("kill({holder}, #{{grace: 0}})"));
     assert_eq!(r["targets"][0]["ended_by"], "KILL", "{r}");
+    let p = sim.hold(&["--gpu", "0", "--mib", "8"])[0];
+    let r = sim.eval_json(&format!("kill({p}, #{{grace: \"inf\"}})"));
+    assert_eq!(r["exited"], serde_json::json!([p]), "{r}");
+    assert_eq!(r["targets"][0]["ended_by"], "TERM", "{r}");
     let r = sim.eval_json(
         r#"let job = "trap 'sleep 0.2; exit 7' TERM; sleep 1000 & wait";
            let inf = run(job, #{echo: false, timeout: 0.5, grace: "inf"});

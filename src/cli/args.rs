@@ -360,7 +360,7 @@ pub struct KillFlags {
     #[arg(long, default_value = "TERM")]
     pub signal: String,
     /// Seconds before survivors get SIGKILL (0: KILL at once, as docker stop -t 0; inf: never
-    /// KILL, clean waits for them until --timeout).
+    /// KILL: kill waits for them to exit, clean until --timeout).
     #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub grace: f64,
     /// Say what would be signalled, signal nothing.

@@ -47,6 +47,10 @@ pub struct KillOpts {
     pub parents: bool,
     /// What an interrupt during the grace does.
     pub on_interrupt: OnInterrupt,
+    /// With a grace that never ends (`NEVER`): wait for the exits here, until they happen or
+    /// an interrupt (kill()); false leaves the waiting to the caller (clean waits until its
+    /// timeout).
+    pub wait_forever: bool,
     /// The one user whose processes may be signalled (`--user`, `--mine`): targets, their
     /// trees, their groups and their parents alike. Anyone else's is left alone, and said.
     pub owner: Option<Owner>,
@@ -86,6 +90,7 @@ impl Default for KillOpts {
             force: false,
             parents: false,
             on_interrupt: OnInterrupt::StopWaiting,
+            wait_forever: true,
             owner: None,
         }
     }
@@ -702,13 +707,13 @@ fn kill_in(
         KILL_WAIT
     } else if opts.grace != NEVER {
         opts.grace
-    } else if opts.on_interrupt == OnInterrupt::KillNow {
-        // A job stopped with no KILL: its processes are waited for until they exit (an
-        // interrupt then sends the KILL), since a job is never left behind.
+    } else if opts.on_interrupt == OnInterrupt::KillNow || opts.wait_forever {
+        // No KILL: the processes are waited for until they exit, or an interrupt (which, for
+        // a job, sends the KILL: a job is never left behind).
         FOREVER
     } else {
-        // kill() and clean with no KILL: the survivors are reported, and clean waits for
-        // them until its timeout.
+        // clean with no KILL: the survivors are reported, and clean waits for them until
+        // its timeout.
         Duration::ZERO
     };
     let first_deadline = signalled_at

@@ -163,7 +163,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["target: i64 | Map | Array", "opts: Map", "Map"],
         "kill() with options: signal (\"TERM\" default, any name like \"INT\", \"KILL\"),
          grace (seconds before SIGKILL, default 5; 0 = TERM then KILL at once, as docker stop
-         -t 0; \"inf\" = never KILL: the survivors are reported), tree (default true:
+         -t 0; \"inf\" = never KILL: it waits for them to exit, Ctrl-C stops the waiting),
+         tree (default true:
          descendants too), dry_run (report, signal nothing), force (allow protected daemons),
          parents (default false: also stop the targets' restarters, under the same identity and
          protection rules; never init, a login shell, nor a job step's or container's manager
