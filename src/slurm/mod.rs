@@ -195,6 +195,8 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
     let kill_opts = KillOpts {
         grace: opts.grace,
         dry_run: opts.dry_run,
+        // With --grace inf, what is still exiting is waited for below, until --timeout.
+        wait_forever: false,
         ..KillOpts::default()
     };
     for h in &targets {
