@@ -619,7 +619,7 @@ fn kill_in(
     let pinned: Vec<Pinned> = order.iter().filter_map(|&i| pins[i].take()).collect();
 
     let escalates = opts.signal != Signal::SIGKILL && opts.grace != NEVER;
-    // Issue 11, item 6: a signal the process cannot act on only costs the whole grace, so it
+    // A signal the process cannot act on only costs the whole grace, so it
     // gets KILL at once; decided here, so that a dry run says what would really be sent.
     let futile: Vec<Option<String>> = pinned
         .iter()
