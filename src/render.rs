@@ -228,7 +228,7 @@ fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) ->
         Cell::new(h.pid),
         Cell::new(parent(h)),
         Cell::new(&h.user),
-        Cell::new(&h.name),
+        Cell::new(crate::process::display_name(&h.name, &h.cmdline)),
         Cell::new(join(&h.gpus)),
         Cell::new(h.mem_mib),
         colored(h.state.clone(), state_color(&h.state), style),
@@ -251,7 +251,12 @@ fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) ->
 /// "4242 torchrun", a systemd unit's main process "1 systemd [vllm.service]", and an orphan
 /// "1 init (reparented)".
 fn parent(h: &Holder) -> String {
-    let mut s = format!("{} {}", h.ppid, h.origin.ppid_comm);
+    // Read back from an older agent, a holder map has the parent's comm only.
+    let name = match h.origin.ppid_name.as_str() {
+        "" => &h.origin.ppid_comm,
+        name => name,
+    };
+    let mut s = format!("{} {name}", h.ppid);
     if h.origin.service_main {
         if let Some(unit) = &h.origin.service {
             s.push_str(&format!(" [{unit}]"));
@@ -359,19 +364,39 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
         g => format!(" on GPU {}", join(g)),
     };
     let secs = |ms: Option<i64>| format!("{:.1} s", ms.unwrap_or(0) as f64 / 1000.0);
+    // A target that could not act on the signal asked for got KILL at once: said once, on
+    // its own line, with why ("ignores TERM (SigIgn): sent KILL at once").
+    let at_once = |pid: i64| {
+        r.killed_at_once
+            .iter()
+            .find(|k| k.pid == pid)
+            .map(|k| k.reason.trim_start_matches(&format!("pid {pid} ")))
+    };
     if r.dry_run {
-        match r.targets.first() {
-            None => out.push("would signal: none".to_string()),
-            Some(t) => out.push(format!("would send {} to:", t.signal)),
+        if r.targets.is_empty() {
+            out.push("would signal: none".to_string());
         }
+        let mut header = None;
         for t in &r.targets {
-            out.push(format!("  {} ({}){}", t.pid, t.name, on(&t.gpus)));
+            if header != Some(&t.signal) {
+                out.push(format!("would send {} to:", t.signal));
+                header = Some(&t.signal);
+            }
+            let why = at_once(t.pid).map_or(String::new(), |w| format!(": {w}"));
+            out.push(format!("  {} ({}){}{why}", t.pid, t.name, on(&t.gpus)));
         }
     } else if r.targets.is_empty() {
         out.push("signalled: none".to_string());
     }
     for t in r.targets.iter().filter(|_| !r.dry_run) {
         let who = format!("{} ({}){}", t.pid, t.name, on(&t.gpus));
+        if let Some(why) = at_once(t.pid) {
+            out.push(match t.exit_ms {
+                Some(_) => format!("{who} {why}, gone after {}", secs(t.exit_ms)),
+                None => style.red(&format!("{who} {why}, still running")),
+            });
+            continue;
+        }
         out.push(match t.ended_by.as_deref() {
             Some(sig) if sig == t.signal => {
                 style.green(&format!("{who} exited on {sig} after {}", secs(t.exit_ms)))
@@ -400,7 +425,11 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
             "interrupted during the grace; still running, not KILLed: {left}"
         )));
     }
-    for k in r.killed_at_once.iter().filter(|_| !r.dry_run) {
+    for k in r
+        .killed_at_once
+        .iter()
+        .filter(|k| !r.dry_run && !r.targets.iter().any(|t| t.pid == k.pid))
+    {
         out.push(format!("KILL at once {}: {}", k.pid, k.reason));
     }
     for s in r.stuck.iter().filter(|_| !r.dry_run) {

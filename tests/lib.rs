@@ -17,6 +17,7 @@ mod journal;
 mod kill;
 mod mcp;
 mod modules;
+mod owner;
 mod patch;
 mod recipes;
 mod render;

@@ -174,6 +174,7 @@ fn kill_report() -> KillReport {
             name: "bash".into(),
             holder: 4242,
             identity: gpuloop::process::Identity::new(4200, 1),
+            holder_identity: gpuloop::process::Identity::new(4242, 2),
         }],
         by_host: Default::default(),
     }

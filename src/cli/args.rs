@@ -424,7 +424,7 @@ pub struct HookFlags {
     /// Seconds to wait for the memory to be released before draining.
     #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
     pub timeout: f64,
-    /// Seconds between SIGTERM and SIGKILL.
+    /// Seconds between SIGTERM and SIGKILL (0: KILL at once; inf: never KILL).
     #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub grace: f64,
     /// Say what would be stopped and drained; stop and drain nothing.
@@ -437,7 +437,8 @@ pub struct KillFlags {
     /// Signal to send first.
     #[arg(long, default_value = "TERM")]
     pub signal: String,
-    /// Seconds before survivors get SIGKILL (0: no escalation).
+    /// Seconds before survivors get SIGKILL (0: KILL at once, as docker stop -t 0; inf: never
+    /// KILL: kill waits for them to exit, clean until --timeout).
     #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub grace: f64,
     /// Say what would be signalled, signal nothing.

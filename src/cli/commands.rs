@@ -12,7 +12,7 @@ use crate::inspect::diagnose::Demand;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, User};
-use crate::process::kill::{parse_signal, KillOpts, KillReport, Target};
+use crate::process::kill::{self, parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
 use crate::session::Session;
@@ -358,7 +358,7 @@ fn owner_filter(s: &Session, owner: &Owner) -> Result<Filter, Error> {
 fn hook(cfg: &Config, which: Hook, h: &HookFlags) -> Result<i32, Error> {
     let opts = HookOpts {
         timeout: seconds(h.timeout, "--timeout")?,
-        grace: seconds(h.grace, "--grace")?,
+        grace: grace(h.grace)?,
         dry_run: h.dry_run,
     };
     let env = JobEnv::from(|k| std::env::var(k).ok())?;
@@ -414,6 +414,11 @@ fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
     crate::inspect::wait::seconds(v).map_err(|why| Error::Usage(format!("{what} {why}")))
 }
 
+/// `--grace SECS`, or `--grace inf` for never sending KILL.
+fn grace(v: f64) -> Result<Duration, Error> {
+    kill::grace_seconds(v).map_err(|why| Error::Usage(format!("--grace {why}")))
+}
+
 fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
     Ok(KillOpts {
         signal: parse_signal(&k.signal).ok_or_else(|| {
@@ -422,13 +427,12 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
                 k.signal
             ))
         })?,
-        grace: seconds(k.grace, "--grace")?,
+        grace: grace(k.grace)?,
         tree: true,
         dry_run: k.dry_run,
         force: k.force,
         parents: k.parents,
-        on_interrupt: Default::default(),
-        why: Default::default(),
+        ..KillOpts::default()
     })
 }
 
@@ -494,7 +498,19 @@ fn kill_pids(cfg: &Config, pids: &[i64], opts: &KillOpts) -> Result<i32, Error> 
         targets.push((None, Target::Pid(pid)));
     }
     let report = actions::kill_routed(&cfg.session, &targets, opts)?;
-    kill_done(cfg, &report)
+    let code = kill_done(cfg, &report)?;
+    // As kill(1): a pid named that is no process is a failure, not a quiet success.
+    let missing: Vec<String> = report
+        .skipped
+        .iter()
+        .filter(|s| s.reason == kill::GONE && pids.contains(&s.pid))
+        .map(|s| s.pid.to_string())
+        .collect();
+    if missing.is_empty() {
+        return Ok(code);
+    }
+    crate::errln!("gpuloop: kill: no such process: {}", missing.join(", "));
+    Ok(code.max(1))
 }
 
 fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
@@ -561,7 +577,15 @@ fn clean(
                 // Nothing was stopped: there was no kill for the memory to come back after.
                 "clean: nothing to stop".to_string()
             } else if r.clean {
-                format!("clean: memory back {secs:.1} s after the kill")
+                // The release and the settle watch are two times, said apart.
+                let back = r.released_ms.unwrap_or(r.wait_ms) as f64 / 1000.0;
+                match r.settle_ms {
+                    0 => format!("clean: memory back {back:.1} s after the kill"),
+                    settle => format!(
+                        "clean: memory back {back:.1} s after the kill, still clean {:.1} s later",
+                        settle as f64 / 1000.0
+                    ),
+                }
             } else {
                 format!("NOT clean after {secs:.1} s")
             }
@@ -711,7 +735,7 @@ fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error>
     };
     let (file, src, dir) = read_script(script)?;
     // Whatever the script started (run/spawn) is stopped when this goes out of scope.
-    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
     let engine = build_engine(
         session,
@@ -726,7 +750,7 @@ fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error>
 }
 
 fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
-    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
     let dir = std::env::current_dir().ok();
     let engine = build_engine(

@@ -480,15 +480,13 @@ pub fn mps_part(h: &Holder) -> Option<&'static str> {
 /// "4711 (python3)", with the Slurm job and user, or the container, when known.
 fn pids(hs: &[&Holder]) -> String {
     hs.iter()
-        .map(|h| match (&h.origin.job, &h.origin.container) {
-            (Some(job), _) => format!("{} ({}, Slurm job {job} of {})", h.pid, h.name, h.user),
-            (None, Some(c)) => format!(
-                "{} ({}, container {})",
-                h.pid,
-                h.name,
-                c.get(..12).unwrap_or(c)
-            ),
-            (None, None) => format!("{} ({})", h.pid, h.name),
+        .map(|h| (h, crate::process::display_name(&h.name, &h.cmdline)))
+        .map(|(h, name)| match (&h.origin.job, &h.origin.container) {
+            (Some(job), _) => format!("{} ({name}, Slurm job {job} of {})", h.pid, h.user),
+            (None, Some(c)) => {
+                format!("{} ({name}, container {})", h.pid, c.get(..12).unwrap_or(c))
+            }
+            (None, None) => format!("{} ({name})", h.pid),
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -668,6 +666,13 @@ fn verdict(
             );
         }
         let all: Vec<&Holder> = holders.iter().collect();
+        let parents = holders
+            .iter()
+            .map(|h| (h.pid, h.ppid, h.origin.ppid_comm.as_str()));
+        let parents_cmd = gpuloop(format!("clean --gpu {gpu} --parents"));
+        if let Some(advice) = crate::process::restart::advice(parents, &parents_cmd) {
+            return (Verdict::Held, advice);
+        }
         return (
             Verdict::Held,
             format!(
@@ -995,6 +1000,7 @@ mod tests {
             name: "bash".into(),
             holder: 1240,
             identity: crate::process::Identity::new(1237, 1),
+            holder_identity: crate::process::Identity::new(1240, 2),
         };
         let held = [h(1300, &["driver", "fd", "map"])];
         let (v, advice) = verdict(
@@ -1033,6 +1039,7 @@ mod tests {
             name: "bash".into(),
             holder: 1240,
             identity: crate::process::Identity::new(1237, 1),
+            holder_identity: crate::process::Identity::new(1240, 2),
         };
         let held = [h(5, &["driver", "fd", "map"])];
         let child = [h(6, &["fd", "map"])];

@@ -60,6 +60,15 @@ impl User {
         }
     }
 
+    /// The command-line flag that names this user: "--user alice", "--mine".
+    pub fn flag(&self) -> String {
+        match self {
+            User::Name(n) => format!("--user {n}"),
+            User::Uid(u) => format!("--user {u}"),
+            User::Me => "--mine".into(),
+        }
+    }
+
     /// The uid on this machine.
     pub fn uid(&self) -> Result<u32, GpuError> {
         match self {

@@ -274,7 +274,7 @@ pub fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError
     };
     tracing::debug!("mcp: policy {}, journal {journal:?}", policy.describe());
     // Whatever `run` starts is stopped when the server ends, however it ends.
-    let _jobs = crate::runner::Supervisor::start(session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

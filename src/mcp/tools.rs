@@ -391,7 +391,7 @@ pub struct KillArgs {
     /// Signal sent first: TERM (default), INT, KILL, HUP, …
     #[serde(default = "d_term")]
     pub signal: String,
-    /// Seconds before survivors get SIGKILL (default 5; 0: no escalation).
+    /// Seconds before survivors get SIGKILL (default 5; 0: TERM then KILL at once).
     #[serde(default = "d5")]
     pub grace: f64,
     /// Also stop each target's descendants and job process group (default true).
@@ -420,7 +420,7 @@ pub struct CleanArgs {
     /// Seconds to wait for the memory to be released after the kill (default 30).
     #[serde(default = "d30")]
     pub timeout: f64,
-    /// Seconds between TERM and KILL (default 5).
+    /// Seconds between TERM and KILL (default 5; 0: TERM then KILL at once).
     #[serde(default = "d5")]
     pub grace: f64,
     /// Also stop the holders' restarters: live parents that would start them again
@@ -877,7 +877,6 @@ fn run_job(
         cwd: cwd.map(Into::into),
         // stdout is the MCP channel: output is captured, never echoed.
         echo: false,
-        protected: ctx.session.protected().to_vec(),
         ..JobOpts::default()
     };
     let job = match Job::spawn(cmd, opts) {

@@ -25,6 +25,9 @@ pub struct Launcher {
 pub struct Origin {
     /// The parent's name (comm).
     pub ppid_comm: String,
+    /// The parent's name as a person is shown it (`process::display_name`): whole where the
+    /// comm was cut, a known restarter by what it is.
+    pub ppid_name: String,
     /// The parent is init or a subreaper, or started after the process: its own parent is gone.
     pub reparented: bool,
     pub launcher: Option<Launcher>,
@@ -120,6 +123,10 @@ pub fn origin(p: &ProcInfo) -> Origin {
     };
     Origin {
         ppid_comm: parent.as_ref().map(|q| q.comm.clone()).unwrap_or_default(),
+        ppid_name: parent
+            .as_ref()
+            .map(|q| super::display_name(&q.comm, &super::cmdline(q.pid)))
+            .unwrap_or_default(),
         reparented,
         launcher: launcher(p),
         service,

@@ -202,6 +202,8 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
                 (h.pid as i32, why)
             })
             .collect(),
+        // With --grace inf, what is still exiting is waited for below, until --timeout.
+        wait_forever: false,
         ..KillOpts::default()
     };
     for h in &targets {
@@ -227,7 +229,11 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
             r.survivors.len(),
             r.elapsed_ms
         ));
-        for sk in r.skipped.iter().filter(|sk| sk.reason != "already gone") {
+        for sk in r
+            .skipped
+            .iter()
+            .filter(|sk| sk.reason != crate::process::kill::GONE)
+        {
             log.line(&format!("skipped pid {}: {}", sk.pid, sk.reason));
         }
         for e in &r.errors {

@@ -374,6 +374,11 @@ pub fn run_foreground(sim: &SimBackend, opts: &HoldOpts) -> ! {
             // SAFETY: setting a signal disposition to SIG_IGN installs no handler code.
             unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }.map_err(|e| e.to_string())?;
         }
+        if opts.catch_term {
+            // SAFETY: the handler does nothing at all, which is async-signal-safe.
+            unsafe { signal(Signal::SIGTERM, SigHandler::Handler(ignore_signal)) }
+                .map_err(|e| e.to_string())?;
+        }
         let held = hold_gpu(sim, opts)?;
         if sim.spec.release_ms > 0 {
             for a in &held.allocs {

@@ -94,13 +94,12 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
     };
     Ok(KillOpts {
         signal,
-        grace: o.secs("grace", Some(d.grace))?.unwrap_or(d.grace),
+        grace: o.grace("grace", d.grace)?,
         tree: o.bool("tree", d.tree)?,
         dry_run: o.bool("dry_run", d.dry_run)?,
         force: o.bool("force", d.force)?,
         parents: o.bool("parents", d.parents)?,
-        on_interrupt: Default::default(),
-        why: Default::default(),
+        ..KillOpts::default()
     })
 }
 
@@ -163,7 +162,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "kill",
         &["target: i64 | Map | Array", "opts: Map", "Map"],
         "kill() with options: signal (\"TERM\" default, any name like \"INT\", \"KILL\"),
-         grace (seconds before SIGKILL, default 5, 0 = no escalation), tree (default true:
+         grace (seconds before SIGKILL, default 5; 0 = TERM then KILL at once, as docker stop
+         -t 0; \"inf\" = never KILL: it waits for them to exit, Ctrl-C stops the waiting),
+         tree (default true:
          descendants too), dry_run (report, signal nothing), force (allow protected daemons),
          parents (default false: also stop the targets' restarters, under the same identity and
          protection rules; never init, a login shell, nor a job step's or container's manager
