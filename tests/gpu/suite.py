@@ -78,11 +78,12 @@ def check(name, ok, **detail):
     log(("PASS " if ok else "FAIL ") + name + " " + json.dumps(detail)[:600])
 
 
-def mess(mode, *extra, timeout=120, in_script=False, env=None):
+def mess(mode, *extra, timeout=120, in_script=False, env=None, launcher=()):
     """Starts mess.py MODE and returns (Popen, info) once it printed READY. With `in_script`,
     it runs as a background job of a non-interactive bash script (`python3 mess.py … &; wait`),
-    so it shares the script's process group instead of leading its own."""
-    argv = [sys.executable, os.path.join(HERE, "mess.py"), mode, *extra]
+    so it shares the script's process group instead of leading its own. `launcher` runs it
+    under another program (real torchrun) instead of python3."""
+    argv = [*(launcher or [sys.executable]), os.path.join(HERE, "mess.py"), mode, *extra]
     if in_script:
         argv = ["bash", "-c", '"$@" & wait', "script", *argv]
     p = subprocess.Popen(argv,
@@ -733,6 +734,88 @@ def s_pinned_tree():
           seconds=round(dt, 3), err=err.strip()[-300:])
 
 
+# ------------------------------------------- real launchers: torchrun and DataLoader workers
+
+def torchrun(*flags):
+    """Real torchrun (its elastic agent) with one worker holding 4 GB on GPU 0."""
+    return mess("torchrun-worker", "--gb", "4",
+                launcher=["torchrun", "--standalone", "--nproc_per_node=1", "--monitor-interval=0.2", *flags])
+
+
+def kill_gpu_holders():
+    """Every process the driver lists (workers torchrun restarted are not in `started`)."""
+    rc, out, _, _ = sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"])
+    kill_pids([int(x) for x in out.split() if x.strip().isdigit()])
+
+
+@scenario("torchrun-agent-killed")
+def s_torchrun_agent_killed():
+    """Real torchrun: the worker names its agent; with the agent SIGKILLed the worker (its own
+    session, start_new_session=True) is orphaned, and clean frees it."""
+    p, info = torchrun()
+    agent, worker = p.pid, info["pids"][0]
+    try:
+        rc, table, err, _ = gl("holders")
+        check("torchrun: the holders table names the agent for what it does",
+              "torchrun agent" in table, table=table[-600:])
+        d = gl_json("diagnose", "--gpu", "0")[0]
+        check("torchrun: a stateless diagnose of its worker says the agent restarts it (--parents)",
+              d["verdict"] in ("held", "respawning") and "torchrun" in d["advice"] and "--parents" in d["advice"],
+              verdict=d["verdict"], advice=d["advice"])
+        kill_pids([agent])
+        until(lambda: ppid_of(worker) not in (agent, None), 20)
+        d = gl_json("diagnose", "--gpu", "0")[0]
+        check("torchrun: with the agent SIGKILLed the worker is orphaned", d["verdict"] == "orphaned",
+              verdict=d["verdict"], advice=d["advice"], worker_ppid=ppid_of(worker))
+        rc, total, released, overhead, out, err = timed_clean(("--gpu", "0"))
+        check("torchrun: clean frees the orphaned worker (exit 0, 0 MiB)",
+              rc == 0 and used_mib()[0] == 0 and not alive(worker),
+              rc=rc, seconds=round(total, 3), overhead_ms=overhead and round(overhead, 1), err=err.strip()[-300:])
+        rows.append(dict(scenario="real torchrun, agent SIGKILLed", verdict=d["verdict"],
+                         gpuloop_clean=rc == 0, gpuloop_s=round(total, 3),
+                         driver_release_s=round(released, 3) if released else None,
+                         overhead_ms=round(overhead, 1) if overhead is not None else None,
+                         one_liner_clean=None, one_liner_s=None))
+    finally:
+        kill_pids([agent])
+        kill_gpu_holders()
+
+
+@scenario("torchrun-restarts")
+def s_torchrun_restarts():
+    """Real torchrun --max-restarts=3: stopping the worker alone brings a new one (respawning,
+    naming the agent); clean --parents stops the agent too and the GPU stays clean."""
+    p, info = torchrun("--max-restarts=3")
+    agent, worker = p.pid, info["pids"][0]
+    try:
+        rc, out, err, dt = gl("--json", "clean", "--gpu", "0", "--timeout", "60", "--settle", "20")
+        rep = json.loads(out) if out.strip() else {}
+        d0 = (rep.get("gpus") or [{}])[0]
+        check("torchrun --max-restarts: clean without --parents sees the worker restarted: exit 1, respawning, naming the agent",
+              rc == 1 and d0.get("verdict") == "respawning" and str(agent) in d0.get("advice", ""),
+              rc=rc, seconds=round(dt, 3), verdict=d0.get("verdict"), advice=d0.get("advice"))
+        until(lambda: holder_pids(0), 120)
+        rc, out, err, dt = gl("clean", "--gpu", "0", "--timeout", "60", "--parents", "--settle", "10")
+        check("torchrun --max-restarts: clean --parents stops the agent and GPU 0 stays clean",
+              rc == 0 and until(lambda: not alive(agent), 15) and used_mib()[0] == 0,
+              rc=rc, seconds=round(dt, 3), agent_alive=alive(agent), used=used_mib(), out=out[-500:])
+    finally:
+        kill_pids([agent])
+        kill_gpu_holders()
+
+
+@scenario("dataloader")
+def s_dataloader():
+    """Forked DataLoader workers busy in __getitem__ keep a SIGKILLed rank's CUDA context."""
+    def build():
+        p, info = mess("dataloader", "--gb", "6", "--gpus", "0")
+        kill_pids([info["rank"]])
+        until(lambda: not alive(info["rank"]), 10)
+        return p, info
+    clean_row("forked DataLoader workers of a SIGKILLed rank", build,
+              lambda v: v[0] in ("inherited", "orphaned"))
+
+
 def main():
     log(f"{NGPU} GPU(s); gpuloop {gl('--version')[1].strip()}; driver:",
         sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")[1].strip())
@@ -755,7 +838,7 @@ def main():
           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['scenario']} | {r['verdict']} | {'yes' if r['gpuloop_clean'] else 'NO'} | {r['gpuloop_s']} | "
-                  f"{r['driver_release_s']} | {r['overhead_ms']} | {'yes' if r['one_liner_clean'] else 'NO'} | {r['one_liner_s']} |")
+                  f"{r['driver_release_s']} | {r['overhead_ms']} | {'—' if r['one_liner_clean'] is None else 'yes' if r['one_liner_clean'] else 'NO'} | {r['one_liner_s'] or '—'} |")
     with open(os.path.join(OUT, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     log("\n".join(md))
