@@ -559,7 +559,17 @@ async fn connect(
     answer_within: Duration,
     shard: usize,
 ) -> Result<Conn, HostError> {
-    let launch = transport.launch(host)?;
+    let started = Instant::now();
+    // A connection is kept between runs only where the user's ssh config keeps none itself
+    // (its own ControlPath wins); ssh -G says, without connecting.
+    let mux = match transport.show_config(host) {
+        Some(g) => output_of(&g, timeout)
+            .await
+            .is_some_and(|shown| !super::transport::sets_control_path(&shown)),
+        None => false,
+    };
+    let timeout = timeout.saturating_sub(started.elapsed());
+    let launch = transport.launch(host, mux)?;
     let program = transport.program();
     let mut cmd = tokio::process::Command::new(&launch.program);
     for v in &launch.env_remove {
@@ -598,6 +608,13 @@ async fn connect(
     let hello = match first {
         Err(_) => {
             let _ = child.start_kill();
+            if mux {
+                // A kept connection whose host went away would hold the next run the same
+                // way: end it, so that one connects afresh.
+                if let Some(end) = transport.end_kept(host) {
+                    let _ = output_of(&end, Duration::from_secs(2)).await;
+                }
+            }
             return Err(HostError::Connect {
                 host: host.to_string(),
                 why: format!(
@@ -683,6 +700,25 @@ async fn connect(
         helper,
         shard,
     })
+}
+
+/// A short command's stdout, or `None` if it failed or outlived `within` (then it is killed).
+async fn output_of(l: &super::transport::Launch, within: Duration) -> Option<String> {
+    let mut cmd = tokio::process::Command::new(&l.program);
+    cmd.args(&l.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0);
+    let (child, helper) = crate::process::helpers::start(|| cmd.spawn(), |c| c.id()).ok()?;
+    let out = tokio::time::timeout(within, child.wait_with_output()).await;
+    // Reaped by wait_with_output, or killed and reaped on drop by tokio.
+    crate::process::helpers::forget(helper);
+    match out {
+        Ok(Ok(o)) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
+        _ => None,
+    }
 }
 
 /// `; ssh said: LAST LINE` (or srun), or nothing when it said nothing.

@@ -6,6 +6,7 @@
 //! does the fan-out, so the CLI and the bindings never branch on "remote".
 
 pub mod client;
+pub mod fold;
 pub mod hostlist;
 pub mod protocol;
 pub mod slurm;
@@ -34,7 +35,9 @@ pub enum HostError {
     HostsFile { path: PathBuf, why: String },
     #[error("host {host}: cannot connect: {why}")]
     Connect { host: String, why: String },
-    #[error("host {host}: gpuloop is not installed there or not on its PATH ({why}); give --remote-bin PATH")]
+    /// `why` says what was run there, what it said, and what to do (the advice depends on
+    /// whether `--remote-bin` was given).
+    #[error("host {host}: {why}")]
     NoAgent { host: String, why: String },
     #[error("host {host}: its gpuloop {theirs} speaks protocol {their_protocol}, this gpuloop {ours} speaks {our_protocol}: install the same version on both sides")]
     Version {
@@ -97,6 +100,21 @@ impl HostError {
                 .strip_prefix(&format!("host {h}: "))
                 .map_or_else(|| all.clone(), str::to_string),
             None => all,
+        }
+    }
+
+    /// What went wrong in a few words, alike for every host it happened to: a summary's
+    /// detail, where hosts that failed the same way fold into one row.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HostError::Connect { .. } => "cannot connect",
+            HostError::NoAgent { .. } => "no gpuloop there",
+            HostError::Version { .. } => "another gpuloop version",
+            HostError::Lost { .. } => "connection lost",
+            HostError::Timeout { .. } => "no answer",
+            HostError::Protocol { .. } => "unreadable agent",
+            HostError::Interrupted => "interrupted",
+            _ => "failed",
         }
     }
 

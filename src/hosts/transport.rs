@@ -21,6 +21,8 @@ pub enum Transport {
 pub struct SrunOpts {
     /// The gpuloop to run there (`gpuloop`, found on the node's PATH, by default).
     pub remote_bin: String,
+    /// `--remote-bin` was given: advice then names that path, not the PATH.
+    pub bin_given: bool,
     /// The job each node is reached through: the job `--hosts-from-slurm JOBID` listed it in.
     pub jobs: BTreeMap<String, String>,
     /// The job for any other node (`--jobid`, else `SLURM_JOB_ID`).
@@ -52,9 +54,19 @@ pub struct SshOpts {
     pub config: Option<PathBuf>,
     /// The gpuloop to run there (`gpuloop`, found on the remote PATH, by default).
     pub remote_bin: String,
+    /// `--remote-bin` was given: advice then names that path, not the PATH.
+    pub bin_given: bool,
     /// ssh's own ConnectTimeout, in seconds.
     pub connect_timeout_s: u64,
+    /// Where connections are kept between runs (OpenSSH's ControlMaster sockets, a private
+    /// directory); `None`: a new connection each run.
+    pub reuse: Option<PathBuf>,
 }
+
+/// How long a kept connection outlives the run that opened it (ssh's ControlPersist).
+pub const PERSIST_S: u64 = 60;
+/// ssh's own default TCP connect timeout without `--host-timeout`: pdsh's.
+pub const CONNECT_TIMEOUT_S: u64 = 10;
 
 /// A command that starts an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,13 +81,16 @@ impl Transport {
     pub fn ssh(config: Option<PathBuf>, remote_bin: Option<String>) -> Transport {
         Transport::Ssh(SshOpts {
             config,
+            bin_given: remote_bin.is_some(),
             remote_bin: remote_bin.unwrap_or_else(|| "gpuloop".into()),
-            connect_timeout_s: 15,
+            connect_timeout_s: CONNECT_TIMEOUT_S,
+            reuse: None,
         })
     }
 
     pub fn srun(remote_bin: Option<String>, default_job: Option<String>) -> Transport {
         Transport::Srun(SrunOpts {
+            bin_given: remote_bin.is_some(),
             remote_bin: remote_bin.unwrap_or_else(|| "gpuloop".into()),
             jobs: BTreeMap::new(),
             default_job,
@@ -90,8 +105,9 @@ impl Transport {
         }
     }
 
-    /// The command that starts `gpuloop agent` on `dest`.
-    pub fn launch(&self, dest: &str) -> Result<Launch, HostError> {
+    /// The command that starts `gpuloop agent` on `dest`. `mux`: through a connection kept
+    /// in the reuse directory (only where the user's ssh config keeps none of its own).
+    pub fn launch(&self, dest: &str, mux: bool) -> Result<Launch, HostError> {
         Ok(match self {
             Transport::Ssh(o) => {
                 // BatchMode: never prompt (there is no one to answer); host key checking is
@@ -103,19 +119,23 @@ impl Transport {
                     format!("ConnectTimeout={}", o.connect_timeout_s),
                     "-T".into(),
                 ];
-                if let Some(f) = &o.config {
-                    args.push("-F".into());
-                    args.push(f.display().to_string());
+                if let (true, Some(dir)) = (mux, &o.reuse) {
+                    // The first run's ssh becomes the master and stays PERSIST_S after its
+                    // last session; later runs' ssh become its clients (no handshake). The
+                    // keepalives end a master whose host went away, so it cannot hold later
+                    // runs for long (each is bounded by its hello timeout anyway).
+                    for opt in [
+                        "ControlMaster=auto".to_string(),
+                        format!("ControlPersist={PERSIST_S}"),
+                        format!("ControlPath={}", control_path(dir)),
+                        "ServerAliveInterval=5".into(),
+                        "ServerAliveCountMax=2".into(),
+                    ] {
+                        args.push("-o".into());
+                        args.push(opt);
+                    }
                 }
-                let (host, port) = split_port(dest);
-                if let Some(port) = port {
-                    args.push("-p".into());
-                    args.push(port.to_string());
-                }
-                args.push("--".into());
-                args.push(host);
-                // One word for the remote shell: a path with spaces stays one path.
-                args.push(format!("{} agent", shell_quote(&o.remote_bin)));
+                args.extend(o.destination(dest));
                 Launch {
                     program: "ssh".into(),
                     args,
@@ -156,6 +176,41 @@ impl Transport {
                     env_remove: SRUN_IO_ENV.iter().map(|v| v.to_string()).collect(),
                 }
             }
+        })
+    }
+
+    /// `ssh -G`: the user's effective config for `dest`, read before reusing a connection
+    /// (their own ControlPath wins). `None` where connections are not reused.
+    pub fn show_config(&self, dest: &str) -> Option<Launch> {
+        let Transport::Ssh(o) = self else { return None };
+        o.reuse.as_ref()?;
+        let mut args = vec!["-G".to_string()];
+        args.extend(o.destination(dest));
+        args.pop();
+        Some(Launch {
+            program: "ssh".into(),
+            args,
+            env_remove: Vec::new(),
+        })
+    }
+
+    /// `ssh -O exit`: ends the kept connection to `dest` (one that no longer answers).
+    pub fn end_kept(&self, dest: &str) -> Option<Launch> {
+        let Transport::Ssh(o) = self else { return None };
+        let dir = o.reuse.as_ref()?;
+        let mut args = vec![
+            "-o".to_string(),
+            format!("ControlPath={}", control_path(dir)),
+            "-O".into(),
+            "exit".into(),
+        ];
+        args.extend(o.destination(dest));
+        // The last word is the remote command: `-O exit` takes none.
+        args.pop();
+        Some(Launch {
+            program: "ssh".into(),
+            args,
+            env_remove: Vec::new(),
         })
     }
 
@@ -208,7 +263,7 @@ impl Transport {
                 .join(" / ")
         };
         match self {
-            Transport::Ssh(_) => {
+            Transport::Ssh(o) => {
                 // 127: the remote shell found no such command; 126: found, not executable.
                 let missing = matches!(code, Some(126 | 127))
                     || said.contains("command not found")
@@ -216,7 +271,7 @@ impl Transport {
                 if missing {
                     HostError::NoAgent {
                         host: dest.to_string(),
-                        why: format!("ssh said: {said}"),
+                        why: no_agent(&o.remote_bin, o.bin_given, &format!("ssh said: {said}")),
                     }
                 } else {
                     HostError::Connect {
@@ -233,7 +288,7 @@ impl Transport {
                 if said.contains("execve()") {
                     return HostError::NoAgent {
                         host,
-                        why: format!("srun said: {said}"),
+                        why: no_agent(&o.remote_bin, o.bin_given, &format!("srun said: {said}")),
                     };
                 }
                 let what = if said.contains("Invalid job id") {
@@ -260,6 +315,82 @@ impl Transport {
             }
         }
     }
+}
+
+/// Why no agent started, and what to do: with `--remote-bin` given, that path is what did
+/// not run (a PATH or another --remote-bin is no answer to that).
+fn no_agent(bin: &str, given: bool, said: &str) -> String {
+    if given {
+        format!(
+            "gpuloop is not installed there at --remote-bin {} ({said}); give the path of a gpuloop on that host",
+            shell_quote(bin)
+        )
+    } else {
+        format!(
+            "gpuloop is not installed there or not on its PATH ({said}); install it there or give --remote-bin PATH"
+        )
+    }
+}
+
+impl SshOpts {
+    /// `[-F FILE] [-p PORT] -- HOST COMMAND`: the words after ssh's own options.
+    fn destination(&self, dest: &str) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(f) = &self.config {
+            args.push("-F".into());
+            args.push(f.display().to_string());
+        }
+        let (host, port) = split_port(dest);
+        if let Some(port) = port {
+            args.push("-p".into());
+            args.push(port.to_string());
+        }
+        args.push("--".into());
+        args.push(host);
+        // One word for the remote shell: a path with spaces stays one path.
+        args.push(format!("{} agent", shell_quote(&self.remote_bin)));
+        args
+    }
+}
+
+/// The socket of a kept connection: `%C`, ssh's hash of the local host, remote host, port
+/// and user, is short enough for a socket's path however long the names are.
+fn control_path(dir: &std::path::Path) -> String {
+    format!("{}/%C", dir.display())
+}
+
+/// Whether `ssh -G`'s output sets a ControlPath (unset, it prints none at all).
+pub fn sets_control_path(shown: &str) -> bool {
+    shown.lines().any(|l| {
+        let mut w = l.split_whitespace();
+        w.next().is_some_and(|k| k.eq_ignore_ascii_case("controlpath"))
+            && w.next().is_some_and(|v| v != "none")
+    })
+}
+
+/// The private directory kept connections live in: `$XDG_RUNTIME_DIR/gpuloop`, else
+/// `/tmp/gpuloop-ssh-UID`; created with mode 0700, and used only if it is a directory (not a
+/// link) of this user that no one else may enter; otherwise why not.
+pub fn reuse_dir() -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("gpuloop"),
+        None => PathBuf::from(format!("/tmp/gpuloop-ssh-{uid}")),
+    };
+    if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(format!("cannot create {}: {e}", dir.display()));
+        }
+    }
+    let m = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a directory of this user closed to others (mode 0700)",
+            dir.display()
+        ));
+    }
+    Ok(dir)
 }
 
 /// Quotes a word for a POSIX shell unless it needs none.
@@ -313,7 +444,7 @@ mod tests {
     #[test]
     fn host_port_becomes_ssh_dash_p() {
         let t = Transport::ssh(None, None);
-        let line = |d: &str| t.launch(d).unwrap().args.join(" ");
+        let line = |d: &str| t.launch(d, false).unwrap().args.join(" ");
         assert!(
             line("gpu01:2222").contains("-p 2222 -- gpu01 "),
             "{}",
@@ -358,7 +489,7 @@ mod tests {
     #[test]
     fn ssh_never_prompts_and_keeps_host_key_checking() {
         let t = Transport::ssh(Some("/tmp/cfg".into()), Some("/opt/my gpuloop".into()));
-        let l = t.launch("alice@gpu01").unwrap();
+        let l = t.launch("alice@gpu01", false).unwrap();
         assert_eq!(l.program, "ssh");
         let line = l.args.join(" ");
         assert!(line.starts_with("-o BatchMode=yes"), "{line}");
@@ -396,7 +527,7 @@ mod tests {
         if let Transport::Srun(o) = &mut t {
             o.jobs.insert("gpu01".into(), "812_3".into());
         }
-        let l = t.launch("gpu01").unwrap();
+        let l = t.launch("gpu01", false).unwrap();
         assert_eq!(l.program, "srun");
         assert_eq!(
             l.args.join(" "),
@@ -406,14 +537,14 @@ mod tests {
         assert_eq!(l.args[l.args.len() - 2], "/opt/my gpuloop");
         assert!(l.env_remove.iter().any(|v| v == "SLURM_UNBUFFEREDIO"));
         assert!(t
-            .launch("gpu02")
+            .launch("gpu02", false)
             .unwrap()
             .args
             .join(" ")
             .starts_with("--jobid 900 "));
         let jobless = Transport::srun(None, None);
         assert!(matches!(
-            jobless.launch("gpu02"),
+            jobless.launch("gpu02", false),
             Err(HostError::NoJob { .. })
         ));
     }
