@@ -372,7 +372,9 @@ fn per_host<T>(
             Err(f) if !several => return Err(f.into_gpu().into()),
             Err(f) => {
                 let skipped = skip && f.unreachable();
-                if !cfg.json {
+                // On a terminal a failure was said as it happened.
+                let said = cfg.session.pool().is_some_and(|p| p.said(&h));
+                if !cfg.json && !said {
                     if skipped {
                         crate::errln!("warning: skipping {f}");
                     } else {

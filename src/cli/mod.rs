@@ -42,7 +42,11 @@ impl Config {
             config.limits.set(item).map_err(Error::Usage)?;
         }
         let mut session = Session::new(choice, config, args.verbose);
-        if let Some(hosts) = hosts_config(&args.hosts, one_shot(&args.cmd))? {
+        if let Some(mut hosts) = hosts_config(&args.hosts, one_shot(&args.cmd))? {
+            // Progress goes to a person: a terminal, and not under --json.
+            hosts.progress = one_shot(&args.cmd)
+                && !args.json
+                && std::io::IsTerminal::is_terminal(&std::io::stderr());
             session = session.with_hosts(hosts);
         }
         Ok(Config {

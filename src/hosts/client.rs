@@ -83,6 +83,50 @@ enum Slot {
     Remote(Result<Arc<Conn>, HostError>),
 }
 
+/// On a terminal, while a one-shot's hosts are still coming: `12/64 hosts answered` on one
+/// line of stderr, rewritten as each answers, and each host that fails said at once above it.
+struct Progress {
+    /// `--skip-unreachable`: an unreachable host is a warning.
+    skip: bool,
+    /// Hosts in, hosts asked, and what they do ("connected", "answered").
+    state: Mutex<(usize, usize, &'static str)>,
+    /// The hosts whose failure was said already (the command does not say it again).
+    said: Mutex<std::collections::HashSet<String>>,
+}
+
+impl Progress {
+    fn start(&self, total: usize, what: &'static str) {
+        let mut st = lock(&self.state);
+        *st = (0, total, what);
+        self.draw(&st);
+    }
+
+    fn draw(&self, st: &(usize, usize, &'static str)) {
+        crate::err!("\r\x1b[K{}/{} hosts {}", st.0, st.1, st.2);
+    }
+
+    /// One host is in (`failed`: and this is why, said now).
+    fn tick(&self, host: &str, failed: Option<&HostError>) {
+        let mut st = lock(&self.state);
+        st.0 += 1;
+        if let Some(e) = failed {
+            if lock(&self.said).insert(host.to_string()) {
+                let how = match self.skip && e.unreachable() {
+                    true => "warning: skipping",
+                    false => "gpuloop:",
+                };
+                crate::err!("\r\x1b[K{how} {e}\n");
+            }
+        }
+        self.draw(&st);
+    }
+
+    fn clear(&self) {
+        let _st = lock(&self.state);
+        crate::err!("\r\x1b[K");
+    }
+}
+
 /// The open connections of one session, in host-set order.
 pub struct Pool {
     /// Runtimes of one thread each; every host's connection lives on one of them, the hosts
@@ -94,6 +138,7 @@ pub struct Pool {
     pub config: HostsConfig,
     /// Seconds each connection took to say hello (for -v and the benchmark).
     pub connect_ms: Vec<(String, f64)>,
+    progress: Option<Arc<Progress>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -118,15 +163,29 @@ impl Pool {
             })
             .collect();
         let sem = Arc::new(Semaphore::new(config.fanout.max(1)));
+        let progress = (config.progress && remote.clone().count() > 1).then(|| {
+            Arc::new(Progress {
+                skip: config.skip_unreachable,
+                state: Mutex::new((0, 0, "connected")),
+                said: Mutex::default(),
+            })
+        });
+        if let Some(p) = &progress {
+            p.start(remote.clone().count(), "connected");
+        }
         let mut handles = Vec::new();
         for (i, h) in remote.enumerate() {
             let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
             let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
             let shard = i % shards.len();
+            let progress = progress.clone();
             handles.push(shards[shard].spawn(async move {
                 let _permit = sem.acquire_owned().await;
                 let started = Instant::now();
                 let r = connect(&host, &transport, timeout, answer_within, shard).await;
+                if let Some(p) = &progress {
+                    p.tick(&host, r.as_ref().err());
+                }
                 (host, r, started.elapsed().as_secs_f64() * 1e3)
             }));
         }
@@ -161,12 +220,23 @@ impl Pool {
                 (h.clone(), slot)
             })
             .collect();
+        if let Some(p) = &progress {
+            p.clear();
+        }
         Pool {
             shards,
             slots,
             config,
             connect_ms,
+            progress,
         }
+    }
+
+    /// Whether `host`'s failure was said already, as it happened (on a terminal).
+    pub fn said(&self, host: &str) -> bool {
+        self.progress
+            .as_ref()
+            .is_some_and(|p| lock(&p.said).contains(host))
     }
 
     pub fn hosts(&self) -> impl Iterator<Item = &str> {
@@ -245,19 +315,31 @@ impl Pool {
             }
         }
         let started = Instant::now();
+        let progress = self.progress.clone().filter(|_| work.len() > 1);
+        if let Some(p) = &progress {
+            p.start(work.len(), "answered");
+        }
         // Each host's task goes to its connection's runtime.
         let handles: Vec<_> = work
             .into_iter()
             .map(|(i, c, call)| {
                 let then = then.clone();
+                let progress = progress.clone();
                 let task = self.shards[c.shard].spawn(async move {
-                    let raw = c.call(call, deadline, interrupted).await?;
-                    let answered = started.elapsed();
-                    let t = raw.parse::<T>().map_err(|e| HostError::Protocol {
-                        host: c.host.clone(),
-                        why: format!("unexpected reply: {e}"),
-                    })?;
-                    Ok((then(&c.host, t), answered, started.elapsed()))
+                    let r = async {
+                        let raw = c.call(call, deadline, interrupted).await?;
+                        let answered = started.elapsed();
+                        let t = raw.parse::<T>().map_err(|e| HostError::Protocol {
+                            host: c.host.clone(),
+                            why: format!("unexpected reply: {e}"),
+                        })?;
+                        Ok((then(&c.host, t), answered, started.elapsed()))
+                    }
+                    .await;
+                    if let Some(p) = &progress {
+                        p.tick(&c.host, r.as_ref().err());
+                    }
+                    r
                 });
                 (i, task)
             })
@@ -269,6 +351,9 @@ impl Pool {
             }
             (answers, started.elapsed())
         });
+        if let Some(p) = &progress {
+            p.clear();
+        }
         // A host's task that panicked is that host's error.
         let task_failed = |host: &str, why: String| HostError::Protocol {
             host: host.to_string(),
@@ -607,14 +692,10 @@ async fn connect(
     let said = |st: &Arc<Mutex<Stderr>>| lock(st).tail.clone();
     let hello = match first {
         Err(_) => {
+            // (A kept connection whose host went away holds each run only this long, and
+            // its own keepalives end it soon after: it is never ended from here, where it
+            // may serve other runs, or other hosts' sessions behind one alias.)
             let _ = child.start_kill();
-            if mux {
-                // A kept connection whose host went away would hold the next run the same
-                // way: end it, so that one connects afresh.
-                if let Some(end) = transport.end_kept(host) {
-                    let _ = output_of(&end, Duration::from_secs(2)).await;
-                }
-            }
             return Err(HostError::Connect {
                 host: host.to_string(),
                 why: format!(

@@ -154,6 +154,9 @@ pub struct HostsConfig {
     /// How long a host may take to answer (`--host-timeout`): a call's deadline beyond the
     /// time it asks for itself, and how long a ping may go unanswered during a long call.
     pub call_timeout: Duration,
+    /// A one-shot on a terminal: a progress line (`12/64 hosts answered`) while hosts are
+    /// still coming, and each host that fails said as it fails.
+    pub progress: bool,
 }
 
 pub const DEFAULT_FANOUT: usize = 32;
@@ -223,6 +226,7 @@ impl HostsConfig {
             skip_unreachable: false,
             connect_timeout: Duration::from_secs(30),
             call_timeout: DEFAULT_HOST_TIMEOUT,
+            progress: false,
         })
     }
 }

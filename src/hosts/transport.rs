@@ -127,7 +127,10 @@ impl Transport {
                     for opt in [
                         "ControlMaster=auto".to_string(),
                         format!("ControlPersist={PERSIST_S}"),
-                        format!("ControlPath={}", control_path(dir)),
+                        format!(
+                            "ControlPath={}",
+                            control_path(dir, dest, o.config.as_deref())
+                        ),
                         "ServerAliveInterval=5".into(),
                         "ServerAliveCountMax=2".into(),
                     ] {
@@ -186,26 +189,6 @@ impl Transport {
         o.reuse.as_ref()?;
         let mut args = vec!["-G".to_string()];
         args.extend(o.destination(dest));
-        args.pop();
-        Some(Launch {
-            program: "ssh".into(),
-            args,
-            env_remove: Vec::new(),
-        })
-    }
-
-    /// `ssh -O exit`: ends the kept connection to `dest` (one that no longer answers).
-    pub fn end_kept(&self, dest: &str) -> Option<Launch> {
-        let Transport::Ssh(o) = self else { return None };
-        let dir = o.reuse.as_ref()?;
-        let mut args = vec![
-            "-o".to_string(),
-            format!("ControlPath={}", control_path(dir)),
-            "-O".into(),
-            "exit".into(),
-        ];
-        args.extend(o.destination(dest));
-        // The last word is the remote command: `-O exit` takes none.
         args.pop();
         Some(Launch {
             program: "ssh".into(),
@@ -354,9 +337,23 @@ impl SshOpts {
 }
 
 /// The socket of a kept connection: `%C`, ssh's hash of the local host, remote host, port
-/// and user, is short enough for a socket's path however long the names are.
-fn control_path(dir: &std::path::Path) -> String {
-    format!("{}/%C", dir.display())
+/// and user, is short enough for a socket's path however long the names are; then a short
+/// hash of the destination as named and the config file. A master carries the options of
+/// the alias that opened it (OpenSSH's clients do not pass their SetEnv through it), so two
+/// aliases of one server get a master each.
+fn control_path(dir: &std::path::Path, dest: &str, config: Option<&std::path::Path>) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(dest.as_bytes());
+    h.update([0]);
+    if let Some(c) = config {
+        h.update(c.as_os_str().as_encoded_bytes());
+    }
+    let tag: String = h.finalize()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}/%C-{tag}", dir.display())
 }
 
 /// Whether `ssh -G`'s output sets a ControlPath (unset, it prints none at all).
