@@ -1552,3 +1552,132 @@ fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
     assert!(!out.stderr.contains("hosts connected"), "{}", out.stderr);
     assert!(!out.stderr.contains("hosts answered"), "{}", out.stderr);
 }
+
+/// A host for the push tests: its login shell (bash) reads `env` first (BASH_ENV), which
+/// sets a PATH without gpuloop (and whatever `more` says), and its cache is in the test's
+/// directory. Returns that cache directory.
+fn bare_host(c: &Cluster, alias: &str, more: &str) -> std::path::PathBuf {
+    let env = c.dir.path().join(format!("{alias}-env.sh"));
+    std::fs::write(&env, format!("export PATH=/usr/bin:/bin\n{more}\n")).unwrap();
+    let cache = c.dir.path().join(format!("{alias}-cache"));
+    c.set_env(
+        alias,
+        &format!("BASH_ENV={} XDG_CACHE_HOME={}", env.display(), cache.display()),
+    );
+    cache
+}
+
+/// The processes running the copies of gpuloop in `cache`.
+fn running_from(cache: &std::path::Path) -> Vec<i32> {
+    pids_with(" agent")
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e.starts_with(cache))
+        })
+        .collect()
+}
+
+/// pdsh and clush need the command installed on every node, and so did gpuloop ("gpuloop is
+/// not installed there"). A host without it now receives this binary over the same ssh
+/// session, into its cache, hash-checked, and reused by later runs; it cleans there.
+#[test]
+fn a_host_without_gpuloop_receives_this_one_and_cleans() {
+    let c = Cluster::new(&[("pa", "2x8G")], &[]);
+    let cache = bare_host(&c, "pa", "");
+    let held = c.sim("pa").hold(&["--gpu", "1", "--mib", "300"])[0];
+    let run = |args: &[&str]| out_of(c.bare_cmd().args(args).output().expect("gpuloop"));
+    let out = run(&["--host", "pa", "clean", "--timeout", "20"]).ok();
+    assert!(out.stdout.contains(&format!("{held} (")), "{}", out.stdout);
+    assert!(!alive(held));
+    let stored: Vec<_> = std::fs::read_dir(cache.join("gpuloop"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(stored.len(), 1, "one file, no temporary left: {stored:?}");
+    let name = stored[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with(&format!("gpuloop-{}-", env!("CARGO_PKG_VERSION"))) && name.len() == 8 + 6 + 16,
+        "{name}"
+    );
+    assert_eq!(std::fs::read(&stored[0]).unwrap(), std::fs::read(bin()).unwrap());
+    let meta = std::fs::metadata(&stored[0]).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o700);
+    // Reused: the same file serves the next run, over a new connection too.
+    let ino = std::os::unix::fs::MetadataExt::ino(&meta);
+    run(&["--host", "pa", "--no-reuse", "diagnose"]).ok();
+    let again = std::fs::metadata(&stored[0]).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::ino(&again), ino);
+    assert!(within(10, || running_from(&cache).is_empty()), "an agent was left");
+    // --no-push: the host's own gpuloop or nothing.
+    let out = run(&["--host", "pa", "--no-push", "--no-reuse", "gpus"]).code(1);
+    assert!(
+        out.stderr
+            .contains("host pa: gpuloop is not installed there or not on its PATH"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A host whose cache refuses the copy, and one this binary cannot run on (its `uname -m`
+/// says another architecture), each fail with why; nothing is written or left running.
+#[test]
+fn gpuloop_is_sent_only_where_it_can_be_stored_and_run() {
+    let c = Cluster::new(&[("pw", "1x8G"), ("pu", "1x8G"), ("pok", "1x8G")], &[]);
+    // pw: its cache lies under a plain file.
+    let blocker = c.dir.path().join("not-a-dir");
+    std::fs::write(&blocker, "x").unwrap();
+    let env = c.dir.path().join("pw-env.sh");
+    std::fs::write(&env, "export PATH=/usr/bin:/bin\n").unwrap();
+    c.set_env(
+        "pw",
+        &format!(
+            "BASH_ENV={} XDG_CACHE_HOME={}/cache",
+            env.display(),
+            blocker.display()
+        ),
+    );
+    // pu: `uname -m` lies.
+    let fake = c.dir.path().join("fakebin");
+    std::fs::create_dir(&fake).unwrap();
+    let uname = fake.join("uname");
+    std::fs::write(
+        &uname,
+        "#!/bin/sh\n[ \"$1\" = -m ] && { echo riscv64; exit 0; }\nexec /bin/uname \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&uname, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let pu_cache = bare_host(&c, "pu", &format!("export PATH={}:$PATH", fake.display()));
+    let ok_cache = bare_host(&c, "pok", "");
+    let out = out_of(
+        c.bare_cmd()
+            .args(["--host", "pw,pu,pok", "gpus"])
+            .output()
+            .expect("gpuloop"),
+    )
+    .code(1);
+    assert!(
+        out.stderr.contains(
+            "host pw: gpuloop is not installed there, and this one could not be stored in its cache; ssh said: mkdir: cannot create directory"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(std::fs::read_to_string(&blocker).unwrap(), "x");
+    assert!(
+        out.stderr.contains(&format!(
+            "host pu: gpuloop is not installed there, and this one cannot be sent: this gpuloop is built for {}, and that host is riscv64",
+            std::env::consts::ARCH
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(!pu_cache.exists(), "nothing written on pu");
+    // The host that can take it answers beside them.
+    assert!(out.stdout.contains(" pok "), "{}", out.stdout);
+    assert!(ok_cache.join("gpuloop").is_dir());
+    assert!(
+        within(10, || running_from(&ok_cache).is_empty()),
+        "an agent was left"
+    );
+}

@@ -87,7 +87,8 @@ fn start() -> Sshd {
             "ListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n\
              AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n\
              KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
-             PermitRootLogin prohibit-password\nUsePAM no\nAcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR\n\
+             PermitRootLogin prohibit-password\nUsePAM no\n\
+             AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR XDG_CACHE_HOME BASH_ENV\n\
              MaxStartups 256\nMaxSessions 256\nPrintMotd no\nLogLevel ERROR\n"
         ),
     )
@@ -251,6 +252,26 @@ impl Cluster {
             stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
         }
+    }
+
+    /// More variables for `alias`'s SetEnv (`XDG_CACHE_HOME=…`; the server accepts those
+    /// and BASH_ENV, which the login shell, bash, reads first).
+    pub fn set_env(&self, alias: &str, vars: &str) {
+        let text = std::fs::read_to_string(&self.config).expect("ssh config");
+        let mut out = String::new();
+        let mut inside = false;
+        for l in text.lines() {
+            if let Some(a) = l.strip_prefix("Host ") {
+                inside = a == alias;
+            }
+            if inside && l.trim_start().starts_with("SetEnv ") {
+                out.push_str(&format!("{l} {vars}\n"));
+            } else {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        std::fs::write(&self.config, out).expect("ssh config");
     }
 
     /// Adds lines to the client config.

@@ -286,6 +286,13 @@ pub struct HostFlags {
     /// 0700), so the next run skips the handshake; a ControlPath in your ssh config wins.
     #[arg(long, global = true, help_heading = HOSTS)]
     pub no_reuse: bool,
+    /// Never send this gpuloop to a host. By default a host reached over ssh with no usable
+    /// gpuloop on its PATH (none, or one of another protocol) receives this binary into
+    /// ~/.cache/gpuloop (or $XDG_CACHE_HOME/gpuloop) there, SHA-256 checked before it runs
+    /// and reused by later runs, where it can run (same architecture, a glibc at least as
+    /// new as it needs). Not with --remote-bin, which names the one gpuloop to run there.
+    #[arg(long, global = true, help_heading = HOSTS)]
+    pub no_push: bool,
 }
 
 impl HostFlags {

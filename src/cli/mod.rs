@@ -155,6 +155,7 @@ fn hosts_config(
         if let Some(t) = f.host_timeout {
             o.connect_timeout_s = (t.ceil() as u64).max(1);
         }
+        o.push = !f.no_push && f.remote_bin.is_none();
         if one_shot && !f.no_reuse {
             match crate::hosts::transport::reuse_dir() {
                 Ok(dir) => o.reuse = Some(dir),

@@ -2,7 +2,7 @@
 //! at a time), calls with ids and deadlines over its stdio, behind a blocking API.
 
 use super::protocol::{self, Answered, Body, Call, Hello, Message, Request, Stream, WireError};
-use super::{HostError, HostsConfig, Transport, LOCAL};
+use super::{push, HostError, HostsConfig, Transport, LOCAL};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::io::Write;
@@ -636,13 +636,54 @@ const PING_BIT: u64 = 1 << 61;
 /// `reached_as`'s id: its answer is not awaited.
 const REACHED_ID: u64 = 1 << 60;
 
-/// Starts the agent and reads its hello.
+/// Marks the version error that sends this gpuloop instead of the host's own.
+const PUSH_INSTEAD: &str = "(push)";
+
+/// Starts the agent and reads its hello; where the host's own gpuloop speaks another
+/// protocol and gpuloop is pushed, again with this one's copy.
 async fn connect(
     host: &str,
     transport: &Transport,
     timeout: Duration,
     answer_within: Duration,
     shard: usize,
+) -> Result<Conn, HostError> {
+    let started = Instant::now();
+    match connect_once(host, transport, timeout, answer_within, shard, false).await {
+        Err(HostError::Version { ours, .. }) if ours == PUSH_INSTEAD => {
+            let left = timeout.saturating_sub(started.elapsed());
+            connect_once(host, transport, left, answer_within, shard, true).await
+        }
+        r => r,
+    }
+}
+
+/// What to write to a push script's question `line` (`None`: it is no question): the
+/// binary's hash, or its size and bytes; an error where this binary cannot go there.
+fn push_answer(line: &str) -> Option<Result<Vec<u8>, String>> {
+    if let Some(said) = line.strip_prefix(push::ASK) {
+        return Some(push::exe().and_then(|exe| match push::cannot_run(said, &exe) {
+            Some(why) => Err(why),
+            None => Ok(format!("{}\n", exe.hash).into_bytes()),
+        }));
+    }
+    if line == push::SEND {
+        return Some(push::exe().map(|exe| {
+            let mut b = format!("{}\n", exe.bytes.len()).into_bytes();
+            b.extend_from_slice(&exe.bytes);
+            b
+        }));
+    }
+    None
+}
+
+async fn connect_once(
+    host: &str,
+    transport: &Transport,
+    timeout: Duration,
+    answer_within: Duration,
+    shard: usize,
+    skip_path: bool,
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
     // A connection is kept between runs only where the user's ssh config keeps none itself
@@ -654,7 +695,8 @@ async fn connect(
         None => false,
     };
     let timeout = timeout.saturating_sub(started.elapsed());
-    let launch = transport.launch(host, mux)?;
+    let launch = transport.launch(host, mux, skip_path)?;
+    tracing::debug!("host {host}: {} {}", launch.program, launch.args.join(" "));
     let program = transport.program();
     let mut cmd = tokio::process::Command::new(&launch.program);
     for v in &launch.env_remove {
@@ -688,7 +730,41 @@ async fn connect(
     let stderr_task = tokio::spawn(read_stderr(host.to_string(), stderr, err_state.clone()));
     let mut stdout = BufReader::new(stdout);
 
-    let first = tokio::time::timeout(timeout, read_line(&mut stdout, 64 * 1024)).await;
+    let mut stdin = stdin;
+    // The first line is the agent's hello; where gpuloop is pushed, the push script's
+    // questions may come first (`push`), all within the one timeout.
+    let first = tokio::time::timeout(timeout, async {
+        loop {
+            let line = read_line(&mut stdout, 64 * 1024).await;
+            let Ok(Some(l)) = &line else { return Ok(line) };
+            let Some(answer) = transport
+                .pushes()
+                .then(|| push_answer(l))
+                .flatten()
+            else {
+                return Ok(line);
+            };
+            let answer = answer.map_err(|why| HostError::NoAgent {
+                host: host.to_string(),
+                why: format!(
+                    "gpuloop is not installed there, and this one cannot be sent: {why}; install gpuloop there or give --remote-bin PATH"
+                ),
+            })?;
+            // A write that fails means the session ended: its reading says why.
+            if stdin.write_all(&answer).await.is_err() || stdin.flush().await.is_err() {
+                return Ok(Ok(None));
+            }
+        }
+    })
+    .await;
+    let first = match first {
+        Ok(Err(e)) => {
+            let _ = child.start_kill();
+            return Err(e);
+        }
+        Ok(Ok(line)) => Ok(line),
+        Err(e) => Err(e),
+    };
     let said = |st: &Arc<Mutex<Stderr>>| lock(st).tail.clone();
     let hello = match first {
         Err(_) => {
@@ -726,9 +802,29 @@ async fn connect(
                 .and_then(|s| s.ok())
                 .and_then(|s| s.code());
             let _ = tokio::time::timeout(Duration::from_secs(2), stderr_task).await;
+            if code == Some(push::CANNOT_STORE) && transport.pushes() {
+                return Err(HostError::NoAgent {
+                    host: host.to_string(),
+                    why: format!(
+                        "gpuloop is not installed there, and this one could not be stored in its cache{}",
+                        quote(program, &said(&err_state))
+                    ),
+                });
+            }
             return Err(transport.classify(host, code, &said(&err_state)));
         }
     };
+    if hello.protocol != protocol::PROTOCOL && transport.pushes() && !skip_path {
+        // Its own gpuloop speaks another protocol: this one's copy will do.
+        let _ = child.start_kill();
+        return Err(HostError::Version {
+            host: host.to_string(),
+            theirs: hello.version,
+            their_protocol: hello.protocol,
+            ours: PUSH_INSTEAD.into(),
+            our_protocol: protocol::PROTOCOL,
+        });
+    }
     if hello.protocol != protocol::PROTOCOL {
         let _ = child.start_kill();
         return Err(HostError::Version {

@@ -9,6 +9,7 @@ pub mod client;
 pub mod fold;
 pub mod hostlist;
 pub mod protocol;
+pub mod push;
 pub mod slurm;
 pub mod transport;
 

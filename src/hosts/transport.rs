@@ -61,6 +61,9 @@ pub struct SshOpts {
     /// Where connections are kept between runs (OpenSSH's ControlMaster sockets, a private
     /// directory); `None`: a new connection each run.
     pub reuse: Option<PathBuf>,
+    /// A host without a usable gpuloop receives this one (`push`); not with `--no-push`,
+    /// nor with `--remote-bin`, which names the one program to run there.
+    pub push: bool,
 }
 
 /// How long a kept connection outlives the run that opened it (ssh's ControlPersist).
@@ -85,6 +88,7 @@ impl Transport {
             remote_bin: remote_bin.unwrap_or_else(|| "gpuloop".into()),
             connect_timeout_s: CONNECT_TIMEOUT_S,
             reuse: None,
+            push: false,
         })
     }
 
@@ -97,6 +101,11 @@ impl Transport {
         })
     }
 
+    /// Whether a host without a usable gpuloop is sent this one.
+    pub fn pushes(&self) -> bool {
+        matches!(self, Transport::Ssh(o) if o.push)
+    }
+
     /// The program that reaches the hosts, for messages ("ssh said: …").
     pub fn program(&self) -> &'static str {
         match self {
@@ -107,7 +116,9 @@ impl Transport {
 
     /// The command that starts `gpuloop agent` on `dest`. `mux`: through a connection kept
     /// in the reuse directory (only where the user's ssh config keeps none of its own).
-    pub fn launch(&self, dest: &str, mux: bool) -> Result<Launch, HostError> {
+    /// `skip_path`: where gpuloop is pushed, the one on the PATH is not to be used (it speaks
+    /// another protocol).
+    pub fn launch(&self, dest: &str, mux: bool, skip_path: bool) -> Result<Launch, HostError> {
         Ok(match self {
             Transport::Ssh(o) => {
                 // BatchMode: never prompt (there is no one to answer); host key checking is
@@ -139,6 +150,11 @@ impl Transport {
                     }
                 }
                 args.extend(o.destination(dest));
+                if o.push {
+                    // The remote command: find or receive a gpuloop, then run its agent.
+                    args.pop();
+                    args.push(super::push::script(skip_path));
+                }
                 Launch {
                     program: "ssh".into(),
                     args,
@@ -441,7 +457,7 @@ mod tests {
     #[test]
     fn host_port_becomes_ssh_dash_p() {
         let t = Transport::ssh(None, None);
-        let line = |d: &str| t.launch(d, false).unwrap().args.join(" ");
+        let line = |d: &str| t.launch(d, false, false).unwrap().args.join(" ");
         assert!(
             line("gpu01:2222").contains("-p 2222 -- gpu01 "),
             "{}",
@@ -486,7 +502,7 @@ mod tests {
     #[test]
     fn ssh_never_prompts_and_keeps_host_key_checking() {
         let t = Transport::ssh(Some("/tmp/cfg".into()), Some("/opt/my gpuloop".into()));
-        let l = t.launch("alice@gpu01", false).unwrap();
+        let l = t.launch("alice@gpu01", false, false).unwrap();
         assert_eq!(l.program, "ssh");
         let line = l.args.join(" ");
         assert!(line.starts_with("-o BatchMode=yes"), "{line}");
@@ -524,7 +540,7 @@ mod tests {
         if let Transport::Srun(o) = &mut t {
             o.jobs.insert("gpu01".into(), "812_3".into());
         }
-        let l = t.launch("gpu01", false).unwrap();
+        let l = t.launch("gpu01", false, false).unwrap();
         assert_eq!(l.program, "srun");
         assert_eq!(
             l.args.join(" "),
@@ -534,14 +550,14 @@ mod tests {
         assert_eq!(l.args[l.args.len() - 2], "/opt/my gpuloop");
         assert!(l.env_remove.iter().any(|v| v == "SLURM_UNBUFFEREDIO"));
         assert!(t
-            .launch("gpu02", false)
+            .launch("gpu02", false, false)
             .unwrap()
             .args
             .join(" ")
             .starts_with("--jobid 900 "));
         let jobless = Transport::srun(None, None);
         assert!(matches!(
-            jobless.launch("gpu02", false),
+            jobless.launch("gpu02", false, false),
             Err(HostError::NoJob { .. })
         ));
     }
