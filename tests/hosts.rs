@@ -706,9 +706,17 @@ fn advice_for_a_missing_remote_bin_given_never_says_path_or_give_remote_bin() {
         .expect("gpuloop"),
     )
     .code(1);
-    assert!(out.stderr.contains("/opt/missing/gpuloop"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("/opt/missing/gpuloop"),
+        "{}",
+        out.stderr
+    );
     assert!(!out.stderr.contains("on its PATH"), "{}", out.stderr);
-    assert!(!out.stderr.contains("give --remote-bin PATH"), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains("give --remote-bin PATH"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// A user's report: `diagnose --check --host …` printed the per-host table on stdout, where
@@ -773,7 +781,11 @@ fn json_names_each_hosts_failure_in_the_document() {
 fn skip_unreachable_lets_a_one_shot_answer_for_the_hosts_that_answered() {
     let c = Cluster::new(&[("sa", "2x8G")], &["sdown"]);
     let out = c.run(&["--host", "sa,sdown", "diagnose"]).code(1);
-    assert!(out.stdout.contains("1 unreachable: sdown"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("1 unreachable: sdown"),
+        "{}",
+        out.stdout
+    );
     let out = c
         .run(&["--host", "sa,sdown", "--skip-unreachable", "diagnose"])
         .ok();
@@ -783,7 +795,8 @@ fn skip_unreachable_lets_a_one_shot_answer_for_the_hosts_that_answered() {
         out.stdout
     );
     assert!(
-        out.stderr.contains("warning: skipping host sdown: cannot connect"),
+        out.stderr
+            .contains("warning: skipping host sdown: cannot connect"),
         "{}",
         out.stderr
     );
@@ -870,12 +883,13 @@ fn alike_hosts_fold_into_one_row_and_the_last_line_names_the_bad_ones() {
         out.stdout
     );
     assert!(
-        out.stdout.lines().all(|l| !l.starts_with(&format!("{held} "))),
+        out.stdout
+            .lines()
+            .all(|l| !l.starts_with(&format!("{held} "))),
         "{}",
         out.stdout
     );
 }
-
 
 #[test]
 fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() {
@@ -1540,9 +1554,18 @@ fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
         .find("gpuloop: host pdown: cannot connect: ssh said:")
         .expect(&tty);
     let answered = tty.find("2/2 hosts answered").expect(&tty);
-    let summary = tty.find("3 host(s): 2 clean, 1 unreachable: pdown").expect(&tty);
-    assert!(progress < failed && failed < answered && answered < summary, "{tty}");
-    assert_eq!(tty.matches("host pdown: cannot connect").count(), 1, "said once: {tty}");
+    let summary = tty
+        .find("3 host(s): 2 clean, 1 unreachable: pdown")
+        .expect(&tty);
+    assert!(
+        progress < failed && failed < answered && answered < summary,
+        "{tty}"
+    );
+    assert_eq!(
+        tty.matches("host pdown: cannot connect").count(),
+        1,
+        "said once: {tty}"
+    );
     // The progress line is wiped before the results.
     let wiped = tty.rfind("\r\x1b[K").expect(&tty);
     assert!(tty[..wiped].ends_with("2/2 hosts answered"), "{tty:?}");
@@ -1562,7 +1585,11 @@ fn bare_host(c: &Cluster, alias: &str, more: &str) -> std::path::PathBuf {
     let cache = c.dir.path().join(format!("{alias}-cache"));
     c.set_env(
         alias,
-        &format!("BASH_ENV={} XDG_CACHE_HOME={}", env.display(), cache.display()),
+        &format!(
+            "BASH_ENV={} XDG_CACHE_HOME={}",
+            env.display(),
+            cache.display()
+        ),
     );
     cache
 }
@@ -1595,20 +1622,34 @@ fn a_host_without_gpuloop_receives_this_one_and_cleans() {
         .map(|e| e.path())
         .collect();
     assert_eq!(stored.len(), 1, "one file, no temporary left: {stored:?}");
-    let name = stored[0].file_name().unwrap().to_string_lossy().into_owned();
+    let name = stored[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     assert!(
-        name.starts_with(&format!("gpuloop-{}-", env!("CARGO_PKG_VERSION"))) && name.len() == 8 + 6 + 16,
+        name.starts_with(&format!("gpuloop-{}-", env!("CARGO_PKG_VERSION")))
+            && name.len() == 8 + 6 + 16,
         "{name}"
     );
-    assert_eq!(std::fs::read(&stored[0]).unwrap(), std::fs::read(bin()).unwrap());
+    assert_eq!(
+        std::fs::read(&stored[0]).unwrap(),
+        std::fs::read(bin()).unwrap()
+    );
     let meta = std::fs::metadata(&stored[0]).unwrap();
-    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o700);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o700
+    );
     // Reused: the same file serves the next run, over a new connection too.
     let ino = std::os::unix::fs::MetadataExt::ino(&meta);
     run(&["--host", "pa", "--no-reuse", "diagnose"]).ok();
     let again = std::fs::metadata(&stored[0]).unwrap();
     assert_eq!(std::os::unix::fs::MetadataExt::ino(&again), ino);
-    assert!(within(10, || running_from(&cache).is_empty()), "an agent was left");
+    assert!(
+        within(10, || running_from(&cache).is_empty()),
+        "an agent was left"
+    );
     // --no-push: the host's own gpuloop or nothing.
     let out = run(&["--host", "pa", "--no-push", "--no-reuse", "gpus"]).code(1);
     assert!(
@@ -1679,5 +1720,26 @@ fn gpuloop_is_sent_only_where_it_can_be_stored_and_run() {
     assert!(
         within(10, || running_from(&ok_cache).is_empty()),
         "an agent was left"
+    );
+}
+
+/// A user's report: ssh's connect timeout was 15 s where pdsh's is 10 s, whatever
+/// --host-timeout said. `-v` shows the ssh command each host is reached with.
+#[test]
+fn ssh_connect_timeout_follows_host_timeout_and_is_pdshs_by_default() {
+    let c = Cluster::new(&[("ta", "1x8G")], &[]);
+    let out = c.run(&["-v", "--host", "ta", "gpus"]).ok();
+    assert!(
+        out.stderr.contains("-o ConnectTimeout=10 "),
+        "{}",
+        out.stderr
+    );
+    let out = c
+        .run(&["-v", "--host", "ta", "--host-timeout", "4", "gpus"])
+        .ok();
+    assert!(
+        out.stderr.contains("-o ConnectTimeout=4 "),
+        "{}",
+        out.stderr
     );
 }

@@ -76,7 +76,11 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             }
             emit_hosts(cfg, &gpus, &rows, || {
                 let (shown, note) = fold_rows(cfg, &gpus, &idle, "idle", |g| &g.host);
-                with_note(render::gpus(&shown, Style::stdout()), shown.is_empty(), note)
+                with_note(
+                    render::gpus(&shown, Style::stdout()),
+                    shown.is_empty(),
+                    note,
+                )
             })?;
             let code = summary(cfg, rows, true)?;
             // A GPU the driver could not read is reported beside the others, and fails the command.

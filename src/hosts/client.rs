@@ -662,10 +662,12 @@ async fn connect(
 /// binary's hash, or its size and bytes; an error where this binary cannot go there.
 fn push_answer(line: &str) -> Option<Result<Vec<u8>, String>> {
     if let Some(said) = line.strip_prefix(push::ASK) {
-        return Some(push::exe().and_then(|exe| match push::cannot_run(said, &exe) {
-            Some(why) => Err(why),
-            None => Ok(format!("{}\n", exe.hash).into_bytes()),
-        }));
+        return Some(
+            push::exe().and_then(|exe| match push::cannot_run(said, &exe) {
+                Some(why) => Err(why),
+                None => Ok(format!("{}\n", exe.hash).into_bytes()),
+            }),
+        );
     }
     if line == push::SEND {
         return Some(push::exe().map(|exe| {

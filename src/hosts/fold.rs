@@ -121,7 +121,10 @@ mod tests {
             compress(&["r1-n1", "r1-n2", "r2-n1", "login"]),
             "r1-n[1-2],r2-n1,login"
         );
-        assert_eq!(compress(&["gpu1.x", "gpu2.x", "gpu3.y"]), "gpu[1-2].x,gpu3.y");
+        assert_eq!(
+            compress(&["gpu1.x", "gpu2.x", "gpu3.y"]),
+            "gpu[1-2].x,gpu3.y"
+        );
         assert_eq!(compress::<&str>(&[]), "");
     }
 

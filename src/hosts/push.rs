@@ -70,11 +70,7 @@ pub fn exe() -> Result<Arc<Exe>, String> {
             .map(|b| format!("{b:02x}"))
             .collect();
         let glibc = glibc_needed(&bytes);
-        Ok(Arc::new(Exe {
-            bytes,
-            hash,
-            glibc,
-        }))
+        Ok(Arc::new(Exe { bytes, hash, glibc }))
     })
     .clone()
 }
@@ -87,12 +83,18 @@ pub fn cannot_run(said: &str, exe: &Exe) -> Option<String> {
     if arch != ours {
         return Some(format!(
             "this gpuloop is built for {ours}, and that host is {}",
-            if arch.is_empty() { "of unknown architecture" } else { arch }
+            if arch.is_empty() {
+                "of unknown architecture"
+            } else {
+                arch
+            }
         ));
     }
     let (libc, version) = (w.next(), w.next());
     if let Some((maj, min)) = exe.glibc {
-        let theirs = version.and_then(parse_version).filter(|_| libc == Some("glibc"));
+        let theirs = version
+            .and_then(parse_version)
+            .filter(|_| libc == Some("glibc"));
         match theirs {
             None => {
                 return Some(format!(
@@ -200,10 +202,17 @@ mod tests {
         assert_eq!(cannot_run(&format!("{arch} glibc 2.36"), &exe), None);
         assert_eq!(cannot_run(&format!("{arch} glibc 2.34"), &exe), None);
         let old = cannot_run(&format!("{arch} glibc 2.31"), &exe).unwrap();
-        assert!(old.contains("needs glibc 2.34 or newer") && old.contains("has 2.31"), "{old}");
+        assert!(
+            old.contains("needs glibc 2.34 or newer") && old.contains("has 2.31"),
+            "{old}"
+        );
         let musl = cannot_run(arch, &exe).unwrap();
         assert!(musl.contains("no glibc"), "{musl}");
-        let other = if arch == "aarch64" { "x86_64" } else { "aarch64" };
+        let other = if arch == "aarch64" {
+            "x86_64"
+        } else {
+            "aarch64"
+        };
         let e = cannot_run(&format!("{other} glibc 2.36"), &exe).unwrap();
         assert!(e.contains(&format!("that host is {other}")), "{e}");
     }

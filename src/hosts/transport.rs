@@ -376,7 +376,8 @@ fn control_path(dir: &std::path::Path, dest: &str, config: Option<&std::path::Pa
 pub fn sets_control_path(shown: &str) -> bool {
     shown.lines().any(|l| {
         let mut w = l.split_whitespace();
-        w.next().is_some_and(|k| k.eq_ignore_ascii_case("controlpath"))
+        w.next()
+            .is_some_and(|k| k.eq_ignore_ascii_case("controlpath"))
             && w.next().is_some_and(|v| v != "none")
     })
 }
@@ -480,6 +481,74 @@ mod tests {
             );
             assert!(!line(same).contains("-p "), "{same}");
         }
+    }
+
+    /// A user's report: ssh's connect timeout was 15 s where pdsh's is 10 s.
+    #[test]
+    fn ssh_connect_timeout_is_pdshs_unless_host_timeout_says() {
+        let line = Transport::ssh(None, None)
+            .launch("gpu01", false, false)
+            .unwrap()
+            .args
+            .join(" ");
+        assert!(line.contains("-o ConnectTimeout=10 "), "{line}");
+    }
+
+    #[test]
+    fn a_kept_connection_is_one_per_alias_in_the_private_dir() {
+        let mut t = Transport::ssh(Some("/etc/cfg".into()), None);
+        if let Transport::Ssh(o) = &mut t {
+            o.reuse = Some("/run/user/7/gpuloop".into());
+        }
+        let line = |d: &str, mux| t.launch(d, mux, false).unwrap().args.join(" ");
+        let a = line("gpu01", true);
+        assert!(
+            a.contains(
+                "-o ControlMaster=auto -o ControlPersist=60 -o ControlPath=/run/user/7/gpuloop/%C-"
+            ),
+            "{a}"
+        );
+        assert!(a.contains("ServerAliveInterval="), "{a}");
+        // Two aliases of one server: a master each (SetEnv and the like are the master's).
+        assert_ne!(a, line("gpu01b", true).replace("gpu01b", "gpu01"));
+        assert_eq!(a, line("gpu01", true));
+        // The user's ControlPath wins: no options of ours at all.
+        assert!(!line("gpu01", false).contains("Control"));
+        assert!(sets_control_path("user root\ncontrolpath /tmp/x-%C\n"));
+        assert!(!sets_control_path("user root\ncontrolmaster false\n"));
+        assert!(!sets_control_path("controlpath none\n"));
+    }
+
+    #[test]
+    fn missing_agent_advice_depends_on_whether_remote_bin_was_given() {
+        let e = Transport::ssh(None, Some("/opt/gpuloop".into())).classify(
+            "gpu01",
+            Some(127),
+            "bash: line 1: /opt/gpuloop: No such file or directory\n",
+        );
+        let e = e.to_string();
+        assert!(e.contains("at --remote-bin /opt/gpuloop"), "{e}");
+        assert!(!e.contains("PATH"), "{e}");
+        let e = Transport::ssh(None, None)
+            .classify("gpu01", Some(127), "bash: gpuloop: command not found\n")
+            .to_string();
+        assert!(
+            e.contains("not on its PATH") && e.contains("give --remote-bin PATH"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn pushing_replaces_the_remote_command_with_the_script() {
+        let mut t = Transport::ssh(None, None);
+        if let Transport::Ssh(o) = &mut t {
+            o.push = true;
+        }
+        let l = t.launch("gpu01", false, false).unwrap();
+        let cmd = l.args.last().unwrap();
+        assert!(cmd.starts_with("sh -c 'command -v gpuloop "), "{cmd}");
+        let l = t.launch("gpu01", false, true).unwrap();
+        assert!(!l.args.last().unwrap().contains("command -v"));
     }
 
     #[test]
