@@ -672,24 +672,6 @@ fn unreachable_hosts_and_hosts_without_gpuloop_are_named() {
         ])
         .ok();
     assert_eq!(out.stdout.trim(), "2");
-
-    // A --remote-bin given is what did not run: the advice names it, not the PATH.
-    let out = out_of(
-        c.cmd_with(
-            std::path::Path::new("/nonexistent/gpuloop"),
-            &["--host", "ua", "holders"],
-        )
-        .output()
-        .expect("gpuloop"),
-    )
-    .code(1);
-    assert!(
-        out.stderr
-            .contains("host ua: gpuloop is not installed there at --remote-bin /nonexistent/gpuloop (ssh said: ")
-            && out.stderr.contains("give the path of a gpuloop on that host"),
-        "{}",
-        out.stderr
-    );
 }
 
 /// A user's report: with an absolute `--remote-bin` given, the advice still said "not on its
@@ -707,7 +689,9 @@ fn advice_for_a_missing_remote_bin_given_never_says_path_or_give_remote_bin() {
     )
     .code(1);
     assert!(
-        out.stderr.contains("/opt/missing/gpuloop"),
+        out.stderr.contains(
+            "host ra: gpuloop is not installed there at --remote-bin /opt/missing/gpuloop (ssh said: "
+        ) && out.stderr.contains("give the path of a gpuloop on that host"),
         "{}",
         out.stderr
     );
@@ -799,6 +783,33 @@ fn skip_unreachable_lets_a_one_shot_answer_for_the_hosts_that_answered() {
             .contains("warning: skipping host sdown: cannot connect"),
         "{}",
         out.stderr
+    );
+    // With --json the skipped host is in the document, and stderr has one warning line.
+    let out = c
+        .run(&[
+            "--host",
+            "sa,sdown",
+            "--skip-unreachable",
+            "--json",
+            "diagnose",
+        ])
+        .ok();
+    let doc = out.json();
+    let skipped: Vec<_> = doc
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["host"] == "sdown")
+        .collect();
+    assert_eq!(skipped.len(), 1, "{doc}");
+    assert_eq!(skipped[0]["state"], "skipped", "{doc}");
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    let line: serde_json::Value = serde_json::from_str(out.stderr.trim()).expect("JSON");
+    assert!(
+        line["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("host sdown: cannot connect")),
+        "{line}"
     );
     // A host that answers and is not clean still fails the command.
     c.sim("sa").hold(&["--gpu", "0", "--mib", "100"]);

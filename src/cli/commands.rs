@@ -423,10 +423,21 @@ fn summary(cfg: &Config, mut rows: Vec<render::HostRow>, show: bool) -> Result<i
     let failed: Vec<&str> = rows.iter().filter_map(|r| r.error.as_deref()).collect();
     if cfg.json {
         if !failed.is_empty() {
-            let line = serde_json::json!({
-                "error": format!("{} of {} host(s) failed: {}", failed.len(), rows.len(), failed.join("; "))
-            });
-            crate::errln!("{line}");
+            // Hosts skipped as --skip-unreachable asked are a warning, not the command's error.
+            let skipped = rows
+                .iter()
+                .all(|r| r.error.is_none() || r.state == "skipped");
+            let (key, what) = match skipped {
+                true => ("warning", "skipped"),
+                false => ("error", "failed"),
+            };
+            let text = format!(
+                "{} of {} host(s) {what}: {}",
+                failed.len(),
+                rows.len(),
+                failed.join("; ")
+            );
+            crate::errln!("{}", serde_json::json!({ key: text }));
         }
     } else if show && answered {
         // Nothing answered: the errors above are all there is; nothing here reads as a result.
