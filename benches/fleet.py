@@ -5,6 +5,7 @@ Starts a private OpenSSH server on 127.0.0.1 (throw-away keys) and N host aliase
 generated client config, each with its own simulated 8x80G machine (SetEnv GPULOOP_SIM_DIR).
 For each size (SIZES, default 16,64), REPS times (default 7), in turn:
 
+- gpuloop without kept connections (`--no-reuse`, what every run paid before);
 - gpuloop first run: `gpuloop --host h[01-N] --json gpus` with no kept connection (a fresh
   XDG_RUNTIME_DIR each time): N ssh handshakes;
 - gpuloop repeated run: the same, again, through the connections the run before kept
@@ -128,10 +129,12 @@ SetEnv SHLVL=1
                "reps": REPS, "sizes": {}}
         for n in SIZES:
             hosts = f"h[01-{n:02d}]"
-            times = {k: [] for k in ("gpus_first", "gpus_repeated", "diagnose_first",
-                                     "diagnose_repeated", "pdsh", "clush")}
+            times = {k: [] for k in ("gpus_no_reuse", "gpus_first", "gpus_repeated",
+                                     "diagnose_first", "diagnose_repeated", "pdsh", "clush")}
             for _ in range(REPS):
                 # The same order each round, so that a noisy moment hits every tool alike.
+                times["gpus_no_reuse"].append(
+                    run([*gl, "--host", hosts, "--no-reuse", "--json", "gpus"], fresh_runtime()))
                 for cmd in ("gpus", "diagnose"):
                     env = fresh_runtime()
                     times[f"{cmd}_first"].append(run([*gl, "--host", hosts, "--json", cmd], env))

@@ -689,12 +689,15 @@ async fn connect_once(
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
     // A connection is kept between runs only where the user's ssh config keeps none itself
-    // (its own ControlPath wins); ssh -G says, without connecting.
-    let mux = match transport.show_config(host) {
-        Some(g) => output_of(&g, timeout)
+    // (its own ControlPath wins); ssh -G says, without connecting. A socket already there
+    // is one an earlier run decided on: used without asking again (a ControlPath added to
+    // the config since then wins once that master has gone, ControlPersist after its use).
+    let mux = match (transport.kept_socket(host), transport.show_config(host)) {
+        (Some(sock), _) if sock.exists() => true,
+        (_, Some(g)) => output_of(&g, timeout)
             .await
             .is_some_and(|shown| !super::transport::sets_control_path(&shown)),
-        None => false,
+        _ => false,
     };
     let timeout = timeout.saturating_sub(started.elapsed());
     let launch = transport.launch(host, mux, skip_path)?;

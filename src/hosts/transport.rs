@@ -140,7 +140,7 @@ impl Transport {
                         format!("ControlPersist={PERSIST_S}"),
                         format!(
                             "ControlPath={}",
-                            control_path(dir, dest, o.config.as_deref())
+                            control_path(dir, dest, o.config.as_deref()).display()
                         ),
                         "ServerAliveInterval=5".into(),
                         "ServerAliveCountMax=2".into(),
@@ -196,6 +196,13 @@ impl Transport {
                 }
             }
         })
+    }
+
+    /// The socket a connection to `dest` is kept at; `None` where connections are not kept.
+    pub fn kept_socket(&self, dest: &str) -> Option<PathBuf> {
+        let Transport::Ssh(o) = self else { return None };
+        let dir = o.reuse.as_ref()?;
+        Some(control_path(dir, dest, o.config.as_deref()))
     }
 
     /// `ssh -G`: the user's effective config for `dest`, read before reusing a connection
@@ -352,12 +359,12 @@ impl SshOpts {
     }
 }
 
-/// The socket of a kept connection: `%C`, ssh's hash of the local host, remote host, port
-/// and user, is short enough for a socket's path however long the names are; then a short
-/// hash of the destination as named and the config file. A master carries the options of
-/// the alias that opened it (OpenSSH's clients do not pass their SetEnv through it), so two
-/// aliases of one server get a master each.
-fn control_path(dir: &std::path::Path, dest: &str, config: Option<&std::path::Path>) -> String {
+/// The socket of a kept connection: a hash of the destination as named and the config file,
+/// short enough for a socket's path (ssh adds 17 bytes to it while it binds). Known without
+/// asking ssh, so a later run that finds it uses it without reading the config again. One
+/// per alias: a master carries the options of the alias that opened it (OpenSSH's clients do
+/// not pass their SetEnv through it), so two aliases of one server get a master each.
+fn control_path(dir: &std::path::Path, dest: &str, config: Option<&std::path::Path>) -> PathBuf {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
     h.update(dest.as_bytes());
@@ -365,11 +372,11 @@ fn control_path(dir: &std::path::Path, dest: &str, config: Option<&std::path::Pa
     if let Some(c) = config {
         h.update(c.as_os_str().as_encoded_bytes());
     }
-    let tag: String = h.finalize()[..4]
+    let tag: String = h.finalize()[..10]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("{}/%C-{tag}", dir.display())
+    dir.join(tag)
 }
 
 /// Whether `ssh -G`'s output sets a ControlPath (unset, it prints none at all).
