@@ -41,7 +41,8 @@ pub struct Args {
         help_heading = GLOBAL
     )]
     pub sim: Option<String>,
-    /// Print JSON instead of tables (errors too, on stderr: {"error": …}).
+    /// Print JSON instead of tables (errors too, on stderr: {"error": …}; over several hosts
+    /// each host that failed is also in the document, as {"host", "state", "error"}).
     #[arg(long, global = true, help_heading = GLOBAL)]
     pub json: bool,
     /// More logs (-v, -vv).
@@ -259,7 +260,8 @@ pub struct HostFlags {
     /// listed (default: $SLURM_JOB_ID).
     #[arg(long, global = true, value_name = "J", help_heading = HOSTS)]
     pub jobid: Option<String>,
-    /// The gpuloop to run on the hosts (default: gpuloop on their PATH).
+    /// The gpuloop to run on the hosts (default: gpuloop on their PATH, or where there is
+    /// none this one, sent there: see --no-push).
     #[arg(long, global = true, value_name = "PATH", help_heading = HOSTS)]
     pub remote_bin: Option<String>,
     /// ssh client config file, passed to ssh as -F FILE.

@@ -511,11 +511,16 @@ mod tests {
         let a = line("gpu01", true);
         assert!(
             a.contains(
-                "-o ControlMaster=auto -o ControlPersist=60 -o ControlPath=/run/user/7/gpuloop/%C-"
+                "-o ControlMaster=auto -o ControlPersist=60 -o ControlPath=/run/user/7/gpuloop/"
             ),
             "{a}"
         );
         assert!(a.contains("ServerAliveInterval="), "{a}");
+        let sock = t.kept_socket("gpu01").unwrap();
+        assert!(
+            a.contains(&format!("ControlPath={} ", sock.display())),
+            "{a}"
+        );
         // Two aliases of one server: a master each (SetEnv and the like are the master's).
         assert_ne!(a, line("gpu01b", true).replace("gpu01b", "gpu01"));
         assert_eq!(a, line("gpu01", true));
