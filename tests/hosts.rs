@@ -1754,3 +1754,36 @@ fn ssh_connect_timeout_follows_host_timeout_and_is_pdshs_by_default() {
         out.stderr
     );
 }
+
+/// A host whose own gpuloop speaks another protocol (an older install) has no usable
+/// gpuloop: it receives this one, which then runs instead of its own; with --no-push its own
+/// is named, with both versions.
+#[test]
+fn a_host_whose_gpuloop_speaks_another_protocol_receives_this_one() {
+    let c = Cluster::new(&[("pv", "1x8G")], &[]);
+    let old = c.dir.path().join("oldbin");
+    std::fs::create_dir(&old).unwrap();
+    let fake = old.join("gpuloop");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho '{\"type\":\"hello\",\"protocol\":1,\"version\":\"0.0.1\",\"hostname\":\"pv\",\"gpus\":0,\"backend\":\"none\"}'\nexec cat >/dev/null\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cache = bare_host(&c, "pv", &format!("export PATH={}:$PATH", old.display()));
+    let run = |args: &[&str]| out_of(c.bare_cmd().args(args).output().expect("gpuloop"));
+    let out = run(&["--host", "pv", "--no-reuse", "--no-push", "gpus"]).code(1);
+    assert!(
+        out.stderr
+            .contains("host pv: its gpuloop 0.0.1 speaks protocol 1"),
+        "{}",
+        out.stderr
+    );
+    let out = run(&["--host", "pv", "--no-reuse", "--json", "gpus"]).ok();
+    assert_eq!(out.json().as_array().unwrap().len(), 1, "{}", out.stdout);
+    assert_eq!(std::fs::read_dir(cache.join("gpuloop")).unwrap().count(), 1);
+    assert!(
+        within(10, || running_from(&cache).is_empty()),
+        "an agent was left"
+    );
+}
