@@ -1565,6 +1565,8 @@ fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
         .find("gpuloop: host pdown: cannot connect: ssh said:")
         .expect(&tty);
     let answered = tty.find("2/2 hosts answered").expect(&tty);
+    // The last hosts still to come are named.
+    assert!(tty.contains("1/2 hosts answered; waiting for p"), "{tty:?}");
     let summary = tty
         .find("3 host(s): 2 clean, 1 unreachable: pdown")
         .expect(&tty);

@@ -88,27 +88,50 @@ enum Slot {
 struct Progress {
     /// `--skip-unreachable`: an unreachable host is a warning.
     skip: bool,
-    /// Hosts in, hosts asked, and what they do ("connected", "answered").
-    state: Mutex<(usize, usize, &'static str)>,
+    state: Mutex<Phase>,
     /// The hosts whose failure was said already (the command does not say it again).
     said: Mutex<std::collections::HashSet<String>>,
 }
 
+/// One round of a progress line: what the hosts do ("connected", "answered"), and those
+/// still to come, in host-set order.
+#[derive(Default)]
+struct Phase {
+    what: &'static str,
+    total: usize,
+    waiting: Vec<String>,
+}
+
+/// The line names the hosts still to come once they are this few.
+const NAME_LAST: usize = 8;
+
 impl Progress {
-    fn start(&self, total: usize, what: &'static str) {
+    fn start(&self, hosts: Vec<String>, what: &'static str) {
         let mut st = lock(&self.state);
-        *st = (0, total, what);
+        *st = Phase {
+            what,
+            total: hosts.len(),
+            waiting: hosts,
+        };
         self.draw(&st);
     }
 
-    fn draw(&self, st: &(usize, usize, &'static str)) {
-        crate::err!("\r\x1b[K{}/{} hosts {}", st.0, st.1, st.2);
+    fn draw(&self, st: &Phase) {
+        let done = st.total - st.waiting.len();
+        let mut line = format!("{done}/{} hosts {}", st.total, st.what);
+        if !st.waiting.is_empty() && st.waiting.len() <= NAME_LAST.min(st.total - 1) {
+            line.push_str(&format!(
+                "; waiting for {}",
+                super::fold::compress(&st.waiting)
+            ));
+        }
+        crate::err!("\r\x1b[K{line}");
     }
 
     /// One host is in (`failed`: and this is why, said now).
     fn tick(&self, host: &str, failed: Option<&HostError>) {
         let mut st = lock(&self.state);
-        st.0 += 1;
+        st.waiting.retain(|h| h != host);
         if let Some(e) = failed {
             if lock(&self.said).insert(host.to_string()) {
                 let how = match self.skip && e.unreachable() {
@@ -166,12 +189,12 @@ impl Pool {
         let progress = (config.progress && remote.clone().count() > 1).then(|| {
             Arc::new(Progress {
                 skip: config.skip_unreachable,
-                state: Mutex::new((0, 0, "connected")),
+                state: Mutex::default(),
                 said: Mutex::default(),
             })
         });
         if let Some(p) = &progress {
-            p.start(remote.clone().count(), "connected");
+            p.start(remote.clone().cloned().collect(), "connected");
         }
         let mut handles = Vec::new();
         for (i, h) in remote.enumerate() {
@@ -317,7 +340,7 @@ impl Pool {
         let started = Instant::now();
         let progress = self.progress.clone().filter(|_| work.len() > 1);
         if let Some(p) = &progress {
-            p.start(work.len(), "answered");
+            p.start(work.iter().map(|w| w.1.host.clone()).collect(), "answered");
         }
         // Each host's task goes to its connection's runtime.
         let handles: Vec<_> = work
