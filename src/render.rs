@@ -358,6 +358,53 @@ fn wrap(text: &str, width: usize, indent: usize) -> String {
 }
 
 pub fn kill_report(r: &KillReport, style: Style) -> String {
+    if r.by_host.is_empty() {
+        return one_kill_report(r, style);
+    }
+    // Over hosts, every line that names a pid names its host: a pid alone names nothing on
+    // the machine gpuloop ran on.
+    let mut out = Vec::new();
+    for (host, part) in &r.by_host {
+        let part = KillReport {
+            interrupted: false,
+            ..part.clone()
+        };
+        let text = one_kill_report(&part, style);
+        let mut lines: Vec<&str> = text.lines().collect();
+        // Its own time: the whole report's comes once, at the end.
+        lines.pop();
+        for l in lines.into_iter().filter(|l| *l != "signalled: none") {
+            out.push(format!("{host}: {l}"));
+        }
+    }
+    if out.is_empty() {
+        out.push("signalled: none".to_string());
+    }
+    if r.interrupted {
+        out.push(interrupted_line(r, style));
+    }
+    out.push(format!("({} ms)", r.elapsed_ms));
+    out.join("\n")
+}
+
+/// What an interrupt left: the pids that got the signal and no KILL, each with its host.
+fn interrupted_line(r: &KillReport, style: Style) -> String {
+    let left = if r.by_host.is_empty() {
+        join(&r.survivors)
+    } else {
+        r.by_host
+            .iter()
+            .filter(|(_, h)| !h.survivors.is_empty())
+            .map(|(host, h)| format!("{host}: {}", join(&h.survivors)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    style.red(&format!(
+        "interrupted during the grace; still running, not KILLed: {left}"
+    ))
+}
+
+fn one_kill_report(r: &KillReport, style: Style) -> String {
     let mut out = Vec::new();
     let on = |gpus: &[i64]| match gpus {
         [] => String::new(),
@@ -410,20 +457,7 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
         });
     }
     if r.interrupted {
-        // Over hosts, each pid with its host: a pid alone names nothing on the login node.
-        let left = if r.by_host.is_empty() {
-            join(&r.survivors)
-        } else {
-            r.by_host
-                .iter()
-                .filter(|(_, h)| !h.survivors.is_empty())
-                .map(|(host, h)| format!("{host}: {}", join(&h.survivors)))
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
-        out.push(style.red(&format!(
-            "interrupted during the grace; still running, not KILLed: {left}"
-        )));
+        out.push(interrupted_line(r, style));
     }
     for k in r
         .killed_at_once
@@ -972,9 +1006,11 @@ mod tests {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRow {
     pub host: String,
-    /// "ok", "clean", "NOT clean", "unreachable" or "failed".
+    /// "ok", "clean", "NOT clean", "unreachable", "skipped" or "failed".
     pub state: String,
     pub detail: String,
+    /// Why the host failed, in full (said once on stderr, or in the JSON document).
+    pub error: Option<String>,
 }
 
 impl HostRow {
@@ -984,28 +1020,54 @@ impl HostRow {
     }
 }
 
-/// The per-host summary: one row per host, then the counts.
+/// The per-host summary: hosts with the same state and detail folded into one row under a
+/// hostlist (as `dshbak -c` does), then the counts, naming the hosts that are not good.
 pub fn host_summary(rows: &[HostRow], style: Style) -> String {
-    let mut t = table(&["HOST", "STATE", "DETAIL"], style);
+    let mut groups: Vec<(&str, &str, Vec<&str>)> = Vec::new();
     for r in rows {
-        let color = if r.good() { Color::Green } else { Color::Red };
-        t.add_row(vec![
-            Cell::new(&r.host),
-            colored(r.state.clone(), Some(color), style),
-            Cell::new(&r.detail),
-        ]);
-    }
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    for r in rows {
-        match counts.iter_mut().find(|(s, _)| *s == r.state) {
-            Some(c) => c.1 += 1,
-            None => counts.push((r.state.clone(), 1)),
+        match groups
+            .iter_mut()
+            .find(|(s, d, _)| *s == r.state && *d == r.detail)
+        {
+            Some(g) => g.2.push(&r.host),
+            None => groups.push((&r.state, &r.detail, vec![&r.host])),
         }
     }
-    let counts = counts
-        .iter()
-        .map(|(s, n)| format!("{n} {s}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!("{}\n{} host(s): {counts}", trimmed(t), rows.len())
+    let mut t = table(&["HOST", "STATE", "DETAIL"], style);
+    for (state, detail, hosts) in &groups {
+        let good = state == &"ok" || state == &"clean";
+        let color = if good { Color::Green } else { Color::Red };
+        t.add_row(vec![
+            Cell::new(crate::hosts::fold::compress(hosts)),
+            colored(state.to_string(), Some(color), style),
+            Cell::new(detail),
+        ]);
+    }
+    format!("{}\n{}", trimmed(t), host_counts(rows))
+}
+
+/// `64 host(s): 61 clean, 3 NOT clean: gpu[05,33,40]`: each state's count, and the hosts
+/// of each state that is not good as a hostlist.
+pub fn host_counts(rows: &[HostRow]) -> String {
+    let mut states: Vec<(&str, Vec<&str>, bool)> = Vec::new();
+    for r in rows {
+        match states.iter_mut().find(|(s, _, _)| *s == r.state) {
+            Some(s) => s.1.push(&r.host),
+            None => states.push((&r.state, vec![&r.host], r.good())),
+        }
+    }
+    let mut out = format!("{} host(s): ", rows.len());
+    let mut listed = false;
+    for (i, (state, hosts, good)) in states.iter().enumerate() {
+        if i > 0 {
+            // After a hostlist, whose own commas would run into the next count.
+            out.push_str(if listed { "; " } else { ", " });
+        }
+        out.push_str(&format!("{} {state}", hosts.len()));
+        listed = !good;
+        if listed {
+            out.push_str(&format!(": {}", crate::hosts::fold::compress(hosts)));
+        }
+    }
+    out
 }

@@ -43,7 +43,8 @@ pub struct Args {
         help_heading = GLOBAL
     )]
     pub sim: Option<String>,
-    /// Print JSON instead of tables (errors too, on stderr: {"error": …}).
+    /// Print JSON instead of tables (errors too, on stderr: {"error": …}; over several hosts
+    /// each host that failed is also in the document, as {"host", "state", "error"}).
     #[arg(long, global = true, help_heading = GLOBAL)]
     pub json: bool,
     /// More logs (-v, -vv).
@@ -58,8 +59,10 @@ pub struct Args {
         help_heading = GLOBAL
     )]
     pub color: ColorArg,
-    /// Show whole command lines in tables (otherwise cut to the terminal's width).
-    #[arg(long, global = true, help_heading = GLOBAL)]
+    /// Show whole command lines in tables (otherwise cut to the terminal's width), and
+    /// over several hosts every GPU's row (clean hosts' rows are otherwise folded into one
+    /// line).
+    #[arg(long, visible_alias = "all-rows", global = true, help_heading = GLOBAL)]
     pub wide: bool,
     /// A resource limit for scripts, NAME=N (repeatable): array, string (bytes; K/M/G),
     /// map, calls, expr_depth, depth, memory (bytes; K/M/G). Also [limits] in config.toml.
@@ -278,7 +281,8 @@ pub struct HostFlags {
     /// listed (default: $SLURM_JOB_ID).
     #[arg(long, global = true, value_name = "J", help_heading = HOSTS)]
     pub jobid: Option<String>,
-    /// The gpuloop to run on the hosts (default: gpuloop on their PATH).
+    /// The gpuloop to run on the hosts (default: gpuloop on their PATH, or where there is
+    /// none this one, sent there: see --no-push).
     #[arg(long, global = true, value_name = "PATH", help_heading = HOSTS)]
     pub remote_bin: Option<String>,
     /// ssh client config file, passed to ssh as -F FILE.
@@ -287,15 +291,31 @@ pub struct HostFlags {
     /// Connections opened in parallel (like pdsh -f).
     #[arg(long, global = true, value_name = "N", default_value_t = crate::hosts::DEFAULT_FANOUT, help_heading = HOSTS)]
     pub fanout: usize,
-    /// Go on without hosts that cannot be reached (they are reported).
+    /// Go on without hosts that cannot be reached: they are listed (as errors, and in --json
+    /// as {"host", "error"} entries), and a one-shot's exit code then covers the hosts that
+    /// answered (still 1 if none did). Without it an unreachable host makes the exit code 1.
     #[arg(long, global = true, help_heading = HOSTS)]
     pub skip_unreachable: bool,
-    /// Seconds a host may take to answer: its connection (at most 30 s), a call (beyond the
-    /// time it asks for itself, like a wait's timeout) or the ping sent every 5 s while a long
-    /// call runs. A host that hangs fails its part with a timeout error naming it; the others
-    /// go on.
-    #[arg(long, global = true, value_name = "SECS", default_value_t = crate::hosts::DEFAULT_HOST_TIMEOUT.as_secs_f64(), help_heading = HOSTS)]
-    pub host_timeout: f64,
+    /// Seconds a host may take to answer: its connection (ssh's ConnectTimeout too; without
+    /// this option 10 s, as pdsh's, and 30 s for the agent's hello), a call (beyond the time
+    /// it asks for itself, like a wait's timeout) or the ping sent every 5 s while a long call
+    /// runs (60 s without this option). A host that hangs fails its part with a timeout error
+    /// naming it; the others go on.
+    #[arg(long, global = true, value_name = "SECS", help_heading = HOSTS)]
+    pub host_timeout: Option<f64>,
+    /// Open new ssh connections each run. By default a one-shot command (gpus, holders,
+    /// diagnose, kill, clean, wait) leaves each connection open for 60 s (OpenSSH's
+    /// ControlMaster, sockets in $XDG_RUNTIME_DIR/gpuloop or /tmp/gpuloop-ssh-UID, mode
+    /// 0700), so the next run skips the handshake; a ControlPath in your ssh config wins.
+    #[arg(long, global = true, help_heading = HOSTS)]
+    pub no_reuse: bool,
+    /// Never send this gpuloop to a host. By default a host reached over ssh with no usable
+    /// gpuloop on its PATH (none, or one of another protocol) receives this binary into
+    /// ~/.cache/gpuloop (or $XDG_CACHE_HOME/gpuloop) there, SHA-256 checked before it runs
+    /// and reused by later runs, where it can run (same architecture, a glibc at least as
+    /// new as it needs). Not with --remote-bin, which names the one gpuloop to run there.
+    #[arg(long, global = true, help_heading = HOSTS)]
+    pub no_push: bool,
 }
 
 /// The command line as parsed and documented: `Args`, with each command's short help (`-h`)

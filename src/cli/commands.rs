@@ -50,15 +50,27 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             let sel = selection(s, sel)?;
             let (parts, mut rows) = per_host(cfg, actions::gpus_per_host(s)?)?;
             let mut gpus = Vec::new();
+            let mut idle = Vec::new();
             for (h, mut g) in parts {
                 let Some(x) = sel.on(&h) else { continue };
                 crate::inspect::check_selection(&x, &g)?;
                 g.retain(|g| crate::inspect::selected(&x, g.index));
-                rows.push(row(&h, "ok", format!("{} GPU(s)", g.len())));
+                let r = gpus_row(&h, &g);
+                if r.detail.ends_with(", idle") {
+                    idle.push(h.clone());
+                }
+                rows.push(r);
                 gpus.extend(g);
             }
-            emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))?;
-            let code = summary(cfg, rows)?;
+            emit_hosts(cfg, &gpus, &rows, || {
+                let (shown, note) = fold_rows(cfg, &gpus, &idle, "idle", |g| &g.host);
+                with_note(
+                    render::gpus(&shown, Style::stdout()),
+                    shown.is_empty(),
+                    note,
+                )
+            })?;
+            let code = summary(cfg, rows, true)?;
             // A GPU the driver could not read is reported beside the others, and fails the command.
             Ok(if gpus.iter().any(|g| g.error.is_some()) {
                 1
@@ -128,8 +140,8 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 rows.push(row(&h, state, detail));
                 hs.extend(part.holders);
             }
-            emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
-            let code = summary(cfg, rows)?;
+            emit_hosts(cfg, &hs, &rows, || render::holders(&hs, Style::stdout()))?;
+            let code = summary(cfg, rows, true)?;
             if !blind.is_empty() {
                 crate::errln!(
                     "note: processes that could not be inspected (other users') on {}: holders among them are not listed; run gpuloop there as root to see every holder",
@@ -149,9 +161,11 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 ds.extend(part);
             }
             if !check {
-                emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))?;
+                emit_hosts(cfg, &ds, &rows, || diagnoses_folded(cfg, &ds, &rows))?;
             }
-            let code = summary(cfg, rows)?;
+            // --check prints nothing: the exit code says it (a host that failed is still
+            // named on stderr).
+            let code = summary(cfg, rows, !check)?;
             // The one judgement of clean (wait, clean, the hooks and MCP make the same).
             Ok(if ds.iter().all(|d| d.is_clean()) {
                 code
@@ -259,7 +273,90 @@ fn row(host: &str, state: &str, detail: String) -> render::HostRow {
         host: host.to_string(),
         state: state.to_string(),
         detail,
+        error: None,
     }
+}
+
+/// A host's line in `gpus`: how many GPUs of what kind, and what they hold. Hosts alike
+/// (`8 GPU(s) (NVIDIA H200), idle`) fold into one row of the summary.
+fn gpus_row(host: &str, gs: &[crate::gpu::Gpu]) -> render::HostRow {
+    let mut detail = format!("{} GPU(s)", gs.len());
+    if let Some(first) = gs.first().filter(|f| gs.iter().all(|g| g.name == f.name)) {
+        detail.push_str(&format!(" ({})", first.name));
+    }
+    let busy: Vec<_> = gs
+        .iter()
+        .filter(|g| g.error.is_none() && (g.mem_used_mib > 0 || g.procs > 0))
+        .collect();
+    let unread = gs.iter().filter(|g| g.error.is_some()).count();
+    if busy.is_empty() && unread == 0 {
+        detail.push_str(", idle");
+    } else if !busy.is_empty() {
+        detail.push_str(&format!(
+            ", {} in use: {} MiB used, {} process(es)",
+            busy.len(),
+            busy.iter().map(|g| g.mem_used_mib).sum::<i64>(),
+            busy.iter().map(|g| g.procs).sum::<i64>()
+        ));
+    }
+    if unread > 0 {
+        detail.push_str(&format!(", {unread} unreadable"));
+    }
+    row(host, if unread > 0 { "failed" } else { "ok" }, detail)
+}
+
+/// Over several hosts and without `--wide`/`--all-rows`: the records of the hosts in
+/// `quiet` left out, and a line that names those hosts as a hostlist.
+fn fold_rows<T: Clone>(
+    cfg: &Config,
+    items: &[T],
+    quiet: &[String],
+    what: &str,
+    host: impl Fn(&T) -> &String,
+) -> (Vec<T>, Option<String>) {
+    let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    if !several || quiet.is_empty() || crate::output::wide() {
+        return (items.to_vec(), None);
+    }
+    let shown = items
+        .iter()
+        .filter(|i| !quiet.contains(host(i)))
+        .cloned()
+        .collect();
+    let note = format!(
+        "(the GPUs of {} {what} host(s) are not listed one by one: {}; --all-rows lists them)",
+        quiet.len(),
+        crate::hosts::fold::compress(quiet)
+    );
+    (shown, Some(note))
+}
+
+/// A table and the note of what was folded out of it (the note alone if nothing is left).
+fn with_note(table: String, empty: bool, note: Option<String>) -> String {
+    match note {
+        Some(n) if empty => n,
+        Some(n) => format!("{table}\n{n}"),
+        None => table,
+    }
+}
+
+/// The diagnoses, those of clean hosts folded into one line.
+fn diagnoses_folded(
+    cfg: &Config,
+    ds: &[crate::inspect::diagnose::Diagnosis],
+    rows: &[render::HostRow],
+) -> String {
+    let clean: Vec<String> = rows
+        .iter()
+        .filter(|r| r.state == "clean")
+        .map(|r| r.host.clone())
+        .collect();
+    let (shown, note) = fold_rows(cfg, ds, &clean, "clean", |d| &d.host);
+    with_note(
+        render::diagnoses(&shown, Style::stdout()),
+        shown.is_empty(),
+        note,
+    )
 }
 
 fn diagnosis_row(
@@ -280,13 +377,15 @@ fn diagnosis_row(
 }
 
 /// Splits a one-shot's per-host results into the hosts that answered and a summary row for
-/// each that did not. On this machine alone a failure is the command's error, as always.
+/// each that did not; each failure is said once, here, on stderr (in the JSON document with
+/// --json). On this machine alone a failure is the command's error, as always.
 #[allow(clippy::type_complexity)]
 fn per_host<T>(
     cfg: &Config,
     parts: actions::PerHost<T>,
 ) -> Result<(Vec<(String, T)>, Vec<render::HostRow>), Error> {
     let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    let skip = cfg.session.skip_unreachable();
     let mut ok = Vec::new();
     let mut rows = Vec::new();
     for (h, r) in parts {
@@ -294,38 +393,118 @@ fn per_host<T>(
             Ok(v) => ok.push((h, v)),
             Err(f) if !several => return Err(f.into_gpu().into()),
             Err(f) => {
-                crate::errln!("gpuloop: {f}");
-                let state = if f.unreachable() {
-                    "unreachable"
-                } else {
-                    "failed"
+                let skipped = skip && f.unreachable();
+                // On a terminal a failure was said as it happened.
+                let said = cfg.session.pool().is_some_and(|p| p.said(&h));
+                if !cfg.json && !said {
+                    if skipped {
+                        crate::errln!("warning: skipping {f}");
+                    } else {
+                        crate::errln!("gpuloop: {f}");
+                    }
+                }
+                let state = match (skipped, f.unreachable()) {
+                    (true, _) => "skipped",
+                    (false, true) => "unreachable",
+                    (false, false) => "failed",
                 };
-                rows.push(row(&h, state, f.to_string()));
+                // A few words, alike for every host that failed the same way, so that they
+                // fold; the whole error was said above.
+                let detail = match &f {
+                    actions::Failure::Host(e) => e.kind().to_string(),
+                    actions::Failure::Gpu(e) => {
+                        let e = e.to_string();
+                        e.split(": ").next().unwrap_or(&e).to_string()
+                    }
+                };
+                let mut r = row(&h, state, detail);
+                r.error = Some(f.to_string());
+                rows.push(r);
             }
         }
     }
     Ok((ok, rows))
 }
 
-/// With several hosts: the per-host summary (after the records), in host-set order; the
-/// exit code is 0 only if every host is as it should be.
-fn summary(cfg: &Config, mut rows: Vec<render::HostRow>) -> Result<i32, Error> {
+/// With several hosts: the per-host summary (after the records; `show` false prints none),
+/// folded, in host-set order. The exit code is 0 only if every host is as it should be;
+/// with --skip-unreachable the unreachable hosts do not count, but some host must answer.
+/// With --json the summary is the document's (its failures, `emit_hosts`), and stderr gets
+/// one line naming the hosts that failed.
+fn summary(cfg: &Config, mut rows: Vec<render::HostRow>, show: bool) -> Result<i32, Error> {
     let names = cfg.session.host_names();
     if names == [crate::hosts::LOCAL] {
         return Ok(0);
     }
     rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
-    let text = render::host_summary(&rows, Style::stdout());
+    let answered = rows.iter().any(|r| r.error.is_none());
+    let failed: Vec<&str> = rows.iter().filter_map(|r| r.error.as_deref()).collect();
     if cfg.json {
-        crate::errln!("{text}");
-    } else {
-        crate::outln!("\n{text}");
+        if !failed.is_empty() {
+            // Hosts skipped as --skip-unreachable asked are a warning, not the command's error.
+            let skipped = rows
+                .iter()
+                .all(|r| r.error.is_none() || r.state == "skipped");
+            let (key, what) = match skipped {
+                true => ("warning", "skipped"),
+                false => ("error", "failed"),
+            };
+            let text = format!(
+                "{} of {} host(s) {what}: {}",
+                failed.len(),
+                rows.len(),
+                failed.join("; ")
+            );
+            crate::errln!("{}", serde_json::json!({ key: text }));
+        }
+    } else if show && answered {
+        // Nothing answered: the errors above are all there is; nothing here reads as a result.
+        crate::outln!("\n{}", render::host_summary(&rows, Style::stdout()));
     }
-    Ok(if rows.iter().all(render::HostRow::good) {
-        0
-    } else {
-        1
-    })
+    let good = rows.iter().all(|r| r.good() || r.state == "skipped");
+    Ok(if answered && good { 0 } else { 1 })
+}
+
+/// `emit` over several hosts: with --json each host that failed is in the document (an
+/// entry `{"host", "state", "error"}` of a list; a report gets `"hosts"`, every host's row);
+/// as text nothing at all when no host answered.
+fn emit_hosts<T: Serialize>(
+    cfg: &Config,
+    v: &T,
+    rows: &[render::HostRow],
+    table: impl FnOnce() -> String,
+) -> Result<i32, Error> {
+    let names = cfg.session.host_names();
+    if names == [crate::hosts::LOCAL] {
+        return emit(cfg, v, table);
+    }
+    if !cfg.json {
+        if rows.iter().any(|r| r.error.is_none()) {
+            crate::outln!("{}", table());
+        }
+        return Ok(0);
+    }
+    let mut rows = rows.to_vec();
+    rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
+    let entry = |r: &render::HostRow| {
+        let mut e = serde_json::json!({"host": r.host, "state": r.state});
+        match &r.error {
+            Some(err) => e["error"] = err.clone().into(),
+            None => e["detail"] = r.detail.clone().into(),
+        }
+        e
+    };
+    let mut doc = serde_json::to_value(v).map_err(|e| Error::Other(e.to_string()))?;
+    match &mut doc {
+        serde_json::Value::Array(items) => {
+            items.extend(rows.iter().filter(|r| r.error.is_some()).map(entry));
+        }
+        serde_json::Value::Object(map) => {
+            map.insert("hosts".into(), rows.iter().map(entry).collect());
+        }
+        _ => {}
+    }
+    emit(cfg, &doc, String::new)
 }
 
 /// The one-shots refuse to read GPUs without a driver, on this machine alone; with a host
@@ -483,8 +662,10 @@ fn kill_holders(
         rows.push(row(h, if good { "ok" } else { "failed" }, detail));
     }
     let report = actions::merge_kills(parts, opts.dry_run);
-    let code = kill_done(cfg, &report)?;
-    Ok(summary(cfg, rows)?.max(code))
+    emit_hosts(cfg, &report, &rows, || {
+        render::kill_report(&report, Style::stdout())
+    })?;
+    Ok(summary(cfg, rows, true)?.max(kill_code(&report)))
 }
 
 /// `gpuloop kill PID…`: bare pids, resolved now, under the same rules as holders.
@@ -517,13 +698,18 @@ fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
     emit(cfg, &report, || {
         render::kill_report(report, Style::stdout())
     })?;
-    Ok(if report.interrupted {
+    Ok(kill_code(report))
+}
+
+/// 130 when interrupted during the grace, 0 when every target is gone, else 1.
+fn kill_code(report: &KillReport) -> i32 {
+    if report.interrupted {
         130
     } else if report.survivors.is_empty() && report.errors.is_empty() && report.stuck.is_empty() {
         0
     } else {
         1
-    })
+    }
 }
 
 fn wait_opts(timeout: f64, w: &WaitFlags) -> Result<WaitOpts, Error> {
@@ -567,12 +753,12 @@ fn clean(
     if crate::interrupt::is_set() {
         return Ok(130);
     }
-    emit(cfg, &r, || {
+    emit_hosts(cfg, &r, &rows, || {
         let secs = r.wait_ms as f64 / 1000.0;
         format!(
             "{}\n{}\n{}",
             render::kill_report(&r.kill, Style::stdout()),
-            render::diagnoses(&r.after, Style::stdout()),
+            diagnoses_folded(cfg, &r.after, &rows),
             if r.clean && r.kill.signalled.is_empty() {
                 // Nothing was stopped: there was no kill for the memory to come back after.
                 "clean: nothing to stop".to_string()
@@ -591,7 +777,7 @@ fn clean(
             }
         )
     })?;
-    let code = summary(cfg, rows)?;
+    let code = summary(cfg, rows, true)?;
     Ok(if r.clean { code } else { 1 })
 }
 
@@ -664,21 +850,22 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
         clean: bool,
         gpus: &'a [crate::inspect::diagnose::Diagnosis],
     }
-    emit(
+    emit_hosts(
         cfg,
         &Out {
             clean,
             gpus: &after,
         },
+        &rows,
         || {
             format!(
                 "{}\n{}",
-                render::diagnoses(&after, Style::stdout()),
+                diagnoses_folded(cfg, &after, &rows),
                 if clean { "clean" } else { "NOT clean" }
             )
         },
     )?;
-    let code = summary(cfg, rows)?;
+    let code = summary(cfg, rows, true)?;
     Ok(if clean { code } else { 1 })
 }
 

@@ -42,7 +42,11 @@ impl Config {
             config.limits.set(item).map_err(Error::Usage)?;
         }
         let mut session = Session::new(choice, config, args.verbose);
-        if let Some(hosts) = hosts_config(&args.hosts)? {
+        if let Some(mut hosts) = hosts_config(&args.hosts, one_shot(&args.cmd))? {
+            // Progress goes to a person: a terminal, and not under --json.
+            hosts.progress = one_shot(&args.cmd)
+                && !args.json
+                && std::io::IsTerminal::is_terminal(&std::io::stderr());
             session = session.with_hosts(hosts);
         }
         Ok(Config {
@@ -89,7 +93,14 @@ fn parse(argv: &[std::ffi::OsString]) -> Result<Args, clap::Error> {
 }
 
 /// `--host`/`--hosts-file`/`--hosts-from-slurm` into a host set; `None` when none was given.
-fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>, Error> {
+///
+/// `one_shot`: connections may outlive the run, for the next one. Scripts, the REPL and the
+/// MCP server hold theirs for their whole life; a kept connection's master process would be
+/// theirs to reap (gpuloop is their jobs' subreaper) and taken for a job's orphan.
+fn hosts_config(
+    f: &args::HostFlags,
+    one_shot: bool,
+) -> Result<Option<crate::hosts::HostsConfig>, Error> {
     use crate::hosts::{HostError, Transport};
     let srun = f.transport == args::TransportArg::Srun;
     let src = f.sources();
@@ -112,12 +123,13 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     if f.fanout == 0 {
         return Err(Error::Usage("--fanout must be at least 1".into()));
     }
-    if !(f.host_timeout > 0.0 && f.host_timeout <= crate::inspect::wait::MAX_SECS) {
-        return Err(Error::Usage(format!(
-            "--host-timeout {}: it must be a finite number of seconds, more than 0 and at most {:e} (about 31 years)",
-            f.host_timeout,
-            crate::inspect::wait::MAX_SECS
-        )));
+    if let Some(t) = f.host_timeout {
+        if !(t > 0.0 && t <= crate::inspect::wait::MAX_SECS) {
+            return Err(Error::Usage(format!(
+                "--host-timeout {t}: it must be a finite number of seconds, more than 0 and at most {:e} (about 31 years)",
+                crate::inspect::wait::MAX_SECS
+            )));
+        }
     }
     let transport = if srun {
         if f.ssh_config.is_some() {
@@ -150,14 +162,38 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     })?;
     cfg.fanout = f.fanout;
     cfg.skip_unreachable = f.skip_unreachable;
-    cfg.call_timeout = std::time::Duration::from_secs_f64(f.host_timeout);
     // A host that does not answer its connection is the same as one that does not answer a
-    // call: --host-timeout bounds both (it used to leave connecting at 30 s).
-    cfg.connect_timeout = cfg.connect_timeout.min(cfg.call_timeout);
+    // call: --host-timeout bounds both, ssh's own TCP connect included.
+    if let Some(t) = f.host_timeout {
+        cfg.call_timeout = std::time::Duration::from_secs_f64(t);
+        cfg.connect_timeout = cfg.call_timeout;
+    }
     if let crate::hosts::Transport::Ssh(o) = &mut cfg.transport {
-        o.connect_timeout_s = o.connect_timeout_s.min(f.host_timeout.ceil() as u64).max(1);
+        if let Some(t) = f.host_timeout {
+            o.connect_timeout_s = (t.ceil() as u64).max(1);
+        }
+        o.push = !f.no_push && f.remote_bin.is_none();
+        if one_shot && !f.no_reuse {
+            match crate::hosts::transport::reuse_dir() {
+                Ok(dir) => o.reuse = Some(dir),
+                Err(why) => crate::errln!("gpuloop: not keeping ssh connections: {why}"),
+            }
+        }
     }
     Ok(Some(cfg))
+}
+
+/// The commands that run once and end: their connections may serve the next run.
+fn one_shot(cmd: &Cmd) -> bool {
+    matches!(
+        cmd,
+        Cmd::Gpus { .. }
+            | Cmd::Holders { .. }
+            | Cmd::Diagnose { .. }
+            | Cmd::Kill { .. }
+            | Cmd::Clean { .. }
+            | Cmd::Wait { .. }
+    )
 }
 
 /// The one-shots that read this machine's driver as their first real work.
