@@ -16,6 +16,7 @@ mod hosts;
 mod identity;
 mod journal;
 mod kill;
+mod layering;
 mod mcp;
 mod modules;
 mod patch;
