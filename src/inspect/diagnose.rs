@@ -432,7 +432,7 @@ fn driver_error(
     }
 }
 
-/// Issue 11, item 7: a holder asleep uninterruptibly (D) in the driver does not go on
+/// A holder asleep uninterruptibly (D) in the driver does not go on
 /// SIGKILL; killing more is no use. A D state is often a moment of I/O, so it counts only if
 /// it is still there a little later, and the process is still the one listed.
 fn stuck_verdict(holders: &[Holder]) -> Option<(Verdict, String)> {
