@@ -40,6 +40,8 @@ const VARYING: &[&str] = &[
     "version",
     "cgroup",
     "cmdline",
+    // Other users' processes, which only root may inspect.
+    "unreadable",
     "sid",
 ];
 
@@ -48,7 +50,29 @@ const VARYING: &[&str] = &[
 fn normalise(v: &Value) -> Value {
     let mut pids = BTreeSet::new();
     collect_pids(v, None, &mut pids);
-    redact(v, None, &pids)
+    redact(&without_quick_launchers(v), None, &pids)
+}
+
+/// `v` without the restarters of holders that exited: a launcher that only waited for its
+/// holder is left out of a kill report if it exits within a short window after it, which a
+/// busy machine may miss. The restarters of holders still running stay.
+fn without_quick_launchers(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut m: serde_json::Map<String, Value> = m
+                .iter()
+                .map(|(k, v)| (k.clone(), without_quick_launchers(v)))
+                .collect();
+            if let (Some(Value::Array(exited)), Some(Value::Array(rs))) =
+                (m.get("exited").cloned(), m.get_mut("restarters"))
+            {
+                rs.retain(|r| !exited.contains(&r["holder"]));
+            }
+            Value::Object(m)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(without_quick_launchers).collect()),
+        _ => v.clone(),
+    }
 }
 
 fn collect_pids(v: &Value, field: Option<&str>, pids: &mut BTreeSet<i64>) {
