@@ -249,6 +249,27 @@ fn golden_recipes_and_journal() {
     golden("journal", &json_of(&sim, &["journal"]));
 }
 
+/// The maps scripts get are the same records: holders(), diagnose() and gpus() as a script
+/// sees them, with the categories plain strings a script compares (`h.role == "compute"`).
+#[test]
+fn golden_script_maps() {
+    let sim = Sim::new("2x8G");
+    sim.hold(&["--gpu", "0", "--mib", "64", "--fork-child"]);
+    sim.hold(&["--gpu", "1", "--mib", "16", "--name", "nv-hostengine"]);
+    golden(
+        "script_maps",
+        &sim.eval_json("#{gpus: gpu(), holders: holders(), diagnose: diagnose()}"),
+    );
+    let types = sim.eval_json(
+        "let h = holders()[0]; \
+         [type_of(h.role), type_of(h.state), type_of(h.evidence[0]), h.role == \"compute\"]",
+    );
+    assert_eq!(
+        types,
+        serde_json::json!(["string", "string", "string", true])
+    );
+}
+
 /// Every call the client sends, as its types write it, and what a real agent on the
 /// simulator answers to each: the hello, replies (results and errors) and job output.
 #[test]
