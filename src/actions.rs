@@ -927,7 +927,7 @@ pub fn kill_holders_watched(
         ..opts.clone()
     };
     let mut report = kill_watched(s, &holder_targets(&hs), &opts, w);
-    let holding = |h: &Holder| h.mem > 0 || h.evidence.iter().any(|e| e != "fd");
+    let holding = |h: &Holder| h.mem > 0 || h.evidence.iter().any(|e| e.holds_memory());
     for h in daemons.into_iter().filter(holding) {
         report.skipped.push(Skipped {
             pid: h.pid,
@@ -969,7 +969,7 @@ pub fn holder_why(h: &Holder) -> String {
         gpus.join(","),
         h.role,
         h.mem_mib,
-        h.evidence.join("+")
+        crate::inspect::kinds::Evidence::joined(&h.evidence)
     )
 }
 

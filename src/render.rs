@@ -4,6 +4,7 @@
 use crate::gpu::{Gpu, MIB};
 use crate::inspect::diagnose::{Diagnosis, FootprintOf, Verdict};
 use crate::inspect::holders::Holder;
+use crate::inspect::kinds::{Evidence, Role, RunState, State};
 use crate::process::kill::KillReport;
 use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
 use rhai::{Array, Dynamic, Map};
@@ -166,10 +167,11 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
     out
 }
 
-fn state_color(state: &str) -> Option<Color> {
-    match state {
-        "running" => Some(Color::Green),
-        "zombie" | "disk-sleep" | "stopped" | "tracing-stop" | "dead" => Some(Color::Red),
+fn state_color(state: State) -> Option<Color> {
+    match state.run {
+        _ if state.main_thread_exited => None,
+        RunState::Running => Some(Color::Green),
+        r if r.is_trouble() => Some(Color::Red),
         _ => None,
     }
 }
@@ -231,9 +233,9 @@ fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) ->
         Cell::new(crate::process::display_name(&h.name, &h.cmdline)),
         Cell::new(join(&h.gpus)),
         Cell::new(h.mem_mib),
-        colored(h.state.clone(), state_color(&h.state), style),
-        Cell::new(&h.role),
-        Cell::new(h.evidence.join("+")),
+        colored(h.state.to_string(), state_color(h.state), style),
+        Cell::new(h.role),
+        Cell::new(Evidence::joined(&h.evidence)),
         Cell::new(cmd),
     ];
     if jobs {
@@ -705,12 +707,18 @@ fn holder_of(m: &Map) -> Option<Holder> {
         user: string(m, "user").unwrap_or_default(),
         name: string(m, "name")?,
         cmdline: string(m, "cmdline").unwrap_or_default(),
-        state: string(m, "state")?,
-        role: string(m, "role").unwrap_or_default(),
+        state: State::parse(&string(m, "state")?),
+        role: match string(m, "role") {
+            Some(r) => Role::parse(&r)?,
+            None => Role::default(),
+        },
         gpus: ints(m, "gpus")?,
         mem: int(m, "mem").unwrap_or(0),
         mem_mib: int(m, "mem").unwrap_or(0) / MIB,
-        evidence: strings(m, "evidence")?,
+        evidence: strings(m, "evidence")?
+            .iter()
+            .map(|e| Evidence::parse(e))
+            .collect::<Option<_>>()?,
         protected: m
             .get("protected")
             .and_then(|v| v.as_bool().ok())

@@ -3,7 +3,7 @@
 
 use gpuloop::gpu::{Gpu, MIB};
 use gpuloop::inspect::diagnose::Diagnosis;
-use gpuloop::inspect::holders::Holder;
+use gpuloop::inspect::holders::{Evidence, Holder, Role, State};
 use gpuloop::process::kill::{KillError, KillReport, Skipped, Stopped, Stuck};
 use gpuloop::process::restart::Restarter;
 use gpuloop::render::{self, Style};
@@ -52,12 +52,12 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         user: "alice".into(),
         name: "python3".into(),
         cmdline: cmdline.into(),
-        state: state.into(),
-        role: "compute".into(),
+        state: State::parse(state),
+        role: Role::Compute,
         gpus,
         mem: 40_960 * MIB,
         mem_mib: 40_960,
-        evidence: vec!["driver".into(), "fd".into(), "map".into()],
+        evidence: Evidence::ALL.to_vec(),
         protected: false,
         host: "local".into(),
         origin: Default::default(),

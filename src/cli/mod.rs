@@ -21,12 +21,8 @@ impl Config {
             Some(spec) => {
                 // Reject a bad spec before anything runs.
                 crate::gpu::sim::SimSpec::parse(spec)?;
-                let dir = crate::gpu::sim::state_dir();
-                // Jobs that scripts start (run(), `gpuloop sim hold`) see the same simulator.
-                std::env::set_var("GPULOOP_SIM", spec);
-                std::env::set_var("GPULOOP_SIM_DIR", &dir);
                 BackendChoice::Sim {
-                    dir,
+                    dir: crate::gpu::sim::state_dir(),
                     spec: Some(spec.clone()),
                 }
             }
@@ -247,8 +243,8 @@ fn wants_driver(args: &Args) -> bool {
 pub fn main() -> i32 {
     crate::timeline::start();
     // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`). Set while
-    // this is the only thread: libc's getenv (NVML's init, below, reads the environment)
-    // races with a setenv on another thread.
+    // this is the only thread, as `export_for_children` below: libc's getenv (NVML's init
+    // reads the environment) races with a setenv on another thread.
     if let Ok(exe) = std::env::current_exe() {
         std::env::set_var("GPULOOP_EXE", &exe);
         crate::runner::guard::enable(exe);
@@ -302,6 +298,7 @@ pub fn main() -> i32 {
     if let Cmd::Guard = &args.cmd {
         return crate::runner::guard::main();
     }
+    export_for_children(&args);
     if wants_driver(&args) {
         crate::gpu::nvml::preload();
     }
@@ -316,6 +313,19 @@ pub fn main() -> i32 {
     };
     tracing::debug!("done at {:.1} ms", crate::timeline::ms());
     code
+}
+
+/// Puts the simulator in the environment every child inherits: the jobs run() and MCP's
+/// run_recipe start, and the `gpuloop …` they call back, see the same simulated GPUs as this
+/// gpuloop without each place that starts a process knowing the simulator (`sim hold` passes
+/// it to its holders itself). One process-wide set, here, because no thread exists yet: the
+/// NVML preload and the interrupt handler start after it, and libc's getenv on another
+/// thread races with setenv. `Config::from_args` reads the arguments and changes nothing.
+fn export_for_children(args: &Args) {
+    if let Some(spec) = args.sim.as_ref().filter(|s| !s.trim().is_empty()) {
+        std::env::set_var("GPULOOP_SIM", spec);
+        std::env::set_var("GPULOOP_SIM_DIR", crate::gpu::sim::state_dir());
+    }
 }
 
 /// The front end the audit journal names for a command. The guard acts for the gpuloop that
@@ -402,6 +412,20 @@ mod tests {
 
     fn argv(line: &str) -> Vec<std::ffi::OsString> {
         line.split_whitespace().map(Into::into).collect()
+    }
+
+    #[test]
+    fn building_the_config_changes_no_environment_variable() {
+        let spec = "3x7G,release_ms=1";
+        let args = Args::try_parse_from(["gpuloop", "--sim", spec, "gpus"]).unwrap();
+        let before: Vec<_> = ["GPULOOP_SIM", "GPULOOP_SIM_DIR"]
+            .map(std::env::var_os)
+            .into();
+        Config::from_args(&args).expect("a valid config");
+        let after: Vec<_> = ["GPULOOP_SIM", "GPULOOP_SIM_DIR"]
+            .map(std::env::var_os)
+            .into();
+        assert_eq!(before, after);
     }
 
     #[test]

@@ -20,13 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The name that means this machine, reached without ssh.
-pub const LOCAL: &str = "local";
-
-/// A record's host until the client names it: this machine (serde's default for `host`).
-pub fn local() -> String {
-    LOCAL.into()
-}
+pub use crate::local::{local, LOCAL};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum HostError {

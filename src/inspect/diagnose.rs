@@ -1,6 +1,7 @@
 //! diagnose(): per GPU, why memory is still used, as a verdict and one line of advice.
 
 use super::holders::{Holder, Inventory, OnGpu, FOOTPRINT_MAX_MIB};
+use super::kinds::Evidence;
 use super::Selection;
 use crate::process::restart::{self, Restarter};
 use crate::process::tree::Tree;
@@ -203,7 +204,7 @@ impl Usage {
         let daemon_mib = daemons
             .iter()
             .map(|d| {
-                let maps = d.evidence.iter().any(|e| e == "map");
+                let maps = d.evidence.contains(&Evidence::Map);
                 d.mem_mib + if maps { FOOTPRINT_MAX_MIB } else { 0 }
             })
             .sum();
@@ -431,13 +432,13 @@ fn driver_error(
     }
 }
 
-/// Issue 11, item 7: a holder asleep uninterruptibly (D) in the driver does not go on
+/// A holder asleep uninterruptibly (D) in the driver does not go on
 /// SIGKILL; killing more is no use. A D state is often a moment of I/O, so it counts only if
 /// it is still there a little later, and the process is still the one listed.
 fn stuck_verdict(holders: &[Holder]) -> Option<(Verdict, String)> {
     holders
         .iter()
-        .filter(|h| h.state.starts_with("disk-sleep"))
+        .filter(|h| h.state.is_disk_sleep())
         .find_map(|h| {
             std::thread::sleep(std::time::Duration::from_millis(20));
             let dir = crate::process::identity::ProcDir::open(h.pid as i32).ok()?;
@@ -633,7 +634,7 @@ fn verdict(
         }
         let unlisted: Vec<&Holder> = holders
             .iter()
-            .filter(|h| !h.evidence.iter().any(|e| e == "driver"))
+            .filter(|h| !h.evidence.contains(&Evidence::Driver))
             .collect();
         if !ghosts.is_empty() && !unlisted.is_empty() {
             return (
@@ -800,6 +801,7 @@ fn verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inspect::kinds::{Role, RunState, State};
 
     fn h(pid: i64, evidence: &[&str]) -> Holder {
         Holder {
@@ -813,12 +815,12 @@ mod tests {
             user: "root".into(),
             name: "python3".into(),
             cmdline: "python3".into(),
-            state: "sleeping".into(),
-            role: "compute".into(),
+            state: State::new(RunState::Sleeping),
+            role: Role::Compute,
             gpus: vec![0],
             mem: 0,
             mem_mib: 0,
-            evidence: evidence.iter().map(|s| s.to_string()).collect(),
+            evidence: evidence.iter().filter_map(|e| Evidence::parse(e)).collect(),
             protected: false,
             host: "local".into(),
             origin: Default::default(),
@@ -949,7 +951,7 @@ mod tests {
     fn daemon_footprint_respawning_and_reset_advice() {
         let mut d = h(9, &["driver", "fd", "map"]);
         d.name = "nv-hostengine".into();
-        d.role = "daemon".into();
+        d.role = Role::Daemon;
         d.mem = 500 * crate::gpu::MIB;
         let daemons = [d.clone()];
         let other = h(3616, &["driver", "fd", "map"]);
@@ -1033,7 +1035,7 @@ mod tests {
         unit.origin.service = Some("vllm.service".into());
         unit.origin.service_main = true;
         let mut daemon = h(9, &["driver", "fd", "map"]);
-        daemon.role = "daemon".into();
+        daemon.role = Role::Daemon;
         let r = Restarter {
             pid: 1237,
             name: "bash".into(),

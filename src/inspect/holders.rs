@@ -1,6 +1,7 @@
 //! holders(): the driver's process lists joined with one scan of /proc (fds, then mappings).
 
 use super::diagnose::Usage;
+pub use super::kinds::{Evidence, Role, RunState, State};
 use super::Selection;
 use crate::gpu::{Backend, DeviceNodes, Gpu, GpuError};
 use crate::process::identity::{self, ProcDir};
@@ -25,16 +26,14 @@ pub struct Holder {
     pub user: String,
     pub name: String,
     pub cmdline: String,
-    pub state: String,
-    /// "compute", "observer" or "daemon".
-    pub role: String,
+    pub state: State,
+    pub role: Role,
     pub gpus: Vec<i64>,
     /// Bytes the driver attributes to it on the selected GPUs.
     pub mem: i64,
     /// The same in MiB.
     pub mem_mib: i64,
-    /// "driver", "fd", "map".
-    pub evidence: Vec<String>,
+    pub evidence: Vec<Evidence>,
     pub protected: bool,
     pub host: String,
     /// Lineage (ppid_comm, reparented, launcher, service) and attribution (job, container,
@@ -49,7 +48,7 @@ pub struct Holder {
 
 impl Holder {
     pub fn is_compute(&self) -> bool {
-        self.role == "compute"
+        self.role.is_compute()
     }
 }
 
@@ -138,7 +137,7 @@ impl Inventory {
             daemons: self
                 .holders(&one, true)
                 .into_iter()
-                .filter(|h| h.role == "daemon")
+                .filter(|h| h.role.is_daemon())
                 .collect(),
             footprint: self.footprint_on(g.index, &None),
             ghosts: self.ghosts.get(&g.index).cloned().unwrap_or_default(),
@@ -172,7 +171,7 @@ impl Inventory {
         let mut h = h.clone();
         if sel.is_some() {
             // Only GPUs that are its own: where it is listed, those are its `gpus`.
-            let listed = h.evidence.iter().any(|e| e == "driver");
+            let listed = h.evidence.contains(&Evidence::Driver);
             h.mem = self
                 .gpus
                 .iter()
@@ -354,11 +353,11 @@ fn make_holder(
     let listed = !own.is_empty();
     // nvidiactl or nvidia-uvm alone is no GPU: an NVML client maps them too.
     let role = if is_daemon {
-        "daemon"
+        Role::Daemon
     } else if listed || !mapped.is_empty() {
-        "compute"
+        Role::Compute
     } else {
-        "observer"
+        Role::Observer
     };
     // The driver's word first: on a machine with several GPUs every CUDA context maps all
     // the GPU nodes it can see (seen on H200s), not only those it uses. A dead creator's
@@ -371,21 +370,21 @@ fn make_holder(
     };
     let mut evidence = Vec::new();
     if listed {
-        evidence.push("driver".to_string());
+        evidence.push(Evidence::Driver);
     }
     if !user.open.is_empty() {
-        evidence.push("fd".to_string());
+        evidence.push(Evidence::Fd);
     }
     if !user.mapped.is_empty() {
-        evidence.push("map".to_string());
+        evidence.push(Evidence::Map);
     }
     let uid = user.uid.unwrap_or(u32::MAX);
     let mem: i64 = own.values().sum();
-    let state = if user.defunct_leader {
-        // Named by its threads' state: the leader is a zombie, the process is not.
-        format!("{} (main thread exited)", proc::state_name(stat.state))
-    } else {
-        proc::state_name(stat.state).to_string()
+    // A defunct leader is named by its threads' state: the leader is a zombie, the process
+    // is not.
+    let state = State {
+        run: RunState::from_letter(stat.state),
+        main_thread_exited: user.defunct_leader,
     };
     Holder {
         pid: stat.pid.into(),
@@ -399,7 +398,7 @@ fn make_holder(
         name: stat.comm.clone(),
         cmdline,
         state,
-        role: role.to_string(),
+        role,
         maps: mapped.iter().copied().collect(),
         gpus: gpus.into_iter().collect(),
         mem,

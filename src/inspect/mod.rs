@@ -2,6 +2,7 @@
 
 pub mod diagnose;
 pub mod holders;
+pub mod kinds;
 pub mod select;
 pub mod wait;
 

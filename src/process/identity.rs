@@ -261,8 +261,8 @@ mod tests {
         let _ = child.wait();
     }
 
-    /// Issue 10, defect 1 ("a recycled pid can be killed"): evidence read through the /proc
-    /// directory of a process is never another process's, even once its pid is free for reuse.
+    /// The bug: a recycled pid could be killed. Evidence read through the /proc directory of
+    /// a process is never another process's, even once its pid is free for reuse.
     #[test]
     fn a_recycled_pid_can_be_killed_evidence_is_bound_to_the_process() {
         let child = Command::new("sleep").arg("30").spawn().unwrap();

@@ -144,24 +144,6 @@ pub fn process_table() -> Vec<ProcInfo> {
         .collect()
 }
 
-/// "running", "sleeping", … for a stat state letter.
-pub fn state_name(c: char) -> &'static str {
-    match c {
-        'R' => "running",
-        'S' => "sleeping",
-        'D' => "disk-sleep",
-        'Z' => "zombie",
-        'T' => "stopped",
-        't' => "tracing-stop",
-        'X' | 'x' => "dead",
-        'I' => "idle",
-        'W' => "paging",
-        'P' => "parked",
-        'K' => "wakekill",
-        _ => "unknown",
-    }
-}
-
 /// The real uid of a process (the owner of its /proc directory).
 pub fn uid(pid: i32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;

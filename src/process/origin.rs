@@ -15,7 +15,7 @@ pub struct Launcher {
     pub start: i64,
     pub name: String,
     /// The host it runs on, as its holder's (`kill(h.launcher)` goes there).
-    #[serde(default = "crate::hosts::local")]
+    #[serde(default = "crate::local::local")]
     pub host: String,
 }
 
@@ -153,7 +153,7 @@ fn launcher(p: &ProcInfo) -> Option<Launcher> {
                 pid: a.pid.into(),
                 start: a.start as i64,
                 name: a.comm,
-                host: crate::hosts::local(),
+                host: crate::local::local(),
             });
         }
         pid = a.ppid;

@@ -117,7 +117,7 @@ mod tests {
         }
     }
 
-    /// A new user's report, round 7: `scripts/slurm-site-policy.rhai` was called a recipe, but
+    /// The bug: `scripts/slurm-site-policy.rhai` was called a recipe, but
     /// only clean-node was built in. Every script in `scripts/` is one, runnable by name.
     #[test]
     fn every_script_in_scripts_is_built_in() {

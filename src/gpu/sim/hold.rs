@@ -157,7 +157,7 @@ pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
             .pids
             .iter()
             .copied()
-            .filter(|&p| crate::process::alive(p))
+            .filter(|&p| super::running(p))
             .collect();
         super::stuck::freeze(sim, &live)?;
     }

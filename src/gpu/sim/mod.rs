@@ -495,6 +495,17 @@ impl SimBackend {
     }
 }
 
+/// A process the simulator started is still running: not gone, not a zombie left to reap.
+fn running(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X', 'x']))
+        })
+        .is_some_and(|gone| !gone)
+}
+
 fn watcher_alive(alloc: &Path) -> bool {
     fs::read_to_string(alloc.with_extension("watcher"))
         .ok()

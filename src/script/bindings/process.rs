@@ -36,7 +36,7 @@ fn targets(v: &Dynamic) -> RhaiResult<Vec<(Option<String>, Target)>> {
 }
 
 /// The identity a holder map carries: an integer `pid` and `start`, and `pidfs_ino` where
-/// the kernel has pidfs. Issue 10, defect 12: a map without a valid `start` is an error, never
+/// the kernel has pidfs. A map without a valid `start` is an error, never
 /// a bare pid (that would signal whatever has the pid now). Bare pids are only integers.
 fn map_identity(m: &Map) -> RhaiResult<Identity> {
     let int = |key: &str| -> RhaiResult<Option<i64>> {
