@@ -32,6 +32,11 @@ const VARYING: &[&str] = &[
     "elapsed_ms",
     "exit_ms",
     "wait_ms",
+    "released_ms",
+    "settle_ms",
+    // A reparented process's parent is whatever init or subreaper the machine runs.
+    "ppid_comm",
+    "ppid_name",
     "time",
     "uid",
     "user",
