@@ -458,7 +458,9 @@ SetEnv SHLVL=1
         env = dict(os.environ)
         if transport == "pipe":
             env["PATH"] = f"{self.tmp}/pipe-bin:" + env["PATH"]
-        return [BIN, "--ssh-config", self.cfg, "--remote-bin", BIN], env
+        # --no-reuse: a new connection per host per one-shot, as described above
+        # (benches/fleet.py measures the kept ones).
+        return [BIN, "--ssh-config", self.cfg, "--remote-bin", BIN, "--no-reuse"], env
 
     def timed(self, *cmd, env=None, ok=(0,)):
         t = time.perf_counter()

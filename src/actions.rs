@@ -339,7 +339,7 @@ pub fn reset_gpu(s: &Session, index: i64) -> Result<(), GpuError> {
         return Err(GpuError::Reset {
             index,
             why: format!(
-                "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {index} is meant: reset it on that host itself (ssh HOST gpuloop run clean-node -- --gpus {index} --allow-reset)",
+                "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {index} is meant: reset it on that host itself (ssh HOST gpuloop run clean-node --gpu {index} --allow-reset)",
                 names.join(", ")
             ),
         });
@@ -694,7 +694,7 @@ pub fn kill_watched(s: &Session, targets: &[Target], opts: &KillOpts, w: &mut Wa
 fn wire_kill_opts(o: &KillOpts) -> protocol::KillOpts {
     protocol::KillOpts {
         signal: signal_name(o.signal).to_string(),
-        grace_ms: o.grace.as_millis() as u64,
+        grace_ms: kill::grace_ms(o.grace),
         tree: o.tree,
         dry_run: o.dry_run,
         force: o.force,
@@ -718,7 +718,8 @@ fn wait_wire(o: &WaitOpts) -> protocol::WaitWire {
 
 /// The deadline of a remote kill: its grace, the wait for SIGKILLed processes, and slack.
 fn kill_deadline(s: &Session, o: &KillOpts) -> Option<Duration> {
-    call_timeout(s).map(|t| t + o.grace + Duration::from_secs(10))
+    // A grace that never ends (`NEVER`) leaves the call unbounded: the agent waits for its exits.
+    call_timeout(s).and_then(|t| t.checked_add(o.grace)?.checked_add(Duration::from_secs(10)))
 }
 
 /// kill() with each target on its own host (`None`: the only host there is). Identities
@@ -899,13 +900,34 @@ pub fn kill_holders_watched(
 ) -> Result<KillReport, GpuError> {
     let mut hs = local_holders(s, sel, true, filter)?;
     hs.retain(|h| h.is_compute() || h.protected);
+    // The user filter bounds every process signalled, not only the holders it picked: their
+    // trees, groups and parents are that user's or left alone (read on this host, as the
+    // holders were).
+    let bounded;
+    let opts = match (&filter.user, filter.resolve()?.uid) {
+        (Some(user), Some(uid)) => {
+            bounded = KillOpts {
+                owner: Some(kill::Owner {
+                    uid,
+                    said: user.flag(),
+                }),
+                ..opts.clone()
+            };
+            &bounded
+        }
+        _ => opts,
+    };
     let (daemons, hs): (Vec<Holder>, Vec<Holder>) =
         hs.into_iter().partition(|h| h.protected && !opts.force);
     let (units, hs): (Vec<Holder>, Vec<Holder>) = hs
         .into_iter()
         .partition(|h| h.origin.service_main && h.origin.job.is_none() && !opts.force);
-    let mut report = kill_watched(s, &holder_targets(&hs), opts, w);
-    let holding = |h: &Holder| h.mem > 0 || h.evidence.iter().any(|e| e != "fd");
+    let opts = KillOpts {
+        why: hs.iter().map(|h| (h.pid as i32, holder_why(h))).collect(),
+        ..opts.clone()
+    };
+    let mut report = kill_watched(s, &holder_targets(&hs), &opts, w);
+    let holding = |h: &Holder| h.mem > 0 || h.evidence.iter().any(|e| e.holds_memory());
     for h in daemons.into_iter().filter(holding) {
         report.skipped.push(Skipped {
             pid: h.pid,
@@ -938,6 +960,19 @@ pub fn kill_holders_watched(
     }
     Ok(report)
 }
+
+/// Why the audit journal says a holder was stopped: "holder of GPU 0,1 (compute, 4096 MiB)".
+pub fn holder_why(h: &Holder) -> String {
+    let gpus: Vec<String> = h.gpus.iter().map(i64::to_string).collect();
+    format!(
+        "holder of GPU {} ({}, {} MiB, seen by {})",
+        gpus.join(","),
+        h.role,
+        h.mem_mib,
+        crate::inspect::kinds::Evidence::joined(&h.evidence)
+    )
+}
+
 /// `local_kill_holders` on every selected host at once, each host's report kept apart.
 pub fn kill_holders_per_host(
     s: &Session,
@@ -1067,7 +1102,7 @@ fn local_wait_clean(
     };
     crate::errln!("warning: GPUs {why}:");
     if let Ok(ds) = local_diagnoses(s, sel, &Filter::default()) {
-        for d in ds.iter().filter(|d| !d.is_clean()) {
+        for d in ds.iter().filter(|d| !d.is_clean_under(&opts.demand())) {
             crate::errln!("  {}", describe_diagnosis(d));
         }
     }
@@ -1181,15 +1216,23 @@ fn describe_dirty(dirty: &Dirty) -> String {
 /// `gpuloop clean` and `cleanup`'s first rung: holders → kill → wait_clean → diagnose.
 /// Its JSON (`clean --json`, the MCP tool `clean`, the agent's reply) is
 /// `{clean, kill, wait_ms, gpus}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CleanReport {
     pub clean: bool,
     pub kill: KillReport,
     /// Not in the JSON: read back as clean or not from `clean`.
     #[serde(skip, default = "not_clean")]
     pub outcome: WaitOutcome,
-    /// How long the memory took to come back after the kill (the whole wait).
+    /// The whole wait after the kill, the settle time included.
     pub wait_ms: i64,
+    /// When clean: how long the memory took to come back after the kill. The wait then
+    /// watched for `settle_ms` more (it ends at the first look past that, within one poll),
+    /// so this is `wait_ms - settle_ms`, to one poll interval.
+    #[serde(default)]
+    pub released_ms: Option<i64>,
+    /// How long it was watched after it read clean (`--settle`).
+    #[serde(default)]
+    pub settle_ms: i64,
     /// What diagnose() says of each selected GPU afterwards.
     #[serde(rename = "gpus")]
     pub after: Vec<Diagnosis>,
@@ -1227,6 +1270,11 @@ pub fn clean_watched(
     // Like diagnose and wait: with --user, --mine or --job, the GPUs verified are those the
     // filtered holders use (what else holds them is reported, and keeps them not clean).
     let sel = &narrowed(&inventory(s, sel)?, sel, &filter.resolve()?);
+    // With no KILL ever, the wait below is the one that waits for them, until its timeout.
+    let kill_opts = &KillOpts {
+        wait_forever: false,
+        ..kill_opts.clone()
+    };
     let kill = kill_holders_watched(s, sel, filter, kill_opts, w)?;
     let waited = std::time::Instant::now();
     let mut wait_opts = wait_opts.clone();
@@ -1243,8 +1291,11 @@ pub fn clean_watched(
     };
     let wait_ms = waited.elapsed().as_millis() as i64;
     let after = local_diagnoses(s, sel, &Filter::default())?;
+    let settle_ms = wait_opts.settle.as_millis() as i64;
     Ok(CleanReport {
         clean: outcome.is_clean(),
+        released_ms: outcome.is_clean().then(|| (wait_ms - settle_ms).max(0)),
+        settle_ms,
         kill,
         outcome,
         wait_ms,
@@ -1260,8 +1311,10 @@ pub fn clean_per_host(
     wait_opts: &WaitOpts,
 ) -> Result<PerHost<CleanReport>, GpuError> {
     let wire = wire_kill_opts(kill_opts);
-    let deadline =
-        wait_deadline(s, wait_opts).map(|d| d + kill_opts.grace + Duration::from_secs(10));
+    let deadline = wait_deadline(s, wait_opts).and_then(|d| {
+        d.checked_add(kill_opts.grace)?
+            .checked_add(Duration::from_secs(10))
+    });
     let mut parts = fan(
         s,
         &sel.into(),
@@ -1307,9 +1360,16 @@ pub fn merge_clean(parts: Vec<(String, CleanReport)>, dry_run: bool) -> CleanRep
     );
     let outcome = combine(parts.iter().map(|(_, c)| c.outcome.clone()));
     let wait_ms = parts.iter().map(|(_, c)| c.wait_ms).max().unwrap_or(0);
+    let released_ms = parts
+        .iter()
+        .map(|(_, c)| c.released_ms)
+        .try_fold(0, |most, r| r.map(|r| most.max(r)));
+    let settle_ms = parts.iter().map(|(_, c)| c.settle_ms).max().unwrap_or(0);
     CleanReport {
         kill,
         clean: outcome.is_clean(),
+        released_ms: released_ms.filter(|_| outcome.is_clean()),
+        settle_ms,
         outcome,
         wait_ms,
         after: parts.into_iter().flat_map(|(_, c)| c.after).collect(),
@@ -1406,7 +1466,7 @@ fn run_call(cmd: &Cmd, opts: &JobOpts) -> protocol::RunCall {
         timeout_ms: opts.timeout.map(|t| t.as_millis() as u64),
         cwd: opts.cwd.as_ref().map(|p| p.display().to_string()),
         env: opts.env.clone(),
-        grace_ms: opts.grace.as_millis() as u64,
+        grace_ms: kill::grace_ms(opts.grace),
         echo: opts.echo,
         keep_children: opts.keep_children,
     }
@@ -1431,9 +1491,10 @@ pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<
     };
     let call = Call::Run(run_call(cmd, &opts));
     // No deadline unless the job has one: a lost link still ends the call at once.
-    let deadline = opts
-        .timeout
-        .map(|t| t + opts.grace + pool.config.call_timeout);
+    let deadline = opts.timeout.and_then(|t| {
+        t.checked_add(opts.grace)?
+            .checked_add(pool.config.call_timeout)
+    });
     pool.call(host, call, deadline, s.interrupted())
         .map_err(|e| remote_run_err(host, e))
 }
@@ -1615,10 +1676,10 @@ impl Spawned {
             Call::JobKill {
                 job: r.job,
                 signal: signal_name(signal).to_string(),
-                grace_ms: Some(grace.as_millis() as u64),
+                grace_ms: Some(kill::grace_ms(grace)),
             },
             // The stop's grace, the wait after SIGKILL and the output's drain.
-            grace + Duration::from_secs(10),
+            grace.saturating_add(Duration::from_secs(10)),
             &NEVER,
         )?;
         Ok(r.record(st))
@@ -1658,7 +1719,8 @@ impl RemoteJob {
         pool.call(
             &self.host,
             call,
-            Some(takes + pool.config.call_timeout),
+            // A stop that never KILLs (`grace: "inf"`) waits for the tree: no deadline.
+            takes.checked_add(pool.config.call_timeout),
             interrupted,
         )
         .map_err(|e| remote_run_err(&self.host, e))

@@ -168,7 +168,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Serves until stdin closes; returns the exit code.
 pub fn serve(session: Arc<Session>) -> i32 {
-    let _jobs = crate::runner::Supervisor::start(session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let out = Out(Arc::new(Mutex::new(std::io::stdout())));
     let (gpus, backend) = match session.backend() {
         Ok(b) => (b.gpus().map_or(0, |g| g.len() as i64), b.kind()),
@@ -259,7 +259,11 @@ pub fn serve(session: Arc<Session>) -> i32 {
         let (s, o, j) = (session.clone(), out.clone(), jobs.clone());
         let spawned = workers.run(Box::new(move || {
             let id = req.id;
-            let body = handle(&s, req, &o, &j, cancel);
+            // The signals this request sends are journaled with the client's call.
+            let call = serde_json::to_value(&req.call).unwrap_or_default();
+            let body = crate::journal::in_call(crate::journal::FrontEnd::Agent, call, || {
+                handle(&s, req, &o, &j, cancel)
+            });
             o.send(&reply(Some(id), body));
         }));
         if let Err(e) = spawned {
@@ -397,7 +401,7 @@ fn kill_opts(o: &protocol::KillOpts) -> Result<KillOpts, Body> {
                 format!("unknown signal {:?}", o.signal),
             )
         })?,
-        grace: Duration::from_millis(o.grace_ms),
+        grace: crate::process::kill::grace_of_ms(o.grace_ms),
         tree: o.tree,
         dry_run: o.dry_run,
         force: o.force,
@@ -496,9 +500,9 @@ fn handle(
         },
         Call::Run(rc) => {
             let cancel = cancel.unwrap_or_else(|| jobs.cancel_flag(req.id));
-            run(s, req.id, rc, out, cancel)
+            run(req.id, rc, out, cancel)
         }
-        Call::Spawn(rc) => spawn(s, req.id, rc, out, jobs),
+        Call::Spawn(rc) => spawn(req.id, rc, out, jobs),
         Call::JobWait { job, timeout_ms } => match jobs.spawned(job) {
             Ok(j) => {
                 let cancel = cancel.unwrap_or_else(|| jobs.cancel_flag(req.id));
@@ -516,7 +520,7 @@ fn handle(
                 return error(ErrorKind::BadParams, format!("unknown signal {signal:?}"));
             };
             match jobs.spawned(job) {
-                Ok(j) => match j.stop(sig, grace_ms.map(Duration::from_millis)) {
+                Ok(j) => match j.stop(sig, grace_ms.map(crate::process::kill::grace_of_ms)) {
                     Some(_) => state(job, &j, true),
                     None => error(
                         ErrorKind::Failed,
@@ -548,7 +552,7 @@ fn state(job: u64, j: &Job, with_outcome: bool) -> Body {
 
 /// The job a run or spawn request describes; its output goes to the client as `Output`
 /// lines of request `id`.
-fn job_of(s: &Session, id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts), Body> {
+fn job_of(id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts), Body> {
     let cmd = match (rc.shell, rc.argv) {
         (Some(l), None) => Cmd::Shell(l),
         (None, Some(a)) => Cmd::Argv(a),
@@ -578,8 +582,7 @@ fn job_of(s: &Session, id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts)
         cwd: rc.cwd.map(Into::into),
         env: rc.env,
         echo: false,
-        grace: Duration::from_millis(rc.grace_ms),
-        protected: s.protected().to_vec(),
+        grace: crate::process::kill::grace_of_ms(rc.grace_ms),
         keep_children: rc.keep_children,
         sink,
     };
@@ -588,8 +591,8 @@ fn job_of(s: &Session, id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts)
 
 /// Starts a background job and answers at once; it runs until it ends, a `job_kill`, its
 /// timeout, or the connection's end.
-fn spawn(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
-    let (cmd, opts) = match job_of(s, id, rc, out) {
+fn spawn(id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
+    let (cmd, opts) = match job_of(id, rc, out) {
         Ok(x) => x,
         Err(b) => {
             jobs.settle(id, None);
@@ -611,8 +614,8 @@ fn spawn(s: &Session, id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
 
 /// Runs a job, streaming its output to the client; a cancel (or the client going away)
 /// stops its whole tree.
-fn run(s: &Session, id: u64, rc: RunCall, out: &Out, cancel: CancelGuard) -> Body {
-    let (cmd, opts) = match job_of(s, id, rc, out) {
+fn run(id: u64, rc: RunCall, out: &Out, cancel: CancelGuard) -> Body {
+    let (cmd, opts) = match job_of(id, rc, out) {
         Ok(x) => x,
         Err(b) => return b,
     };

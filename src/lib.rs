@@ -20,6 +20,8 @@ pub mod hosts;
 pub mod input;
 pub mod inspect;
 pub mod interrupt;
+pub mod journal;
+pub mod local;
 pub mod mcp;
 pub mod memory;
 pub mod output;

@@ -54,6 +54,11 @@ pub fn set_wide(wide: bool) {
     WIDE.store(wide, Ordering::Relaxed);
 }
 
+/// `--wide` (`--all-rows`) was given: tables over several hosts list every row too.
+pub fn wide() -> bool {
+    WIDE.load(Ordering::Relaxed)
+}
+
 /// How wide stdout's lines may be: the terminal's width, or `None` (no limit) with `--wide`
 /// or when stdout is not a terminal, as `ps` does.
 pub fn width() -> Option<usize> {

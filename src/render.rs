@@ -2,8 +2,9 @@
 //! (the REPL and `eval`), in colour only on a terminal; plus the JSON form of a Rhai value.
 
 use crate::gpu::{Gpu, MIB};
-use crate::inspect::diagnose::{Diagnosis, FootprintOf};
+use crate::inspect::diagnose::{Diagnosis, FootprintOf, Verdict};
 use crate::inspect::holders::Holder;
+use crate::inspect::kinds::{Evidence, Role, RunState, State};
 use crate::process::kill::KillReport;
 use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
 use rhai::{Array, Dynamic, Map};
@@ -166,10 +167,11 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
     out
 }
 
-fn state_color(state: &str) -> Option<Color> {
-    match state {
-        "running" => Some(Color::Green),
-        "zombie" | "disk-sleep" | "stopped" | "tracing-stop" | "dead" => Some(Color::Red),
+fn state_color(state: State) -> Option<Color> {
+    match state.run {
+        _ if state.main_thread_exited => None,
+        RunState::Running => Some(Color::Green),
+        r if r.is_trouble() => Some(Color::Red),
         _ => None,
     }
 }
@@ -228,12 +230,12 @@ fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) ->
         Cell::new(h.pid),
         Cell::new(parent(h)),
         Cell::new(&h.user),
-        Cell::new(&h.name),
+        Cell::new(crate::process::display_name(&h.name, &h.cmdline)),
         Cell::new(join(&h.gpus)),
         Cell::new(h.mem_mib),
-        colored(h.state.clone(), state_color(&h.state), style),
-        Cell::new(&h.role),
-        Cell::new(h.evidence.join("+")),
+        colored(h.state.to_string(), state_color(h.state), style),
+        Cell::new(h.role),
+        Cell::new(Evidence::joined(&h.evidence)),
         Cell::new(cmd),
     ];
     if jobs {
@@ -251,7 +253,12 @@ fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) ->
 /// "4242 torchrun", a systemd unit's main process "1 systemd [vllm.service]", and an orphan
 /// "1 init (reparented)".
 fn parent(h: &Holder) -> String {
-    let mut s = format!("{} {}", h.ppid, h.origin.ppid_comm);
+    // Read back from an older agent, a holder map has the parent's comm only.
+    let name = match h.origin.ppid_name.as_str() {
+        "" => &h.origin.ppid_comm,
+        name => name,
+    };
+    let mut s = format!("{} {name}", h.ppid);
     if h.origin.service_main {
         if let Some(unit) = &h.origin.service {
             s.push_str(&format!(" [{unit}]"));
@@ -277,7 +284,7 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             .join(", ");
         // Pad before painting, so escape codes do not upset the alignment.
         let verdict = format!("{:<15}", d.verdict);
-        let verdict = if d.verdict == "clean" {
+        let verdict = if d.verdict == Verdict::Clean {
             style.green(&verdict)
         } else {
             style.red(&verdict)
@@ -289,9 +296,9 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             index
         };
         // Memory the driver could not read is unknown, not 0 MiB (which reads as clean).
-        let mib = match d.verdict.as_str() {
-            "no-driver" | "driver-error" => "?".to_string(),
-            _ => d.mem_used_mib.to_string(),
+        let mib = match d.verdict.memory_known() {
+            false => "?".to_string(),
+            true => d.mem_used_mib.to_string(),
         };
         let head = format!("GPU {gpu}  {mib:>7} MiB  ");
         // The advice column starts after the padded verdict; long advice wraps under it.
@@ -301,7 +308,7 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             None => d.advice.clone(),
         };
         let mut line = format!("{head}{verdict}  {advice}");
-        if !holders.is_empty() && d.verdict != "clean" {
+        if !holders.is_empty() && d.verdict != Verdict::Clean {
             line.push_str(&format!("\n        holders: {holders}"));
         }
         if !d.ghost_pids.is_empty() {
@@ -353,25 +360,92 @@ fn wrap(text: &str, width: usize, indent: usize) -> String {
 }
 
 pub fn kill_report(r: &KillReport, style: Style) -> String {
+    if r.by_host.is_empty() {
+        return one_kill_report(r, style);
+    }
+    // Over hosts, every line that names a pid names its host: a pid alone names nothing on
+    // the machine gpuloop ran on.
+    let mut out = Vec::new();
+    for (host, part) in &r.by_host {
+        let part = KillReport {
+            interrupted: false,
+            ..part.clone()
+        };
+        let text = one_kill_report(&part, style);
+        let mut lines: Vec<&str> = text.lines().collect();
+        // Its own time: the whole report's comes once, at the end.
+        lines.pop();
+        for l in lines.into_iter().filter(|l| *l != "signalled: none") {
+            out.push(format!("{host}: {l}"));
+        }
+    }
+    if out.is_empty() {
+        out.push("signalled: none".to_string());
+    }
+    if r.interrupted {
+        out.push(interrupted_line(r, style));
+    }
+    out.push(format!("({} ms)", r.elapsed_ms));
+    out.join("\n")
+}
+
+/// What an interrupt left: the pids that got the signal and no KILL, each with its host.
+fn interrupted_line(r: &KillReport, style: Style) -> String {
+    let left = if r.by_host.is_empty() {
+        join(&r.survivors)
+    } else {
+        r.by_host
+            .iter()
+            .filter(|(_, h)| !h.survivors.is_empty())
+            .map(|(host, h)| format!("{host}: {}", join(&h.survivors)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    style.red(&format!(
+        "interrupted during the grace; still running, not KILLed: {left}"
+    ))
+}
+
+fn one_kill_report(r: &KillReport, style: Style) -> String {
     let mut out = Vec::new();
     let on = |gpus: &[i64]| match gpus {
         [] => String::new(),
         g => format!(" on GPU {}", join(g)),
     };
     let secs = |ms: Option<i64>| format!("{:.1} s", ms.unwrap_or(0) as f64 / 1000.0);
+    // A target that could not act on the signal asked for got KILL at once: said once, on
+    // its own line, with why ("ignores TERM (SigIgn): sent KILL at once").
+    let at_once = |pid: i64| {
+        r.killed_at_once
+            .iter()
+            .find(|k| k.pid == pid)
+            .map(|k| k.reason.trim_start_matches(&format!("pid {pid} ")))
+    };
     if r.dry_run {
-        match r.targets.first() {
-            None => out.push("would signal: none".to_string()),
-            Some(t) => out.push(format!("would send {} to:", t.signal)),
+        if r.targets.is_empty() {
+            out.push("would signal: none".to_string());
         }
+        let mut header = None;
         for t in &r.targets {
-            out.push(format!("  {} ({}){}", t.pid, t.name, on(&t.gpus)));
+            if header != Some(&t.signal) {
+                out.push(format!("would send {} to:", t.signal));
+                header = Some(&t.signal);
+            }
+            let why = at_once(t.pid).map_or(String::new(), |w| format!(": {w}"));
+            out.push(format!("  {} ({}){}{why}", t.pid, t.name, on(&t.gpus)));
         }
     } else if r.targets.is_empty() {
         out.push("signalled: none".to_string());
     }
     for t in r.targets.iter().filter(|_| !r.dry_run) {
         let who = format!("{} ({}){}", t.pid, t.name, on(&t.gpus));
+        if let Some(why) = at_once(t.pid) {
+            out.push(match t.exit_ms {
+                Some(_) => format!("{who} {why}, gone after {}", secs(t.exit_ms)),
+                None => style.red(&format!("{who} {why}, still running")),
+            });
+            continue;
+        }
         out.push(match t.ended_by.as_deref() {
             Some(sig) if sig == t.signal => {
                 style.green(&format!("{who} exited on {sig} after {}", secs(t.exit_ms)))
@@ -385,22 +459,13 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
         });
     }
     if r.interrupted {
-        // Over hosts, each pid with its host: a pid alone names nothing on the login node.
-        let left = if r.by_host.is_empty() {
-            join(&r.survivors)
-        } else {
-            r.by_host
-                .iter()
-                .filter(|(_, h)| !h.survivors.is_empty())
-                .map(|(host, h)| format!("{host}: {}", join(&h.survivors)))
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
-        out.push(style.red(&format!(
-            "interrupted during the grace; still running, not KILLed: {left}"
-        )));
+        out.push(interrupted_line(r, style));
     }
-    for k in r.killed_at_once.iter().filter(|_| !r.dry_run) {
+    for k in r
+        .killed_at_once
+        .iter()
+        .filter(|k| !r.dry_run && !r.targets.iter().any(|t| t.pid == k.pid))
+    {
         out.push(format!("KILL at once {}: {}", k.pid, k.reason));
     }
     for s in r.stuck.iter().filter(|_| !r.dry_run) {
@@ -422,8 +487,24 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
     out.join("\n")
 }
 
+/// `gpuloop recipes`: each recipe's name, what it is for, and how to run it, under it; the name
+/// column is as wide as the longest name.
+pub fn recipes(rs: &[crate::script::recipes::Recipe]) -> String {
+    let width = rs.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    rs.iter()
+        .map(|r| {
+            format!(
+                "{:<width$}  {}\n{:<width$}  {}",
+                r.name, r.purpose, "", r.usage
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A script value for people: arrays of GPU or holder maps as tables, diagnoses, kill and run
-/// reports as short summaries, a string as its text, anything else in Rhai's literal form.
+/// reports as short summaries, arrays of maps that carry such records (`workers::jobs()`) as
+/// tables, a string as its text, anything else in Rhai's literal form.
 pub fn value(v: &Dynamic, style: Style) -> String {
     if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
         return s.to_string();
@@ -438,6 +519,9 @@ pub fn value(v: &Dynamic, style: Style) -> String {
         if let Some(ds) = all_of(&a, diagnosis_of) {
             return diagnoses(&ds, style);
         }
+        if let Some(t) = nested_records(&a, style) {
+            return t;
+        }
     }
     if let Some(m) = v.read_lock::<Map>() {
         if let Some(r) = kill_report_of(&m) {
@@ -448,6 +532,86 @@ pub fn value(v: &Dynamic, style: Style) -> String {
         }
     }
     literal(v)
+}
+
+/// An array of maps with the same fields that carry gpuloop records (as `workers::jobs()`
+/// gives: each job with its holders) as a table: a column per field, the records in a cell as
+/// `name(pid)`. `None` for anything else, which prints as a literal.
+fn nested_records(a: &Array, style: Style) -> Option<String> {
+    let rows: Vec<Map> = a
+        .iter()
+        .map(|v| v.read_lock::<Map>().map(|m| m.clone()))
+        .collect::<Option<_>>()?;
+    let first = rows.first()?;
+    let same = |m: &Map| m.len() == first.len() && first.keys().all(|k| m.contains_key(k));
+    let is_record = |v: &Dynamic| {
+        v.read_lock::<Map>()
+            .is_some_and(|m| crate::script::fields::record_kind(&m).is_some())
+    };
+    let holds_records = |v: &Dynamic| {
+        is_record(v)
+            || v.read_lock::<Array>()
+                .is_some_and(|a| !a.is_empty() && a.iter().all(is_record))
+    };
+    let carries = |m: &Map| m.values().any(holds_records);
+    if !rows.iter().all(|m| same(m) && carries(m)) {
+        return None;
+    }
+    // The records last (they are the widest), and no HOST column on one machine alone.
+    let local = |v: &Dynamic| {
+        v.read_lock::<rhai::ImmutableString>()
+            .is_some_and(|s| s.as_str() == crate::hosts::LOCAL)
+    };
+    let mut keys: Vec<&str> = first
+        .keys()
+        .map(|k| k.as_str())
+        .filter(|k| *k != "host" || !rows.iter().all(|m| m.get(*k).is_some_and(local)))
+        .collect();
+    keys.sort_by_key(|k| first.get(*k).is_some_and(holds_records));
+    let header: Vec<String> = keys.iter().map(|k| k.to_uppercase()).collect();
+    let mut t = table(
+        &header.iter().map(String::as_str).collect::<Vec<_>>(),
+        style,
+    );
+    for m in &rows {
+        t.add_row(
+            keys.iter()
+                .map(|k| m.get(*k).map_or_else(String::new, cell)),
+        );
+    }
+    let numbers: Vec<usize> = (0..keys.len())
+        .filter(|&i| {
+            rows.iter()
+                .all(|m| m.get(keys[i]).is_some_and(|v| v.is_int()))
+        })
+        .collect();
+    right(&mut t, &numbers);
+    Some(trimmed(t))
+}
+
+/// A value in a table cell: text bare, `()` as `-`, lists joined with commas, a process record
+/// as `name(pid)`.
+fn cell(v: &Dynamic) -> String {
+    if v.is_unit() {
+        return "-".into();
+    }
+    if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
+        return s.to_string();
+    }
+    if let Some(m) = v.read_lock::<Map>() {
+        if let (Some(name), Some(pid)) = (string(&m, "name"), int(&m, "pid")) {
+            return format!("{name}({pid})");
+        }
+    }
+    if let Some(a) = v.read_lock::<Array>() {
+        let sep = if a.iter().all(|x| x.is_int()) {
+            ","
+        } else {
+            " "
+        };
+        return a.iter().map(cell).collect::<Vec<_>>().join(sep);
+    }
+    flat(v)
 }
 
 /// Every element converted, or `None` (also for an empty array, which prints as `[]`).
@@ -543,12 +707,18 @@ fn holder_of(m: &Map) -> Option<Holder> {
         user: string(m, "user").unwrap_or_default(),
         name: string(m, "name")?,
         cmdline: string(m, "cmdline").unwrap_or_default(),
-        state: string(m, "state")?,
-        role: string(m, "role").unwrap_or_default(),
+        state: State::parse(&string(m, "state")?),
+        role: match string(m, "role") {
+            Some(r) => Role::parse(&r)?,
+            None => Role::default(),
+        },
         gpus: ints(m, "gpus")?,
         mem: int(m, "mem").unwrap_or(0),
         mem_mib: int(m, "mem").unwrap_or(0) / MIB,
-        evidence: strings(m, "evidence")?,
+        evidence: strings(m, "evidence")?
+            .iter()
+            .map(|e| Evidence::parse(e))
+            .collect::<Option<_>>()?,
         protected: m
             .get("protected")
             .and_then(|v| v.as_bool().ok())
@@ -577,7 +747,7 @@ fn diagnosis_of(m: &Map) -> Option<Diagnosis> {
         })
         .unwrap_or_default(),
         ghost_pids: ints(m, "ghost_pids")?,
-        verdict: string(m, "verdict")?,
+        verdict: Verdict::parse(&string(m, "verdict")?)?,
         advice: string(m, "advice")?,
         host: string(m, "host").unwrap_or_else(|| "local".into()),
     })
@@ -798,6 +968,33 @@ mod tests {
         assert_eq!(value(&eval("[]"), Style::PLAIN), "[]");
     }
 
+    /// A new user's report: `w::jobs()` printed as one raw map literal. Maps that carry
+    /// gpuloop records print as a table; the records in a cell as name(pid).
+    #[test]
+    fn maps_that_carry_records_print_as_a_table() {
+        let holder =
+            |pid: i64| format!(r#"#{{pid: {pid}, start: 1, evidence: ["map"], name: "vllm"}}"#);
+        let v = eval(&format!(
+            r#"[#{{kind: "vllm", gpus: [0, 1], mem_mib: 2048, host: "local", launcher: (), holders: [{}, {}]}},
+                #{{kind: "other", gpus: [3], mem_mib: 300, host: "local", launcher: #{{pid: 5, name: "torchrun"}}, holders: [{}]}}]"#,
+            holder(7),
+            holder(8),
+            holder(9)
+        ));
+        assert_eq!(
+            value(&v, Style::PLAIN),
+            " GPUS  KIND   LAUNCHER     MEM_MIB  HOLDERS\n \
+             0,1   vllm   -               2048  vllm(7) vllm(8)\n \
+             3     other  torchrun(5)      300  vllm(9)"
+        );
+        // Without a record inside, a user's maps stay literals.
+        let v = eval(r#"[#{kind: "x", holders: [#{pid: 1}]}]"#);
+        assert_eq!(
+            value(&v, Style::PLAIN),
+            r#"[#{holders: [#{pid: 1}], kind: "x"}]"#
+        );
+    }
+
     #[test]
     fn json_of_values() {
         let v = eval(r#"#{a: (), b: [1, 2.5, "s", 'c', true], c: blob(2, 7)}"#);
@@ -817,9 +1014,11 @@ mod tests {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRow {
     pub host: String,
-    /// "ok", "clean", "NOT clean", "unreachable" or "failed".
+    /// "ok", "clean", "NOT clean", "unreachable", "skipped" or "failed".
     pub state: String,
     pub detail: String,
+    /// Why the host failed, in full (said once on stderr, or in the JSON document).
+    pub error: Option<String>,
 }
 
 impl HostRow {
@@ -829,28 +1028,54 @@ impl HostRow {
     }
 }
 
-/// The per-host summary: one row per host, then the counts.
+/// The per-host summary: hosts with the same state and detail folded into one row under a
+/// hostlist (as `dshbak -c` does), then the counts, naming the hosts that are not good.
 pub fn host_summary(rows: &[HostRow], style: Style) -> String {
-    let mut t = table(&["HOST", "STATE", "DETAIL"], style);
+    let mut groups: Vec<(&str, &str, Vec<&str>)> = Vec::new();
     for r in rows {
-        let color = if r.good() { Color::Green } else { Color::Red };
-        t.add_row(vec![
-            Cell::new(&r.host),
-            colored(r.state.clone(), Some(color), style),
-            Cell::new(&r.detail),
-        ]);
-    }
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    for r in rows {
-        match counts.iter_mut().find(|(s, _)| *s == r.state) {
-            Some(c) => c.1 += 1,
-            None => counts.push((r.state.clone(), 1)),
+        match groups
+            .iter_mut()
+            .find(|(s, d, _)| *s == r.state && *d == r.detail)
+        {
+            Some(g) => g.2.push(&r.host),
+            None => groups.push((&r.state, &r.detail, vec![&r.host])),
         }
     }
-    let counts = counts
-        .iter()
-        .map(|(s, n)| format!("{n} {s}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!("{}\n{} host(s): {counts}", trimmed(t), rows.len())
+    let mut t = table(&["HOST", "STATE", "DETAIL"], style);
+    for (state, detail, hosts) in &groups {
+        let good = state == &"ok" || state == &"clean";
+        let color = if good { Color::Green } else { Color::Red };
+        t.add_row(vec![
+            Cell::new(crate::hosts::fold::compress(hosts)),
+            colored(state.to_string(), Some(color), style),
+            Cell::new(detail),
+        ]);
+    }
+    format!("{}\n{}", trimmed(t), host_counts(rows))
+}
+
+/// `64 host(s): 61 clean, 3 NOT clean: gpu[05,33,40]`: each state's count, and the hosts
+/// of each state that is not good as a hostlist.
+pub fn host_counts(rows: &[HostRow]) -> String {
+    let mut states: Vec<(&str, Vec<&str>, bool)> = Vec::new();
+    for r in rows {
+        match states.iter_mut().find(|(s, _, _)| *s == r.state) {
+            Some(s) => s.1.push(&r.host),
+            None => states.push((&r.state, vec![&r.host], r.good())),
+        }
+    }
+    let mut out = format!("{} host(s): ", rows.len());
+    let mut listed = false;
+    for (i, (state, hosts, good)) in states.iter().enumerate() {
+        if i > 0 {
+            // After a hostlist, whose own commas would run into the next count.
+            out.push_str(if listed { "; " } else { ", " });
+        }
+        out.push_str(&format!("{} {state}", hosts.len()));
+        listed = !good;
+        if listed {
+            out.push_str(&format!(": {}", crate::hosts::fold::compress(hosts)));
+        }
+    }
+    out
 }

@@ -264,13 +264,13 @@ fn help_lists_global_flags_apart_the_environment_and_a_man_page() {
         global.contains("--sim <SPEC>") && global.contains("--json"),
         "{clean}"
     );
-    // README and --help give the same --sim spec.
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    // docs/simulator.md and --help give the same --sim spec.
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/simulator.md")).unwrap();
     for key in gpuloop::gpu::sim::OPTIONS {
         assert!(
-            readme.contains(&format!(",{key}=")),
-            "README's --sim lacks {key}"
+            docs.contains(&format!(",{key}=")),
+            "docs/simulator.md's --sim lacks {key}"
         );
     }
     let man = sim.run(&["man"]).ok().stdout;
@@ -278,6 +278,70 @@ fn help_lists_global_flags_apart_the_environment_and_a_man_page() {
         man.contains(".TH gpuloop 1") && man.contains(".SH NAME"),
         "{man}"
     );
+}
+
+/// A new user's report: every command's `-h` repeated all the global and host options (about
+/// 30 lines, even for `man` and `sim hold`). `-h` lists the command's own options, then one
+/// line naming the global ones; `--help` lists them all, after the command's own.
+#[test]
+fn a_commands_short_help_shows_its_own_options_and_one_line_for_the_global_ones() {
+    let sim = Sim::new("1x8G");
+    for cmd in [
+        &["man"][..],
+        &["completions"],
+        &["journal"],
+        &["sim", "hold"],
+        &["clean"],
+        &["mcp"],
+    ] {
+        let short = sim.run(&[cmd, &["-h"]].concat()).ok().stdout;
+        for global in ["--sim <SPEC>", "--hosts-file <FILE>", "--host-timeout"] {
+            assert!(
+                !short.contains(global),
+                "{cmd:?} -h lists {global}:\n{short}"
+            );
+        }
+        let last = short.trim_end().lines().last().unwrap_or_default();
+        assert_eq!(
+            last,
+            "Global options: --sim --json -v --color --wide --limit --host … (gpuloop --help)",
+            "{cmd:?} -h:\n{short}"
+        );
+        let long = sim.run(&[cmd, &["--help"]].concat()).ok().stdout;
+        let (own, global) = long
+            .split_once("Global options:")
+            .unwrap_or_else(|| panic!("{cmd:?} --help has no global heading:\n{long}"));
+        assert!(own.contains("-h, --help"), "{cmd:?}: {own}");
+        assert!(
+            global.contains("--sim <SPEC>") && global.contains("--host-timeout"),
+            "{cmd:?} --help: {global}"
+        );
+    }
+    // gpuloop's own -h still lists them, and the global options still work after a command.
+    let top = sim.run(&["-h"]).ok().stdout;
+    assert!(top.contains("--sim <SPEC>"), "{top}");
+    assert_eq!(
+        sim.run(&["gpus", "--json"])
+            .ok()
+            .json()
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+}
+
+/// The simulator's default directory is shared by every session of a user: --help says so,
+/// and how to give a session its own.
+#[test]
+fn help_says_the_default_sim_dir_is_shared_and_how_to_have_one_of_ones_own() {
+    let sim = Sim::new("1x8G");
+    let help = sim.run(&["--help"]).ok().stdout;
+    assert!(help.contains("/tmp/gpuloop-sim-UID"), "{help}");
+    assert!(
+        help.contains("every session of a user shares the default"),
+        "{help}"
+    );
+    assert!(help.contains("GPULOOP_SIM_DIR=$(mktemp -d)"), "{help}");
 }
 
 /// Defect 1: the word after SCRIPT was parsed by gpuloop when it spelled one of its flags:
@@ -320,13 +384,14 @@ fn every_word_after_the_script_is_the_scripts_own() {
     let out = sim.run(&["run", "clean-node", "--help"]).ok();
     assert!(
         out.stdout
-            .starts_with("usage: gpuloop run clean-node [--gpus"),
+            .starts_with("usage: gpuloop run clean-node [--gpu 0,2]"),
         "{}",
         out.stdout
     );
     for args in [
-        &["run", "clean-node", "--gpus", "0", "--timeout", "1"][..],
-        &["run", "clean-node", "--", "--gpus", "0", "--timeout", "1"],
+        &["run", "clean-node", "--gpu", "0", "--timeout", "1"][..],
+        &["run", "clean-node", "--gpus", "0", "--timeout", "1"],
+        &["run", "clean-node", "--", "--gpu", "0", "--timeout", "1"],
     ] {
         let out = sim.run(args).ok();
         assert!(out.stdout.contains("clean in"), "{args:?}: {}", out.stdout);
@@ -382,9 +447,11 @@ fn each_commands_own_options_are_listed_apart_from_the_global_ones() {
                 "{cmd}: the global {global} among its own options:\n{section}"
             );
         }
+        // `-h` folds the global options into one line; `--help` lists them under headings.
+        let long = sim.run(&[cmd, "--help"]).ok().stdout;
         assert!(
-            help.contains("Global options:") && help.contains("Hosts (global options):"),
-            "{help}"
+            long.contains("Global options:") && long.contains("Hosts (global options):"),
+            "{long}"
         );
     }
 }

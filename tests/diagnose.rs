@@ -156,10 +156,11 @@ fn driver_when_nobody_holds_the_memory() {
     let d = verdict(&sim, 0);
     assert_eq!(d["verdict"], "driver");
     assert_eq!(d["mem_used_mib"], 900);
-    // The command-line form, not a script API; on the simulator, the simulator's reset.
+    // The command-line form as the README writes it (`--gpu`, no `--`), not a script API; on
+    // the simulator, the simulator's reset.
     let advice = d["advice"].as_str().unwrap();
     assert!(
-        advice.contains("gpuloop run clean-node -- --gpus 0 --allow-reset")
+        advice.contains("gpuloop run clean-node --gpu 0 --allow-reset")
             && advice.contains("(or gpuloop sim reset --gpu 0)")
             && !advice.contains("ensure_clean"),
         "{advice}"

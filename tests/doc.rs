@@ -160,3 +160,141 @@ fn the_doc_and_the_readme_name_every_verdict() {
         );
     }
 }
+
+/// docs/reference.md is what `gpuloop doc` prints: the committed reference never drifts from
+/// the functions the binary registers (regenerate it with `cargo run -- doc > docs/reference.md`).
+#[test]
+fn docs_reference_md_is_what_gpuloop_doc_prints() {
+    let sim = Sim::new("2x8G");
+    let out = sim.run(&["doc"]).ok().stdout;
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference.md"))
+            .expect("docs/reference.md");
+    assert!(
+        committed == out,
+        "docs/reference.md differs from `gpuloop doc`: run `cargo run -- doc > docs/reference.md`"
+    );
+}
+
+/// A new user's report: `gpuloop man` pointed to gpuloop-run(1) … gpuloop-clean(1), but those
+/// pages were never generated and no subcommand's options were in any page.
+#[test]
+fn man_dir_writes_a_page_for_every_subcommand_with_its_options() {
+    let sim = Sim::new("1x8G");
+    let dir = sim.path().join("man1");
+    sim.run(&["man", "--dir", dir.to_str().expect("utf-8 path")])
+        .ok();
+    fn pages(cmd: &clap::Command, prefix: &str, out: &mut Vec<(String, clap::Command)>) {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            if sub.get_name() == "help" {
+                continue;
+            }
+            let name = format!("{prefix}-{}", sub.get_name());
+            out.push((name.clone(), sub.clone()));
+            pages(sub, &name, out);
+        }
+    }
+    let cmd = <gpuloop::cli::args::Args as clap::CommandFactory>::command();
+    let mut want = Vec::new();
+    pages(&cmd, "gpuloop", &mut want);
+    assert!(want.iter().any(|(n, _)| n == "gpuloop-sim-hold"));
+    assert!(dir.join("gpuloop.1").exists());
+    for (name, sub) in want {
+        let page = std::fs::read_to_string(dir.join(format!("{name}.1")))
+            .unwrap_or_else(|e| panic!("no page {name}.1: {e}"));
+        assert!(page.contains(".SH OPTIONS"), "{name}.1 lists no options");
+        for a in sub.get_arguments().filter(|a| !a.is_hide_set()) {
+            if let Some(long) = a.get_long() {
+                // roff escapes the dashes: \-\-timeout.
+                assert!(
+                    page.contains(&format!("\\-\\-{}", long.replace('-', "\\-"))),
+                    "{name}.1 lacks --{long}"
+                );
+            }
+        }
+    }
+}
+
+/// The `sh` blocks of README.md and docs/*.md: the lines that run gpuloop, without their
+/// comments, as words (single quotes only group words there).
+fn documented_commands() -> Vec<(String, Vec<String>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read");
+        let mut in_sh = false;
+        for line in text.lines() {
+            if line.starts_with("```") {
+                in_sh = line == "```sh";
+                continue;
+            }
+            let cmd = line.split(" # ").next().unwrap_or_default().trim();
+            if !in_sh || !cmd.starts_with("gpuloop ") {
+                continue;
+            }
+            let mut words = Vec::new();
+            for (i, part) in cmd.split('\'').enumerate() {
+                if i % 2 == 1 {
+                    words.push(part.to_string());
+                } else {
+                    words.extend(part.split_whitespace().map(str::to_string));
+                }
+            }
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            out.push((format!("{name}: {cmd}"), words));
+        }
+    }
+    out
+}
+
+/// Every gpuloop command the README and the docs show is one gpuloop takes: the flags exist,
+/// and take the values written.
+#[test]
+fn every_gpuloop_command_in_the_readme_and_docs_parses() {
+    let commands = documented_commands();
+    assert!(commands.len() > 30, "{commands:?}");
+    for (where_, words) in commands {
+        if let Err(e) = gpuloop::cli::args::command().try_get_matches_from(&words) {
+            panic!("{where_}:\n{e}");
+        }
+    }
+}
+
+/// A new user follows README.md: its five commands on the simulator run as it says (the
+/// `export` is the harness's own simulator), and end with GPU 2 clean.
+#[test]
+fn the_readmes_five_simulator_commands_run_as_it_says() {
+    let sim = Sim::new("8x80G");
+    let readme: Vec<_> = documented_commands()
+        .into_iter()
+        .filter(|(w, _)| w.starts_with("README.md"))
+        .collect();
+    let start = readme
+        .iter()
+        .position(|(_, words)| words.get(1).is_some_and(|w| w == "sim"))
+        .expect("the simulator block");
+    let five = &readme[start..start + 5];
+    for (where_, words) in five {
+        let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+        let out = sim.run(&args);
+        let want = if args[0] == "diagnose" { 1 } else { 0 };
+        assert_eq!(out.code, want, "{where_}\n{}{}", out.stdout, out.stderr);
+        if args[0] == "holders" {
+            assert!(out.stdout.contains("(reparented)"), "{}", out.stdout);
+        }
+        if args[0] == "diagnose" {
+            assert!(out.stdout.contains("inherited"), "{}", out.stdout);
+        }
+    }
+    assert_eq!(sim.used_mib(2), 0);
+    // `sim hold` ran through the command line: its processes are ended by pid here.
+    sim.run(&["sim", "stop"]).ok();
+}

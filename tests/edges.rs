@@ -56,7 +56,10 @@ fn an_mps_server_beside_a_context_footprint_is_not_called_a_footprint() {
     assert_eq!(d["mem_used_mib"], 2003);
     assert_eq!(d["verdict"], "daemon", "{d}");
     let a = advice(&d);
-    assert!(a.contains(&format!("(pid {server}) holds 2000 MiB")), "{a}");
+    assert!(
+        a.contains(&format!("2000 MiB: MPS server pid {server}")),
+        "{a}"
+    );
     assert!(
         !a.contains("2003 MiB is") && !a.contains("2003 MiB:"),
         "{a}"
@@ -331,6 +334,27 @@ fn no_driver_never_reads_as_clean() {
         "{}",
         out.stdout
     );
+}
+
+/// A new user's report: `gpuloop holders` without a driver printed `no holders` on stdout,
+/// which read alone looks like a clean machine (the error was on stderr, exit 1). Nothing was
+/// read, so nothing is printed as a result: not the table, not `[]`.
+#[test]
+fn holders_without_a_driver_prints_nothing_on_stdout() {
+    let sim = Sim::new("1x8G");
+    for args in [
+        &["holders"][..],
+        &["--json", "holders"],
+        &["holders", "--all"],
+    ] {
+        let out = no_driver(&sim, args).code(1);
+        assert_eq!(out.stdout, "", "{args:?}");
+        assert!(
+            out.stderr.contains("no NVIDIA driver"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
 }
 
 /// Safety audit, round 7: `clean --parents` stopped the parent of a holder whatever it was; a

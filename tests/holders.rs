@@ -185,3 +185,116 @@ fn holders_one_shot_prints_a_table_and_json() {
     assert_eq!(j[0]["pid"], p as i64);
     assert_eq!(j[0]["name"], "python3");
 }
+
+/// The bug: a process whose main thread exited while another thread keeps the GPU (State Z,
+/// Threads 2, an empty /proc/PID/fd, the driver listing PID) was no holder; the GPU was
+/// called `other-namespace` ("pids that do not exist here") and `clean` failed with the
+/// memory still held. Its threads show what it holds, and it is killed by its pid.
+#[test]
+fn a_defunct_leader_whose_threads_hold_the_gpu_is_a_live_holder() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "100", "--defunct-leader"])[0];
+    let q = sim.hold(&["--gpu", "1", "--mib", "50", "--defunct-leader"])[0];
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while state_of(p) != Some('Z') || state_of(q) != Some('Z') {
+        assert!(std::time::Instant::now() < end, "the leader did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+    assert!(status.contains("Threads:\t2"), "{status}");
+    let hs = sim.run(&["--json", "holders", "--gpu", "0"]).ok().json();
+    assert_eq!(pids_in(&hs), vec![p as i64], "{hs}");
+    assert_eq!(hs[0]["state"], "sleeping (main thread exited)");
+    assert_eq!(hs[0]["mem_mib"], 100);
+    assert_eq!(hs[0]["gpus"], serde_json::json!([0]));
+    let d = sim
+        .run(&["--json", "diagnose", "--gpu", "0"])
+        .code(1)
+        .json();
+    assert_eq!(d[0]["verdict"], "held", "{d}");
+    assert_eq!(d[0]["ghost_pids"], serde_json::json!([]), "{d}");
+    let out = sim.run(&["clean", "--gpu", "0", "--timeout", "10"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        gone_within(p, 10),
+        "the defunct leader's process still runs"
+    );
+    assert_eq!(sim.used_mib(0), 0);
+}
+
+/// Starts `python3` mapping `path` (one page, shared) with `also` open; returns it once it
+/// maps it (the simulator's drop kills it if the test fails first).
+fn map_file(sim: &Sim, path: &std::path::Path, also: &std::path::Path) -> std::process::Child {
+    let mut child = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import mmap, sys, time\n\
+             f = open(sys.argv[1], 'r+b'); m = mmap.mmap(f.fileno(), 4096)\n\
+             g = open(sys.argv[2], 'rb')\n\
+             print('ready', flush=True); time.sleep(1000)",
+        ])
+        .arg(path)
+        .arg(also)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let pid = child.id() as i32;
+    sim.adopt(pid);
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(
+        line.trim(),
+        "ready",
+        "python3 did not map {}",
+        path.display()
+    );
+    child
+}
+
+/// The bugs: a process that maps only nvidiactl was a "compute" holder of no GPU, which
+/// `kill --dry-run` with no --gpu would TERM; and a mapped file named `/x /dev/nvidia1`
+/// made its process a compute holder of GPU 1.
+#[test]
+fn false_holders_from_maps_parsing_nvidiactl_alone_and_a_spaced_path_hold_no_gpu() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["gpus"]).ok();
+    let dev = sim.path().join("state/dev");
+    let ctl_child = map_file(&sim, &dev.join("nvidiactl"), &dev.join("nvidia-uvm"));
+    let ctl = ctl_child.id() as i32;
+    // "<tmp>/x <tmp>/state/dev/nvidia1": a path with a space, then a node's path.
+    let spaced = std::path::PathBuf::from(format!(
+        "{}/x {}",
+        sim.path().display(),
+        dev.join("nvidia1").display()
+    ));
+    std::fs::create_dir_all(spaced.parent().unwrap()).unwrap();
+    std::fs::write(&spaced, vec![0u8; 4096]).unwrap();
+    let decoy_child = map_file(&sim, &spaced, &dev.join("nvidiactl"));
+    let decoy = decoy_child.id() as i32;
+    let holder = sim.hold(&["--gpu", "0", "--mib", "10"])[0];
+    let all = sim.run(&["--json", "holders", "--all"]).ok().json();
+    let of = |pid: i32| all.as_array().unwrap().iter().find(|h| h["pid"] == pid);
+    let c = of(ctl).unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(c["role"], "observer", "{c}");
+    assert_eq!(c["gpus"], serde_json::json!([]), "{c}");
+    // The decoy has nvidiactl open and maps a file whose name only contains a node's path.
+    let d = of(decoy).unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(d["role"], "observer", "{d}");
+    assert_eq!(d["gpus"], serde_json::json!([]), "{d}");
+    let out = sim.run(&["--json", "kill", "--dry-run"]).ok().json();
+    let would: Vec<i64> = out["would_signal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_i64)
+        .collect();
+    assert_eq!(would, vec![holder as i64], "{out}");
+    for mut c in [ctl_child, decoy_child] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

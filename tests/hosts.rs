@@ -162,6 +162,7 @@ fn kill_is_routed_to_the_holders_host_and_wait_clean_waits_on_all() {
         "{}",
         out.stdout
     );
+    // A holder that ignores TERM, and no KILL ever (`--grace inf`): not clean.
     c.sim("kb")
         .hold(&["--gpu", "1", "--mib", "300", "--ignore-term"]);
     let out = c.run(&[
@@ -170,12 +171,14 @@ fn kill_is_routed_to_the_holders_host_and_wait_clean_waits_on_all() {
         "--json",
         "clean",
         "--grace",
-        "0",
+        "inf",
         "--timeout",
         "1",
     ]);
     let out = out.code(1);
-    assert!(out.stderr.contains("kb    NOT clean"), "{}", out.stderr);
+    let hosts = out.json()["hosts"].clone();
+    assert_eq!(hosts[1]["host"], "kb", "{hosts}");
+    assert_eq!(hosts[1]["state"], "NOT clean", "{hosts}");
     assert_eq!(
         out.json()["kill"]["by_host"]["kb"]["signalled"]
             .as_array()
@@ -285,7 +288,11 @@ fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
     assert!(o.contains("threw="), "{o}");
     assert!(o.contains("exited with code 4"), "{o}");
     assert!(o.contains("oops"), "{o}");
-    assert!(o.contains("timed_out=true signal=KILL"), "{o}");
+    // Grace 0 is TERM then KILL at once: either may be what ended the sleep.
+    assert!(
+        o.contains("timed_out=true signal=KILL") || o.contains("timed_out=true signal=TERM"),
+        "{o}"
+    );
     assert!(pids_with(&sleep).is_empty(), "the killed job is gone");
 }
 
@@ -532,8 +539,8 @@ fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected
             String::from_utf8_lossy(&o.stderr),
         );
         assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
-        // The summary (on stderr with --json): nb's row has the count, na's (root) none.
-        let summary = if json { &stderr } else { &stdout };
+        // The summary (not with --json): nb's row has the count, na's (root) none.
+        let summary = &stdout;
         let row = |h: &str| {
             summary
                 .lines()
@@ -541,12 +548,14 @@ fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected
                 .unwrap_or_else(|| panic!("no row for {h}: {summary}"))
                 .to_string()
         };
-        assert!(row("na").ends_with("1 holder(s)"), "{summary}");
-        assert!(
-            row("nb").contains(" 1 holder(s), ")
-                && row("nb").ends_with(" process(es) not inspected"),
-            "{summary}"
-        );
+        if !json {
+            assert!(row("na").ends_with("1 holder(s)"), "{summary}");
+            assert!(
+                row("nb").contains(" 1 holder(s), ")
+                    && row("nb").ends_with(" process(es) not inspected"),
+                "{summary}"
+            );
+        }
         assert!(
             stderr.contains("note: processes that could not be inspected (other users') on nb ("),
             "{stderr}"
@@ -624,12 +633,17 @@ fn unreachable_hosts_and_hosts_without_gpuloop_are_named() {
     c.sim("ua").hold(&["--gpu", "1", "--mib", "100"]);
     let out = c.run(&["--host", "ua,udown", "gpus"]).code(1);
     assert!(
-        out.stdout
-            .contains(" udown  unreachable  host udown: cannot connect: ssh said:"),
+        out.stdout.contains(" udown  unreachable  cannot connect"),
         "{}",
         out.stdout
     );
-    assert!(out.stderr.contains("Connection refused"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("gpuloop: host udown: cannot connect: ssh said:")
+            && out.stderr.contains("Connection refused"),
+        "{}",
+        out.stderr
+    );
     assert!(
         out.stdout.contains(" ua "),
         "the reachable host is still listed: {}",
@@ -663,33 +677,233 @@ fn unreachable_hosts_and_hosts_without_gpuloop_are_named() {
         ])
         .ok();
     assert_eq!(out.stdout.trim(), "2");
+}
 
-    let o = std::process::Command::new(bin())
-        .arg("--ssh-config")
-        .arg(&c.config)
-        .args([
-            "--remote-bin",
-            "/nonexistent/gpuloop",
-            "--host",
-            "ua",
-            "holders",
-        ])
-        .env_remove("GPULOOP_SIM")
+/// A user's report: with an absolute `--remote-bin` given, the advice still said "not on its
+/// PATH" and "give --remote-bin PATH".
+#[test]
+fn advice_for_a_missing_remote_bin_given_never_says_path_or_give_remote_bin() {
+    let c = Cluster::new(&[("ra", "1x8G")], &[]);
+    let out = out_of(
+        c.cmd_with(
+            std::path::Path::new("/opt/missing/gpuloop"),
+            &["--host", "ra", "gpus"],
+        )
         .output()
-        .expect("gpuloop");
-    let out = Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+        .expect("gpuloop"),
+    )
     .code(1);
     assert!(
-        out.stderr
-            .contains("host ua: gpuloop is not installed there or not on its PATH")
-            && out.stderr.contains("ssh said: ")
-            && out.stderr.contains("/nonexistent/gpuloop"),
+        out.stderr.contains(
+            "host ra: gpuloop is not installed there at --remote-bin /opt/missing/gpuloop (ssh said: "
+        ) && out.stderr.contains("give the path of a gpuloop on that host"),
         "{}",
         out.stderr
+    );
+    assert!(!out.stderr.contains("on its PATH"), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains("give --remote-bin PATH"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A user's report: `diagnose --check --host …` printed the per-host table on stdout, where
+/// its help says "print nothing".
+#[test]
+fn diagnose_check_over_hosts_prints_nothing() {
+    let c = Cluster::new(&[("da", "2x8G"), ("db", "2x8G")], &[]);
+    let out = c.run(&["--host", "da,db", "diagnose", "--check"]).ok();
+    assert_eq!(out.stdout, "", "{}", out.stdout);
+    c.sim("db").hold(&["--gpu", "1", "--mib", "100"]);
+    let out = c.run(&["--host", "da,db", "diagnose", "--check"]).code(1);
+    assert_eq!(out.stdout, "", "{}", out.stdout);
+}
+
+/// A user's report: with `--json`, an unreachable host was left out of the document and
+/// written to stderr as plain text and a text table.
+#[test]
+fn json_names_each_hosts_failure_in_the_document() {
+    let c = Cluster::new(&[("ja", "2x8G")], &["jdown"]);
+    let out = c.run(&["--host", "ja,jdown", "--json", "gpus"]).code(1);
+    let doc = out.json();
+    let items = doc.as_array().expect("a list");
+    assert_eq!(
+        items.iter().filter(|g| g["host"] == "ja").count(),
+        2,
+        "{doc}"
+    );
+    let failed: Vec<_> = items.iter().filter(|g| g["host"] == "jdown").collect();
+    assert_eq!(failed.len(), 1, "{doc}");
+    assert_eq!(failed[0]["state"], "unreachable", "{doc}");
+    assert!(
+        failed[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("host jdown: cannot connect: ssh said:")),
+        "{doc}"
+    );
+    // stderr: one line, itself JSON.
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    let line: serde_json::Value = serde_json::from_str(out.stderr.trim()).expect("JSON");
+    assert!(
+        line["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("host jdown: cannot connect")),
+        "{line}"
+    );
+    // A report (not a list) gets every host's row under "hosts".
+    let out = c
+        .run(&["--host", "ja,jdown", "--json", "clean", "--timeout", "5"])
+        .code(1);
+    let doc = out.json();
+    let hosts = doc["hosts"].as_array().expect("hosts");
+    assert_eq!(hosts[0]["host"], "ja", "{doc}");
+    assert_eq!(hosts[0]["state"], "clean", "{doc}");
+    assert_eq!(hosts[1]["host"], "jdown", "{doc}");
+    assert!(hosts[1]["error"].is_string(), "{doc}");
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+}
+
+/// A user's report: `--skip-unreachable` changed nothing for one-shots (the same output, exit
+/// 1 either way). Now it decides the exit code: the hosts that answered, named skipped ones.
+#[test]
+fn skip_unreachable_lets_a_one_shot_answer_for_the_hosts_that_answered() {
+    let c = Cluster::new(&[("sa", "2x8G")], &["sdown"]);
+    let out = c.run(&["--host", "sa,sdown", "diagnose"]).code(1);
+    assert!(
+        out.stdout.contains("1 unreachable: sdown"),
+        "{}",
+        out.stdout
+    );
+    let out = c
+        .run(&["--host", "sa,sdown", "--skip-unreachable", "diagnose"])
+        .ok();
+    assert!(
+        out.stdout.contains("2 host(s): 1 clean, 1 skipped: sdown"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr
+            .contains("warning: skipping host sdown: cannot connect"),
+        "{}",
+        out.stderr
+    );
+    // With --json the skipped host is in the document, and stderr has one warning line.
+    let out = c
+        .run(&[
+            "--host",
+            "sa,sdown",
+            "--skip-unreachable",
+            "--json",
+            "diagnose",
+        ])
+        .ok();
+    let doc = out.json();
+    let skipped: Vec<_> = doc
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["host"] == "sdown")
+        .collect();
+    assert_eq!(skipped.len(), 1, "{doc}");
+    assert_eq!(skipped[0]["state"], "skipped", "{doc}");
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    let line: serde_json::Value = serde_json::from_str(out.stderr.trim()).expect("JSON");
+    assert!(
+        line["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("host sdown: cannot connect")),
+        "{line}"
+    );
+    // A host that answers and is not clean still fails the command.
+    c.sim("sa").hold(&["--gpu", "0", "--mib", "100"]);
+    c.run(&["--host", "sa,sdown", "--skip-unreachable", "diagnose"])
+        .code(1);
+    // None answered: nothing was verified.
+    let out = c
+        .run(&["--host", "sdown", "--skip-unreachable", "gpus"])
+        .code(1);
+    assert_eq!(out.stdout, "", "{}", out.stdout);
+}
+
+/// A user's report: `gpuloop --host nosuchhost.invalid gpus` printed "no GPUs", the host
+/// table, then the ssh error twice.
+#[test]
+fn an_unknown_host_is_said_once_and_nothing_reads_as_a_result() {
+    let c = Cluster::new(&[], &[]);
+    let out = c.run(&["--host", "nosuchhost.invalid", "gpus"]).code(1);
+    assert_eq!(out.stdout, "", "{}", out.stdout);
+    assert_eq!(
+        out.stderr.matches("nosuchhost.invalid").count(),
+        2,
+        "the host's name, and ssh's own message naming it, once: {}",
+        out.stderr
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+}
+
+/// A user's report: at 64 hosts `gpus` and `diagnose` printed a row per GPU and a summary
+/// row per host; the one table saying which hosts are bad was 64 rows long.
+#[test]
+fn alike_hosts_fold_into_one_row_and_the_last_line_names_the_bad_ones() {
+    let names = ["f01", "f02", "f03", "f04", "f05"];
+    let hosts: Vec<(&str, &str)> = names.iter().map(|n| (*n, "2x8G")).collect();
+    let c = Cluster::new(&hosts, &["f06"]);
+    let held = c.sim("f03").hold(&["--gpu", "1", "--mib", "300"])[0];
+    let out = c.run(&["--host", "f[01-06]", "diagnose"]).code(1);
+    let last = out.stdout.trim_end().lines().last().unwrap_or("");
+    assert_eq!(
+        last, "6 host(s): 4 clean, 1 NOT clean: f03; 1 unreachable: f06",
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(" f[01-02,04-05]  clean "),
+        "{}",
+        out.stdout
+    );
+    // The clean hosts' GPUs are one line; the dirty host's are listed.
+    assert!(!out.stdout.contains("GPU f01:0"), "{}", out.stdout);
+    assert!(out.stdout.contains("GPU f03:1"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("(the GPUs of 4 clean host(s) are not listed one by one: f[01-02,04-05]; --all-rows lists them)"),
+        "{}",
+        out.stdout
+    );
+    let all = c
+        .run(&["--host", "f[01-06]", "--all-rows", "diagnose"])
+        .code(1);
+    assert!(all.stdout.contains("GPU f01:0"), "{}", all.stdout);
+    // gpus: what each host's GPUs hold, alike hosts in one row.
+    let out = c.run(&["--host", "f[01-05]", "gpus"]).ok();
+    assert!(
+        out.stdout
+            .contains(" f[01-02,04-05]  ok     2 GPU(s) (Simulated GPU 8GB), idle"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains(" f03             ok     2 GPU(s) (Simulated GPU 8GB), 1 in use: 300 MiB used, 1 process(es)"),
+        "{}",
+        out.stdout
+    );
+    // clean: every line naming a pid names its host.
+    let out = c
+        .run(&["--host", "f[01-05]", "clean", "--timeout", "20"])
+        .ok();
+    assert!(
+        out.stdout.contains(&format!("f03: {held} (")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .lines()
+            .all(|l| !l.starts_with(&format!("{held} "))),
+        "{}",
+        out.stdout
     );
 }
 
@@ -714,7 +928,7 @@ fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() 
     let hello = next();
     assert_eq!(hello["type"], "hello");
     assert_eq!(hello["gpus"], 1);
-    assert_eq!(hello["protocol"], 4);
+    assert_eq!(hello["protocol"], 5);
     let mut send = |s: &str| {
         stdin.write_all(s.as_bytes()).unwrap();
         stdin.write_all(b"\n").unwrap();
@@ -1061,7 +1275,7 @@ fn advice_for_a_remote_gpu_names_its_host_never_a_bare_local_command() {
     );
     let reset = advice(2);
     assert!(
-        reset.contains("then on va: gpuloop run clean-node -- --gpus 2 --allow-reset (or, on va: gpuloop sim reset --gpu 2)"),
+        reset.contains("then on va: gpuloop run clean-node --gpu 2 --allow-reset (or, on va: gpuloop sim reset --gpu 2)"),
         "{reset}"
     );
     // The one-shot's summary row quotes it too.
@@ -1169,4 +1383,414 @@ fn clean_node_over_several_hosts_names_each_gpus_host_and_lists_its_own_holders(
     ] {
         assert!(out.stdout.contains(want), "{want}: {}", out.stdout);
     }
+}
+
+/// The act-verify-retry loop's second run paid every ssh handshake again. One-shots now keep
+/// their connection (OpenSSH's ControlMaster) in a private directory for the next run.
+#[test]
+fn a_second_one_shot_reuses_the_first_ones_connection() {
+    let c = Cluster::new(&[("ka", "1x8G"), ("kb", "1x8G")], &[]);
+    c.run(&["--host", "ka,kb", "gpus"]).ok();
+    let kept = c.kept();
+    assert_eq!(kept.len(), 2, "a master per host: {kept:?}");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(c.kept_dir()).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700);
+    let masters = || {
+        let mut m: Vec<String> = c
+            .kept()
+            .iter()
+            .map(|s| c.control_at("ka", s, "check").stderr)
+            .collect();
+        m.sort();
+        m
+    };
+    let before = masters();
+    assert!(
+        before.iter().all(|m| m.starts_with("Master running (pid=")),
+        "{before:?}"
+    );
+    // The second run goes through those same masters, and each host still reaches its own
+    // simulator.
+    c.sim("kb").hold(&["--gpu", "0", "--mib", "200"]);
+    let out = c.run(&["--host", "ka,kb", "--json", "gpus"]).ok();
+    let gs = out.json();
+    assert_eq!(gs[0]["mem_used_mib"], 0, "{gs}");
+    assert_eq!(gs[1]["mem_used_mib"], 200, "{gs}");
+    assert_eq!(masters(), before);
+    for s in c.kept() {
+        assert_eq!(c.control_at("ka", &s, "exit").code, 0);
+    }
+    assert!(within(10, || c.kept().is_empty()), "{:?}", c.kept());
+    // --no-reuse: no master at all; scripts hold their own connections and keep none.
+    c.run(&["--host", "ka,kb", "--no-reuse", "gpus"]).ok();
+    c.run(&["--host", "ka,kb", "eval", "gpu().len()"]).ok();
+    assert!(c.kept().is_empty(), "{:?}", c.kept());
+}
+
+/// A ControlPath in the user's own ssh config wins over gpuloop's.
+#[test]
+fn a_control_path_in_the_users_ssh_config_wins() {
+    let c = Cluster::new(&[("ua", "1x8G")], &[]);
+    let theirs = c.dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    c.add_config(&format!(
+        "Host *\n  ControlMaster auto\n  ControlPersist 30\n  ControlPath {}/%C\n",
+        theirs.display()
+    ));
+    c.run(&["--host", "ua", "gpus"]).ok();
+    assert!(c.kept().is_empty(), "{:?}", c.kept());
+    let sockets: Vec<_> = std::fs::read_dir(&theirs).unwrap().flatten().collect();
+    assert_eq!(sockets.len(), 1, "the user's own master");
+    let o = std::process::Command::new("ssh")
+        .arg("-F")
+        .arg(&c.config)
+        .args(["-O", "exit", "ua"])
+        .output()
+        .expect("ssh -O exit");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A TCP relay to the test sshd that can be frozen: bytes stop flowing both ways while the
+/// connections stay open, as when a host goes away under a kept connection.
+struct Relay {
+    port: u16,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    fn start(to: u16) -> Relay {
+        use std::sync::atomic::Ordering;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("relay");
+        let port = l.local_addr().unwrap().port();
+        let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f = frozen.clone();
+        std::thread::spawn(move || {
+            for client in l.incoming().flatten() {
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let f = f.clone();
+                    std::thread::spawn(move || {
+                        use std::io::Read;
+                        let mut buf = [0u8; 16384];
+                        while let Ok(n) = from.read(&mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                            while f.load(Ordering::SeqCst) {
+                                std::thread::sleep(std::time::Duration::from_millis(20));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { port, frozen }
+    }
+
+    fn freeze(&self, on: bool) {
+        self.frozen.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A kept connection whose host went away must not hang later runs: each is bounded by
+/// --host-timeout, and the other hosts answer.
+#[test]
+fn a_kept_connection_whose_host_went_away_is_bounded_by_host_timeout() {
+    let c = Cluster::new(&[("ok1", "1x8G")], &[]);
+    let relay = Relay::start(sshd().port);
+    let ok1 = c.sim("ok1");
+    let text = std::fs::read_to_string(&c.config).unwrap();
+    let block = text.split("Host ").find(|b| b.starts_with("ok1")).unwrap();
+    let port_line = format!("  Port {}\n", sshd().port);
+    c.add_config(&format!(
+        "Host gone\n{}",
+        block
+            .trim_start_matches("ok1\n")
+            .replace(&port_line, &format!("  Port {}\n", relay.port))
+    ));
+    let _ = ok1;
+    c.run(&["--host", "gone,ok1", "gpus"]).ok();
+    assert_eq!(c.kept().len(), 2, "{:?}", c.kept());
+    relay.freeze(true);
+    let child = c
+        .cmd(&["--host", "gone,ok1", "--host-timeout", "3", "gpus"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpuloop");
+    let out = finish_within(child, 60, "a run over a kept connection gone silent").code(1);
+    assert!(
+        out.stderr
+            .contains("host gone: cannot connect: no answer within 3s"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.contains(" ok1 "), "{}", out.stdout);
+    relay.freeze(false);
+    c.control("gone", "exit");
+}
+
+/// At 64 hosts nothing printed until every host had answered or timed out. On a terminal a
+/// progress line now counts the hosts in, and a host that fails is said as it fails, before
+/// the results; through a pipe (or with --json) neither appears.
+#[test]
+fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
+    let c = Cluster::new(&[("pa", "1x8G"), ("pb", "1x8G")], &["pdown"]);
+    let line = format!(
+        "'{bin}' --ssh-config '{cfg}' --remote-bin '{bin}' --host pa,pb,pdown diagnose",
+        bin = bin().display(),
+        cfg = c.config.display()
+    );
+    // `script` gives gpuloop a terminal (stdout and stderr both).
+    let o = std::process::Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .env_remove("GPULOOP_SIM")
+        .env_remove("GPULOOP_SIM_DIR")
+        .env("XDG_CONFIG_HOME", c.dir.path().join("config"))
+        .env("XDG_RUNTIME_DIR", c.runtime_dir())
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux)");
+    let tty = String::from_utf8_lossy(&o.stdout).replace("\r\n", "\n");
+    assert_eq!(o.status.code(), Some(1), "{tty}");
+    let progress = tty.find("/3 hosts connected").expect(&tty);
+    let failed = tty
+        .find("gpuloop: host pdown: cannot connect: ssh said:")
+        .expect(&tty);
+    let answered = tty.find("2/2 hosts answered").expect(&tty);
+    // The last hosts still to come are named.
+    assert!(tty.contains("1/2 hosts answered; waiting for p"), "{tty:?}");
+    let summary = tty
+        .find("3 host(s): 2 clean, 1 unreachable: pdown")
+        .expect(&tty);
+    assert!(
+        progress < failed && failed < answered && answered < summary,
+        "{tty}"
+    );
+    assert_eq!(
+        tty.matches("host pdown: cannot connect").count(),
+        1,
+        "said once: {tty}"
+    );
+    // The progress line is wiped before the results.
+    let wiped = tty.rfind("\r\x1b[K").expect(&tty);
+    assert!(tty[..wiped].ends_with("2/2 hosts answered"), "{tty:?}");
+    assert!(!tty[wiped..].contains("hosts "), "{tty:?}");
+    // Through pipes: no progress.
+    let out = c.run(&["--host", "pa,pb,pdown", "diagnose"]).code(1);
+    assert!(!out.stderr.contains("hosts connected"), "{}", out.stderr);
+    assert!(!out.stderr.contains("hosts answered"), "{}", out.stderr);
+}
+
+/// A host for the push tests: its login shell (bash) reads `env` first (BASH_ENV), which
+/// sets a PATH without gpuloop (and whatever `more` says), and its cache is in the test's
+/// directory. Returns that cache directory.
+fn bare_host(c: &Cluster, alias: &str, more: &str) -> std::path::PathBuf {
+    let env = c.dir.path().join(format!("{alias}-env.sh"));
+    std::fs::write(&env, format!("export PATH=/usr/bin:/bin\n{more}\n")).unwrap();
+    let cache = c.dir.path().join(format!("{alias}-cache"));
+    c.set_env(
+        alias,
+        &format!(
+            "BASH_ENV={} XDG_CACHE_HOME={}",
+            env.display(),
+            cache.display()
+        ),
+    );
+    cache
+}
+
+/// The processes running the copies of gpuloop in `cache`.
+fn running_from(cache: &std::path::Path) -> Vec<i32> {
+    pids_with(" agent")
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e.starts_with(cache))
+        })
+        .collect()
+}
+
+/// pdsh and clush need the command installed on every node, and so did gpuloop ("gpuloop is
+/// not installed there"). A host without it now receives this binary over the same ssh
+/// session, into its cache, hash-checked, and reused by later runs; it cleans there.
+#[test]
+fn a_host_without_gpuloop_receives_this_one_and_cleans() {
+    let c = Cluster::new(&[("pa", "2x8G")], &[]);
+    let cache = bare_host(&c, "pa", "");
+    let held = c.sim("pa").hold(&["--gpu", "1", "--mib", "300"])[0];
+    let run = |args: &[&str]| out_of(c.bare_cmd().args(args).output().expect("gpuloop"));
+    let out = run(&["--host", "pa", "clean", "--timeout", "20"]).ok();
+    assert!(out.stdout.contains(&format!("{held} (")), "{}", out.stdout);
+    assert!(!alive(held));
+    let stored: Vec<_> = std::fs::read_dir(cache.join("gpuloop"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(stored.len(), 1, "one file, no temporary left: {stored:?}");
+    let name = stored[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.starts_with(&format!("gpuloop-{}-", env!("CARGO_PKG_VERSION")))
+            && name.len() == 8 + 6 + 16,
+        "{name}"
+    );
+    assert_eq!(
+        std::fs::read(&stored[0]).unwrap(),
+        std::fs::read(bin()).unwrap()
+    );
+    let meta = std::fs::metadata(&stored[0]).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o700
+    );
+    // Reused: the same file serves the next run, over a new connection too.
+    let ino = std::os::unix::fs::MetadataExt::ino(&meta);
+    run(&["--host", "pa", "--no-reuse", "diagnose"]).ok();
+    let again = std::fs::metadata(&stored[0]).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::ino(&again), ino);
+    assert!(
+        within(10, || running_from(&cache).is_empty()),
+        "an agent was left"
+    );
+    // --no-push: the host's own gpuloop or nothing.
+    let out = run(&["--host", "pa", "--no-push", "--no-reuse", "gpus"]).code(1);
+    assert!(
+        out.stderr
+            .contains("host pa: gpuloop is not installed there or not on its PATH"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A host whose cache refuses the copy, and one this binary cannot run on (its `uname -m`
+/// says another architecture), each fail with why; nothing is written or left running.
+#[test]
+fn gpuloop_is_sent_only_where_it_can_be_stored_and_run() {
+    let c = Cluster::new(&[("pw", "1x8G"), ("pu", "1x8G"), ("pok", "1x8G")], &[]);
+    // pw: its cache lies under a plain file.
+    let blocker = c.dir.path().join("not-a-dir");
+    std::fs::write(&blocker, "x").unwrap();
+    let env = c.dir.path().join("pw-env.sh");
+    std::fs::write(&env, "export PATH=/usr/bin:/bin\n").unwrap();
+    c.set_env(
+        "pw",
+        &format!(
+            "BASH_ENV={} XDG_CACHE_HOME={}/cache",
+            env.display(),
+            blocker.display()
+        ),
+    );
+    // pu: `uname -m` lies.
+    let fake = c.dir.path().join("fakebin");
+    std::fs::create_dir(&fake).unwrap();
+    let uname = fake.join("uname");
+    std::fs::write(
+        &uname,
+        "#!/bin/sh\n[ \"$1\" = -m ] && { echo riscv64; exit 0; }\nexec /bin/uname \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&uname, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let pu_cache = bare_host(&c, "pu", &format!("export PATH={}:$PATH", fake.display()));
+    let ok_cache = bare_host(&c, "pok", "");
+    let out = out_of(
+        c.bare_cmd()
+            .args(["--host", "pw,pu,pok", "gpus"])
+            .output()
+            .expect("gpuloop"),
+    )
+    .code(1);
+    assert!(
+        out.stderr.contains(
+            "host pw: gpuloop is not installed there, and this one could not be stored in its cache; ssh said: mkdir: cannot create directory"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(std::fs::read_to_string(&blocker).unwrap(), "x");
+    assert!(
+        out.stderr.contains(&format!(
+            "host pu: gpuloop is not installed there, and this one cannot be sent: this gpuloop is built for {}, and that host is riscv64",
+            std::env::consts::ARCH
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(!pu_cache.exists(), "nothing written on pu");
+    // The host that can take it answers beside them.
+    assert!(out.stdout.contains(" pok "), "{}", out.stdout);
+    assert!(ok_cache.join("gpuloop").is_dir());
+    assert!(
+        within(10, || running_from(&ok_cache).is_empty()),
+        "an agent was left"
+    );
+}
+
+/// A user's report: ssh's connect timeout was 15 s where pdsh's is 10 s, whatever
+/// --host-timeout said. `-v` shows the ssh command each host is reached with.
+#[test]
+fn ssh_connect_timeout_follows_host_timeout_and_is_pdshs_by_default() {
+    let c = Cluster::new(&[("ta", "1x8G")], &[]);
+    let out = c.run(&["-v", "--host", "ta", "gpus"]).ok();
+    assert!(
+        out.stderr.contains("-o ConnectTimeout=10 "),
+        "{}",
+        out.stderr
+    );
+    let out = c
+        .run(&["-v", "--host", "ta", "--host-timeout", "4", "gpus"])
+        .ok();
+    assert!(
+        out.stderr.contains("-o ConnectTimeout=4 "),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A host whose own gpuloop speaks another protocol (an older install) has no usable
+/// gpuloop: it receives this one, which then runs instead of its own; with --no-push its own
+/// is named, with both versions.
+#[test]
+fn a_host_whose_gpuloop_speaks_another_protocol_receives_this_one() {
+    let c = Cluster::new(&[("pv", "1x8G")], &[]);
+    let old = c.dir.path().join("oldbin");
+    std::fs::create_dir(&old).unwrap();
+    let fake = old.join("gpuloop");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho '{\"type\":\"hello\",\"protocol\":1,\"version\":\"0.0.1\",\"hostname\":\"pv\",\"gpus\":0,\"backend\":\"none\"}'\nexec cat >/dev/null\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cache = bare_host(&c, "pv", &format!("export PATH={}:$PATH", old.display()));
+    let run = |args: &[&str]| out_of(c.bare_cmd().args(args).output().expect("gpuloop"));
+    let out = run(&["--host", "pv", "--no-reuse", "--no-push", "gpus"]).code(1);
+    assert!(
+        out.stderr
+            .contains("host pv: its gpuloop 0.0.1 speaks protocol 1"),
+        "{}",
+        out.stderr
+    );
+    let out = run(&["--host", "pv", "--no-reuse", "--json", "gpus"]).ok();
+    assert_eq!(out.json().as_array().unwrap().len(), 1, "{}", out.stdout);
+    assert_eq!(std::fs::read_dir(cache.join("gpuloop")).unwrap().count(), 1);
+    assert!(
+        within(10, || running_from(&cache).is_empty()),
+        "an agent was left"
+    );
 }

@@ -117,6 +117,35 @@ fn mcp_python_client_reads_diagnoses_and_is_refused_without_allow() {
     assert_eq!(j[1]["tool"], "run_recipe");
 }
 
+/// Bad arguments and refusals were JSON-RPC errors, which many clients never pass to the
+/// model, so it could neither correct the call nor tell its user how to allow it.
+#[test]
+fn mcp_bad_arguments_and_refusals_are_tool_results_the_model_reads() {
+    let sim = Sim::new("2x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "1024"])[0];
+    python_client(
+        &sim,
+        "errors_are_results",
+        &["--sim", "2x8G", "mcp"],
+        json!({ "holder": holder }),
+    );
+    assert!(alive(holder), "a read-only server stopped the holder");
+}
+
+/// No tool declared an outputSchema, although every one returns structured content.
+#[test]
+fn mcp_every_tool_declares_an_output_schema_its_results_match() {
+    let sim = Sim::new("3x8G");
+    let victim = sim.hold(&["--gpu", "0", "--mib", "512"])[0];
+    let held = sim.hold(&["--gpu", "1", "--mib", "512"])[0];
+    python_client(
+        &sim,
+        "output_schemas",
+        &["--sim", "3x8G", "mcp", "--allow", "kill,clean,run,recipes"],
+        json!({ "kill": victim, "clean": held }),
+    );
+}
+
 /// With `--host`, the read-only tools gather from every host over the real sshd (each
 /// record with its host) and the tools that act on one machine are refused.
 #[test]
@@ -221,6 +250,21 @@ fn mcp_python_client_cancels_wait_clean_and_run_and_never_kills_daemons() {
     );
 }
 
+/// `run_recipe` under `--allow recipes` ran `./clean-node` of the server's directory, which
+/// runs any command without `--allow run`.
+#[test]
+fn recipes_from_cwd_mcp_run_recipe_runs_only_built_in_recipes() {
+    let sim = Sim::new("2x8G");
+    let (dir, marker) = crate::recipes::hostile_dir(&sim);
+    python_client(
+        &sim,
+        "recipes_from_cwd",
+        &["--sim", "2x8G", "mcp", "--allow", "recipes"],
+        json!({ "cwd": dir, "marker": marker }),
+    );
+    assert!(!marker.exists());
+}
+
 #[test]
 fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
     let node = std::process::Command::new("node").arg("--version").output();
@@ -277,4 +321,41 @@ fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
         r["content"][0]["text"],
         "2 GPU(s) (Simulated GPU 8GB): memory used on GPU 1 2048/8192 MiB"
     );
+}
+
+/// A line that is not JSON gets no reply: rmcp's stdio transport drops it on purpose (see
+/// RELIABILITY.md), so the server must go on serving the lines after it. Well-formed JSON
+/// that is no JSON-RPC message is answered "Invalid request" with no id, and a `tools/call`
+/// whose arguments are not an object stays a protocol error (not a tool result).
+#[test]
+fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
+    let sim = Sim::new("1x8G");
+    let lines = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        "this is not json",
+        r#"{"jsonrpc":"2.0","id":2,"#,
+        r#"{"hello":"world"}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"gpus","arguments":"x"}}"#,
+        r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#,
+    ];
+    let out = sim
+        .cmd()
+        .arg("mcp")
+        .write_stdin(lines.join("\n") + "\n")
+        .timeout(Duration::from_secs(60))
+        .output()
+        .expect("run gpuloop mcp");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let replies: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line the server writes is JSON"))
+        .collect();
+    let mut ids: Vec<String> = replies.iter().map(|r| r["id"].to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, ["1", "3", "4", "null"], "{replies:?}");
+    let to = |id: Value| replies.iter().find(|r| r["id"] == id).expect("a reply");
+    assert_eq!(to(Value::Null)["error"]["code"], -32600, "{replies:?}");
+    assert!(to(json!(3))["error"]["code"].is_i64(), "{replies:?}");
+    assert_eq!(to(json!(4))["result"], json!({}), "{replies:?}");
 }

@@ -3,7 +3,7 @@
 
 use gpuloop::gpu::{Gpu, MIB};
 use gpuloop::inspect::diagnose::Diagnosis;
-use gpuloop::inspect::holders::Holder;
+use gpuloop::inspect::holders::{Evidence, Holder, Role, State};
 use gpuloop::process::kill::{KillError, KillReport, Skipped, Stopped, Stuck};
 use gpuloop::process::restart::Restarter;
 use gpuloop::render::{self, Style};
@@ -52,12 +52,12 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         user: "alice".into(),
         name: "python3".into(),
         cmdline: cmdline.into(),
-        state: state.into(),
-        role: "compute".into(),
+        state: State::parse(state),
+        role: Role::Compute,
         gpus,
         mem: 40_960 * MIB,
         mem_mib: 40_960,
-        evidence: vec!["driver".into(), "fd".into(), "map".into()],
+        evidence: Evidence::ALL.to_vec(),
         protected: false,
         host: "local".into(),
         origin: Default::default(),
@@ -97,7 +97,7 @@ fn diagnoses() -> Vec<Diagnosis> {
             daemons: vec![],
             footprint: vec![],
             ghost_pids: vec![],
-            verdict: "clean".into(),
+            verdict: gpuloop::inspect::diagnose::Verdict::Clean,
             advice: "GPU 0 is free".into(),
             host: "local".into(),
         },
@@ -109,7 +109,7 @@ fn diagnoses() -> Vec<Diagnosis> {
             daemons: vec![],
             footprint: vec![],
             ghost_pids: vec![9999],
-            verdict: "orphaned".into(),
+            verdict: gpuloop::inspect::diagnose::Verdict::Orphaned,
             advice: "the job that started these workers is gone: kill them (gpuloop kill --gpu 1)"
                 .into(),
             host: "local".into(),
@@ -174,6 +174,7 @@ fn kill_report() -> KillReport {
             name: "bash".into(),
             holder: 4242,
             identity: gpuloop::process::Identity::new(4200, 1),
+            holder_identity: gpuloop::process::Identity::new(4242, 2),
         }],
         by_host: Default::default(),
     }

@@ -585,3 +585,87 @@ fn holders_fit_the_terminal_and_wide_prints_the_whole_command() {
     drop(sim); // stops the holder (the test started it)
     let _ = holder.wait();
 }
+
+/// A new user's report: `g.mem<Tab>` on a GPU (or a holder, or a diagnosis) completed
+/// nothing: after a dot only method names were offered, never the record's fields.
+#[test]
+fn tab_after_a_dot_completes_the_fields_of_gpu_holder_and_diagnosis_records() {
+    let sim = Sim::new("2x8G");
+    sim.hold(&["--gpu", "1", "--mib", "100"]);
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("let g = gpu(1); let hs = holders(); let d = diagnose(1)[0];");
+    t.wait_idle();
+    for (typed, completed, value) in [
+        ("g.mem_used_", "g.mem_used_mib", "100"),
+        ("hs[0].mem_m", "hs[0].mem_mib", "100"),
+        ("d.verd", "d.verdict", "held"),
+    ] {
+        t.type_text(typed);
+        t.keys(&["Tab"]);
+        t.wait_for(&format!("{typed} completed"), |s| {
+            s.contains(&format!("gpuloop> {completed}"))
+        });
+        t.keys(&["Enter"]);
+        t.wait_line(value);
+        t.wait_idle();
+    }
+}
+
+/// A new user's report: `:help` cut its one-liners mid-sentence ("…"), and folded exit()'s
+/// overloads under the doc of one ("exit([code] | reason) Ends the script with exit code 0.").
+/// Each line is a whole sentence; overloads that say different things get a line each.
+#[test]
+fn help_one_liners_are_whole_sentences_of_the_overload_they_name() {
+    let sim = Sim::new("2x8G");
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line(":help");
+    let s = t.wait_for("the overview", |s| s.contains("Standard library modules"));
+    let overview: Vec<&str> = s.lines().skip_while(|l| !l.starts_with(":help")).collect();
+    assert!(
+        !overview.iter().any(|l| l.contains('…')),
+        "a line is cut:\n{s}"
+    );
+    for want in [
+        "exit()",
+        "Ends the script with exit code 0.",
+        "exit(code)",
+        "Ends the script with this exit code (0-255; any other number exits 1).",
+        "exit(reason)",
+    ] {
+        assert!(overview.iter().any(|l| l.contains(want)), "{want}:\n{s}");
+    }
+    assert!(!s.contains("exit([code] | reason)"), "{s}");
+}
+
+/// A new user's report: `w::jobs()` (maps that carry holder records) printed as one raw map
+/// literal. It prints as a table, the holders in a cell as name(pid).
+#[test]
+fn nested_records_print_as_a_table() {
+    let sim = Sim::new("2x8G");
+    let pids = sim.hold(&[
+        "--gpu",
+        "0",
+        "--mib",
+        "100",
+        "--workers",
+        "2",
+        "--name",
+        "vllm",
+    ]);
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line(r#"import "workers" as w;"#);
+    t.wait_idle();
+    t.line("w::jobs()");
+    let s = t.wait_for("the jobs table", |s| s.contains("HOLDERS"));
+    let header = s
+        .lines()
+        .find(|l| l.contains("HOLDERS"))
+        .unwrap_or_default();
+    for col in ["KIND", "GPUS", "MEM_MIB", "PIDS"] {
+        assert!(header.contains(col), "{col}:\n{s}");
+    }
+    assert!(!s.contains("#{"), "a raw map:\n{s}");
+    for pid in &pids[1..] {
+        assert!(s.contains(&format!("vllm({pid})")), "{pid}:\n{s}");
+    }
+}

@@ -53,9 +53,11 @@ impl Drop for Pids {
             format!("sleep {}", self.marker),
         );
         for pid in self.read() {
+            // A sleep whose argv[0] was renamed (`exec -a Xorg sleep N`) ends in its marker.
+            let renamed = format!("\0{}\0", self.marker);
             let ours = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 let c = String::from_utf8_lossy(&c);
-                c.starts_with(&exec) || c.contains(&shell)
+                c.starts_with(&exec) || c.contains(&shell) || c.ends_with(&renamed)
             });
             if ours {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -842,4 +844,276 @@ echo "reused=$reused guard_gone=$([ "$(alive $guard)" = 0 ] && echo 1) alive=$(a
         "the guard killed the group id's new owner: {all}"
     );
     assert_eq!(r.field("signals"), "0", "{all}");
+}
+
+/// A job's background children named like GPU daemons (`exec -a nvidia-persistenced`,
+/// `exec -a Xorg`).
+fn daemon_named_children(pids: &Pids) -> String {
+    format!(
+        "bash -c 'exec -a nvidia-persistenced sleep {m}' & echo $! >> {p}; \
+         bash -c 'exec -a Xorg sleep {m}' & echo $! >> {p}",
+        m = pids.marker,
+        p = pids.path()
+    )
+}
+
+/// Job processes named like protected daemons survived job end, timeout, grace 0,
+/// `j.kill()` and script end, and `leftovers` said []: the protection of GPU daemons by name
+/// applied to what the job itself had started. Everything a job started is the job's.
+#[test]
+fn a_jobs_processes_named_like_gpu_daemons_are_stopped_on_every_path() {
+    let sim = Sim::new("1x1G");
+    let [end, timeout, zero, killed, script_end] =
+        [361, 362, 363, 364, 365].map(|m| Pids::new(&sim, &format!("daemons-{m}"), m));
+    let left = |p: &Pids| {
+        format!(
+            r#"read_file("{}").split("\n").filter(|p| p != "" && file_exists("/proc/" + p))"#,
+            p.path()
+        )
+    };
+    let two = |p: &Pids| {
+        format!(
+            r#"if !until(30, || file_exists("{f}") && read_file("{f}").split("\n").filter(|l| l != "").len() == 2) {{ throw "no pids"; }}"#,
+            f = p.path()
+        )
+    };
+    let src = format!(
+        r#"let end = run({end_job:?}, #{{echo: false}});
+           let end_left = {end_left};
+           let timeout = run({timeout_job:?}, #{{echo: false, timeout: 2}});
+           let timeout_left = {timeout_left};
+           let zero = run({zero_job:?}, #{{echo: false, timeout: 2, grace: 0}});
+           let zero_left = {zero_left};
+           let j = spawn({killed_job:?}, #{{echo: false}});
+           {killed_two}
+           j.kill();
+           let killed_left = {killed_left};
+           let s = spawn({script_end_job:?}, #{{echo: false}});
+           {script_end_two}
+           print(to_json(#{{leftovers: end.leftovers, end: end_left, timed_out: timeout.timed_out,
+                            timeout: timeout_left, zero: zero_left, killed: killed_left}}));"#,
+        end_job = format!("{}; echo leader-done", daemon_named_children(&end)),
+        end_left = left(&end),
+        timeout_job = format!("{}; exec sleep 362", daemon_named_children(&timeout)),
+        timeout_left = left(&timeout),
+        zero_job = format!("{}; exec sleep 363", daemon_named_children(&zero)),
+        zero_left = left(&zero),
+        killed_job = format!("{}; exec sleep 364", daemon_named_children(&killed)),
+        killed_two = two(&killed),
+        killed_left = left(&killed),
+        script_end_job = format!("{}; exec sleep 365", daemon_named_children(&script_end)),
+        script_end_two = two(&script_end),
+    );
+    let out = sim.script("daemons.rhai", &src, &[]).ok();
+    let v = last_json(&out);
+    for path in ["end", "timeout", "zero", "killed"] {
+        assert_eq!(v[path], json!([]), "{path}: {v}");
+    }
+    assert_eq!(v["timed_out"], true, "{v}");
+    let ended = end.read();
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    for p in ended {
+        assert!(
+            v["leftovers"].as_array().unwrap().contains(&json!(p)),
+            "pid {p} is not among the leftovers: {v}"
+        );
+    }
+    let at_end = script_end.read();
+    assert_eq!(at_end.len(), 2, "{at_end:?}");
+    for p in at_end {
+        assert!(gone_within(p, 30), "pid {p} outlived the script");
+    }
+}
+
+/// The same daemon-named children, and a SIGTERM or a SIGKILL of gpuloop: stopped by
+/// gpuloop itself, or by the guard.
+#[test]
+fn a_jobs_processes_named_like_gpu_daemons_die_with_a_signalled_gpuloop() {
+    let sim = Sim::new("1x1G");
+    for (sig, marker) in [(libc::SIGTERM, 366), (libc::SIGKILL, 367)] {
+        let pids = Pids::new(&sim, &format!("daemons-{marker}"), marker);
+        let job = format!(
+            "{}; echo $$ >> {p}; exec sleep {marker}",
+            daemon_named_children(&pids),
+            p = pids.path()
+        );
+        let script = sim.path().join(format!("daemons-{marker}.rhai"));
+        std::fs::write(&script, format!("run({job:?});\n")).unwrap();
+        let child = run_in_own_session(&sim, &script);
+        let written = pids.wait_for(3);
+        assert_eq!(written.len(), 3, "the job did not start its tree");
+        let ids: Vec<(i32, Option<u64>)> = written.iter().map(|&p| (p, start_of(p))).collect();
+        unsafe { libc::kill(child.id() as i32, sig) };
+        child.wait_with_output().unwrap();
+        for (p, start) in ids {
+            assert!(
+                identity_gone_within(p, start, 30),
+                "signal {sig}: pid {p} of the job survived"
+            );
+        }
+    }
+}
+
+/// A job that joins gpuloop's own process group (it shares gpuloop's session, so it may)
+/// and double-forks 12 grandchildren: each is reparented to gpuloop, the subreaper, in
+/// gpuloop's group. Every one escaped, since an orphan in gpuloop's own group was taken for a
+/// helper of gpuloop's. What gpuloop did not fork itself is a job's, whatever its group.
+const JOIN_GPULOOPS_GROUP: &str = r#"
+import os, sys
+pids, marker, then = sys.argv[1], sys.argv[2], sys.argv[3]
+os.setpgid(0, os.getpgid(os.getppid()))
+for _ in range(12):
+    if os.fork() == 0:
+        g = os.fork()
+        if g == 0:
+            os.execvp("sleep", ["sleep", marker])
+        with open(pids, "a") as f:
+            f.write(f"{g}\n")
+        os._exit(0)
+    os.wait()
+if then == "stay":
+    os.execvp("sleep", ["sleep", marker])
+"#;
+
+fn join_gpuloops_group(sim: &Sim, pids: &Pids, then: &str) -> String {
+    let py = sim.path().join("join.py");
+    std::fs::write(&py, JOIN_GPULOOPS_GROUP).unwrap();
+    format!(
+        "{:?}",
+        [
+            "python3",
+            py.to_str().unwrap(),
+            pids.path(),
+            pids.marker.to_string().as_str(),
+            then
+        ]
+    )
+}
+
+#[test]
+fn a_job_that_joins_gpuloops_group_and_double_forks_is_stopped_whole() {
+    let sim = Sim::new("1x1G");
+    let (timeout, end) = (
+        Pids::new(&sim, "join-371", 371),
+        Pids::new(&sim, "join-372", 372),
+    );
+    let left = |p: &Pids| {
+        format!(
+            r#"read_file("{}").split("\n").filter(|p| p != "" && file_exists("/proc/" + p))"#,
+            p.path()
+        )
+    };
+    let src = format!(
+        r#"let t = run({t}, #{{echo: false, timeout: 3}});
+           let timeout_left = {tl};
+           let e = run({e}, #{{echo: false}});
+           let end_left = {el};
+           print(to_json(#{{timed_out: t.timed_out, timeout: timeout_left, end: end_left,
+                            leftovers: e.leftovers.len()}}));"#,
+        t = join_gpuloops_group(&sim, &timeout, "stay"),
+        tl = left(&timeout),
+        e = join_gpuloops_group(&sim, &end, "exit"),
+        el = left(&end),
+    );
+    let out = sim.script("join.rhai", &src, &[]).ok();
+    let v = last_json(&out);
+    assert_eq!(timeout.read().len(), 12);
+    assert_eq!(end.read().len(), 12);
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert_eq!(v["timeout"], json!([]), "escaped the timeout: {v}");
+    assert_eq!(v["end"], json!([]), "escaped the job's end: {v}");
+    assert_eq!(v["leftovers"], 12, "{v}");
+}
+
+/// The same job, and gpuloop SIGKILLed as soon as the grandchildren exist: the guard finds
+/// them by the mark gpuloop puts in its jobs' environment, whether or not gpuloop had time
+/// to tell it about them.
+#[test]
+fn a_job_that_joins_gpuloops_group_and_double_forks_dies_with_a_sigkilled_gpuloop() {
+    let sim = Sim::new("1x1G");
+    let pids = Pids::new(&sim, "join-373", 373);
+    let script = sim.path().join("join-kill.rhai");
+    std::fs::write(
+        &script,
+        format!("run({});\n", join_gpuloops_group(&sim, &pids, "stay")),
+    )
+    .unwrap();
+    let child = run_in_own_session(&sim, &script);
+    let written = pids.wait_for(12);
+    assert_eq!(written.len(), 12, "the job did not fork");
+    let ids: Vec<(i32, Option<u64>)> = written.iter().map(|&p| (p, start_of(p))).collect();
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait_with_output().unwrap();
+    for (p, start) in ids {
+        assert!(
+            identity_gone_within(p, start, 30),
+            "pid {p} of the job survived its SIGKILLed gpuloop"
+        );
+    }
+}
+
+/// Forced pid reuse against what the two changes above rely on: a job's processes are taken
+/// whatever their name, and as gpuloop's orphans whatever their group. Here 12 grandchildren
+/// that joined gpuloop's group are killed and reaped, and each pid is taken by an innocent
+/// named `nvidia-persistenced`, in gpuloop's group too (bash, pid 1 of the namespace, started
+/// gpuloop without job control): neither `j.kill()`, nor the script's end, nor the guard of a
+/// SIGKILLed gpuloop may signal one.
+#[test]
+fn a_recycled_pid_in_gpuloops_group_named_like_a_daemon_is_never_taken_for_a_jobs() {
+    if !pid_reuse_can_be_forced() {
+        return;
+    }
+    let sim = Sim::new("1x1G");
+    std::fs::write(sim.path().join("join.py"), JOIN_GPULOOPS_GROUP).unwrap();
+    let rhai = r#"let t = ARGS[0];
+        let j = spawn(["python3", `${t}/join.py`, `${t}/pids`, "391", "stay"], #{echo: false});
+        if !until(60, || file_exists(`${t}/pids`) && read_file(`${t}/pids`).split("\n").filter(|l| l != "").len() == 12) { throw "no pids"; }
+        write_file(`${t}/ready`, "");
+        if !until(60, || file_exists(`${t}/go`)) { throw "no go"; }
+        j.kill();
+        write_file(`${t}/killed`, "");
+        if !until(60, || file_exists(`${t}/end`)) { throw "no end"; }"#;
+    let script = format!(
+        r#"{NS_HELPERS}
+tried=0; reused=0; hit=0
+for r in $(seq 6); do
+  rm -f "$T/pids" "$T/ready" "$T/go" "$T/killed" "$T/end"
+  "$B" run "$T/job.rhai" -- "$T" 2> "$T/stderr" &
+  g=$!
+  await "$T/ready"
+  mapfile -t gs < "$T/pids"
+  for p in "${{gs[@]}}"; do kill -9 "$p"; done
+  # gpuloop, their parent now, reaps them: then their pids are free.
+  for p in "${{gs[@]}}"; do while [ -e /proc/$p ]; do sleep 0.005; done; done
+  inn=()
+  for p in "${{gs[@]}}"; do
+    echo $((p-1)) > /proc/sys/kernel/ns_last_pid
+    bash -c 'exec -a nvidia-persistenced sleep 1000' & s=$!
+    tried=$((tried+1)); [ "$s" = "$p" ] && reused=$((reused+1))
+    inn+=("$s")
+  done
+  touch "$T/go"; await "$T/killed"
+  for s in "${{inn[@]}}"; do [ "$(alive $s)" = 1 ] || hit=$((hit+1)); done
+  if [ $((r % 2)) = 0 ]; then
+    guard=$(grep -l -a -- __guard /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3 | head -1)
+    kill -KILL $g; wait $g
+    for _ in $(seq 6000); do [ "$(alive $guard)" = 0 ] && break; sleep 0.01; done
+  else
+    touch "$T/end"; wait $g
+  fi
+  for s in "${{inn[@]}}"; do [ "$(alive $s)" = 1 ] || hit=$((hit+1)); done
+  kill -9 "${{inn[@]}}"; wait "${{inn[@]}}" 2>/dev/null
+done
+echo "tried=$tried reused=$reused hit=$hit"
+"#
+    );
+    let r = in_pid_namespace(&sim, rhai, &script);
+    let all = &r.all;
+    assert_eq!(r.field("tried"), "72", "{all}");
+    assert_eq!(r.field("reused"), "72", "every pid was reused: {all}");
+    assert_eq!(
+        r.field("hit"),
+        "0",
+        "an innocent that reused a pid was signalled: {all}"
+    );
 }

@@ -331,12 +331,13 @@ fn script_mistakes_are_usage_errors_found_before_anything_runs() {
     let sim = Sim::new("2x8G");
     for (args, want) in [
         (
-            &["--gpus", "99"][..],
-            "usage: --gpus 99: no GPU with index 99",
+            &["--gpu", "99"][..],
+            "usage: --gpu 99: no GPU with index 99",
         ),
+        (&["--gpus", "99"], "usage: --gpu 99: no GPU with index 99"),
         (
-            &["--", "--gpus", "99"],
-            "usage: --gpus 99: no GPU with index 99",
+            &["--", "--gpu", "99"],
+            "usage: --gpu 99: no GPU with index 99",
         ),
         (
             &["--timeout", "abc"],

@@ -331,3 +331,24 @@ fn an_empty_sim_flag_is_refused_not_the_real_driver() {
         assert!(!out.stderr.contains("driver"), "{args:?}: {}", out.stderr);
     }
 }
+
+/// A new user's report: a GPU that held only the CUDA footprint of a job on another GPU showed
+/// UTIL 100 and TEMP 61, as if it computed. Only a process's own memory makes a simulated GPU
+/// busy; a footprint and memory nobody holds leave it idle.
+#[test]
+fn a_gpu_with_only_a_footprint_or_a_leak_is_idle() {
+    let sim = Sim::new("3x8G");
+    sim.hold(&["--gpu", "0", "--mib", "100", "--map-all"]);
+    sim.run(&["sim", "leak", "--gpu", "2", "--mib", "50"]).ok();
+    let gpus = sim.gpus();
+    let facts = |i: usize| {
+        (
+            gpus[i]["mem_used_mib"].as_i64().unwrap(),
+            gpus[i]["util"].as_i64(),
+            gpus[i]["temp_c"].as_i64(),
+        )
+    };
+    assert_eq!(facts(0), (100, Some(100), Some(61)), "{gpus}");
+    assert_eq!(facts(1), (3, Some(0), Some(34)), "{gpus}");
+    assert_eq!(facts(2), (53, Some(0), Some(34)), "{gpus}");
+}

@@ -87,7 +87,8 @@ fn start() -> Sshd {
             "ListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n\
              AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n\
              KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
-             PermitRootLogin prohibit-password\nUsePAM no\nAcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR\n\
+             PermitRootLogin prohibit-password\nUsePAM no\n\
+             AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR XDG_CACHE_HOME BASH_ENV\n\
              MaxStartups 256\nMaxSessions 256\nPrintMotd no\nLogLevel ERROR\n"
         ),
     )
@@ -149,6 +150,8 @@ fn start() -> Sshd {
 /// Host aliases of one test, each with its own simulator, in a client config of its own.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
+    /// XDG_RUNTIME_DIR of its gpuloop runs.
+    run: tempfile::TempDir,
     pub sims: Vec<(String, Sim)>,
     pub config: PathBuf,
 }
@@ -187,7 +190,97 @@ impl Cluster {
         }
         let config = dir.path().join("ssh_config");
         std::fs::write(&config, cfg).expect("ssh config");
-        Cluster { dir, sims, config }
+        let run = tempfile::Builder::new()
+            .prefix("glr-")
+            .tempdir()
+            .expect("tempdir");
+        Cluster {
+            dir,
+            run,
+            sims,
+            config,
+        }
+    }
+
+    /// The cluster's own XDG_RUNTIME_DIR (mode 0700, as a login's is), short as a login's
+    /// is: a socket's path has at most 107 bytes.
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.run.path().to_path_buf()
+    }
+
+    /// The directory gpuloop keeps this cluster's ssh connections in.
+    pub fn kept_dir(&self) -> PathBuf {
+        self.runtime_dir().join("gpuloop")
+    }
+
+    /// The sockets of the connections kept now.
+    pub fn kept(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.kept_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect()
+    }
+
+    /// `ssh -O OP` on each connection gpuloop keeps (check, exit): what the last one said.
+    pub fn control(&self, alias: &str, op: &str) -> Out {
+        let mut last = None;
+        for socket in self.kept() {
+            last = Some(self.control_at(alias, &socket, op));
+        }
+        last.unwrap_or(Out {
+            code: 255,
+            stdout: String::new(),
+            stderr: "no kept connection".into(),
+        })
+    }
+
+    /// `ssh -O OP` on one socket.
+    pub fn control_at(&self, alias: &str, socket: &Path, op: &str) -> Out {
+        let o = Command::new("ssh")
+            .arg("-F")
+            .arg(&self.config)
+            .arg("-o")
+            .arg(format!("ControlPath={}", socket.display()))
+            .args(["-O", op, alias])
+            .stdin(Stdio::null())
+            .output()
+            .expect("ssh -O");
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// More variables for `alias`'s SetEnv (`XDG_CACHE_HOME=…`; the server accepts those
+    /// and BASH_ENV, which the login shell, bash, reads first).
+    pub fn set_env(&self, alias: &str, vars: &str) {
+        let text = std::fs::read_to_string(&self.config).expect("ssh config");
+        let mut out = String::new();
+        let mut inside = false;
+        for l in text.lines() {
+            if let Some(a) = l.strip_prefix("Host ") {
+                inside = a == alias;
+            }
+            if inside && l.trim_start().starts_with("SetEnv ") {
+                out.push_str(&format!("{l} {vars}\n"));
+            } else {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        std::fs::write(&self.config, out).expect("ssh config");
+    }
+
+    /// Adds lines to the client config.
+    pub fn add_config(&self, text: &str) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.config)
+            .expect("ssh config");
+        f.write_all(text.as_bytes()).expect("ssh config");
     }
 
     pub fn sim(&self, alias: &str) -> &Sim {
@@ -201,15 +294,21 @@ impl Cluster {
 
     /// `cmd` with another program started as the agent on the hosts.
     pub fn cmd_with(&self, remote_bin: &Path, args: &[&str]) -> Command {
+        let mut c = self.bare_cmd();
+        c.arg("--remote-bin").arg(remote_bin).args(args);
+        c
+    }
+
+    /// gpuloop on this cluster's client config, without --remote-bin.
+    pub fn bare_cmd(&self) -> Command {
         let mut c = Command::new(bin());
         c.arg("--ssh-config")
             .arg(&self.config)
-            .arg("--remote-bin")
-            .arg(remote_bin)
-            .args(args)
             .env_remove("GPULOOP_SIM")
             .env_remove("GPULOOP_SIM_DIR")
             .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
+            // Connections kept between one-shots live here, and end with the cluster.
+            .env("XDG_RUNTIME_DIR", self.runtime_dir())
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             // Out of reach of other tests' process-group kills, as the server is.
@@ -232,6 +331,27 @@ impl Cluster {
         let mut f = std::fs::File::create(&p).expect("script");
         f.write_all(src.as_bytes()).expect("script");
         p.display().to_string()
+    }
+}
+
+impl Drop for Cluster {
+    /// Ends the ssh connections gpuloop kept to this cluster's hosts: nothing a test started
+    /// outlives it.
+    fn drop(&mut self) {
+        let Ok(text) = std::fs::read_to_string(&self.config) else {
+            return;
+        };
+        // Any alias reaches the test server; the socket names the master.
+        let Some(alias) = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Host "))
+            .find(|a| !a.contains('*'))
+        else {
+            return;
+        };
+        for socket in self.kept() {
+            self.control_at(alias, &socket, "exit");
+        }
     }
 }
 

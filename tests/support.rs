@@ -177,6 +177,24 @@ impl Sim {
     }
 }
 
+/// Starts `c` with its stdout a pipe, reads the pid it prints first (a `sim hold --foreground`
+/// holder's), remembers that pid for the final kill, and reaps `c` when it ends.
+pub fn started_pid(sim: &Sim, mut c: std::process::Command) -> i32 {
+    use std::io::BufRead;
+    c.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().expect("spawn");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("a pid");
+    std::thread::spawn(move || child.wait());
+    let pid = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
+    sim.adopt(pid);
+    pid
+}
+
 /// `unshare --pid --fork --mount-proc bash SCRIPT` with the simulator's environment: the script
 /// is pid 1 of a PID namespace of its own, where writing `ns_last_pid` forces a pid's reuse.
 pub fn in_new_pid_namespace(sim: &Sim, script: &Path) -> std::process::Command {

@@ -17,7 +17,9 @@ clean, or no driver; 2 usage or compile error; 130 interrupted.
 
 Environment:
   GPULOOP_SIM      the --sim spec: simulated GPUs held by real processes
-  GPULOOP_SIM_DIR  the simulator's state directory (default $XDG_RUNTIME_DIR/gpuloop-sim)
+  GPULOOP_SIM_DIR  the simulator's state directory (default $XDG_RUNTIME_DIR/gpuloop-sim, else
+                   /tmp/gpuloop-sim-UID): every session of a user shares the default; one of
+                   its own: export GPULOOP_SIM_DIR=$(mktemp -d)
   GPULOOP_PATH     directories (colon-separated) where `import` looks for modules
   SLURM_JOB_ID     the job --transport srun steps into, unless --jobid or
                    --hosts-from-slurm JOBID names one
@@ -41,7 +43,8 @@ pub struct Args {
         help_heading = GLOBAL
     )]
     pub sim: Option<String>,
-    /// Print JSON instead of tables (errors too, on stderr: {"error": …}).
+    /// Print JSON instead of tables (errors too, on stderr: {"error": …}; over several hosts
+    /// each host that failed is also in the document, as {"host", "state", "error"}).
     #[arg(long, global = true, help_heading = GLOBAL)]
     pub json: bool,
     /// More logs (-v, -vv).
@@ -56,8 +59,10 @@ pub struct Args {
         help_heading = GLOBAL
     )]
     pub color: ColorArg,
-    /// Show whole command lines in tables (otherwise cut to the terminal's width).
-    #[arg(long, global = true, help_heading = GLOBAL)]
+    /// Show whole command lines in tables (otherwise cut to the terminal's width), and
+    /// over several hosts every GPU's row (clean hosts' rows are otherwise folded into one
+    /// line).
+    #[arg(long, visible_alias = "all-rows", global = true, help_heading = GLOBAL)]
     pub wide: bool,
     /// A resource limit for scripts, NAME=N (repeatable): array, string (bytes; K/M/G),
     /// map, calls, expr_depth, depth, memory (bytes; K/M/G). Also [limits] in config.toml.
@@ -77,8 +82,9 @@ pub enum Cmd {
     /// `--help` are the script's arguments, never gpuloop's (a script must not run on other
     /// hosts than the ones named before it). A `--` right after SCRIPT is accepted and dropped.
     Run {
-        /// SCRIPT (a file, `-` for stdin, or the name of a built-in recipe: gpuloop recipes),
-        /// then the script's arguments, verbatim: its ARGS.
+        /// SCRIPT (a file's path: it has a `/` or ends in `.rhai`; `-` for stdin; any other
+        /// word is a built-in recipe: gpuloop recipes), then the script's arguments,
+        /// verbatim: its ARGS.
         // One positional, because clap matches a known flag even after a single-valued
         // positional: only a trailing var arg takes every word after its first value as is.
         #[arg(
@@ -209,19 +215,37 @@ pub enum Cmd {
         #[arg(long, value_name = "WHAT", value_delimiter = ',')]
         allow: Vec<String>,
     },
-    /// Show the journal of MCP calls (time, tool, arguments, what was signalled, result).
+    /// Show the audit journal: every signal gpuloop sent (who asked, through which front end,
+    /// to which process, why, and what came of it) and every MCP call.
     Journal {
-        /// How many of the latest calls to show (0: all).
+        /// How many of the latest records to show (0: all).
         #[arg(long, short = 'n', default_value_t = 20, value_name = "N")]
         last: usize,
+        /// Only records since a UTC time (2026-12-01, 2026-12-01T14:05) or an age (10m, 2h, 3d).
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
+        /// Only signals to this pid, and calls that signalled it.
+        #[arg(long, value_name = "PID")]
+        pid: Option<i64>,
+        /// Only what this user (name or uid) ran.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
+        /// Only records of this front end.
+        #[arg(long, value_name = "FRONT_END", value_parser = clap::builder::PossibleValuesParser::new(crate::journal::FrontEnd::NAMES))]
+        front_end: Option<String>,
     },
     /// Shell completions.
     Completions {
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff): gpuloop man > gpuloop.1
-    Man,
+    /// Print the man page (roff): gpuloop man > gpuloop.1; --dir DIR writes one per command.
+    Man {
+        /// Write gpuloop.1 and a page per command (gpuloop-clean.1, gpuloop-sim-hold.1, …)
+        /// into DIR instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Serve this machine to a remote gpuloop: line-delimited JSON on stdin/stdout (what
     /// `--host` starts through ssh).
     Agent,
@@ -257,7 +281,8 @@ pub struct HostFlags {
     /// listed (default: $SLURM_JOB_ID).
     #[arg(long, global = true, value_name = "J", help_heading = HOSTS)]
     pub jobid: Option<String>,
-    /// The gpuloop to run on the hosts (default: gpuloop on their PATH).
+    /// The gpuloop to run on the hosts (default: gpuloop on their PATH, or where there is
+    /// none this one, sent there: see --no-push).
     #[arg(long, global = true, value_name = "PATH", help_heading = HOSTS)]
     pub remote_bin: Option<String>,
     /// ssh client config file, passed to ssh as -F FILE.
@@ -266,15 +291,87 @@ pub struct HostFlags {
     /// Connections opened in parallel (like pdsh -f).
     #[arg(long, global = true, value_name = "N", default_value_t = crate::hosts::DEFAULT_FANOUT, help_heading = HOSTS)]
     pub fanout: usize,
-    /// Go on without hosts that cannot be reached (they are reported).
+    /// Go on without hosts that cannot be reached: they are listed (as errors, and in --json
+    /// as {"host", "error"} entries), and a one-shot's exit code then covers the hosts that
+    /// answered (still 1 if none did). Without it an unreachable host makes the exit code 1.
     #[arg(long, global = true, help_heading = HOSTS)]
     pub skip_unreachable: bool,
-    /// Seconds a host may take to answer: its connection (at most 30 s), a call (beyond the
-    /// time it asks for itself, like a wait's timeout) or the ping sent every 5 s while a long
-    /// call runs. A host that hangs fails its part with a timeout error naming it; the others
-    /// go on.
-    #[arg(long, global = true, value_name = "SECS", default_value_t = crate::hosts::DEFAULT_HOST_TIMEOUT.as_secs_f64(), help_heading = HOSTS)]
-    pub host_timeout: f64,
+    /// Seconds a host may take to answer: its connection (ssh's ConnectTimeout too; without
+    /// this option 10 s, as pdsh's, and 30 s for the agent's hello), a call (beyond the time
+    /// it asks for itself, like a wait's timeout) or the ping sent every 5 s while a long call
+    /// runs (60 s without this option). A host that hangs fails its part with a timeout error
+    /// naming it; the others go on.
+    #[arg(long, global = true, value_name = "SECS", help_heading = HOSTS)]
+    pub host_timeout: Option<f64>,
+    /// Open new ssh connections each run. By default a one-shot command (gpus, holders,
+    /// diagnose, kill, clean, wait) leaves each connection open for 60 s (OpenSSH's
+    /// ControlMaster, sockets in $XDG_RUNTIME_DIR/gpuloop or /tmp/gpuloop-ssh-UID, mode
+    /// 0700), so the next run skips the handshake; a ControlPath in your ssh config wins.
+    #[arg(long, global = true, help_heading = HOSTS)]
+    pub no_reuse: bool,
+    /// Never send this gpuloop to a host. By default a host reached over ssh with no usable
+    /// gpuloop on its PATH (none, or one of another protocol) receives this binary into
+    /// ~/.cache/gpuloop (or $XDG_CACHE_HOME/gpuloop) there, SHA-256 checked before it runs
+    /// and reused by later runs, where it can run (same architecture, a glibc at least as
+    /// new as it needs). Not with --remote-bin, which names the one gpuloop to run there.
+    #[arg(long, global = true, help_heading = HOSTS)]
+    pub no_push: bool,
+}
+
+/// The command line as parsed and documented: `Args`, with each command's short help (`-h`)
+/// listing its own options and the global ones folded into one line at the end (`--help`
+/// still lists them all, after the command's own).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let cmd = Args::command();
+    let globals: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .map(|a| a.clone().hide_short_help(true))
+        .collect();
+    let name = |a: &clap::Arg| match (a.get_long(), a.get_short()) {
+        (_, Some(c)) => format!("-{c}"),
+        (Some(l), None) => format!("--{l}"),
+        (None, None) => a.get_id().to_string(),
+    };
+    let general: Vec<String> = globals
+        .iter()
+        .filter(|a| a.get_help_heading() == Some(GLOBAL))
+        .map(name)
+        .collect();
+    let line = format!(
+        "Global options: {} --host … (gpuloop --help)",
+        general.join(" ")
+    );
+    fold_globals(cmd, &globals, &line)
+}
+
+/// Gives every subcommand, at any depth, its own copy of the global options hidden from `-h`,
+/// before clap would copy them in unchanged, and the line that names them instead.
+fn fold_globals(cmd: clap::Command, globals: &[clap::Arg], line: &str) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    names.iter().fold(cmd, |cmd, name| {
+        cmd.mut_subcommand(name, |sub| {
+            let long = sub.get_after_help().map(|h| h.to_string());
+            let short = match &long {
+                Some(h) => format!("{h}\n\n{line}"),
+                None => line.to_string(),
+            };
+            let mut sub = globals
+                .iter()
+                .fold(sub, |sub, a| sub.arg(a.clone()))
+                .after_help(short);
+            sub = match long {
+                Some(h) => sub.after_long_help(h),
+                // `--help` lists the global options themselves: no line pointing elsewhere.
+                None => sub.after_long_help(""),
+            };
+            fold_globals(sub, globals, line)
+        })
+    })
 }
 
 impl HostFlags {
@@ -333,7 +430,8 @@ pub struct WaitFlags {
         allow_negative_numbers = true
     )]
     pub settle: f64,
-    /// Demand 0 MiB, also where the rest is the CUDA footprint of jobs on other GPUs.
+    /// Demand 0 MiB, also where the rest is what protected daemons keep (an MPS server's
+    /// context) or the CUDA footprint of jobs on other GPUs.
     #[arg(long)]
     pub strict: bool,
     /// Stop waiting once nothing holds the memory left and it has not moved this long
@@ -352,7 +450,7 @@ pub struct HookFlags {
     /// Seconds to wait for the memory to be released before draining.
     #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
     pub timeout: f64,
-    /// Seconds between SIGTERM and SIGKILL.
+    /// Seconds between SIGTERM and SIGKILL (0: KILL at once; inf: never KILL).
     #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub grace: f64,
     /// Say what would be stopped and drained; stop and drain nothing.
@@ -365,7 +463,8 @@ pub struct KillFlags {
     /// Signal to send first.
     #[arg(long, default_value = "TERM")]
     pub signal: String,
-    /// Seconds before survivors get SIGKILL (0: no escalation).
+    /// Seconds before survivors get SIGKILL (0: KILL at once, as docker stop -t 0; inf: never
+    /// KILL: kill waits for them to exit, clean until --timeout).
     #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub grace: f64,
     /// Say what would be signalled, signal nothing.
@@ -395,7 +494,8 @@ pub enum SimCmd {
         /// fails, as a real allocation does.
         #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         mib: i64,
-        /// Process name (comm), e.g. nvidia-persistenced.
+        /// Process name (comm), e.g. nvidia-persistenced. With nvidia-cuda-mps-server, its
+        /// launcher (its parent) is named as MPS's control daemon, as on a real MPS node.
         #[arg(long)]
         name: Option<String>,
         /// Open the device node without mapping it (an NVML-only client).
@@ -440,6 +540,10 @@ pub enum SimCmd {
         /// SIGKILL does not end it until `sim release` (cgroup-v1 freezer; needs root).
         #[arg(long, conflicts_with = "foreground")]
         stuck: bool,
+        /// Once holding, the holder's main thread exits (SYS_exit) while another thread keeps
+        /// the handles: a defunct thread-group leader (`python <defunct>`) still holding the GPU.
+        #[arg(long, conflicts_with_all = ["foreground", "workers", "fork_child", "supervise", "stuck"])]
+        defunct_leader: bool,
         #[arg(long, hide = true)]
         as_holder: bool,
     },

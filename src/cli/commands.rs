@@ -8,10 +8,11 @@ use crate::gpu::sim::hold::{self, HoldOpts};
 use crate::gpu::sim::SimBackend;
 use crate::gpu::GpuError;
 use crate::hosts::HostSel;
+use crate::inspect::diagnose::Demand;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, User};
-use crate::process::kill::{parse_signal, KillOpts, KillReport, Target};
+use crate::process::kill::{self, parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
 use crate::session::Session;
@@ -29,23 +30,10 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         },
         Cmd::Eval { code } => eval(cfg, code),
         Cmd::Check { scripts } => check(cfg, scripts),
-        Cmd::Man => {
-            let cmd = <Args as clap::CommandFactory>::command();
-            let mut out = Vec::new();
-            clap_mangen::Man::new(cmd)
-                .render(&mut out)
-                .map_err(|e| Error::Other(format!("man page: {e}")))?;
-            crate::output::bytes(&out);
-            Ok(0)
-        }
+        Cmd::Man { dir } => man(dir.as_deref()),
         Cmd::Recipes => {
             let rs = crate::script::recipes::list();
-            emit(cfg, &rs, || {
-                rs.iter()
-                    .map(|r| format!("{:<12} {}\n{:<12} {}", r.name, r.purpose, "", r.usage))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
+            emit(cfg, &rs, || render::recipes(&rs))
         }
         Cmd::Repl => crate::repl::run(cfg.session.clone(), cfg.json),
         Cmd::Doc { definitions } => doc(cfg, definitions.as_deref()),
@@ -61,15 +49,27 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             let sel = selection(s, sel)?;
             let (parts, mut rows) = per_host(cfg, actions::gpus_per_host(s)?)?;
             let mut gpus = Vec::new();
+            let mut idle = Vec::new();
             for (h, mut g) in parts {
                 let Some(x) = sel.on(&h) else { continue };
                 crate::inspect::check_selection(&x, &g)?;
                 g.retain(|g| crate::inspect::selected(&x, g.index));
-                rows.push(row(&h, "ok", format!("{} GPU(s)", g.len())));
+                let r = gpus_row(&h, &g);
+                if r.detail.ends_with(", idle") {
+                    idle.push(h.clone());
+                }
+                rows.push(r);
                 gpus.extend(g);
             }
-            emit(cfg, &gpus, || render::gpus(&gpus, Style::stdout()))?;
-            let code = summary(cfg, rows)?;
+            emit_hosts(cfg, &gpus, &rows, || {
+                let (shown, note) = fold_rows(cfg, &gpus, &idle, "idle", |g| &g.host);
+                with_note(
+                    render::gpus(&shown, Style::stdout()),
+                    shown.is_empty(),
+                    note,
+                )
+            })?;
+            let code = summary(cfg, rows, true)?;
             // A GPU the driver could not read is reported beside the others, and fails the command.
             Ok(if gpus.iter().any(|g| g.error.is_some()) {
                 1
@@ -83,8 +83,12 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 let inv = actions::look(s)?;
                 if let Some(why) = s.backend()?.missing_driver() {
                     // The fd scan still finds who has the nodes open; the exit code says the rest.
+                    // Nothing found is no result: an empty list ("no holders", `[]`) read alone
+                    // would look like a clean machine.
                     let hs = inv.holders(&None, *all);
-                    emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+                    if !hs.is_empty() {
+                        emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
+                    }
                     return Err(GpuError::NoDriver(why.to_string()).into());
                 }
                 let sel = selection(s, sel)?
@@ -135,8 +139,8 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 rows.push(row(&h, state, detail));
                 hs.extend(part.holders);
             }
-            emit(cfg, &hs, || render::holders(&hs, Style::stdout()))?;
-            let code = summary(cfg, rows)?;
+            emit_hosts(cfg, &hs, &rows, || render::holders(&hs, Style::stdout()))?;
+            let code = summary(cfg, rows, true)?;
             if !blind.is_empty() {
                 crate::errln!(
                     "note: processes that could not be inspected (other users') on {}: holders among them are not listed; run gpuloop there as root to see every holder",
@@ -152,14 +156,16 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut ds = Vec::new();
             for (h, part) in parts {
-                rows.push(diagnosis_row(&h, &part));
+                rows.push(diagnosis_row(&h, &part, &Demand::default()));
                 ds.extend(part);
             }
             if !check {
-                emit(cfg, &ds, || render::diagnoses(&ds, Style::stdout()))?;
+                emit_hosts(cfg, &ds, &rows, || diagnoses_folded(cfg, &ds, &rows))?;
             }
-            let code = summary(cfg, rows)?;
-            // Another GPU's CUDA footprint does not make this one dirty (wait_clean agrees).
+            // --check prints nothing: the exit code says it (a host that failed is still
+            // named on stderr).
+            let code = summary(cfg, rows, !check)?;
+            // The one judgement of clean (wait, clean, the hooks and MCP make the same).
             Ok(if ds.iter().all(|d| d.is_clean()) {
                 code
             } else {
@@ -214,7 +220,29 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Prolog { hook: h } => hook(cfg, Hook::Prolog, h),
         Cmd::Sim(cmd) => sim(cfg, cmd),
         Cmd::Mcp { allow } => mcp(cfg, allow),
-        Cmd::Journal { last } => journal(cfg, *last),
+        Cmd::Journal {
+            last,
+            since,
+            pid,
+            user,
+            front_end,
+        } => {
+            let filter = crate::journal::Filter {
+                since: since
+                    .as_deref()
+                    .map(crate::journal::parse_since)
+                    .transpose()
+                    .map_err(Error::Usage)?,
+                pid: *pid,
+                user: user.clone(),
+                front_end: front_end
+                    .as_deref()
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(Error::Usage)?,
+            };
+            journal(cfg, *last, &filter)
+        }
         Cmd::Agent => Ok(crate::agent::serve(cfg.session.clone())),
         // Handled in `cli::main` before anything starts; kept for a complete match.
         Cmd::Guard => Ok(crate::runner::guard::main()),
@@ -244,13 +272,100 @@ fn row(host: &str, state: &str, detail: String) -> render::HostRow {
         host: host.to_string(),
         state: state.to_string(),
         detail,
+        error: None,
     }
 }
 
-fn diagnosis_row(host: &str, ds: &[crate::inspect::diagnose::Diagnosis]) -> render::HostRow {
+/// A host's line in `gpus`: how many GPUs of what kind, and what they hold. Hosts alike
+/// (`8 GPU(s) (NVIDIA H200), idle`) fold into one row of the summary.
+fn gpus_row(host: &str, gs: &[crate::gpu::Gpu]) -> render::HostRow {
+    let mut detail = format!("{} GPU(s)", gs.len());
+    if let Some(first) = gs.first().filter(|f| gs.iter().all(|g| g.name == f.name)) {
+        detail.push_str(&format!(" ({})", first.name));
+    }
+    let busy: Vec<_> = gs
+        .iter()
+        .filter(|g| g.error.is_none() && (g.mem_used_mib > 0 || g.procs > 0))
+        .collect();
+    let unread = gs.iter().filter(|g| g.error.is_some()).count();
+    if busy.is_empty() && unread == 0 {
+        detail.push_str(", idle");
+    } else if !busy.is_empty() {
+        detail.push_str(&format!(
+            ", {} in use: {} MiB used, {} process(es)",
+            busy.len(),
+            busy.iter().map(|g| g.mem_used_mib).sum::<i64>(),
+            busy.iter().map(|g| g.procs).sum::<i64>()
+        ));
+    }
+    if unread > 0 {
+        detail.push_str(&format!(", {unread} unreadable"));
+    }
+    row(host, if unread > 0 { "failed" } else { "ok" }, detail)
+}
+
+/// Over several hosts and without `--wide`/`--all-rows`: the records of the hosts in
+/// `quiet` left out, and a line that names those hosts as a hostlist.
+fn fold_rows<T: Clone>(
+    cfg: &Config,
+    items: &[T],
+    quiet: &[String],
+    what: &str,
+    host: impl Fn(&T) -> &String,
+) -> (Vec<T>, Option<String>) {
+    let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    if !several || quiet.is_empty() || crate::output::wide() {
+        return (items.to_vec(), None);
+    }
+    let shown = items
+        .iter()
+        .filter(|i| !quiet.contains(host(i)))
+        .cloned()
+        .collect();
+    let note = format!(
+        "(the GPUs of {} {what} host(s) are not listed one by one: {}; --all-rows lists them)",
+        quiet.len(),
+        crate::hosts::fold::compress(quiet)
+    );
+    (shown, Some(note))
+}
+
+/// A table and the note of what was folded out of it (the note alone if nothing is left).
+fn with_note(table: String, empty: bool, note: Option<String>) -> String {
+    match note {
+        Some(n) if empty => n,
+        Some(n) => format!("{table}\n{n}"),
+        None => table,
+    }
+}
+
+/// The diagnoses, those of clean hosts folded into one line.
+fn diagnoses_folded(
+    cfg: &Config,
+    ds: &[crate::inspect::diagnose::Diagnosis],
+    rows: &[render::HostRow],
+) -> String {
+    let clean: Vec<String> = rows
+        .iter()
+        .filter(|r| r.state == "clean")
+        .map(|r| r.host.clone())
+        .collect();
+    let (shown, note) = fold_rows(cfg, ds, &clean, "clean", |d| &d.host);
+    with_note(
+        render::diagnoses(&shown, Style::stdout()),
+        shown.is_empty(),
+        note,
+    )
+}
+
+fn diagnosis_row(
+    host: &str,
+    ds: &[crate::inspect::diagnose::Diagnosis],
+    demand: &Demand,
+) -> render::HostRow {
     let dirty: Vec<String> = ds
         .iter()
-        .filter(|d| !d.is_clean())
+        .filter(|d| !d.is_clean_under(demand))
         .map(actions::describe_diagnosis)
         .collect();
     if dirty.is_empty() {
@@ -261,13 +376,15 @@ fn diagnosis_row(host: &str, ds: &[crate::inspect::diagnose::Diagnosis]) -> rend
 }
 
 /// Splits a one-shot's per-host results into the hosts that answered and a summary row for
-/// each that did not. On this machine alone a failure is the command's error, as always.
+/// each that did not; each failure is said once, here, on stderr (in the JSON document with
+/// --json). On this machine alone a failure is the command's error, as always.
 #[allow(clippy::type_complexity)]
 fn per_host<T>(
     cfg: &Config,
     parts: actions::PerHost<T>,
 ) -> Result<(Vec<(String, T)>, Vec<render::HostRow>), Error> {
     let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    let skip = cfg.session.skip_unreachable();
     let mut ok = Vec::new();
     let mut rows = Vec::new();
     for (h, r) in parts {
@@ -275,38 +392,118 @@ fn per_host<T>(
             Ok(v) => ok.push((h, v)),
             Err(f) if !several => return Err(f.into_gpu().into()),
             Err(f) => {
-                crate::errln!("gpuloop: {f}");
-                let state = if f.unreachable() {
-                    "unreachable"
-                } else {
-                    "failed"
+                let skipped = skip && f.unreachable();
+                // On a terminal a failure was said as it happened.
+                let said = cfg.session.pool().is_some_and(|p| p.said(&h));
+                if !cfg.json && !said {
+                    if skipped {
+                        crate::errln!("warning: skipping {f}");
+                    } else {
+                        crate::errln!("gpuloop: {f}");
+                    }
+                }
+                let state = match (skipped, f.unreachable()) {
+                    (true, _) => "skipped",
+                    (false, true) => "unreachable",
+                    (false, false) => "failed",
                 };
-                rows.push(row(&h, state, f.to_string()));
+                // A few words, alike for every host that failed the same way, so that they
+                // fold; the whole error was said above.
+                let detail = match &f {
+                    actions::Failure::Host(e) => e.kind().to_string(),
+                    actions::Failure::Gpu(e) => {
+                        let e = e.to_string();
+                        e.split(": ").next().unwrap_or(&e).to_string()
+                    }
+                };
+                let mut r = row(&h, state, detail);
+                r.error = Some(f.to_string());
+                rows.push(r);
             }
         }
     }
     Ok((ok, rows))
 }
 
-/// With several hosts: the per-host summary (after the records), in host-set order; the
-/// exit code is 0 only if every host is as it should be.
-fn summary(cfg: &Config, mut rows: Vec<render::HostRow>) -> Result<i32, Error> {
+/// With several hosts: the per-host summary (after the records; `show` false prints none),
+/// folded, in host-set order. The exit code is 0 only if every host is as it should be;
+/// with --skip-unreachable the unreachable hosts do not count, but some host must answer.
+/// With --json the summary is the document's (its failures, `emit_hosts`), and stderr gets
+/// one line naming the hosts that failed.
+fn summary(cfg: &Config, mut rows: Vec<render::HostRow>, show: bool) -> Result<i32, Error> {
     let names = cfg.session.host_names();
     if names == [crate::hosts::LOCAL] {
         return Ok(0);
     }
     rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
-    let text = render::host_summary(&rows, Style::stdout());
+    let answered = rows.iter().any(|r| r.error.is_none());
+    let failed: Vec<&str> = rows.iter().filter_map(|r| r.error.as_deref()).collect();
     if cfg.json {
-        crate::errln!("{text}");
-    } else {
-        crate::outln!("\n{text}");
+        if !failed.is_empty() {
+            // Hosts skipped as --skip-unreachable asked are a warning, not the command's error.
+            let skipped = rows
+                .iter()
+                .all(|r| r.error.is_none() || r.state == "skipped");
+            let (key, what) = match skipped {
+                true => ("warning", "skipped"),
+                false => ("error", "failed"),
+            };
+            let text = format!(
+                "{} of {} host(s) {what}: {}",
+                failed.len(),
+                rows.len(),
+                failed.join("; ")
+            );
+            crate::errln!("{}", serde_json::json!({ key: text }));
+        }
+    } else if show && answered {
+        // Nothing answered: the errors above are all there is; nothing here reads as a result.
+        crate::outln!("\n{}", render::host_summary(&rows, Style::stdout()));
     }
-    Ok(if rows.iter().all(render::HostRow::good) {
-        0
-    } else {
-        1
-    })
+    let good = rows.iter().all(|r| r.good() || r.state == "skipped");
+    Ok(if answered && good { 0 } else { 1 })
+}
+
+/// `emit` over several hosts: with --json each host that failed is in the document (an
+/// entry `{"host", "state", "error"}` of a list; a report gets `"hosts"`, every host's row);
+/// as text nothing at all when no host answered.
+fn emit_hosts<T: Serialize>(
+    cfg: &Config,
+    v: &T,
+    rows: &[render::HostRow],
+    table: impl FnOnce() -> String,
+) -> Result<i32, Error> {
+    let names = cfg.session.host_names();
+    if names == [crate::hosts::LOCAL] {
+        return emit(cfg, v, table);
+    }
+    if !cfg.json {
+        if rows.iter().any(|r| r.error.is_none()) {
+            crate::outln!("{}", table());
+        }
+        return Ok(0);
+    }
+    let mut rows = rows.to_vec();
+    rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
+    let entry = |r: &render::HostRow| {
+        let mut e = serde_json::json!({"host": r.host, "state": r.state});
+        match &r.error {
+            Some(err) => e["error"] = err.clone().into(),
+            None => e["detail"] = r.detail.clone().into(),
+        }
+        e
+    };
+    let mut doc = serde_json::to_value(v).map_err(|e| Error::Other(e.to_string()))?;
+    match &mut doc {
+        serde_json::Value::Array(items) => {
+            items.extend(rows.iter().filter(|r| r.error.is_some()).map(entry));
+        }
+        serde_json::Value::Object(map) => {
+            map.insert("hosts".into(), rows.iter().map(entry).collect());
+        }
+        _ => {}
+    }
+    emit(cfg, &doc, String::new)
 }
 
 /// The one-shots refuse to read GPUs without a driver, on this machine alone; with a host
@@ -339,7 +536,7 @@ fn owner_filter(s: &Session, owner: &Owner) -> Result<Filter, Error> {
 fn hook(cfg: &Config, which: Hook, h: &HookFlags) -> Result<i32, Error> {
     let opts = HookOpts {
         timeout: seconds(h.timeout, "--timeout")?,
-        grace: seconds(h.grace, "--grace")?,
+        grace: grace(h.grace)?,
         dry_run: h.dry_run,
     };
     let env = JobEnv::from(|k| std::env::var(k).ok())?;
@@ -354,36 +551,50 @@ fn mcp(cfg: &Config, allow: &[String]) -> Result<i32, Error> {
     crate::mcp::serve(s.clone(), policy).map_err(|e| Error::Other(e.to_string()))
 }
 
-fn journal(cfg: &Config, last: usize) -> Result<i32, Error> {
-    use crate::mcp::journal;
+/// `gpuloop journal`: the records are streamed (with `--json`, as a JSON array written as it
+/// is read), so a journal of any size is shown in bounded memory.
+fn journal(cfg: &Config, last: usize, filter: &crate::journal::Filter) -> Result<i32, Error> {
+    use crate::journal;
     let err = |e: journal::JournalError| Error::Other(e.to_string());
-    let path = journal::path().map_err(err)?;
-    let (entries, bad) = journal::read(&path).map_err(err)?;
-    if bad > 0 {
+    let dir = journal::dir().map_err(err)?;
+    let mut first = true;
+    let found = journal::last(&dir, filter, last, &mut |r| {
+        if cfg.json {
+            let sep = if first { "[\n  " } else { ",\n  " };
+            crate::output::text(&format!(
+                "{sep}{}",
+                serde_json::to_string(&r).unwrap_or_default()
+            ));
+        } else {
+            crate::outln!("{}", journal::line(&r));
+        }
+        first = false;
+    })
+    .map_err(err)?;
+    if cfg.json {
+        crate::outln!("{}", if first { "[]" } else { "\n]" });
+    }
+    let path = dir.join(journal::FILE);
+    if found.bad > 0 {
         crate::errln!(
-            "gpuloop: warning: {bad} line(s) of {} are not journal entries",
+            "gpuloop: warning: {} line(s) of {} are not journal records",
+            found.bad,
             path.display()
         );
     }
-    let shown =
-        &entries[entries
-            .len()
-            .saturating_sub(if last == 0 { entries.len() } else { last })..];
-    if cfg.json {
-        return emit(cfg, &shown, String::new);
-    }
-    if shown.is_empty() {
-        crate::errln!("no MCP calls journaled yet ({})", path.display());
-        return Ok(0);
-    }
-    for e in shown {
-        crate::outln!("{}", journal::line(e));
+    if found.matched == 0 && !cfg.json {
+        crate::errln!("nothing journaled that matches ({})", path.display());
     }
     Ok(0)
 }
 
 fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
     crate::inspect::wait::seconds(v).map_err(|why| Error::Usage(format!("{what} {why}")))
+}
+
+/// `--grace SECS`, or `--grace inf` for never sending KILL.
+fn grace(v: f64) -> Result<Duration, Error> {
+    kill::grace_seconds(v).map_err(|why| Error::Usage(format!("--grace {why}")))
 }
 
 fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
@@ -394,12 +605,12 @@ fn kill_opts(k: &KillFlags) -> Result<KillOpts, Error> {
                 k.signal
             ))
         })?,
-        grace: seconds(k.grace, "--grace")?,
+        grace: grace(k.grace)?,
         tree: true,
         dry_run: k.dry_run,
         force: k.force,
         parents: k.parents,
-        on_interrupt: Default::default(),
+        ..KillOpts::default()
     })
 }
 
@@ -450,8 +661,10 @@ fn kill_holders(
         rows.push(row(h, if good { "ok" } else { "failed" }, detail));
     }
     let report = actions::merge_kills(parts, opts.dry_run);
-    let code = kill_done(cfg, &report)?;
-    Ok(summary(cfg, rows)?.max(code))
+    emit_hosts(cfg, &report, &rows, || {
+        render::kill_report(&report, Style::stdout())
+    })?;
+    Ok(summary(cfg, rows, true)?.max(kill_code(&report)))
 }
 
 /// `gpuloop kill PID…`: bare pids, resolved now, under the same rules as holders.
@@ -465,20 +678,37 @@ fn kill_pids(cfg: &Config, pids: &[i64], opts: &KillOpts) -> Result<i32, Error> 
         targets.push((None, Target::Pid(pid)));
     }
     let report = actions::kill_routed(&cfg.session, &targets, opts)?;
-    kill_done(cfg, &report)
+    let code = kill_done(cfg, &report)?;
+    // As kill(1): a pid named that is no process is a failure, not a quiet success.
+    let missing: Vec<String> = report
+        .skipped
+        .iter()
+        .filter(|s| s.reason == kill::GONE && pids.contains(&s.pid))
+        .map(|s| s.pid.to_string())
+        .collect();
+    if missing.is_empty() {
+        return Ok(code);
+    }
+    crate::errln!("gpuloop: kill: no such process: {}", missing.join(", "));
+    Ok(code.max(1))
 }
 
 fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
     emit(cfg, &report, || {
         render::kill_report(report, Style::stdout())
     })?;
-    Ok(if report.interrupted {
+    Ok(kill_code(report))
+}
+
+/// 130 when interrupted during the grace, 0 when every target is gone, else 1.
+fn kill_code(report: &KillReport) -> i32 {
+    if report.interrupted {
         130
     } else if report.survivors.is_empty() && report.errors.is_empty() && report.stuck.is_empty() {
         0
     } else {
         1
-    })
+    }
 }
 
 fn wait_opts(timeout: f64, w: &WaitFlags) -> Result<WaitOpts, Error> {
@@ -507,7 +737,7 @@ fn clean(
     let parts = actions::clean_per_host(&cfg.session, sel, filter, &kill_opts, wait)?;
     let (parts, mut rows) = per_host(cfg, parts)?;
     for (h, c) in &parts {
-        let mut r = diagnosis_row(h, &c.after);
+        let mut r = diagnosis_row(h, &c.after, &wait.demand());
         r.detail = format!("stopped {}; {}", c.kill.signalled.len(), r.detail);
         if !c.clean && r.good() {
             r.state = "NOT clean".into();
@@ -522,24 +752,51 @@ fn clean(
     if crate::interrupt::is_set() {
         return Ok(130);
     }
-    emit(cfg, &r, || {
+    emit_hosts(cfg, &r, &rows, || {
         let secs = r.wait_ms as f64 / 1000.0;
         format!(
             "{}\n{}\n{}",
             render::kill_report(&r.kill, Style::stdout()),
-            render::diagnoses(&r.after, Style::stdout()),
+            diagnoses_folded(cfg, &r.after, &rows),
             if r.clean && r.kill.signalled.is_empty() {
                 // Nothing was stopped: there was no kill for the memory to come back after.
                 "clean: nothing to stop".to_string()
             } else if r.clean {
-                format!("clean: memory back {secs:.1} s after the kill")
+                // The release and the settle watch are two times, said apart.
+                let back = r.released_ms.unwrap_or(r.wait_ms) as f64 / 1000.0;
+                match r.settle_ms {
+                    0 => format!("clean: memory back {back:.1} s after the kill"),
+                    settle => format!(
+                        "clean: memory back {back:.1} s after the kill, still clean {:.1} s later",
+                        settle as f64 / 1000.0
+                    ),
+                }
             } else {
                 format!("NOT clean after {secs:.1} s")
             }
         )
     })?;
-    let code = summary(cfg, rows)?;
+    let code = summary(cfg, rows, true)?;
     Ok(if r.clean { code } else { 1 })
+}
+
+/// `gpuloop man`: the page of gpuloop itself on stdout, or with `dir` every command's page
+/// (gpuloop.1, gpuloop-clean.1, gpuloop-sim-hold.1, …) written there, each with all its options.
+fn man(dir: Option<&Path>) -> Result<i32, Error> {
+    let cmd = <Args as clap::CommandFactory>::command();
+    let Some(dir) = dir else {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(cmd)
+            .render(&mut out)
+            .map_err(|e| Error::Other(format!("man page: {e}")))?;
+        crate::output::bytes(&out);
+        return Ok(0);
+    };
+    std::fs::create_dir_all(dir)
+        .and_then(|()| clap_mangen::generate_to(cmd, dir))
+        .map_err(|e| Error::Other(format!("writing man pages into {}: {e}", dir.display())))?;
+    crate::outln!("wrote the man pages into {}", dir.display());
+    Ok(0)
 }
 
 /// `gpuloop doc`: the reference in Markdown, or definition files for editors.
@@ -584,7 +841,7 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
     let (parts, mut rows) = per_host(cfg, parts)?;
     let mut after = Vec::new();
     for (h, part) in parts {
-        rows.push(diagnosis_row(&h, &part));
+        rows.push(diagnosis_row(&h, &part, &opts.demand()));
         after.extend(part);
     }
     #[derive(Serialize)]
@@ -592,63 +849,69 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
         clean: bool,
         gpus: &'a [crate::inspect::diagnose::Diagnosis],
     }
-    emit(
+    emit_hosts(
         cfg,
         &Out {
             clean,
             gpus: &after,
         },
+        &rows,
         || {
             format!(
                 "{}\n{}",
-                render::diagnoses(&after, Style::stdout()),
+                diagnoses_folded(cfg, &after, &rows),
                 if clean { "clean" } else { "NOT clean" }
             )
         },
     )?;
-    let code = summary(cfg, rows)?;
+    let code = summary(cfg, rows, true)?;
     Ok(if clean { code } else { 1 })
 }
 
+/// The script SCRIPT names: stdin, a file (a path), or a built-in recipe (a bare name, never
+/// a file of the current directory). A recipe has no directory of its own: its imports come
+/// from GPULOOP_PATH, the user's modules and the standard library, never from the current
+/// directory either.
 fn read_script(script: &str) -> Result<(String, String, Option<std::path::PathBuf>), Error> {
     use crate::input::{self, ReadError};
-    if script == "-" {
-        let src = input::stdin(input::SCRIPT)
-            .and_then(|b| String::from_utf8(b).map_err(|_| ReadError::NotUtf8))
-            .map_err(|e| match e {
-                ReadError::Interrupted => Error::Script(crate::script::ScriptError::Interrupted),
-                e => Error::Usage(format!("cannot read the script from stdin: {e}")),
-            })?;
-        let src = input::without_bom(&src).to_string();
-        return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
-    }
-    // A name that is no file here runs the recipe built in under that name.
-    let path = Path::new(script);
-    if !path.exists() && !script.contains('/') {
-        if let Some(src) = crate::script::recipes::find(script) {
-            return Ok((
-                script.to_string(),
-                src.to_string(),
-                std::env::current_dir().ok(),
-            ));
+    use crate::script::recipes::{self, Named};
+    let path = match Named::of(script) {
+        Named::Stdin => {
+            let src = input::stdin(input::SCRIPT)
+                .and_then(|b| String::from_utf8(b).map_err(|_| ReadError::NotUtf8))
+                .map_err(|e| match e {
+                    ReadError::Interrupted => {
+                        Error::Script(crate::script::ScriptError::Interrupted)
+                    }
+                    e => Error::Usage(format!("cannot read the script from stdin: {e}")),
+                })?;
+            let src = input::without_bom(&src).to_string();
+            return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
         }
-    }
+        Named::Recipe(name) => {
+            let src = recipes::find(name).ok_or_else(|| {
+                Error::Usage(format!(
+                    "no recipe named {name:?} (built-in recipes: {}; gpuloop recipes lists \
+                     them); to run a file, name it by its path: ./{name}",
+                    recipes::names()
+                ))
+            })?;
+            return Ok((name.to_string(), src.to_string(), None));
+        }
+        Named::File(path) => Path::new(path),
+    };
     let src = input::text(path, input::SCRIPT).map_err(|e| {
-        let names: Vec<&str> = crate::script::recipes::RECIPES
-            .iter()
-            .map(|(n, _)| *n)
-            .collect();
         let hint = match e {
             // Only a missing file may have meant a recipe.
             ReadError::Io(ref io) if io.kind() == std::io::ErrorKind::NotFound => format!(
                 " (built-in recipes: {}; gpuloop recipes lists them)",
-                names.join(", ")
+                recipes::names()
             ),
             _ => String::new(),
         };
         Error::Usage(format!("cannot read script {script}: {e}{hint}"))
     })?;
-    let dir = Path::new(script)
+    let dir = path
         .parent()
         .map(|p| {
             if p.as_os_str().is_empty() {
@@ -673,7 +936,7 @@ fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error>
     };
     let (file, src, dir) = read_script(script)?;
     // Whatever the script started (run/spawn) is stopped when this goes out of scope.
-    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
     let engine = build_engine(
         session,
@@ -688,7 +951,7 @@ fn run_script(cfg: &Config, script: &str, args: &[String]) -> Result<i32, Error>
 }
 
 fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
-    let _jobs = crate::runner::Supervisor::start(cfg.session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
     let dir = std::env::current_dir().ok();
     let engine = build_engine(
@@ -876,6 +1139,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             supervise,
             catch_term,
             stuck,
+            defunct_leader,
             ..
         } => HoldOpts {
             gpu: *gpu,
@@ -893,6 +1157,7 @@ fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             supervise: *supervise,
             catch_term: *catch_term,
             stuck: *stuck,
+            defunct_leader: *defunct_leader,
         },
         _ => HoldOpts::default(),
     }

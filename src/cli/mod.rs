@@ -21,12 +21,8 @@ impl Config {
             Some(spec) => {
                 // Reject a bad spec before anything runs.
                 crate::gpu::sim::SimSpec::parse(spec)?;
-                let dir = crate::gpu::sim::state_dir();
-                // Jobs that scripts start (run(), `gpuloop sim hold`) see the same simulator.
-                std::env::set_var("GPULOOP_SIM", spec);
-                std::env::set_var("GPULOOP_SIM_DIR", &dir);
                 BackendChoice::Sim {
-                    dir,
+                    dir: crate::gpu::sim::state_dir(),
                     spec: Some(spec.clone()),
                 }
             }
@@ -42,7 +38,11 @@ impl Config {
             config.limits.set(item).map_err(Error::Usage)?;
         }
         let mut session = Session::new(choice, config, args.verbose);
-        if let Some(hosts) = hosts_config(&args.hosts)? {
+        if let Some(mut hosts) = hosts_config(&args.hosts, one_shot(&args.cmd))? {
+            // Progress goes to a person: a terminal, and not under --json.
+            hosts.progress = one_shot(&args.cmd)
+                && !args.json
+                && std::io::IsTerminal::is_terminal(&std::io::stderr());
             session = session.with_hosts(hosts);
         }
         Ok(Config {
@@ -56,9 +56,26 @@ impl Config {
 /// spec given on the command line is a mistake (`gpuloop --sim "$SPEC" clean` with `SPEC`
 /// unset would otherwise clean the real GPUs: a new user's report, round 7).
 fn parse(argv: &[std::ffi::OsString]) -> Result<Args, clap::Error> {
+    use clap::error::ErrorKind;
     use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
     let mut cmd = Args::command();
-    let matches = cmd.try_get_matches_from_mut(argv)?;
+    let matches = match cmd.try_get_matches_from_mut(argv) {
+        Ok(m) => m,
+        // Help comes from the command as documented (each command's -h folds the global
+        // options into one line); building that costs time a one-shot need not spend.
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            return Err(args::command()
+                .try_get_matches_from(argv)
+                .err()
+                .unwrap_or(e))
+        }
+        Err(e) => return Err(e),
+    };
     let args = Args::from_arg_matches(&matches)?;
     let given = std::iter::successors(Some(&matches), |m| m.subcommand().map(|(_, m)| m))
         .any(|m| m.value_source("sim") == Some(ValueSource::CommandLine));
@@ -72,7 +89,14 @@ fn parse(argv: &[std::ffi::OsString]) -> Result<Args, clap::Error> {
 }
 
 /// `--host`/`--hosts-file`/`--hosts-from-slurm` into a host set; `None` when none was given.
-fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>, Error> {
+///
+/// `one_shot`: connections may outlive the run, for the next one. Scripts, the REPL and the
+/// MCP server hold theirs for their whole life; a kept connection's master process would be
+/// theirs to reap (gpuloop is their jobs' subreaper) and taken for a job's orphan.
+fn hosts_config(
+    f: &args::HostFlags,
+    one_shot: bool,
+) -> Result<Option<crate::hosts::HostsConfig>, Error> {
     use crate::hosts::{HostError, Transport};
     let srun = f.transport == args::TransportArg::Srun;
     let src = f.sources();
@@ -95,12 +119,13 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     if f.fanout == 0 {
         return Err(Error::Usage("--fanout must be at least 1".into()));
     }
-    if !(f.host_timeout > 0.0 && f.host_timeout <= crate::inspect::wait::MAX_SECS) {
-        return Err(Error::Usage(format!(
-            "--host-timeout {}: it must be a finite number of seconds, more than 0 and at most {:e} (about 31 years)",
-            f.host_timeout,
-            crate::inspect::wait::MAX_SECS
-        )));
+    if let Some(t) = f.host_timeout {
+        if !(t > 0.0 && t <= crate::inspect::wait::MAX_SECS) {
+            return Err(Error::Usage(format!(
+                "--host-timeout {t}: it must be a finite number of seconds, more than 0 and at most {:e} (about 31 years)",
+                crate::inspect::wait::MAX_SECS
+            )));
+        }
     }
     let transport = if srun {
         if f.ssh_config.is_some() {
@@ -133,14 +158,38 @@ fn hosts_config(f: &args::HostFlags) -> Result<Option<crate::hosts::HostsConfig>
     })?;
     cfg.fanout = f.fanout;
     cfg.skip_unreachable = f.skip_unreachable;
-    cfg.call_timeout = std::time::Duration::from_secs_f64(f.host_timeout);
     // A host that does not answer its connection is the same as one that does not answer a
-    // call: --host-timeout bounds both (it used to leave connecting at 30 s).
-    cfg.connect_timeout = cfg.connect_timeout.min(cfg.call_timeout);
+    // call: --host-timeout bounds both, ssh's own TCP connect included.
+    if let Some(t) = f.host_timeout {
+        cfg.call_timeout = std::time::Duration::from_secs_f64(t);
+        cfg.connect_timeout = cfg.call_timeout;
+    }
     if let crate::hosts::Transport::Ssh(o) = &mut cfg.transport {
-        o.connect_timeout_s = o.connect_timeout_s.min(f.host_timeout.ceil() as u64).max(1);
+        if let Some(t) = f.host_timeout {
+            o.connect_timeout_s = (t.ceil() as u64).max(1);
+        }
+        o.push = !f.no_push && f.remote_bin.is_none();
+        if one_shot && !f.no_reuse {
+            match crate::hosts::transport::reuse_dir() {
+                Ok(dir) => o.reuse = Some(dir),
+                Err(why) => crate::errln!("gpuloop: not keeping ssh connections: {why}"),
+            }
+        }
     }
     Ok(Some(cfg))
+}
+
+/// The commands that run once and end: their connections may serve the next run.
+fn one_shot(cmd: &Cmd) -> bool {
+    matches!(
+        cmd,
+        Cmd::Gpus { .. }
+            | Cmd::Holders { .. }
+            | Cmd::Diagnose { .. }
+            | Cmd::Kill { .. }
+            | Cmd::Clean { .. }
+            | Cmd::Wait { .. }
+    )
 }
 
 /// The one-shots that read this machine's driver as their first real work.
@@ -194,8 +243,8 @@ fn wants_driver(args: &Args) -> bool {
 pub fn main() -> i32 {
     crate::timeline::start();
     // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`). Set while
-    // this is the only thread: libc's getenv (NVML's init, below, reads the environment)
-    // races with a setenv on another thread.
+    // this is the only thread, as `export_for_children` below: libc's getenv (NVML's init
+    // reads the environment) races with a setenv on another thread.
     if let Ok(exe) = std::env::current_exe() {
         std::env::set_var("GPULOOP_EXE", &exe);
         crate::runner::guard::enable(exe);
@@ -223,6 +272,13 @@ pub fn main() -> i32 {
             return e.exit_code();
         }
     };
+    // Every signal from here on is journaled as this command's.
+    crate::journal::start(
+        front_end(&args.cmd),
+        argv.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+    );
     // The simulator's holder and watcher must start no threads before they fork.
     if let Cmd::Sim(
         SimCmd::Hold {
@@ -242,6 +298,7 @@ pub fn main() -> i32 {
     if let Cmd::Guard = &args.cmd {
         return crate::runner::guard::main();
     }
+    export_for_children(&args);
     if wants_driver(&args) {
         crate::gpu::nvml::preload();
     }
@@ -256,6 +313,34 @@ pub fn main() -> i32 {
     };
     tracing::debug!("done at {:.1} ms", crate::timeline::ms());
     code
+}
+
+/// Puts the simulator in the environment every child inherits: the jobs run() and MCP's
+/// run_recipe start, and the `gpuloop …` they call back, see the same simulated GPUs as this
+/// gpuloop without each place that starts a process knowing the simulator (`sim hold` passes
+/// it to its holders itself). One process-wide set, here, because no thread exists yet: the
+/// NVML preload and the interrupt handler start after it, and libc's getenv on another
+/// thread races with setenv. `Config::from_args` reads the arguments and changes nothing.
+fn export_for_children(args: &Args) {
+    if let Some(spec) = args.sim.as_ref().filter(|s| !s.trim().is_empty()) {
+        std::env::set_var("GPULOOP_SIM", spec);
+        std::env::set_var("GPULOOP_SIM_DIR", crate::gpu::sim::state_dir());
+    }
+}
+
+/// The front end the audit journal names for a command. The guard acts for the gpuloop that
+/// started it, which tells it its front end.
+fn front_end(cmd: &Cmd) -> crate::journal::FrontEnd {
+    use crate::journal::FrontEnd;
+    match cmd {
+        Cmd::Run { .. } | Cmd::Eval { .. } | Cmd::Check { .. } | Cmd::Repl => FrontEnd::Script,
+        Cmd::Epilog { .. } => FrontEnd::Epilog,
+        Cmd::Prolog { .. } => FrontEnd::Prolog,
+        Cmd::Mcp { .. } => FrontEnd::Mcp,
+        Cmd::Agent => FrontEnd::Agent,
+        Cmd::Guard => crate::journal::inherited().unwrap_or(FrontEnd::Script),
+        _ => FrontEnd::Cli,
+    }
 }
 
 /// Runs the command on a thread whose stack is sized for the deepest value the limits
@@ -327,6 +412,20 @@ mod tests {
 
     fn argv(line: &str) -> Vec<std::ffi::OsString> {
         line.split_whitespace().map(Into::into).collect()
+    }
+
+    #[test]
+    fn building_the_config_changes_no_environment_variable() {
+        let spec = "3x7G,release_ms=1";
+        let args = Args::try_parse_from(["gpuloop", "--sim", spec, "gpus"]).unwrap();
+        let before: Vec<_> = ["GPULOOP_SIM", "GPULOOP_SIM_DIR"]
+            .map(std::env::var_os)
+            .into();
+        Config::from_args(&args).expect("a valid config");
+        let after: Vec<_> = ["GPULOOP_SIM", "GPULOOP_SIM_DIR"]
+            .map(std::env::var_os)
+            .into();
+        assert_eq!(before, after);
     }
 
     #[test]

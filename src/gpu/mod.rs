@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// One GPU as scripts see it (`gpu()`); bytes and MiB are `i64` at the script boundary.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Gpu {
     pub index: i64,
     pub uuid: String,

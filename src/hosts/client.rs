@@ -2,7 +2,7 @@
 //! at a time), calls with ids and deadlines over its stdio, behind a blocking API.
 
 use super::protocol::{self, Answered, Body, Call, Hello, Message, Request, Stream, WireError};
-use super::{HostError, HostsConfig, Transport, LOCAL};
+use super::{push, HostError, HostsConfig, Transport, LOCAL};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::io::Write;
@@ -83,6 +83,73 @@ enum Slot {
     Remote(Result<Arc<Conn>, HostError>),
 }
 
+/// On a terminal, while a one-shot's hosts are still coming: `12/64 hosts answered` on one
+/// line of stderr, rewritten as each answers, and each host that fails said at once above it.
+struct Progress {
+    /// `--skip-unreachable`: an unreachable host is a warning.
+    skip: bool,
+    state: Mutex<Phase>,
+    /// The hosts whose failure was said already (the command does not say it again).
+    said: Mutex<std::collections::HashSet<String>>,
+}
+
+/// One round of a progress line: what the hosts do ("connected", "answered"), and those
+/// still to come, in host-set order.
+#[derive(Default)]
+struct Phase {
+    what: &'static str,
+    total: usize,
+    waiting: Vec<String>,
+}
+
+/// The line names the hosts still to come once they are this few.
+const NAME_LAST: usize = 8;
+
+impl Progress {
+    fn start(&self, hosts: Vec<String>, what: &'static str) {
+        let mut st = lock(&self.state);
+        *st = Phase {
+            what,
+            total: hosts.len(),
+            waiting: hosts,
+        };
+        self.draw(&st);
+    }
+
+    fn draw(&self, st: &Phase) {
+        let done = st.total - st.waiting.len();
+        let mut line = format!("{done}/{} hosts {}", st.total, st.what);
+        if !st.waiting.is_empty() && st.waiting.len() <= NAME_LAST.min(st.total - 1) {
+            line.push_str(&format!(
+                "; waiting for {}",
+                super::fold::compress(&st.waiting)
+            ));
+        }
+        crate::err!("\r\x1b[K{line}");
+    }
+
+    /// One host is in (`failed`: and this is why, said now).
+    fn tick(&self, host: &str, failed: Option<&HostError>) {
+        let mut st = lock(&self.state);
+        st.waiting.retain(|h| h != host);
+        if let Some(e) = failed {
+            if lock(&self.said).insert(host.to_string()) {
+                let how = match self.skip && e.unreachable() {
+                    true => "warning: skipping",
+                    false => "gpuloop:",
+                };
+                crate::err!("\r\x1b[K{how} {e}\n");
+            }
+        }
+        self.draw(&st);
+    }
+
+    fn clear(&self) {
+        let _st = lock(&self.state);
+        crate::err!("\r\x1b[K");
+    }
+}
+
 /// The open connections of one session, in host-set order.
 pub struct Pool {
     /// Runtimes of one thread each; every host's connection lives on one of them, the hosts
@@ -94,6 +161,7 @@ pub struct Pool {
     pub config: HostsConfig,
     /// Seconds each connection took to say hello (for -v and the benchmark).
     pub connect_ms: Vec<(String, f64)>,
+    progress: Option<Arc<Progress>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -118,15 +186,29 @@ impl Pool {
             })
             .collect();
         let sem = Arc::new(Semaphore::new(config.fanout.max(1)));
+        let progress = (config.progress && remote.clone().count() > 1).then(|| {
+            Arc::new(Progress {
+                skip: config.skip_unreachable,
+                state: Mutex::default(),
+                said: Mutex::default(),
+            })
+        });
+        if let Some(p) = &progress {
+            p.start(remote.clone().cloned().collect(), "connected");
+        }
         let mut handles = Vec::new();
         for (i, h) in remote.enumerate() {
             let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
             let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
             let shard = i % shards.len();
+            let progress = progress.clone();
             handles.push(shards[shard].spawn(async move {
                 let _permit = sem.acquire_owned().await;
                 let started = Instant::now();
                 let r = connect(&host, &transport, timeout, answer_within, shard).await;
+                if let Some(p) = &progress {
+                    p.tick(&host, r.as_ref().err());
+                }
                 (host, r, started.elapsed().as_secs_f64() * 1e3)
             }));
         }
@@ -161,12 +243,23 @@ impl Pool {
                 (h.clone(), slot)
             })
             .collect();
+        if let Some(p) = &progress {
+            p.clear();
+        }
         Pool {
             shards,
             slots,
             config,
             connect_ms,
+            progress,
         }
+    }
+
+    /// Whether `host`'s failure was said already, as it happened (on a terminal).
+    pub fn said(&self, host: &str) -> bool {
+        self.progress
+            .as_ref()
+            .is_some_and(|p| lock(&p.said).contains(host))
     }
 
     pub fn hosts(&self) -> impl Iterator<Item = &str> {
@@ -245,19 +338,31 @@ impl Pool {
             }
         }
         let started = Instant::now();
+        let progress = self.progress.clone().filter(|_| work.len() > 1);
+        if let Some(p) = &progress {
+            p.start(work.iter().map(|w| w.1.host.clone()).collect(), "answered");
+        }
         // Each host's task goes to its connection's runtime.
         let handles: Vec<_> = work
             .into_iter()
             .map(|(i, c, call)| {
                 let then = then.clone();
+                let progress = progress.clone();
                 let task = self.shards[c.shard].spawn(async move {
-                    let raw = c.call(call, deadline, interrupted).await?;
-                    let answered = started.elapsed();
-                    let t = raw.parse::<T>().map_err(|e| HostError::Protocol {
-                        host: c.host.clone(),
-                        why: format!("unexpected reply: {e}"),
-                    })?;
-                    Ok((then(&c.host, t), answered, started.elapsed()))
+                    let r = async {
+                        let raw = c.call(call, deadline, interrupted).await?;
+                        let answered = started.elapsed();
+                        let t = raw.parse::<T>().map_err(|e| HostError::Protocol {
+                            host: c.host.clone(),
+                            why: format!("unexpected reply: {e}"),
+                        })?;
+                        Ok((then(&c.host, t), answered, started.elapsed()))
+                    }
+                    .await;
+                    if let Some(p) = &progress {
+                        p.tick(&c.host, r.as_ref().err());
+                    }
+                    r
                 });
                 (i, task)
             })
@@ -269,6 +374,9 @@ impl Pool {
             }
             (answers, started.elapsed())
         });
+        if let Some(p) = &progress {
+            p.clear();
+        }
         // A host's task that panicked is that host's error.
         let task_failed = |host: &str, why: String| HostError::Protocol {
             host: host.to_string(),
@@ -551,7 +659,11 @@ const PING_BIT: u64 = 1 << 61;
 /// `reached_as`'s id: its answer is not awaited.
 const REACHED_ID: u64 = 1 << 60;
 
-/// Starts the agent and reads its hello.
+/// Marks the version error that sends this gpuloop instead of the host's own.
+const PUSH_INSTEAD: &str = "(push)";
+
+/// Starts the agent and reads its hello; where the host's own gpuloop speaks another
+/// protocol and gpuloop is pushed, again with this one's copy.
 async fn connect(
     host: &str,
     transport: &Transport,
@@ -559,7 +671,60 @@ async fn connect(
     answer_within: Duration,
     shard: usize,
 ) -> Result<Conn, HostError> {
-    let launch = transport.launch(host)?;
+    let started = Instant::now();
+    match connect_once(host, transport, timeout, answer_within, shard, false).await {
+        Err(HostError::Version { ours, .. }) if ours == PUSH_INSTEAD => {
+            let left = timeout.saturating_sub(started.elapsed());
+            connect_once(host, transport, left, answer_within, shard, true).await
+        }
+        r => r,
+    }
+}
+
+/// What to write to a push script's question `line` (`None`: it is no question): the
+/// binary's hash, or its size and bytes; an error where this binary cannot go there.
+fn push_answer(line: &str) -> Option<Result<Vec<u8>, String>> {
+    if let Some(said) = line.strip_prefix(push::ASK) {
+        return Some(
+            push::exe().and_then(|exe| match push::cannot_run(said, &exe) {
+                Some(why) => Err(why),
+                None => Ok(format!("{}\n", exe.hash).into_bytes()),
+            }),
+        );
+    }
+    if line == push::SEND {
+        return Some(push::exe().map(|exe| {
+            let mut b = format!("{}\n", exe.bytes.len()).into_bytes();
+            b.extend_from_slice(&exe.bytes);
+            b
+        }));
+    }
+    None
+}
+
+async fn connect_once(
+    host: &str,
+    transport: &Transport,
+    timeout: Duration,
+    answer_within: Duration,
+    shard: usize,
+    skip_path: bool,
+) -> Result<Conn, HostError> {
+    let started = Instant::now();
+    // A connection is kept between runs only where the user's ssh config keeps none itself
+    // (its own ControlPath wins); ssh -G says, without connecting. A socket already there
+    // is one an earlier run decided on: used without asking again (a ControlPath added to
+    // the config since then wins once that master has gone, ControlPersist after its use).
+    let mux = match (transport.kept_socket(host), transport.show_config(host)) {
+        (Some(sock), _) if sock.exists() => true,
+        (_, Some(g)) => output_of(&g, timeout)
+            .await
+            .is_some_and(|shown| !super::transport::sets_control_path(&shown)),
+        _ => false,
+    };
+    let timeout = timeout.saturating_sub(started.elapsed());
+    let launch = transport.launch(host, mux, skip_path)?;
+    tracing::debug!("host {host}: {} {}", launch.program, launch.args.join(" "));
     let program = transport.program();
     let mut cmd = tokio::process::Command::new(&launch.program);
     for v in &launch.env_remove {
@@ -593,10 +758,47 @@ async fn connect(
     let stderr_task = tokio::spawn(read_stderr(host.to_string(), stderr, err_state.clone()));
     let mut stdout = BufReader::new(stdout);
 
-    let first = tokio::time::timeout(timeout, read_line(&mut stdout, 64 * 1024)).await;
+    let mut stdin = stdin;
+    // The first line is the agent's hello; where gpuloop is pushed, the push script's
+    // questions may come first (`push`), all within the one timeout.
+    let first = tokio::time::timeout(timeout, async {
+        loop {
+            let line = read_line(&mut stdout, 64 * 1024).await;
+            let Ok(Some(l)) = &line else { return Ok(line) };
+            let Some(answer) = transport
+                .pushes()
+                .then(|| push_answer(l))
+                .flatten()
+            else {
+                return Ok(line);
+            };
+            let answer = answer.map_err(|why| HostError::NoAgent {
+                host: host.to_string(),
+                why: format!(
+                    "gpuloop is not installed there, and this one cannot be sent: {why}; install gpuloop there or give --remote-bin PATH"
+                ),
+            })?;
+            // A write that fails means the session ended: its reading says why.
+            if stdin.write_all(&answer).await.is_err() || stdin.flush().await.is_err() {
+                return Ok(Ok(None));
+            }
+        }
+    })
+    .await;
+    let first = match first {
+        Ok(Err(e)) => {
+            let _ = child.start_kill();
+            return Err(e);
+        }
+        Ok(Ok(line)) => Ok(line),
+        Err(e) => Err(e),
+    };
     let said = |st: &Arc<Mutex<Stderr>>| lock(st).tail.clone();
     let hello = match first {
         Err(_) => {
+            // (A kept connection whose host went away holds each run only this long, and
+            // its own keepalives end it soon after: it is never ended from here, where it
+            // may serve other runs, or other hosts' sessions behind one alias.)
             let _ = child.start_kill();
             return Err(HostError::Connect {
                 host: host.to_string(),
@@ -628,9 +830,29 @@ async fn connect(
                 .and_then(|s| s.ok())
                 .and_then(|s| s.code());
             let _ = tokio::time::timeout(Duration::from_secs(2), stderr_task).await;
+            if code == Some(push::CANNOT_STORE) && transport.pushes() {
+                return Err(HostError::NoAgent {
+                    host: host.to_string(),
+                    why: format!(
+                        "gpuloop is not installed there, and this one could not be stored in its cache{}",
+                        quote(program, &said(&err_state))
+                    ),
+                });
+            }
             return Err(transport.classify(host, code, &said(&err_state)));
         }
     };
+    if hello.protocol != protocol::PROTOCOL && transport.pushes() && !skip_path {
+        // Its own gpuloop speaks another protocol: this one's copy will do.
+        let _ = child.start_kill();
+        return Err(HostError::Version {
+            host: host.to_string(),
+            theirs: hello.version,
+            their_protocol: hello.protocol,
+            ours: PUSH_INSTEAD.into(),
+            our_protocol: protocol::PROTOCOL,
+        });
+    }
     if hello.protocol != protocol::PROTOCOL {
         let _ = child.start_kill();
         return Err(HostError::Version {
@@ -683,6 +905,25 @@ async fn connect(
         helper,
         shard,
     })
+}
+
+/// A short command's stdout, or `None` if it failed or outlived `within` (then it is killed).
+async fn output_of(l: &super::transport::Launch, within: Duration) -> Option<String> {
+    let mut cmd = tokio::process::Command::new(&l.program);
+    cmd.args(&l.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0);
+    let (child, helper) = crate::process::helpers::start(|| cmd.spawn(), |c| c.id()).ok()?;
+    let out = tokio::time::timeout(within, child.wait_with_output()).await;
+    // Reaped by wait_with_output, or killed and reaped on drop by tokio.
+    crate::process::helpers::forget(helper);
+    match out {
+        Ok(Ok(o)) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
+        _ => None,
+    }
 }
 
 /// `; ssh said: LAST LINE` (or srun), or nothing when it said nothing.

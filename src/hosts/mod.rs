@@ -6,8 +6,10 @@
 //! does the fan-out, so the CLI and the bindings never branch on "remote".
 
 pub mod client;
+pub mod fold;
 pub mod hostlist;
 pub mod protocol;
+pub mod push;
 pub mod slurm;
 pub mod transport;
 
@@ -18,13 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The name that means this machine, reached without ssh.
-pub const LOCAL: &str = "local";
-
-/// A record's host until the client names it: this machine (serde's default for `host`).
-pub fn local() -> String {
-    LOCAL.into()
-}
+pub use crate::local::{local, LOCAL};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum HostError {
@@ -34,7 +30,9 @@ pub enum HostError {
     HostsFile { path: PathBuf, why: String },
     #[error("host {host}: cannot connect: {why}")]
     Connect { host: String, why: String },
-    #[error("host {host}: gpuloop is not installed there or not on its PATH ({why}); give --remote-bin PATH")]
+    /// `why` says what was run there, what it said, and what to do (the advice depends on
+    /// whether `--remote-bin` was given).
+    #[error("host {host}: {why}")]
     NoAgent { host: String, why: String },
     #[error("host {host}: its gpuloop {theirs} speaks protocol {their_protocol}, this gpuloop {ours} speaks {our_protocol}: install the same version on both sides")]
     Version {
@@ -100,6 +98,21 @@ impl HostError {
         }
     }
 
+    /// What went wrong in a few words, alike for every host it happened to: a summary's
+    /// detail, where hosts that failed the same way fold into one row.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HostError::Connect { .. } => "cannot connect",
+            HostError::NoAgent { .. } => "no gpuloop there",
+            HostError::Version { .. } => "another gpuloop version",
+            HostError::Lost { .. } => "connection lost",
+            HostError::Timeout { .. } => "no answer",
+            HostError::Protocol { .. } => "unreadable agent",
+            HostError::Interrupted => "interrupted",
+            _ => "failed",
+        }
+    }
+
     /// The host could not be used at all (as opposed to a call that failed there).
     pub fn unreachable(&self) -> bool {
         matches!(
@@ -136,6 +149,9 @@ pub struct HostsConfig {
     /// How long a host may take to answer (`--host-timeout`): a call's deadline beyond the
     /// time it asks for itself, and how long a ping may go unanswered during a long call.
     pub call_timeout: Duration,
+    /// A one-shot on a terminal: a progress line (`12/64 hosts answered`) while hosts are
+    /// still coming, and each host that fails said as it fails.
+    pub progress: bool,
 }
 
 pub const DEFAULT_FANOUT: usize = 32;
@@ -210,6 +226,7 @@ impl HostsConfig {
             skip_unreachable: false,
             connect_timeout: Duration::from_secs(30),
             call_timeout: DEFAULT_HOST_TIMEOUT,
+            progress: false,
         })
     }
 }

@@ -20,8 +20,9 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-/// Bumped on any change a peer of the other version could misread.
-pub const PROTOCOL: u32 = 4;
+/// Bumped on any change a peer of the other version could misread. 5: a `grace_ms` of 0 is
+/// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL.
+pub const PROTOCOL: u32 = 5;
 /// The longest request line the agent reads; longer ones get a `too_large` error.
 pub const MAX_REQUEST: usize = 1024 * 1024;
 /// The longest reply line the client reads (holders of a busy node fit many times over).
@@ -213,6 +214,7 @@ pub struct KillTarget {
 pub struct KillOpts {
     /// A signal name: "TERM", "KILL", …
     pub signal: String,
+    /// 0: TERM then KILL at once; `u64::MAX`: never KILL (`kill::grace_ms`).
     pub grace_ms: u64,
     pub tree: bool,
     pub dry_run: bool,

@@ -21,6 +21,8 @@ pub enum Transport {
 pub struct SrunOpts {
     /// The gpuloop to run there (`gpuloop`, found on the node's PATH, by default).
     pub remote_bin: String,
+    /// `--remote-bin` was given: advice then names that path, not the PATH.
+    pub bin_given: bool,
     /// The job each node is reached through: the job `--hosts-from-slurm JOBID` listed it in.
     pub jobs: BTreeMap<String, String>,
     /// The job for any other node (`--jobid`, else `SLURM_JOB_ID`).
@@ -52,9 +54,22 @@ pub struct SshOpts {
     pub config: Option<PathBuf>,
     /// The gpuloop to run there (`gpuloop`, found on the remote PATH, by default).
     pub remote_bin: String,
+    /// `--remote-bin` was given: advice then names that path, not the PATH.
+    pub bin_given: bool,
     /// ssh's own ConnectTimeout, in seconds.
     pub connect_timeout_s: u64,
+    /// Where connections are kept between runs (OpenSSH's ControlMaster sockets, a private
+    /// directory); `None`: a new connection each run.
+    pub reuse: Option<PathBuf>,
+    /// A host without a usable gpuloop receives this one (`push`); not with `--no-push`,
+    /// nor with `--remote-bin`, which names the one program to run there.
+    pub push: bool,
 }
+
+/// How long a kept connection outlives the run that opened it (ssh's ControlPersist).
+pub const PERSIST_S: u64 = 60;
+/// ssh's own default TCP connect timeout without `--host-timeout`: pdsh's.
+pub const CONNECT_TIMEOUT_S: u64 = 10;
 
 /// A command that starts an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,17 +84,26 @@ impl Transport {
     pub fn ssh(config: Option<PathBuf>, remote_bin: Option<String>) -> Transport {
         Transport::Ssh(SshOpts {
             config,
+            bin_given: remote_bin.is_some(),
             remote_bin: remote_bin.unwrap_or_else(|| "gpuloop".into()),
-            connect_timeout_s: 15,
+            connect_timeout_s: CONNECT_TIMEOUT_S,
+            reuse: None,
+            push: false,
         })
     }
 
     pub fn srun(remote_bin: Option<String>, default_job: Option<String>) -> Transport {
         Transport::Srun(SrunOpts {
+            bin_given: remote_bin.is_some(),
             remote_bin: remote_bin.unwrap_or_else(|| "gpuloop".into()),
             jobs: BTreeMap::new(),
             default_job,
         })
+    }
+
+    /// Whether a host without a usable gpuloop is sent this one.
+    pub fn pushes(&self) -> bool {
+        matches!(self, Transport::Ssh(o) if o.push)
     }
 
     /// The program that reaches the hosts, for messages ("ssh said: …").
@@ -90,8 +114,11 @@ impl Transport {
         }
     }
 
-    /// The command that starts `gpuloop agent` on `dest`.
-    pub fn launch(&self, dest: &str) -> Result<Launch, HostError> {
+    /// The command that starts `gpuloop agent` on `dest`. `mux`: through a connection kept
+    /// in the reuse directory (only where the user's ssh config keeps none of its own).
+    /// `skip_path`: where gpuloop is pushed, the one on the PATH is not to be used (it speaks
+    /// another protocol).
+    pub fn launch(&self, dest: &str, mux: bool, skip_path: bool) -> Result<Launch, HostError> {
         Ok(match self {
             Transport::Ssh(o) => {
                 // BatchMode: never prompt (there is no one to answer); host key checking is
@@ -103,19 +130,31 @@ impl Transport {
                     format!("ConnectTimeout={}", o.connect_timeout_s),
                     "-T".into(),
                 ];
-                if let Some(f) = &o.config {
-                    args.push("-F".into());
-                    args.push(f.display().to_string());
+                if let (true, Some(dir)) = (mux, &o.reuse) {
+                    // The first run's ssh becomes the master and stays PERSIST_S after its
+                    // last session; later runs' ssh become its clients (no handshake). The
+                    // keepalives end a master whose host went away, so it cannot hold later
+                    // runs for long (each is bounded by its hello timeout anyway).
+                    for opt in [
+                        "ControlMaster=auto".to_string(),
+                        format!("ControlPersist={PERSIST_S}"),
+                        format!(
+                            "ControlPath={}",
+                            control_path(dir, dest, o.config.as_deref()).display()
+                        ),
+                        "ServerAliveInterval=5".into(),
+                        "ServerAliveCountMax=2".into(),
+                    ] {
+                        args.push("-o".into());
+                        args.push(opt);
+                    }
                 }
-                let (host, port) = split_port(dest);
-                if let Some(port) = port {
-                    args.push("-p".into());
-                    args.push(port.to_string());
+                args.extend(o.destination(dest));
+                if o.push {
+                    // The remote command: find or receive a gpuloop, then run its agent.
+                    args.pop();
+                    args.push(super::push::script(skip_path));
                 }
-                args.push("--".into());
-                args.push(host);
-                // One word for the remote shell: a path with spaces stays one path.
-                args.push(format!("{} agent", shell_quote(&o.remote_bin)));
                 Launch {
                     program: "ssh".into(),
                     args,
@@ -156,6 +195,28 @@ impl Transport {
                     env_remove: SRUN_IO_ENV.iter().map(|v| v.to_string()).collect(),
                 }
             }
+        })
+    }
+
+    /// The socket a connection to `dest` is kept at; `None` where connections are not kept.
+    pub fn kept_socket(&self, dest: &str) -> Option<PathBuf> {
+        let Transport::Ssh(o) = self else { return None };
+        let dir = o.reuse.as_ref()?;
+        Some(control_path(dir, dest, o.config.as_deref()))
+    }
+
+    /// `ssh -G`: the user's effective config for `dest`, read before reusing a connection
+    /// (their own ControlPath wins). `None` where connections are not reused.
+    pub fn show_config(&self, dest: &str) -> Option<Launch> {
+        let Transport::Ssh(o) = self else { return None };
+        o.reuse.as_ref()?;
+        let mut args = vec!["-G".to_string()];
+        args.extend(o.destination(dest));
+        args.pop();
+        Some(Launch {
+            program: "ssh".into(),
+            args,
+            env_remove: Vec::new(),
         })
     }
 
@@ -208,7 +269,7 @@ impl Transport {
                 .join(" / ")
         };
         match self {
-            Transport::Ssh(_) => {
+            Transport::Ssh(o) => {
                 // 127: the remote shell found no such command; 126: found, not executable.
                 let missing = matches!(code, Some(126 | 127))
                     || said.contains("command not found")
@@ -216,7 +277,7 @@ impl Transport {
                 if missing {
                     HostError::NoAgent {
                         host: dest.to_string(),
-                        why: format!("ssh said: {said}"),
+                        why: no_agent(&o.remote_bin, o.bin_given, &format!("ssh said: {said}")),
                     }
                 } else {
                     HostError::Connect {
@@ -233,7 +294,7 @@ impl Transport {
                 if said.contains("execve()") {
                     return HostError::NoAgent {
                         host,
-                        why: format!("srun said: {said}"),
+                        why: no_agent(&o.remote_bin, o.bin_given, &format!("srun said: {said}")),
                     };
                 }
                 let what = if said.contains("Invalid job id") {
@@ -260,6 +321,97 @@ impl Transport {
             }
         }
     }
+}
+
+/// Why no agent started, and what to do: with `--remote-bin` given, that path is what did
+/// not run (a PATH or another --remote-bin is no answer to that).
+fn no_agent(bin: &str, given: bool, said: &str) -> String {
+    if given {
+        format!(
+            "gpuloop is not installed there at --remote-bin {} ({said}); give the path of a gpuloop on that host",
+            shell_quote(bin)
+        )
+    } else {
+        format!(
+            "gpuloop is not installed there or not on its PATH ({said}); install it there or give --remote-bin PATH"
+        )
+    }
+}
+
+impl SshOpts {
+    /// `[-F FILE] [-p PORT] -- HOST COMMAND`: the words after ssh's own options.
+    fn destination(&self, dest: &str) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(f) = &self.config {
+            args.push("-F".into());
+            args.push(f.display().to_string());
+        }
+        let (host, port) = split_port(dest);
+        if let Some(port) = port {
+            args.push("-p".into());
+            args.push(port.to_string());
+        }
+        args.push("--".into());
+        args.push(host);
+        // One word for the remote shell: a path with spaces stays one path.
+        args.push(format!("{} agent", shell_quote(&self.remote_bin)));
+        args
+    }
+}
+
+/// The socket of a kept connection: a hash of the destination as named and the config file,
+/// short enough for a socket's path (ssh adds 17 bytes to it while it binds). Known without
+/// asking ssh, so a later run that finds it uses it without reading the config again. One
+/// per alias: a master carries the options of the alias that opened it (OpenSSH's clients do
+/// not pass their SetEnv through it), so two aliases of one server get a master each.
+fn control_path(dir: &std::path::Path, dest: &str, config: Option<&std::path::Path>) -> PathBuf {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(dest.as_bytes());
+    h.update([0]);
+    if let Some(c) = config {
+        h.update(c.as_os_str().as_encoded_bytes());
+    }
+    let tag: String = h.finalize()[..10]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    dir.join(tag)
+}
+
+/// Whether `ssh -G`'s output sets a ControlPath (unset, it prints none at all).
+pub fn sets_control_path(shown: &str) -> bool {
+    shown.lines().any(|l| {
+        let mut w = l.split_whitespace();
+        w.next()
+            .is_some_and(|k| k.eq_ignore_ascii_case("controlpath"))
+            && w.next().is_some_and(|v| v != "none")
+    })
+}
+
+/// The private directory kept connections live in: `$XDG_RUNTIME_DIR/gpuloop`, else
+/// `/tmp/gpuloop-ssh-UID`; created with mode 0700, and used only if it is a directory (not a
+/// link) of this user that no one else may enter; otherwise why not.
+pub fn reuse_dir() -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("gpuloop"),
+        None => PathBuf::from(format!("/tmp/gpuloop-ssh-{uid}")),
+    };
+    if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(format!("cannot create {}: {e}", dir.display()));
+        }
+    }
+    let m = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a directory of this user closed to others (mode 0700)",
+            dir.display()
+        ));
+    }
+    Ok(dir)
 }
 
 /// Quotes a word for a POSIX shell unless it needs none.
@@ -313,7 +465,7 @@ mod tests {
     #[test]
     fn host_port_becomes_ssh_dash_p() {
         let t = Transport::ssh(None, None);
-        let line = |d: &str| t.launch(d).unwrap().args.join(" ");
+        let line = |d: &str| t.launch(d, false, false).unwrap().args.join(" ");
         assert!(
             line("gpu01:2222").contains("-p 2222 -- gpu01 "),
             "{}",
@@ -338,6 +490,79 @@ mod tests {
         }
     }
 
+    /// A user's report: ssh's connect timeout was 15 s where pdsh's is 10 s.
+    #[test]
+    fn ssh_connect_timeout_is_pdshs_unless_host_timeout_says() {
+        let line = Transport::ssh(None, None)
+            .launch("gpu01", false, false)
+            .unwrap()
+            .args
+            .join(" ");
+        assert!(line.contains("-o ConnectTimeout=10 "), "{line}");
+    }
+
+    #[test]
+    fn a_kept_connection_is_one_per_alias_in_the_private_dir() {
+        let mut t = Transport::ssh(Some("/etc/cfg".into()), None);
+        if let Transport::Ssh(o) = &mut t {
+            o.reuse = Some("/run/user/7/gpuloop".into());
+        }
+        let line = |d: &str, mux| t.launch(d, mux, false).unwrap().args.join(" ");
+        let a = line("gpu01", true);
+        assert!(
+            a.contains(
+                "-o ControlMaster=auto -o ControlPersist=60 -o ControlPath=/run/user/7/gpuloop/"
+            ),
+            "{a}"
+        );
+        assert!(a.contains("ServerAliveInterval="), "{a}");
+        let sock = t.kept_socket("gpu01").unwrap();
+        assert!(
+            a.contains(&format!("ControlPath={} ", sock.display())),
+            "{a}"
+        );
+        // Two aliases of one server: a master each (SetEnv and the like are the master's).
+        assert_ne!(a, line("gpu01b", true).replace("gpu01b", "gpu01"));
+        assert_eq!(a, line("gpu01", true));
+        // The user's ControlPath wins: no options of ours at all.
+        assert!(!line("gpu01", false).contains("Control"));
+        assert!(sets_control_path("user root\ncontrolpath /tmp/x-%C\n"));
+        assert!(!sets_control_path("user root\ncontrolmaster false\n"));
+        assert!(!sets_control_path("controlpath none\n"));
+    }
+
+    #[test]
+    fn missing_agent_advice_depends_on_whether_remote_bin_was_given() {
+        let e = Transport::ssh(None, Some("/opt/gpuloop".into())).classify(
+            "gpu01",
+            Some(127),
+            "bash: line 1: /opt/gpuloop: No such file or directory\n",
+        );
+        let e = e.to_string();
+        assert!(e.contains("at --remote-bin /opt/gpuloop"), "{e}");
+        assert!(!e.contains("PATH"), "{e}");
+        let e = Transport::ssh(None, None)
+            .classify("gpu01", Some(127), "bash: gpuloop: command not found\n")
+            .to_string();
+        assert!(
+            e.contains("not on its PATH") && e.contains("give --remote-bin PATH"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn pushing_replaces_the_remote_command_with_the_script() {
+        let mut t = Transport::ssh(None, None);
+        if let Transport::Ssh(o) = &mut t {
+            o.push = true;
+        }
+        let l = t.launch("gpu01", false, false).unwrap();
+        let cmd = l.args.last().unwrap();
+        assert!(cmd.starts_with("sh -c 'command -v gpuloop "), "{cmd}");
+        let l = t.launch("gpu01", false, true).unwrap();
+        assert!(!l.args.last().unwrap().contains("command -v"));
+    }
+
     #[test]
     fn advice_names_the_host_and_how_it_is_reached() {
         assert_eq!(
@@ -358,7 +583,7 @@ mod tests {
     #[test]
     fn ssh_never_prompts_and_keeps_host_key_checking() {
         let t = Transport::ssh(Some("/tmp/cfg".into()), Some("/opt/my gpuloop".into()));
-        let l = t.launch("alice@gpu01").unwrap();
+        let l = t.launch("alice@gpu01", false, false).unwrap();
         assert_eq!(l.program, "ssh");
         let line = l.args.join(" ");
         assert!(line.starts_with("-o BatchMode=yes"), "{line}");
@@ -396,7 +621,7 @@ mod tests {
         if let Transport::Srun(o) = &mut t {
             o.jobs.insert("gpu01".into(), "812_3".into());
         }
-        let l = t.launch("gpu01").unwrap();
+        let l = t.launch("gpu01", false, false).unwrap();
         assert_eq!(l.program, "srun");
         assert_eq!(
             l.args.join(" "),
@@ -406,14 +631,14 @@ mod tests {
         assert_eq!(l.args[l.args.len() - 2], "/opt/my gpuloop");
         assert!(l.env_remove.iter().any(|v| v == "SLURM_UNBUFFEREDIO"));
         assert!(t
-            .launch("gpu02")
+            .launch("gpu02", false, false)
             .unwrap()
             .args
             .join(" ")
             .starts_with("--jobid 900 "));
         let jobless = Transport::srun(None, None);
         assert!(matches!(
-            jobless.launch("gpu02"),
+            jobless.launch("gpu02", false, false),
             Err(HostError::NoJob { .. })
         ));
     }

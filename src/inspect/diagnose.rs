@@ -1,13 +1,109 @@
 //! diagnose(): per GPU, why memory is still used, as a verdict and one line of advice.
 
-use super::holders::{Holder, Inventory};
+use super::holders::{Holder, Inventory, OnGpu, FOOTPRINT_MAX_MIB};
+use super::kinds::Evidence;
 use super::Selection;
 use crate::process::restart::{self, Restarter};
 use crate::process::tree::Tree;
 use crate::process::ProcInfo;
 use serde::{Deserialize, Serialize};
 
-/// Every verdict diagnose() gives; `gpuloop doc`, `:help diagnose` and the README name each.
+/// Why a GPU's memory is used (or that it is not), as diagnose() says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    Clean,
+    Held,
+    Stuck,
+    Respawning,
+    Orphaned,
+    Inherited,
+    Service,
+    Daemon,
+    Footprint,
+    OtherNamespace,
+    Permission,
+    Driver,
+    DriverError,
+    NoDriver,
+}
+
+impl Verdict {
+    /// Every verdict; `gpuloop doc`, `:help diagnose` and the README name each.
+    pub const ALL: [Verdict; 14] = [
+        Verdict::Clean,
+        Verdict::Held,
+        Verdict::Stuck,
+        Verdict::Respawning,
+        Verdict::Orphaned,
+        Verdict::Inherited,
+        Verdict::Service,
+        Verdict::Daemon,
+        Verdict::Footprint,
+        Verdict::OtherNamespace,
+        Verdict::Permission,
+        Verdict::Driver,
+        Verdict::DriverError,
+        Verdict::NoDriver,
+    ];
+
+    /// The name scripts, JSON and tables use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Clean => "clean",
+            Verdict::Held => "held",
+            Verdict::Stuck => "stuck",
+            Verdict::Respawning => "respawning",
+            Verdict::Orphaned => "orphaned",
+            Verdict::Inherited => "inherited",
+            Verdict::Service => "service",
+            Verdict::Daemon => "daemon",
+            Verdict::Footprint => "footprint",
+            Verdict::OtherNamespace => "other-namespace",
+            Verdict::Permission => "permission",
+            Verdict::Driver => "driver",
+            Verdict::DriverError => "driver-error",
+            Verdict::NoDriver => "no-driver",
+        }
+    }
+
+    /// The verdict a name stands for.
+    pub fn parse(name: &str) -> Option<Verdict> {
+        Verdict::ALL.into_iter().find(|v| v.as_str() == name)
+    }
+
+    /// False when the driver could not tell the GPU's memory: nothing is verified there.
+    pub fn memory_known(self) -> bool {
+        !matches!(self, Verdict::DriverError | Verdict::NoDriver)
+    }
+
+    /// What frees the memory, in a few words.
+    pub fn frees_it(self) -> &'static str {
+        match self {
+            Verdict::Clean => "nothing to free",
+            Verdict::Footprint => "the job on the other GPU ending",
+            Verdict::Daemon => {
+                "stopping the daemon (its own way), or nothing: it is meant to be there"
+            }
+            Verdict::Held | Verdict::Orphaned | Verdict::Inherited => "stopping its holders",
+            Verdict::Respawning => "stopping the restarter, then its holders",
+            Verdict::Service => "stopping the systemd unit",
+            Verdict::Stuck => "the driver returning, or a reboot",
+            Verdict::OtherNamespace => "gpuloop run where the holder's pids are (the host)",
+            Verdict::Permission => "gpuloop run as root",
+            Verdict::Driver => "a GPU reset",
+            Verdict::DriverError | Verdict::NoDriver => "a working driver",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// Every verdict's name, as `Verdict::ALL` (for docs and help).
 pub const VERDICTS: &[&str] = &[
     "clean",
     "held",
@@ -25,7 +121,7 @@ pub const VERDICTS: &[&str] = &[
     "no-driver",
 ];
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Diagnosis {
     /// The GPU index; `None` only for the one "no-driver" entry that stands for all GPUs.
     pub gpu: Option<i64>,
@@ -39,21 +135,111 @@ pub struct Diagnosis {
     /// Processes of other GPUs whose CUDA context keeps a few MiB here.
     pub footprint: Vec<FootprintOf>,
     pub ghost_pids: Vec<i64>,
-    /// One of `VERDICTS`.
-    pub verdict: String,
+    pub verdict: Verdict,
     pub advice: String,
     pub host: String,
 }
 
 impl Diagnosis {
-    /// Nothing to do here: free, or only the CUDA footprint of other GPUs' jobs.
+    /// Clean as every front end means it by default: see `Usage::is_clean`.
     pub fn is_clean(&self) -> bool {
-        matches!(self.verdict.as_str(), "clean" | "footprint")
+        self.is_clean_under(&Demand::default())
+    }
+
+    /// Clean under `demand`: see `Usage::is_clean`.
+    pub fn is_clean_under(&self, demand: &Demand) -> bool {
+        self.usage().is_clean(demand)
+    }
+
+    /// The facts of this diagnosis that decide whether the GPU is clean.
+    pub fn usage(&self) -> Usage {
+        Usage::new(
+            self.mem_used_mib,
+            self.verdict.memory_known(),
+            &self.holders,
+            &self.daemons,
+            self.footprint.len(),
+            self.ghost_pids.len(),
+        )
+    }
+}
+
+/// What "clean" demands of a GPU; every front end (diagnose, clean, wait, wait_clean, the
+/// Slurm hooks, MCP) passes its options through this one type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// Count what protected daemons keep and other GPUs' CUDA footprint as used too.
+    pub strict: bool,
+    /// MiB that may stay used.
+    pub max_used_mib: i64,
+}
+
+/// The facts about one GPU that decide whether it is clean, from a diagnosis or straight
+/// from an inventory (wait_clean's polls), so both judge alike.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub used_mib: i64,
+    /// The driver told the memory (no `driver-error`, no `no-driver`).
+    pub memory_known: bool,
+    /// Compute holders of the GPU.
+    pub holders: usize,
+    /// Processes of other GPUs whose CUDA context keeps a few MiB here.
+    pub footprint: usize,
+    /// Pids the driver lists here that hold nothing visible (dead, elsewhere, stale).
+    pub ghosts: usize,
+    /// MiB protected daemons keep here: what the driver lists for them, and a context's
+    /// footprint for each that maps the GPU (the MPS control daemon maps it, unlisted).
+    pub daemon_mib: i64,
+}
+
+impl Usage {
+    pub fn new(
+        used_mib: i64,
+        memory_known: bool,
+        holders: &[Holder],
+        daemons: &[Holder],
+        footprint: usize,
+        ghosts: usize,
+    ) -> Usage {
+        let daemon_mib = daemons
+            .iter()
+            .map(|d| {
+                let maps = d.evidence.contains(&Evidence::Map);
+                d.mem_mib + if maps { FOOTPRINT_MAX_MIB } else { 0 }
+            })
+            .sum();
+        Usage {
+            used_mib,
+            memory_known,
+            holders: holders.len(),
+            footprint,
+            ghosts,
+            daemon_mib,
+        }
+    }
+
+    /// The one meaning of clean: the memory is known, no compute process holds the GPU, and
+    /// what is used is at most `max_used_mib`, or, unless `strict`, no more than what
+    /// protected daemons keep there (an MPS server's context is meant to be there) plus the
+    /// CUDA footprint of jobs on other GPUs. Memory the driver lists for someone else (a
+    /// ghost) is never explained away.
+    pub fn is_clean(&self, demand: &Demand) -> bool {
+        if !self.memory_known || self.holders > 0 {
+            return false;
+        }
+        if self.used_mib <= demand.max_used_mib {
+            return true;
+        }
+        if demand.strict || self.ghosts > 0 {
+            return false;
+        }
+        let kept = self.daemon_mib + self.footprint as i64 * FOOTPRINT_MAX_MIB;
+        kept > 0 && self.used_mib <= demand.max_used_mib + kept
     }
 }
 
 /// A process whose CUDA context maps a GPU it does not use.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FootprintOf {
     pub pid: i64,
     pub name: String,
@@ -135,7 +321,7 @@ pub fn no_driver(sel: &Selection, why: &str) -> Vec<Diagnosis> {
         daemons: Vec::new(),
         footprint: Vec::new(),
         ghost_pids: Vec::new(),
-        verdict: "no-driver".into(),
+        verdict: Verdict::NoDriver,
         advice: format!(
             "no NVIDIA driver: {why}; GPU memory cannot be read, so nothing can be verified clean"
         ),
@@ -161,18 +347,18 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
         .iter()
         .filter(|g| super::selected(sel, g.index))
         .map(|g| {
-            let one = Some(vec![g.index]);
-            let holders = inv.holders(&one, false);
+            let on = inv.on_gpu(g);
             if let Some(e) = &g.error {
-                return driver_error(g, e, holders, ctx.reach);
+                return driver_error(g, e, on.holders, ctx.reach);
             }
-            let daemons: Vec<Holder> = inv
-                .holders(&one, true)
-                .into_iter()
-                .filter(|h| h.role == "daemon")
-                .collect();
-            let footprint: Vec<&Holder> = inv.footprint_on(g.index, &None);
-            let ghosts = inv.ghosts.get(&g.index).cloned().unwrap_or_default();
+            let OnGpu {
+                holders,
+                daemons,
+                footprint,
+                ghosts,
+                stale,
+                ..
+            } = on;
             let facts = Facts {
                 gpu: g.index,
                 used_mib: g.mem_used_mib,
@@ -181,6 +367,7 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 footprint: &footprint,
                 footprint_only: Inventory::footprint_explains(g, footprint.len(), 0),
                 ghosts: &ghosts,
+                stale: &stale,
                 driver_lists_any: !g.driver_procs.is_empty(),
                 foreign_ns: ctx.foreign_ns,
                 unreadable: inv.unreadable,
@@ -188,7 +375,7 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 reach: ctx.reach,
                 sim: ctx.sim,
             };
-            let (verdict, advice) = stuck_verdict(&holders).unwrap_or_else(|| {
+            let (verdict, mut advice) = stuck_verdict(&holders).unwrap_or_else(|| {
                 verdict(
                     &facts,
                     |h: &Holder| {
@@ -198,6 +385,9 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                     |pid| restart::started_by(pid as i32, ctx.restarters).cloned(),
                 )
             });
+            if !stale.is_empty() {
+                advice.push_str(&format!("; {}", stale_note(g.index, &stale)));
+            }
             Diagnosis {
                 gpu: Some(g.index),
                 mem_used: g.mem_used,
@@ -206,7 +396,7 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 holders,
                 daemons,
                 ghost_pids: ghosts,
-                verdict: verdict.to_string(),
+                verdict,
                 advice,
                 host: g.host.clone(),
             }
@@ -230,7 +420,7 @@ fn driver_error(
         daemons: Vec::new(),
         footprint: Vec::new(),
         ghost_pids: Vec::new(),
-        verdict: "driver-error".into(),
+        verdict: Verdict::DriverError,
         advice: format!(
             "the driver could not read this GPU ({error}): its memory is unknown, so it cannot be verified clean; check {}; a GPU that fell off the bus needs a reset or a reboot",
             reach.there(&format!(
@@ -242,20 +432,22 @@ fn driver_error(
     }
 }
 
-/// Issue 11, item 7: a holder asleep uninterruptibly (D) in the driver does not go on
+/// A holder asleep uninterruptibly (D) in the driver does not go on
 /// SIGKILL; killing more is no use. A D state is often a moment of I/O, so it counts only if
 /// it is still there a little later, and the process is still the one listed.
-fn stuck_verdict(holders: &[Holder]) -> Option<(&'static str, String)> {
+fn stuck_verdict(holders: &[Holder]) -> Option<(Verdict, String)> {
     holders
         .iter()
-        .filter(|h| h.state == "disk-sleep")
+        .filter(|h| h.state.is_disk_sleep())
         .find_map(|h| {
             std::thread::sleep(std::time::Duration::from_millis(20));
             let dir = crate::process::identity::ProcDir::open(h.pid as i32).ok()?;
             let now = dir.stat().ok()?;
-            (now.start as i64 == h.start && now.state == 'D').then(|| {
+            // A defunct leader is in the state of the thread that holds for it.
+            let state = crate::process::scan::live_thread(&dir).map_or(now.state, |(_, s)| s);
+            (now.start as i64 == h.start && state == 'D').then(|| {
                 (
-                    "stuck",
+                    Verdict::Stuck,
                     format!(
                         "pid {} ({}) is in the driver (D state, wchan {}): it frees when the driver returns; if it never does, reboot the node (a GPU reset fails while it has the device open)",
                         h.pid,
@@ -267,18 +459,35 @@ fn stuck_verdict(holders: &[Holder]) -> Option<(&'static str, String)> {
         })
 }
 
+/// "MPS server" or "MPS control daemon" for NVIDIA MPS's processes: by argv[0], or, where
+/// only the comm cut to `nvidia-cuda-mps` tells, by parent (the server is the control
+/// daemon's child).
+pub fn mps_part(h: &Holder) -> Option<&'static str> {
+    let argv0 = h.cmdline.split(' ').next().unwrap_or_default();
+    match argv0.rsplit('/').next().unwrap_or_default() {
+        "nvidia-cuda-mps-server" => return Some("MPS server"),
+        "nvidia-cuda-mps-control" => return Some("MPS control daemon"),
+        _ => {}
+    }
+    (h.name == "nvidia-cuda-mps").then(|| {
+        if h.origin.ppid_comm == "nvidia-cuda-mps" {
+            "MPS server"
+        } else {
+            "MPS control daemon"
+        }
+    })
+}
+
 /// "4711 (python3)", with the Slurm job and user, or the container, when known.
 fn pids(hs: &[&Holder]) -> String {
     hs.iter()
-        .map(|h| match (&h.origin.job, &h.origin.container) {
-            (Some(job), _) => format!("{} ({}, Slurm job {job} of {})", h.pid, h.name, h.user),
-            (None, Some(c)) => format!(
-                "{} ({}, container {})",
-                h.pid,
-                h.name,
-                c.get(..12).unwrap_or(c)
-            ),
-            (None, None) => format!("{} ({})", h.pid, h.name),
+        .map(|h| (h, crate::process::display_name(&h.name, &h.cmdline)))
+        .map(|(h, name)| match (&h.origin.job, &h.origin.container) {
+            (Some(job), _) => format!("{} ({name}, Slurm job {job} of {})", h.pid, h.user),
+            (None, Some(c)) => {
+                format!("{} ({name}, container {})", h.pid, c.get(..12).unwrap_or(c))
+            }
+            (None, None) => format!("{} ({name})", h.pid),
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -345,12 +554,23 @@ fn footprint_note(used_mib: i64, fp: &[&Holder]) -> String {
     format!("{used_mib} MiB: CUDA footprint of {who}")
 }
 
+/// "pid 812 is the driver's stale record: the process now at that pid does not use GPU 0".
+fn stale_note(gpu: i64, stale: &[i64]) -> String {
+    match stale {
+        [one] => format!(
+            "pid {one} is the driver's stale record: the process now at that pid does not use GPU {gpu}"
+        ),
+        many => format!(
+            "pids {} are the driver's stale records: the processes now at those pids do not use GPU {gpu}",
+            list(many)
+        ),
+    }
+}
+
 /// How to reset `gpu`: the recipe (which resets through this machine's own driver, so it
 /// runs there), or the driver's tool directly.
 fn reset_advice(gpu: i64, reach: &Reach, sim: bool) -> String {
-    let recipe = reach.there(&format!(
-        "gpuloop run clean-node -- --gpus {gpu} --allow-reset"
-    ));
+    let recipe = reach.there(&format!("gpuloop run clean-node --gpu {gpu} --allow-reset"));
     let direct = match (&reach.host, sim) {
         (None, true) => format!("or gpuloop sim reset --gpu {gpu}"),
         (Some(h), true) => format!("or, on {h}: gpuloop sim reset --gpu {gpu}"),
@@ -372,6 +592,8 @@ struct Facts<'a> {
     /// What is used is no more than their footprint, and the driver lists nobody here.
     footprint_only: bool,
     ghosts: &'a [i64],
+    /// The ghosts whose pid is a live process here that does not use this GPU.
+    stale: &'a [i64],
     driver_lists_any: bool,
     foreign_ns: bool,
     unreadable: usize,
@@ -386,11 +608,11 @@ fn verdict(
     f: &Facts,
     orphaned: impl Fn(&Holder) -> bool,
     respawned: impl Fn(i64) -> Option<Restarter>,
-) -> (&'static str, String) {
+) -> (Verdict, String) {
     let (gpu, used_mib, holders, ghosts) = (f.gpu, f.used_mib, f.holders, f.ghosts);
     let gpuloop = |args: String| f.reach.gpuloop(&args);
     if holders.is_empty() && used_mib == 0 {
-        return ("clean", format!("GPU {gpu} is free"));
+        return (Verdict::Clean, format!("GPU {gpu} is free"));
     }
     if !holders.is_empty() {
         if let Some((h, r)) = holders
@@ -398,7 +620,7 @@ fn verdict(
             .find_map(|h| respawned(h.pid).map(|r| (h, r)))
         {
             return (
-                "respawning",
+                Verdict::Respawning,
                 format!(
                     "pid {} ({}) started {} ({}) again after its holder {} was stopped: stop the restarter ({})",
                     r.pid,
@@ -412,11 +634,11 @@ fn verdict(
         }
         let unlisted: Vec<&Holder> = holders
             .iter()
-            .filter(|h| !h.evidence.iter().any(|e| e == "driver"))
+            .filter(|h| !h.evidence.contains(&Evidence::Driver))
             .collect();
         if !ghosts.is_empty() && !unlisted.is_empty() {
             return (
-                "inherited",
+                Verdict::Inherited,
                 format!(
                     "creator pid {} has exited; {} still hold(s) its CUDA handles (a forked child): {}",
                     list(ghosts),
@@ -431,12 +653,12 @@ fn verdict(
             .filter(|h| h.origin.service_main && h.origin.job.is_none())
             .collect();
         if !units.is_empty() {
-            return ("service", service_advice(gpu, &units, f.reach));
+            return (Verdict::Service, service_advice(gpu, &units, f.reach));
         }
         let orphans: Vec<&Holder> = holders.iter().filter(|h| orphaned(h)).collect();
         if !orphans.is_empty() {
             return (
-                "orphaned",
+                Verdict::Orphaned,
                 format!(
                     "the job that started {} is gone; they are leftovers: {}",
                     pids(&orphans),
@@ -445,8 +667,15 @@ fn verdict(
             );
         }
         let all: Vec<&Holder> = holders.iter().collect();
+        let parents = holders
+            .iter()
+            .map(|h| (h.pid, h.ppid, h.origin.ppid_comm.as_str()));
+        let parents_cmd = gpuloop(format!("clean --gpu {gpu} --parents"));
+        if let Some(advice) = crate::process::restart::advice(parents, &parents_cmd) {
+            return (Verdict::Held, advice);
+        }
         return (
-            "held",
+            Verdict::Held,
             format!(
                 "{} hold(s) GPU {gpu} ({used_mib} MiB): stop it if it is not meant to run ({})",
                 pids(&all),
@@ -467,24 +696,50 @@ fn verdict(
         let who = f
             .daemons
             .iter()
-            .map(|d| match d.mem / crate::gpu::MIB {
-                0 => format!("{} (pid {}) has it open", d.name, d.pid),
-                mib => format!("{} (pid {}) holds {mib} MiB", d.name, d.pid),
+            .map(|d| {
+                let mib = d.mem / crate::gpu::MIB;
+                match (mps_part(d), mib) {
+                    (Some(part), 0) => format!("{part} pid {} has it open", d.pid),
+                    (Some(part), mib) => format!("{mib} MiB: {part} pid {}", d.pid),
+                    (None, 0) => format!("{} (pid {}) has it open", d.name, d.pid),
+                    (None, mib) => format!("{} (pid {}) holds {mib} MiB", d.name, d.pid),
+                }
             })
             .collect::<Vec<_>>()
             .join(", ");
-        return (
-            "daemon",
+        // MPS stops through its control daemon; a unit or a forced kill would leave its
+        // clients' state behind.
+        let stop = if f.daemons.iter().any(|d| mps_part(d).is_some()) {
+            f.reach.there("echo quit | nvidia-cuda-mps-control")
+        } else {
             format!(
-                "{used_mib} MiB used: {who}; it is a protected GPU daemon: stopping its service ({}) or {} frees it{also_footprint}",
+                "stop its service ({}) or {}",
                 f.reach.there("systemctl stop …"),
                 gpuloop(format!("kill --gpu {gpu} --force"))
-            ),
+            )
+        };
+        let usage = Usage::new(
+            used_mib,
+            true,
+            holders,
+            f.daemons,
+            f.footprint.len(),
+            ghosts.len(),
         );
+        let advice = if usage.is_clean(&Demand::default()) {
+            format!(
+                "{used_mib} MiB used, kept by protected GPU daemons: {who}; that is meant to be there and leaves the GPU clean (--strict counts it); to free it anyway: {stop}{also_footprint}"
+            )
+        } else {
+            format!(
+                "{used_mib} MiB used: {who}; it is a protected GPU daemon: to free it, {stop}{also_footprint}"
+            )
+        };
+        return (Verdict::Daemon, advice);
     }
     if fp_mib > 0 {
         return (
-            "footprint",
+            Verdict::Footprint,
             format!(
                 "{}; it goes when that job ends (CUDA_VISIBLE_DEVICES keeps it off GPU {gpu})",
                 footprint_note(fp_mib, f.footprint)
@@ -493,7 +748,7 @@ fn verdict(
     }
     if f.foreign_ns && !f.driver_lists_any {
         return (
-            "other-namespace",
+            Verdict::OtherNamespace,
             format!(
                 "{used_mib} MiB used and the driver names nobody: gpuloop runs in a container without --pid=host; run it on the host"
             ),
@@ -503,7 +758,7 @@ fn verdict(
     // creator too): say so before guessing at namespaces.
     if f.unreadable > 0 {
         return (
-            "permission",
+            Verdict::Permission,
             format!(
                 "{used_mib} MiB used; {} process(es) could not be inspected (other users'): run as root ({})",
                 f.unreadable,
@@ -511,12 +766,18 @@ fn verdict(
             ),
         );
     }
-    if !ghosts.is_empty() {
+    // Only pids that really are absent here: a stale record's pid exists, as another process.
+    let absent: Vec<i64> = ghosts
+        .iter()
+        .copied()
+        .filter(|p| !f.stale.contains(p))
+        .collect();
+    if !absent.is_empty() {
         return (
-            "other-namespace",
+            Verdict::OtherNamespace,
             format!(
                 "{used_mib} MiB used by pid(s) {} that do not exist here: they run in another PID namespace (a container); run gpuloop there or on the host",
-                list(ghosts)
+                list(&absent)
             ),
         );
     }
@@ -532,7 +793,7 @@ fn verdict(
         )
     };
     (
-        "driver",
+        Verdict::Driver,
         format!("{used_mib} MiB used and no process holds it: {reset}{also_footprint}"),
     )
 }
@@ -540,6 +801,7 @@ fn verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inspect::kinds::{Role, RunState, State};
 
     fn h(pid: i64, evidence: &[&str]) -> Holder {
         Holder {
@@ -553,12 +815,12 @@ mod tests {
             user: "root".into(),
             name: "python3".into(),
             cmdline: "python3".into(),
-            state: "sleeping".into(),
-            role: "compute".into(),
+            state: State::new(RunState::Sleeping),
+            role: Role::Compute,
             gpus: vec![0],
             mem: 0,
             mem_mib: 0,
-            evidence: evidence.iter().map(|s| s.to_string()).collect(),
+            evidence: evidence.iter().filter_map(|e| Evidence::parse(e)).collect(),
             protected: false,
             host: "local".into(),
             origin: Default::default(),
@@ -582,6 +844,7 @@ mod tests {
             footprint: &[],
             footprint_only: false,
             ghosts,
+            stale: &[],
             driver_lists_any: listed,
             foreign_ns,
             unreadable,
@@ -593,9 +856,62 @@ mod tests {
 
     static HERE: std::sync::LazyLock<Reach> = std::sync::LazyLock::new(Reach::default);
 
+    /// The one judgement of clean, on its own.
+    #[test]
+    fn usage_is_clean_under_each_demand() {
+        let lax = Demand::default();
+        let strict = Demand {
+            strict: true,
+            ..lax
+        };
+        let u = |used_mib, holders, footprint, ghosts, daemon_mib| Usage {
+            used_mib,
+            memory_known: true,
+            holders,
+            footprint,
+            ghosts,
+            daemon_mib,
+        };
+        assert!(u(0, 0, 0, 0, 0).is_clean(&lax));
+        assert!(!u(0, 1, 0, 0, 0).is_clean(&lax), "a compute holder");
+        assert!(!u(5, 0, 0, 0, 0).is_clean(&lax), "memory nobody holds");
+        let five = Demand {
+            max_used_mib: 5,
+            ..lax
+        };
+        assert!(u(5, 0, 0, 0, 0).is_clean(&five));
+        // A footprint, and what a daemon keeps, are not dirt unless strict.
+        assert!(u(3, 0, 1, 0, 0).is_clean(&lax));
+        assert!(!u(3, 0, 1, 0, 0).is_clean(&strict));
+        assert!(u(74, 0, 0, 0, 82).is_clean(&lax));
+        assert!(!u(74, 0, 0, 0, 82).is_clean(&strict));
+        assert!(
+            !u(900, 0, 0, 0, 82).is_clean(&lax),
+            "more than the daemon keeps"
+        );
+        // Memory the driver lists for someone else is never explained away.
+        assert!(!u(3, 0, 1, 1, 0).is_clean(&lax));
+        assert!(!u(74, 0, 0, 1, 82).is_clean(&lax));
+        let unknown = Usage {
+            memory_known: false,
+            ..u(0, 0, 0, 0, 0)
+        };
+        assert!(!unknown.is_clean(&lax));
+    }
+
+    #[test]
+    fn verdict_names_are_the_serde_names() {
+        let names: Vec<&str> = Verdict::ALL.iter().map(|v| v.as_str()).collect();
+        assert_eq!(names, VERDICTS);
+        for v in Verdict::ALL {
+            assert_eq!(serde_json::to_value(v).unwrap(), v.as_str());
+            assert_eq!(Verdict::parse(v.as_str()), Some(v));
+        }
+    }
+
     #[test]
     fn each_verdict() {
-        let v = |f: Facts| verdict(&f, |_: &Holder| false, |_| None).0;
+        let v = |f: Facts| verdict(&f, |_: &Holder| false, |_| None).0.as_str();
         assert_eq!(v(facts(&[], &[], 0, false, false, 0)), "clean");
         let held = [h(5, &["driver", "fd", "map"])];
         assert_eq!(v(facts(&held, &[], 100, true, false, 0)), "held");
@@ -611,7 +927,7 @@ mod tests {
             |h| h.pid == 7,
             |_| None,
         );
-        assert_eq!(orphan.0, "orphaned");
+        assert_eq!(orphan.0, Verdict::Orphaned);
         assert!(orphan.1.contains("7 (python3)"));
         let mut unit = h(8, &["driver"]);
         unit.origin.service = Some("vllm.service".into());
@@ -620,14 +936,14 @@ mod tests {
         unit.origin.reparented = true;
         let units = [unit.clone()];
         let (v, advice) = verdict(&facts(&units, &[], 100, true, false, 0), |_| true, |_| None);
-        assert_eq!(v, "service");
+        assert_eq!(v, Verdict::Service);
         assert!(advice.contains("systemctl stop vllm.service"), "{advice}");
         assert!(advice.contains("(Restart=always)"), "{advice}");
         // A Slurm job's process is never a unit's, whatever cgroup slurmd left it in.
         unit.origin.job = Some(812);
         let units = [unit];
         let (v, advice) = verdict(&facts(&units, &[], 100, true, false, 0), |_| true, |_| None);
-        assert_eq!(v, "orphaned");
+        assert_eq!(v, Verdict::Orphaned);
         assert!(advice.contains("Slurm job 812 of root"), "{advice}");
     }
 
@@ -635,7 +951,7 @@ mod tests {
     fn daemon_footprint_respawning_and_reset_advice() {
         let mut d = h(9, &["driver", "fd", "map"]);
         d.name = "nv-hostengine".into();
-        d.role = "daemon".into();
+        d.role = Role::Daemon;
         d.mem = 500 * crate::gpu::MIB;
         let daemons = [d.clone()];
         let other = h(3616, &["driver", "fd", "map"]);
@@ -647,7 +963,7 @@ mod tests {
             ..facts(&[], &[], 503, true, false, 0)
         };
         let (v, advice) = verdict(&f, |_: &Holder| false, |_| None);
-        assert_eq!(v, "daemon");
+        assert_eq!(v, Verdict::Daemon);
         assert!(
             advice.contains("nv-hostengine (pid 9) holds 500 MiB"),
             "{advice}"
@@ -663,7 +979,7 @@ mod tests {
             ..facts(&[], &[], 3, false, false, 0)
         };
         let (v, advice) = verdict(&f, |_: &Holder| false, |_| None);
-        assert_eq!(v, "footprint");
+        assert_eq!(v, Verdict::Footprint);
         assert!(
             advice.starts_with("3 MiB: CUDA footprint of pid 3616 (python3), a GPU-0 job"),
             "{advice}"
@@ -675,7 +991,7 @@ mod tests {
             ..facts(&[], &[], 900, false, false, 0)
         };
         let (v, advice) = verdict(&f, |_: &Holder| false, |_| None);
-        assert_eq!(v, "driver");
+        assert_eq!(v, Verdict::Driver);
         assert!(
             advice.contains("fails while driver clients are open: stop 3616 (python3)"),
             "{advice}"
@@ -686,6 +1002,7 @@ mod tests {
             name: "bash".into(),
             holder: 1240,
             identity: crate::process::Identity::new(1237, 1),
+            holder_identity: crate::process::Identity::new(1240, 2),
         };
         let held = [h(1300, &["driver", "fd", "map"])];
         let (v, advice) = verdict(
@@ -693,7 +1010,7 @@ mod tests {
             |_| false,
             |_| Some(r.clone()),
         );
-        assert_eq!(v, "respawning");
+        assert_eq!(v, Verdict::Respawning);
         assert!(
             advice.starts_with("pid 1237 (bash) started 1300"),
             "{advice}"
@@ -718,12 +1035,13 @@ mod tests {
         unit.origin.service = Some("vllm.service".into());
         unit.origin.service_main = true;
         let mut daemon = h(9, &["driver", "fd", "map"]);
-        daemon.role = "daemon".into();
+        daemon.role = Role::Daemon;
         let r = Restarter {
             pid: 1237,
             name: "bash".into(),
             holder: 1240,
             identity: crate::process::Identity::new(1237, 1),
+            holder_identity: crate::process::Identity::new(1240, 2),
         };
         let held = [h(5, &["driver", "fd", "map"])];
         let child = [h(6, &["fd", "map"])];
@@ -760,11 +1078,11 @@ mod tests {
                     |_| None,
                 ),
                 (
-                    "driver-error",
+                    Verdict::DriverError,
                     driver_error(&lost, "GPU is lost", Vec::new(), &reach).advice,
                 ),
             ];
-            let verdicts: Vec<&str> = advice.iter().map(|(v, _)| *v).collect();
+            let verdicts: Vec<&str> = advice.iter().map(|(v, _)| v.as_str()).collect();
             assert_eq!(
                 verdicts,
                 [
@@ -805,11 +1123,11 @@ mod tests {
         assert!(a.ends_with("(gpuloop kill --gpu 0)"), "{a}");
         assert_eq!(
             reset_advice(2, &Reach::default(), false),
-            "gpuloop run clean-node -- --gpus 2 --allow-reset (or, as root, nvidia-smi -r -i 2)"
+            "gpuloop run clean-node --gpu 2 --allow-reset (or, as root, nvidia-smi -r -i 2)"
         );
         assert_eq!(
             reset_advice(2, &Reach::default(), true),
-            "gpuloop run clean-node -- --gpus 2 --allow-reset (or gpuloop sim reset --gpu 2)"
+            "gpuloop run clean-node --gpu 2 --allow-reset (or gpuloop sim reset --gpu 2)"
         );
     }
 }

@@ -1,5 +1,7 @@
 //! holders(): the driver's process lists joined with one scan of /proc (fds, then mappings).
 
+use super::diagnose::Usage;
+pub use super::kinds::{Evidence, Role, RunState, State};
 use super::Selection;
 use crate::gpu::{Backend, DeviceNodes, Gpu, GpuError};
 use crate::process::identity::{self, ProcDir};
@@ -10,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One process holding (or watching) GPUs, as scripts see it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Holder {
     pub pid: i64,
     pub ppid: i64,
@@ -24,16 +26,14 @@ pub struct Holder {
     pub user: String,
     pub name: String,
     pub cmdline: String,
-    pub state: String,
-    /// "compute", "observer" or "daemon".
-    pub role: String,
+    pub state: State,
+    pub role: Role,
     pub gpus: Vec<i64>,
     /// Bytes the driver attributes to it on the selected GPUs.
     pub mem: i64,
     /// The same in MiB.
     pub mem_mib: i64,
-    /// "driver", "fd", "map".
-    pub evidence: Vec<String>,
+    pub evidence: Vec<Evidence>,
     pub protected: bool,
     pub host: String,
     /// Lineage (ppid_comm, reparented, launcher, service) and attribution (job, container,
@@ -48,7 +48,7 @@ pub struct Holder {
 
 impl Holder {
     pub fn is_compute(&self) -> bool {
-        self.role == "compute"
+        self.role.is_compute()
     }
 }
 
@@ -63,8 +63,12 @@ pub struct Inventory {
     /// Every holder, all roles: every process with a driver node open (while one is, a GPU
     /// reset fails).
     pub holders: Vec<Holder>,
-    /// Per GPU index: pids the driver lists that are dead or not visible here.
+    /// Per GPU index: pids the driver lists that are dead or not visible here, or whose
+    /// process here does not use that GPU (`stale`).
     pub ghosts: BTreeMap<i64, Vec<i64>>,
+    /// Per GPU index: the ghosts whose pid is another live process now, one that does not map
+    /// the GPU: the driver's stale record of a process that exited (its pid reused since).
+    pub stale: BTreeMap<i64, Vec<i64>>,
     /// Processes whose fds could not be read.
     pub unreadable: usize,
 }
@@ -123,6 +127,24 @@ impl Inventory {
             .collect()
     }
 
+    /// Everything on GPU `g` that diagnose() and wait_clean() judge it by.
+    pub fn on_gpu(&self, g: &Gpu) -> OnGpu<'_> {
+        let one = Some(vec![g.index]);
+        OnGpu {
+            used_mib: g.mem_used_mib,
+            memory_known: g.error.is_none(),
+            holders: self.holders(&one, false),
+            daemons: self
+                .holders(&one, true)
+                .into_iter()
+                .filter(|h| h.role.is_daemon())
+                .collect(),
+            footprint: self.footprint_on(g.index, &None),
+            ghosts: self.ghosts.get(&g.index).cloned().unwrap_or_default(),
+            stale: self.stale.get(&g.index).cloned().unwrap_or_default(),
+        }
+    }
+
     /// Compute holders that map GPU `g` without using it (a CUDA context's footprint there)
     /// and whose compute GPUs all lie outside `sel` (`None`: outside `g`).
     pub fn footprint_on(&self, g: i64, sel: &Selection) -> Vec<&Holder> {
@@ -148,10 +170,12 @@ impl Inventory {
     fn with_mem_on(&self, h: &Holder, sel: &Selection) -> Holder {
         let mut h = h.clone();
         if sel.is_some() {
+            // Only GPUs that are its own: where it is listed, those are its `gpus`.
+            let listed = h.evidence.contains(&Evidence::Driver);
             h.mem = self
                 .gpus
                 .iter()
-                .filter(|g| super::selected(sel, g.index))
+                .filter(|g| listed && super::selected(sel, g.index) && h.gpus.contains(&g.index))
                 .flat_map(|g| &g.driver_procs)
                 .filter(|d| i64::from(d.pid) == h.pid)
                 .map(|d| d.mem)
@@ -162,6 +186,34 @@ impl Inventory {
     }
 }
 
+/// What is on one GPU, from one inventory.
+pub struct OnGpu<'a> {
+    pub used_mib: i64,
+    pub memory_known: bool,
+    /// Compute holders.
+    pub holders: Vec<Holder>,
+    /// Protected GPU daemons.
+    pub daemons: Vec<Holder>,
+    /// Compute holders of other GPUs whose context maps this one.
+    pub footprint: Vec<&'a Holder>,
+    pub ghosts: Vec<i64>,
+    pub stale: Vec<i64>,
+}
+
+impl OnGpu<'_> {
+    /// The facts that decide whether the GPU is clean, as a diagnosis of it gives them.
+    pub fn usage(&self) -> Usage {
+        Usage::new(
+            self.used_mib,
+            self.memory_known,
+            &self.holders,
+            &self.daemons,
+            self.footprint.len(),
+            self.ghosts.len(),
+        )
+    }
+}
+
 /// Joins the driver lists with the scan. Pure apart from reading stat/cmdline of the users.
 fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
     let index_of_minor = |minor: u32| -> i64 {
@@ -169,27 +221,25 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
             .find(|g| g.minor == i64::from(minor))
             .map_or(i64::from(minor), |g| g.index)
     };
-    // pid -> (GPU indices, bytes) as the driver reports them
-    let mut driver: BTreeMap<i32, (BTreeSet<i64>, i64)> = BTreeMap::new();
+    // pid -> GPU index -> bytes, as the driver reports them
+    let mut driver: BTreeMap<i32, BTreeMap<i64, i64>> = BTreeMap::new();
     for g in &gpus {
         for d in &g.driver_procs {
-            let e = driver.entry(d.pid).or_default();
-            e.0.insert(g.index);
-            e.1 += d.mem;
+            *driver.entry(d.pid).or_default().entry(g.index).or_default() += d.mem;
         }
     }
     let mut users: BTreeMap<i32, NodeUser> = scan.users.into_iter().map(|u| (u.pid, u)).collect();
     let unreadable: BTreeSet<i32> = scan.unreadable.iter().copied().collect();
     let me = std::process::id() as i32;
     let mut ghosts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    let mut stale: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     let mut ghost_gpus: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new();
-    let mut holders = Vec::new();
+    let mut found = Vec::new();
     let pids: BTreeSet<i32> = driver.keys().chain(users.keys()).copied().collect();
     for pid in pids {
-        // A driver-listed pid is trusted only if that process here uses a GPU node (or hides
-        // its fds from us): drivers return garbage entries, and pids of another namespace
-        // can name unrelated processes here. The facts come from the scan, read through the
-        // process's own /proc directory, never re-read by pid (which may be reused by now).
+        let listed = driver.get(&pid);
+        // The facts come from the scan, read through the process's own /proc directory,
+        // never re-read by pid (which may be reused by now).
         let user = match users.remove(&pid) {
             Some(u) => Some(u),
             None if unreadable.contains(&pid) => hidden_user(pid),
@@ -197,21 +247,55 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
         };
         let Some(user) = user.filter(|u| !u.info.is_zombie() && pid != me) else {
             // Listed by the driver but not alive here: a dead creator or another namespace.
-            if let Some((idx, _)) = driver.get(&pid) {
-                if pid != me {
-                    for &i in idx {
-                        ghosts.entry(i).or_default().push(pid.into());
-                    }
-                    ghost_gpus.insert(pid.into(), idx.clone());
+            if let Some(listed) = listed.filter(|_| pid != me) {
+                for &i in listed.keys() {
+                    ghosts.entry(i).or_default().push(pid.into());
                 }
+                ghost_gpus.insert(pid.into(), listed.keys().copied().collect());
             }
             continue;
         };
-        holders.push(user);
+        // A GPU the driver lists a pid on is that process's only if the process shows it:
+        // it maps the GPU's node (a CUDA context does), or hides its fds from us. The
+        // driver keeps listing a creator that exited while a forked child holds its memory,
+        // and a pid of another namespace can name an unrelated process here: the process
+        // now at such a pid (a monitor with nvidiactl open, another GPU's job) is not its
+        // holder, and the pid is the driver's stale record on that GPU.
+        let hidden = user.open.is_empty();
+        let mapped: BTreeSet<i64> = user
+            .mapped
+            .minors
+            .iter()
+            .map(|&m| index_of_minor(m))
+            .collect();
+        // A protected daemon is never signalled for what it holds (without force, which
+        // takes it whatever it holds): one with the node open keeps what the driver lists,
+        // as a display server that does not map the node may.
+        let daemon_open: BTreeSet<i64> = if is_protected(&user.info.comm, &user.cmdline, protected)
+        {
+            user.open
+                .minors
+                .iter()
+                .map(|&m| index_of_minor(m))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        let mut own = BTreeMap::new();
+        for (&g, &mem) in listed.into_iter().flatten() {
+            if hidden || mapped.contains(&g) || daemon_open.contains(&g) {
+                own.insert(g, mem);
+            } else {
+                ghosts.entry(g).or_default().push(pid.into());
+                stale.entry(g).or_default().push(pid.into());
+                ghost_gpus.entry(pid.into()).or_default().insert(g);
+            }
+        }
+        found.push((user, own));
     }
-    let holders = holders
+    let holders = found
         .iter()
-        .map(|user| {
+        .map(|(user, own)| {
             let stat = &user.info;
             // A CUDA context maps the nodes of every GPU it can see, so for a process the
             // driver does not list, the GPUs of the dead creator it descends from (a forked
@@ -219,19 +303,14 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
             let inherited = [stat.pgid, stat.sid, stat.ppid]
                 .iter()
                 .find_map(|p| ghost_gpus.get(&i64::from(*p)));
-            make_holder(
-                user,
-                driver.get(&stat.pid),
-                inherited,
-                &index_of_minor,
-                protected,
-            )
+            make_holder(user, own, inherited, &index_of_minor, protected)
         })
         .collect();
     Inventory {
         gpus,
         holders,
         ghosts,
+        stale,
         unreadable: unreadable.len(),
     }
 }
@@ -252,12 +331,13 @@ fn hidden_user(pid: i32) -> Option<NodeUser> {
         ino,
         cmdline: dir.cmdline(),
         uid: dir.uid().ok(),
+        defunct_leader: false,
     })
 }
 
 fn make_holder(
     user: &NodeUser,
-    driver: Option<&(BTreeSet<i64>, i64)>,
+    own: &BTreeMap<i64, i64>,
     inherited: Option<&BTreeSet<i64>>,
     index_of_minor: &dyn Fn(u32) -> i64,
     protected: &[String],
@@ -265,46 +345,47 @@ fn make_holder(
     let stat = &user.info;
     let cmdline = user.cmdline.clone();
     let is_daemon = is_protected(&stat.comm, &cmdline, protected);
-    let mapped: BTreeSet<i64> = user
-        .mapped
-        .minors
-        .iter()
-        .map(|&m| index_of_minor(m))
-        .collect();
-    let open: BTreeSet<i64> = user
-        .open
-        .minors
-        .iter()
-        .map(|&m| index_of_minor(m))
-        .collect();
-    let listed = driver.is_some();
-    let maps_any = !user.mapped.is_empty();
+    let indices = |set: &NodeSet| -> BTreeSet<i64> {
+        set.minors.iter().map(|&m| index_of_minor(m)).collect()
+    };
+    let mapped = indices(&user.mapped);
+    let open = indices(&user.open);
+    let listed = !own.is_empty();
+    // nvidiactl or nvidia-uvm alone is no GPU: an NVML client maps them too.
     let role = if is_daemon {
-        "daemon"
-    } else if listed || maps_any {
-        "compute"
+        Role::Daemon
+    } else if listed || !mapped.is_empty() {
+        Role::Compute
     } else {
-        "observer"
+        Role::Observer
     };
     // The driver's word first: on a machine with several GPUs every CUDA context maps all
-    // the GPU nodes it can see (seen on H200s), not only those it uses.
-    let gpus: BTreeSet<i64> = match (driver, inherited) {
-        (Some(d), _) => d.0.clone(),
-        (None, Some(g)) => g.clone(),
-        (None, None) if !mapped.is_empty() => mapped.clone(),
-        (None, None) => open,
+    // the GPU nodes it can see (seen on H200s), not only those it uses. A dead creator's
+    // GPUs count only where this process maps them too: never a GPU it does not show.
+    let gpus: BTreeSet<i64> = match inherited {
+        _ if listed => own.keys().copied().collect(),
+        Some(g) if g.iter().any(|i| mapped.contains(i)) => g & &mapped,
+        _ if !mapped.is_empty() => mapped.clone(),
+        _ => open,
     };
     let mut evidence = Vec::new();
     if listed {
-        evidence.push("driver".to_string());
+        evidence.push(Evidence::Driver);
     }
     if !user.open.is_empty() {
-        evidence.push("fd".to_string());
+        evidence.push(Evidence::Fd);
     }
-    if maps_any {
-        evidence.push("map".to_string());
+    if !user.mapped.is_empty() {
+        evidence.push(Evidence::Map);
     }
     let uid = user.uid.unwrap_or(u32::MAX);
+    let mem: i64 = own.values().sum();
+    // A defunct leader is named by its threads' state: the leader is a zombie, the process
+    // is not.
+    let state = State {
+        run: RunState::from_letter(stat.state),
+        main_thread_exited: user.defunct_leader,
+    };
     Holder {
         pid: stat.pid.into(),
         ppid: stat.ppid.into(),
@@ -316,12 +397,12 @@ fn make_holder(
         user: proc::user_name(uid),
         name: stat.comm.clone(),
         cmdline,
-        state: proc::state_name(stat.state).to_string(),
-        role: role.to_string(),
+        state,
+        role,
         maps: mapped.iter().copied().collect(),
         gpus: gpus.into_iter().collect(),
-        mem: driver.map_or(0, |d| d.1),
-        mem_mib: driver.map_or(0, |d| d.1) / crate::gpu::MIB,
+        mem,
+        mem_mib: mem / crate::gpu::MIB,
         evidence,
         protected: is_daemon,
         host: "local".into(),

@@ -2,6 +2,7 @@
 
 pub mod diagnose;
 pub mod holders;
+pub mod kinds;
 pub mod select;
 pub mod wait;
 
@@ -57,6 +58,15 @@ impl User {
         match text.parse::<u32>() {
             Ok(uid) => User::Uid(uid),
             Err(_) => User::Name(text.to_string()),
+        }
+    }
+
+    /// The command-line flag that names this user: "--user alice", "--mine".
+    pub fn flag(&self) -> String {
+        match self {
+            User::Name(n) => format!("--user {n}"),
+            User::Uid(u) => format!("--user {u}"),
+            User::Me => "--mine".into(),
         }
     }
 

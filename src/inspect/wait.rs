@@ -1,6 +1,7 @@
 //! wait_clean(): poll until the selected GPUs are free, returning within one poll of the release,
 //! early when waiting cannot help, and (with `settle`) only once a restart would have shown.
 
+use super::diagnose::Demand;
 use super::holders::Inventory;
 use super::Selection;
 use crate::gpu::{Backend, GpuError, MIB};
@@ -33,7 +34,8 @@ pub struct WaitOpts {
     pub timeout: Duration,
     pub max_used_mib: i64,
     pub poll: Duration,
-    /// Demand `max_used_mib` even where the rest is the CUDA footprint of other GPUs' jobs.
+    /// Demand `max_used_mib` even where the rest is what protected daemons keep or the CUDA
+    /// footprint of other GPUs' jobs.
     pub strict: bool,
     /// Keep watching this long after it reads clean: a new compute holder makes it not clean.
     pub settle: Duration,
@@ -44,6 +46,16 @@ pub struct WaitOpts {
     pub exiting: Vec<i32>,
     /// Parents known to restart holders (from the last kill): a holder they start ends the wait.
     pub restarters: Vec<Restarter>,
+}
+
+impl WaitOpts {
+    /// What these options demand of a clean GPU.
+    pub fn demand(&self) -> Demand {
+        Demand {
+            strict: self.strict,
+            max_used_mib: self.max_used_mib,
+        }
+    }
 }
 
 impl Default for WaitOpts {
@@ -97,31 +109,21 @@ struct Judgement {
 }
 
 fn judge(inv: &Inventory, indices: &[i64], opts: &WaitOpts) -> Judgement {
-    let sel = Some(indices.to_vec());
+    let demand = opts.demand();
     let mut dirty = Dirty::new();
     let mut respawned = None;
     for g in inv.gpus.iter().filter(|g| indices.contains(&g.index)) {
-        let holders = inv.holders(&Some(vec![g.index]), false);
-        // A GPU the driver could not read is never clean (its memory reads as 0).
-        if g.error.is_some() {
-            dirty.push((g.index, g.mem_used_mib, holders.len()));
-            continue;
-        }
+        let on = inv.on_gpu(g);
         if respawned.is_none() {
-            respawned = holders
+            respawned = on
+                .holders
                 .iter()
                 .find_map(|h| restart::started_by(h.pid as i32, &opts.restarters))
                 .cloned();
         }
-        let footprint = if opts.strict {
-            0
-        } else {
-            inv.footprint_on(g.index, &sel).len()
-        };
-        let mem_ok = g.mem_used_mib <= opts.max_used_mib
-            || Inventory::footprint_explains(g, footprint, opts.max_used_mib);
-        if !holders.is_empty() || !mem_ok {
-            dirty.push((g.index, g.mem_used_mib, holders.len()));
+        // The same judgement as diagnose()'s (a GPU the driver could not read is never clean).
+        if !on.usage().is_clean(&demand) {
+            dirty.push((g.index, g.mem_used_mib, on.holders.len()));
         }
     }
     Judgement { dirty, respawned }

@@ -2,15 +2,16 @@
 //! tokio), so an AI assistant runs the act-verify loop through gpuloop's tools.
 //!
 //! `tools` carries each call out through `actions`, exactly as the CLI does; `policy` is
-//! what the person allowed (read-only by default); `journal` records every call. The async
+//! what the person allowed (read-only by default); the audit journal (`crate::journal`)
+//! records every call and every signal a call sends. The async
 //! side here only moves messages: each call runs on a blocking thread with its own stop flag,
 //! set when the client cancels it, so a cancelled call stops what it started.
 
-pub mod journal;
 pub mod policy;
 mod summary;
 pub mod tools;
 
+use crate::journal::{self, FrontEnd};
 use crate::session::Session;
 use policy::Policy;
 use rmcp::model::{
@@ -20,16 +21,12 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tools::{CallError, Ctx, Progress};
-
-/// The JSON-RPC error code of a call the policy refuses (in the range JSON-RPC leaves to
-/// servers); its message names the `--allow` flag that permits it.
-pub const REFUSED: ErrorCode = ErrorCode(-32001);
+use tools::{CallError, Ctx, Progress, Reply};
 
 /// How long in-flight calls get to stop what they started when the server ends.
 const DRAIN: Duration = Duration::from_secs(20);
@@ -79,9 +76,9 @@ impl Server {
         }
     }
 
-    fn record(&self, entry: journal::Entry) {
+    fn record(&self, entry: journal::Call) {
         if let Some(p) = &self.journal {
-            if let Err(e) = journal::append(p, &entry) {
+            if let Err(e) = journal::call(p, entry) {
                 tracing::warn!("{e}");
                 crate::errln!("gpuloop mcp: warning: {e}");
             }
@@ -126,7 +123,9 @@ impl ServerHandler for Server {
                  is really released. Start with `diagnose` (or `gpus`, `holders`); `clean` stops \
                  the holders and verifies; `wait_clean` waits instead of sleeping. This server's \
                  policy, set by the person who runs it: {}. Protected GPU daemons are never \
-                 signalled. Quote the one-line summary each tool returns.{}",
+                 signalled. Quote the one-line summary each tool returns. A call that is \
+                 refused or cannot run comes back as an error result whose text says why and \
+                 what to do; a refusal says how the person can allow it.{}",
                 self.policy.describe(),
                 self.over_hosts()
             ))
@@ -171,7 +170,9 @@ impl ServerHandler for Server {
                     stop: &stop,
                     progress: &progress,
                 };
-                tools::call(&ctx, &name, arguments)
+                // The signals this call sends are journaled with it.
+                let call = serde_json::json!({ "tool": name, "arguments": arguments.clone() });
+                journal::in_call(FrontEnd::Mcp, call, || tools::call(&ctx, &name, arguments))
             })
         };
         let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -198,36 +199,42 @@ impl ServerHandler for Server {
                 }
             }
         };
-        let outcome = joined.unwrap_or_else(|e| {
-            Err(CallError::BadArguments(format!(
-                "{name}: internal error: {e}"
-            )))
-        });
-        let (result, signalled, summary) = match &outcome {
-            Ok(r) => (
-                if r.failed { "error" } else { "ok" },
-                r.signalled.clone(),
-                r.summary.clone(),
+        // What the model must read (bad arguments, a refusal, a failure) is a tool result
+        // with `isError`: many clients show a model only tool results, never protocol
+        // errors. An unknown tool stays a protocol error, and a cancelled call gets no result.
+        let (reply, result) = match joined {
+            Ok(Ok(r)) => {
+                let result = if r.failed { "error" } else { "ok" };
+                (Ok(r), result)
+            }
+            Ok(Err(CallError::Refused(r))) => (Ok(Reply::refused(&r)), "refused"),
+            Ok(Err(e @ (CallError::BadArguments(_) | CallError::NotOverHosts { .. }))) => {
+                (Ok(Reply::failed(e)), "error")
+            }
+            Ok(Err(e @ CallError::UnknownTool(_))) => (Err(e), "error"),
+            Ok(Err(e @ CallError::Cancelled { .. })) => (Err(e), "cancelled"),
+            Err(e) => (
+                Ok(Reply::failed(format!("{name}: internal error: {e}"))),
+                "error",
             ),
-            Err(CallError::Refused(r)) => ("refused", Vec::new(), r.to_string()),
+        };
+        let (signalled, summary) = match &reply {
+            Ok(r) => (r.signalled.clone(), r.summary.clone()),
             Err(CallError::Cancelled { signalled }) => (
-                "cancelled",
                 signalled.clone(),
                 "cancelled by the client; what the call started was stopped".into(),
             ),
-            Err(e) => ("error", Vec::new(), e.to_string()),
+            Err(e) => (Vec::new(), e.to_string()),
         };
-        self.record(journal::Entry {
-            time: journal::now_utc(),
+        self.record(journal::Call {
             tool: name.clone(),
             arguments: Value::Object(arguments),
             signalled,
             result: result.into(),
             summary,
             elapsed_ms: started.elapsed().as_millis() as i64,
-            server_pid: i64::from(std::process::id()),
         });
-        match outcome {
+        match reply {
             Ok(reply) => {
                 // The line to quote first, then the record as JSON text for clients that
                 // show models only text; the same record as structured content.
@@ -243,20 +250,10 @@ impl ServerHandler for Server {
                 ];
                 Ok(result.into())
             }
-            Err(CallError::Refused(r)) => Err(McpError::new(
-                REFUSED,
-                r.to_string(),
-                Some(json!({ "tool": r.tool, "allow": r.needs.name() })),
-            )),
-            Err(e @ (CallError::BadArguments(_) | CallError::UnknownTool(_))) => {
+            Err(e @ CallError::UnknownTool(_)) => {
                 Err(McpError::invalid_params(e.to_string(), None))
             }
-            Err(e @ CallError::NotOverHosts { .. }) => Err(McpError::new(
-                ErrorCode::INVALID_REQUEST,
-                e.to_string(),
-                None,
-            )),
-            Err(e @ CallError::Cancelled { .. }) => Err(McpError::new(
+            Err(e) => Err(McpError::new(
                 ErrorCode::INTERNAL_ERROR,
                 e.to_string(),
                 None,
@@ -268,7 +265,7 @@ impl ServerHandler for Server {
 /// Serves MCP on stdin/stdout until the client closes the connection or gpuloop is
 /// interrupted; returns the exit code. Jobs started by `run` are stopped before it returns.
 pub fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError> {
-    let journal = match journal::path() {
+    let journal = match journal::dir() {
         Ok(p) => Some(p),
         Err(e) => {
             crate::errln!("gpuloop mcp: warning: calls are not journaled: {e}");
@@ -277,7 +274,7 @@ pub fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError
     };
     tracing::debug!("mcp: policy {}, journal {journal:?}", policy.describe());
     // Whatever `run` starts is stopped when the server ends, however it ends.
-    let _jobs = crate::runner::Supervisor::start(session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -3,17 +3,23 @@
 
 use super::policy::{Permission, Policy, Refusal};
 use super::summary;
+use crate::actions::CleanReport;
 use crate::actions::{self, Watch};
+use crate::gpu::Gpu;
+use crate::inspect::diagnose::Diagnosis;
+use crate::inspect::holders::Holder;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, Selection};
+use crate::process::kill::KillReport;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
 use crate::runner::{self, Cmd, Job, JobOpts, Waited};
+use crate::script::recipes::Recipe;
 use crate::session::Session;
 use nix::sys::signal::Signal;
 use rmcp::model::{Tool, ToolAnnotations};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -44,8 +50,9 @@ impl Ctx<'_> {
     }
 }
 
-/// A finished call: the line a model can quote, the structured record (the same serde
-/// records as `--json`), the pids it signalled, and whether the tool itself failed.
+/// A finished call: the line a model can quote, the structured record (the tool's declared
+/// output type, the same serde records as `--json`), the pids it signalled, and whether the
+/// tool itself failed.
 #[derive(Debug, Clone)]
 pub struct Reply {
     pub summary: String,
@@ -55,26 +62,158 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn ok(summary: String, data: Value) -> Reply {
-        Reply {
-            summary,
-            data,
-            signalled: Vec::new(),
-            failed: false,
+    fn ok(summary: String, out: impl Serialize) -> Reply {
+        Reply::signalled(summary, out, Vec::new())
+    }
+
+    fn signalled(summary: String, out: impl Serialize, signalled: Vec<i64>) -> Reply {
+        match serde_json::to_value(out) {
+            Ok(data) => Reply {
+                summary,
+                data,
+                signalled,
+                failed: false,
+            },
+            Err(e) => Reply {
+                signalled,
+                ..Reply::failed(format!("cannot encode the result: {e}"))
+            },
         }
     }
 
     /// The tool ran but could not do its job (no such GPU, no driver, cannot start the
-    /// command): an `isError` result, which a model reads, not a protocol error.
-    fn failed(error: impl std::fmt::Display) -> Reply {
+    /// command), or was called with arguments it cannot take: an `isError` result, which a
+    /// model reads and can correct, not a protocol error.
+    pub fn failed(error: impl std::fmt::Display) -> Reply {
         let error = error.to_string();
         Reply {
-            data: json!({ "error": error }),
+            data: json!(Output::<()>::Error {
+                error: error.clone()
+            }),
             summary: error,
             signalled: Vec::new(),
             failed: true,
         }
     }
+
+    /// A call the policy refused: the message says what and how the person allows it.
+    pub fn refused(r: &Refusal) -> Reply {
+        let out = Output::<()>::Refused {
+            refused: true,
+            tool: r.tool.to_string(),
+            allow: r.needs.name().to_string(),
+        };
+        Reply {
+            data: json!(out),
+            summary: r.to_string(),
+            signalled: Vec::new(),
+            failed: true,
+        }
+    }
+}
+
+/// A tool's structured content, as its `outputSchema` declares it: the tool's own record, or
+/// (with `isError`) why it did not do its job.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+// Each branch is an object; MCP wants that said at the schema's root.
+#[schemars(extend("type" = "object"))]
+pub enum Output<T> {
+    Done(T),
+    /// The server's policy refused the call; the text content says how the person running
+    /// the server can allow it.
+    Refused {
+        #[schemars(extend("const" = true))]
+        refused: bool,
+        /// The tool refused.
+        tool: String,
+        /// The `gpuloop mcp --allow` value that permits it.
+        allow: String,
+    },
+    /// Bad arguments, or the tool could not do its job: what went wrong and what to do.
+    Error {
+        error: String,
+    },
+}
+
+// ---- what each tool returns (its `outputSchema`) ----
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct GpusOut {
+    pub gpus: Vec<Gpu>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct HoldersOut {
+    pub holders: Vec<Holder>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DiagnoseOut {
+    /// True when every selected GPU is clean.
+    pub clean: bool,
+    pub gpus: Vec<Diagnosis>,
+}
+
+impl DiagnoseOut {
+    fn of(gpus: Vec<Diagnosis>) -> DiagnoseOut {
+        DiagnoseOut {
+            clean: gpus.iter().all(|d| d.is_clean()),
+            gpus,
+        }
+    }
+}
+
+/// How a wait ended.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum WaitEnd {
+    Clean,
+    TimedOut,
+    Stalled,
+    Respawned,
+    Unsettled,
+    Interrupted,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WaitOut {
+    /// True when the selected GPUs were verified clean.
+    pub clean: bool,
+    pub outcome: WaitEnd,
+    pub elapsed_ms: i64,
+    /// What diagnose says of each selected GPU at the end.
+    pub gpus: Vec<Diagnosis>,
+}
+
+/// `clean`'s record: the kill, the wait and the verification; a dry run returns only what
+/// the kill would signal.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CleanOut {
+    Done(CleanReport),
+    DryRun(KillReport),
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunOut {
+    pub command: String,
+    /// The exit code; none when a signal ended it.
+    pub code: Option<i64>,
+    pub signal: Option<String>,
+    pub ok: bool,
+    pub timed_out: bool,
+    pub elapsed_ms: i64,
+    pub pid: i64,
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+    /// Processes it left running, which were stopped.
+    pub leftovers: Vec<i64>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RecipesOut {
+    pub recipes: Vec<Recipe>,
 }
 
 /// Calls that never reach the tool's work, and cancellations.
@@ -103,9 +242,18 @@ pub enum CallError {
 /// while gpus, holders and diagnose gather from every host (each record with its `host`).
 pub const ONE_MACHINE: &[&str] = &["wait_clean", "kill", "clean", "run", "run_recipe"];
 
+/// A tool's arguments, read here rather than by the SDK so that a bad one is a tool result
+/// the model reads; the message names the argument ("gpus: invalid type: …").
 fn args<T: for<'de> Deserialize<'de>>(tool: &str, raw: Map<String, Value>) -> Result<T, CallError> {
-    serde_json::from_value(Value::Object(raw))
-        .map_err(|e| CallError::BadArguments(format!("{tool}: {e}")))
+    serde_path_to_error::deserialize(Value::Object(raw)).map_err(|e| {
+        let at = e.path().to_string();
+        let why = e.into_inner();
+        CallError::BadArguments(if at == "." {
+            format!("{tool}: {why}")
+        } else {
+            format!("{tool}: {at}: {why}")
+        })
+    })
 }
 
 fn seconds(tool: &str, what: &str, v: f64) -> Result<Duration, CallError> {
@@ -217,7 +365,10 @@ pub struct WaitArgs {
 /// A process to stop: a holder record as `holders` returned it (its `pid` and `start` are
 /// checked, so a reused pid is never hit), or a bare pid (resolved when the call runs).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a pid, or a holder record with at least its pid and start (as `holders` returns it)"
+)]
 pub enum TargetArg {
     Pid(i64),
     Holder {
@@ -240,7 +391,7 @@ pub struct KillArgs {
     /// Signal sent first: TERM (default), INT, KILL, HUP, …
     #[serde(default = "d_term")]
     pub signal: String,
-    /// Seconds before survivors get SIGKILL (default 5; 0: no escalation).
+    /// Seconds before survivors get SIGKILL (default 5; 0: TERM then KILL at once).
     #[serde(default = "d5")]
     pub grace: f64,
     /// Also stop each target's descendants and job process group (default true).
@@ -269,7 +420,7 @@ pub struct CleanArgs {
     /// Seconds to wait for the memory to be released after the kill (default 30).
     #[serde(default = "d30")]
     pub timeout: f64,
-    /// Seconds between TERM and KILL (default 5).
+    /// Seconds between TERM and KILL (default 5; 0: TERM then KILL at once).
     #[serde(default = "d5")]
     pub grace: f64,
     /// Also stop the holders' restarters: live parents that would start them again
@@ -284,7 +435,10 @@ pub struct CleanArgs {
 
 /// A shell command line (run by `sh -c`) or an argv array (no shell).
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a shell command line (a string) or an argv array (strings)"
+)]
 pub enum CommandArg {
     Shell(String),
     Argv(Vec<String>),
@@ -318,7 +472,7 @@ pub struct RunArgs {
 pub struct RecipeArgs {
     /// The recipe's name, as `recipes` lists it (e.g. "clean-node").
     pub name: String,
-    /// Its arguments, as on the command line (e.g. ["--gpus", "0,1", "--timeout", "60"]).
+    /// Its arguments, as on the command line (e.g. ["--gpu", "0,1", "--timeout", "60"]).
     #[serde(default)]
     pub args: Vec<String>,
     /// Seconds before the recipe is stopped (default 600).
@@ -331,7 +485,8 @@ pub struct RecipeArgs {
 
 // ---- the tool list ----
 
-fn tool<T: JsonSchema + 'static>(
+/// A tool whose arguments are `In` and whose structured content is an `Output<Out>`.
+fn tool<In: JsonSchema + 'static, Out: JsonSchema + 'static>(
     name: &'static str,
     title: &'static str,
     description: &'static str,
@@ -342,7 +497,8 @@ fn tool<T: JsonSchema + 'static>(
         .destructive(!read_only)
         .open_world(false);
     Tool::new(name, description, serde_json::Map::new())
-        .with_input_schema::<T>()
+        .with_input_schema::<In>()
+        .with_output_schema::<Output<Out>>()
         .with_title(title)
         .with_annotations(hints)
 }
@@ -350,7 +506,7 @@ fn tool<T: JsonSchema + 'static>(
 /// Every tool, with its schema and the description a model reads.
 pub fn list() -> Vec<Tool> {
     vec![
-        tool::<NoArgs>(
+        tool::<NoArgs, GpusOut>(
             "gpus",
             "List GPUs",
             "List the GPUs with their memory use: index, name, uuid, mem_used_mib / \
@@ -358,7 +514,7 @@ pub fn list() -> Vec<Tool> {
              reports. Start here to see which GPUs still hold memory.",
             true,
         ),
-        tool::<HoldersArgs>(
+        tool::<HoldersArgs, HoldersOut>(
             "holders",
             "Who holds the GPUs",
             "List the processes holding GPU memory (compute holders): the driver's process \
@@ -368,7 +524,7 @@ pub fn list() -> Vec<Tool> {
              cmdline, state, role, gpus, mem. Pass these records to `kill` as targets.",
             true,
         ),
-        tool::<SelArgs>(
+        tool::<SelArgs, DiagnoseOut>(
             "diagnose",
             "Why is GPU memory still used",
             "Explain each GPU's memory: a verdict (clean, held, orphaned, inherited, \
@@ -377,7 +533,7 @@ pub fn list() -> Vec<Tool> {
              a cleanup; quote the advice.",
             true,
         ),
-        tool::<WaitArgs>(
+        tool::<WaitArgs, WaitOut>(
             "wait_clean",
             "Wait until GPUs are free",
             "Wait until the selected GPUs have no compute holder and their memory is released \
@@ -386,7 +542,7 @@ pub fn list() -> Vec<Tool> {
              and can be cancelled.",
             true,
         ),
-        tool::<KillArgs>(
+        tool::<KillArgs, KillReport>(
             "kill",
             "Stop processes safely",
             "Stop processes: all targets get the signal at once (through pidfds), one shared \
@@ -396,7 +552,7 @@ pub fn list() -> Vec<Tool> {
              Needs the server's `--allow kill` unless dry_run is true.",
             false,
         ),
-        tool::<CleanArgs>(
+        tool::<CleanArgs, CleanOut>(
             "clean",
             "Stop GPU holders and verify",
             "The whole cleanup: stop every compute holder of the selected GPUs (TERM, grace, \
@@ -406,7 +562,7 @@ pub fn list() -> Vec<Tool> {
              is true (a dry run lists what would be stopped).",
             false,
         ),
-        tool::<RunArgs>(
+        tool::<RunArgs, RunOut>(
             "run",
             "Run a command",
             "Run a command (e.g. re-run the job) in its own process group with a timeout, and \
@@ -416,14 +572,14 @@ pub fn list() -> Vec<Tool> {
              server's `--allow run`.",
             false,
         ),
-        tool::<NoArgs>(
+        tool::<NoArgs, RecipesOut>(
             "recipes",
             "List the ready recipes",
             "List the recipes built into gpuloop (ready Rhai scripts such as clean-node, the \
              escalation ladder TERM -> KILL -> wait -> diagnose -> verify): name, purpose, usage.",
             true,
         ),
-        tool::<RecipeArgs>(
+        tool::<RecipeArgs, RunOut>(
             "run_recipe",
             "Run a ready recipe",
             "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME \
@@ -453,24 +609,21 @@ pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, Cal
         "gpus" => {
             args::<NoArgs>(name, raw)?;
             Ok(match actions::gpus(s) {
-                Ok(gpus) => Reply::ok(summary::gpus(&gpus), json!({ "gpus": gpus })),
+                Ok(gpus) => Reply::ok(summary::gpus(&gpus), GpusOut { gpus }),
                 Err(e) => Reply::failed(e),
             })
         }
         "holders" => {
             let a: HoldersArgs = args(name, raw)?;
             Ok(match actions::holders(s, &a.gpus, a.all) {
-                Ok(hs) => Reply::ok(summary::holders(&hs, a.all), json!({ "holders": hs })),
+                Ok(hs) => Reply::ok(summary::holders(&hs, a.all), HoldersOut { holders: hs }),
                 Err(e) => Reply::failed(e),
             })
         }
         "diagnose" => {
             let a: SelArgs = args(name, raw)?;
             Ok(match actions::diagnoses(s, &a.gpus) {
-                Ok(ds) => Reply::ok(
-                    summary::diagnoses(&ds),
-                    json!({ "clean": ds.iter().all(|d| d.verdict == "clean"), "gpus": ds }),
-                ),
+                Ok(ds) => Reply::ok(summary::diagnoses(&ds), DiagnoseOut::of(ds)),
                 Err(e) => Reply::failed(e),
             })
         }
@@ -487,7 +640,7 @@ pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, Cal
                 .collect();
             Ok(Reply::ok(
                 format!("{} recipe(s): {}", list.len(), names.join("; ")),
-                json!({ "recipes": list }),
+                RecipesOut { recipes: list },
             ))
         }
         "run_recipe" => run_recipe(ctx, args(name, raw)?),
@@ -533,19 +686,19 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
     let why = actions::why_not_clean(&outcome, &opts);
     Ok(Reply::ok(
         summary::wait(outcome.is_clean(), elapsed, why, &after),
-        json!({
-            "clean": outcome.is_clean(),
-            "outcome": match outcome {
-                WaitOutcome::Clean => "clean",
-                WaitOutcome::TimedOut => "timed-out",
-                WaitOutcome::Stalled => "stalled",
-                WaitOutcome::Respawned(_) => "respawned",
-                WaitOutcome::Unsettled => "unsettled",
-                WaitOutcome::Interrupted | WaitOutcome::NoDriver(_) => "interrupted",
+        WaitOut {
+            clean: outcome.is_clean(),
+            outcome: match outcome {
+                WaitOutcome::Clean => WaitEnd::Clean,
+                WaitOutcome::TimedOut => WaitEnd::TimedOut,
+                WaitOutcome::Stalled => WaitEnd::Stalled,
+                WaitOutcome::Respawned(_) => WaitEnd::Respawned,
+                WaitOutcome::Unsettled => WaitEnd::Unsettled,
+                WaitOutcome::Interrupted | WaitOutcome::NoDriver(_) => WaitEnd::Interrupted,
             },
-            "elapsed_ms": elapsed.as_millis() as i64,
-            "gpus": after,
-        }),
+            elapsed_ms: elapsed.as_millis() as i64,
+            gpus: after,
+        },
     ))
 }
 
@@ -608,12 +761,8 @@ fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
     if a.force {
         line.push_str(" (force has no effect through MCP: protected daemons are never signalled)");
     }
-    Ok(Reply {
-        summary: line,
-        signalled: report.signalled.clone(),
-        data: json!(report),
-        failed: false,
-    })
+    let signalled = report.signalled.clone();
+    Ok(Reply::signalled(line, report, signalled))
 }
 
 fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
@@ -636,7 +785,7 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
             match actions::kill_holders(ctx.session, &sel, &Filter::default(), &kill_opts) {
                 Ok(mut report) => {
                     no_force_here(&mut report);
-                    Reply::ok(summary::kill(&report), json!(report))
+                    Reply::ok(summary::kill(&report), CleanOut::DryRun(report))
                 }
                 Err(e) => Reply::failed(e),
             },
@@ -665,12 +814,8 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
             signalled: r.kill.signalled,
         });
     }
-    Ok(Reply {
-        summary: summary::clean(&r),
-        signalled: r.kill.signalled.clone(),
-        data: json!(r),
-        failed: false,
-    })
+    let (line, signalled) = (summary::clean(&r), r.kill.signalled.clone());
+    Ok(Reply::signalled(line, CleanOut::Done(r), signalled))
 }
 
 /// A protected daemon kill or clean left alone: through MCP no flag stops it, so say so.
@@ -732,7 +877,6 @@ fn run_job(
         cwd: cwd.map(Into::into),
         // stdout is the MCP channel: output is captured, never echoed.
         echo: false,
-        protected: ctx.session.protected().to_vec(),
         ..JobOpts::default()
     };
     let job = match Job::spawn(cmd, opts) {
@@ -758,21 +902,81 @@ fn run_job(
     // exited (its `leftovers`), as run() does in scripts.
     let leftovers = outcome.leftovers.clone();
     let tail = tail_lines.max(1);
-    Ok(Reply {
-        summary: summary::run(job.command(), &outcome, Some(timeout), &leftovers),
-        signalled: leftovers.clone(),
-        data: json!({
-            "command": job.command(),
-            "code": outcome.code,
-            "signal": outcome.signal,
-            "ok": outcome.ok,
-            "timed_out": outcome.timed_out,
-            "elapsed_ms": outcome.elapsed_ms,
-            "pid": outcome.pid,
-            "stdout_tail": runner::tail(&outcome.stdout, tail),
-            "stderr_tail": runner::tail(&outcome.stderr, tail),
-            "leftovers": leftovers,
-        }),
-        failed: false,
-    })
+    let out = RunOut {
+        command: job.command().to_string(),
+        code: outcome.code,
+        signal: outcome.signal.clone(),
+        ok: outcome.ok,
+        timed_out: outcome.timed_out,
+        elapsed_ms: outcome.elapsed_ms,
+        pid: outcome.pid,
+        stdout_tail: runner::tail(&outcome.stdout, tail),
+        stderr_tail: runner::tail(&outcome.stderr, tail),
+        leftovers: leftovers.clone(),
+    };
+    Ok(Reply::signalled(
+        summary::run(job.command(), &outcome, Some(timeout), &leftovers),
+        out,
+        leftovers,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_bad_argument_is_named_in_the_message() {
+        let e = args::<SelArgs>("diagnose", raw(json!({ "gpus": "zero" }))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "diagnose: gpus: invalid type: string \"zero\", expected a sequence"
+        );
+        let e = args::<KillArgs>("kill", raw(json!({ "targets": [{ "pid": 5 }] }))).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("kill: targets[0]: expected a pid, or a holder record"),
+            "{e}"
+        );
+        let e = args::<NoArgs>("gpus", raw(json!({ "sudo": true }))).unwrap_err();
+        assert!(e.to_string().contains("unknown field `sudo`"), "{e}");
+    }
+
+    #[test]
+    fn a_refusal_is_an_error_result_saying_how_to_allow_it() {
+        let r = Policy::default()
+            .check("clean", Permission::Clean, false)
+            .unwrap_err();
+        let reply = Reply::refused(&r);
+        assert!(reply.failed);
+        assert!(reply.summary.contains("`gpuloop mcp --allow clean`"));
+        assert_eq!(
+            reply.data,
+            json!({ "refused": true, "tool": "clean", "allow": "clean" })
+        );
+    }
+
+    #[test]
+    fn every_output_schema_is_an_object_that_admits_the_error_shapes() {
+        for t in list() {
+            let schema = t
+                .output_schema
+                .unwrap_or_else(|| panic!("{}: none", t.name));
+            assert_eq!(schema["type"], "object", "{}", t.name);
+            let required: Vec<&Value> = schema["anyOf"]
+                .as_array()
+                .map(|a| a.iter().map(|b| &b["required"]).collect())
+                .unwrap_or_default();
+            assert!(
+                required.contains(&&json!(["refused", "tool", "allow"]))
+                    && required.contains(&&json!(["error"])),
+                "{}: {schema:?}",
+                t.name
+            );
+        }
+    }
 }

@@ -82,6 +82,15 @@ impl ProcDir {
             .unwrap_or_default()
     }
 
+    /// How many threads the process counts (a zombie leader among them until it is reaped):
+    /// the links of its `task` directory, less two; one system call, no file read.
+    pub fn threads(&self) -> io::Result<u64> {
+        let st = rustix::fs::statat(&self.fd, "task", rustix::fs::AtFlags::empty())
+            .map_err(|e| gone_as_not_found(e.into()))?;
+        #[allow(clippy::unnecessary_cast)]
+        Ok((st.st_nlink as u64).saturating_sub(2))
+    }
+
     /// /proc/PID/status as text (signal masks, NSpid, …).
     pub fn status(&self) -> io::Result<String> {
         Ok(String::from_utf8_lossy(&self.read("status")?).into_owned())
@@ -252,8 +261,8 @@ mod tests {
         let _ = child.wait();
     }
 
-    /// Issue 10, defect 1 ("a recycled pid can be killed"): evidence read through the /proc
-    /// directory of a process is never another process's, even once its pid is free for reuse.
+    /// The bug: a recycled pid could be killed. Evidence read through the /proc directory of
+    /// a process is never another process's, even once its pid is free for reuse.
     #[test]
     fn a_recycled_pid_can_be_killed_evidence_is_bound_to_the_process() {
         let child = Command::new("sleep").arg("30").spawn().unwrap();

@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::pidfd_send_signal;
 use serde::{Deserialize, Serialize};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Write;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -35,7 +35,8 @@ impl Target {
 #[derive(Debug, Clone)]
 pub struct KillOpts {
     pub signal: Signal,
-    /// Survivors get SIGKILL after this; zero means no escalation.
+    /// Survivors get SIGKILL after this: zero is TERM then KILL at once (as `docker stop
+    /// -t 0`), `NEVER` ("inf") is no KILL at all.
     pub grace: Duration,
     /// Also the targets' descendants (and their job's process group).
     pub tree: bool,
@@ -46,6 +47,40 @@ pub struct KillOpts {
     pub parents: bool,
     /// What an interrupt during the grace does.
     pub on_interrupt: OnInterrupt,
+    /// Why each target (by pid) was chosen, for the audit journal: "holder of GPU 0". A
+    /// target not named here is journaled as a bare pid or an identity the caller gave.
+    pub why: HashMap<i32, String>,
+    /// With a grace that never ends (`NEVER`): wait for the exits here, until they happen or
+    /// an interrupt (kill()); false leaves the waiting to the caller (clean waits until its
+    /// timeout).
+    pub wait_forever: bool,
+    /// The one user whose processes may be signalled (`--user`, `--mine`): targets, their
+    /// trees, their groups and their parents alike. Anyone else's is left alone, and said.
+    pub owner: Option<Owner>,
+}
+
+/// The user a kill is bounded to, and how the caller named it ("--user nobody", "--mine"),
+/// for the reason a process outside it is left alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub said: String,
+}
+
+impl Owner {
+    /// Why `p` is outside the bound, if it is: "owned by root, outside --user nobody". A
+    /// process whose owner cannot be read is outside it too.
+    fn excludes(&self, p: &Pinned) -> Option<String> {
+        match p.dir.uid() {
+            Ok(uid) if uid == self.uid => None,
+            Ok(uid) => Some(format!(
+                "owned by {}, outside {}",
+                super::user_name(uid),
+                self.said
+            )),
+            Err(e) => Some(format!("owner unreadable ({e}), outside {}", self.said)),
+        }
+    }
 }
 
 impl Default for KillOpts {
@@ -58,24 +93,27 @@ impl Default for KillOpts {
             force: false,
             parents: false,
             on_interrupt: OnInterrupt::StopWaiting,
+            why: HashMap::new(),
+            wait_forever: true,
+            owner: None,
         }
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Skipped {
     pub pid: i64,
     pub reason: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct KillError {
     pub pid: i64,
     pub error: String,
 }
 
 /// One process kill() signalled (or, in a dry run, would signal), and what ended it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Stopped {
     pub pid: i64,
     pub name: String,
@@ -91,7 +129,7 @@ pub struct Stopped {
 }
 
 /// The report `kill()` returns to scripts.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct KillReport {
     pub dry_run: bool,
@@ -119,7 +157,7 @@ pub struct KillReport {
     pub by_host: std::collections::BTreeMap<String, KillReport>,
 }
 /// A process that SIGKILL has not ended yet because it sleeps uninterruptibly.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Stuck {
     pub pid: i64,
     pub name: String,
@@ -155,6 +193,37 @@ pub type Progress<'a> = &'a mut dyn FnMut(usize, usize, Option<Duration>);
 /// How long SIGKILLed processes get to disappear before they are reported as survivors
 /// (a process stuck in the driver, in uninterruptible sleep, can outlive SIGKILL).
 const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a job stop with no KILL (`NEVER`) waits for its processes: until they exit.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A grace that never ends: the signal, and never SIGKILL (`grace: "inf"`, `--grace inf`).
+pub const NEVER: Duration = Duration::MAX;
+
+/// A grace in seconds; infinity (what "inf" parses to) is `NEVER`.
+pub fn grace_seconds(v: f64) -> Result<Duration, String> {
+    if v == f64::INFINITY {
+        return Ok(NEVER);
+    }
+    crate::inspect::wait::seconds(v).map_err(|why| format!("{why}, or inf to never send KILL"))
+}
+
+/// A grace on the agent's wire, in milliseconds: `NEVER` is `u64::MAX`.
+pub fn grace_ms(grace: Duration) -> u64 {
+    if grace == NEVER {
+        return u64::MAX;
+    }
+    u64::try_from(grace.as_millis()).unwrap_or(u64::MAX - 1)
+}
+
+/// The grace a wire's milliseconds stand for (`grace_ms` turned back).
+pub fn grace_of_ms(ms: u64) -> Duration {
+    if ms == u64::MAX {
+        NEVER
+    } else {
+        Duration::from_millis(ms)
+    }
+}
 
 /// Parses "TERM", "SIGTERM", "term" or a number.
 pub fn parse_signal(s: &str) -> Option<Signal> {
@@ -214,7 +283,8 @@ impl<'a> Guard<'a> {
                 p.pid, p.comm
             ));
         }
-        if p.is_zombie() {
+        // A zombie leader whose other threads live on still holds what they hold.
+        if p.is_zombie() && crate::process::scan::live_thread(&pinned.dir).is_none() {
             return Some(format!(
                 "zombie: it holds nothing, but its parent (pid {}) must reap it",
                 p.ppid
@@ -229,6 +299,10 @@ impl<'a> Guard<'a> {
         None
     }
 }
+
+/// The reason given for a target that had exited before it could be signalled: not an error
+/// for a holder seen earlier, but a bare pid the command line named that does not exist is.
+pub const GONE: &str = "already gone";
 
 /// What a refused daemon's reason says would stop it (MCP, which never does, replaces it).
 pub const FORCE_ANYWAY: &str = "force stops it anyway: --force, or force: true in a script";
@@ -259,6 +333,10 @@ struct Victim {
     escalated: bool,
     /// SIGKILL was sent to it (at once or after the grace).
     killed: bool,
+    /// The signal it got first: the one asked for, or KILL when it could not act on that.
+    first: Signal,
+    /// Its name as a person is shown it, read before it was signalled.
+    name: String,
 }
 
 /// Signals every target at once, waits for exits on pidfds, escalates after one shared grace.
@@ -327,24 +405,32 @@ struct Resolve<'a> {
     seen: HashSet<i32>,
     /// The targets themselves, as taken (their parents are the restarters).
     taken: Vec<Identity>,
+    /// Why each process taken was chosen, by pid, for the audit journal.
+    why: HashMap<i32, String>,
 }
 
 impl Resolve<'_> {
     /// Keeps `p` and takes it unless it was considered before or is refused.
-    fn consider(&mut self, report: &mut KillReport, p: Pinned) -> (usize, bool) {
+    fn consider(&mut self, report: &mut KillReport, p: Pinned, why: String) -> (usize, bool) {
         let pid = p.info.pid;
         let i = self.pins.len();
         self.pins.push(p);
         if !self.seen.insert(pid) {
             return (i, false);
         }
-        match self.guard.refuse(&self.pins[i], self.opts.force) {
+        let p = &self.pins[i];
+        let refused = self.guard.refuse(p, self.opts.force).or_else(|| {
+            let owner = self.opts.owner.as_ref()?;
+            owner.excludes(p)
+        });
+        match refused {
             Some(reason) => {
                 skip(report, pid, reason);
                 (i, false)
             }
             None => {
                 self.chosen.push(i);
+                self.why.insert(pid, why);
                 (i, true)
             }
         }
@@ -364,12 +450,16 @@ impl Resolve<'_> {
         };
         let p = match pinned {
             Ok(Some(p)) => p,
-            Ok(None) => return skip(report, pid, "already gone".into()),
+            Ok(None) => return skip(report, pid, GONE.into()),
             Err(reason) => return skip(report, pid, reason),
         };
         // A refused target's tree is never walked (its children may be gpuloop's siblings, or
         // a daemon's helpers).
-        let (i, taken) = self.consider(report, p);
+        let why = self.opts.why.get(&pid).cloned().unwrap_or_else(|| match t {
+            Target::Pid(_) => "bare pid".into(),
+            Target::Exact(_) => "pid and start time given".into(),
+        });
+        let (i, taken) = self.consider(report, p, why);
         if !taken {
             return;
         }
@@ -427,7 +517,7 @@ impl Resolve<'_> {
         let p = match identity::pin_now(pid) {
             Ok(Some(p)) => p,
             Ok(None) => {
-                skip(report, pid, "already gone".into());
+                skip(report, pid, GONE.into());
                 return None;
             }
             Err(reason) => {
@@ -459,7 +549,14 @@ impl Resolve<'_> {
             );
             return None;
         }
-        let (i, taken) = self.consider(report, p);
+        let why = match tie {
+            Tie::Child => format!("child of pid {} ({})", a.info.pid, a.info.comm),
+            Tie::Group => format!(
+                "in the process group of pid {} ({})",
+                a.info.pid, a.info.comm
+            ),
+        };
+        let (i, taken) = self.consider(report, p, why);
         taken.then_some(i)
     }
 
@@ -495,7 +592,11 @@ impl Resolve<'_> {
         if !parent.is_parent_of(&self.pins[holder]) {
             return false;
         }
-        self.consider(report, parent).1
+        let why = format!(
+            "parent of pid {}, which may start it again",
+            self.pins[holder].info.pid
+        );
+        self.consider(report, parent, why).1
     }
 }
 
@@ -525,6 +626,7 @@ fn kill_in(
         chosen: Vec::new(),
         seen: HashSet::new(),
         taken: Vec::new(),
+        why: HashMap::new(),
     };
     for t in targets {
         resolve.target(&mut report, t);
@@ -532,6 +634,8 @@ fn kill_in(
     resolve.restarters(&mut report);
     let chosen: HashSet<usize> = resolve.chosen.iter().copied().collect();
     let order = resolve.chosen;
+    let why = resolve.why;
+    let why = |pid: i32| why.get(&pid).map_or("", String::as_str);
     let mut pins: Vec<Option<Pinned>> = resolve
         .pins
         .into_iter()
@@ -540,21 +644,43 @@ fn kill_in(
         .collect();
     let pinned: Vec<Pinned> = order.iter().filter_map(|&i| pins[i].take()).collect();
 
-    let first = signal_name(opts.signal).to_string();
-    let stopped = |pid: i32, name: String, ended_by: Option<&str>, exit_ms: Option<i64>| Stopped {
-        pid: pid.into(),
-        name,
-        gpus: Vec::new(),
-        signal: first.clone(),
-        ended_by: ended_by.map(str::to_string),
-        exit_ms,
+    let escalates = opts.signal != Signal::SIGKILL && opts.grace != NEVER;
+    // A signal the process cannot act on only costs the whole grace, so it
+    // gets KILL at once; decided here, so that a dry run says what would really be sent.
+    let futile: Vec<Option<String>> = pinned
+        .iter()
+        .map(|p| escalates.then(|| futile_signal(p, opts.signal)).flatten())
+        .collect();
+    // Names are read before any signal: a process that has exited has no command line.
+    let name = |p: &Pinned| super::display_name(&p.info.comm, &p.dir.cmdline());
+    let stopped =
+        |p: &Pinned, name: String, sent: Signal, ended_by: Option<&str>, exit_ms: Option<i64>| {
+            Stopped {
+                pid: p.info.pid.into(),
+                name,
+                gpus: Vec::new(),
+                signal: signal_name(sent).to_string(),
+                ended_by: ended_by.map(str::to_string),
+                exit_ms,
+            }
+        };
+    let first_of = |why: &Option<String>| match why {
+        Some(_) => Signal::SIGKILL,
+        None => opts.signal,
     };
     if opts.dry_run {
         report.would_signal = pinned.iter().map(|p| p.info.pid.into()).collect();
-        report.targets = pinned
-            .iter()
-            .map(|p| stopped(p.info.pid, p.info.comm.clone(), None, None))
-            .collect();
+        for (p, why) in pinned.iter().zip(&futile) {
+            report
+                .targets
+                .push(stopped(p, name(p), first_of(why), None, None));
+            if let Some(why) = why {
+                report.killed_at_once.push(Skipped {
+                    pid: p.info.pid.into(),
+                    reason: format!("{why}: would send KILL at once"),
+                });
+            }
+        }
         report.elapsed_ms = started.elapsed().as_millis() as i64;
         return report;
     }
@@ -564,27 +690,21 @@ fn kill_in(
     // from now on is out of reach.
     let signalled_at = Instant::now();
     let mut victims = Vec::new();
-    let escalates = opts.signal != Signal::SIGKILL && !opts.grace.is_zero();
-    for p in pinned {
+    for (p, futile) in pinned.into_iter().zip(futile) {
         let pid = p.info.pid;
-        // Issue 11, item 6: a signal the process cannot act on only costs the whole grace.
-        let futile = escalates.then(|| futile_signal(&p, opts.signal)).flatten();
-        let sig = if futile.is_some() {
-            Signal::SIGKILL
-        } else {
-            opts.signal
-        };
-        match send(&p, sig) {
+        let sig = first_of(&futile);
+        let shown = name(&p);
+        match send(&p, sig, why(pid)) {
             Ok(()) => {
                 tracing::debug!("kill: {} -> pid {pid}", signal_name(sig));
                 // A stopped process would not act on TERM until continued.
                 if p.info.state == 'T' && sig != Signal::SIGKILL {
-                    let _ = send(&p, Signal::SIGCONT);
+                    let _ = send(&p, Signal::SIGCONT, why(pid));
                 }
-                if let Some(reason) = futile {
+                if let Some(why) = futile {
                     report.killed_at_once.push(Skipped {
                         pid: pid.into(),
-                        reason,
+                        reason: format!("{why}: sent KILL at once"),
                     });
                 }
                 report.signalled.push(pid.into());
@@ -592,11 +712,13 @@ fn kill_in(
                     pinned: p,
                     exited: false,
                     exit_at: None,
-                    escalated: sig != opts.signal,
+                    escalated: false,
                     killed: sig == Signal::SIGKILL,
+                    first: sig,
+                    name: shown,
                 });
             }
-            Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, "already gone".into()),
+            Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, GONE.into()),
             Err(e) => report.errors.push(KillError {
                 pid: pid.into(),
                 error: describe_errno(e, sig),
@@ -609,10 +731,21 @@ fn kill_in(
     // kill() and clean), or cuts the grace short (`KillNow`: stopping a job).
     let first_wait = if victims.iter().all(|v| v.killed) {
         KILL_WAIT
-    } else {
+    } else if opts.grace != NEVER {
         opts.grace
+    } else if opts.on_interrupt == OnInterrupt::KillNow || opts.wait_forever {
+        // No KILL: the processes are waited for until they exit, or an interrupt (which, for
+        // a job, sends the KILL: a job is never left behind).
+        FOREVER
+    } else {
+        // clean with no KILL: the survivors are reported, and clean waits for them until
+        // its timeout.
+        Duration::ZERO
     };
-    let escalation = escalates.then_some(signalled_at + first_wait);
+    let first_deadline = signalled_at
+        .checked_add(first_wait)
+        .unwrap_or(signalled_at + KILL_WAIT);
+    let escalation = escalates.then_some(first_deadline);
     // SIGKILLs already sent while stopping a job are waited for whatever happens.
     let never = AtomicBool::new(false);
     let first_interrupt: &dyn Interrupt =
@@ -623,15 +756,18 @@ fn kill_in(
         };
     let cut = wait_exits(
         &mut victims,
-        signalled_at + first_wait,
+        first_deadline,
         first_interrupt,
         &mut |left, all| progress(left, all, escalation.map(|t| t - Instant::now().min(t))),
     );
     report.interrupted = cut && opts.on_interrupt == OnInterrupt::StopWaiting;
-    if escalates && !report.interrupted {
+    // A job stop's interrupt means KILL now, even with a grace that never ends.
+    let kill_now = cut && opts.on_interrupt == OnInterrupt::KillNow;
+    if (escalates || kill_now) && !report.interrupted {
         for v in victims.iter_mut().filter(|v| !v.exited && !v.killed) {
             tracing::debug!("kill: grace over, KILL -> pid {}", v.pinned.info.pid);
-            v.escalated = send(&v.pinned, Signal::SIGKILL).is_ok();
+            let pid = v.pinned.info.pid;
+            v.escalated = send(&v.pinned, Signal::SIGKILL, why(pid)).is_ok();
             v.killed = v.escalated;
         }
         if victims.iter().any(|v| v.killed && !v.exited) {
@@ -666,15 +802,18 @@ fn kill_in(
         let ended_by = match (v.exited, v.escalated) {
             (false, _) => None,
             (true, true) => Some("KILL"),
-            (true, false) => Some(first.as_str()),
+            (true, false) => Some(signal_name(v.first)),
         };
         let exit_ms = v
             .exit_at
             .map(|t| t.saturating_duration_since(signalled_at).as_millis() as i64);
-        let name = v.pinned.info.comm.clone();
-        report
-            .targets
-            .push(stopped(v.pinned.info.pid, name, ended_by, exit_ms));
+        report.targets.push(stopped(
+            &v.pinned,
+            v.name.clone(),
+            v.first,
+            ended_by,
+            exit_ms,
+        ));
     }
     // A parent that only waited for its holder exits with it; the ones still running after
     // their holder ended are those that may start it again.
@@ -710,9 +849,7 @@ fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
     let bit = 1u64 << (sig as i32 - 1);
     let name = signal_name(sig);
     if mask("SigIgn:").is_some_and(|m| m & bit != 0) {
-        return Some(format!(
-            "pid {pid} ignores {name} (SigIgn): sent KILL at once"
-        ));
+        return Some(format!("pid {pid} ignores {name} (SigIgn)"));
     }
     let ns_init = field("NSpid:").is_some_and(|v| {
         let ids: Vec<&str> = v.split_whitespace().collect();
@@ -720,7 +857,7 @@ fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
     });
     if ns_init && mask("SigCgt:").is_some_and(|m| m & bit == 0) {
         return Some(format!(
-            "pid {pid} is the init of its own PID namespace and has no {name} handler (SigCgt), so the kernel drops {name}: sent KILL at once"
+            "pid {pid} is the init of its own PID namespace and has no {name} handler (SigCgt), so the kernel drops {name}"
         ));
     }
     None
@@ -745,15 +882,32 @@ pub fn wchan(dir: &super::identity::ProcDir) -> String {
     }
 }
 
-/// Sends `sig` through the pidfd of a pinned process (never by pid), and logs it when
-/// `GPULOOP_SIGNAL_LOG` names a file.
-fn send(p: &Pinned, sig: Signal) -> rustix::io::Result<()> {
+/// Sends `sig` through the pidfd of a pinned process (never by pid); journals it, with `why`
+/// the process was chosen and what came of it, and logs it when `GPULOOP_SIGNAL_LOG` names
+/// a file.
+fn send(p: &Pinned, sig: Signal, why: &str) -> rustix::io::Result<()> {
     let raw =
         rustix::process::Signal::from_named_raw(sig as i32).ok_or(rustix::io::Errno::INVAL)?;
     let r = pidfd_send_signal(&p.fd, raw);
     if r.is_ok() {
         log_signal(&p.identity(), &p.info.comm, sig);
     }
+    let outcome = match r {
+        Ok(()) => "delivered".to_string(),
+        Err(rustix::io::Errno::SRCH) => "already gone".to_string(),
+        Err(e) => format!("error: {}", describe_errno(e, sig)),
+    };
+    crate::journal::signal(
+        crate::journal::Target {
+            pid: p.info.pid.into(),
+            start: p.info.start,
+            comm: p.info.comm.clone(),
+            uid: p.dir.uid().ok(),
+        },
+        signal_name(sig),
+        why,
+        &outcome,
+    );
     r
 }
 

@@ -144,24 +144,6 @@ pub fn process_table() -> Vec<ProcInfo> {
         .collect()
 }
 
-/// "running", "sleeping", … for a stat state letter.
-pub fn state_name(c: char) -> &'static str {
-    match c {
-        'R' => "running",
-        'S' => "sleeping",
-        'D' => "disk-sleep",
-        'Z' => "zombie",
-        'T' => "stopped",
-        't' => "tracing-stop",
-        'X' | 'x' => "dead",
-        'I' => "idle",
-        'W' => "paging",
-        'P' => "parked",
-        'K' => "wakekill",
-        _ => "unknown",
-    }
-}
-
 /// The real uid of a process (the owner of its /proc directory).
 pub fn uid(pid: i32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
@@ -197,6 +179,23 @@ pub fn user_name(uid: u32) -> String {
         c.insert(uid, name.clone());
     }
     name
+}
+
+/// The name to show a person for a process: a known restarter by what it is ("torchrun agent
+/// (restarts its workers)"); where the kernel cut the comm to 15 bytes (`VLLM::EngineCor`,
+/// `nvidia-persiste`), the full name from the command line: argv[0]'s base name, or the
+/// process title the program set; otherwise its comm.
+pub fn display_name(comm: &str, cmdline: &str) -> String {
+    if let Some(known) = restart::known(comm) {
+        return known.to_string();
+    }
+    let first = cmdline.split(' ').next().unwrap_or("");
+    let base = first.rsplit('/').next().unwrap_or(first);
+    if comm.len() == 15 && base.len() > comm.len() && base.starts_with(comm) {
+        base.to_string()
+    } else {
+        comm.to_string()
+    }
 }
 
 /// The command line with NULs as spaces; empty for kernel threads and the unreadable.
@@ -256,13 +255,19 @@ pub fn run_command(
 ) -> Result<String, CommandFailure> {
     use std::io::Read;
     use std::process::{Command, Stdio};
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| CommandFailure::Start(e.kind(), e.to_string()))?;
+    // Registered as gpuloop's own, so that the job runner never takes it for a job's orphan.
+    let (mut child, helper) = helpers::start(
+        || {
+            Command::new(program)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        },
+        |c| Some(c.id()),
+    )
+    .map_err(|e| CommandFailure::Start(e.kind(), e.to_string()))?;
     // Both pipes are drained at once, so a chatty program never blocks on a full one.
     let drain = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
@@ -289,6 +294,7 @@ pub fn run_command(
             }
         }
     };
+    helpers::forget(helper);
     let (out, err) = (
         stdout.join().unwrap_or_default(),
         stderr.join().unwrap_or_default(),
@@ -315,6 +321,31 @@ mod tests {
             ('S', 1, 4242, 4242, 4194560, 987654)
         );
         assert!(!p.is_kernel_thread());
+    }
+
+    #[test]
+    fn names_cut_by_the_kernel_are_shown_whole() {
+        assert_eq!(
+            display_name("VLLM::EngineCor", "VLLM::EngineCore"),
+            "VLLM::EngineCore"
+        );
+        assert_eq!(
+            display_name("nvidia-persiste", "/usr/bin/nvidia-persistenced --verbose"),
+            "nvidia-persistenced"
+        );
+        // A comm not cut, or a command line that is not the same name, stays the comm.
+        assert_eq!(
+            display_name("python3", "/usr/bin/python3.12 x.py"),
+            "python3"
+        );
+        assert_eq!(
+            display_name("pt_main_thread1", "python3 train.py"),
+            "pt_main_thread1"
+        );
+        assert_eq!(
+            display_name("pt_elastic", "/usr/bin/python3 /usr/bin/torchrun train.py"),
+            "torchrun agent (restarts its workers)"
+        );
     }
 
     #[test]

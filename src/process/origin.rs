@@ -8,23 +8,26 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The nearest live ancestor that started a holder: neither a shell, init, nor a subreaper.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Launcher {
     pub pid: i64,
     /// With the pid, the identity: `kill(h.launcher)` checks it like a holder map.
     pub start: i64,
     pub name: String,
     /// The host it runs on, as its holder's (`kill(h.launcher)` goes there).
-    #[serde(default = "crate::hosts::local")]
+    #[serde(default = "crate::local::local")]
     pub host: String,
 }
 
 /// Lineage and attribution of one process, as holder maps carry them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct Origin {
     /// The parent's name (comm).
     pub ppid_comm: String,
+    /// The parent's name as a person is shown it (`process::display_name`): whole where the
+    /// comm was cut, a known restarter by what it is.
+    pub ppid_name: String,
     /// The parent is init or a subreaper, or started after the process: its own parent is gone.
     pub reparented: bool,
     pub launcher: Option<Launcher>,
@@ -120,6 +123,10 @@ pub fn origin(p: &ProcInfo) -> Origin {
     };
     Origin {
         ppid_comm: parent.as_ref().map(|q| q.comm.clone()).unwrap_or_default(),
+        ppid_name: parent
+            .as_ref()
+            .map(|q| super::display_name(&q.comm, &super::cmdline(q.pid)))
+            .unwrap_or_default(),
         reparented,
         launcher: launcher(p),
         service,
@@ -146,7 +153,7 @@ fn launcher(p: &ProcInfo) -> Option<Launcher> {
                 pid: a.pid.into(),
                 start: a.start as i64,
                 name: a.comm,
-                host: crate::hosts::local(),
+                host: crate::local::local(),
             });
         }
         pid = a.ppid;

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 /// A parent that outlived the holder it started.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Restarter {
     pub pid: i64,
     pub name: String,
@@ -17,6 +17,10 @@ pub struct Restarter {
     /// Known to the kill that found it; a report read back from a script has none.
     #[serde(skip, default = "unknown")]
     pub identity: Identity,
+    /// The holder's identity: while that very process is still exiting, nothing was
+    /// started again.
+    #[serde(skip, default = "unknown")]
+    pub holder_identity: Identity,
 }
 
 fn unknown() -> Identity {
@@ -39,6 +43,37 @@ impl Restarter {
             self.pid, self.name, self.holder
         )
     }
+}
+
+/// Parents known by name to restart the workers they start, and what to call them: real
+/// torchrun's elastic agent names itself `pt_elastic` (and runs as `torchrun`), starts its
+/// workers in sessions of their own and starts them again (`--max-restarts`).
+const KNOWN: &[(&str, &str)] = &[("pt_elastic", TORCHRUN_AGENT), ("torchrun", TORCHRUN_AGENT)];
+
+const TORCHRUN_AGENT: &str = "torchrun agent (restarts its workers)";
+
+/// What a process with this comm is, if it is a known restarter.
+pub fn known(comm: &str) -> Option<&'static str> {
+    KNOWN
+        .iter()
+        .find(|(c, _)| *c == comm)
+        .map(|(_, what)| *what)
+}
+
+/// Advice for holders whose parent is a known restarter, from what a holder map says of its
+/// parent (`pid`, `ppid`, the parent's comm): stopping such a worker alone only gets it
+/// started again, so the restarter goes with it (`parents` is the command that does that).
+pub fn advice<'a>(
+    holders: impl IntoIterator<Item = (i64, i64, &'a str)>,
+    parents: &str,
+) -> Option<String> {
+    let (pid, ppid, what) = holders
+        .into_iter()
+        .find_map(|(pid, ppid, comm)| Some((pid, ppid, known(comm)?)))?;
+    Some(format!(
+        "the parent of {pid}, pid {ppid}, is a {what}: stopping the worker alone only gets it started again; stop the {} with it ({parents})",
+        what.split(" (").next().unwrap_or(what)
+    ))
 }
 
 /// Shells, whose login or interactive instances start things by hand and restart nothing.
@@ -139,9 +174,10 @@ fn find_with(
         }
         out.push(Restarter {
             pid: parent.pid.into(),
-            name: parent.comm.clone(),
+            name: super::display_name(&parent.comm, &cmdline(parent.pid)),
             holder: child.pid.into(),
             identity: parent.identity(),
+            holder_identity: child.identity(),
         });
     }
     out
@@ -169,16 +205,18 @@ pub fn still_running(mut rs: Vec<Restarter>, within: Duration) -> Vec<Restarter>
 }
 
 /// The restarter among `pid`'s ancestors (a few levels: `bash -c` may run `sh` that runs
-/// python), if one of `restarters` started it.
+/// python), if one of `restarters` started it again: a holder with a new identity. The holder
+/// it stopped, still there (a TERM handler shutting down), is no restart.
 pub fn started_by(pid: i32, restarters: &[Restarter]) -> Option<&Restarter> {
     if restarters.is_empty() {
         return None;
     }
-    let mut p = super::read_stat(pid).ok()?;
+    let holder = super::read_stat(pid).ok()?;
+    let mut p = holder.clone();
     for _ in 0..8 {
         let parent = super::read_stat(p.ppid).ok()?;
         if let Some(r) = restarters.iter().find(|r| r.identity == parent.identity()) {
-            return Some(r);
+            return (r.holder_identity != holder.identity()).then_some(r);
         }
         if parent.pid <= 1 {
             return None;

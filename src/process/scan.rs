@@ -47,6 +47,10 @@ pub struct NodeUser {
     pub ino: Option<u64>,
     pub cmdline: String,
     pub uid: Option<u32>,
+    /// The thread-group leader has exited (it is a zombie) while other threads of it live on
+    /// and hold the nodes: `info.state` is then that live thread's state, and its fds and maps
+    /// were read through `/proc/PID/task/TID`.
+    pub defunct_leader: bool,
 }
 
 /// What one scan found.
@@ -115,21 +119,34 @@ pub fn scan(nodes: &DeviceNodes) -> Scan {
 
 /// Looks at one process; processes that vanish mid-scan are simply not users.
 ///
-/// Issue 10, defect 1: the fds, the maps and the stat used to be read by pid at different
-/// times, so a holder that died in between lent its evidence to whatever reused its pid.
-/// Now all of it is read through one /proc directory fd and the pidfd is opened before the
-/// stat: every fact is the same process's, or the process is dropped as gone.
+/// The fds, the maps and the stat are all read through one /proc directory fd, and the pidfd
+/// is opened before the stat: every fact is the same process's, or the process is dropped as
+/// gone (read by pid at different times, a holder that died in between would lend its
+/// evidence to whatever reused its pid).
 fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
     let Ok(dir) = ProcDir::open(pid) else {
         return Outcome::None;
     };
-    let open = match open_nodes_in(&dir, nodes) {
-        Ok(set) if set.is_empty() => return Outcome::None,
-        Ok(set) => set,
+    let (open, fds) = match open_nodes_in(&dir, "fd", nodes) {
+        Ok(found) => found,
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Outcome::Denied,
         Err(_) => return Outcome::None,
     };
-    let (info, ino) = match identity::bound_identity(&dir) {
+    // A process with no fds at all is a kernel thread, or a thread-group leader that has
+    // exited while its other threads live on (`pthread_exit` or SYS_exit from the main
+    // thread): its own fd table is gone, its threads' is not.
+    let thread = if fds == 0 { live_thread(&dir) } else { None };
+    let open = match &thread {
+        Some((tid, _)) => match open_nodes_in(&dir, &format!("task/{tid}/fd"), nodes) {
+            Ok((set, _)) => set,
+            Err(_) => return Outcome::None,
+        },
+        None => open,
+    };
+    if open.is_empty() {
+        return Outcome::None;
+    }
+    let (mut info, ino) = match identity::bound_identity(&dir) {
         Ok(Some(found)) => found,
         Ok(None) => return Outcome::None,
         // No pidfd (an old kernel, no fds left): the stat, read through `dir`, still is its own.
@@ -138,10 +155,17 @@ fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
             Err(_) => return Outcome::None,
         },
     };
+    if let Some((_, state)) = thread {
+        info.state = state;
+    }
     if info.is_zombie() {
         return Outcome::None;
     }
-    let mapped = match dir.read("maps") {
+    let maps_of = match &thread {
+        Some((tid, _)) => format!("task/{tid}/maps"),
+        None => "maps".to_string(),
+    };
+    let mapped = match dir.read(&maps_of) {
         Ok(maps) => parse_maps(&maps, nodes),
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => NodeSet::default(),
         Err(_) => return Outcome::None,
@@ -161,20 +185,61 @@ fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
         ino,
         cmdline,
         uid,
+        defunct_leader: thread.is_some(),
     })
+}
+
+/// For a zombie thread-group leader, one of its threads that still runs: (tid, state).
+/// `None` for a live process, a kernel thread, or a zombie that is all gone (it holds
+/// nothing: its parent only has to reap it).
+pub fn live_thread(dir: &ProcDir) -> Option<(i32, char)> {
+    // Most processes without fds are kernel threads: one thread, told without reading a file.
+    if dir.threads().ok()? < 2 || !dir.stat().ok()?.is_zombie() {
+        return None;
+    }
+    let mut tasks = rustix::fs::Dir::new(dir.open_at("task", true).ok()?).ok()?;
+    while let Some(Ok(entry)) = tasks.read() {
+        let Some(tid) = entry
+            .file_name()
+            .to_str()
+            .ok()
+            .and_then(|t| t.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if tid == dir.pid {
+            continue;
+        }
+        let Ok(stat) = dir.read(&format!("task/{tid}/stat")) else {
+            continue;
+        };
+        if let Some(t) = super::parse_stat(tid, &String::from_utf8_lossy(&stat)) {
+            if !t.is_zombie() {
+                return Some((tid, t.state));
+            }
+        }
+    }
+    None
 }
 
 /// The device nodes among a process's open fds: one readlinkat per fd into a stack buffer.
 pub fn open_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
-    open_nodes_in(&ProcDir::open(pid)?, nodes)
+    open_nodes_in(&ProcDir::open(pid)?, "fd", nodes).map(|(set, _)| set)
 }
 
-fn open_nodes_in(proc_dir: &ProcDir, nodes: &DeviceNodes) -> io::Result<NodeSet> {
+/// The device nodes among the fds listed in `fd_dir` (`fd`, or `task/TID/fd`), and how many
+/// fds there are in all.
+fn open_nodes_in(
+    proc_dir: &ProcDir,
+    fd_dir: &str,
+    nodes: &DeviceNodes,
+) -> io::Result<(NodeSet, usize)> {
     // The listing reads through this fd itself (`read_from` would reopen it: two more
     // system calls for each of the machine's processes); readlinkat does not move it.
-    let mut dir = rustix::fs::Dir::new(proc_dir.open_at("fd", true)?)?;
+    let mut dir = rustix::fs::Dir::new(proc_dir.open_at(fd_dir, true)?)?;
     let dirfd = dir.fd()?.as_raw_fd();
     let mut set = NodeSet::default();
+    let mut fds = 0;
     let mut buf = [0u8; 512];
     let prefix = nodes.prefix();
     while let Some(entry) = dir.read() {
@@ -183,6 +248,7 @@ fn open_nodes_in(proc_dir: &ProcDir, nodes: &DeviceNodes) -> io::Result<NodeSet>
         if name.to_bytes().first() == Some(&b'.') {
             continue;
         }
+        fds += 1;
         // SAFETY: dirfd is open, name is NUL-terminated, buf is writable for its length.
         let n =
             unsafe { libc::readlinkat(dirfd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -201,29 +267,53 @@ fn open_nodes_in(proc_dir: &ProcDir, nodes: &DeviceNodes) -> io::Result<NodeSet>
             }
         }
     }
-    Ok(set)
+    Ok((set, fds))
 }
 
-/// Finds node paths in maps text; the path is the sixth field of a line.
+/// Finds node paths in maps text. The path is the sixth field of a line: after five fields
+/// separated by whitespace (address, perms, offset, device, inode) and the padding after
+/// them, and it runs to the end of the line, spaces included. A node path found anywhere
+/// else (inside `/tmp/x /dev/nvidia2`, a file whose name has a space) is not a mapping of
+/// that node.
 pub fn parse_maps(maps: &[u8], nodes: &DeviceNodes) -> NodeSet {
     let mut set = NodeSet::default();
     let finder = memchr::memmem::Finder::new(nodes.prefix());
     for at in finder.find_iter(maps) {
-        // The match must start the path field: preceded by a space.
-        if at == 0 || maps[at - 1] != b' ' {
+        let line_start = memchr::memrchr(b'\n', &maps[..at]).map_or(0, |i| i + 1);
+        if path_field(&maps[line_start..at]) != Some(at - line_start) {
             continue;
         }
         let end = memchr::memchr(b'\n', &maps[at..]).map_or(maps.len(), |e| at + e);
         let path = &maps[at..end];
-        let path = path
-            .strip_suffix(b" (deleted)")
-            .unwrap_or(path)
-            .trim_ascii_end();
+        let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
         if let Some(node) = nodes.classify(path) {
             set.add(node);
         }
     }
     set
+}
+
+/// Where the path field of a maps line starts, given the line up to (not including) a
+/// candidate path: after five fields and the whitespace that follows them, or `None` if the
+/// line has fewer fields before it.
+fn path_field(line: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    for _ in 0..5 {
+        while line.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        let field = i;
+        while line.get(i).is_some_and(|b| !b.is_ascii_whitespace()) {
+            i += 1;
+        }
+        if i == field {
+            return None;
+        }
+    }
+    while line.get(i).is_some_and(|&b| b == b' ' || b == b'\t') {
+        i += 1;
+    }
+    Some(i)
 }
 
 #[cfg(test)]
@@ -243,6 +333,24 @@ mod tests {
         assert_eq!(set.minors, vec![2]);
         assert!(set.shared);
         assert!(parse_maps(b"7f04-7f05 r-xp 00000000 08:01 99 /lib/libc.so\n", &nodes).is_empty());
+    }
+
+    /// The bug: any node path preceded by a space counted, so a mapped file named
+    /// `/tmp/x /dev/nvidia2` made its process a compute holder of GPU 2.
+    #[test]
+    fn false_holders_from_maps_parsing_a_path_with_a_space_is_one_path() {
+        let nodes = DeviceNodes::new("/dev");
+        let spaced = b"7f00-7f01 rw-s 00000000 08:01 77 /tmp/x /dev/nvidia2\n";
+        assert!(parse_maps(spaced, &nodes).is_empty());
+        let deep = b"7f00-7f01 rw-s 00000000 08:01 77                 /tmp/a b /dev/nvidiactl\n";
+        assert!(parse_maps(deep, &nodes).is_empty());
+        // The real node, padded to the path column as the kernel prints it, or deleted.
+        let padded = b"7f00-7f01 rw-s 00000000 00:05 124                        /dev/nvidia3\n\
+7f01-7f02 rw-s 00000000 00:05 125 /dev/nvidia4 (deleted)\n";
+        assert_eq!(parse_maps(padded, &nodes).minors, vec![3, 4]);
+        // A line cut short never has a path field.
+        assert!(parse_maps(b"7f00-7f01 rw-s /dev/nvidia1\n", &nodes).is_empty());
+        assert!(parse_maps(b"/dev/nvidia1\n", &nodes).is_empty());
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub struct Names {
     pub modules: BTreeMap<String, BTreeSet<String>>,
     /// The stdlib modules, for `import "…"`.
     pub stdlib: Vec<String>,
+    /// The fields of the gpuloop records variables hold (GPU, holder, diagnosis, …), for
+    /// `g.mem<Tab>`; a variable holding an array of records is keyed `name[]`, for `hs[0].`.
+    pub fields: BTreeMap<String, BTreeSet<String>>,
 }
 
 pub struct Helper {
@@ -59,6 +62,26 @@ fn word_start(before: &str) -> usize {
             return start;
         }
     }
+}
+
+/// The variable whose field is being named in `head` (the text before the word, ending in a
+/// dot): `g.` gives `g`, `hs[0].` gives `hs[]`.
+fn receiver(head: &str) -> Option<String> {
+    let mut rest = head.strip_suffix('.')?;
+    let mut indexed = false;
+    if let Some(open) = rest.strip_suffix(']').and_then(|r| r.rfind('[')) {
+        rest = &rest[..open];
+        indexed = true;
+    }
+    let name = &rest[word_start(rest)..];
+    if name.is_empty() || name.contains("::") || name.starts_with(|c: char| c.is_ascii_digit()) {
+        return None;
+    }
+    Some(if indexed {
+        format!("{name}[]")
+    } else {
+        name.to_string()
+    })
 }
 
 /// The partial module name in an `import "…` at the cursor.
@@ -101,11 +124,19 @@ impl Names {
                 .collect();
             return (start, found);
         }
+        let mut found: BTreeSet<String> = BTreeSet::new();
+        let matching = |s: &&String| s.starts_with(word);
+        // A record's fields first: after `g.` a field is what is meant far more often than a
+        // method.
+        if let Some(fields) = receiver(head).and_then(|r| self.fields.get(&r)) {
+            let fields: Vec<String> = fields.iter().filter(matching).cloned().collect();
+            if !fields.is_empty() {
+                return (start, fields);
+            }
+        }
         if word.is_empty() {
             return (start, Vec::new());
         }
-        let mut found: BTreeSet<String> = BTreeSet::new();
-        let matching = |s: &&String| s.starts_with(word);
         found.extend(self.functions.iter().filter(matching).cloned());
         // After a dot only methods make sense.
         if !head.ends_with('.') {
@@ -242,6 +273,16 @@ mod tests {
                 .into_iter()
                 .collect(),
             stdlib: vec!["report".into()],
+            fields: [
+                (
+                    "g",
+                    set(&["index", "mem_used_mib", "mem_total_mib", "util"]),
+                ),
+                ("hs[]", set(&["pid", "mem_mib", "name"])),
+            ]
+            .into_iter()
+            .map(|(v, f)| (v.to_string(), f))
+            .collect(),
         }
     }
 
@@ -273,6 +314,21 @@ mod tests {
     #[test]
     fn after_a_dot_only_functions() {
         assert_eq!(names().complete("gpu().le"), (6, vec!["len".into()]));
+    }
+
+    /// A new user's report: `g.mem<Tab>` on a GPU record offered nothing but methods.
+    #[test]
+    fn completes_a_records_fields_after_a_dot() {
+        let n = names();
+        assert_eq!(
+            n.complete("print(g.mem"),
+            (8, vec!["mem_total_mib".into(), "mem_used_mib".into()])
+        );
+        assert_eq!(n.complete("hs[0].m"), (6, vec!["mem_mib".into()]));
+        assert_eq!(n.complete("hs[i + 1].na"), (10, vec!["name".into()]));
+        // Not a field of it: the methods, as before.
+        assert_eq!(n.complete("g.le"), (2, vec!["len".into()]));
+        assert_eq!(n.complete("held.mem"), (5, vec![]));
     }
 
     #[test]

@@ -131,7 +131,11 @@ pub fn overview(engine: &Engine, ast: &AST, domains: &Domains, style: Style) -> 
                 .strip_prefix(&format!("{name}:"))
                 .unwrap_or(header)
                 .trim();
-            out.push(format!("  {name:<26} {}", first_sentence(header)));
+            out.push(summary_line(
+                name,
+                &first_sentence(header),
+                crate::output::width().unwrap_or(100).clamp(60, 120),
+            ));
         }
     }
     let imported = Meta::of(engine, &AST::empty(), false).modules;
@@ -142,28 +146,74 @@ pub fn overview(engine: &Engine, ast: &AST, domains: &Domains, style: Style) -> 
     out.join("\n")
 }
 
-/// One line per function name: its overloads folded into optional parameters, and the
-/// first sentence of its doc.
+/// One entry per function name and doc: overloads that open with the same sentence are folded
+/// into optional parameters; overloads that say different things get a line each, so no
+/// line claims one overload's doc for all. The sentence is whole, wrapped under its column.
 fn summaries(fns: &[&FnMeta]) -> Vec<String> {
-    let mut by_name: BTreeMap<&str, Vec<&FnMeta>> = BTreeMap::new();
+    let mut by_name: BTreeMap<&str, Vec<(String, Vec<&FnMeta>)>> = BTreeMap::new();
     // Property getters (`get$pid`) read as fields (`job.pid`), not calls.
-    for f in fns.iter().filter(|f| !f.name.contains('$')) {
-        by_name.entry(f.name.as_str()).or_default().push(f);
+    let mut fns: Vec<&&FnMeta> = fns.iter().filter(|f| !f.name.contains('$')).collect();
+    // Fewest parameters first: the base overload's doc leads its line.
+    fns.sort_by_key(|f| f.params.len());
+    for f in fns {
+        let sentence = first_sentence(&f.doc());
+        let docs = by_name.entry(f.name.as_str()).or_default();
+        // Overloads fold into one line when they say the same, take the same parameters (an
+        // int and a float `secs`), or one documents itself as a form of the other
+        // ("kill() with options: …").
+        let params = param_names(f);
+        let same = |(s, overloads): &(String, Vec<&FnMeta>)| {
+            *s == sentence
+                || sentence.contains(&format!("{}()", f.name))
+                || overloads.iter().any(|o| param_names(o) == params)
+        };
+        match docs.iter_mut().find(|d| same(d)) {
+            Some((_, overloads)) => overloads.push(f),
+            None => docs.push((sentence, vec![f])),
+        }
     }
+    let width = crate::output::width().unwrap_or(100).clamp(60, 120);
     by_name
         .into_iter()
-        .map(|(name, overloads)| {
-            let call = format!("{name}({})", folded_params(&overloads));
-            let doc = overloads
-                .iter()
-                .map(|f| f.doc())
-                .find(|d| !d.is_empty())
-                .unwrap_or_default();
-            format!("  {call:<26} {}", first_sentence(&doc))
-                .trim_end()
-                .to_string()
+        .flat_map(|(name, docs)| {
+            docs.into_iter().map(move |(sentence, overloads)| {
+                let call = format!("{name}({})", folded_params(&overloads));
+                summary_line(&call, &sentence, width)
+            })
         })
         .collect()
+}
+
+/// The column the one-line docs start in.
+const DOC_COLUMN: usize = 29;
+
+/// `  call   sentence`, the sentence wrapped between words under its column (on the next line
+/// when the call is wider than its column).
+fn summary_line(call: &str, sentence: &str, width: usize) -> String {
+    let head = format!("  {call:<w$} ", w = DOC_COLUMN - 3);
+    let room = width.saturating_sub(DOC_COLUMN).max(30);
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in sentence.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > room {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    let pad = " ".repeat(DOC_COLUMN);
+    let mut out = if head.chars().count() > DOC_COLUMN {
+        format!("{}\n{pad}", head.trim_end())
+    } else {
+        head
+    };
+    out.push_str(&lines.join(&format!("\n{pad}")));
+    out.trim_end().to_string()
 }
 
 fn param_names(f: &FnMeta) -> Vec<String> {
@@ -224,7 +274,7 @@ fn fold(chain: &[Vec<String>]) -> String {
     out
 }
 
-/// The doc's first sentence, cut to fit a line.
+/// The doc's first sentence, whole.
 fn first_sentence(doc: &str) -> String {
     let text = doc.split_whitespace().collect::<Vec<_>>().join(" ");
     // A period ends the sentence unless it ends an abbreviation such as "e.g.".
@@ -233,12 +283,7 @@ fn first_sentence(doc: &str) -> String {
         .map(|(i, _)| i)
         .find(|&i| !text[..i].ends_with("e.g") && !text[..i].ends_with("i.e"))
         .map_or(text.len(), |i| i + 1);
-    let s = &text[..end];
-    if s.chars().count() > 72 {
-        s.chars().take(71).collect::<String>() + "…"
-    } else {
-        s.to_string()
-    }
+    text[..end].to_string()
 }
 
 /// `:help NAME`: every overload's signature and doc; otherwise the names that come close.
@@ -331,6 +376,35 @@ mod tests {
         for v in crate::inspect::diagnose::VERDICTS {
             assert!(text.contains(&format!("\"{v}\"")), "{v} missing:\n{text}");
         }
+    }
+
+    #[test]
+    fn a_long_sentence_wraps_between_words_under_its_column() {
+        let line = summary_line(
+            "wait_clean([sel][, opts])",
+            "Waits until every GPU has no memory used and no compute holder; true as soon as it is.",
+            60,
+        );
+        let lines: Vec<&str> = line.lines().collect();
+        assert!(lines.len() > 1, "{line}");
+        assert!(
+            lines[0].starts_with("  wait_clean([sel][, opts])  Waits"),
+            "{line}"
+        );
+        for l in &lines[1..] {
+            assert!(l.starts_with(&" ".repeat(DOC_COLUMN)), "{line}");
+        }
+        assert!(lines.iter().all(|l| l.chars().count() <= 60), "{line}");
+        assert!(line.ends_with("as soon as it is."), "{line}");
+        // A call wider than its column puts the sentence under it.
+        let line = summary_line("replace_in_file(path, old, new)", "Replaces.", 100);
+        assert_eq!(
+            line,
+            format!(
+                "  replace_in_file(path, old, new)\n{}Replaces.",
+                " ".repeat(DOC_COLUMN)
+            )
+        );
     }
 
     #[test]

@@ -30,7 +30,7 @@ const SOURCE: &str = "<repl>";
 /// Runs the prompt on `session`; `json` prints values as JSON.
 pub fn run(session: Arc<Session>, json: bool) -> Result<i32, Error> {
     // Jobs spawned at the prompt live across lines; whatever is left is stopped on the way out.
-    let _jobs = crate::runner::Supervisor::start(session.protected());
+    let _jobs = crate::runner::Supervisor::start();
     Repl::new(session, json)?.run()
 }
 
@@ -450,6 +450,11 @@ impl Repl {
                 })
                 .collect(),
             stdlib: self.builtin.stdlib.clone(),
+            fields: self
+                .scope
+                .iter_raw()
+                .filter_map(|(n, _, v)| record_fields(n, v))
+                .collect(),
         };
         for f in &here.functions {
             names.functions.insert(f.name.clone());
@@ -459,6 +464,21 @@ impl Repl {
             h.names = names;
         }
     }
+}
+
+/// The fields of the gpuloop record variable `name` holds, for completion after `name.`; of the
+/// first record in an array, for `name[i].`.
+fn record_fields(name: &str, v: &Dynamic) -> Option<(String, std::collections::BTreeSet<String>)> {
+    let keys = |m: &rhai::Map| {
+        crate::script::fields::record_kind(m)?;
+        Some(m.keys().map(|k| k.to_string()).collect())
+    };
+    if let Some(m) = v.read_lock::<rhai::Map>() {
+        return Some((name.to_string(), keys(&m)?));
+    }
+    let a = v.read_lock::<rhai::Array>()?;
+    let m = a.first()?.read_lock::<rhai::Map>()?;
+    Some((format!("{name}[]"), keys(&m)?))
 }
 
 fn add_signature(names: &mut Names, f: &crate::script::doc::FnMeta) {

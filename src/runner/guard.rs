@@ -8,7 +8,9 @@
 //! told by identity), and each finished job's group once it is empty (`f PID START`). When
 //! gpuloop ends normally it has stopped its jobs and says `bye`; when the pipe closes without
 //! that, gpuloop died, and the guard SIGKILLs those processes (by identity, through the kill
-//! engine) and their descendants.
+//! engine) and their descendants, and every process that carries gpuloop's job mark in its
+//! environment (`m MARK`, told first; `supervise::JOB_MARK`): what a job forked after
+//! gpuloop's last look.
 
 use crate::process::helpers;
 use crate::process::kill::{self, KillOpts, OnInterrupt, Target};
@@ -55,7 +57,11 @@ fn send(line: &str) {
     if conn.is_none() {
         let started = helpers::start(
             || {
-                Command::new(exe)
+                let mut guard = Command::new(exe);
+                if let Some(f) = crate::journal::front_end_name() {
+                    guard.env(crate::journal::FRONT_END_ENV, f);
+                }
+                guard
                     .arg(SUBCOMMAND)
                     .stdin(Stdio::piped())
                     .stdout(Stdio::null())
@@ -66,7 +72,9 @@ fn send(line: &str) {
         );
         match started {
             Ok((mut child, helper)) => {
-                if let Some(stdin) = child.stdin.take() {
+                if let Some(mut stdin) = child.stdin.take() {
+                    let mark = super::supervise::job_mark();
+                    let _ = writeln!(stdin, "m {mark}");
                     *conn = Some(Conn {
                         stdin,
                         child,
@@ -161,6 +169,8 @@ pub struct Watch {
     /// The guarded groups whose leader gpuloop saw exit, before it reaped it.
     pub exited: HashSet<Identity>,
     pub members: HashSet<Identity>,
+    /// The value of `supervise::JOB_MARK` in the environment of gpuloop's jobs.
+    pub mark: Option<String>,
     /// gpuloop said goodbye: nothing to do.
     pub bye: bool,
 }
@@ -173,6 +183,10 @@ impl Watch {
             let Ok(line) = line else { break };
             let mut f = line.split_ascii_whitespace();
             let kind = f.next();
+            if kind == Some("m") {
+                w.mark = f.next().map(str::to_string);
+                continue;
+            }
             let id = match (f.next().map(str::parse), f.next().map(str::parse)) {
                 (Some(Ok(pid)), Some(Ok(start))) => Some(Identity::new(pid, start)),
                 _ => None,
@@ -247,13 +261,12 @@ pub fn main() -> i32 {
     if watch.bye {
         return 0;
     }
-    let protected = crate::config::UserConfig::load()
-        .map(|c| c.protected)
-        .unwrap_or_else(|_| crate::config::UserConfig::default().protected);
+    // Everything a job started is the job's, whatever it calls itself: no name protects it.
     let opts = KillOpts {
         signal: Signal::SIGKILL,
         grace: Duration::ZERO,
         tree: true,
+        force: true,
         on_interrupt: OnInterrupt::KillNow,
         ..KillOpts::default()
     };
@@ -263,11 +276,19 @@ pub fn main() -> i32 {
         .map(|p| p.sid);
     // More rounds catch what forked while the first was being killed.
     for _ in 0..3 {
-        let targets = watch.targets(&crate::process::process_table(), session);
+        let mut targets = watch.targets(&crate::process::process_table(), session);
+        if let Some(mark) = &watch.mark {
+            targets.extend(marked(mark));
+        }
         if targets.is_empty() {
             break;
         }
-        let r = kill::kill(&targets, &opts, &protected, &never);
+        let why = "left by a job of a gpuloop that ended without stopping it";
+        let opts = KillOpts {
+            why: targets.iter().map(|t| (t.pid(), why.into())).collect(),
+            ..opts.clone()
+        };
+        let r = kill::kill(&targets, &opts, &[], &never);
         if !r.signalled.is_empty() {
             crate::errln!(
                 "gpuloop guard: gpuloop ended without stopping its jobs; killed pid(s) {:?}",
@@ -276,6 +297,25 @@ pub fn main() -> i32 {
         }
     }
     0
+}
+
+/// The live processes whose environment carries `JOB_MARK=mark`: each read through its own
+/// /proc directory, so the mark and the identity are of one process.
+fn marked(mark: &str) -> Vec<Target> {
+    let entry = format!("{}={mark}", super::supervise::JOB_MARK);
+    crate::process::all_pids()
+        .into_iter()
+        .filter(|&pid| pid > 1)
+        .filter_map(|pid| {
+            let dir = crate::process::identity::ProcDir::open(pid).ok()?;
+            let env = dir.read("environ").ok()?;
+            env.split(|&b| b == 0)
+                .any(|e| e == entry.as_bytes())
+                .then_some(())?;
+            let p = dir.stat().ok().filter(|p| !p.is_zombie())?;
+            Some(Target::Exact(p.identity()))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -61,7 +61,6 @@ pub struct Job {
     cmd: String,
     timeout: Option<Duration>,
     grace: Duration,
-    protected: Vec<String>,
     shared: Arc<Shared>,
 }
 
@@ -117,6 +116,7 @@ impl Job {
         }
         command
             .envs(opts.env.iter().map(|(k, v)| (k, v)))
+            .env(supervise::JOB_MARK, supervise::job_mark())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -142,7 +142,6 @@ impl Job {
             cmd: shown.clone(),
             timeout: opts.timeout,
             grace: opts.grace,
-            protected: opts.protected.clone(),
             shared: shared.clone(),
         };
 
@@ -187,7 +186,6 @@ impl Job {
             timeout: opts.timeout,
             grace: opts.grace,
             keep_children: opts.keep_children,
-            protected: opts.protected.clone(),
             pidfd,
             shared,
             captures,
@@ -202,7 +200,7 @@ impl Job {
         });
         if let Err(e) = spawned {
             // Without its threads the job cannot be watched: do not leave it running.
-            abandon(id, &opts.protected);
+            abandon(id);
             return Err(spawn_err(e));
         }
         Ok(job)
@@ -267,12 +265,7 @@ impl Job {
                 .stopping
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            supervise::stop_tree(
-                Some(self.id),
-                signal,
-                grace.unwrap_or(self.grace),
-                &self.protected,
-            );
+            supervise::stop_tree(Some(self.id), signal, grace.unwrap_or(self.grace));
         }
         let never = AtomicBool::new(false);
         match self.wait(Some(AFTER_KILL + DRAIN), &never) {
@@ -283,8 +276,8 @@ impl Job {
 }
 
 /// Kills and reaps a job whose threads could not start (its `Child` handle is gone).
-fn abandon(id: Identity, protected: &[String]) {
-    supervise::stop_tree(Some(id), Signal::SIGKILL, Duration::ZERO, protected);
+fn abandon(id: Identity) {
+    supervise::stop_tree(Some(id), Signal::SIGKILL, Duration::ZERO);
     supervise::exiting(id);
     if let Some(pid) = Pid::from_raw(id.pid) {
         let end = Instant::now() + AFTER_KILL;
@@ -382,7 +375,6 @@ struct Monitor {
     timeout: Option<Duration>,
     grace: Duration,
     keep_children: bool,
-    protected: Vec<String>,
     pidfd: Option<OwnedFd>,
     shared: Arc<Shared>,
     captures: Vec<Arc<Mutex<Capture>>>,
@@ -401,7 +393,7 @@ impl Monitor {
                     .stopping
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
-                supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace, &self.protected);
+                supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace);
             }
             // A main process that survives SIGKILL is stuck in the kernel: keep watching.
             while !self.wait_exit(Some(Instant::now() + AFTER_KILL)) {
@@ -423,7 +415,7 @@ impl Monitor {
                 .stopping
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace, &self.protected)
+            supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace)
         };
         if !leftovers.is_empty() {
             tracing::debug!(

@@ -64,8 +64,6 @@ pub struct JobOpts {
     pub echo: bool,
     /// Between TERM and KILL when the tree is stopped.
     pub grace: Duration,
-    /// Process names never signalled (the GPU daemons of the user's config).
-    pub protected: Vec<String>,
     /// Leave what the job left running when its leader exits (else it is stopped).
     pub keep_children: bool,
     /// Where the output goes instead of gpuloop's own stdout/stderr when `echo` is off
@@ -94,7 +92,6 @@ impl Default for JobOpts {
             env: Vec::new(),
             echo: true,
             grace: Duration::from_secs(5),
-            protected: Vec::new(),
             keep_children: false,
             sink: None,
         }

@@ -3,8 +3,19 @@
 
 use diffy::patch_set::{FileOperation, ParseOptions, PatchKind, PatchSet};
 use diffy::{Line, Patch};
+use rustix::fs::{
+    fchmod, fchown, fstat, openat, renameat, renameat_with, statat, unlinkat, AtFlags, FileType,
+    Mode, OFlags, RenameFlags, Stat,
+};
+use rustix::io::Errno;
 use std::borrow::Cow;
+use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
+
+/// The largest file apply_patch reads: a diff is for source and config files, and a file
+/// that is larger (or endless, like /dev/zero behind a link) is refused, never read whole.
+pub const MAX_FILE: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -67,21 +78,22 @@ pub fn apply(
             target.display()
         )));
     }
-    // Every path is checked before any hunk: a path outside the directory is the error.
-    let paths = changes
+    // Every path is checked (and its directory opened) before any hunk: a path outside the
+    // directory is the error.
+    let places = changes
         .iter()
         .map(|change| match (&change.path, is_dir) {
-            (Some(p), true) => inside(target, p),
+            (Some(p), true) => Place::inside(target, p),
             (None, true) => Err(PatchError::Unsupported(format!(
                 "the diff names no file; give the file to patch, not the directory {}",
                 target.display()
             ))),
-            (_, false) => Ok(target.to_path_buf()),
+            (_, false) => Place::file(target),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut planned: Vec<(PathBuf, Option<String>)> = Vec::new();
+    let mut planned: Vec<(Place, Option<String>)> = Vec::new();
     let mut hunks = 0;
-    for (change, path) in changes.iter().zip(paths) {
+    for (change, mut place) in changes.iter().zip(places) {
         let (create, delete) = match direction {
             Direction::Apply => (change.create, change.delete),
             Direction::Revert => (change.delete, change.create),
@@ -90,9 +102,9 @@ pub fn apply(
             Direction::Apply => Cow::Borrowed(&change.patch),
             Direction::Revert => Cow::Owned(change.patch.reverse()),
         };
-        let shown = path.display().to_string();
+        let shown = place.shown.display().to_string();
         let base = if create {
-            if path.exists() {
+            if place.exists() {
                 return Err(PatchError::Io {
                     path: shown,
                     why: "the diff creates this file, but it already exists".into(),
@@ -100,56 +112,320 @@ pub fn apply(
             }
             String::new()
         } else {
-            read(&path)?
+            place.read()?
         };
         let new = diffy::apply(&base, &patch).map_err(|e| {
             let n = hunk_number(&e.to_string());
             hunk_error(&shown, &base, &patch, n, &change.patch, direction)
         })?;
         hunks += patch.hunks().len();
-        planned.push((path, (!delete).then_some(new)));
+        planned.push((place, (!delete).then_some(new)));
     }
     if !dry_run {
         write_all(&planned)?;
     }
     Ok(Applied {
-        files: planned.into_iter().map(|(p, _)| p).collect(),
+        files: planned.into_iter().map(|(p, _)| p.shown).collect(),
         hunks,
     })
 }
 
-/// `dir`/`rel`, refused when it would leave `dir`: an absolute path, a `..` component, or
-/// a symbolic link on the way that points out. Diffs come from tools and LLM fixers; a
-/// header like `+++ b/../../etc/profile` must not write anywhere but inside the directory.
-fn inside(dir: &Path, rel: &str) -> Result<PathBuf, PatchError> {
-    let outside = |why: &str| {
-        PatchError::Unsupported(format!(
-            "the diff names {rel:?}, {why}: only files inside {} are patched (nothing was written)",
-            dir.display()
+/// A file to patch: its directory, opened once, and its name there. Every read and write
+/// goes through that directory's descriptor, never by path again, so a directory swapped for
+/// a symbolic link after the check changes nothing: what was opened is what is written.
+struct Place {
+    dir: OwnedFd,
+    name: String,
+    /// The path as the user sees it, for messages and the result.
+    shown: PathBuf,
+    /// The file as it was read: checked again when it is replaced, and its owner, group
+    /// and mode given to the new file.
+    was: Option<Stat>,
+}
+
+impl Place {
+    /// `dir`/`rel`, refused when it would leave `dir`: an absolute path, a `..` component, or
+    /// a symbolic link anywhere on the way (even one that stays inside: it could be swapped).
+    /// Diffs come from tools and LLM fixers; a header like `+++ b/../../etc/profile` must not
+    /// write anywhere but inside the directory.
+    fn inside(dir: &Path, rel: &str) -> Result<Place, PatchError> {
+        let outside = |why: &str| {
+            PatchError::Unsupported(format!(
+                "the diff names {rel:?}, {why}: only files inside {} are patched (nothing was written)",
+                dir.display()
+            ))
+        };
+        let p = Path::new(rel);
+        if rel.is_empty() || p.is_absolute() {
+            return Err(outside("an absolute path"));
+        }
+        if p.components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(outside("a path that leaves the directory"));
+        }
+        let mut names: Vec<&str> = p
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => n.to_str(),
+                _ => None,
+            })
+            .collect();
+        let Some(name) = names.pop() else {
+            return Err(outside("no file"));
+        };
+        let mut fd = open_dir(rustix::fs::CWD, dir, true).map_err(|e| io_err(dir, e))?;
+        for (i, n) in names.iter().enumerate() {
+            fd = open_dir(&fd, Path::new(n), false).map_err(|e| match e {
+                Errno::LOOP => outside(&format!(
+                    "which goes through the symbolic link {}",
+                    names[..=i].join("/")
+                )),
+                e => io_err(&dir.join(names[..=i].join("/")), e),
+            })?;
+        }
+        Ok(Place {
+            dir: fd,
+            name: name.to_string(),
+            shown: dir.join(p),
+            was: None,
+        })
+    }
+
+    /// The file `path` itself (the diff's names are ignored): its directory is the user's to
+    /// name, the file must not be a link.
+    fn file(path: &Path) -> Result<Place, PatchError> {
+        let (Some(name), parent) = (path.file_name().and_then(|n| n.to_str()), path.parent())
+        else {
+            return Err(io_err(path, Errno::ISDIR));
+        };
+        let parent = match parent {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        Ok(Place {
+            dir: open_dir(rustix::fs::CWD, parent, true).map_err(|e| io_err(parent, e))?,
+            name: name.to_string(),
+            shown: path.to_path_buf(),
+            was: None,
+        })
+    }
+
+    fn io(&self, e: Errno) -> PatchError {
+        io_err(&self.shown, e)
+    }
+
+    /// The name's entry, the entry itself (a link is not followed).
+    fn stat(&self) -> Result<Option<Stat>, PatchError> {
+        match statat(&self.dir, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(self.io(e)),
+        }
+    }
+
+    fn exists(&self) -> bool {
+        !matches!(self.stat(), Ok(None))
+    }
+
+    /// Reads the file, which must be a regular file (a link is refused and left a link; a
+    /// FIFO is refused at once, never waited on) of at most [`MAX_FILE`] bytes of UTF-8.
+    fn read(&mut self) -> Result<String, PatchError> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd =
+            openat(&self.dir, self.name.as_str(), flags, Mode::empty()).map_err(|e| match e {
+                Errno::LOOP => self.refuse(
+                    "a symbolic link; only regular files are patched (nothing was written)",
+                ),
+                e => self.io(e),
+            })?;
+        let st = fstat(&fd).map_err(|e| self.io(e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(self.refuse("not a regular file; only regular files are patched"));
+        }
+        if st.st_size as u64 > MAX_FILE {
+            return Err(self.too_big());
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::from(fd)
+            .take(MAX_FILE + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| PatchError::Io {
+                path: self.shown.display().to_string(),
+                why: e.to_string(),
+            })?;
+        if bytes.len() as u64 > MAX_FILE {
+            return Err(self.too_big());
+        }
+        self.was = Some(st);
+        String::from_utf8(bytes)
+            .map_err(|_| self.refuse("not UTF-8 text; only text files can be patched"))
+    }
+
+    fn refuse(&self, why: &str) -> PatchError {
+        PatchError::Io {
+            path: self.shown.display().to_string(),
+            why: why.into(),
+        }
+    }
+
+    fn too_big(&self) -> PatchError {
+        self.refuse(&format!(
+            "larger than {} MiB; only files up to that size are patched",
+            MAX_FILE >> 20
         ))
-    };
-    let p = Path::new(rel);
-    if rel.is_empty() || p.is_absolute() {
-        return Err(outside("an absolute path"));
     }
-    if p.components()
-        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
-        return Err(outside("a path that leaves the directory"));
+
+    /// `.NAME.gpuloop-patch`, beside the file.
+    fn temp_name(&self) -> String {
+        format!(".{}.gpuloop-patch", self.name)
     }
-    let joined = dir.join(p);
-    let root = dir.canonicalize().map_err(|e| PatchError::Io {
-        path: dir.display().to_string(),
-        why: e.to_string(),
-    })?;
-    // The deepest part that exists, symbolic links resolved, must still be inside.
-    let mut probe = joined.clone();
-    while std::fs::symlink_metadata(&probe).is_err() && probe.pop() {}
-    match probe.canonicalize() {
-        Ok(real) if real.starts_with(&root) => Ok(joined),
-        Ok(_) => Err(outside("which a symbolic link points out of the directory")),
-        // A dangling link: where it points is outside anything we can check.
-        Err(_) => Err(outside("which goes through a dangling symbolic link")),
+
+    /// Writes `content` to the temporary beside the file, with the file's owner, group and
+    /// mode (root patching another user's file leaves it theirs).
+    fn write_temp(&self, content: &str) -> Result<(), PatchError> {
+        let tmp = self.temp_name();
+        // A temporary left by an earlier crash (or planted: it is removed, never followed).
+        match unlinkat(&self.dir, tmp.as_str(), AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(self.io(e)),
+        }
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mode = if self.was.is_some() { 0o600 } else { 0o666 };
+        let fd = openat(&self.dir, tmp.as_str(), flags, Mode::from_raw_mode(mode))
+            .map_err(|e| self.io(e))?;
+        let kept = self.was.as_ref().map_or(Ok(()), |was| {
+            // The owner first: a chown clears the set-id bits that the mode then restores.
+            // Only root may give a file away; anyone else keeps their own new file.
+            match fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(was.st_uid)),
+                Some(rustix::fs::Gid::from_raw(was.st_gid)),
+            ) {
+                Ok(()) | Err(Errno::PERM) => {}
+                Err(e) => return Err(e),
+            }
+            fchmod(&fd, Mode::from_raw_mode(was.st_mode & 0o7777))
+        });
+        let mut file = std::fs::File::from(fd);
+        let written = kept
+            .map_err(std::io::Error::from)
+            .and_then(|()| std::io::Write::write_all(&mut file, content.as_bytes()));
+        if let Err(e) = written {
+            self.remove_temp();
+            return Err(PatchError::Io {
+                path: self.shown.display().to_string(),
+                why: e.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn remove_temp(&self) {
+        let _ = unlinkat(&self.dir, self.temp_name().as_str(), AtFlags::empty());
+    }
+
+    /// True if the name is still the very file that was read (or, for a new file, nothing).
+    fn unchanged(&self) -> Result<bool, PatchError> {
+        Ok(match (&self.was, self.stat()?) {
+            (Some(was), Some(now)) => was.st_ino == now.st_ino && was.st_dev == now.st_dev,
+            (None, None) => true,
+            _ => false,
+        })
+    }
+
+    fn changed(&self) -> PatchError {
+        self.refuse("it changed while it was being patched (replaced, or turned into a link); it was left as it is")
+    }
+
+    /// Puts the temporary in the file's place. An existing file is exchanged with it
+    /// atomically and what came out is checked to be the file that was read (a link or
+    /// another file swapped in meanwhile is put back); a new file never replaces anything.
+    fn commit(&self) -> Result<(), PatchError> {
+        let (tmp, name) = (self.temp_name(), self.name.as_str());
+        if self.was.is_none() {
+            return match renameat_with(
+                &self.dir,
+                tmp.as_str(),
+                &self.dir,
+                name,
+                RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => Ok(()),
+                Err(Errno::EXIST) => Err(self.changed()),
+                Err(Errno::INVAL | Errno::NOSYS) if !self.exists() => {
+                    renameat(&self.dir, tmp.as_str(), &self.dir, name).map_err(|e| self.io(e))
+                }
+                Err(e) => Err(self.io(e)),
+            };
+        }
+        match renameat_with(
+            &self.dir,
+            tmp.as_str(),
+            &self.dir,
+            name,
+            RenameFlags::EXCHANGE,
+        ) {
+            Ok(()) => {
+                let out = statat(&self.dir, tmp.as_str(), AtFlags::SYMLINK_NOFOLLOW);
+                let same = matches!((&out, &self.was), (Ok(o), Some(w)) if o.st_ino == w.st_ino && o.st_dev == w.st_dev);
+                if !same {
+                    let _ = renameat_with(
+                        &self.dir,
+                        tmp.as_str(),
+                        &self.dir,
+                        name,
+                        RenameFlags::EXCHANGE,
+                    );
+                    self.remove_temp();
+                    return Err(self.changed());
+                }
+                self.remove_temp();
+                Ok(())
+            }
+            // A file system without exchange: check, then rename (a narrow window remains).
+            Err(Errno::INVAL | Errno::NOSYS) => {
+                if !self.unchanged()? {
+                    self.remove_temp();
+                    return Err(self.changed());
+                }
+                renameat(&self.dir, tmp.as_str(), &self.dir, name).map_err(|e| self.io(e))
+            }
+            Err(e) => Err(self.io(e)),
+        }
+    }
+
+    /// Removes the file the diff deletes, if it is still the file that was read.
+    fn delete(&self) -> Result<(), PatchError> {
+        if !self.unchanged()? {
+            return Err(self.changed());
+        }
+        unlinkat(&self.dir, self.name.as_str(), AtFlags::empty()).map_err(|e| self.io(e))
+    }
+}
+
+/// Opens a directory: the user's own path follows links (`follow`), a component of a diff's
+/// path never does.
+fn open_dir(at: impl std::os::fd::AsFd, path: &Path, follow: bool) -> Result<OwnedFd, Errno> {
+    let mut flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    if !follow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    match openat(&at, path, flags, Mode::empty()) {
+        // O_DIRECTORY with O_NOFOLLOW on a link says ENOTDIR on some kernels: tell it apart.
+        Err(Errno::NOTDIR) if !follow => match statat(&at, path, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => Err(Errno::LOOP),
+            _ => Err(Errno::NOTDIR),
+        },
+        r => r,
+    }
+}
+
+fn io_err(path: &Path, e: Errno) -> PatchError {
+    PatchError::Io {
+        path: path.display().to_string(),
+        why: std::io::Error::from(e).to_string(),
     }
 }
 
@@ -334,58 +610,27 @@ fn hunk_error(
     }
 }
 
-fn read(path: &Path) -> Result<String, PatchError> {
-    let io = |why: String| PatchError::Io {
-        path: path.display().to_string(),
-        why,
-    };
-    let bytes = std::fs::read(path).map_err(|e| io(e.to_string()))?;
-    String::from_utf8(bytes)
-        .map_err(|_| io("not UTF-8 text; only text files can be patched".into()))
-}
-
-/// Writes every new file to a temporary beside it first, then renames them all: a failure
-/// before the renames leaves every file as it was.
-fn write_all(planned: &[(PathBuf, Option<String>)]) -> Result<(), PatchError> {
-    let io = |path: &Path, e: std::io::Error| PatchError::Io {
-        path: path.display().to_string(),
-        why: e.to_string(),
-    };
-    let mut temps: Vec<(PathBuf, &Path)> = Vec::new();
-    let cleanup = |temps: &[(PathBuf, &Path)]| {
-        for (tmp, _) in temps {
-            let _ = std::fs::remove_file(tmp);
-        }
-    };
-    for (path, content) in planned {
+/// Writes every new file to a temporary beside it first, then puts them all in place: a
+/// failure before that leaves every file as it was.
+fn write_all(planned: &[(Place, Option<String>)]) -> Result<(), PatchError> {
+    let mut temps: Vec<&Place> = Vec::new();
+    for (place, content) in planned {
         let Some(content) = content else { continue };
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = path.with_file_name(format!(".{name}.gpuloop-patch"));
-        let written = std::fs::write(&tmp, content).and_then(|()| {
-            if let Ok(meta) = std::fs::metadata(path) {
-                std::fs::set_permissions(&tmp, meta.permissions())?;
-            }
-            Ok(())
-        });
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            cleanup(&temps);
-            return Err(io(path, e));
+        if let Err(e) = place.write_temp(content) {
+            temps.iter().for_each(|p| p.remove_temp());
+            return Err(e);
         }
-        temps.push((tmp, path));
+        temps.push(place);
     }
-    for (tmp, path) in &temps {
-        if let Err(e) = std::fs::rename(tmp, path) {
-            cleanup(&temps);
-            return Err(io(path, e));
+    for (i, place) in temps.iter().enumerate() {
+        if let Err(e) = place.commit() {
+            temps[i..].iter().for_each(|p| p.remove_temp());
+            return Err(e);
         }
     }
-    for (path, content) in planned {
+    for (place, content) in planned {
         if content.is_none() {
-            std::fs::remove_file(path).map_err(|e| io(path, e))?;
+            place.delete()?;
         }
     }
     Ok(())
@@ -484,13 +729,132 @@ mod tests {
             assert_eq!(std::fs::read_to_string(&outside).unwrap(), BASE, "{name}");
             assert_eq!(std::fs::read_to_string(dir.join("f.txt")).unwrap(), BASE);
         }
-        // Inside is fine, also through ./ and a link that stays inside.
-        std::os::unix::fs::symlink(&dir, dir.join("here")).unwrap();
-        let diff = format!("--- a/./here/f.txt\n+++ b/./here/f.txt\n{hunk}");
+        // Inside is fine, also through ./; a link is refused even where it stays inside
+        // (it could point elsewhere by the time the file is written).
+        let diff = format!("--- a/./f.txt\n+++ b/./f.txt\n{hunk}");
         assert_eq!(
             apply(&dir, &diff, Direction::Apply, false).unwrap().hunks,
             1
         );
+        std::os::unix::fs::symlink(&dir, dir.join("here")).unwrap();
+        let diff = format!("--- a/here/f.txt\n+++ b/here/f.txt\n{hunk}");
+        let e = apply(&dir, &diff, Direction::Revert, false).unwrap_err();
+        assert!(e.to_string().contains("symbolic link here"), "{e}");
+    }
+
+    /// A directory swapped for a symbolic link while apply_patch runs: the path was checked,
+    /// then written by name, so writes landed outside the tree.
+    #[test]
+    fn apply_patch_through_a_swapped_directory_never_writes_outside() {
+        use rustix::fs::{renameat_with, RenameFlags, CWD};
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let top = tempfile::tempdir().unwrap();
+        let (tree, outside) = (top.path().join("tree"), top.path().join("outside"));
+        let (sub, aside) = (tree.join("sub"), tree.join("aside"));
+        for d in [&sub, &outside] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("f.txt"), BASE).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, &aside).unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let before = ino(&outside.join("f.txt"));
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        // Swaps `sub` (the directory) and `aside` (a link out of the tree) atomically, as
+        // fast as it can: `sub` is always there, one or the other.
+        let swapper = {
+            let (done, sub, aside) = (done.clone(), sub.clone(), aside.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    let _ = renameat_with(CWD, &sub, CWD, &aside, RenameFlags::EXCHANGE);
+                }
+            })
+        };
+        let forward = "--- a/sub/f.txt\n+++ b/sub/f.txt\n@@ -2,3 +2,3 @@\n b\n-c\n+C\n d\n";
+        // Up to 10,000 tries, stopping at the first write outside.
+        for _ in 0..5_000 {
+            let _ = apply(&tree, forward, Direction::Apply, false);
+            let _ = apply(&tree, forward, Direction::Revert, false);
+            if ino(&outside.join("f.txt")) != before {
+                break;
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        let names: Vec<_> = std::fs::read_dir(&outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("f.txt")]);
+        // A write replaces the file: the one outside must be the very file it was.
+        assert_eq!(
+            ino(&outside.join("f.txt")),
+            before,
+            "a patch replaced the file outside"
+        );
+        assert_eq!(
+            std::fs::read_to_string(outside.join("f.txt")).unwrap(),
+            BASE
+        );
+    }
+
+    /// A link in the tree, even one that stays inside, is refused and left a link.
+    #[test]
+    fn apply_patch_refuses_a_symbolic_link_and_keeps_it_a_link() {
+        let (d, p) = file(BASE);
+        let link = d.path().join("link.txt");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        std::fs::create_dir(d.path().join("dir")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("dir"), d.path().join("dirlink")).unwrap();
+        std::fs::write(d.path().join("dir/f.txt"), BASE).unwrap();
+        let hunk = "@@ -2,3 +2,3 @@\n b\n-c\n+C\n d\n";
+        for (target, name) in [
+            (d.path().to_path_buf(), "link.txt"),
+            (d.path().to_path_buf(), "dirlink/f.txt"),
+            (link.clone(), "link.txt"),
+        ] {
+            let diff = format!("--- a/{name}\n+++ b/{name}\n{hunk}");
+            let e = apply(&target, &diff, Direction::Apply, false).unwrap_err();
+            assert!(e.to_string().contains("symbolic link"), "{name}: {e}");
+        }
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), BASE);
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("dir/f.txt")).unwrap(),
+            BASE
+        );
+    }
+
+    /// Root patching another user's file left it owned by root.
+    #[test]
+    fn apply_patch_as_root_keeps_the_files_owner_and_mode() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED: only root can patch another user's file");
+            return;
+        }
+        let (_d, p) = file(BASE);
+        std::os::unix::fs::chown(&p, Some(65534), Some(65533)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+        apply(&p, DIFF, Direction::Apply, false).unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (65534, 65533, 0o640));
+        apply(&p, DIFF, Direction::Revert, false).unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!((m.uid(), m.gid()), (65534, 65533));
+    }
+
+    /// A FIFO is refused at once, never waited on.
+    #[test]
+    fn apply_patch_refuses_a_fifo() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("f.txt");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = apply(d.path(), DIFF, Direction::Apply, false).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
     #[test]

@@ -36,6 +36,22 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 /// Rounds of the stop: processes forked during the grace are caught by the next round.
 const ROUNDS: usize = 5;
 
+/// The environment variable every job's leader gets, naming the gpuloop that started it. It
+/// is inherited by everything the job starts, whatever process group or session that moves
+/// to, so the guard finds a job's processes that gpuloop had no time to tell it about (a
+/// double fork an instant before gpuloop was SIGKILLed).
+pub const JOB_MARK: &str = "GPULOOP_JOB_OF";
+
+/// This gpuloop's value of `JOB_MARK`: its pid and start time, which no other process has.
+pub fn job_mark() -> &'static str {
+    static MARK: OnceLock<String> = OnceLock::new();
+    MARK.get_or_init(|| {
+        let pid = std::process::id() as i32;
+        let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
+        format!("{pid}.{start}")
+    })
+}
+
 /// What gpuloop knows about the jobs it started.
 #[derive(Default)]
 struct State {
@@ -316,22 +332,24 @@ fn known(st: &State, leader: Identity, id: Identity) -> bool {
 /// Who gpuloop is, for telling its own children from adopted ones.
 struct Me {
     pid: i32,
-    pgid: i32,
 }
 
 fn me() -> Me {
-    let pid = std::process::id() as i32;
-    let pgid = crate::process::read_stat(pid).map_or(0, |p| p.pgid);
-    Me { pid, pgid }
+    Me {
+        pid: std::process::id() as i32,
+    }
 }
 
-/// A child of gpuloop that came from a job: gpuloop's own helpers stay in its process group
-/// (but for the guard and the hosts' transports, in groups of their own and registered by
-/// identity, `process::helpers`), and its jobs' leaders are registered; any other child was reparented to gpuloop, the subreaper, from a job (a
-/// launcher in a group of its own that outlived a quick job is one).
+/// A child of gpuloop that came from a job. gpuloop knows every child it forks itself: its
+/// jobs' leaders are registered, and every other program it runs (the guard, the hosts'
+/// transports, scontrol, nvidia-smi) is registered by identity as it starts
+/// (`process::helpers`). Any other child was reparented to gpuloop, the subreaper, from a
+/// job, whatever process group it put itself in: a job can join gpuloop's own group and
+/// double-fork, and what it forked is still the job's. Without the subreaper (a library
+/// user, a unit test) nothing is reparented to gpuloop, so every child is its own.
 fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
-    p.ppid == me.pid
-        && p.pgid != me.pgid
+    SUBREAPER.load(Ordering::SeqCst)
+        && p.ppid == me.pid
         && !helpers::is_helper(p)
         && !st.live.iter().any(|l| l.id.pid == p.pid)
 }
@@ -433,15 +451,18 @@ fn targets(table: &[ProcInfo], root: Option<Identity>, me: &Me, st: &State) -> V
         .collect()
 }
 
+/// Why the audit journal says a job's process was stopped.
+fn job_member(root: Option<Identity>) -> String {
+    match root {
+        Some(r) => format!("process of the job gpuloop started as pid {}", r.pid),
+        None => "process of a job gpuloop started".into(),
+    }
+}
+
 /// Stops a job's whole tree (or, with `None`, everything gpuloop started): `signal`, one
 /// shared `grace`, SIGKILL, through the kill engine; repeated for anything forked meanwhile;
 /// then reaps the orphans that died. Returns the pids signalled.
-pub fn stop_tree(
-    root: Option<Identity>,
-    signal: Signal,
-    grace: Duration,
-    protected: &[String],
-) -> Vec<i64> {
+pub fn stop_tree(root: Option<Identity>, signal: Signal, grace: Duration) -> Vec<i64> {
     // The stop must finish even after Ctrl-C (which is often why it runs); one more
     // interrupt during it cuts the grace short: KILL at once (issue 10, defect 4).
     let more = crate::interrupt::After::now();
@@ -452,18 +473,26 @@ pub fn stop_tree(
         if targets.is_empty() {
             break;
         }
-        // For a job, no grace means SIGKILL at once (for kill() it means "no escalation").
-        let first = round == 0 && !grace.is_zero();
+        // Later rounds are for what forked during the first one's grace: SIGKILL at once.
+        let first = round == 0;
+        // Everything a job started is the job's, whatever it calls itself: the protection
+        // of GPU daemons by name is for processes gpuloop did not start (a job's
+        // `exec -a nvidia-persistenced` is no daemon).
         let opts = KillOpts {
             signal: if first { signal } else { Signal::SIGKILL },
             grace: if first { grace } else { Duration::ZERO },
             tree: true,
+            force: true,
             on_interrupt: OnInterrupt::KillNow,
+            why: targets
+                .iter()
+                .map(|t| (t.pid(), job_member(root)))
+                .collect(),
             ..KillOpts::default()
         };
-        let report = kill::kill(&targets, &opts, protected, &more);
+        let report = kill::kill(&targets, &opts, &[], &more);
         if report.signalled.is_empty() {
-            // What is left may not be signalled (a protected daemon): nothing more to do.
+            // What is left may not be signalled (gpuloop's own ancestors): nothing to do.
             break;
         }
         signalled.extend(&report.signalled);
@@ -564,12 +593,10 @@ fn wait_all_finished(deadline: Instant) -> bool {
 /// Script-wide supervision: makes gpuloop a child subreaper and runs the lineage/reaper
 /// thread; dropping it (when the script ends, however it ends) stops everything the script
 /// started and reaps it.
-pub struct Supervisor {
-    protected: Vec<String>,
-}
+pub struct Supervisor;
 
 impl Supervisor {
-    pub fn start(protected: &[String]) -> Supervisor {
+    pub fn start() -> Supervisor {
         // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag and touches no memory of ours.
         let ok = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
         if !ok {
@@ -582,9 +609,7 @@ impl Supervisor {
                 .name("gpuloop-reaper".into())
                 .spawn(supervise_loop);
         }
-        Supervisor {
-            protected: protected.to_vec(),
-        }
+        Supervisor
     }
 }
 
@@ -603,7 +628,7 @@ impl Drop for Supervisor {
             .map(|l| l.grace)
             .max()
             .unwrap_or(DEFAULT_GRACE);
-        stop_tree(None, Signal::SIGTERM, grace, &self.protected);
+        stop_tree(None, Signal::SIGTERM, grace);
         wait_all_finished(Instant::now() + Duration::from_secs(5));
         reap_adopted();
     }
@@ -642,10 +667,7 @@ mod tests {
     /// identity, since the group's id is free once the group is empty.
     #[test]
     fn a_finished_jobs_kill_signals_whoever_reused_its_group_id_never() {
-        let me = Me {
-            pid: 1000,
-            pgid: 1000,
-        };
+        let me = Me { pid: 1000 };
         let leader = Identity::new(10, 100);
         let mut st = State::default();
         st.pgids.insert(10);

@@ -188,6 +188,17 @@ impl<'a> Opts<'a> {
         }
     }
 
+    /// A grace: seconds, or "inf" for never sending KILL (`kill::NEVER`).
+    pub fn grace(&self, key: &str, default: Duration) -> RhaiResult<Duration> {
+        match self.get(key) {
+            Some(v) if v.is_string() => match v.clone().into_immutable_string() {
+                Ok(s) if s.as_str() == "inf" => Ok(crate::process::kill::NEVER),
+                _ => Err(self.wrong(key, "seconds (a number) or \"inf\"", v)),
+            },
+            _ => Ok(self.secs(key, Some(default))?.unwrap_or(default)),
+        }
+    }
+
     pub fn string(&self, key: &str) -> RhaiResult<Option<String>> {
         match self.get(key) {
             None => Ok(None),

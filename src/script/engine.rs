@@ -83,12 +83,12 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
             crate::output::closed().then(|| Dynamic::from(0_i64))
         }
     });
-    // SPEC's `until(timeout, fn)` helper: `until` is a function here, not the keyword of
-    // rhai's `do { } until c` loop (write `do { } while !c` instead).
+    // The `until(timeout, fn)` helper (docs/scripting.md): `until` is a function here, not
+    // the keyword of rhai's `do { } until c` loop (write `do { } while !c` instead).
     #[allow(deprecated)] // rhai marks this hook "volatile", not deprecated
     engine.on_parse_token(|token, _, _| match token {
         rhai::Token::Until => rhai::Token::Identifier(Box::new("until".into())),
-        // SPEC's `spawn(cmd)`: rhai reserves `spawn` for a future keyword.
+        // The `spawn(cmd)` function: rhai reserves `spawn` for a future keyword.
         rhai::Token::Reserved(s) if s.as_str() == "spawn" => rhai::Token::Identifier(s),
         t => t,
     });
@@ -229,7 +229,7 @@ mod tests {
         );
     }
 
-    /// Issue 10, defect 10: 100,000 nested arrays or maps aborted with a stack overflow.
+    /// The bug: 100,000 nested arrays or maps aborted with a stack overflow.
     /// Values nested as deep as the `depth` limit are cloned, compared, size-checked,
     /// printed, turned to JSON and dropped on a stack of `stack_size()`.
     #[test]

@@ -20,8 +20,9 @@ pub const STDLIB: &[(&str, &str)] = &[
 /// script runs.
 pub const NOT_FOUND: &str = "module not found: ";
 
-/// The resolver chain, in the order SPEC gives; a module found nowhere is an error that
-/// says where it was looked for.
+/// The resolver chain: the directories of `search_path`, then the standard library (the order
+/// docs/scripting.md gives); a module found nowhere is an error that says where it was
+/// looked for.
 pub fn resolver(script_dir: Option<PathBuf>) -> Resolver {
     let mut chain = ModuleResolversCollection::new();
     let dirs = search_path(script_dir);

@@ -12,7 +12,7 @@ pub const RECIPES: &[(&str, &str)] = &[
     ),
 ];
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Recipe {
     pub name: &'static str,
     /// The first line of its header comment, after "name: ".
@@ -47,10 +47,43 @@ pub fn list() -> Vec<Recipe> {
         .collect()
 }
 
-/// A recipe's source by name (`clean-node` or `clean-node.rhai`).
+/// A built-in recipe's source by its exact name (`clean-node`).
 pub fn find(name: &str) -> Option<&'static str> {
-    let name = name.strip_suffix(".rhai").unwrap_or(name);
     RECIPES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}
+
+/// What the SCRIPT argument of `gpuloop run` and `gpuloop check` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named<'a> {
+    /// `-`: the script on stdin.
+    Stdin,
+    /// A path: it has a `/` or ends in `.rhai` (`./clean-node`, `fix.rhai`).
+    File(&'a str),
+    /// Anything else is the name of a built-in recipe, never a file: a root epilog's
+    /// `gpuloop run slurm-site-policy` must not run whatever `./slurm-site-policy` its
+    /// current directory holds.
+    Recipe(&'a str),
+}
+
+impl<'a> Named<'a> {
+    pub fn of(script: &'a str) -> Named<'a> {
+        if script == "-" {
+            Named::Stdin
+        } else if script.contains('/') || script.ends_with(".rhai") {
+            Named::File(script)
+        } else {
+            Named::Recipe(script)
+        }
+    }
+}
+
+/// The recipe names, comma-separated, for messages.
+pub fn names() -> String {
+    RECIPES
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -62,10 +95,29 @@ mod tests {
         for r in list() {
             assert!(!r.purpose.is_empty() && r.usage.contains(r.name), "{r:?}");
         }
-        assert!(find("clean-node.rhai").is_some() && find("nope").is_none());
+        assert!(find("clean-node").is_some() && find("nope").is_none());
+        // `clean-node.rhai` is a file's name, never the recipe.
+        assert!(find("clean-node.rhai").is_none());
     }
 
-    /// A new user's report, round 7: `scripts/slurm-site-policy.rhai` was called a recipe, but
+    #[test]
+    fn a_name_with_a_slash_or_rhai_is_a_file_anything_else_a_recipe() {
+        assert_eq!(Named::of("-"), Named::Stdin);
+        for f in [
+            "./clean-node",
+            "x/y",
+            "/etc/x",
+            "fix.rhai",
+            "clean-node.rhai",
+        ] {
+            assert_eq!(Named::of(f), Named::File(f));
+        }
+        for r in ["clean-node", "slurm-site-policy", "nope", "fix.rhai.bak"] {
+            assert_eq!(Named::of(r), Named::Recipe(r));
+        }
+    }
+
+    /// The bug: `scripts/slurm-site-policy.rhai` was called a recipe, but
     /// only clean-node was built in. Every script in `scripts/` is one, runnable by name.
     #[test]
     fn every_script_in_scripts_is_built_in() {

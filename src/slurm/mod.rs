@@ -221,6 +221,15 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
     let kill_opts = KillOpts {
         grace: opts.grace,
         dry_run: opts.dry_run,
+        why: targets
+            .iter()
+            .map(|h| {
+                let why = format!("{}; {}", actions::holder_why(h), whose(h));
+                (h.pid as i32, why)
+            })
+            .collect(),
+        // With --grace inf, what is still exiting is waited for below, until --timeout.
+        wait_forever: false,
         ..KillOpts::default()
     };
     for h in &targets {
@@ -246,7 +255,11 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
             r.survivors.len(),
             r.elapsed_ms
         ));
-        for sk in r.skipped.iter().filter(|sk| sk.reason != "already gone") {
+        for sk in r
+            .skipped
+            .iter()
+            .filter(|sk| sk.reason != crate::process::kill::GONE)
+        {
             log.line(&format!("skipped pid {}: {}", sk.pid, sk.reason));
         }
         for e in &r.errors {
@@ -254,9 +267,16 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         }
         stubborn = r.survivors;
     }
+    let wopts = WaitOpts {
+        timeout: opts.timeout,
+        exiting: stubborn.iter().map(|&p| p as i32).collect(),
+        ..WaitOpts::default()
+    };
+    // The dry run, the wait and the drain reason judge the GPUs alike.
+    let demand = wopts.demand();
     if opts.dry_run {
         let ds = actions::diagnoses(s, Some(sel.clone()))?;
-        let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| d.verdict != "clean").collect();
+        let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| !d.is_clean_under(&demand)).collect();
         match dirty.first() {
             None if sel.is_empty() => log.line("no GPU checked: nothing to do"),
             None => log.line("GPUs clean: nothing to do"),
@@ -273,11 +293,6 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         WaitOutcome::Clean
     } else {
         let backend = s.backend()?;
-        let wopts = WaitOpts {
-            timeout: opts.timeout,
-            exiting: stubborn.iter().map(|&p| p as i32).collect(),
-            ..WaitOpts::default()
-        };
         wait::wait_clean(
             backend,
             &Some(sel.clone()),
@@ -303,7 +318,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         return Ok(0);
     }
     let ds = actions::diagnoses(s, Some(sel.clone()))?;
-    let why = match ds.iter().find(|d| d.verdict != "clean") {
+    let why = match ds.iter().find(|d| !d.is_clean_under(&demand)) {
         Some(d) => reason(d, env.job),
         None => format!(
             "gpuloop: job={} pid={} survived SIGKILL",
@@ -484,7 +499,7 @@ mod tests {
             daemons: vec![],
             footprint: vec![],
             ghost_pids: vec![],
-            verdict: "driver".into(),
+            verdict: crate::inspect::diagnose::Verdict::Driver,
             advice: String::new(),
             host: "local".into(),
         };

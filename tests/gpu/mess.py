@@ -14,6 +14,13 @@ started, then keeps running (the launcher sleeps) until killed. Modes:
   ipc         a CUDA IPC exporter and an importer of its tensor
   ddp         torch.distributed NCCL ranks (one per GPU) under a launcher
   vllm        an API process, an engine-core child, one setsid worker per GPU
+  torchrun-worker  a worker under real torchrun: holds N GB on its LOCAL_RANK's GPU, prints
+              READY with its pid (torchrun passes worker stdout through)
+  dataloader  a rank holding N GB whose forked DataLoader workers (fork after CUDA init, as
+              num_workers>0 does on Linux) are busy in __getitem__ and keep its context
+  defunct-leader  a CUDA context held by a non-main thread; the main thread then SYS_exits,
+              leaving a zombie leader (State Z, Threads > 1, empty /proc/PID/fd) that holds
+              the memory through its live thread
 """
 import json, os, signal, sys, time
 
@@ -142,6 +149,47 @@ def main():
         child = pipe_child(lambda w: os.write(w, b"1"))
         ready(pids=[os.getpid(), child], creator=os.getpid(), child=child)
         os._exit(0)
+    elif MODE == "torchrun-worker":
+        x = hold(int(os.environ.get("LOCAL_RANK", "0")))
+        ready(pids=[os.getpid()], restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        sleep_forever()
+    elif MODE == "dataloader":
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Slow(Dataset):
+            # The first batch comes back; the workers then sit in __getitem__ (a slow
+            # reader, a hung file system) and never look at their parent's watchdog.
+            def __len__(self):
+                return 1000
+
+            def __getitem__(self, i):
+                if i >= 4:
+                    sleep_forever()
+                return i
+
+        x = hold(gpus()[0])
+        loader = DataLoader(Slow(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+        it = iter(loader)
+        next(it)
+        workers = [w.pid for w in it._workers]
+        ready(rank=os.getpid(), pids=[os.getpid()] + workers, workers=workers)
+        sleep_forever()
+    elif MODE == "defunct-leader":
+        import ctypes, threading
+        held = threading.Event()
+
+        def keep():
+            x = hold(gpus()[0])
+            held.set()
+            sleep_forever()
+
+        threading.Thread(target=keep, daemon=False).start()
+        held.wait(120)
+        ready(pids=[os.getpid()])
+        # SYS_exit (60 on x86_64, 93 on arm64) ends only the main thread.
+        nr = 93 if os.uname().machine in ("aarch64", "arm64") else 60
+        ctypes.CDLL(None, use_errno=True).syscall(nr, 0)
     elif MODE == "observer":
         import pynvml
         pynvml.nvmlInit()

@@ -78,11 +78,12 @@ def check(name, ok, **detail):
     log(("PASS " if ok else "FAIL ") + name + " " + json.dumps(detail)[:600])
 
 
-def mess(mode, *extra, timeout=120, in_script=False, env=None):
+def mess(mode, *extra, timeout=120, in_script=False, env=None, launcher=()):
     """Starts mess.py MODE and returns (Popen, info) once it printed READY. With `in_script`,
     it runs as a background job of a non-interactive bash script (`python3 mess.py … &; wait`),
-    so it shares the script's process group instead of leading its own."""
-    argv = [sys.executable, os.path.join(HERE, "mess.py"), mode, *extra]
+    so it shares the script's process group instead of leading its own. `launcher` runs it
+    under another program (real torchrun) instead of python3."""
+    argv = [*(launcher or [sys.executable]), os.path.join(HERE, "mess.py"), mode, *extra]
     if in_script:
         argv = ["bash", "-c", '"$@" & wait', "script", *argv]
     p = subprocess.Popen(argv,
@@ -273,6 +274,37 @@ def s_inherited():
     check("diagnose says inherited, with the dead creator in ghost_pids",
           d["verdict"] == "inherited" and info["creator"] in d["ghost_pids"],
           verdict=d["verdict"], ghost_pids=d["ghost_pids"], advice=d["advice"])
+
+
+@scenario("defunct-leader")
+def s_defunct_leader():
+    """The main thread exits (SYS_exit) while another thread keeps the CUDA context: a live
+    holder found through its threads, killed by pid, memory verified."""
+    p, info = mess("defunct-leader", "--gb", "4", "--gpus", "0")
+    pid = info["pids"][0]
+
+    def state():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                st = dict(l.split(":\t", 1) for l in f.read().splitlines() if ":\t" in l)
+            return st.get("State", "")[:1], int(st.get("Threads", "0"))
+        except OSError:
+            return None, 0
+    until(lambda: state()[0] == "Z", 20)
+    st, threads = state()
+    hs = [h for h in gl_json("holders", "--gpu", "0") if h["pid"] == pid]
+    d = gl_json("diagnose", "--gpu", "0")[0]
+    check("defunct-leader: the zombie leader with live threads is a holder of GPU 0 with its memory",
+          st == "Z" and threads > 1 and len(hs) == 1 and hs[0]["mem_mib"] > 3000
+          and "main thread exited" in hs[0]["state"],
+          state=st, threads=threads, holder=hs, used=used_mib())
+    check("defunct-leader: diagnose names it, never other-namespace",
+          d["verdict"] in ("held", "orphaned") and pid not in d["ghost_pids"],
+          verdict=d["verdict"], advice=d["advice"], ghosts=d["ghost_pids"])
+    rc, total, released, overhead, out, err = timed_clean()
+    check("defunct-leader: gpuloop clean frees it (exit 0, 0 MiB, the process gone)",
+          rc == 0 and all(u == 0 for u in used_mib()) and not alive(pid),
+          rc=rc, seconds=round(total, 3), used=used_mib(), err=err.strip()[-300:])
 
 
 @scenario("observer")
@@ -570,8 +602,9 @@ def s_workers():
 
 @scenario("daemon")
 def s_daemon():
-    """An MPS server keeps memory after its client is gone: a `daemon` verdict naming it, and
-    no reset advice while it has the driver open."""
+    """MPS: clean stops the client, leaves the control daemon and the server, and exits 0: the
+    memory the server keeps is not dirt (reported as "N MiB: MPS server pid P", advice `echo
+    quit | nvidia-cuda-mps-control`, never systemctl or a reset); --strict counts it."""
     ctl = shutil.which("nvidia-cuda-mps-control")
     if not ctl:
         check("daemon: needs nvidia-cuda-mps-control", True, skipped="MPS not installed")
@@ -584,15 +617,25 @@ def s_daemon():
     subprocess.run([ctl, "-d"], env=env, check=True)
     try:
         p, info = mess("plain", "--gb", "2", "--gpus", "0", env=env)
-        kill_pids([info["pids"][0]])
-        until(lambda: not alive(info["pids"][0]), 10)
-        time.sleep(1)  # the server keeps its own context; let the client's memory go
+        client = info["pids"][0]
+        rc, out, err, dt = gl("clean", "--gpu", "0", "--timeout", "30")
         d = gl_json("diagnose", "--gpu", "0")[0]
-        server = [h for h in gl_json("holders", "--all") if "mps" in h["name"]]
-        check("daemon: memory an MPS server keeps reads `daemon`, naming it, with no reset advice",
-              d["mem_used_mib"] == 0 or (d["verdict"] == "daemon" and "mps" in d["advice"]
-                                          and "reset" not in d["advice"]),
-              verdict=d["verdict"], advice=d["advice"], mem=d["mem_used_mib"], server=server)
+        mps = [h for h in gl_json("holders", "--all") if h["name"].startswith("nvidia-cuda-mps")]
+        server = [h["pid"] for h in mps if h["ppid"] in [m["pid"] for m in mps]]
+        check("daemon: clean stops the MPS client, leaves both MPS processes, and exits 0",
+              rc == 0 and not alive(client) and len(mps) == 2 and all(alive(h["pid"]) for h in mps),
+              rc=rc, seconds=round(dt, 3), out=out[-600:], err=err[-300:], mps=[(h["pid"], h["ppid"], h["mem_mib"]) for h in mps])
+        check("daemon: the report names what the MPS server keeps and MPS's own way to stop",
+              bool(server) and f"MiB: MPS server pid {server[0]}" in out
+              and "echo quit | nvidia-cuda-mps-control" in out and "systemctl" not in d["advice"]
+              and "reset" not in d["advice"],
+              out=out[-600:], verdict=d["verdict"], advice=d["advice"], mem=d["mem_used_mib"])
+        rc_d, _, _, _ = gl("diagnose", "--gpu", "0")
+        rc_w, _, _, _ = gl("wait", "--gpu", "0", "--timeout", "0")
+        rc_s, _, _, _ = gl("wait", "--gpu", "0", "--timeout", "0", "--strict")
+        check("daemon: diagnose and wait read clean (exit 0); --strict counts the server's memory (exit 1)",
+              rc_d == 0 and rc_w == 0 and (rc_s == 1 or d["mem_used_mib"] == 0),
+              diagnose=rc_d, wait=rc_w, strict=rc_s, mem=d["mem_used_mib"])
     finally:
         subprocess.run([ctl], input="quit\n", text=True, env=env)
         until(lambda: not [h for h in gl_json("holders", "--all") if "mps" in h["name"]], 20)
@@ -691,6 +734,91 @@ def s_pinned_tree():
           seconds=round(dt, 3), err=err.strip()[-300:])
 
 
+# ------------------------------------------- real launchers: torchrun and DataLoader workers
+
+def torchrun(*flags):
+    """Real torchrun (its elastic agent) with one worker holding 4 GB on GPU 0."""
+    return mess("torchrun-worker", "--gb", "4",
+                launcher=["torchrun", "--standalone", "--nproc_per_node=1", "--monitor-interval=0.2", *flags])
+
+
+def kill_gpu_holders():
+    """Every process the driver lists (workers torchrun restarted are not in `started`)."""
+    rc, out, _, _ = sh(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"])
+    kill_pids([int(x) for x in out.split() if x.strip().isdigit()])
+
+
+@scenario("torchrun-agent-killed")
+def s_torchrun_agent_killed():
+    """Real torchrun: the worker names its agent; with the agent SIGKILLed the worker (its own
+    session, start_new_session=True) is orphaned, and clean frees it."""
+    p, info = torchrun()
+    agent, worker = p.pid, info["pids"][0]
+    try:
+        rc, table, err, _ = gl("holders")
+        check("torchrun: the holders table names the agent for what it does",
+              "torchrun agent" in table, table=table[-600:])
+        d = gl_json("diagnose", "--gpu", "0")[0]
+        check("torchrun: a stateless diagnose of its worker says the agent restarts it (--parents)",
+              d["verdict"] in ("held", "respawning") and "torchrun" in d["advice"] and "--parents" in d["advice"],
+              verdict=d["verdict"], advice=d["advice"])
+        kill_pids([agent])
+        until(lambda: ppid_of(worker) not in (agent, None), 20)
+        d = gl_json("diagnose", "--gpu", "0")[0]
+        check("torchrun: with the agent SIGKILLed the worker is orphaned", d["verdict"] == "orphaned",
+              verdict=d["verdict"], advice=d["advice"], worker_ppid=ppid_of(worker))
+        rc, total, released, overhead, out, err = timed_clean(("--gpu", "0"))
+        check("torchrun: clean frees the orphaned worker (exit 0, 0 MiB)",
+              rc == 0 and used_mib()[0] == 0 and not alive(worker),
+              rc=rc, seconds=round(total, 3), overhead_ms=overhead and round(overhead, 1), err=err.strip()[-300:])
+        rows.append(dict(scenario="real torchrun, agent SIGKILLed", verdict=d["verdict"],
+                         gpuloop_clean=rc == 0, gpuloop_s=round(total, 3),
+                         driver_release_s=round(released, 3) if released else None,
+                         overhead_ms=round(overhead, 1) if overhead is not None else None,
+                         one_liner_clean=None, one_liner_s=None))
+    finally:
+        kill_pids([agent])
+        kill_gpu_holders()
+
+
+@scenario("torchrun-restarts")
+def s_torchrun_restarts():
+    """Real torchrun --max-restarts=3: killing the worker alone gets it restarted (a new pid
+    under the same agent), and a stateless diagnose says so; the agent maps the GPU itself, so
+    clean takes it with its worker and the GPU stays clean."""
+    p, info = torchrun("--max-restarts=3")
+    agent, worker = p.pid, info["pids"][0]
+    try:
+        rc, out, err, dt = gl("kill", str(worker), "--grace", "5")
+        back = until(lambda: any(h != worker for h in holder_pids(0) if ppid_of(h) == agent), 120)
+        new = [h for h in holder_pids(0) if h != worker and ppid_of(h) == agent]
+        check("torchrun --max-restarts: killing the worker alone gets a new worker from the agent",
+              rc == 0 and back and not alive(worker), rc=rc, new=new, err=err.strip()[-300:])
+        d = gl_json("diagnose", "--gpu", "0")[0]
+        check("torchrun --max-restarts: diagnose of the new worker says the agent restarts it (--parents)",
+              "torchrun" in d["advice"] and "--parents" in d["advice"],
+              verdict=d["verdict"], advice=d["advice"])
+        rc, out, err, dt = gl("clean", "--gpu", "0", "--timeout", "60", "--settle", "10")
+        check("torchrun --max-restarts: clean takes the agent too (it maps the GPU) and GPU 0 stays clean",
+              rc == 0 and until(lambda: not alive(agent), 15) and used_mib()[0] == 0,
+              rc=rc, seconds=round(dt, 3), agent_alive=alive(agent), used=used_mib(), out=out[-500:])
+    finally:
+        kill_pids([agent])
+        kill_gpu_holders()
+
+
+@scenario("dataloader")
+def s_dataloader():
+    """Forked DataLoader workers busy in __getitem__ keep a SIGKILLed rank's CUDA context."""
+    def build():
+        p, info = mess("dataloader", "--gb", "6", "--gpus", "0")
+        kill_pids([info["rank"]])
+        until(lambda: not alive(info["rank"]), 10)
+        return p, info
+    clean_row("forked DataLoader workers of a SIGKILLed rank", build,
+              lambda v: v[0] in ("inherited", "orphaned"))
+
+
 def main():
     log(f"{NGPU} GPU(s); gpuloop {gl('--version')[1].strip()}; driver:",
         sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader")[1].strip())
@@ -713,7 +841,7 @@ def main():
           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['scenario']} | {r['verdict']} | {'yes' if r['gpuloop_clean'] else 'NO'} | {r['gpuloop_s']} | "
-                  f"{r['driver_release_s']} | {r['overhead_ms']} | {'yes' if r['one_liner_clean'] else 'NO'} | {r['one_liner_s']} |")
+                  f"{r['driver_release_s']} | {r['overhead_ms']} | {'—' if r['one_liner_clean'] is None else 'yes' if r['one_liner_clean'] else 'NO'} | {r['one_liner_s'] or '—'} |")
     with open(os.path.join(OUT, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     log("\n".join(md))

@@ -55,6 +55,11 @@ async def gone_within(pid, secs):
 
 
 def journal():
+    """The MCP calls journaled (the journal also has a record of every signal)."""
+    return [r for r in records() if r["kind"] == "call"]
+
+
+def records():
     if not os.path.exists(JOURNAL):
         return []
     with open(JOURNAL) as f:
@@ -71,12 +76,26 @@ async def wait_journal(pred, secs, what):
     raise AssertionError(f"no journal entry {what} within {secs}s: {journal()}")
 
 
-def server(args=None):
-    return StdioServerParameters(command=BIN, args=args or SERVER_ARGS, env=SERVER_ENV)
+def server(args=None, cwd=None):
+    return StdioServerParameters(command=BIN, args=args or SERVER_ARGS, env=SERVER_ENV, cwd=cwd)
 
 
-async def call(session, name, args=None, **kw):
-    r = await session.call_tool(name, args or {}, **kw)
+# Each tool's declared outputSchema, read once per client process (one server's tools).
+OUTPUT_SCHEMAS = {}
+
+
+async def conforms(session, name, r):
+    """The structured content, of a normal or an error result, matches the tool's outputSchema."""
+    if not OUTPUT_SCHEMAS:
+        OUTPUT_SCHEMAS.update({t.name: t.output_schema for t in (await session.list_tools()).tools})
+    schema = OUTPUT_SCHEMAS.get(name)
+    check(schema is not None, f"{name}: no outputSchema")
+    errors = [e.message for e in Draft202012Validator(schema).iter_errors(r.structured_content)]
+    check(not errors, f"{name}: structured content does not match its outputSchema: {errors}: {r.structured_content}")
+
+
+def texts(name, r):
+    """The text content a model sees: a one-line summary, then the same record as JSON."""
     check(r.content and r.content[0].type == "text", f"{name}: no text summary: {r}")
     summary = r.content[0].text
     check("\n" not in summary and summary, f"{name}: summary is not one line: {summary!r}")
@@ -85,20 +104,37 @@ async def call(session, name, args=None, **kw):
         json.loads(r.content[1].text) == r.structured_content,
         f"{name}: the JSON text differs from the structured content",
     )
+    return summary
+
+
+async def call(session, name, args=None, **kw):
+    r = await session.call_tool(name, args or {}, **kw)
+    summary = texts(name, r)
+    await conforms(session, name, r)
     print(f"  {name}: {summary}")
     return r
 
 
-async def refused(session, name, args, flag):
+async def tool_error(session, name, args, *says):
+    """A call the model must read about and can correct: a tool result with isError, whose
+    text content says each of `says`, never a JSON-RPC error."""
     try:
-        await session.call_tool(name, args)
+        r = await session.call_tool(name, args)
     except MCPError as e:
-        check(e.code == -32001, f"{name}: refusal code {e.code}")
-        check(f"--allow {flag}" in e.message, f"{name}: refusal does not name --allow {flag}: {e.message}")
-        check(e.data == {"tool": name, "allow": flag}, f"{name}: refusal data {e.data}")
-        print(f"  {name}: refused: {e.message[:90]}…")
-        return
-    raise AssertionError(f"{name} was not refused")
+        raise AssertionError(f"{name} {args}: a protocol error ({e.code} {e.message}), not a tool result")
+    check(r.is_error is True, f"{name} {args}: isError is {r.is_error}: {r}")
+    summary = texts(name, r)
+    for what in says:
+        check(what in summary, f"{name} {args}: the text a model sees does not say {what!r}: {summary}")
+    await conforms(session, name, r)
+    print(f"  {name}: error result: {summary[:90]}")
+    return r
+
+
+async def refused(session, name, args, flag):
+    r = await tool_error(session, name, args, f"refused: `{name}`", f"`gpuloop mcp --allow {flag}`")
+    want = {"refused": True, "tool": name, "allow": flag}
+    check(r.structured_content == want, f"{name}: refusal structured content {r.structured_content}")
 
 
 async def read_only():
@@ -151,11 +187,7 @@ async def read_only():
             check(r.structured_content["dry_run"] is True, "dry run flag")
             check(alive(orphan), "a dry run signalled the orphan")
 
-            try:
-                await s.call_tool("wait_clean", {"timeout": -1})
-                raise AssertionError("a negative timeout was accepted")
-            except MCPError as e:
-                check(e.code == -32602 and "timeout" in e.message, f"bad argument error: {e.code} {e.message}")
+            await tool_error(s, "wait_clean", {"timeout": -1}, "wait_clean: timeout")
             calls.append(("wait_clean", "error"))
 
             r = await call(s, "wait_clean", {"gpus": [0], "timeout": 5})
@@ -171,7 +203,9 @@ async def read_only():
     got = [(e["tool"], e["result"]) for e in journal()]
     check(got == calls, f"journal {got} != calls {calls}")
     for e in journal():
-        check(e["time"].endswith("Z") and e["server_pid"] > 0 and "arguments" in e, f"entry {e}")
+        check(e["time"].endswith("Z") and e["gpuloop_pid"] > 0 and "arguments" in e, f"entry {e}")
+        check(e["front_end"] == "mcp" and e["user"]["name"] and e["host"], f"entry {e}")
+    check(not [r for r in records() if r["kind"] == "signal"], "a read-only server journaled a signal")
     check(journal()[1]["arguments"] == {"all": True}, f"arguments not journaled: {journal()[1]}")
     print(f"  journal: {len(got)} lines, one per call")
 
@@ -214,6 +248,12 @@ async def done_when():
 
     e = [e for e in journal() if e["tool"] == "clean"][-1]
     check(e["result"] == "ok" and set(workers) <= set(e["signalled"]), f"journal: {e}")
+    # Each signal of the call is journaled with the call that sent it.
+    sent = [r for r in records() if r["kind"] == "signal"]
+    check(set(workers) <= {r["target"]["pid"] for r in sent}, f"signals journaled: {sent}")
+    for r in sent:
+        check(r["front_end"] == "mcp" and r["call"]["tool"] == "clean", f"signal record: {r}")
+        check(r["outcome"] == "delivered" and r["why"] and r["target"]["start"] > 0, f"signal record: {r}")
     print(f"  verified: 8 GPUs at 0 MiB, {len(e['signalled'])} pids stopped, daemon and nvidia-smi left alone")
 
 
@@ -233,7 +273,7 @@ async def cancel_and_run():
             c = r.structured_content
             check(c["code"] == 0 and c["ok"] is True, f"run_recipe: {c}")
             after = c["stdout_tail"].split("after:")[-1]
-            check(re.search(rf"^\s*{gpu}\s+0\s+\d+\s+-$", after, re.M) and re.search(r"^clean in ", after, re.M), f"recipe output: {c['stdout_tail']}")
+            check(re.search(rf"^\s*{gpu}\s+0\s+\d+(\s+-)?$", after, re.M) and re.search(r"^clean in ", after, re.M), f"recipe output: {c['stdout_tail']}")
             # gpuloop's guards (the server's, the recipe's) are no leftovers of the recipe.
             check(c["leftovers"] == [] and "left running" not in r.content[0].text, f"recipe leftovers: {r.content[0].text} {c['leftovers']}")
             check(await gone_within(orphan, 15), f"the recipe left the orphan {orphan} running")
@@ -320,17 +360,97 @@ async def hosts():
                 ("wait_clean", {"timeout": 1}),
                 ("run", {"command": "true"}),
             ]:
-                try:
-                    await s.call_tool(name, args)
-                except MCPError as e:
-                    check("--host (ma,mb)" in e.message, f"{name}: {e.message}")
-                    print(f"  {name}: refused: {e.message[:80]}…")
-                    continue
-                raise AssertionError(f"{name} was not refused with --host")
+                await tool_error(s, name, args, "--host (ma,mb)")
     check(alive(a) and alive(b), "a read-only server over hosts stopped a holder")
 
 
-SCENARIOS = {"read_only": read_only, "done_when": done_when, "cancel_and_run": cancel_and_run, "hosts": hosts}
+async def errors_are_results():
+    """Bad arguments and a policy refusal come back as tool results with isError and the
+    message in the text content a model sees; a dry run stays allowed; an unknown tool stays a
+    protocol error."""
+    holder = PLANTED["holder"]
+    async with stdio_client(server()) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            await tool_error(s, "diagnose", {"gpus": "zero"}, "diagnose: gpus: invalid type", '"zero"')
+            await tool_error(s, "holders", {"all": True, "sudo": True}, "unknown field `sudo`")
+            await tool_error(s, "wait_clean", {"timeout": "soon"}, "wait_clean: timeout: invalid type")
+            await tool_error(s, "kill", {"targets": [{"pid": holder}]}, "kill: targets[0]", "pid and start")
+            await tool_error(s, "diagnose", {"gpus": [99]}, "no GPU with index 99")
+
+            await refused(s, "clean", {}, "clean")
+            check(alive(holder), "a refused clean signalled the holder")
+            r = await call(s, "clean", {"dry_run": True})
+            check(r.is_error is False and holder in r.structured_content["would_signal"], f"dry run: {r}")
+            check(alive(holder), "a dry run signalled the holder")
+
+            try:
+                await s.call_tool("no_such_tool", {})
+                raise AssertionError("an unknown tool was answered with a result")
+            except MCPError as e:
+                check(e.code == -32602 and "no_such_tool" in e.message, f"unknown tool: {e.code} {e.message}")
+    cleans = [e for e in journal() if e["tool"] == "clean"]
+    check([e["result"] for e in cleans] == ["refused", "ok"], f"journal: {cleans}")
+    check("--allow clean" in cleans[0]["summary"], f"journal: {cleans[0]}")
+
+
+async def output_schemas():
+    """Every tool declares an outputSchema whose root is an object, and a normal and an error
+    result of each tool validate against it."""
+    victim, held = PLANTED["kill"], PLANTED["clean"]
+    async with stdio_client(server()) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            tools = (await s.list_tools()).tools
+            check({t.name for t in tools} == ALL_TOOLS, f"tools: {[t.name for t in tools]}")
+            for t in tools:
+                check(t.output_schema and t.output_schema.get("type") == "object", f"{t.name}: outputSchema {t.output_schema}")
+                Draft202012Validator.check_schema(t.output_schema)
+            # `call` validates each against the tool's outputSchema.
+            for name, args in [
+                ("gpus", {}),
+                ("holders", {"all": True}),
+                ("diagnose", {}),
+                ("wait_clean", {"gpus": [2], "timeout": 0}),
+                ("kill", {"targets": [victim], "grace": 1}),
+                ("clean", {"gpus": [1], "dry_run": True}),
+                ("clean", {"gpus": [1], "timeout": 30, "grace": 1}),
+                ("run", {"command": ["true"]}),
+                ("recipes", {}),
+                ("run_recipe", {"name": "clean-node", "args": ["--gpus", "2"], "timeout": 120}),
+            ]:
+                r = await call(s, name, args)
+                check(r.is_error is False, f"{name} {args}: {r.content[0].text}")
+            check(await gone_within(victim, 15), f"kill left {victim} running")
+            check(await gone_within(held, 15), f"clean left {held} running")
+            for name in sorted(ALL_TOOLS):
+                await tool_error(s, name, {"no_such_argument": 1}, f"{name}: ", "unknown field `no_such_argument`")
+
+
+async def recipes_from_cwd():
+    """run_recipe runs the built-in recipe, never a file of the server's current directory,
+    and a path is no recipe."""
+    marker = PLANTED["marker"]
+    async with stdio_client(server(cwd=PLANTED["cwd"])) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            r = await call(s, "run_recipe", {"name": "clean-node", "args": ["--timeout", "1"], "timeout": 120})
+            c = r.structured_content
+            check(c["code"] == 0 and "clean in" in c["stdout_tail"], f"run_recipe clean-node: {c}")
+            for name in ["./clean-node", "clean-node.rhai", "../hostile-cwd/clean-node", "/bin/true"]:
+                await tool_error(s, "run_recipe", {"name": name}, "no recipe")
+    check(not os.path.exists(marker), "run_recipe ran a file of the server's current directory")
+
+
+SCENARIOS = {
+    "recipes_from_cwd": recipes_from_cwd,
+    "read_only": read_only,
+    "done_when": done_when,
+    "cancel_and_run": cancel_and_run,
+    "hosts": hosts,
+    "errors_are_results": errors_are_results,
+    "output_schemas": output_schemas,
+}
 
 if __name__ == "__main__":
     anyio.run(SCENARIOS[sys.argv[1]])

@@ -54,6 +54,9 @@ pub struct HoldOpts {
     /// Once holding, sleep uninterruptibly like a process stuck in the driver: SIGKILL does
     /// not end it until `sim release` (see `stuck`).
     pub stuck: bool,
+    /// Once holding, the main thread exits while another thread keeps the handles (the
+    /// process is a zombie leader with a live thread, as after `pthread_exit` in main).
+    pub defunct_leader: bool,
 }
 
 /// MiB a context keeps on each GPU it sees but does not use (3 MiB measured on H200s).
@@ -84,6 +87,7 @@ impl HoldOpts {
             (self.map_all, "--map-all"),
             (self.supervise, "--supervise"),
             (self.catch_term, "--catch-term"),
+            (self.defunct_leader, "--defunct-leader"),
         ] {
             if on {
                 a.push(flag.into());
@@ -153,7 +157,7 @@ pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
             .pids
             .iter()
             .copied()
-            .filter(|&p| crate::process::alive(p))
+            .filter(|&p| super::running(p))
             .collect();
         super::stuck::freeze(sim, &live)?;
     }
@@ -267,7 +271,12 @@ impl Held {
 
 /// The launcher: it holds nothing, forks the holders and, once they all hold, waits for them.
 fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
-    set_comm("launcher");
+    // MPS's server is a child of its control daemon, which is how it is told apart from the
+    // control daemon when both names are cut to `nvidia-cuda-mps`.
+    set_comm(match opts.name.as_deref() {
+        Some("nvidia-cuda-mps-server") => "nvidia-cuda-mps-control",
+        _ => "launcher",
+    });
     if opts.workers > 0 || opts.supervise {
         report(&format!("pid {}", std::process::id()));
     }
@@ -309,9 +318,18 @@ fn restart_forever(sim: &SimBackend, opts: &HoldOpts) -> ! {
     }
 }
 
-/// One holding process (a worker, or the plain holder); `Ok(false)` when it must exit once
-/// reported (the creator of `exit_creator`, whose forked child keeps the handles).
-fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<bool, String> {
+/// What a forked process does once it has reported.
+enum Then {
+    /// Stay, pausing, until killed.
+    Stay,
+    /// Exit (the creator of `exit_creator`, whose forked child keeps the handles).
+    Exit,
+    /// Another thread stays; the main thread exits (`defunct_leader`).
+    LeaveToThread,
+}
+
+/// One holding process (a worker, or the plain holder), and what it does once reported.
+fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<Then, String> {
     // A name a GPU job would have, rather than gpuloop's own.
     set_comm(opts.name.as_deref().unwrap_or(DEFAULT_NAME));
     if opts.ignore_term {
@@ -333,11 +351,17 @@ fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<bool, String> {
         // The child inherits the node fds, the mappings and the allocation's handle.
         fork_synced(|| {
             report(&format!("pid {}", std::process::id()));
-            Ok(true)
+            Ok(Then::Stay)
         })?;
     }
     std::mem::forget(held);
-    Ok(!(opts.fork_child && opts.exit_creator))
+    Ok(if opts.fork_child && opts.exit_creator {
+        Then::Exit
+    } else if opts.defunct_leader {
+        Then::LeaveToThread
+    } else {
+        Then::Stay
+    })
 }
 
 /// `--foreground`: this very process holds, prints its pid, and stays until killed.
@@ -349,6 +373,11 @@ pub fn run_foreground(sim: &SimBackend, opts: &HoldOpts) -> ! {
         if opts.ignore_term {
             // SAFETY: setting a signal disposition to SIG_IGN installs no handler code.
             unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }.map_err(|e| e.to_string())?;
+        }
+        if opts.catch_term {
+            // SAFETY: the handler does nothing at all, which is async-signal-safe.
+            unsafe { signal(Signal::SIGTERM, SigHandler::Handler(ignore_signal)) }
+                .map_err(|e| e.to_string())?;
         }
         let held = hold_gpu(sim, opts)?;
         if sim.spec.release_ms > 0 {
@@ -461,15 +490,15 @@ fn detach_stdout() {
 }
 
 /// Forks; the child runs `setup`, then the parent continues once the child has reported. The
-/// child then stays (pausing forever) or, when `setup` says `false`, exits.
-fn fork_synced(setup: impl FnOnce() -> Result<bool, String>) -> Result<(), String> {
+/// child then does what `setup` says.
+fn fork_synced(setup: impl FnOnce() -> Result<Then, String>) -> Result<(), String> {
     let (rd, wr): (OwnedFd, OwnedFd) = pipe().map_err(|e| e.to_string())?;
     // SAFETY: the holder is single-threaded (a fresh exec that started no threads).
     match unsafe { fork() }.map_err(|e| e.to_string())? {
         ForkResult::Child => {
             drop(rd);
-            let stay = match setup() {
-                Ok(stay) => stay,
+            let then = match setup() {
+                Ok(then) => then,
                 Err(e) => {
                     report(&format!("error {e}"));
                     std::process::exit(1);
@@ -478,8 +507,17 @@ fn fork_synced(setup: impl FnOnce() -> Result<bool, String>) -> Result<(), Strin
             let _ = nix::unistd::write(&wr, b"1");
             drop(wr);
             detach_stdout();
-            if !stay {
-                std::process::exit(0);
+            match then {
+                Then::Stay => {}
+                Then::Exit => std::process::exit(0),
+                Then::LeaveToThread => {
+                    std::thread::spawn(|| loop {
+                        nix::unistd::pause();
+                    });
+                    // SAFETY: SYS_exit ends only this thread; the process lives on in the
+                    // other one, with every fd, mapping and lock it had.
+                    unsafe { libc::syscall(libc::SYS_exit, 0) };
+                }
             }
             loop {
                 nix::unistd::pause();

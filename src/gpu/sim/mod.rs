@@ -157,6 +157,16 @@ fn default_dir() -> PathBuf {
     }
 }
 
+/// The simulated driver's answer, per GPU index.
+struct Usage {
+    /// Memory in use (bytes).
+    used: Vec<i64>,
+    /// The driver's process list.
+    procs: Vec<Vec<DriverProc>>,
+    /// Whether a process computes there (its own memory, not a footprint or a leak).
+    busy: Vec<bool>,
+}
+
 /// One allocation record, as stored in `alloc/*.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Allocation {
@@ -371,9 +381,12 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Memory in use per GPU index, and the driver's process list per GPU index.
-    fn usage(&self) -> Result<(Vec<i64>, Vec<Vec<DriverProc>>), GpuError> {
+    /// What the simulated driver reports, per GPU index.
+    fn usage(&self) -> Result<Usage, GpuError> {
         let mut used = vec![0i64; self.spec.count];
+        // A GPU computes only for a process whose own memory is there: a context's footprint
+        // and memory nobody holds keep it idle, as on a real GPU.
+        let mut busy = vec![false; self.spec.count];
         let mut procs: Vec<BTreeMap<i32, i64>> = vec![BTreeMap::new(); self.spec.count];
         for (_, a) in self.live_allocations()? {
             let Some(i) = usize::try_from(a.gpu).ok().filter(|&i| i < self.spec.count) else {
@@ -382,6 +395,7 @@ impl SimBackend {
             // Sizes were checked (at most 1 PiB each): saturating sums cannot wrap to "free".
             let bytes = a.mib.saturating_mul(MIB);
             used[i] = used[i].saturating_add(bytes);
+            busy[i] |= !a.leaked && !a.footprint;
             // The driver names pids of another namespace only in `raw` mode.
             if !a.leaked && !a.footprint && (a.ns == self.own_ns || self.spec.foreign_pids_raw) {
                 let mem = procs[i].entry(a.creator).or_default();
@@ -396,7 +410,7 @@ impl SimBackend {
                     .collect()
             })
             .collect();
-        Ok((used, procs))
+        Ok(Usage { used, procs, busy })
     }
 
     /// Records an allocation with no holder (`gpuloop sim leak`).
@@ -426,7 +440,7 @@ impl SimBackend {
     /// Fails as a real allocation does when `mib` more would not fit on the GPU.
     pub fn check_capacity(&self, gpu: i64, mib: i64) -> Result<(), GpuError> {
         let i = self.minor(gpu).map(|_| gpu as usize)?;
-        let (used, _) = self.usage()?;
+        let used = self.usage()?.used;
         let total_mib = self.spec.mem_bytes / MIB;
         let free_mib = (total_mib - used.get(i).copied().unwrap_or(0) / MIB).max(0);
         if mib > free_mib {
@@ -479,6 +493,17 @@ impl SimBackend {
         fs::rename(&tmp, &path).map_err(|e| state_err(&self.dir, e))?;
         Ok((path, lock))
     }
+}
+
+/// A process the simulator started is still running: not gone, not a zombie left to reap.
+fn running(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X', 'x']))
+        })
+        .is_some_and(|gone| !gone)
 }
 
 fn watcher_alive(alloc: &Path) -> bool {
@@ -557,7 +582,7 @@ impl Backend for SimBackend {
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        let (used, procs) = self.usage()?;
+        let Usage { used, procs, busy } = self.usage()?;
         Ok(procs
             .into_iter()
             .enumerate()
@@ -577,8 +602,8 @@ impl Backend for SimBackend {
                     used[i].min(self.spec.mem_bytes),
                     driver_procs,
                 );
-                g.util = Some(if used[i] > 0 { 100 } else { 0 });
-                g.temp_c = Some(if used[i] > 0 { 61 } else { 34 });
+                g.util = Some(if busy[i] { 100 } else { 0 });
+                g.temp_c = Some(if busy[i] { 61 } else { 34 });
                 g
             })
             .collect())

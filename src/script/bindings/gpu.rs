@@ -301,9 +301,10 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "Waits until every GPU has no memory used and no compute holder; true as soon as that
          is so (within one poll), false after 30 s, or earlier when nothing holds the memory left
          and it stopped moving (waiting cannot help), or a stopped holder's parent started it
-         again. Observers and daemons do not make a GPU dirty; the few MiB a CUDA context keeps
-         on GPUs outside the selection that it does not use do not either (see strict). False
-         without a driver.",
+         again. Observers and daemons do not make a GPU dirty, nor does the memory a protected
+         daemon keeps (an MPS server's context), nor the few MiB a CUDA context keeps on GPUs
+         it does not use (see strict). The same judgement as diagnose(), clean, the Slurm
+         hooks and MCP. False without a driver.",
         move || wait(&s, Dynamic::UNIT, Map::new()),
     );
     let s = session.clone();
@@ -330,7 +331,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array | ()", "opts: Map", "bool"],
         "wait_clean() with options: timeout (seconds, default 30), max_used_mib (default 0),
          poll_ms (default 20), strict (default false: true demands max_used_mib even where the
-         rest is the CUDA footprint of jobs on GPUs outside the selection), settle (seconds to
+         rest is what protected daemons keep or the CUDA footprint of jobs on other GPUs), settle (seconds to
          keep watching after it reads clean: a compute holder coming back makes it false),
          stall (seconds, default 1: stop early once nothing holds the memory left and it has not
          moved this long; 0 waits the whole timeout), quiet (default false: true skips the

@@ -1,4 +1,4 @@
-//! The small helpers of SPEC: time, logging, files, JSON, exit, and loops of closures.
+//! The small helpers scripts share: time, logging, files, JSON, exit, and loops of closures.
 
 use crate::script::convert::{
     check_depth, check_spec, script_err, secs_arg, to_script, RhaiResult,

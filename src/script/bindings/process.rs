@@ -36,7 +36,7 @@ fn targets(v: &Dynamic) -> RhaiResult<Vec<(Option<String>, Target)>> {
 }
 
 /// The identity a holder map carries: an integer `pid` and `start`, and `pidfs_ino` where
-/// the kernel has pidfs. Issue 10, defect 12: a map without a valid `start` is an error, never
+/// the kernel has pidfs. A map without a valid `start` is an error, never
 /// a bare pid (that would signal whatever has the pid now). Bare pids are only integers.
 fn map_identity(m: &Map) -> RhaiResult<Identity> {
     let int = |key: &str| -> RhaiResult<Option<i64>> {
@@ -94,12 +94,12 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
     };
     Ok(KillOpts {
         signal,
-        grace: o.secs("grace", Some(d.grace))?.unwrap_or(d.grace),
+        grace: o.grace("grace", d.grace)?,
         tree: o.bool("tree", d.tree)?,
         dry_run: o.bool("dry_run", d.dry_run)?,
         force: o.bool("force", d.force)?,
         parents: o.bool("parents", d.parents)?,
-        on_interrupt: Default::default(),
+        ..KillOpts::default()
     })
 }
 
@@ -162,7 +162,9 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "kill",
         &["target: i64 | Map | Array", "opts: Map", "Map"],
         "kill() with options: signal (\"TERM\" default, any name like \"INT\", \"KILL\"),
-         grace (seconds before SIGKILL, default 5, 0 = no escalation), tree (default true:
+         grace (seconds before SIGKILL, default 5; 0 = TERM then KILL at once, as docker stop
+         -t 0; \"inf\" = never KILL: it waits for them to exit, Ctrl-C stops the waiting),
+         tree (default true:
          descendants too), dry_run (report, signal nothing), force (allow protected daemons),
          parents (default false: also stop the targets' restarters, under the same identity and
          protection rules; never init, a login shell, nor a job step's or container's manager

@@ -59,7 +59,7 @@ fn command(func: &str, v: &Dynamic) -> RhaiResult<Cmd> {
 }
 
 /// Options of run()/spawn(), and whether `check` was asked for.
-fn job_opts(func: &'static str, s: &Session, opts: &Map) -> RhaiResult<(JobOpts, bool)> {
+fn job_opts(func: &'static str, opts: &Map) -> RhaiResult<(JobOpts, bool)> {
     let o = Opts::new(opts, func, RUN_OPTS)?;
     let d = JobOpts::default();
     let env = match o.raw("env") {
@@ -89,8 +89,7 @@ fn job_opts(func: &'static str, s: &Session, opts: &Map) -> RhaiResult<(JobOpts,
         cwd: o.string("cwd")?.map(PathBuf::from),
         env,
         echo: o.bool("echo", d.echo)?,
-        grace: o.secs("grace", Some(d.grace))?.unwrap_or(d.grace),
-        protected: s.protected().to_vec(),
+        grace: o.grace("grace", d.grace)?,
         keep_children: o.bool("keep_children", false)?,
         sink: None,
     };
@@ -126,7 +125,7 @@ fn finish(
 fn run(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<Dynamic> {
     let cmd = command("run", cmd)?;
     let host = Opts::new(opts, "run", RUN_OPTS)?.string("host")?;
-    let (opts, check) = job_opts("run", s, opts)?;
+    let (opts, check) = job_opts("run", opts)?;
     let timeout = opts.timeout;
     let o = actions::run(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("run", e))?;
     finish(&cmd.display(), timeout, o, check)
@@ -135,7 +134,7 @@ fn run(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<Dynamic> {
 fn spawn(s: &Arc<Session>, cmd: &Dynamic, opts: &Map) -> RhaiResult<JobHandle> {
     let cmd = command("spawn", cmd)?;
     let host = Opts::new(opts, "spawn", RUN_OPTS)?.string("host")?;
-    let (opts, check) = job_opts("spawn", s, opts)?;
+    let (opts, check) = job_opts("spawn", opts)?;
     let job = actions::spawn(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("spawn", e))?;
     Ok(JobHandle {
         job: Arc::new(job),
@@ -168,7 +167,10 @@ fn stop(h: &JobHandle, opts: &Map) -> RhaiResult<Dynamic> {
             ))
         })?,
     };
-    let grace = o.secs("grace", None)?;
+    let grace = match o.raw("grace") {
+        Some(_) => Some(o.grace("grace", Duration::ZERO)?),
+        None => None,
+    };
     match h.job.stop(signal, grace).map_err(|e| run_err("kill", e))? {
         Some(o) => to_map(&o),
         None => Err(run_err("kill", RunError::Stuck { pid: h.job.pid() })),
@@ -210,7 +212,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["cmd: String | Array", "opts: Map", "Map"],
         "run() with options: timeout (seconds, default none), cwd, env (a map added to the
          environment), echo (default true), grace (seconds between TERM and KILL, default 5;
-         0 means KILL at once), check (default false: when true a failure throws, with the
+         0 means TERM then KILL at once; \"inf\" never KILLs: the stop waits until the tree
+         has exited, and Ctrl-C then KILLs it), check (default false: when true a failure throws, with the
          end of stderr), keep_children (default false: when true, what the job leaves running
          after its main process exits is kept, and still listed in leftovers), host (a host of
          --host: the job runs there under its agent, which stops its whole tree on timeout,
@@ -282,7 +285,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "kill",
         &["job: &mut Job", "opts: Map", "Map"],
         "job.kill() with options: signal (default \"TERM\"), grace (seconds before KILL,
-         default the job's; 0 means KILL at once).",
+         default the job's; 0 means TERM then KILL at once; \"inf\" never KILLs and waits
+         for the tree to exit).",
         |h: &mut JobHandle, opts: Map| stop(h, &opts),
     );
     def(

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""gpuloop over N loopback hosts beside pdsh and ClusterShell, side by side in one run.
+
+Starts a private OpenSSH server on 127.0.0.1 (throw-away keys) and N host aliases in a
+generated client config, each with its own simulated 8x80G machine (SetEnv GPULOOP_SIM_DIR).
+For each size (SIZES, default 16,64), REPS times (default 7), in turn:
+
+- gpuloop without kept connections (`--no-reuse`, what every run paid before);
+- gpuloop first run: `gpuloop --host h[01-N] --json gpus` with no kept connection (a fresh
+  XDG_RUNTIME_DIR each time): N ssh handshakes;
+- gpuloop repeated run: the same, again, through the connections the run before kept
+  (OpenSSH ControlMaster, the default for one-shots);
+- gpuloop diagnose, first and repeated, the same way;
+- pdsh: `pdsh -R ssh -f 32 -w h[01-N] 'BIN gpus --json'` (a new ssh connection per host);
+- clush: `clush -f 32 -w h[01-N] -o '-F CONFIG' 'BIN gpus --json'` (ditto).
+
+Each as a median (and min, max) in ms, with its ratio to pdsh's median. The kept masters are
+ended (`ssh -O exit`) and the holders, sshd and temp dir removed at the end, even on failure.
+Every process it signals is one it started.
+
+Needs: /usr/sbin/sshd, ssh, ssh-keygen; pdsh and clush (apt: pdsh, clustershell) or their
+rows say "not installed". Figures are only worth writing down on a quiet machine: the JSON
+carries the core count and the load average before and after.
+
+Usage: benches/fleet.py [BIN [OUT.json]]   (env: SIZES=16,64 REPS=7)
+"""
+import glob, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+
+BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release/gpuloop")
+OUT = sys.argv[2] if len(sys.argv) > 2 else None
+SIZES = [int(x) for x in os.environ.get("SIZES", "16,64").split(",")]
+REPS = int(os.environ.get("REPS", "7"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, env=None, ok=(0,)):
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    dt = (time.perf_counter() - t) * 1e3
+    if r.returncode not in ok:
+        raise SystemExit(f"{' '.join(cmd)[:300]} exited {r.returncode}: {r.stderr[-2000:]}")
+    return dt
+
+
+def stats(xs):
+    return {"median": round(statistics.median(xs), 1), "min": round(min(xs), 1),
+            "max": round(max(xs), 1), "n": len(xs)}
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="gpuloop-fleet-")
+    sshd = None
+    runtime_dirs = []
+    try:
+        port = free_port()
+        for k in ("host_key", "id"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{tmp}/{k}"],
+                           check=True)
+        shutil.copy(f"{tmp}/id.pub", f"{tmp}/authorized_keys")
+        key = " ".join(open(f"{tmp}/host_key.pub").read().split()[:2])
+        open(f"{tmp}/known_hosts", "w").write(f"gpuloop-fleet {key}\n")
+        open(f"{tmp}/sshd_config", "w").write(f"""ListenAddress 127.0.0.1
+HostKey {tmp}/host_key
+PidFile {tmp}/sshd.pid
+AuthorizedKeysFile {tmp}/authorized_keys
+StrictModes no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR
+MaxStartups 256
+MaxSessions 256
+LogLevel ERROR
+SetEnv SHLVL=1
+""")
+        user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        cfg = f"{tmp}/ssh_config"
+        with open(cfg, "w") as f:
+            for i in range(1, max(SIZES) + 1):
+                a = f"h{i:02d}"
+                f.write(f"""Host {a}
+  HostName 127.0.0.1
+  Port {port}
+  User {user}
+  IdentityFile {tmp}/id
+  IdentitiesOnly yes
+  UserKnownHostsFile {tmp}/known_hosts
+  GlobalKnownHostsFile /dev/null
+  HostKeyAlias gpuloop-fleet
+  StrictHostKeyChecking yes
+  LogLevel ERROR
+  SetEnv GPULOOP_SIM=8x80G GPULOOP_SIM_DIR={tmp}/sims/{a}
+""")
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", f"{tmp}/sshd_config",
+                                 "-p", str(port), "-E", f"{tmp}/sshd.log"])
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline or sshd.poll() is not None:
+                    raise SystemExit("sshd did not start: " + open(f"{tmp}/sshd.log").read())
+                time.sleep(0.05)
+        base = dict(os.environ)
+        base.pop("GPULOOP_SIM", None)
+        base.pop("GPULOOP_SIM_DIR", None)
+
+        def fresh_runtime():
+            d = tempfile.mkdtemp(prefix="glf-")
+            runtime_dirs.append(d)
+            return dict(base, XDG_RUNTIME_DIR=d)
+
+        gl = [BIN, "--ssh-config", cfg, "--remote-bin", BIN]
+        query = f"{BIN} gpus --json >/dev/null"
+        res = {"machine": {"cores": os.cpu_count(),
+                           "loadavg_start": open("/proc/loadavg").read().split()[:3],
+                           "gpuloop": subprocess.run([BIN, "--version"], capture_output=True,
+                                                     text=True).stdout.strip(),
+                           "pdsh": shutil.which("pdsh") or "not installed",
+                           "clush": shutil.which("clush") or "not installed"},
+               "reps": REPS, "sizes": {}}
+        for n in SIZES:
+            hosts = f"h[01-{n:02d}]"
+            times = {k: [] for k in ("gpus_no_reuse", "gpus_first", "gpus_repeated",
+                                     "diagnose_first", "diagnose_repeated", "pdsh", "clush")}
+            for _ in range(REPS):
+                # The same order each round, so that a noisy moment hits every tool alike.
+                times["gpus_no_reuse"].append(
+                    run([*gl, "--host", hosts, "--no-reuse", "--json", "gpus"], fresh_runtime()))
+                for cmd in ("gpus", "diagnose"):
+                    env = fresh_runtime()
+                    times[f"{cmd}_first"].append(run([*gl, "--host", hosts, "--json", cmd], env))
+                    times[f"{cmd}_repeated"].append(
+                        run([*gl, "--host", hosts, "--json", cmd], env))
+                    end_masters(env["XDG_RUNTIME_DIR"], cfg)
+                if shutil.which("pdsh"):
+                    env = dict(base, PDSH_RCMD_TYPE="ssh",
+                               PDSH_SSH_ARGS=f"-F {cfg} -o BatchMode=yes %h")
+                    times["pdsh"].append(run(["pdsh", "-f", "32", "-w", hosts, query], env))
+                if shutil.which("clush"):
+                    times["clush"].append(run(["clush", "-f", "32", "-w", hosts, "-o",
+                                               f"-F {cfg} -o BatchMode=yes", query], base))
+            row = {k: stats(v) for k, v in times.items() if v}
+            ref = row.get("pdsh", {}).get("median")
+            if ref:
+                for k, v in row.items():
+                    v["ratio_to_pdsh"] = round(v["median"] / ref, 2)
+            row["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
+            res["sizes"][n] = row
+            print(n, json.dumps(row), file=sys.stderr, flush=True)
+        text = json.dumps(res, indent=1)
+        if OUT:
+            open(OUT, "w").write(text + "\n")
+        else:
+            print(text)
+    finally:
+        for d in runtime_dirs:
+            end_masters(d, cfg if os.path.exists(f"{tmp}/ssh_config") else None)
+            shutil.rmtree(d, ignore_errors=True)
+        if sshd is not None:
+            sshd.terminate()
+            sshd.wait()
+        # The simulated holders are none: nothing here holds a GPU; the state dirs go.
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def end_masters(runtime_dir, cfg):
+    """Ends every ssh master gpuloop kept under this XDG_RUNTIME_DIR (by its socket)."""
+    for sock in glob.glob(f"{runtime_dir}/gpuloop/*"):
+        cmd = ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "h01"]
+        if cfg:
+            cmd[1:1] = ["-F", cfg]
+        subprocess.run(cmd, capture_output=True)
+
+
+if __name__ == "__main__":
+    main()

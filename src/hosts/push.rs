@@ -1,0 +1,229 @@
+//! gpuloop brings itself to a host that has none: over the ssh session that would run the
+//! agent, a small POSIX shell script finds a usable gpuloop (on the PATH, or a copy of this
+//! very binary in the remote user's cache, `${XDG_CACHE_HOME:-~/.cache}/gpuloop`, its SHA-256
+//! checked before it runs), and otherwise receives this binary there, where it can run.
+//!
+//! The conversation, before the agent's hello (each line on the session's stdio):
+//! - remote: `gpuloop-push ARCH LIBC` (`uname -m`, `getconf GNU_LIBC_VERSION`)
+//! - local: `HASH` (SHA-256 of this binary), or nothing (the session is closed) where this
+//!   binary cannot run there; the remote runs its cached copy if it has one, else says
+//!   `gpuloop-send`
+//! - local: `SIZE`, then the binary's bytes; the remote stores them in a temporary file of
+//!   the cache, checks the hash, renames it into place, and runs it.
+
+use std::sync::{Arc, OnceLock};
+
+/// What a host says before it is sent anything.
+pub const ASK: &str = "gpuloop-push ";
+/// The remote has no copy of this binary: send it.
+pub const SEND: &str = "gpuloop-send";
+/// The script's exit code where the cache refused the copy (EX_CANTCREAT's neighbour,
+/// EX_TEMPFAIL: sysexits.h).
+pub const CANNOT_STORE: i32 = 75;
+
+/// The remote command: a POSIX sh script in one line, with no `!` and no newline (a csh or
+/// fish login shell passes it to sh untouched). `skip_path`: the gpuloop on the PATH spoke
+/// another protocol, so only this binary's copy will do.
+pub fn script(skip_path: bool) -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut s = String::new();
+    if !skip_path {
+        s.push_str("command -v gpuloop >/dev/null 2>&1 && exec gpuloop agent; ");
+    }
+    s.push_str(&format!(
+        "D=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/gpuloop\"; \
+         echo \"{ASK}$(uname -m) $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
+         read -r H || exit 0; \
+         case \"$H\" in *[a-f0-9]*) ;; *) exit 0;; esac; \
+         F=\"$D/gpuloop-{version}-$(printf %s \"$H\" | cut -c1-16)\"; \
+         ok() {{ [ -x \"$F\" ] && [ \"$(sha256sum < \"$F\")\" = \"$H  -\" ]; }}; \
+         ok && exec \"$F\" agent; \
+         echo {SEND}; \
+         read -r N || exit 0; \
+         umask 077; mkdir -p \"$D\" || exit 75; T=\"$D/.gpuloop-$$\"; \
+         head -c \"$N\" > \"$T\" || {{ rm -f \"$T\"; exit 75; }}; \
+         chmod 700 \"$T\" && mv -f \"$T\" \"$F\" || {{ rm -f \"$T\"; exit 75; }}; \
+         ok && exec \"$F\" agent; \
+         echo \"gpuloop: the copy received in $F does not match its SHA-256\" >&2; rm -f \"$F\"; exit 75"
+    ));
+    format!("sh -c '{s}'")
+}
+
+/// This binary, read once per run and only when some host needs it.
+pub struct Exe {
+    pub bytes: Vec<u8>,
+    /// SHA-256, hex.
+    pub hash: String,
+    /// The oldest glibc it runs on (`GLIBC_2.x` symbol versions it needs); `None` for one
+    /// that needs none (static).
+    pub glibc: Option<(u32, u32)>,
+}
+
+pub fn exe() -> Result<Arc<Exe>, String> {
+    static EXE: OnceLock<Result<Arc<Exe>, String>> = OnceLock::new();
+    EXE.get_or_init(|| {
+        use sha2::Digest;
+        let bytes = std::fs::read("/proc/self/exe")
+            .map_err(|e| format!("cannot read this gpuloop (/proc/self/exe): {e}"))?;
+        let hash = sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let glibc = glibc_needed(&bytes);
+        Ok(Arc::new(Exe { bytes, hash, glibc }))
+    })
+    .clone()
+}
+
+/// Why this binary cannot run on a host that said `ARCH LIBC` (`x86_64 glibc 2.36`).
+pub fn cannot_run(said: &str, exe: &Exe) -> Option<String> {
+    let mut w = said.split_whitespace();
+    let arch = w.next().unwrap_or("");
+    let ours = std::env::consts::ARCH;
+    if arch != ours {
+        return Some(format!(
+            "this gpuloop is built for {ours}, and that host is {}",
+            if arch.is_empty() {
+                "of unknown architecture"
+            } else {
+                arch
+            }
+        ));
+    }
+    let (libc, version) = (w.next(), w.next());
+    if let Some((maj, min)) = exe.glibc {
+        let theirs = version
+            .and_then(parse_version)
+            .filter(|_| libc == Some("glibc"));
+        match theirs {
+            None => {
+                return Some(format!(
+                    "this gpuloop needs glibc {maj}.{min} or newer, and that host has no glibc"
+                ))
+            }
+            Some(t) if t < (maj, min) => {
+                return Some(format!(
+                    "this gpuloop needs glibc {maj}.{min} or newer, and that host has {}.{}",
+                    t.0, t.1
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    None
+}
+
+fn parse_version(v: &str) -> Option<(u32, u32)> {
+    let mut p = v.split('.');
+    let maj = p.next()?.parse().ok()?;
+    let min = p.next().map_or(Some(0), |m| {
+        m.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .ok()
+    })?;
+    Some((maj, min))
+}
+
+/// The newest `GLIBC_2.x` an ELF file's symbol versions need (its `.gnu.version_r`).
+pub fn glibc_needed(elf: &[u8]) -> Option<(u32, u32)> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
+    // 64-bit little-endian only: what gpuloop is built as.
+    if elf.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let shoff = u64_at(0x28)? as usize;
+    let (shentsize, shnum) = (u16_at(0x3a)? as usize, u16_at(0x3c)? as usize);
+    let section = |i: usize| {
+        let h = shoff + i * shentsize;
+        Some((
+            u32_at(h + 4)?,
+            u64_at(h + 0x18)? as usize,
+            u64_at(h + 0x20)? as usize,
+            u32_at(h + 0x28)? as usize,
+        ))
+    };
+    const SHT_GNU_VERNEED: u32 = 0x6fff_fffe;
+    let (_, off, _, link) = (0..shnum)
+        .filter_map(section)
+        .find(|s| s.0 == SHT_GNU_VERNEED)?;
+    let (_, strtab, strsize, _) = section(link)?;
+    let name = |o: usize| {
+        let s = elf.get(strtab + o..strtab + strsize)?;
+        let end = s.iter().position(|b| *b == 0)?;
+        std::str::from_utf8(&s[..end]).ok()
+    };
+    let mut best: Option<(u32, u32)> = None;
+    let mut vn = off;
+    for _ in 0..4096 {
+        let (cnt, aux, next) = (u16_at(vn + 2)?, u32_at(vn + 8)?, u32_at(vn + 12)?);
+        let mut a = vn + aux as usize;
+        for _ in 0..cnt {
+            if let Some(v) = name(u32_at(a + 8)? as usize)
+                .and_then(|n| n.strip_prefix("GLIBC_"))
+                .and_then(parse_version)
+            {
+                best = best.max(Some(v));
+            }
+            a += u32_at(a + 12)? as usize;
+        }
+        if next == 0 {
+            break;
+        }
+        vn += next as usize;
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_binarys_glibc_need_is_read_from_its_symbol_versions() {
+        let me = std::fs::read("/proc/self/exe").unwrap();
+        let (maj, min) = glibc_needed(&me).expect("a glibc build needs some GLIBC_2.x");
+        assert_eq!(maj, 2);
+        assert!((2..=60).contains(&min), "{min}");
+        assert_eq!(glibc_needed(b"#!/bin/sh\n"), None);
+    }
+
+    #[test]
+    fn a_host_of_another_architecture_or_an_older_glibc_is_refused() {
+        let exe = Exe {
+            bytes: Vec::new(),
+            hash: String::new(),
+            glibc: Some((2, 34)),
+        };
+        let arch = std::env::consts::ARCH;
+        assert_eq!(cannot_run(&format!("{arch} glibc 2.36"), &exe), None);
+        assert_eq!(cannot_run(&format!("{arch} glibc 2.34"), &exe), None);
+        let old = cannot_run(&format!("{arch} glibc 2.31"), &exe).unwrap();
+        assert!(
+            old.contains("needs glibc 2.34 or newer") && old.contains("has 2.31"),
+            "{old}"
+        );
+        let musl = cannot_run(arch, &exe).unwrap();
+        assert!(musl.contains("no glibc"), "{musl}");
+        let other = if arch == "aarch64" {
+            "x86_64"
+        } else {
+            "aarch64"
+        };
+        let e = cannot_run(&format!("{other} glibc 2.36"), &exe).unwrap();
+        assert!(e.contains(&format!("that host is {other}")), "{e}");
+    }
+
+    #[test]
+    fn the_script_is_one_line_without_bang() {
+        for skip in [false, true] {
+            let s = script(skip);
+            assert!(!s.contains('\n') && !s.contains('!'), "{s}");
+            assert_eq!(s.matches('\'').count(), 2, "{s}");
+            assert_eq!(s.contains("command -v gpuloop"), !skip);
+        }
+    }
+}

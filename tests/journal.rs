@@ -1,0 +1,400 @@
+//! The audit journal: every signal gpuloop sends, from every front end, is one record with
+//! who asked, through what, to which process, why and what came of it; `gpuloop journal`
+//! filters it; a journal that is a link or not ours is refused, and the signal still goes out.
+
+use crate::support::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+fn journal_file(sim: &Sim) -> PathBuf {
+    sim.path().join("state-home/gpuloop/journal.jsonl")
+}
+
+/// Every signal record, oldest first.
+fn signals(sim: &Sim) -> Vec<Value> {
+    let Ok(text) = std::fs::read_to_string(journal_file(sim)) else {
+        return Vec::new();
+    };
+    text.lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a journal line is JSON"))
+        .filter(|r| r["kind"] == "signal")
+        .collect()
+}
+
+/// The first signal record to `pid`.
+fn record_of(sim: &Sim, pid: i32) -> Value {
+    signals(sim)
+        .into_iter()
+        .find(|r| r["target"]["pid"] == pid)
+        .unwrap_or_else(|| panic!("no signal to pid {pid} journaled: {:?}", signals(sim)))
+}
+
+fn start_of(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    after.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The fields every record has, checked for a signal that `front_end` sent to `pid`.
+fn check_record(r: &Value, pid: i32, start: u64, front_end: &str) {
+    let euid = rustix::process::geteuid().as_raw();
+    assert_eq!(r["front_end"], front_end, "{r}");
+    assert_eq!(r["target"]["pid"], pid, "{r}");
+    assert_eq!(r["target"]["start"], start, "{r}");
+    assert_eq!(r["target"]["uid"], euid, "{r}");
+    assert!(
+        r["target"]["comm"].as_str().is_some_and(|c| !c.is_empty()),
+        "{r}"
+    );
+    assert_eq!(r["user"]["uid"], euid, "{r}");
+    assert!(
+        r["user"]["name"].as_str().is_some_and(|n| !n.is_empty()),
+        "{r}"
+    );
+    assert_eq!(r["host"], hostname(), "{r}");
+    assert!(r["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{r}");
+    assert!(r["gpuloop_pid"].as_i64().is_some_and(|p| p > 0), "{r}");
+    assert_eq!(r["outcome"], "delivered", "{r}");
+    assert!(r["why"].as_str().is_some_and(|w| !w.is_empty()), "{r}");
+}
+
+#[test]
+fn audit_cli_kills_are_journaled_with_who_what_why_and_outcome_and_dry_runs_are_not() {
+    let sim = Sim::new("2x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    let start = start_of(holder);
+    sim.run(&["kill", "--gpu", "0", "--dry-run"]).ok();
+    assert!(alive(holder));
+    assert_eq!(
+        signals(&sim),
+        Vec::<Value>::new(),
+        "a dry run was journaled"
+    );
+
+    sim.run(&["kill", "--gpu", "0", "--grace", "10"]).ok();
+    let r = record_of(&sim, holder);
+    check_record(&r, holder, start, "cli");
+    assert_eq!(r["signal"], "TERM");
+    assert!(
+        r["why"].as_str().unwrap().starts_with("holder of GPU 0 ("),
+        "{r}"
+    );
+    let argv: Vec<&str> = r["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        argv.ends_with(&["kill", "--gpu", "0", "--grace", "10"]),
+        "{argv:?}"
+    );
+
+    // A tree: the launcher by pid, its worker as its child.
+    let ps = sim.hold(&["--gpu", "1", "--mib", "64", "--workers", "1"]);
+    let (launcher, worker) = (ps[0], ps[1]);
+    let worker_start = start_of(worker);
+    sim.run(&["kill", &launcher.to_string()]).ok();
+    assert_eq!(record_of(&sim, launcher)["why"], "bare pid");
+    let w = record_of(&sim, worker);
+    check_record(&w, worker, worker_start, "cli");
+    assert!(
+        w["why"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("child of pid {launcher} ")),
+        "{w}"
+    );
+}
+
+#[test]
+fn audit_script_kills_and_job_kills_are_journaled_as_the_script_front_end() {
+    let sim = Sim::new("1x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    let start = start_of(holder);
+    sim.eval(&format!("kill({holder}, #{{grace: 10}}); ()"));
+    check_record(&record_of(&sim, holder), holder, start, "script");
+
+    let job: i32 = sim
+        .eval("let j = spawn(\"exec sleep 300\"); let p = j.pid; j.kill(); p")
+        .parse()
+        .unwrap();
+    let r = record_of(&sim, job);
+    assert_eq!(r["front_end"], "script", "{r}");
+    assert!(r["why"].as_str().unwrap().contains("job"), "{r}");
+    assert!(
+        r["argv"].as_array().unwrap().contains(&json!("eval")),
+        "{r}"
+    );
+}
+
+/// The guard, which KILLs what the jobs of a SIGKILLed gpuloop left, journals as the front end
+/// of that gpuloop: here an agent, whose job kills it.
+#[test]
+fn audit_the_guards_kills_are_journaled_as_the_front_end_it_acts_for() {
+    use std::os::unix::process::CommandExt;
+    let sim = Sim::new("1x1G");
+    let pid_file = sim.path().join("child");
+    let job = format!(
+        "sleep 371 & echo $! > {}; kill -KILL $PPID; exec sleep 371",
+        pid_file.display()
+    );
+    let mut cmd = sim.std_cmd();
+    cmd.arg("agent")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut agent = cmd.spawn().unwrap();
+    let request = json!({"id": 1, "method": "run", "params": {
+        "shell": job, "argv": null, "timeout_ms": 60_000, "cwd": null, "env": [],
+        "grace_ms": 1000, "echo": false}});
+    let mut stdin = agent.stdin.take().unwrap();
+    writeln!(stdin, "{request}").unwrap();
+    agent.wait().unwrap();
+    drop(stdin);
+    let end = Instant::now() + Duration::from_secs(30);
+    let child: i32 = loop {
+        let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        if let Ok(p) = text.trim().parse() {
+            break p;
+        }
+        assert!(Instant::now() < end, "the job did not fork");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    while !signals(&sim).iter().any(|r| r["target"]["pid"] == child) {
+        assert!(
+            Instant::now() < end,
+            "the guard journaled no KILL of {child}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = record_of(&sim, child);
+    assert_eq!(
+        (&r["front_end"], &r["signal"]),
+        (&json!("agent"), &json!("KILL")),
+        "{r}"
+    );
+    assert!(
+        r["why"].as_str().unwrap().starts_with("left by a job"),
+        "{r}"
+    );
+    assert!(gone_within(child, 10));
+}
+
+#[test]
+fn audit_epilog_and_prolog_kills_are_journaled_as_their_front_ends() {
+    let sim = Sim::new("2x8G");
+    let left = sim.hold_with(
+        &["--gpu", "1", "--mib", "64", "--setsid"],
+        &[("SLURM_JOB_ID", "812")],
+    )[0];
+    let start = start_of(left);
+    sim.run_with(&["epilog", "--grace", "10", "--timeout", "10"], |c| {
+        c.envs([
+            ("SLURM_JOB_ID", "812"),
+            ("SLURM_JOB_GPUS", "1"),
+            ("SLURMD_NODENAME", "gpu07"),
+        ]);
+    })
+    .ok();
+    let r = record_of(&sim, left);
+    check_record(&r, left, start, "epilog");
+    assert!(r["why"].as_str().unwrap().contains("job 812"), "{r}");
+
+    // The prolog stops a stray (of no job) on the starting job's GPU.
+    let stray = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    let start = start_of(stray);
+    sim.run_with(&["prolog", "--timeout", "10"], |c| {
+        c.envs([
+            ("SLURM_JOB_ID", "813"),
+            ("SLURM_JOB_GPUS", "0"),
+            ("SLURMD_NODENAME", "gpu07"),
+        ]);
+    })
+    .ok();
+    let r = record_of(&sim, stray);
+    check_record(&r, stray, start, "prolog");
+    assert!(
+        r["why"].as_str().unwrap().contains("holder of GPU 0"),
+        "{r}"
+    );
+}
+
+/// The agent (what `--host` reaches through ssh) journals the remote client's call and the
+/// client's ssh connection.
+#[test]
+fn audit_agent_kills_are_journaled_with_the_remote_clients_call() {
+    let sim = Sim::new("1x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    let start = start_of(holder);
+    let mut agent = sim
+        .std_cmd()
+        .arg("agent")
+        .env("SSH_CONNECTION", "10.0.0.9 51234 10.0.0.1 22")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let request = json!({"id": 1, "method": "kill", "params": {
+        "targets": [{"pid": holder, "start": start}],
+        "opts": {"signal": "TERM", "grace_ms": 10_000, "tree": true, "dry_run": false, "force": false}}});
+    let mut stdin = agent.stdin.take().unwrap();
+    writeln!(stdin, "{request}").unwrap();
+    let mut lines = BufReader::new(agent.stdout.take().unwrap()).lines();
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < end, "no reply from the agent");
+        let line = lines.next().expect("the agent's reply").unwrap();
+        if serde_json::from_str::<Value>(&line).is_ok_and(|v| v["id"] == 1) {
+            break;
+        }
+    }
+    drop(stdin);
+    assert!(agent.wait().unwrap().success());
+    let r = record_of(&sim, holder);
+    check_record(&r, holder, start, "agent");
+    assert_eq!(r["why"], "pid and start time given", "{r}");
+    assert_eq!(r["call"]["method"], "kill", "{r}");
+    assert_eq!(r["call"]["params"]["targets"][0]["pid"], holder, "{r}");
+    assert_eq!(
+        r["call"]["ssh_connection"], "10.0.0.9 51234 10.0.0.1 22",
+        "{r}"
+    );
+}
+
+#[test]
+fn audit_gpuloop_journal_filters_by_pid_front_end_user_and_time() {
+    let sim = Sim::new("2x8G");
+    let a = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    let b = sim.hold(&["--gpu", "1", "--mib", "64"])[0];
+    sim.run(&["kill", &a.to_string()]).ok();
+    sim.eval(&format!("kill({b}); ()"));
+    let shown = |args: &[&str]| -> Vec<Value> {
+        let out = sim
+            .run(&[&["--json", "journal", "-n", "0"], args].concat())
+            .ok();
+        out.json().as_array().unwrap().clone()
+    };
+    let pids = |rs: Vec<Value>| -> Vec<i64> {
+        rs.iter()
+            .filter_map(|r| r["target"]["pid"].as_i64())
+            .collect()
+    };
+    assert_eq!(pids(shown(&[])), vec![i64::from(a), i64::from(b)]);
+    assert_eq!(pids(shown(&["--pid", &b.to_string()])), vec![i64::from(b)]);
+    assert_eq!(pids(shown(&["--front-end", "script"])), vec![i64::from(b)]);
+    assert_eq!(pids(shown(&["--front-end", "mcp"])), Vec::<i64>::new());
+    let me = rustix::process::geteuid().as_raw().to_string();
+    assert_eq!(shown(&["--user", &me]).len(), 2);
+    assert_eq!(shown(&["--user", "no-such-user"]).len(), 0);
+    assert_eq!(shown(&["--since", "10m"]).len(), 2);
+    assert_eq!(shown(&["--since", "2999-01-01"]).len(), 0);
+    // For people: one line per signal, with what asked for it.
+    let text = sim.run(&["journal", "--pid", &a.to_string()]).ok().stdout;
+    assert!(
+        text.contains(&format!("cli TERM -> pid {a} ")) && text.contains("delivered [bare pid]"),
+        "{text}"
+    );
+    let out = sim.run(&["journal", "--front-end", "nope"]).code(2);
+    assert!(out.stderr.contains("nope"), "{}", out.stderr);
+    let out = sim.run(&["journal", "--since", "yesterday"]).code(2);
+    assert!(out.stderr.contains("--since"), "{}", out.stderr);
+}
+
+/// A journal that links elsewhere is not written through, and the kill still happens, with a
+/// warning; `gpuloop journal` refuses it with a clear error.
+#[test]
+fn audit_a_linked_journal_is_refused_and_the_signal_still_goes_out() {
+    let sim = Sim::new("1x8G");
+    let dir = sim.path().join("state-home/gpuloop");
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = sim.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join("journal.jsonl")).unwrap();
+    let holder = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    let out = sim.run(&["kill", &holder.to_string()]).ok();
+    assert!(gone_within(holder, 10), "the kill was held back");
+    assert!(
+        out.stderr.contains("signals are not journaled")
+            && out.stderr.contains("a symbolic link; refused"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let out = sim.run(&["journal"]).code(1);
+    assert!(
+        out.stderr.contains("a symbolic link; refused"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// `gpuloop journal` on a huge journal aborted (134): it read it whole. A 384 MiB line (a sparse
+/// file, no newline) under a 256 MiB address-space limit is skipped, counted, and the records
+/// after it are shown.
+#[test]
+fn audit_a_huge_journal_is_read_in_bounded_memory() {
+    use std::os::unix::process::CommandExt;
+    let sim = Sim::new("1x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    sim.run(&["kill", &holder.to_string()]).ok();
+    let file = journal_file(&sim);
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap();
+    f.set_len(f.metadata().unwrap().len() + (384 << 20))
+        .unwrap();
+    drop(f);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap()
+        .write_all(b"\n")
+        .unwrap();
+    let b = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    sim.run(&["kill", &b.to_string()]).ok();
+    let mut cmd = sim.std_cmd();
+    cmd.args(["--json", "journal", "-n", "0"]);
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256 << 20,
+                rlim_max: 256 << 20,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let shown: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let pids: Vec<i64> = shown
+        .iter()
+        .filter_map(|r| r["target"]["pid"].as_i64())
+        .collect();
+    assert_eq!(pids, vec![i64::from(holder), i64::from(b)]);
+    assert!(
+        stderr.contains("1 line(s)") && stderr.contains("not journal records"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,111 @@
+//! The rooms' import rules (docs/ARCHITECTURE.md): a lower room never reaches into a room
+//! above it. Read from the sources, so a new `use` that breaks a rule fails here.
+
+use std::path::{Path, PathBuf};
+
+/// (room, the rooms it must never import).
+const RULES: &[(&str, &[&str])] = &[
+    // Process facts know no hosts, no verdicts, no scripts.
+    (
+        "process",
+        &["hosts", "inspect", "script", "cli", "actions", "mcp"],
+    ),
+    // A backend knows no signals and no hosts.
+    (
+        "gpu",
+        &[
+            "process", "inspect", "hosts", "script", "cli", "actions", "mcp",
+        ],
+    ),
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The rooms of this crate a source names, `crate::room::…` or `crate::{room, …}`, comments
+/// left out.
+fn rooms_named(source: &str) -> Vec<String> {
+    let code: String = source
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut rooms = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // A group: its top-level names, each up to `::`, `,`, whitespace or `}`.
+            let mut depth = 0;
+            let mut name = String::new();
+            let mut first = true;
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        if !name.is_empty() {
+                            rooms.push(std::mem::take(&mut name));
+                        }
+                        first = true;
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 && first {
+                    if c.is_alphanumeric() || c == '_' {
+                        name.push(c);
+                    } else if !name.is_empty() {
+                        rooms.push(std::mem::take(&mut name));
+                        first = false;
+                    }
+                }
+            }
+            if !name.is_empty() {
+                rooms.push(name);
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            rooms.push(name);
+        }
+    }
+    rooms
+}
+
+#[test]
+fn lower_rooms_never_import_the_rooms_above_them() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut broken = Vec::new();
+    for (room, never) in RULES {
+        let mut files = Vec::new();
+        rust_files(&src.join(room), &mut files);
+        assert!(!files.is_empty(), "no sources under src/{room}");
+        for file in files {
+            let source = std::fs::read_to_string(&file).expect("read source");
+            for named in rooms_named(&source) {
+                if never.contains(&named.as_str()) {
+                    broken.push(format!("{} uses crate::{named}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_import_reader_sees_paths_and_groups() {
+    let source = "use crate::gpu::Gpu;\n// crate::hosts in a comment\nuse crate::{\n    journal,\n    process::{self, kill},\n};\nlet h = crate::hosts::local();";
+    assert_eq!(rooms_named(source), ["gpu", "journal", "process", "hosts"]);
+}
