@@ -181,15 +181,26 @@ fn fifos_are_refused_at_once_never_waited_for() {
     }
 }
 
-/// Issue: `run -` blocked on a pipe nobody writes to ignored Ctrl-C, TERM and HUP (the
-/// handlers restart the read). Each ends it now with 130.
+/// Issue: `run -` (and `repl` with piped input) blocked on a pipe nobody writes to ignored
+/// Ctrl-C, TERM and HUP (the handlers restart the read). Each ends it now with 130.
 #[test]
-fn run_stdin_blocked_on_a_silent_pipe_ends_on_int_term_and_hup() {
+fn stdin_blocked_on_a_silent_pipe_ends_on_int_term_and_hup() {
     let sim = Sim::new("1x1G");
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+    for (cmd, sig) in [
+        ("run", libc::SIGINT),
+        ("run", libc::SIGTERM),
+        ("run", libc::SIGHUP),
+        ("repl", libc::SIGINT),
+        ("repl", libc::SIGTERM),
+    ] {
+        let args: &[&str] = if cmd == "run" {
+            &["run", "-"]
+        } else {
+            &["repl"]
+        };
         let mut child = sim
             .std_cmd()
-            .args(["run", "-"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -220,8 +231,8 @@ fn run_stdin_blocked_on_a_silent_pipe_ends_on_int_term_and_hup() {
         }
         // SAFETY: our own child, still running (not reaped).
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-        let out = finish(child, &format!("run - then signal {sig}"));
-        assert_eq!(out.code, 130, "signal {sig}: {}", out.stderr);
+        let out = finish(child, &format!("{cmd} then signal {sig}"));
+        assert_eq!(out.code, 130, "{cmd}, signal {sig}: {}", out.stderr);
     }
 }
 
