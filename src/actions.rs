@@ -344,7 +344,7 @@ pub fn reset_gpu(s: &Session, index: i64) -> Result<(), GpuError> {
             ),
         });
     }
-    s.backend()?.reset(index)
+    s.backend()?.reset(index, &crate::process::helpers::output)
 }
 
 pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {

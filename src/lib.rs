@@ -30,6 +30,7 @@ pub mod render;
 pub mod repl;
 pub mod runner;
 pub mod script;
+pub mod seconds;
 pub mod session;
 pub mod slurm;
 pub mod stack_guard;

@@ -82,7 +82,7 @@ impl Backend for Faulty {
         false
     }
 
-    fn reset(&self, _: i64) -> Result<(), GpuError> {
+    fn reset(&self, _: i64, _: &gpuloop::gpu::RunHelper) -> Result<(), GpuError> {
         Ok(())
     }
 }

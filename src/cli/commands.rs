@@ -1046,7 +1046,7 @@ fn sim(cfg: &Config, cmd: &SimCmd) -> Result<i32, Error> {
             Ok(0)
         }
         SimCmd::Reset { gpu } => {
-            crate::gpu::Backend::reset(&sim, *gpu)?;
+            crate::gpu::Backend::reset(&sim, *gpu, &crate::process::helpers::output)?;
             Ok(0)
         }
         SimCmd::Ls => {

@@ -190,9 +190,9 @@ impl Backend for Deadline {
         self.inner.foreign_pid_namespace()
     }
 
-    fn reset(&self, index: i64) -> Result<(), GpuError> {
+    fn reset(&self, index: i64, run: &super::RunHelper) -> Result<(), GpuError> {
         // A reset legitimately takes seconds; it runs nvidia-smi, which has its own limits.
-        self.inner.reset(index)
+        self.inner.reset(index, run)
     }
 
     fn missing_driver(&self) -> Option<&str> {

@@ -181,6 +181,9 @@ impl DeviceNodes {
     }
 }
 
+/// Runs a helper program to its end and returns what it printed.
+pub type RunHelper = dyn Fn(&mut std::process::Command) -> std::io::Result<std::process::Output>;
+
 /// The one interface the rest of gpuloop needs from a GPU driver.
 pub trait Backend: Send + Sync {
     /// "nvml", "sim" or "none".
@@ -206,8 +209,10 @@ pub trait Backend: Send + Sync {
     fn nodes(&self) -> &DeviceNodes;
     /// The PID namespace the driver reports pids in is not ours (a container without --pid=host).
     fn foreign_pid_namespace(&self) -> bool;
-    /// Resets one GPU (a last resort for memory nobody holds).
-    fn reset(&self, index: i64) -> Result<(), GpuError>;
+    /// Resets one GPU (a last resort for memory nobody holds). A backend that needs a program
+    /// for it (nvidia-smi) has `run` start it: the caller knows how gpuloop's own helper
+    /// processes are kept apart from jobs' orphans, which a backend must not need to.
+    fn reset(&self, index: i64, run: &RunHelper) -> Result<(), GpuError>;
     /// Why there is no driver (what failed to load or initialise); `None` when there is one.
     fn missing_driver(&self) -> Option<&str> {
         None
@@ -247,7 +252,7 @@ impl Backend for NoDriver {
     fn foreign_pid_namespace(&self) -> bool {
         false
     }
-    fn reset(&self, _index: i64) -> Result<(), GpuError> {
+    fn reset(&self, _index: i64, _run: &RunHelper) -> Result<(), GpuError> {
         Err(GpuError::NoDriver(self.why.clone()))
     }
     fn missing_driver(&self) -> Option<&str> {

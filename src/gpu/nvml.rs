@@ -515,27 +515,14 @@ impl Backend for NvmlBackend {
         self.foreign_ns
     }
 
-    fn reset(&self, index: i64) -> Result<(), GpuError> {
+    fn reset(&self, index: i64, run: &super::RunHelper) -> Result<(), GpuError> {
         // NVML's reset needs the GPU idle and root; nvidia-smi gives the clearest message.
-        // Registered as gpuloop's own, so that the job runner never takes it for a job's orphan.
-        let (child, helper) = crate::process::helpers::start(
-            || {
-                std::process::Command::new("nvidia-smi")
-                    .args(["-r", "-i", &index.to_string()])
-                    .stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-            },
-            |c| Some(c.id()),
-        )
+        let out = run(std::process::Command::new("nvidia-smi")
+            .args(["-r", "-i", &index.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()))
         .map_err(|e| GpuError::Reset {
-            index,
-            why: format!("cannot run nvidia-smi: {e}"),
-        })?;
-        let out = child.wait_with_output();
-        crate::process::helpers::forget(helper);
-        let out = out.map_err(|e| GpuError::Reset {
             index,
             why: format!("cannot run nvidia-smi: {e}"),
         })?;

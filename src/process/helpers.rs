@@ -37,6 +37,15 @@ pub fn start<C>(
     Ok((child, id))
 }
 
+/// Runs `cmd` as a helper to its end (registered as gpuloop's own while it runs, so the job
+/// runner never takes it for a job's orphan) and returns what it printed.
+pub fn output(cmd: &mut std::process::Command) -> io::Result<std::process::Output> {
+    let (child, id) = start(|| cmd.spawn(), |c| Some(c.id()))?;
+    let out = child.wait_with_output();
+    forget(id);
+    out
+}
+
 /// Forgets a helper that has been reaped.
 pub fn forget(id: Option<Identity>) {
     if let Some(id) = id {

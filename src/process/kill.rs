@@ -205,7 +205,7 @@ pub fn grace_seconds(v: f64) -> Result<Duration, String> {
     if v == f64::INFINITY {
         return Ok(NEVER);
     }
-    crate::inspect::wait::seconds(v).map_err(|why| format!("{why}, or inf to never send KILL"))
+    crate::seconds::seconds(v).map_err(|why| format!("{why}, or inf to never send KILL"))
 }
 
 /// A grace on the agent's wire, in milliseconds: `NEVER` is `u64::MAX`.

@@ -617,7 +617,7 @@ impl Backend for SimBackend {
         self.own_ns != self.host_ns
     }
 
-    fn reset(&self, index: i64) -> Result<(), GpuError> {
+    fn reset(&self, index: i64, _run: &crate::gpu::RunHelper) -> Result<(), GpuError> {
         self.minor(index)?;
         let live = self.live_allocations()?;
         let on_gpu: Vec<_> = live.iter().filter(|(_, a)| a.gpu == index).collect();
