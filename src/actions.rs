@@ -885,7 +885,7 @@ pub const FORCE_HINT: &str = "--force stops it";
 /// Stops every compute holder of the selection (narrowed by `filter`) here, each pinned by
 /// its identity; the report says which GPUs each held. A systemd unit's main process is left
 /// alone unless `force`: systemd would only restart it. With `force`, the protected daemons
-/// of the selection are stopped too (issue 11, item 2), never mere observers. Without it,
+/// of the selection are stopped too, never mere observers. Without it,
 /// those that hold a GPU (driver-listed or mapping a node: what keeps memory used) are listed
 /// as skipped with the flag that stops them, so that `kill --gpu N` on a GPU only a daemon
 /// holds does not read as a success that signalled nobody; a daemon that only has the nodes

@@ -54,7 +54,7 @@ impl Config {
 
 /// The arguments, with `--sim ""` refused: an empty `GPULOOP_SIM` means unset, but an empty
 /// spec given on the command line is a mistake (`gpuloop --sim "$SPEC" clean` with `SPEC`
-/// unset would otherwise clean the real GPUs: a new user's report, round 7).
+/// unset would otherwise clean the real GPUs).
 fn parse(argv: &[std::ffi::OsString]) -> Result<Args, clap::Error> {
     use clap::error::ErrorKind;
     use clap::{parser::ValueSource, CommandFactory, FromArgMatches};

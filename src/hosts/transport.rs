@@ -460,8 +460,8 @@ fn split_port(dest: &str) -> (String, Option<&str>) {
 mod tests {
     use super::*;
 
-    /// A new user's report, round 7: `--host localhost:22` reached ssh whole ("Could not
-    /// resolve hostname localhost:22"), though SPEC gives `host:port` as a destination.
+    /// `--host localhost:22` once reached ssh whole ("Could not resolve hostname
+    /// localhost:22"), though docs/cluster.md gives `host:port` as a destination.
     #[test]
     fn host_port_becomes_ssh_dash_p() {
         let t = Transport::ssh(None, None);

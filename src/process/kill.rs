@@ -267,7 +267,7 @@ impl<'a> Guard<'a> {
         if p.pid <= 1 {
             return Some(format!("pid {} is never signalled", p.pid));
         }
-        // Issue 10, defect 5: kill(2) used to signal kthreadd and every kernel thread.
+        // kill(2) of a kernel thread's pid once reached kthreadd and every kernel thread.
         if p.is_kernel_thread() {
             return Some(format!(
                 "pid {} ({}) is a kernel thread: never signalled",
@@ -387,7 +387,7 @@ enum Tie {
 }
 
 /// Step 1 of a kill: the processes to signal, each pinned by a pidfd before anything is decided
-/// about it (issue 10, defect 1). The snapshot only says where to look: the refusals read the
+/// about it, so that a recycled pid is never hit. The snapshot only says where to look: the refusals read the
 /// pinned stat, a bare pid is whatever has the pid when it is pinned, and a descendant or group
 /// member is taken only if, read through its own pin, it is still the child (or group member) of
 /// a pinned process that still runs. A pid reused between the snapshot and the pin, even within
@@ -505,8 +505,8 @@ impl Resolve<'_> {
     /// Pins `pid`, found in the snapshot as tied to `pins[anchor]`, checks the tie through the
     /// pins, and considers it. Returns its index in `pins` when the walk may go below it: only
     /// when it was taken. Below a refused member (a protected daemon, an ancestor of gpuloop)
-    /// live that daemon's helpers or gpuloop's siblings, never the target's job (safety audit,
-    /// round 7: a daemon's children were signalled without force).
+    /// live that daemon's helpers or gpuloop's siblings, never the target's job (a daemon's
+    /// children were once signalled without force).
     fn member(
         &mut self,
         report: &mut KillReport,
@@ -1081,7 +1081,7 @@ mod tests {
         let _ = child.wait();
     }
 
-    /// Issue 10, defect 1, for tree members: the snapshot saw a child of the target at pid Q;
+    /// A recycled pid, for tree members: the snapshot saw a child of the target at pid Q;
     /// Q now names an unrelated process that started in the same clock tick (same pid, same
     /// start: what (pid, start) cannot tell apart). Checked through its pin, Q is no child of
     /// the target, so it is not signalled. Before, the (pid, start) check let it through.

@@ -95,7 +95,7 @@ fn is_interactive_shell(p: &ProcInfo, cmdline: &str) -> bool {
 /// Parents that start a process once on someone else's behalf and restart nothing: Slurm's
 /// step daemon and launcher, container shims, runtimes and inits, the ssh daemon, privilege
 /// wrappers, terminal multiplexers. Stopping one tears down a job step, a container or users'
-/// sessions (safety audit, round 7: `clean --parents` stopped the job's `slurmstepd`), so they
+/// sessions (`clean --parents` once stopped a job's `slurmstepd`), so they
 /// are neither reported nor stopped as restarters. Matched by comm or argv[0]'s base name
 /// (`is_named`: the comm `containerd-shim` is what the kernel keeps of `containerd-shim-runc-v2`).
 const INFRASTRUCTURE: &[&str] = &[
@@ -292,7 +292,7 @@ mod tests {
         assert!(find_with(&t, &ids, &HashSet::from([10]), &cmdline).is_empty());
     }
 
-    /// Safety audit, round 7: `clean --parents` stopped a job step's `slurmstepd`.
+    /// `clean --parents` once stopped a job step's `slurmstepd`.
     #[test]
     fn job_step_and_container_managers_are_not_restarters() {
         let t = Tree::new(vec![

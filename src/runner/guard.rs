@@ -365,7 +365,7 @@ mod tests {
         assert_eq!(pids(&w, &table), vec![11, 30]);
     }
 
-    /// Audit defect 3: a finished job's group emptied, another process took the leader's pid
+    /// A finished job's group emptied, another process took the leader's pid
     /// and made a group of it, and gpuloop was SIGKILLed before its next tick forgot the
     /// group: the guard killed the new group (its members started after the leader).
     #[test]

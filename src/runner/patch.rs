@@ -701,7 +701,7 @@ mod tests {
         assert_eq!(r.files, vec![d.path().join("f.txt")]);
     }
 
-    /// Issue 10, defect 6: `+++ b/../outside.txt` and absolute paths were honoured.
+    /// `+++ b/../outside.txt` and absolute paths once wrote outside the tree.
     #[test]
     fn apply_patch_refuses_paths_that_leave_the_directory() {
         let top = tempfile::tempdir().unwrap();

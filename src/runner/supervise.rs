@@ -464,7 +464,7 @@ fn job_member(root: Option<Identity>) -> String {
 /// then reaps the orphans that died. Returns the pids signalled.
 pub fn stop_tree(root: Option<Identity>, signal: Signal, grace: Duration) -> Vec<i64> {
     // The stop must finish even after Ctrl-C (which is often why it runs); one more
-    // interrupt during it cuts the grace short: KILL at once (issue 10, defect 4).
+    // interrupt during it cuts the grace short: KILL at once.
     let more = crate::interrupt::After::now();
     let me = me();
     let mut signalled = Vec::new();
@@ -663,7 +663,7 @@ mod tests {
         pids
     }
 
-    /// Audit defect 1, the decision: a finished job's group members are its own only by
+    /// A finished job's group members are its own only by
     /// identity, since the group's id is free once the group is empty.
     #[test]
     fn a_finished_jobs_kill_signals_whoever_reused_its_group_id_never() {
