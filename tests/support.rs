@@ -289,10 +289,23 @@ pub fn identity_gone_within(pid: i32, start: Option<u64>, secs: u64) -> bool {
 }
 
 pub fn sigkill(pid: i32) {
-    // Only our own processes: their command line names the simulator's holder.
-    let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| String::from_utf8_lossy(&c).contains("sim"))
-        .unwrap_or(false);
+    // Only our own processes: their command line names the simulator's holder. A defunct
+    // leader's own command line is empty (its memory belongs to its live threads now), so
+    // its threads' are read too.
+    let names_sim = |path: String| {
+        std::fs::read(path)
+            .map(|c| String::from_utf8_lossy(&c).contains("sim"))
+            .unwrap_or(false)
+    };
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .map(|t| format!("{}/cmdline", t.path().display()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ours =
+        names_sim(format!("/proc/{pid}/cmdline")) || threads.into_iter().any(names_sim);
     if ours {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
