@@ -61,10 +61,18 @@ impl Failure {
         matches!(self, Failure::Host(e) if e.unreachable())
     }
 
+    /// A mistake in what was asked, found here or on the host (exit 2).
+    pub fn is_usage(&self) -> bool {
+        match self {
+            Failure::Gpu(e) => e.is_usage(),
+            Failure::Host(e) => e.is_usage(),
+        }
+    }
+
     pub fn into_gpu(self) -> GpuError {
         match self {
             Failure::Gpu(e) => e,
-            Failure::Host(e) => GpuError::Host(e.to_string()),
+            Failure::Host(e) => host_err(e),
         }
     }
 }
@@ -73,7 +81,11 @@ impl Failure {
 pub type PerHost<T> = Vec<(String, Result<T, Failure>)>;
 
 fn host_err(e: HostError) -> GpuError {
-    GpuError::Host(e.to_string())
+    if e.is_usage() {
+        GpuError::HostUsage(e.to_string())
+    } else {
+        GpuError::Host(e.to_string())
+    }
 }
 
 /// Runs one call on every selected host at once: `local` here, `remote` through the agents.

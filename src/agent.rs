@@ -382,6 +382,7 @@ fn gpu_body(e: GpuError) -> Body {
         GpuError::NoSuchGpu { .. } => error(ErrorKind::Usage, e.to_string()),
         // The client names the host: "host gpu02: no user \"alice\" there".
         GpuError::NoUser { user } => error(ErrorKind::Usage, format!("no user {user:?} there")),
+        _ if e.is_usage() => error(ErrorKind::Usage, e.to_string()),
         _ => error(ErrorKind::Failed, e.to_string()),
     }
 }

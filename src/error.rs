@@ -24,13 +24,7 @@ impl Error {
         match self {
             Error::Usage(_) | Error::Config(_) => 2,
             Error::Script(e) => e.code(),
-            Error::Gpu(
-                GpuError::NoSuchGpu { .. }
-                | GpuError::NoSuchGpuId { .. }
-                | GpuError::BadSelector(_)
-                | GpuError::NoUser { .. }
-                | GpuError::BadSimSpec { .. },
-            ) => 2,
+            Error::Gpu(e) if e.is_usage() => 2,
             Error::Gpu(_) | Error::Other(_) => 1,
         }
     }

@@ -1019,6 +1019,8 @@ pub struct HostRow {
     pub detail: String,
     /// Why the host failed, in full (said once on stderr, or in the JSON document).
     pub error: Option<String>,
+    /// The failure was a mistake in what was asked (exit 2), not of the host.
+    pub usage: bool,
 }
 
 impl HostRow {

@@ -1079,8 +1079,12 @@ fn user_and_mine_over_hosts_are_looked_up_on_each_host_not_here() {
     assert_eq!(pids(&out), [i64::from(p)]);
     let out = run(&["--host", "wa", "--json", "holders", "--mine"]).ok();
     assert_eq!(pids(&out), [i64::from(p)]);
-    // A user the host does not know is that host's error, naming both.
-    let out = run(&["--host", "wa", "holders", "--user", "no-such-user-here"]).code(1);
+    // A user the host does not know is that host's error, naming both; a usage mistake, exit
+    // 2 through the host as it is here.
+    Sim::new("1x8G")
+        .run(&["holders", "--user", "no-such-user-here"])
+        .code(2);
+    let out = run(&["--host", "wa", "holders", "--user", "no-such-user-here"]).code(2);
     assert!(
         out.stderr
             .contains(r#"host wa: no user "no-such-user-here" there"#),

@@ -304,8 +304,7 @@ pub fn sigkill(pid: i32) {
                 .collect()
         })
         .unwrap_or_default();
-    let ours =
-        names_sim(format!("/proc/{pid}/cmdline")) || threads.into_iter().any(names_sim);
+    let ours = names_sim(format!("/proc/{pid}/cmdline")) || threads.into_iter().any(names_sim);
     if ours {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }

@@ -273,6 +273,7 @@ fn row(host: &str, state: &str, detail: String) -> render::HostRow {
         state: state.to_string(),
         detail,
         error: None,
+        usage: false,
     }
 }
 
@@ -418,6 +419,7 @@ fn per_host<T>(
                 };
                 let mut r = row(&h, state, detail);
                 r.error = Some(f.to_string());
+                r.usage = f.is_usage();
                 rows.push(r);
             }
         }
@@ -461,7 +463,14 @@ fn summary(cfg: &Config, mut rows: Vec<render::HostRow>, show: bool) -> Result<i
         crate::outln!("\n{}", render::host_summary(&rows, Style::stdout()));
     }
     let good = rows.iter().all(|r| r.good() || r.state == "skipped");
-    Ok(if answered && good { 0 } else { 1 })
+    // A mistake in what was asked is exit 2 through a host as it is here.
+    Ok(if rows.iter().any(|r| r.usage) {
+        2
+    } else if answered && good {
+        0
+    } else {
+        1
+    })
 }
 
 /// `emit` over several hosts: with --json each host that failed is in the document (an

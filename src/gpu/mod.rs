@@ -140,6 +140,25 @@ pub enum GpuError {
     /// One host of a host set failed (the message names it and quotes what ssh said).
     #[error("{0}")]
     Host(String),
+    /// A host found a mistake in what was asked (an unknown user or GPU there): exit 2, as
+    /// the same mistake is here.
+    #[error("{0}")]
+    HostUsage(String),
+}
+
+impl GpuError {
+    /// A mistake in what was asked, not a failure of the machine: exit 2.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            GpuError::NoSuchGpu { .. }
+                | GpuError::NoSuchGpuId { .. }
+                | GpuError::BadSelector(_)
+                | GpuError::NoUser { .. }
+                | GpuError::BadSimSpec { .. }
+                | GpuError::HostUsage(_)
+        )
+    }
 }
 
 /// Where a backend's device nodes live: `/dev` for the driver, `$GPULOOP_SIM_DIR/dev` in the

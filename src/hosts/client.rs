@@ -529,7 +529,11 @@ impl Conn {
                 body = &mut rx => {
                     return match body {
                         Ok(Ok(v)) => Ok(v),
-                        Ok(Err(e)) => Err(HostError::Remote { host: self.host.clone(), message: e.message }),
+                        Ok(Err(e)) => Err(HostError::Remote {
+                            host: self.host.clone(),
+                            usage: e.kind == protocol::ErrorKind::Usage,
+                            message: e.message,
+                        }),
                         Err(_) => {
                             let why = lock(&self.dead).clone().unwrap_or_else(|| "the agent went away".into());
                             Err(self.lost(&method, why))

@@ -54,8 +54,14 @@ pub enum HostError {
         method: String,
         secs: f64,
     },
+    /// The call failed there; `usage` when the agent called it a usage mistake (an unknown
+    /// user or GPU there), which is exit 2 as it would be here.
     #[error("host {host}: {message}")]
-    Remote { host: String, message: String },
+    Remote {
+        host: String,
+        message: String,
+        usage: bool,
+    },
     #[error("host {host}: the agent sent something unreadable: {why}")]
     Protocol { host: String, why: String },
     /// `--hosts-from-slurm` got something Slurm does not know (exit 2).
@@ -111,6 +117,17 @@ impl HostError {
             HostError::Interrupted => "interrupted",
             _ => "failed",
         }
+    }
+
+    /// A mistake in what was asked (exit 2), wherever it was found: here or on the host.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            HostError::Remote { usage: true, .. }
+                | HostError::Unknown { .. }
+                | HostError::SlurmArg { .. }
+                | HostError::BadHostlist { .. }
+        )
     }
 
     /// The host could not be used at all (as opposed to a call that failed there).
