@@ -390,6 +390,11 @@ fn per_host<T>(
     for (h, r) in parts {
         match r {
             Ok(v) => ok.push((h, v)),
+            // Ctrl-C or TERM while the hosts were opened or answering: the run ends (130),
+            // with nothing said for each host it did not reach.
+            Err(actions::Failure::Host(crate::hosts::HostError::Interrupted)) => {
+                return Err(Error::Script(crate::script::ScriptError::Interrupted))
+            }
             Err(f) if !several => return Err(f.into_gpu().into()),
             Err(f) => {
                 let skipped = skip && f.unreachable();

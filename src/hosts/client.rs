@@ -170,8 +170,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Pool {
     /// Opens every remote host in parallel, `fanout` at a time; a host that fails keeps
-    /// its error (each call to it returns that error).
-    pub fn connect(config: HostsConfig) -> Pool {
+    /// its error (each call to it returns that error). An interrupt ends the opening at
+    /// once: the hosts not yet open keep `HostError::Interrupted`, and each ssh (or srun)
+    /// started for them is killed and reaped.
+    pub fn connect(config: HostsConfig, interrupted: &'static AtomicBool) -> Pool {
         let remote = config.hosts.iter().filter(|h| h.as_str() != LOCAL);
         let shards: Vec<_> = (0..crate::process::cores()
             .clamp(2, 16)
@@ -186,6 +188,9 @@ impl Pool {
             })
             .collect();
         let sem = Arc::new(Semaphore::new(config.fanout.max(1)));
+        // Closed on an interrupt: every host's opening waits on it beside its own work, so
+        // one watcher wakes them all (thousands of hosts each polling the flag would not).
+        let stop = Arc::new(Semaphore::new(0));
         let progress = (config.progress && remote.clone().count() > 1).then(|| {
             Arc::new(Progress {
                 skip: config.skip_unreachable,
@@ -201,11 +206,17 @@ impl Pool {
             let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
             let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
             let shard = i % shards.len();
-            let progress = progress.clone();
+            let (progress, stop) = (progress.clone(), stop.clone());
             handles.push(shards[shard].spawn(async move {
-                let _permit = sem.acquire_owned().await;
                 let started = Instant::now();
-                let r = connect(&host, &transport, timeout, answer_within, shard).await;
+                let r = async {
+                    let _permit = tokio::select! {
+                        p = sem.acquire_owned() => p,
+                        _ = stopped(&stop) => return Err(HostError::Interrupted),
+                    };
+                    connect(&host, &transport, timeout, answer_within, shard, &stop).await
+                }
+                .await;
                 if let Some(p) = &progress {
                     p.tick(&host, r.as_ref().err());
                 }
@@ -215,6 +226,12 @@ impl Pool {
         let mut opened: HashMap<String, Result<Arc<Conn>, HostError>> = HashMap::new();
         let mut connect_ms = Vec::new();
         shards[0].block_on(async {
+            let watch = tokio::spawn(async move {
+                while !interrupted.load(Ordering::Relaxed) {
+                    tokio::time::sleep(TICK).await;
+                }
+                stop.close();
+            });
             for h in handles {
                 if let Ok((host, r, ms)) = h.await {
                     tracing::debug!(
@@ -225,6 +242,7 @@ impl Pool {
                     opened.insert(host, r.map(Arc::new));
                 }
             }
+            watch.abort();
         });
         let slots = config
             .hosts
@@ -670,12 +688,13 @@ async fn connect(
     timeout: Duration,
     answer_within: Duration,
     shard: usize,
+    stop: &Semaphore,
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
-    match connect_once(host, transport, timeout, answer_within, shard, false).await {
+    match connect_once(host, transport, timeout, answer_within, shard, false, stop).await {
         Err(HostError::Version { ours, .. }) if ours == PUSH_INSTEAD => {
             let left = timeout.saturating_sub(started.elapsed());
-            connect_once(host, transport, left, answer_within, shard, true).await
+            connect_once(host, transport, left, answer_within, shard, true, stop).await
         }
         r => r,
     }
@@ -709,6 +728,7 @@ async fn connect_once(
     answer_within: Duration,
     shard: usize,
     skip_path: bool,
+    stop: &Semaphore,
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
     // A connection is kept between runs only where the user's ssh config keeps none itself
@@ -717,9 +737,13 @@ async fn connect_once(
     // the config since then wins once that master has gone, ControlPersist after its use).
     let mux = match (transport.kept_socket(host), transport.show_config(host)) {
         (Some(sock), _) if sock.exists() => true,
-        (_, Some(g)) => output_of(&g, timeout)
-            .await
-            .is_some_and(|shown| !super::transport::sets_control_path(&shown)),
+        (_, Some(g)) => tokio::select! {
+            // Dropped, `ssh -G` is killed (and reaped by tokio).
+            shown = output_of(&g, timeout) => {
+                shown.is_some_and(|shown| !super::transport::sets_control_path(&shown))
+            }
+            _ = stopped(stop) => return Err(HostError::Interrupted),
+        },
         _ => false,
     };
     let timeout = timeout.saturating_sub(started.elapsed());
@@ -761,15 +785,11 @@ async fn connect_once(
     let mut stdin = stdin;
     // The first line is the agent's hello; where gpuloop is pushed, the push script's
     // questions may come first (`push`), all within the one timeout.
-    let first = tokio::time::timeout(timeout, async {
+    let hello = tokio::time::timeout(timeout, async {
         loop {
             let line = read_line(&mut stdout, 64 * 1024).await;
             let Ok(Some(l)) = &line else { return Ok(line) };
-            let Some(answer) = transport
-                .pushes()
-                .then(|| push_answer(l))
-                .flatten()
-            else {
+            let Some(answer) = transport.pushes().then(|| push_answer(l)).flatten() else {
                 return Ok(line);
             };
             let answer = answer.map_err(|why| HostError::NoAgent {
@@ -783,8 +803,17 @@ async fn connect_once(
                 return Ok(Ok(None));
             }
         }
-    })
-    .await;
+    });
+    let first = tokio::select! {
+        first = hello => first,
+        _ = stopped(stop) => {
+            // Killed and reaped here: nothing this run started outlives it.
+            let _ = child.start_kill();
+            let _ = tokio::time::timeout(CLOSE_WAIT, child.wait()).await;
+            crate::process::helpers::forget(helper);
+            return Err(HostError::Interrupted);
+        }
+    };
     let first = match first {
         Ok(Err(e)) => {
             let _ = child.start_kill();
@@ -908,6 +937,12 @@ async fn connect_once(
 }
 
 /// A short command's stdout, or `None` if it failed or outlived `within` (then it is killed).
+/// Returns once the opening of the hosts is to stop (`stop` closed on an interrupt).
+async fn stopped(stop: &Semaphore) {
+    // No permit is ever added: the wait ends only when the semaphore is closed.
+    let _ = stop.acquire().await;
+}
+
 async fn output_of(l: &super::transport::Launch, within: Duration) -> Option<String> {
     let mut cmd = tokio::process::Command::new(&l.program);
     cmd.args(&l.args)
