@@ -1542,10 +1542,11 @@ fn a_kept_connection_whose_host_went_away_is_bounded_by_host_timeout() {
 }
 
 /// At 64 hosts nothing printed until every host had answered or timed out. On a terminal a
-/// progress line now counts the hosts in, and a host that fails is said as it fails, before
-/// the results; through a pipe (or with --json) neither appears.
+/// progress line now counts the hosts in, and each host is said as it comes in (a failure,
+/// or a healthy host's row of the summary), before the results; through a pipe (or with
+/// --json) none of it appears.
 #[test]
-fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
+fn on_a_terminal_hosts_are_counted_in_and_each_is_said_as_it_happens() {
     let c = Cluster::new(&[("pa", "1x8G"), ("pb", "1x8G")], &["pdown"]);
     let line = format!(
         "'{bin}' --ssh-config '{cfg}' --remote-bin '{bin}' --host pa,pb,pdown diagnose",
@@ -1579,6 +1580,13 @@ fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
         progress < failed && failed < answered && answered < summary,
         "{tty}"
     );
+    // A healthy host's row, as the summary has it, said when that host answered.
+    for h in ["pa", "pb"] {
+        let said = tty
+            .find(&format!("{h}  clean  1 GPU(s) clean\n"))
+            .expect(&tty);
+        assert!(said < answered, "{h}: {tty}");
+    }
     assert_eq!(
         tty.matches("host pdown: cannot connect").count(),
         1,
@@ -1591,6 +1599,7 @@ fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
     // Through pipes: no progress.
     let out = c.run(&["--host", "pa,pb,pdown", "diagnose"]).code(1);
     assert!(!out.stderr.contains("hosts connected"), "{}", out.stderr);
+    assert!(!out.stderr.contains("pa  clean"), "{}", out.stderr);
     assert!(!out.stderr.contains("hosts answered"), "{}", out.stderr);
 }
 

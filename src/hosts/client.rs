@@ -84,14 +84,21 @@ enum Slot {
 }
 
 /// On a terminal, while a one-shot's hosts are still coming: `12/64 hosts answered` on one
-/// line of stderr, rewritten as each answers, and each host that fails said at once above it.
+/// line of stderr, rewritten as each answers, and each host said at once above it as it
+/// comes in (its failure, or the line the command makes of its answer).
 struct Progress {
     /// `--skip-unreachable`: an unreachable host is a warning.
     skip: bool,
     state: Mutex<Phase>,
     /// The hosts whose failure was said already (the command does not say it again).
     said: Mutex<std::collections::HashSet<String>>,
+    /// What the command says of one host's answer (see `Pool::say_each`).
+    line: Mutex<Option<LineOf>>,
 }
+
+/// A host's one line made from its answer (`None`: nothing to say of it); the answer is of
+/// the type the command asked for, or of another call's, of which it says nothing.
+type LineOf = Arc<dyn Fn(&str, &dyn std::any::Any) -> Option<String> + Send + Sync>;
 
 /// One round of a progress line: what the hosts do ("connected", "answered"), and those
 /// still to come, in host-set order.
@@ -128,10 +135,20 @@ impl Progress {
         crate::err!("\r\x1b[K{line}");
     }
 
-    /// One host is in (`failed`: and this is why, said now).
-    fn tick(&self, host: &str, failed: Option<&HostError>) {
+    /// What the command says of `host`'s answer, if anything.
+    fn line_of(&self, host: &str, answer: &dyn std::any::Any) -> Option<String> {
+        let line = lock(&self.line).clone()?;
+        line(host, answer)
+    }
+
+    /// One host is in (`failed`: and this is why; `said`: the line made of its answer;
+    /// either said now).
+    fn tick(&self, host: &str, failed: Option<&HostError>, said: Option<String>) {
         let mut st = lock(&self.state);
         st.waiting.retain(|h| h != host);
+        if let Some(line) = said {
+            crate::err!("\r\x1b[K{line}\n");
+        }
         if let Some(e) = failed {
             if lock(&self.said).insert(host.to_string()) {
                 let how = match self.skip && e.unreachable() {
@@ -196,6 +213,7 @@ impl Pool {
                 skip: config.skip_unreachable,
                 state: Mutex::default(),
                 said: Mutex::default(),
+                line: Mutex::default(),
             })
         });
         if let Some(p) = &progress {
@@ -218,7 +236,7 @@ impl Pool {
                 }
                 .await;
                 if let Some(p) = &progress {
-                    p.tick(&host, r.as_ref().err());
+                    p.tick(&host, r.as_ref().err(), None);
                 }
                 (host, r, started.elapsed().as_secs_f64() * 1e3)
             }));
@@ -270,6 +288,20 @@ impl Pool {
             config,
             connect_ms,
             progress,
+        }
+    }
+
+    /// On a terminal, each host's answer of type `U` (as a call's `then` made it) is said as
+    /// it arrives, above the progress line, as `line` puts it; answers of other types are
+    /// not. Without a terminal this does nothing.
+    pub fn say_each<U: 'static>(
+        &self,
+        line: impl Fn(&str, &U) -> Option<String> + Send + Sync + 'static,
+    ) {
+        if let Some(p) = &self.progress {
+            *lock(&p.line) = Some(Arc::new(move |host, answer| {
+                line(host, answer.downcast_ref::<U>()?)
+            }));
         }
     }
 
@@ -378,7 +410,8 @@ impl Pool {
                     }
                     .await;
                     if let Some(p) = &progress {
-                        p.tick(&c.host, r.as_ref().err());
+                        let said = r.as_ref().ok().and_then(|(u, ..)| p.line_of(&c.host, u));
+                        p.tick(&c.host, r.as_ref().err(), said);
                     }
                     r
                 });
