@@ -1024,6 +1024,11 @@ pub struct HostRow {
 }
 
 impl HostRow {
+    /// The row alone, as it is said when its host answers (`gpu03  clean  8 GPU(s) clean`).
+    pub fn line(&self) -> String {
+        format!("{}  {}  {}", self.host, self.state, self.detail)
+    }
+
     /// Whether this host is as it should be (the exit code is 0 only when all are).
     pub fn good(&self) -> bool {
         self.state == "ok" || self.state == "clean"

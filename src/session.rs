@@ -149,7 +149,10 @@ impl Session {
     /// The host set's connections, opened (in parallel) on first use; `None` without hosts.
     pub fn pool(&self) -> Option<&Pool> {
         let cfg = self.hosts.as_ref()?;
-        Some(self.pool.get_or_init(|| Pool::connect(cfg.clone())))
+        Some(
+            self.pool
+                .get_or_init(|| Pool::connect(cfg.clone(), self.interrupted())),
+        )
     }
 
     /// The host names, in order: `["local"]` without a host set.

@@ -1546,10 +1546,11 @@ fn a_kept_connection_whose_host_went_away_is_bounded_by_host_timeout() {
 }
 
 /// At 64 hosts nothing printed until every host had answered or timed out. On a terminal a
-/// progress line now counts the hosts in, and a host that fails is said as it fails, before
-/// the results; through a pipe (or with --json) neither appears.
+/// progress line now counts the hosts in, and each host is said as it comes in (a failure,
+/// or a healthy host's row of the summary), before the results; through a pipe (or with
+/// --json) none of it appears.
 #[test]
-fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
+fn on_a_terminal_hosts_are_counted_in_and_each_is_said_as_it_happens() {
     let c = Cluster::new(&[("pa", "1x8G"), ("pb", "1x8G")], &["pdown"]);
     let line = format!(
         "'{bin}' --ssh-config '{cfg}' --remote-bin '{bin}' --host pa,pb,pdown diagnose",
@@ -1583,6 +1584,13 @@ fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
         progress < failed && failed < answered && answered < summary,
         "{tty}"
     );
+    // A healthy host's row, as the summary has it, said when that host answered.
+    for h in ["pa", "pb"] {
+        let said = tty
+            .find(&format!("{h}  clean  1 GPU(s) clean\n"))
+            .expect(&tty);
+        assert!(said < answered, "{h}: {tty}");
+    }
     assert_eq!(
         tty.matches("host pdown: cannot connect").count(),
         1,
@@ -1595,6 +1603,7 @@ fn on_a_terminal_hosts_are_counted_in_and_a_failure_is_said_as_it_happens() {
     // Through pipes: no progress.
     let out = c.run(&["--host", "pa,pb,pdown", "diagnose"]).code(1);
     assert!(!out.stderr.contains("hosts connected"), "{}", out.stderr);
+    assert!(!out.stderr.contains("pa  clean"), "{}", out.stderr);
     assert!(!out.stderr.contains("hosts answered"), "{}", out.stderr);
 }
 
@@ -1797,4 +1806,52 @@ fn a_host_whose_gpuloop_speaks_another_protocol_receives_this_one() {
         within(10, || running_from(&cache).is_empty()),
         "an agent was left"
     );
+}
+
+/// Issue: Ctrl-C or TERM while a large host set was being opened did nothing: the
+/// connections went on, `fanout` at a time, until every host had failed (minutes for
+/// thousands; only SIGKILL ended it). Here every host is an address on this machine that
+/// takes the connection and never says anything, so each opening would last the whole
+/// connect timeout. An interrupt now ends the run with 130, its ssh clients gone.
+#[test]
+fn an_interrupt_while_connecting_a_host_set_ends_the_run_and_its_ssh_clients() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Takes connections (the kernel completes them) and never accepts: ssh waits for a
+    // banner that never comes.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let port = mute.local_addr().expect("its port").port();
+    let config = dir.path().join("ssh_config");
+    std::fs::write(
+        &config,
+        format!("Host *\n  HostName 127.0.0.1\n  Port {port}\n  BatchMode yes\n"),
+    )
+    .expect("ssh config");
+    let config_arg = config.to_str().expect("utf-8 temp dir");
+    for (sig, name) in [(libc::SIGTERM, "TERM"), (libc::SIGINT, "INT")] {
+        let g = std::process::Command::new(bin())
+            .args(["--ssh-config", config_arg, "--fanout", "2"])
+            .args(["--host", "nx[1-2000]", "gpus"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gpuloop");
+        let pid = g.id() as i32;
+        let is_ssh = |p: &i32| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "ssh")
+        };
+        if !within(60, || children(pid).iter().any(is_ssh)) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{name}: no ssh client started");
+        }
+        // The gpuloop this test started, by pid.
+        unsafe { libc::kill(pid, sig) };
+        let out = finish_within(g, 60, &format!("gpus after {name} while connecting"));
+        assert_eq!(out.code, 130, "{name}: {}\n{}", out.stdout, out.stderr);
+        assert!(
+            pids_with(config_arg).is_empty(),
+            "{name}: an ssh client outlived the run: {:?}",
+            pids_with(config_arg)
+        );
+    }
+    drop(mute);
 }

@@ -472,3 +472,38 @@ fn resource_limits_are_errors_never_an_abort() {
     let out = sim.run(&["eval", "1"]).code(2);
     assert!(out.stderr.contains("unknown field"), "{}", out.stderr);
 }
+
+/// Issue: a script with a `#!` first line (made executable, run as a program) did not
+/// compile under `gpuloop run` though a module's did. The line is left blank, so an error
+/// further down still names its own line.
+#[test]
+fn a_shebang_first_line_is_skipped_and_line_numbers_hold() {
+    let sim = Sim::new("1x8G");
+    let shebang = "#!/usr/bin/env -S gpuloop run\n";
+    let out = sim
+        .script(
+            "ok.rhai",
+            &format!("{shebang}print(gpu().len() + 41);\n"),
+            &[],
+        )
+        .ok();
+    assert_eq!(out.stdout.trim(), "42", "{}", out.stderr);
+    let out = sim.run_with(&["run", "-"], |c| {
+        c.write_stdin(format!("{shebang}print(gpu().len() + 1);\n"));
+    });
+    assert_eq!(out.ok().stdout.trim(), "2");
+    let out = sim
+        .script(
+            "bad.rhai",
+            &format!("{shebang}let a = 1;\nlet b = a +* 2;\n"),
+            &[],
+        )
+        .code(2);
+    let p = sim.path().join("bad.rhai");
+    assert!(
+        out.stderr.contains(&format!("{}:3:", p.display())),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("let b = a +* 2;"), "{}", out.stderr);
+}

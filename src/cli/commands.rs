@@ -47,13 +47,20 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Gpus { sel } => {
             require_local_driver(s)?;
             let sel = selection(s, sel)?;
+            if let Some(pool) = s.pool() {
+                let sel = sel.clone();
+                pool.say_each(move |h, g: &Vec<crate::gpu::Gpu>| {
+                    let g = selected_gpus(&sel, h, g.clone()).ok()??;
+                    Some(gpus_row(h, &g).line())
+                });
+            }
             let (parts, mut rows) = per_host(cfg, actions::gpus_per_host(s)?)?;
             let mut gpus = Vec::new();
             let mut idle = Vec::new();
-            for (h, mut g) in parts {
-                let Some(x) = sel.on(&h) else { continue };
-                crate::inspect::check_selection(&x, &g)?;
-                g.retain(|g| crate::inspect::selected(&x, g.index));
+            for (h, g) in parts {
+                let Some(g) = selected_gpus(&sel, &h, g)? else {
+                    continue;
+                };
                 let r = gpus_row(&h, &g);
                 if r.detail.ends_with(", idle") {
                     idle.push(h.clone());
@@ -113,6 +120,9 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 }
                 return Ok(code);
             }
+            if let Some(pool) = s.pool() {
+                pool.say_each(|h, part: &actions::HoldersReport| Some(holders_row(h, part).line()));
+            }
             let parts = actions::holders_report_per_host(
                 s,
                 selection(s, sel)?,
@@ -123,20 +133,10 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
             let mut hs = Vec::new();
             let mut blind = Vec::new();
             for (h, part) in parts {
-                let mut detail = format!("{} holder(s)", part.holders.len());
                 if part.unreadable > 0 {
-                    detail.push_str(&format!(", {} process(es) not inspected", part.unreadable));
                     blind.push(format!("{h} ({})", part.unreadable));
                 }
-                let state = match &part.unread {
-                    // That GPU's holders are only those the /proc scan found there.
-                    Some(e) => {
-                        detail.push_str(&format!("; {e}: the driver's process list is missing"));
-                        "failed"
-                    }
-                    None => "ok",
-                };
-                rows.push(row(&h, state, detail));
+                rows.push(holders_row(&h, &part));
                 hs.extend(part.holders);
             }
             emit_hosts(cfg, &hs, &rows, || render::holders(&hs, Style::stdout()))?;
@@ -152,7 +152,14 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Diagnose { sel, check, owner } => {
             require_local_driver(s)?;
             let filter = owner_filter(s, owner)?;
-            let parts = actions::diagnoses_per_host(s, selection(s, sel)?, &filter)?;
+            let sel = selection(s, sel)?;
+            // --check prints nothing: the exit code says it.
+            if let Some(pool) = s.pool().filter(|_| !check) {
+                pool.say_each(|h, ds: &Vec<crate::inspect::diagnose::Diagnosis>| {
+                    Some(diagnosis_row(h, ds, &Demand::default()).line())
+                });
+            }
+            let parts = actions::diagnoses_per_host(s, sel, &filter)?;
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut ds = Vec::new();
             for (h, part) in parts {
@@ -277,6 +284,37 @@ fn row(host: &str, state: &str, detail: String) -> render::HostRow {
     }
 }
 
+/// The GPUs of `host` that `sel` selects (`None`: the host is not selected).
+fn selected_gpus(
+    sel: &HostSel,
+    host: &str,
+    mut gs: Vec<crate::gpu::Gpu>,
+) -> Result<Option<Vec<crate::gpu::Gpu>>, GpuError> {
+    let Some(x) = sel.on(host) else {
+        return Ok(None);
+    };
+    crate::inspect::check_selection(&x, &gs)?;
+    gs.retain(|g| crate::inspect::selected(&x, g.index));
+    Ok(Some(gs))
+}
+
+/// A host's line in `holders`: how many, and what could not be read there.
+fn holders_row(host: &str, part: &actions::HoldersReport) -> render::HostRow {
+    let mut detail = format!("{} holder(s)", part.holders.len());
+    if part.unreadable > 0 {
+        detail.push_str(&format!(", {} process(es) not inspected", part.unreadable));
+    }
+    let state = match &part.unread {
+        // That GPU's holders are only those the /proc scan found there.
+        Some(e) => {
+            detail.push_str(&format!("; {e}: the driver's process list is missing"));
+            "failed"
+        }
+        None => "ok",
+    };
+    row(host, state, detail)
+}
+
 /// A host's line in `gpus`: how many GPUs of what kind, and what they hold. Hosts alike
 /// (`8 GPU(s) (NVIDIA H200), idle`) fold into one row of the summary.
 fn gpus_row(host: &str, gs: &[crate::gpu::Gpu]) -> render::HostRow {
@@ -391,6 +429,11 @@ fn per_host<T>(
     for (h, r) in parts {
         match r {
             Ok(v) => ok.push((h, v)),
+            // Ctrl-C or TERM while the hosts were opened or answering: the run ends (130),
+            // with nothing said for each host it did not reach.
+            Err(actions::Failure::Host(crate::hosts::HostError::Interrupted)) => {
+                return Err(Error::Script(crate::script::ScriptError::Interrupted))
+            }
             Err(f) if !several => return Err(f.into_gpu().into()),
             Err(f) => {
                 let skipped = skip && f.unreachable();

@@ -84,14 +84,21 @@ enum Slot {
 }
 
 /// On a terminal, while a one-shot's hosts are still coming: `12/64 hosts answered` on one
-/// line of stderr, rewritten as each answers, and each host that fails said at once above it.
+/// line of stderr, rewritten as each answers, and each host said at once above it as it
+/// comes in (its failure, or the line the command makes of its answer).
 struct Progress {
     /// `--skip-unreachable`: an unreachable host is a warning.
     skip: bool,
     state: Mutex<Phase>,
     /// The hosts whose failure was said already (the command does not say it again).
     said: Mutex<std::collections::HashSet<String>>,
+    /// What the command says of one host's answer (see `Pool::say_each`).
+    line: Mutex<Option<LineOf>>,
 }
+
+/// A host's one line made from its answer (`None`: nothing to say of it); the answer is of
+/// the type the command asked for, or of another call's, of which it says nothing.
+type LineOf = Arc<dyn Fn(&str, &dyn std::any::Any) -> Option<String> + Send + Sync>;
 
 /// One round of a progress line: what the hosts do ("connected", "answered"), and those
 /// still to come, in host-set order.
@@ -128,10 +135,20 @@ impl Progress {
         crate::err!("\r\x1b[K{line}");
     }
 
-    /// One host is in (`failed`: and this is why, said now).
-    fn tick(&self, host: &str, failed: Option<&HostError>) {
+    /// What the command says of `host`'s answer, if anything.
+    fn line_of(&self, host: &str, answer: &dyn std::any::Any) -> Option<String> {
+        let line = lock(&self.line).clone()?;
+        line(host, answer)
+    }
+
+    /// One host is in (`failed`: and this is why; `said`: the line made of its answer;
+    /// either said now).
+    fn tick(&self, host: &str, failed: Option<&HostError>, said: Option<String>) {
         let mut st = lock(&self.state);
         st.waiting.retain(|h| h != host);
+        if let Some(line) = said {
+            crate::err!("\r\x1b[K{line}\n");
+        }
         if let Some(e) = failed {
             if lock(&self.said).insert(host.to_string()) {
                 let how = match self.skip && e.unreachable() {
@@ -170,8 +187,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Pool {
     /// Opens every remote host in parallel, `fanout` at a time; a host that fails keeps
-    /// its error (each call to it returns that error).
-    pub fn connect(config: HostsConfig) -> Pool {
+    /// its error (each call to it returns that error). An interrupt ends the opening at
+    /// once: the hosts not yet open keep `HostError::Interrupted`, and each ssh (or srun)
+    /// started for them is killed and reaped.
+    pub fn connect(config: HostsConfig, interrupted: &'static AtomicBool) -> Pool {
         let remote = config.hosts.iter().filter(|h| h.as_str() != LOCAL);
         let shards: Vec<_> = (0..crate::process::cores()
             .clamp(2, 16)
@@ -186,11 +205,15 @@ impl Pool {
             })
             .collect();
         let sem = Arc::new(Semaphore::new(config.fanout.max(1)));
+        // Closed on an interrupt: every host's opening waits on it beside its own work, so
+        // one watcher wakes them all (thousands of hosts each polling the flag would not).
+        let stop = Arc::new(Semaphore::new(0));
         let progress = (config.progress && remote.clone().count() > 1).then(|| {
             Arc::new(Progress {
                 skip: config.skip_unreachable,
                 state: Mutex::default(),
                 said: Mutex::default(),
+                line: Mutex::default(),
             })
         });
         if let Some(p) = &progress {
@@ -201,13 +224,19 @@ impl Pool {
             let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
             let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
             let shard = i % shards.len();
-            let progress = progress.clone();
+            let (progress, stop) = (progress.clone(), stop.clone());
             handles.push(shards[shard].spawn(async move {
-                let _permit = sem.acquire_owned().await;
                 let started = Instant::now();
-                let r = connect(&host, &transport, timeout, answer_within, shard).await;
+                let r = async {
+                    let _permit = tokio::select! {
+                        p = sem.acquire_owned() => p,
+                        _ = stopped(&stop) => return Err(HostError::Interrupted),
+                    };
+                    connect(&host, &transport, timeout, answer_within, shard, &stop).await
+                }
+                .await;
                 if let Some(p) = &progress {
-                    p.tick(&host, r.as_ref().err());
+                    p.tick(&host, r.as_ref().err(), None);
                 }
                 (host, r, started.elapsed().as_secs_f64() * 1e3)
             }));
@@ -215,6 +244,12 @@ impl Pool {
         let mut opened: HashMap<String, Result<Arc<Conn>, HostError>> = HashMap::new();
         let mut connect_ms = Vec::new();
         shards[0].block_on(async {
+            let watch = tokio::spawn(async move {
+                while !interrupted.load(Ordering::Relaxed) {
+                    tokio::time::sleep(TICK).await;
+                }
+                stop.close();
+            });
             for h in handles {
                 if let Ok((host, r, ms)) = h.await {
                     tracing::debug!(
@@ -225,6 +260,7 @@ impl Pool {
                     opened.insert(host, r.map(Arc::new));
                 }
             }
+            watch.abort();
         });
         let slots = config
             .hosts
@@ -252,6 +288,20 @@ impl Pool {
             config,
             connect_ms,
             progress,
+        }
+    }
+
+    /// On a terminal, each host's answer of type `U` (as a call's `then` made it) is said as
+    /// it arrives, above the progress line, as `line` puts it; answers of other types are
+    /// not. Without a terminal this does nothing.
+    pub fn say_each<U: 'static>(
+        &self,
+        line: impl Fn(&str, &U) -> Option<String> + Send + Sync + 'static,
+    ) {
+        if let Some(p) = &self.progress {
+            *lock(&p.line) = Some(Arc::new(move |host, answer| {
+                line(host, answer.downcast_ref::<U>()?)
+            }));
         }
     }
 
@@ -360,7 +410,8 @@ impl Pool {
                     }
                     .await;
                     if let Some(p) = &progress {
-                        p.tick(&c.host, r.as_ref().err());
+                        let said = r.as_ref().ok().and_then(|(u, ..)| p.line_of(&c.host, u));
+                        p.tick(&c.host, r.as_ref().err(), said);
                     }
                     r
                 });
@@ -674,12 +725,13 @@ async fn connect(
     timeout: Duration,
     answer_within: Duration,
     shard: usize,
+    stop: &Semaphore,
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
-    match connect_once(host, transport, timeout, answer_within, shard, false).await {
+    match connect_once(host, transport, timeout, answer_within, shard, false, stop).await {
         Err(HostError::Version { ours, .. }) if ours == PUSH_INSTEAD => {
             let left = timeout.saturating_sub(started.elapsed());
-            connect_once(host, transport, left, answer_within, shard, true).await
+            connect_once(host, transport, left, answer_within, shard, true, stop).await
         }
         r => r,
     }
@@ -713,6 +765,7 @@ async fn connect_once(
     answer_within: Duration,
     shard: usize,
     skip_path: bool,
+    stop: &Semaphore,
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
     // A connection is kept between runs only where the user's ssh config keeps none itself
@@ -721,9 +774,13 @@ async fn connect_once(
     // the config since then wins once that master has gone, ControlPersist after its use).
     let mux = match (transport.kept_socket(host), transport.show_config(host)) {
         (Some(sock), _) if sock.exists() => true,
-        (_, Some(g)) => output_of(&g, timeout)
-            .await
-            .is_some_and(|shown| !super::transport::sets_control_path(&shown)),
+        (_, Some(g)) => tokio::select! {
+            // Dropped, `ssh -G` is killed (and reaped by tokio).
+            shown = output_of(&g, timeout) => {
+                shown.is_some_and(|shown| !super::transport::sets_control_path(&shown))
+            }
+            _ = stopped(stop) => return Err(HostError::Interrupted),
+        },
         _ => false,
     };
     let timeout = timeout.saturating_sub(started.elapsed());
@@ -765,15 +822,11 @@ async fn connect_once(
     let mut stdin = stdin;
     // The first line is the agent's hello; where gpuloop is pushed, the push script's
     // questions may come first (`push`), all within the one timeout.
-    let first = tokio::time::timeout(timeout, async {
+    let hello = tokio::time::timeout(timeout, async {
         loop {
             let line = read_line(&mut stdout, 64 * 1024).await;
             let Ok(Some(l)) = &line else { return Ok(line) };
-            let Some(answer) = transport
-                .pushes()
-                .then(|| push_answer(l))
-                .flatten()
-            else {
+            let Some(answer) = transport.pushes().then(|| push_answer(l)).flatten() else {
                 return Ok(line);
             };
             let answer = answer.map_err(|why| HostError::NoAgent {
@@ -787,8 +840,17 @@ async fn connect_once(
                 return Ok(Ok(None));
             }
         }
-    })
-    .await;
+    });
+    let first = tokio::select! {
+        first = hello => first,
+        _ = stopped(stop) => {
+            // Killed and reaped here: nothing this run started outlives it.
+            let _ = child.start_kill();
+            let _ = tokio::time::timeout(CLOSE_WAIT, child.wait()).await;
+            crate::process::helpers::forget(helper);
+            return Err(HostError::Interrupted);
+        }
+    };
     let first = match first {
         Ok(Err(e)) => {
             let _ = child.start_kill();
@@ -912,6 +974,12 @@ async fn connect_once(
 }
 
 /// A short command's stdout, or `None` if it failed or outlived `within` (then it is killed).
+/// Returns once the opening of the hosts is to stop (`stop` closed on an interrupt).
+async fn stopped(stop: &Semaphore) {
+    // No permit is ever added: the wait ends only when the semaphore is closed.
+    let _ = stop.acquire().await;
+}
+
 async fn output_of(l: &super::transport::Launch, within: Duration) -> Option<String> {
     let mut cmd = tokio::process::Command::new(&l.program);
     cmd.args(&l.args)

@@ -47,8 +47,12 @@ pub fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
     ))
 }
 
-/// Any domain error becomes a runtime error with its message.
+/// Any domain error becomes a runtime error with its message; one that an interrupt caused
+/// (hosts left unopened, a call cut short) ends the script as the interrupt does.
 pub fn to_script<E: std::fmt::Display>(e: E) -> Box<EvalAltResult> {
+    if crate::interrupt::is_set() {
+        return super::bindings::interrupted();
+    }
     script_err(e.to_string())
 }
 

@@ -126,10 +126,20 @@ pub fn new_scope(args: &[String]) -> Scope<'static> {
     scope
 }
 
+/// A script's or module's text as it is compiled: without a byte-order mark (editors on
+/// Windows start a file with one, which rhai reads as a stray character), and with a first
+/// line `#!…` left blank, so that the file can be run as a program and its line numbers
+/// still hold.
+pub fn source_text(src: &str) -> &str {
+    let src = crate::input::without_bom(src);
+    match src.strip_prefix("#!") {
+        Some(rest) => rest.find('\n').map_or("", |i| &rest[i..]),
+        None => src,
+    }
+}
+
 pub fn compile(engine: &Engine, file: &str, source: &str) -> Result<AST, ScriptError> {
-    // Editors on Windows start a file with a byte-order mark, which rhai reads as a stray
-    // character: it is no part of the script.
-    let source = crate::input::without_bom(source);
+    let source = source_text(source);
     errors::remember(file, source);
     let mut ast = engine
         .compile(source)

@@ -148,7 +148,7 @@ impl ModuleResolver for Dir {
             }
         };
         let mut ast = engine
-            .compile(module_source(&src))
+            .compile(super::engine::source_text(&src))
             .map_err(|e| in_module(e.into()))?;
         ast.set_source(path);
         let module: Shared<Module> = Module::eval_ast_as_new(Scope::new(), &ast, engine)
@@ -158,16 +158,6 @@ impl ModuleResolver for Dir {
             c.insert(file, module.clone());
         }
         Ok(module)
-    }
-}
-
-/// A module's text as it is compiled: without a byte-order mark, and with a first line
-/// `#!…` left blank (so line numbers hold), as rhai's own file resolver read modules.
-fn module_source(src: &str) -> &str {
-    let src = crate::input::without_bom(src);
-    match src.strip_prefix("#!") {
-        Some(rest) => rest.find('\n').map_or("", |i| &rest[i..]),
-        None => src,
     }
 }
 
