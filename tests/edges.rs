@@ -395,3 +395,91 @@ fn clean_parents_never_stops_a_job_step_daemon() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// `while true; do gpuloop sim hold …; done`, a shell loop restarting its holder on `gpu`:
+/// ended (the loop, then every holder it started) when dropped.
+struct Loop {
+    pid: i32,
+    start: Option<u64>,
+    holders: std::path::PathBuf,
+}
+
+impl Loop {
+    fn start(sim: &Sim, gpu: i64) -> Loop {
+        let holders = sim.path().join(format!("loop-{gpu}.pids"));
+        let body = format!(
+            "while true; do \"$0\" sim hold --gpu {gpu} --mib 100 --foreground >> '{}'; done",
+            holders.display()
+        );
+        let child = sim
+            .wrapped(&["bash", "-c", &body])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the loop");
+        let pid = child.id() as i32;
+        std::thread::spawn(move || child.wait_with_output());
+        Loop {
+            pid,
+            start: start_of(pid),
+            holders,
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        if start_of(self.pid) == self.start {
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+        identity_gone_within(self.pid, self.start, 5);
+        let pids = std::fs::read_to_string(&self.holders).unwrap_or_default();
+        for pid in pids.lines().filter_map(|l| l.trim().parse().ok()) {
+            sigkill(pid);
+        }
+    }
+}
+
+/// A diagnose in a later gpuloop took a holder that a shell loop restarts for plainly held,
+/// and advised `gpuloop kill --gpu 1`, which only gets it started again, though an earlier
+/// clean had seen that loop restart it. The machine remembers the loop (by pid and start
+/// time), so the later diagnose names it and says to stop it with the holder.
+#[test]
+fn a_later_diagnose_names_a_loop_gpuloop_saw_restart_its_holder() {
+    let sim = Sim::new("2x8G");
+    let shell = Loop::start(&sim, 1);
+    wait_for_holder(&sim, 1);
+    // Nothing seen yet: a plain held, and no claim.
+    let d = diagnosis(&sim, 1);
+    assert_eq!(d["verdict"], "held", "{d}");
+    assert!(!advice(&d).contains("before"), "{d}");
+    let out = sim
+        .run(&["clean", "--gpu", "1", "--grace", "2", "--settle", "5"])
+        .code(1);
+    assert!(out.stdout.contains("respawning"), "{}", out.stdout);
+    wait_for_holder(&sim, 1);
+    let d = diagnosis(&sim, 1);
+    let holder = d["holders"][0]["pid"].as_i64().unwrap();
+    assert_eq!(d["verdict"], "held", "{d}");
+    let said = format!(
+        "pid {} (bash), which started {holder}, restarted its holder before (seen by gpuloop at ",
+        shell.pid
+    );
+    assert!(advice(&d).contains(&said), "{d}");
+    assert!(
+        advice(&d).ends_with("stop it with the worker (gpuloop clean --gpu 1 --parents)"),
+        "{d}"
+    );
+    // The memory is kept with the journal's care: the user's alone.
+    let file = sim.path().join("state-home/gpuloop/restarters.json");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    // What it advises does it: the loop and its holder stop, and the GPU stays clean.
+    sim.run(&[
+        "clean", "--gpu", "1", "--grace", "2", "--parents", "--settle", "1",
+    ])
+    .ok();
+    assert!(identity_gone_within(shell.pid, shell.start, 10));
+    assert_eq!(sim.used_mib(1), 0);
+}
