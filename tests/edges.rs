@@ -483,3 +483,103 @@ fn a_later_diagnose_names_a_loop_gpuloop_saw_restart_its_holder() {
     assert!(identity_gone_within(shell.pid, shell.start, 10));
     assert_eq!(sim.used_mib(1), 0);
 }
+
+/// A cgroup named like a systemd service, holding one process, removed when dropped.
+struct UnitCgroup {
+    dir: std::path::PathBuf,
+    pid: i32,
+}
+
+impl UnitCgroup {
+    /// Moves `pid` into a new `NAME` cgroup of the hierarchy whose path gpuloop reads a unit
+    /// from (cgroup v2, else v1's name=systemd); `None` where the test may not (no root, a
+    /// read-only cgroupfs).
+    fn enter(name: &str, pid: i32) -> Option<UnitCgroup> {
+        ["/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/sys/fs/cgroup/systemd"]
+            .iter()
+            .find_map(|top| {
+                let dir = std::path::Path::new(top).join(name);
+                std::fs::create_dir(&dir).ok()?;
+                let unit = UnitCgroup { dir, pid };
+                std::fs::write(unit.dir.join("cgroup.procs"), pid.to_string()).ok()?;
+                let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+                cg.lines()
+                    .any(|l| l.ends_with(&format!(":/{name}")))
+                    .then_some(unit)
+            })
+    }
+}
+
+impl Drop for UnitCgroup {
+    fn drop(&mut self) {
+        sigkill(self.pid);
+        gone_within(self.pid, 5);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A holder that runs in a systemd unit with `Restart=always`, not as its main process, read
+/// as plainly held, with `gpuloop kill --gpu 1` for advice: the unit starts it again. With
+/// systemd the init (faked: its runtime directory, in a mount namespace of the test's own) and
+/// `systemctl` saying `Restart=always` (a fake on PATH), diagnose names the unit to stop;
+/// with `Restart=no`, or no systemd, it claims nothing.
+#[test]
+fn a_holder_in_a_unit_that_restarts_it_names_the_unit_to_stop() {
+    let sim = Sim::new("2x8G");
+    let holder = sim.hold(&["--gpu", "1", "--mib", "100"])[0];
+    let unit = format!("gpuloop-test-{holder}.service");
+    let Some(_cgroup) = UnitCgroup::enter(&unit, holder) else {
+        eprintln!("skipped: no cgroup of our own to put a holder in");
+        return;
+    };
+    let bin = sim.path().join("fake-systemd");
+    std::fs::create_dir_all(&bin).unwrap();
+    let restart = sim.path().join("restart-setting");
+    let systemctl = bin.join("systemctl");
+    std::fs::write(
+        &systemctl,
+        format!(
+            "#!/bin/sh\necho MainPID={}\necho \"Restart=$(cat '{}')\"\n",
+            ppid(holder),
+            restart.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&systemctl, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    // systemd's runtime directory, in a mount namespace of this command's own.
+    let booted = "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && exec \"$0\" --json diagnose --gpu 1";
+    let diagnose = |systemd: bool| {
+        let mut c = if systemd {
+            sim.wrapped(&["unshare", "--mount", "sh", "-c", booted])
+        } else {
+            let mut c = sim.std_cmd();
+            c.args(["--json", "diagnose", "--gpu", "1"]);
+            c
+        };
+        let out = c.env("PATH", &path).output().expect("run diagnose");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let d: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!("{e}: {text}{}", String::from_utf8_lossy(&out.stderr))
+        });
+        d[0].clone()
+    };
+    std::fs::write(&restart, "always").unwrap();
+    let d = diagnose(true);
+    assert_eq!(d["verdict"], "held", "{d}");
+    assert_eq!(
+        advice(&d),
+        format!(
+            "{holder} (python3) runs in systemd unit {unit}, which restarts it (Restart=always): stopping the worker alone only gets it started again; stop the unit (systemctl stop {unit})"
+        ),
+        "{d}"
+    );
+    // No systemd, or a unit that restarts nothing: no claim.
+    let plain = "(gpuloop kill --gpu 1)";
+    let d = diagnose(false);
+    assert!(advice(&d).ends_with(plain), "{d}");
+    std::fs::write(&restart, "no").unwrap();
+    let d = diagnose(true);
+    assert!(advice(&d).ends_with(plain), "{d}");
+}
