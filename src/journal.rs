@@ -957,7 +957,10 @@ mod tests {
         assert_eq!(read_state(&dir, "s.json", 100).unwrap().unwrap(), b"ab");
         assert_eq!(read_state(&dir, "s.json", 1).unwrap().unwrap(), b"a");
         let mode = std::fs::metadata(dir.join("s.json")).unwrap().permissions();
-        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
         let victim = top.path().join("victim");
         std::fs::write(&victim, "precious\n").unwrap();
         std::os::unix::fs::symlink(&victim, dir.join("l.json")).unwrap();

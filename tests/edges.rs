@@ -473,11 +473,19 @@ fn a_later_diagnose_names_a_loop_gpuloop_saw_restart_its_holder() {
     );
     // The memory is kept with the journal's care: the user's alone.
     let file = sim.path().join("state-home/gpuloop/restarters.json");
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
     // What it advises does it: the loop and its holder stop, and the GPU stays clean.
     sim.run(&[
-        "clean", "--gpu", "1", "--grace", "2", "--parents", "--settle", "1",
+        "clean",
+        "--gpu",
+        "1",
+        "--grace",
+        "2",
+        "--parents",
+        "--settle",
+        "1",
     ])
     .ok();
     assert!(identity_gone_within(shell.pid, shell.start, 10));
@@ -495,18 +503,22 @@ impl UnitCgroup {
     /// from (cgroup v2, else v1's name=systemd); `None` where the test may not (no root, a
     /// read-only cgroupfs).
     fn enter(name: &str, pid: i32) -> Option<UnitCgroup> {
-        ["/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/sys/fs/cgroup/systemd"]
-            .iter()
-            .find_map(|top| {
-                let dir = std::path::Path::new(top).join(name);
-                std::fs::create_dir(&dir).ok()?;
-                let unit = UnitCgroup { dir, pid };
-                std::fs::write(unit.dir.join("cgroup.procs"), pid.to_string()).ok()?;
-                let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-                cg.lines()
-                    .any(|l| l.ends_with(&format!(":/{name}")))
-                    .then_some(unit)
-            })
+        [
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/systemd",
+        ]
+        .iter()
+        .find_map(|top| {
+            let dir = std::path::Path::new(top).join(name);
+            std::fs::create_dir(&dir).ok()?;
+            let unit = UnitCgroup { dir, pid };
+            std::fs::write(unit.dir.join("cgroup.procs"), pid.to_string()).ok()?;
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            cg.lines()
+                .any(|l| l.ends_with(&format!(":/{name}")))
+                .then_some(unit)
+        })
     }
 }
 
@@ -545,9 +557,16 @@ fn a_holder_in_a_unit_that_restarts_it_names_the_unit_to_stop() {
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&systemctl, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    std::fs::set_permissions(
+        &systemctl,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     // systemd's runtime directory, in a mount namespace of this command's own.
     let booted = "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && exec \"$0\" --json diagnose --gpu 1";
     let diagnose = |systemd: bool| {
@@ -560,9 +579,8 @@ fn a_holder_in_a_unit_that_restarts_it_names_the_unit_to_stop() {
         };
         let out = c.env("PATH", &path).output().expect("run diagnose");
         let text = String::from_utf8_lossy(&out.stdout);
-        let d: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
-            panic!("{e}: {text}{}", String::from_utf8_lossy(&out.stderr))
-        });
+        let d: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&out.stderr)));
         d[0].clone()
     };
     std::fs::write(&restart, "always").unwrap();

@@ -318,8 +318,7 @@ pub fn restarted_before(pid: i32, seen: &[Seen]) -> Option<&Seen> {
         return None;
     }
     ancestor(pid, |a| {
-        seen.iter()
-            .find(|s| (s.pid, s.start) == (a.pid, a.start))
+        seen.iter().find(|s| (s.pid, s.start) == (a.pid, a.start))
     })
 }
 
