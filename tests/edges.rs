@@ -601,3 +601,69 @@ fn a_holder_in_a_unit_that_restarts_it_names_the_unit_to_stop() {
     let d = diagnose(true);
     assert!(advice(&d).ends_with(plain), "{d}");
 }
+
+/// Runs as pid 1 of a PID namespace of its own: a shell loop restarting its holder is seen
+/// restarting it by a clean, then ended; another loop is made to get its pid (`ns_last_pid`).
+/// The diagnoses before and after are left in `$TMPD`.
+const LOOP_REUSE: &str = r#"
+set -u
+B="$GPULOOP_BIN"
+body='while true; do "$0" sim hold --gpu 1 --mib 100 --foreground > /dev/null; done'
+held() { "$B" eval 'until(60, || holders(1).len() > 0); holders(1).len()' > /dev/null; }
+bash -c "$body" "$B" & first=$!
+held
+"$B" clean --gpu 1 --grace 2 --settle 5 > /dev/null
+held
+"$B" --json diagnose --gpu 1 > "$TMPD/before.json"
+kill -9 "$first"; wait "$first" 2>/dev/null
+"$B" clean --gpu 1 --grace 2 > /dev/null || { echo "the holder was not stopped"; exit 3; }
+echo $((first-1)) > /proc/sys/kernel/ns_last_pid
+bash -c "$body" "$B" & second=$!
+held
+"$B" --json diagnose --gpu 1 > "$TMPD/after.json"
+kill -9 "$second"; wait "$second" 2>/dev/null
+"$B" clean --gpu 1 --grace 2 > /dev/null
+echo "first=$first second=$second"
+"#;
+
+/// A process that got a remembered restarter's pid later is not that restarter: with the pid
+/// reused by another loop, diagnose makes no claim about the loop gpuloop saw before.
+#[test]
+fn a_loop_that_reuses_a_remembered_restarters_pid_is_not_named() {
+    if !pid_reuse_can_be_forced() {
+        return;
+    }
+    let sim = Sim::new("2x8G");
+    let tmp = sim.path().to_path_buf();
+    std::fs::write(tmp.join("loop.sh"), LOOP_REUSE).unwrap();
+    let out = in_new_pid_namespace(&sim, &tmp.join("loop.sh"))
+        .env("GPULOOP_BIN", bin())
+        .env("TMPD", &tmp)
+        .output()
+        .expect("unshare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let last = stdout.lines().last().unwrap_or_default();
+    let pid = |k: &str| -> String {
+        last.split(' ')
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {last:?}\n{stderr}"))
+            .to_string()
+    };
+    assert_eq!(pid("first"), pid("second"), "the pid was reused: {last}");
+    let read = |name: &str| -> Value {
+        let text = std::fs::read_to_string(tmp.join(name)).unwrap();
+        serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}"))[0].clone()
+    };
+    // The harness sees the claim when there is one.
+    let before = read("before.json");
+    let claim = format!("pid {} (bash), which started ", pid("first"));
+    assert!(advice(&before).contains(&claim), "{before}");
+    let after = read("after.json");
+    assert_eq!(after["verdict"], "held", "{after}");
+    assert!(
+        !advice(&after).contains("before") && advice(&after).ends_with("(gpuloop kill --gpu 1)"),
+        "{after}"
+    );
+}
