@@ -561,9 +561,11 @@ fn local_diagnoses(
     check_selection(sel, &inv.gpus)?;
     let sel = narrowed(&inv, sel, &filter.resolve()?);
     let restarters = s.restarters();
+    let seen = crate::process::restart::seen_before();
     let ctx = diagnose::Context {
         foreign_ns: backend.foreign_pid_namespace(),
         restarters: &restarters,
+        seen: &seen,
         reach: s.reach(),
         sim: backend.kind() == "sim",
     };
@@ -1209,11 +1211,15 @@ pub fn wait_watched(
             ))
         },
     );
-    if matches!(outcome, Ok(WaitOutcome::NoDriver(_))) {
-        s.warn_no_driver();
+    match &outcome {
+        Ok(WaitOutcome::NoDriver(_)) => s.warn_no_driver(),
+        // Remembered on this machine, so a later gpuloop's diagnose still names it.
+        Ok(WaitOutcome::Respawned(r)) => crate::process::restart::remember(r),
+        _ => {}
     }
     outcome
 }
+
 fn describe_dirty(dirty: &Dirty) -> String {
     dirty
         .iter()

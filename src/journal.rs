@@ -382,24 +382,35 @@ fn what(kind: FileType) -> &'static str {
     }
 }
 
-/// Opens `name` in the directory `dirfd` without following a link: for appending (created
-/// 0600) or for reading (never waiting on a FIFO).
+/// How [`open_file`] opens a file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    /// For appending, created 0600 if missing.
+    Append,
+    /// For reading; `None` if missing.
+    Read,
+    /// For reading and rewriting, created 0600 if missing.
+    Update,
+}
+
+/// Opens `name` in the directory `dirfd` without following a link (and never waiting on a
+/// FIFO), as `how` says.
 fn open_file(
     dirfd: &OwnedFd,
     dir: &Path,
     name: &str,
-    append: bool,
+    how: Open,
 ) -> Result<Option<OwnedFd>, JournalError> {
     let path = dir.join(name);
     let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    let flags = if append {
-        flags | OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE
-    } else {
-        flags | OFlags::RDONLY
+    let flags = match how {
+        Open::Append => flags | OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE,
+        Open::Read => flags | OFlags::RDONLY,
+        Open::Update => flags | OFlags::RDWR | OFlags::CREATE,
     };
     let fd = match openat(dirfd, name, flags, Mode::from_raw_mode(0o600)) {
         Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) if !append => return Ok(None),
+        Err(rustix::io::Errno::NOENT) if how == Open::Read => return Ok(None),
         Err(rustix::io::Errno::LOOP) => {
             return Err(JournalError::NotOurs {
                 path,
@@ -415,6 +426,79 @@ fn open_file(
     };
     ours(&fd, &path, FileType::RegularFile)?;
     Ok(Some(fd))
+}
+
+/// Opens the state directory `dir` for reading, if it exists, as [`open_dir`] does (no link
+/// followed, ours alone) but creating nothing.
+fn open_existing_dir(dir: &Path) -> Result<Option<OwnedFd>, JournalError> {
+    let dirfd = match rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+            return Err(JournalError::NotOurs {
+                path: dir.to_path_buf(),
+                why: "a symbolic link or not a directory".into(),
+            })
+        }
+        Err(e) => {
+            return Err(JournalError::Io {
+                path: dir.to_path_buf(),
+                source: e.into(),
+            })
+        }
+    };
+    ours(&dirfd, dir, FileType::Directory)?;
+    Ok(Some(dirfd))
+}
+
+/// Reads at most `max` bytes of a small state file `name` kept beside the journal in `dir`,
+/// with the journal's care (no link followed, ours alone); `None` when there is none.
+pub fn read_state(dir: &Path, name: &str, max: u64) -> Result<Option<Vec<u8>>, JournalError> {
+    let Some(dirfd) = open_existing_dir(dir)? else {
+        return Ok(None);
+    };
+    let Some(fd) = open_file(&dirfd, dir, name, Open::Read)? else {
+        return Ok(None);
+    };
+    let mut buf = Vec::new();
+    std::fs::File::from(fd)
+        .take(max)
+        .read_to_end(&mut buf)
+        .map_err(|source| JournalError::Io {
+            path: dir.join(name),
+            source,
+        })?;
+    Ok(Some(buf))
+}
+
+/// Rewrites the state file `name` in `dir` (created 0600, as the journal is) with what
+/// `change` makes of its first `max` bytes, under a lock on the file, so concurrent gpuloops
+/// each see the other's change.
+pub fn update_state(
+    dir: &Path,
+    name: &str,
+    max: u64,
+    change: impl FnOnce(&[u8]) -> Vec<u8>,
+) -> Result<(), JournalError> {
+    let path = dir.join(name);
+    let io = |source: std::io::Error| JournalError::Io {
+        path: path.clone(),
+        source,
+    };
+    let dirfd = open_dir(dir)?;
+    let fd = open_file(&dirfd, dir, name, Open::Update)?.ok_or_else(|| io(not_found()))?;
+    rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(|e| io(e.into()))?;
+    let mut file = std::fs::File::from(fd);
+    let mut old = Vec::new();
+    (&mut file).take(max).read_to_end(&mut old).map_err(io)?;
+    let new = change(&old);
+    file.set_len(0).map_err(io)?;
+    std::os::unix::fs::FileExt::write_all_at(&file, &new, 0).map_err(io)?;
+    Ok(())
 }
 
 /// Appends `record` to the journal in `dir` as one line, in one write; rotates it first when
@@ -435,10 +519,10 @@ fn append_line(dir: &Path, line: &[u8], max: u64) -> Result<(), JournalError> {
         source,
     };
     let dirfd = open_dir(dir)?;
-    let mut fd = open_file(&dirfd, dir, FILE, true)?.ok_or_else(|| io(not_found()))?;
+    let mut fd = open_file(&dirfd, dir, FILE, Open::Append)?.ok_or_else(|| io(not_found()))?;
     if fstat(&fd).map_err(|e| io(e.into()))?.st_size as u64 + line.len() as u64 > max {
         rotate(&dirfd, &fd).map_err(|e| io(e.into()))?;
-        fd = open_file(&dirfd, dir, FILE, true)?.ok_or_else(|| io(not_found()))?;
+        fd = open_file(&dirfd, dir, FILE, Open::Append)?.ok_or_else(|| io(not_found()))?;
     }
     let n = rustix::io::write(&fd, line).map_err(|e| io(e.into()))?;
     if n != line.len() {
@@ -561,29 +645,11 @@ pub fn read(
     each: &mut dyn FnMut(Record),
 ) -> Result<Found, JournalError> {
     let mut found = Found::default();
-    let dirfd = match rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) => return Ok(found),
-        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
-            return Err(JournalError::NotOurs {
-                path: dir.to_path_buf(),
-                why: "a symbolic link or not a directory".into(),
-            })
-        }
-        Err(e) => {
-            return Err(JournalError::Io {
-                path: dir.to_path_buf(),
-                source: e.into(),
-            })
-        }
+    let Some(dirfd) = open_existing_dir(dir)? else {
+        return Ok(found);
     };
-    ours(&dirfd, dir, FileType::Directory)?;
     for name in [ROTATED, FILE] {
-        let Some(fd) = open_file(&dirfd, dir, name, false)? else {
+        let Some(fd) = open_file(&dirfd, dir, name, Open::Read)? else {
             continue;
         };
         let path = dir.join(name);
@@ -872,6 +938,36 @@ mod tests {
         let e = append(&linked, &r).unwrap_err().to_string();
         assert!(e.contains("a symbolic link or not a directory"), "{e}");
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
+
+    /// A state file beside the journal is kept as the journal is: 0600, rewritten whole, never
+    /// read or written through a link.
+    #[test]
+    fn a_state_file_is_the_users_alone_and_follows_no_link() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("state").join("gpuloop");
+        assert_eq!(read_state(&dir, "s.json", 100).unwrap(), None);
+        assert!(!dir.exists(), "reading creates nothing");
+        update_state(&dir, "s.json", 100, |old| [old, b"long"].concat()).unwrap();
+        update_state(&dir, "s.json", 100, |old| {
+            assert_eq!(old, b"long");
+            b"ab".to_vec()
+        })
+        .unwrap();
+        assert_eq!(read_state(&dir, "s.json", 100).unwrap().unwrap(), b"ab");
+        assert_eq!(read_state(&dir, "s.json", 1).unwrap().unwrap(), b"a");
+        let mode = std::fs::metadata(dir.join("s.json")).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        let victim = top.path().join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("l.json")).unwrap();
+        let e = update_state(&dir, "l.json", 100, |_| b"x".to_vec()).unwrap_err();
+        assert!(e.to_string().contains("a symbolic link; refused"), "{e}");
+        assert!(read_state(&dir, "l.json", 100).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
     }
 
     /// A directory or journal that others may write (or another user owns) is not ours.

@@ -395,3 +395,275 @@ fn clean_parents_never_stops_a_job_step_daemon() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// `while true; do gpuloop sim hold …; done`, a shell loop restarting its holder on `gpu`:
+/// ended (the loop, then every holder it started) when dropped.
+struct Loop {
+    pid: i32,
+    start: Option<u64>,
+    holders: std::path::PathBuf,
+}
+
+impl Loop {
+    fn start(sim: &Sim, gpu: i64) -> Loop {
+        let holders = sim.path().join(format!("loop-{gpu}.pids"));
+        let body = format!(
+            "while true; do \"$0\" sim hold --gpu {gpu} --mib 100 --foreground >> '{}'; done",
+            holders.display()
+        );
+        let child = sim
+            .wrapped(&["bash", "-c", &body])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the loop");
+        let pid = child.id() as i32;
+        std::thread::spawn(move || child.wait_with_output());
+        Loop {
+            pid,
+            start: start_of(pid),
+            holders,
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        if start_of(self.pid) == self.start {
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+        identity_gone_within(self.pid, self.start, 5);
+        let pids = std::fs::read_to_string(&self.holders).unwrap_or_default();
+        for pid in pids.lines().filter_map(|l| l.trim().parse().ok()) {
+            sigkill(pid);
+        }
+    }
+}
+
+/// A diagnose in a later gpuloop took a holder that a shell loop restarts for plainly held,
+/// and advised `gpuloop kill --gpu 1`, which only gets it started again, though an earlier
+/// clean had seen that loop restart it. The machine remembers the loop (by pid and start
+/// time), so the later diagnose names it and says to stop it with the holder.
+#[test]
+fn a_later_diagnose_names_a_loop_gpuloop_saw_restart_its_holder() {
+    let sim = Sim::new("2x8G");
+    let shell = Loop::start(&sim, 1);
+    wait_for_holder(&sim, 1);
+    // Nothing seen yet: a plain held, and no claim.
+    let d = diagnosis(&sim, 1);
+    assert_eq!(d["verdict"], "held", "{d}");
+    assert!(!advice(&d).contains("before"), "{d}");
+    let out = sim
+        .run(&["clean", "--gpu", "1", "--grace", "2", "--settle", "5"])
+        .code(1);
+    assert!(out.stdout.contains("respawning"), "{}", out.stdout);
+    wait_for_holder(&sim, 1);
+    let d = diagnosis(&sim, 1);
+    let holder = d["holders"][0]["pid"].as_i64().unwrap();
+    assert_eq!(d["verdict"], "held", "{d}");
+    let said = format!(
+        "pid {} (bash), which started {holder}, restarted its holder before (seen by gpuloop at ",
+        shell.pid
+    );
+    assert!(advice(&d).contains(&said), "{d}");
+    assert!(
+        advice(&d).ends_with("stop it with the worker (gpuloop clean --gpu 1 --parents)"),
+        "{d}"
+    );
+    // The memory is kept with the journal's care: the user's alone.
+    let file = sim.path().join("state-home/gpuloop/restarters.json");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    // What it advises does it: the loop and its holder stop, and the GPU stays clean.
+    sim.run(&[
+        "clean",
+        "--gpu",
+        "1",
+        "--grace",
+        "2",
+        "--parents",
+        "--settle",
+        "1",
+    ])
+    .ok();
+    assert!(identity_gone_within(shell.pid, shell.start, 10));
+    assert_eq!(sim.used_mib(1), 0);
+}
+
+/// A cgroup named like a systemd service, holding one process, removed when dropped.
+struct UnitCgroup {
+    dir: std::path::PathBuf,
+    pid: i32,
+}
+
+impl UnitCgroup {
+    /// Moves `pid` into a new `NAME` cgroup of the hierarchy whose path gpuloop reads a unit
+    /// from (cgroup v2, else v1's name=systemd); `None` where the test may not (no root, a
+    /// read-only cgroupfs).
+    fn enter(name: &str, pid: i32) -> Option<UnitCgroup> {
+        [
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/systemd",
+        ]
+        .iter()
+        .find_map(|top| {
+            let dir = std::path::Path::new(top).join(name);
+            std::fs::create_dir(&dir).ok()?;
+            let unit = UnitCgroup { dir, pid };
+            std::fs::write(unit.dir.join("cgroup.procs"), pid.to_string()).ok()?;
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            cg.lines()
+                .any(|l| l.ends_with(&format!(":/{name}")))
+                .then_some(unit)
+        })
+    }
+}
+
+impl Drop for UnitCgroup {
+    fn drop(&mut self) {
+        sigkill(self.pid);
+        gone_within(self.pid, 5);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A holder that runs in a systemd unit with `Restart=always`, not as its main process, read
+/// as plainly held, with `gpuloop kill --gpu 1` for advice: the unit starts it again. With
+/// systemd the init (faked: its runtime directory, in a mount namespace of the test's own) and
+/// `systemctl` saying `Restart=always` (a fake on PATH), diagnose names the unit to stop;
+/// with `Restart=no`, or no systemd, it claims nothing.
+#[test]
+fn a_holder_in_a_unit_that_restarts_it_names_the_unit_to_stop() {
+    let sim = Sim::new("2x8G");
+    let holder = sim.hold(&["--gpu", "1", "--mib", "100"])[0];
+    let unit = format!("gpuloop-test-{holder}.service");
+    let Some(_cgroup) = UnitCgroup::enter(&unit, holder) else {
+        eprintln!("skipped: no cgroup of our own to put a holder in");
+        return;
+    };
+    let bin = sim.path().join("fake-systemd");
+    std::fs::create_dir_all(&bin).unwrap();
+    let restart = sim.path().join("restart-setting");
+    let systemctl = bin.join("systemctl");
+    std::fs::write(
+        &systemctl,
+        format!(
+            "#!/bin/sh\necho MainPID={}\necho \"Restart=$(cat '{}')\"\n",
+            ppid(holder),
+            restart.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &systemctl,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // systemd's runtime directory, in a mount namespace of this command's own.
+    let booted = "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && exec \"$0\" --json diagnose --gpu 1";
+    let diagnose = |systemd: bool| {
+        let mut c = if systemd {
+            sim.wrapped(&["unshare", "--mount", "sh", "-c", booted])
+        } else {
+            let mut c = sim.std_cmd();
+            c.args(["--json", "diagnose", "--gpu", "1"]);
+            c
+        };
+        let out = c.env("PATH", &path).output().expect("run diagnose");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let d: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&out.stderr)));
+        d[0].clone()
+    };
+    std::fs::write(&restart, "always").unwrap();
+    let d = diagnose(true);
+    assert_eq!(d["verdict"], "held", "{d}");
+    assert_eq!(
+        advice(&d),
+        format!(
+            "{holder} (python3) runs in systemd unit {unit}, which restarts it (Restart=always): stopping the worker alone only gets it started again; stop the unit (systemctl stop {unit})"
+        ),
+        "{d}"
+    );
+    // No systemd, or a unit that restarts nothing: no claim.
+    let plain = "(gpuloop kill --gpu 1)";
+    let d = diagnose(false);
+    assert!(advice(&d).ends_with(plain), "{d}");
+    std::fs::write(&restart, "no").unwrap();
+    let d = diagnose(true);
+    assert!(advice(&d).ends_with(plain), "{d}");
+}
+
+/// Runs as pid 1 of a PID namespace of its own: a shell loop restarting its holder is seen
+/// restarting it by a clean, then ended; another loop is made to get its pid (`ns_last_pid`).
+/// The diagnoses before and after are left in `$TMPD`.
+const LOOP_REUSE: &str = r#"
+set -u
+B="$GPULOOP_BIN"
+body='while true; do "$0" sim hold --gpu 1 --mib 100 --foreground > /dev/null; done'
+held() { "$B" eval 'until(60, || holders(1).len() > 0); holders(1).len()' > /dev/null; }
+bash -c "$body" "$B" & first=$!
+held
+"$B" clean --gpu 1 --grace 2 --settle 5 > /dev/null
+held
+"$B" --json diagnose --gpu 1 > "$TMPD/before.json"
+kill -9 "$first"; wait "$first" 2>/dev/null
+"$B" clean --gpu 1 --grace 2 > /dev/null || { echo "the holder was not stopped"; exit 3; }
+echo $((first-1)) > /proc/sys/kernel/ns_last_pid
+bash -c "$body" "$B" & second=$!
+held
+"$B" --json diagnose --gpu 1 > "$TMPD/after.json"
+kill -9 "$second"; wait "$second" 2>/dev/null
+"$B" clean --gpu 1 --grace 2 > /dev/null
+echo "first=$first second=$second"
+"#;
+
+/// A process that got a remembered restarter's pid later is not that restarter: with the pid
+/// reused by another loop, diagnose makes no claim about the loop gpuloop saw before.
+#[test]
+fn a_loop_that_reuses_a_remembered_restarters_pid_is_not_named() {
+    if !pid_reuse_can_be_forced() {
+        return;
+    }
+    let sim = Sim::new("2x8G");
+    let tmp = sim.path().to_path_buf();
+    std::fs::write(tmp.join("loop.sh"), LOOP_REUSE).unwrap();
+    let out = in_new_pid_namespace(&sim, &tmp.join("loop.sh"))
+        .env("GPULOOP_BIN", bin())
+        .env("TMPD", &tmp)
+        .output()
+        .expect("unshare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let last = stdout.lines().last().unwrap_or_default();
+    let pid = |k: &str| -> String {
+        last.split(' ')
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {last:?}\n{stderr}"))
+            .to_string()
+    };
+    assert_eq!(pid("first"), pid("second"), "the pid was reused: {last}");
+    let read = |name: &str| -> Value {
+        let text = std::fs::read_to_string(tmp.join(name)).unwrap();
+        serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}"))[0].clone()
+    };
+    // The harness sees the claim when there is one.
+    let before = read("before.json");
+    let claim = format!("pid {} (bash), which started ", pid("first"));
+    assert!(advice(&before).contains(&claim), "{before}");
+    let after = read("after.json");
+    assert_eq!(after["verdict"], "held", "{after}");
+    assert!(
+        !advice(&after).contains("before") && advice(&after).ends_with("(gpuloop kill --gpu 1)"),
+        "{after}"
+    );
+}

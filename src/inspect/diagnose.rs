@@ -3,7 +3,7 @@
 use super::holders::{Holder, Inventory, OnGpu, FOOTPRINT_MAX_MIB};
 use super::kinds::Evidence;
 use super::Selection;
-use crate::process::restart::{self, Restarter};
+use crate::process::restart::{self, Restarter, Seen};
 use crate::process::tree::Tree;
 use crate::process::ProcInfo;
 use serde::{Deserialize, Serialize};
@@ -268,6 +268,8 @@ pub struct Context<'a> {
     pub foreign_ns: bool,
     /// Parents known to restart holders (from this session's kills).
     pub restarters: &'a [Restarter],
+    /// Parents gpuloop saw restart a holder before, on this machine (`restart::seen_before`).
+    pub seen: &'a [Seen],
     /// Where the advice is read, so the commands it gives act on this machine's GPUs.
     pub reach: &'a Reach,
     /// The simulator: its GPUs are reset by `gpuloop sim reset`, not by nvidia-smi.
@@ -374,6 +376,9 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 clients: &inv.holders,
                 reach: ctx.reach,
                 sim: ctx.sim,
+                seen: holders.iter().find_map(|h| {
+                    restart::restarted_before(h.pid as i32, ctx.seen).map(|s| (h.pid, s.clone()))
+                }),
             };
             let (verdict, mut advice) = stuck_verdict(&holders).unwrap_or_else(|| {
                 verdict(
@@ -497,24 +502,41 @@ fn list(ps: &[i64]) -> String {
     ps.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
 }
 
+/// The command that stops the systemd unit `h` runs in.
+fn stop_unit(h: &Holder) -> Option<String> {
+    let unit = h.origin.service.as_deref()?;
+    let user_unit = h
+        .origin
+        .cgroup
+        .as_deref()
+        .is_some_and(|c| c.contains("/user@"));
+    Some(if user_unit {
+        format!("systemctl --user stop {unit} (as {})", h.user)
+    } else {
+        format!("systemctl stop {unit}")
+    })
+}
+
+/// Advice for a holder that runs in a systemd unit with `Restart=` (other than `no`), not as
+/// its main process: the unit starts its work again when it dies, so the unit is what to stop.
+/// A Slurm job's process is the job's, whatever cgroup it was left in.
+fn unit_restart_advice(holders: &[Holder], reach: &Reach) -> Option<String> {
+    let (h, restart) = holders.iter().find_map(|h| {
+        let restart = h.origin.service_restart.as_deref()?;
+        (!h.origin.service_main && h.origin.job.is_none() && restart != "no")
+            .then_some((h, restart))
+    })?;
+    Some(format!(
+        "{} runs in systemd unit {}, which restarts it (Restart={restart}): stopping the worker alone only gets it started again; stop the unit ({})",
+        pids(&[h]),
+        h.origin.service.as_deref()?,
+        reach.there(&stop_unit(h)?)
+    ))
+}
+
 /// Advice for holders that are a systemd unit's main process: stop the unit, not the pid.
 fn service_advice(gpu: i64, units: &[&Holder], reach: &Reach) -> String {
-    let mut names: Vec<String> = units
-        .iter()
-        .filter_map(|h| {
-            let unit = h.origin.service.as_deref()?;
-            let user_unit = h
-                .origin
-                .cgroup
-                .as_deref()
-                .is_some_and(|c| c.contains("/user@"));
-            Some(if user_unit {
-                format!("systemctl --user stop {unit} (as {})", h.user)
-            } else {
-                format!("systemctl stop {unit}")
-            })
-        })
-        .collect();
+    let mut names: Vec<String> = units.iter().filter_map(|h| stop_unit(h)).collect();
     names.dedup();
     // A unit with Restart= is a restarter gpuloop can name exactly.
     let restart = units
@@ -601,6 +623,8 @@ struct Facts<'a> {
     clients: &'a [Holder],
     reach: &'a Reach,
     sim: bool,
+    /// A holder (its pid) whose ancestor gpuloop saw restart a holder before.
+    seen: Option<(i64, Seen)>,
 }
 
 /// The verdict rules, in order; kept apart from the inventory so each rule is testable.
@@ -671,8 +695,20 @@ fn verdict(
             .iter()
             .map(|h| (h.pid, h.ppid, h.origin.ppid_comm.as_str()));
         let parents_cmd = gpuloop(format!("clean --gpu {gpu} --parents"));
+        if let Some(advice) = unit_restart_advice(holders, f.reach) {
+            return (Verdict::Held, advice);
+        }
         if let Some(advice) = crate::process::restart::advice(parents, &parents_cmd) {
             return (Verdict::Held, advice);
+        }
+        if let Some((pid, s)) = &f.seen {
+            return (
+                Verdict::Held,
+                format!(
+                    "pid {} ({}), which started {pid}, restarted its holder before (seen by gpuloop at {}): stopping the worker alone only gets it started again; stop it with the worker ({parents_cmd})",
+                    s.pid, s.name, s.seen
+                ),
+            );
         }
         return (
             Verdict::Held,
@@ -851,6 +887,7 @@ mod tests {
             clients: &[],
             reach: &HERE,
             sim: false,
+            seen: None,
         }
     }
 

@@ -169,8 +169,18 @@ pub struct UnitInfo {
     pub restart: Option<String>,
 }
 
+/// True when systemd is the init, as `sd_booted()` tells it: its runtime directory exists.
+/// In a container, or on a node with another init, a cgroup named `….service` and a
+/// `systemctl` on PATH say nothing of what restarts a process.
+fn systemd_runs() -> bool {
+    std::path::Path::new("/run/systemd/system").is_dir()
+}
+
 /// `systemctl show` of a unit, asked once a second at most; empty without systemd.
 fn unit_info(unit: &str) -> UnitInfo {
+    if !systemd_runs() {
+        return UnitInfo::default();
+    }
     type Asked = HashMap<String, (Instant, UnitInfo)>;
     static CACHE: OnceLock<Mutex<Asked>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);

@@ -212,11 +212,96 @@ pub fn started_by(pid: i32, restarters: &[Restarter]) -> Option<&Restarter> {
         return None;
     }
     let holder = super::read_stat(pid).ok()?;
-    let mut p = holder.clone();
+    let r = ancestor(pid, |a| {
+        restarters.iter().find(|r| r.identity == a.identity())
+    })?;
+    (r.holder_identity != holder.identity()).then_some(r)
+}
+
+/// A restarter gpuloop saw start a holder again, as remembered on this machine, so that a
+/// later diagnose, in another gpuloop, still knows it for one.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Seen {
+    pub pid: i32,
+    /// With the pid, its identity: a process that got the pid later is not it.
+    pub start: u64,
+    pub name: String,
+    /// When gpuloop saw it restart its holder (UTC).
+    pub seen: String,
+}
+
+impl Seen {
+    fn live(&self) -> bool {
+        super::read_stat(self.pid).is_ok_and(|p| p.start == self.start && !p.is_zombie())
+    }
+}
+
+/// The file, beside the audit journal, that remembers the restarters seen.
+const SEEN_FILE: &str = "restarters.json";
+
+/// At most this many are remembered (the latest); far more than one node runs loops.
+const SEEN_MAX: usize = 64;
+
+/// Bytes of the file read: 64 entries take a fraction of this.
+const SEEN_BYTES: u64 = 64 << 10;
+
+/// Remembers that `r` started its holder again. Entries whose process is gone are dropped on
+/// the way. A file that cannot be written costs the memory, not the kill: warned in the log.
+pub fn remember(r: &Restarter) {
+    let entry = Seen {
+        pid: r.identity.pid,
+        start: r.identity.start,
+        name: r.name.clone(),
+        seen: crate::journal::now_utc(),
+    };
+    let written = crate::journal::dir().and_then(|dir| {
+        crate::journal::update_state(&dir, SEEN_FILE, SEEN_BYTES, |old| {
+            serde_json::to_vec(&merged(old, entry, Seen::live)).unwrap_or_default()
+        })
+    });
+    if let Err(e) = written {
+        tracing::warn!("restarter not remembered: {e}");
+    }
+}
+
+/// The file's entries that `live` keeps, with `entry` added (once) as the latest, the
+/// [`SEEN_MAX`] latest kept.
+fn merged(old: &[u8], entry: Seen, live: impl Fn(&Seen) -> bool) -> Vec<Seen> {
+    let mut all = remembered_in(old, live);
+    all.retain(|s| (s.pid, s.start) != (entry.pid, entry.start));
+    all.push(entry);
+    let over = all.len().saturating_sub(SEEN_MAX);
+    all.drain(..over);
+    all
+}
+
+/// The restarters remembered on this machine that still run, as they were seen.
+pub fn seen_before() -> Vec<Seen> {
+    crate::journal::dir()
+        .and_then(|dir| crate::journal::read_state(&dir, SEEN_FILE, SEEN_BYTES))
+        .ok()
+        .flatten()
+        .map(|text| remembered_in(&text, Seen::live))
+        .unwrap_or_default()
+}
+
+/// The entries of the file's text that `keep` keeps; a damaged file remembers nothing.
+fn remembered_in(text: &[u8], keep: impl Fn(&Seen) -> bool) -> Vec<Seen> {
+    serde_json::from_slice::<Vec<Seen>>(text)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| keep(s))
+        .collect()
+}
+
+/// The ancestor of `pid` (a few levels: `bash -c` may run `sh` that runs python) for which
+/// `is` says something, with what it says.
+fn ancestor<T>(pid: i32, is: impl Fn(&ProcInfo) -> Option<T>) -> Option<T> {
+    let mut p = super::read_stat(pid).ok()?;
     for _ in 0..8 {
         let parent = super::read_stat(p.ppid).ok()?;
-        if let Some(r) = restarters.iter().find(|r| r.identity == parent.identity()) {
-            return (r.holder_identity != holder.identity()).then_some(r);
+        if let Some(found) = is(&parent) {
+            return Some(found);
         }
         if parent.pid <= 1 {
             return None;
@@ -224,6 +309,17 @@ pub fn started_by(pid: i32, restarters: &[Restarter]) -> Option<&Restarter> {
         p = parent;
     }
     None
+}
+
+/// The remembered restarter among `pid`'s ancestors, if any: the very process (pid and start
+/// time) seen restarting a holder before.
+pub fn restarted_before(pid: i32, seen: &[Seen]) -> Option<&Seen> {
+    if seen.is_empty() {
+        return None;
+    }
+    ancestor(pid, |a| {
+        seen.iter().find(|s| (s.pid, s.start) == (a.pid, a.start))
+    })
 }
 
 #[cfg(test)]
@@ -290,6 +386,45 @@ mod tests {
         );
         // gpuloop's own ancestors are never restarters.
         assert!(find_with(&t, &ids, &HashSet::from([10]), &cmdline).is_empty());
+    }
+
+    fn seen(pid: i32, start: u64) -> Seen {
+        Seen {
+            pid,
+            start,
+            name: "bash".into(),
+            seen: "2026-12-01T16:00:00.000Z".into(),
+        }
+    }
+
+    /// A remembered restarter is that very process: a process that got its pid later (another
+    /// start time) is never named.
+    #[test]
+    fn a_remembered_restarter_is_known_by_pid_and_start_time() {
+        let me = super::super::read_stat(std::process::id() as i32).unwrap();
+        let parent = super::super::read_stat(me.ppid).unwrap();
+        let found = [seen(parent.pid, parent.start)];
+        assert_eq!(restarted_before(me.pid, &found), Some(&found[0]));
+        let reused = [seen(parent.pid, parent.start + 1)];
+        assert_eq!(restarted_before(me.pid, &reused), None);
+        assert_eq!(restarted_before(me.pid, &[]), None);
+    }
+
+    /// The file keeps the live entries, each process once, the latest [`SEEN_MAX`]; a damaged
+    /// one remembers nothing.
+    #[test]
+    fn the_remembered_restarters_stay_few_and_alive() {
+        let old: Vec<Seen> = (1..=SEEN_MAX as i32).map(|pid| seen(pid, 7)).collect();
+        let text = serde_json::to_vec(&old).unwrap();
+        let all = merged(&text, seen(1000, 7), |_| true);
+        assert_eq!(all.len(), SEEN_MAX);
+        assert_eq!((all[0].pid, all[SEEN_MAX - 1].pid), (2, 1000));
+        // Only the live ones are kept, and one seen again is one entry, the latest.
+        let all = merged(&text, seen(4, 7), |s| s.pid <= 5);
+        let pids: Vec<i32> = all.iter().map(|s| s.pid).collect();
+        assert_eq!(pids, [1, 2, 3, 5, 4]);
+        assert_eq!(merged(b"{not json", seen(9, 7), |_| true).len(), 1);
+        assert!(remembered_in(b"[{\"pid\": 1}]", |_| true).is_empty());
     }
 
     /// `clean --parents` once stopped a job step's `slurmstepd`.
