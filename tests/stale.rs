@@ -17,7 +17,9 @@ set -u
 B="$GPULOOP_BIN"; N="$REUSE_N"; ROUNDS="$REUSE_ROUNDS"; LOG="$GPULOOP_SIGNAL_LOG"
 DEV="$GPULOOP_SIM_DIR/dev"
 tried=0; reused=0; hit=0; said=0; held_signalled=0; fronts=0
-gone() { while [ -e /proc/$1 ]; do sleep 0.005; done; }
+# Every wait has a deadline: a process that never shows what it waits for ends the run.
+tick() { n=$((n + 1)); [ $n -lt 6000 ] || { echo "gave up waiting: $1"; exit 4; }; sleep 0.005; }
+gone() { n=0; while [ -e /proc/$1 ]; do tick "pid $1 to go"; done; }
 start_of() { awk '{print $22}' /proc/$1/stat 2>/dev/null; }
 mkdir -p "$TMPD/bin"
 printf '#!/bin/sh\nexit 0\n' > "$TMPD/bin/squeue"; printf '#!/bin/sh\nexit 0\n' > "$TMPD/bin/scontrol"
@@ -37,14 +39,14 @@ for r in $(seq "$ROUNDS"); do
       0) ( exec 3<>"$DEV/nvidiactl"; exec sleep 1000 ) & p=$! ;;
       1) ( exec 3<>"$DEV/nvidia1"; exec sleep 1000 ) & p=$! ;;
       2) "$B" sim hold --foreground --gpu 1 --mib 4 > "$TMPD/fg.$r.$k" & p=$!
-         until [ -s "$TMPD/fg.$r.$k" ] || ! [ -e /proc/$p ]; do sleep 0.005; done ;;
+         n=0; until [ -s "$TMPD/fg.$r.$k" ] || ! [ -e /proc/$p ]; do tick "holder $p to start"; done ;;
     esac
     tried=$((tried + 1)); [ "$p" = "$c" ] && reused=$((reused + 1))
     innocents+=("$p"); k=$((k + 1))
   done
   # Every innocent has its node open before anything looks.
   for p in "${innocents[@]}"; do
-    until ls -l /proc/$p/fd 2>/dev/null | grep -q "$DEV/nvidia"; do sleep 0.005; done
+    n=0; until ls -l /proc/$p/fd 2>/dev/null | grep -q "$DEV/nvidia"; do tick "pid $p to open its node"; done
     starts+=("$(start_of $p)")
   done
   "$B" --json diagnose --gpu 0 > "$TMPD/diag" 2>&1

@@ -198,9 +198,19 @@ pub fn started_pid(sim: &Sim, mut c: std::process::Command) -> i32 {
 /// `unshare --pid --fork --mount-proc bash SCRIPT` with the simulator's environment: the script
 /// is pid 1 of a PID namespace of its own, where writing `ns_last_pid` forces a pid's reuse.
 pub fn in_new_pid_namespace(sim: &Sim, script: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new("unshare");
-    c.args(["--pid", "--fork", "--mount-proc", "bash"])
-        .arg(script);
+    // Nothing waits forever: past the deadline `timeout` ends unshare, and unshare's
+    // --kill-child takes the namespace's init, and so everything in the namespace, with it.
+    let mut c = std::process::Command::new("timeout");
+    c.args([
+        "300",
+        "unshare",
+        "--kill-child=KILL",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "bash",
+    ])
+    .arg(script);
     for (k, v) in sim.std_cmd().get_envs() {
         match v {
             Some(v) => c.env(k, v),
