@@ -713,7 +713,26 @@ fn wire_kill_opts(o: &KillOpts) -> protocol::KillOpts {
         dry_run: o.dry_run,
         force: o.force,
         parents: o.parents,
+        user: None,
     }
+}
+
+/// `opts` bounded to `user`'s processes as this machine knows that user: every process the
+/// kill signals (targets, trees, groups, parents) is theirs, or left alone and said.
+pub fn bounded_to(
+    opts: &KillOpts,
+    user: Option<&crate::inspect::User>,
+) -> Result<KillOpts, GpuError> {
+    let Some(user) = user else {
+        return Ok(opts.clone());
+    };
+    Ok(KillOpts {
+        owner: Some(kill::Owner {
+            uid: user.uid()?,
+            said: user.flag(),
+        }),
+        ..opts.clone()
+    })
 }
 
 /// wait_clean's options for the wire (one place for `wait_clean` and `clean`).
@@ -738,10 +757,13 @@ fn kill_deadline(s: &Session, o: &KillOpts) -> Option<Duration> {
 
 /// kill() with each target on its own host (`None`: the only host there is). Identities
 /// are checked on that host.
+/// Kills each target on its own host; with `user`, only that user's processes (looked up on
+/// each host) are signalled.
 pub fn kill_routed(
     s: &Session,
     targets: &[(Option<String>, Target)],
     opts: &KillOpts,
+    user: Option<&crate::inspect::User>,
 ) -> Result<KillReport, GpuError> {
     let names = s.host_names();
     let mut by_host: std::collections::BTreeMap<String, Vec<Target>> = Default::default();
@@ -765,18 +787,28 @@ pub fn kill_routed(
         }
         by_host.entry(host).or_default().push(*t);
     }
-    kill_fanned(s, &by_host, opts)
+    kill_fanned(s, &by_host, opts, user)
 }
 
 fn kill_fanned(
     s: &Session,
     by_host: &std::collections::BTreeMap<String, Vec<Target>>,
     opts: &KillOpts,
+    user: Option<&crate::inspect::User>,
 ) -> Result<KillReport, GpuError> {
     let Some(pool) = s.pool() else {
-        return Ok(kill(s, by_host.get(LOCAL).map_or(&[][..], |v| v), opts));
+        let opts = bounded_to(opts, user)?;
+        return Ok(kill(s, by_host.get(LOCAL).map_or(&[][..], |v| v), &opts));
     };
-    let wire = wire_kill_opts(opts);
+    let wire = protocol::KillOpts {
+        user: user.cloned(),
+        ..wire_kill_opts(opts)
+    };
+    let local_opts = match by_host.contains_key(LOCAL) {
+        true => bounded_to(opts, user)?,
+        false => opts.clone(),
+    };
+    let opts = &local_opts;
     let calls: Vec<(String, Call)> = by_host
         .iter()
         .filter(|(h, _)| h.as_str() != LOCAL)

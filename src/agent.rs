@@ -395,7 +395,9 @@ fn ok<T: serde::Serialize>(r: Result<T, GpuError>) -> Body {
 }
 
 fn kill_opts(o: &protocol::KillOpts) -> Result<KillOpts, Body> {
-    Ok(KillOpts {
+    // The user as the client gave it, looked up here: uids differ between machines.
+    let bounded = |opts: KillOpts| actions::bounded_to(&opts, o.user.as_ref()).map_err(gpu_body);
+    bounded(KillOpts {
         signal: parse_signal(&o.signal).ok_or_else(|| {
             error(
                 ErrorKind::BadParams,

@@ -315,6 +315,7 @@ fn golden_agent_wire() {
         dry_run: false,
         force: false,
         parents: false,
+        user: None,
     };
     let wait = WaitWire {
         timeout_ms: 10_000,

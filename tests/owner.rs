@@ -166,3 +166,42 @@ fn kill_mine_over_a_host_signals_another_users_tree_member_never() {
     assert_left_alone(&r, child, "owned by nobody, outside --mine");
     assert_left_alone(&r, member, "owned by nobody, outside --mine");
 }
+
+/// A script's `kill(holders(0, #{user}))` picked that user's holders, but the kill itself
+/// walked their trees and groups unbounded: `kill()` takes the same bound (`user`, `mine`),
+/// here and on each target's host.
+#[test]
+fn a_scripts_kill_with_mine_signals_nobodys_child_and_group_member_never() {
+    if !root() {
+        return;
+    }
+    let sim = Sim::new("1x8G");
+    let (holder, child, member) = root_holder_with_nobodys_processes(&sim);
+    let out = sim
+        .run(&[
+            "eval",
+            r#"to_json(kill(holders(0, #{user: "root"}), #{mine: true, grace: 5}))"#,
+        ])
+        .ok();
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("a report");
+    assert_eq!(r["signalled"], serde_json::json!([holder]), "{r}");
+    assert!(gone_within(holder, 10));
+    assert_left_alone(&r, child, "owned by nobody, outside --mine");
+    assert_left_alone(&r, member, "owned by nobody, outside --mine");
+
+    let c = Cluster::new(&[("wb", "1x8G")], &[]);
+    let (holder, child, member) = root_holder_with_nobodys_processes(c.sim("wb"));
+    let out = c
+        .run(&[
+            "--host",
+            "wb",
+            "eval",
+            r#"to_json(kill(holders(0), #{user: "root", grace: 5}).by_host.wb)"#,
+        ])
+        .ok();
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("a report");
+    assert_eq!(r["signalled"], serde_json::json!([holder]), "{r}");
+    assert!(gone_within(holder, 10));
+    assert_left_alone(&r, child, "owned by nobody, outside --user root");
+    assert_left_alone(&r, member, "owned by nobody, outside --user root");
+}

@@ -729,7 +729,7 @@ fn kill_pids(cfg: &Config, pids: &[i64], opts: &KillOpts) -> Result<i32, Error> 
             .ok_or_else(|| Error::Usage(format!("kill: {p} is not a process id")))?;
         targets.push((None, Target::Pid(pid)));
     }
-    let report = actions::kill_routed(&cfg.session, &targets, opts)?;
+    let report = actions::kill_routed(&cfg.session, &targets, opts, None)?;
     let code = kill_done(cfg, &report)?;
     // As kill(1): a pid named that is no process is a failure, not a quiet success.
     let missing: Vec<String> = report

@@ -222,6 +222,10 @@ pub struct KillOpts {
     /// Also stop the targets' restarters.
     #[serde(default)]
     pub parents: bool,
+    /// The one user whose processes may be signalled (a script's `kill(…, #{user})`),
+    /// looked up on that host: targets, their trees, groups and parents alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<crate::inspect::User>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -600,6 +604,7 @@ mod tests {
                         dry_run: true,
                         force: false,
                         parents: false,
+                        user: None,
                     },
                 },
             };

@@ -1,6 +1,7 @@
 //! kill(): targets and options from script values into the identity-safe kill.
 
 use crate::actions;
+use crate::inspect::User;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
 use crate::script::convert::{script_err, to_map, to_script, Opts, RhaiResult};
@@ -75,14 +76,33 @@ fn pid_of(pid: i64) -> RhaiResult<i32> {
     i32::try_from(pid).map_err(|_| script_err(format!("kill: {pid} is not a valid pid")))
 }
 
+/// The options kill() takes.
+const KILL_OPTS: &[&str] = &[
+    "signal", "grace", "tree", "dry_run", "force", "parents", "on_error", "user", "mine",
+];
+
+/// kill()'s `user` (a name or a uid) or `mine: true`: whose processes alone it may signal.
+fn kill_user(opts: &Map) -> RhaiResult<Option<User>> {
+    let o = Opts::new(opts, "kill", KILL_OPTS)?;
+    let user = match o.raw("user") {
+        None => None,
+        Some(u) => Some(match u.as_int() {
+            Ok(n) => User::Uid(
+                u32::try_from(n)
+                    .map_err(|_| script_err(format!("kill: user {n} is not a valid uid")))?,
+            ),
+            Err(_) => User::parse(&u.to_string()),
+        }),
+    };
+    match (user, o.bool("mine", false)?) {
+        (Some(_), true) => Err(script_err("kill: give user or mine, not both")),
+        (user, false) => Ok(user),
+        (None, true) => Ok(Some(User::Me)),
+    }
+}
+
 pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
-    let o = Opts::new(
-        opts,
-        "kill",
-        &[
-            "signal", "grace", "tree", "dry_run", "force", "parents", "on_error",
-        ],
-    )?;
+    let o = Opts::new(opts, "kill", KILL_OPTS)?;
     let d = KillOpts::default();
     let signal = match o.string("signal")? {
         None => d.signal,
@@ -105,22 +125,21 @@ pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
 
 /// `on_error` of kill()'s options: "skip" goes on without unreachable hosts.
 fn on_error_of(opts: &Map) -> RhaiResult<bool> {
-    Opts::new(
-        opts,
-        "kill",
-        &[
-            "signal", "grace", "tree", "dry_run", "force", "parents", "on_error",
-        ],
-    )?
-    .on_error()
+    Opts::new(opts, "kill", KILL_OPTS)?.on_error()
 }
 
 /// Runs the kill; an interrupt during the grace ends the script (exit 130) after saying
 /// what was signalled and what still runs, un-KILLed.
-fn run_kill(s: &Session, target: &Dynamic, opts: &KillOpts, skip: bool) -> RhaiResult<Dynamic> {
+fn run_kill(
+    s: &Session,
+    target: &Dynamic,
+    opts: &KillOpts,
+    user: Option<&User>,
+    skip: bool,
+) -> RhaiResult<Dynamic> {
     let targets = targets(target)?;
-    let report =
-        actions::skipping(skip, || actions::kill_routed(s, &targets, opts)).map_err(to_script)?;
+    let report = actions::skipping(skip, || actions::kill_routed(s, &targets, opts, user))
+        .map_err(to_script)?;
     if report.interrupted {
         crate::errln!(
             "kill interrupted during the grace: signalled {:?}, exited {:?}, still running (not KILLed) {:?}",
@@ -153,7 +172,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          Ctrl-C during the grace stops the waiting and KILLs nobody: the script ends (130)
          saying what was signalled and what still runs.",
         move |target: Dynamic| -> RhaiResult<Dynamic> {
-            run_kill(&s, &target, &KillOpts::default(), false)
+            run_kill(&s, &target, &KillOpts::default(), None, false)
         },
     );
     let s = session.clone();
@@ -170,12 +189,20 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          protection rules; never init, a login shell, nor a job step's or container's manager
          such as slurmstepd, a containerd shim, conmon, tini, sshd, sudo or tmux),
          on_error (\"skip\": go on without hosts that cannot be reached; each target of such a
-         host is in skipped, with what ssh said).
+         host is in skipped, with what ssh said), user (a name or a uid) or mine: true (only
+         that user's processes are signalled, looked up on each target's host: the targets,
+         their trees, groups and parents; anyone else's is in skipped, with why).
          With several hosts each holder map is killed on its own host, where its identity is
          checked (by_host holds each host's report); a bare pid is then ambiguous.",
         move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
             let skip = on_error_of(&opts)?;
-            run_kill(&s, &target, &kill_opts(&opts)?, skip)
+            run_kill(
+                &s,
+                &target,
+                &kill_opts(&opts)?,
+                kill_user(&opts)?.as_ref(),
+                skip,
+            )
         },
     );
 }
