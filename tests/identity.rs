@@ -58,28 +58,11 @@ fn a_recycled_pid_can_be_killed_never_under_forced_reuse() {
         "let r = kill(parse_json(read_file(ARGS[0])), #{grace: 5});\nprint(to_json(r));\n",
     )
     .unwrap();
-    std::fs::write(tmp.join("reuse.sh"), REUSE).unwrap();
-    let log = tmp.join("signals.log");
     let (n, rounds) = (20, 10);
-    let out = in_new_pid_namespace(&sim, &tmp.join("reuse.sh"))
-        .env("GPULOOP_BIN", bin())
-        .env("GPULOOP_SIGNAL_LOG", &log)
-        .env("TMPD", &tmp)
-        .env("REUSE_N", n.to_string())
-        .env("REUSE_ROUNDS", rounds.to_string())
-        .output()
-        .expect("unshare");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let last = stdout.lines().last().unwrap_or_default();
-    let field = |k: &str| -> i64 {
-        last.split(' ')
-            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {k} in {last:?}\n{stderr}"))
-    };
-    let total = n * rounds;
+    let t = forced_reuse(&sim, "reuse.sh", REUSE, n, rounds);
+    assert!(t.ok, "{}\n{}", t.stdout, t.stderr);
+    let (field, last) = (|k: &str| t.field(k), &t.last);
+    let total = (n * rounds) as i64;
     assert_eq!(field("listed"), total, "every holder was listed: {last}");
     assert_eq!(field("tried"), total, "{last}");
     // ns_last_pid in a namespace of our own gives each sleep its holder's pid.

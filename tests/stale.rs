@@ -82,28 +82,10 @@ fn the_drivers_stale_pid_list_overrides_the_scan_no_innocent_at_a_reused_pid_is_
         return;
     }
     let sim = Sim::new("2x64G");
-    let tmp = sim.path().to_path_buf();
-    std::fs::write(tmp.join("stale.sh"), STALE).unwrap();
-    let log = tmp.join("signals.log");
     let (n, rounds) = (10, 20);
-    let out = in_new_pid_namespace(&sim, &tmp.join("stale.sh"))
-        .env("GPULOOP_BIN", bin())
-        .env("GPULOOP_SIGNAL_LOG", &log)
-        .env("TMPD", &tmp)
-        .env("REUSE_N", n.to_string())
-        .env("REUSE_ROUNDS", rounds.to_string())
-        .output()
-        .expect("unshare");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stdout.lines().last().unwrap_or_default();
-    let field = |k: &str| -> usize {
-        last.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {k} in {last:?}\n{stdout}\n{stderr}"))
-    };
-    let total = n * rounds;
+    let t = forced_reuse(&sim, "stale.sh", STALE, n, rounds);
+    let (field, last, stdout) = (|k: &str| t.field(k), &t.last, &t.stdout);
+    let total = (n * rounds) as i64;
     assert_eq!(field("tried"), total, "{last}");
     assert_eq!(
         field("reused"),

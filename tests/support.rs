@@ -220,6 +220,57 @@ pub fn in_new_pid_namespace(sim: &Sim, script: &Path) -> std::process::Command {
     c
 }
 
+/// What a forced-reuse script printed: its output, and the `key=value` fields of its last
+/// line (its tally).
+pub struct Tally {
+    /// The script exited 0.
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub last: String,
+}
+
+impl Tally {
+    /// One number of the tally; its absence fails the test, with everything the script said.
+    pub fn field(&self, k: &str) -> i64 {
+        self.last
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {k} in {:?}\n{}\n{}",
+                    self.last, self.stdout, self.stderr
+                )
+            })
+    }
+}
+
+/// Writes `script` beside the simulator and runs it as pid 1 of a new PID namespace, with
+/// gpuloop (`GPULOOP_BIN`), a signal log (`GPULOOP_SIGNAL_LOG`), the scratch directory
+/// (`TMPD`) and `REUSE_N`/`REUSE_ROUNDS` in its environment.
+pub fn forced_reuse(sim: &Sim, name: &str, script: &str, n: usize, rounds: usize) -> Tally {
+    let tmp = sim.path().to_path_buf();
+    std::fs::write(tmp.join(name), script).unwrap();
+    let out = in_new_pid_namespace(sim, &tmp.join(name))
+        .env("GPULOOP_BIN", bin())
+        .env("GPULOOP_SIGNAL_LOG", tmp.join("signals.log"))
+        .env("TMPD", &tmp)
+        .env("REUSE_N", n.to_string())
+        .env("REUSE_ROUNDS", rounds.to_string())
+        .output()
+        .expect("unshare");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let last = stdout.lines().last().unwrap_or_default().to_string();
+    Tally {
+        ok: out.status.success(),
+        stdout,
+        stderr,
+        last,
+    }
+}
+
 /// True if the tests may make a PID namespace and set its next pid (root, or a container that
 /// allows it); where they may not, says that the calling test is skipped.
 pub fn pid_reuse_can_be_forced() -> bool {
