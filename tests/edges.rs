@@ -635,22 +635,9 @@ fn a_loop_that_reuses_a_remembered_restarters_pid_is_not_named() {
     }
     let sim = Sim::new("2x8G");
     let tmp = sim.path().to_path_buf();
-    std::fs::write(tmp.join("loop.sh"), LOOP_REUSE).unwrap();
-    let out = in_new_pid_namespace(&sim, &tmp.join("loop.sh"))
-        .env("GPULOOP_BIN", bin())
-        .env("TMPD", &tmp)
-        .output()
-        .expect("unshare");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let last = stdout.lines().last().unwrap_or_default();
-    let pid = |k: &str| -> String {
-        last.split(' ')
-            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-            .unwrap_or_else(|| panic!("no {k} in {last:?}\n{stderr}"))
-            .to_string()
-    };
+    let t = forced_reuse(&sim, "loop.sh", LOOP_REUSE, 1, 1);
+    assert!(t.ok, "{}\n{}", t.stdout, t.stderr);
+    let (pid, last) = (|k: &str| t.text(k), &t.last);
     assert_eq!(pid("first"), pid("second"), "the pid was reused: {last}");
     let read = |name: &str| -> Value {
         let text = std::fs::read_to_string(tmp.join(name)).unwrap();

@@ -696,18 +696,14 @@ fn a_job_handle_prints_as_a_job_not_a_rust_type() {
 
 /// What a script run by `in_pid_namespace` reported.
 struct Report {
-    /// The `key=value` words of its last line.
-    fields: std::collections::HashMap<String, String>,
+    tally: Tally,
     /// All it printed, and gpuloop's stderr, for messages.
     all: String,
 }
 
 impl Report {
     fn field(&self, k: &str) -> &str {
-        self.fields
-            .get(k)
-            .map(String::as_str)
-            .unwrap_or_else(|| panic!("no {k}: {}", self.all))
+        self.tally.text(k)
     }
 }
 
@@ -718,29 +714,15 @@ impl Report {
 fn in_pid_namespace(sim: &Sim, rhai: &str, script: &str) -> Report {
     let tmp = sim.path().to_path_buf();
     std::fs::write(tmp.join("job.rhai"), rhai).unwrap();
-    std::fs::write(tmp.join("ns.sh"), script).unwrap();
-    let out = in_new_pid_namespace(sim, &tmp.join("ns.sh"))
-        .env("GPULOOP_BIN", bin())
-        .env("GPULOOP_SIGNAL_LOG", tmp.join("signals.log"))
-        .env("TMPD", &tmp)
-        .output()
-        .expect("unshare");
+    let tally = forced_reuse(sim, "ns.sh", script, 1, 1);
     let all = format!(
         "{}\n{}\ngpuloop: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+        tally.stdout,
+        tally.stderr,
         std::fs::read_to_string(tmp.join("stderr")).unwrap_or_default()
     );
-    assert!(out.status.success(), "{all}");
-    let fields = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .split(' ')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Report { fields, all }
+    assert!(tally.ok, "{all}");
+    Report { tally, all }
 }
 
 /// Shell functions for the scripts run by `in_pid_namespace`.

@@ -231,12 +231,12 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// One number of the tally; its absence fails the test, with everything the script said.
-    pub fn field(&self, k: &str) -> i64 {
+    /// One word of the tally as written; its absence fails the test, with everything the
+    /// script said.
+    pub fn text(&self, k: &str) -> &str {
         self.last
             .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-            .and_then(|v| v.parse().ok())
+            .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
             .unwrap_or_else(|| {
                 panic!(
                     "no {k} in {:?}\n{}\n{}",
@@ -244,11 +244,19 @@ impl Tally {
                 )
             })
     }
+
+    /// One number of the tally.
+    pub fn field(&self, k: &str) -> i64 {
+        let v = self.text(k);
+        v.parse()
+            .unwrap_or_else(|_| panic!("{k}={v} is no number\n{}\n{}", self.stdout, self.stderr))
+    }
 }
 
-/// Writes `script` beside the simulator and runs it as pid 1 of a new PID namespace, with
-/// gpuloop (`GPULOOP_BIN`), a signal log (`GPULOOP_SIGNAL_LOG`), the scratch directory
-/// (`TMPD`) and `REUSE_N`/`REUSE_ROUNDS` in its environment.
+/// Writes `script` beside the simulator and runs it as pid 1 of a new PID namespace (where
+/// `ns_last_pid` makes the next fork take a chosen pid), with gpuloop (`GPULOOP_BIN`), a
+/// signal log (`GPULOOP_SIGNAL_LOG`), the scratch directory (`TMPD`) and `REUSE_N`/
+/// `REUSE_ROUNDS` (how many pids a round reuses, how many rounds) in its environment.
 pub fn forced_reuse(sim: &Sim, name: &str, script: &str, n: usize, rounds: usize) -> Tally {
     let tmp = sim.path().to_path_buf();
     std::fs::write(tmp.join(name), script).unwrap();
