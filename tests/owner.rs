@@ -81,6 +81,20 @@ fn assert_left_alone(report: &serde_json::Value, pid: i32, reason: &str) {
     );
 }
 
+/// The report stopped the root holder alone, and left nobody's child and group member,
+/// each named with the bound (`said`) that kept them out.
+fn assert_only_the_holder_stopped(
+    r: &serde_json::Value,
+    (holder, child, member): (i32, i32, i32),
+    said: &str,
+) {
+    assert_eq!(r["signalled"], serde_json::json!([holder]), "{r}");
+    assert!(gone_within(holder, 10));
+    let reason = format!("owned by nobody, outside {said}");
+    assert_left_alone(r, child, &reason);
+    assert_left_alone(r, member, &reason);
+}
+
 /// `kill --mine` as root took the holder's child and its group member, both `nobody`'s,
 /// through the tree walk.
 #[test]
@@ -94,10 +108,7 @@ fn kill_mine_as_root_signals_nobodys_child_and_group_member_never() {
         .run(&["--json", "kill", "--mine", "--gpu", "0", "--grace", "5"])
         .ok();
     let r = out.json();
-    assert_eq!(r["signalled"], serde_json::json!([holder]), "{r}");
-    assert!(gone_within(holder, 10));
-    assert_left_alone(&r, child, "owned by nobody, outside --mine");
-    assert_left_alone(&r, member, "owned by nobody, outside --mine");
+    assert_only_the_holder_stopped(&r, (holder, child, member), "--mine");
 }
 
 /// The simulator's state, open to `nobody`'s holders.
@@ -161,10 +172,7 @@ fn kill_mine_over_a_host_signals_another_users_tree_member_never() {
         .run(&["--host", "wa", "--json", "kill", "--mine", "--grace", "5"])
         .ok();
     let r = out.json();
-    assert_eq!(r["signalled"], serde_json::json!([holder]), "{r}");
-    assert!(gone_within(holder, 10));
-    assert_left_alone(&r, child, "owned by nobody, outside --mine");
-    assert_left_alone(&r, member, "owned by nobody, outside --mine");
+    assert_only_the_holder_stopped(&r, (holder, child, member), "--mine");
 }
 
 /// A script's `kill(holders(0, #{user}))` picked that user's holders, but the kill itself
@@ -184,10 +192,7 @@ fn a_scripts_kill_with_mine_signals_nobodys_child_and_group_member_never() {
         ])
         .ok();
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("a report");
-    assert_eq!(r["signalled"], serde_json::json!([holder]), "{r}");
-    assert!(gone_within(holder, 10));
-    assert_left_alone(&r, child, "owned by nobody, outside --mine");
-    assert_left_alone(&r, member, "owned by nobody, outside --mine");
+    assert_only_the_holder_stopped(&r, (holder, child, member), "--mine");
 
     let c = Cluster::new(&[("wb", "1x8G")], &[]);
     let (holder, child, member) = root_holder_with_nobodys_processes(c.sim("wb"));
@@ -200,8 +205,5 @@ fn a_scripts_kill_with_mine_signals_nobodys_child_and_group_member_never() {
         ])
         .ok();
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("a report");
-    assert_eq!(r["signalled"], serde_json::json!([holder]), "{r}");
-    assert!(gone_within(holder, 10));
-    assert_left_alone(&r, child, "owned by nobody, outside --user root");
-    assert_left_alone(&r, member, "owned by nobody, outside --user root");
+    assert_only_the_holder_stopped(&r, (holder, child, member), "--user root");
 }
