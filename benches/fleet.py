@@ -26,6 +26,9 @@ Usage: benches/fleet.py [BIN [OUT.json]]   (env: SIZES=16,64 REPS=7)
 """
 import glob, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loopback_sshd  # noqa: E402
+
 BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release/gpuloop")
 OUT = sys.argv[2] if len(sys.argv) > 2 else None
 SIZES = [int(x) for x in os.environ.get("SIZES", "16,64").split(",")]
@@ -58,27 +61,7 @@ def main():
     runtime_dirs = []
     try:
         port = free_port()
-        for k in ("host_key", "id"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{tmp}/{k}"],
-                           check=True)
-        shutil.copy(f"{tmp}/id.pub", f"{tmp}/authorized_keys")
-        key = " ".join(open(f"{tmp}/host_key.pub").read().split()[:2])
-        open(f"{tmp}/known_hosts", "w").write(f"gpuloop-fleet {key}\n")
-        open(f"{tmp}/sshd_config", "w").write(f"""ListenAddress 127.0.0.1
-HostKey {tmp}/host_key
-PidFile {tmp}/sshd.pid
-AuthorizedKeysFile {tmp}/authorized_keys
-StrictModes no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR
-MaxStartups 256
-MaxSessions 256
-LogLevel ERROR
-SetEnv SHLVL=1
-""")
+        loopback_sshd.write(tmp, "gpuloop-fleet")
         user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
         cfg = f"{tmp}/ssh_config"
         with open(cfg, "w") as f:

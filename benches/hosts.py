@@ -60,6 +60,9 @@ baselines)
 import json, os, pwd, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loopback_sshd  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pipe_transport import write_pipe_ssh  # noqa: E402  (beside this file)
 
 BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release/gpuloop")
@@ -268,32 +271,7 @@ class Bench:
         tmp = self.tmp
         self.port = free_port()
         if "ssh" in TRANSPORTS:  # a pipe-only run needs no OpenSSH at all
-            for k in ("host_key", "id"):
-                sh(KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", f"{tmp}/{k}")
-            shutil.copy(f"{tmp}/id.pub", f"{tmp}/authorized_keys")
-            with open(f"{tmp}/host_key.pub") as f:
-                key = " ".join(f.read().split()[:2])
-            with open(f"{tmp}/known_hosts", "w") as f:
-                f.write(f"gpuloop-bench {key}\n")
-        with open(f"{tmp}/sshd_config", "w") as f:
-            f.write(f"""ListenAddress 127.0.0.1
-HostKey {tmp}/host_key
-PidFile {tmp}/sshd.pid
-AuthorizedKeysFile {tmp}/authorized_keys
-StrictModes no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR
-MaxStartups 256
-MaxSessions 256
-LogLevel ERROR
-# bash sources ~/.bashrc for a command sshd starts unless SHLVL says it is nested; this
-# machine's runs `pyenv init` (~0.3 s a session). Every tool measured here goes through
-# this sshd alike.
-SetEnv SHLVL=1
-""")
+            loopback_sshd.write(tmp, "gpuloop-bench", KEYGEN)
         user = sh("id", "-un").stdout.strip()
         self.cfg = f"{tmp}/ssh_config"
         with open(self.cfg, "w") as f:
