@@ -7,16 +7,12 @@
 //! (`run`, and `spawn`'s background jobs); when its stdin closes (the client ended, or the
 //! link dropped) it stops them all and exits.
 
-use crate::actions;
-use crate::gpu::GpuError;
 use crate::hosts::protocol::{
-    self, Body, Call, ErrorKind, Hello, JobState, Message, Request, RunCall, Stream, WaitWire,
-    WireError,
+    self, Body, Call, ErrorKind, Hello, JobState, Message, Request, RunCall, Stream,
 };
 use crate::inspect::diagnose::Reach;
-use crate::inspect::wait::WaitOpts;
-use crate::process::kill::{parse_signal, KillOpts, Target};
-use crate::process::Identity;
+use crate::machine::{ops, Local, Watch};
+use crate::process::kill::parse_signal;
 use crate::runner::{Cmd, Job, JobOpts, RunError, Sink, Waited};
 use crate::session::Session;
 use nix::sys::signal::Signal;
@@ -47,10 +43,7 @@ fn reply(id: Option<u64>, body: Body) -> Message {
 }
 
 fn error(kind: ErrorKind, message: impl Into<String>) -> Body {
-    Body::Error(WireError {
-        kind,
-        message: message.into(),
-    })
+    Body::error(kind, message)
 }
 
 /// What runs on behalf of the client: cancel flags of the running calls (a `run`'s job, a
@@ -377,55 +370,6 @@ fn next_line(
     }
 }
 
-fn gpu_body(e: GpuError) -> Body {
-    match e {
-        GpuError::NoSuchGpu { .. } => error(ErrorKind::Usage, e.to_string()),
-        // The client names the host: "host gpu02: no user \"alice\" there".
-        GpuError::NoUser { user } => error(ErrorKind::Usage, format!("no user {user:?} there")),
-        _ if e.is_usage() => error(ErrorKind::Usage, e.to_string()),
-        _ => error(ErrorKind::Failed, e.to_string()),
-    }
-}
-
-fn ok<T: serde::Serialize>(r: Result<T, GpuError>) -> Body {
-    match r {
-        Ok(v) => Body::ok(&v),
-        Err(e) => gpu_body(e),
-    }
-}
-
-fn kill_opts(o: &protocol::KillOpts) -> Result<KillOpts, Body> {
-    // The user as the client gave it, looked up here: uids differ between machines.
-    let bounded = |opts: KillOpts| actions::bounded_to(&opts, o.user.as_ref()).map_err(gpu_body);
-    bounded(KillOpts {
-        signal: parse_signal(&o.signal).ok_or_else(|| {
-            error(
-                ErrorKind::BadParams,
-                format!("unknown signal {:?}", o.signal),
-            )
-        })?,
-        grace: crate::process::kill::grace_of_ms(o.grace_ms),
-        tree: o.tree,
-        dry_run: o.dry_run,
-        force: o.force,
-        parents: o.parents,
-        ..KillOpts::default()
-    })
-}
-
-fn wait_opts(w: WaitWire) -> WaitOpts {
-    let d = WaitOpts::default();
-    WaitOpts {
-        timeout: Duration::from_millis(w.timeout_ms),
-        max_used_mib: w.max_used_mib,
-        poll: Duration::from_millis(w.poll_ms.max(1)),
-        strict: w.more.strict,
-        settle: Duration::from_millis(w.more.settle_ms),
-        stall: w.more.stall_ms.map_or(d.stall, Duration::from_millis),
-        ..d
-    }
-}
-
 /// The calls that a `cancel` stops: a kill's (or clean's) grace ends, KILLing nobody, and
 /// the answer says what was signalled and what still runs; a job stops; a wait ends.
 fn cancellable(call: &Call) -> bool {
@@ -439,16 +383,6 @@ fn cancellable(call: &Call) -> bool {
     )
 }
 
-/// A watch on a request's cancel flag, with no progress line (the client has its own).
-fn watching<T>(cancel: &Option<CancelGuard>, f: impl FnOnce(&mut actions::Watch) -> T) -> T {
-    let never = AtomicBool::new(false);
-    let stop = cancel.as_ref().map_or(&never, |c| &*c.flag);
-    f(&mut actions::Watch {
-        stop,
-        show: &mut |_| {},
-    })
-}
-
 fn handle(
     s: &Session,
     req: Request,
@@ -456,51 +390,21 @@ fn handle(
     jobs: &Arc<Jobs>,
     cancel: Option<CancelGuard>,
 ) -> Body {
+    let never = AtomicBool::new(false);
+    let stop = cancel.as_ref().map_or(&never, |c| &*c.flag);
+    // No progress line: the client has its own.
+    let mut quiet = |_: &str| {};
+    let mut here = Local::new(
+        s,
+        Watch {
+            stop,
+            show: &mut quiet,
+        },
+    );
+    if let Some(body) = ops::answer(&req.call, &mut here) {
+        return body;
+    }
     match req.call {
-        Call::Gpus => ok(actions::gpus(s)),
-        Call::Holders { sel, all, filter } => ok(actions::holders_of(s, &sel, all, &filter)),
-        Call::HoldersReport { sel, all, filter } => {
-            ok(actions::holders_report(s, &sel, all, &filter))
-        }
-        Call::Diagnose { sel, filter } => ok(actions::diagnoses_of(s, &sel, &filter)),
-        Call::Kill { targets, opts } => {
-            let opts = match kill_opts(&opts) {
-                Ok(o) => o,
-                Err(b) => return b,
-            };
-            let targets: Vec<Target> = targets
-                .iter()
-                .map(|t| match t.start {
-                    Some(start) => Target::Exact(Identity {
-                        pid: t.pid,
-                        start,
-                        ino: t.ino,
-                    }),
-                    None => Target::Pid(t.pid),
-                })
-                .collect();
-            ok(Ok(watching(&cancel, |w| {
-                actions::kill_watched(s, &targets, &opts, w)
-            })))
-        }
-        Call::KillHolders { sel, filter, opts } => match kill_opts(&opts) {
-            Ok(o) => ok(watching(&cancel, |w| {
-                actions::kill_holders_watched(s, &sel, &filter, &o, w)
-            })),
-            Err(b) => b,
-        },
-        Call::WaitClean { sel, wait } => ok(actions::wait_clean(s, &sel, &wait_opts(wait))),
-        Call::Clean {
-            sel,
-            filter,
-            kill,
-            wait,
-        } => match kill_opts(&kill) {
-            Ok(k) => ok(watching(&cancel, |w| {
-                actions::clean_watched(s, &sel, &filter, &k, &wait_opts(wait), w)
-            })),
-            Err(b) => b,
-        },
         Call::Run(rc) => {
             let cancel = cancel.unwrap_or_else(|| jobs.cancel_flag(req.id));
             run(req.id, rc, out, cancel)
@@ -539,6 +443,8 @@ fn handle(
         },
         Call::Ping => Body::ok(&true),
         Call::Cancel { .. } | Call::ReachedAs { .. } => error(ErrorKind::Failed, "answered inline"),
+        // Every other call names an operation, answered above.
+        _ => error(ErrorKind::Failed, "answered as an operation"),
     }
 }
 

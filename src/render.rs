@@ -851,7 +851,7 @@ fn flat(v: &Dynamic) -> String {
         return format!("#{{{}}}", items.join(", "));
     }
     // A job handle as its to_string() says, not as a Rust type path.
-    if let Some(h) = v.read_lock::<crate::actions::JobHandle>() {
+    if let Some(h) = v.read_lock::<crate::machine::jobs::JobHandle>() {
         return format!("{:?}", &*h);
     }
     // rhai's Debug form is its literal syntax: quoted strings, 'c', (), Fn("f"), 1.0.

@@ -8,14 +8,24 @@ const RULES: &[(&str, &[&str])] = &[
     // Process facts know no hosts, no verdicts, no scripts.
     (
         "process",
-        &["hosts", "inspect", "script", "cli", "actions", "mcp"],
+        &["hosts", "inspect", "machine", "script", "cli", "mcp"],
     ),
     // A backend knows no signals and no hosts.
     (
         "gpu",
         &[
-            "process", "inspect", "hosts", "script", "cli", "actions", "mcp",
+            "process", "inspect", "hosts", "machine", "script", "cli", "mcp",
         ],
+    ),
+    // The host set and its wire carry calls; they do not make them.
+    (
+        "hosts",
+        &["machine", "agent", "script", "cli", "mcp", "repl"],
+    ),
+    // An operation is the same whoever asks: no front end inside it.
+    (
+        "machine",
+        &["agent", "script", "cli", "mcp", "repl", "render"],
     ),
 ];
 

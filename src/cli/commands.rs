@@ -2,7 +2,6 @@
 
 use super::args::{Args, Cmd, GpuSel, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
 use super::Config;
-use crate::actions;
 use crate::error::Error;
 use crate::gpu::sim::hold::{self, HoldOpts};
 use crate::gpu::sim::SimBackend;
@@ -12,6 +11,7 @@ use crate::inspect::diagnose::Demand;
 use crate::inspect::select;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, User};
+use crate::machine::{self, ActionError, Fleet};
 use crate::process::kill::{self, parse_signal, KillOpts, KillReport, Target};
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
@@ -54,7 +54,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                     Some(gpus_row(h, &g).line())
                 });
             }
-            let (parts, mut rows) = per_host(cfg, actions::gpus_per_host(s)?)?;
+            let (parts, mut rows) = per_host(cfg, Fleet::of(s).gpus_per_host()?)?;
             let mut gpus = Vec::new();
             let mut idle = Vec::new();
             for (h, g) in parts {
@@ -87,7 +87,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
         Cmd::Holders { sel, owner, all } => {
             if s.host_names() == [crate::hosts::LOCAL] {
                 // First thing: the /proc scan then runs beside the driver's load.
-                let inv = actions::look(s)?;
+                let inv = machine::ops::look(s)?;
                 if let Some(why) = s.backend()?.missing_driver() {
                     // The fd scan still finds who has the nodes open; the exit code says the rest.
                     // Nothing found is no result: an empty list ("no holders", `[]`) read alone
@@ -101,7 +101,12 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 let sel = selection(s, sel)?
                     .on(crate::hosts::LOCAL)
                     .unwrap_or(Some(Vec::new()));
-                let r = actions::holders_report_in(inv, &sel, *all, &owner_filter(s, owner)?)?;
+                let holders = machine::ops::Holders {
+                    sel,
+                    all: *all,
+                    filter: owner_filter(s, owner)?,
+                };
+                let r = holders.of(inv)?;
                 let code = emit(cfg, &r.holders, || {
                     render::holders(&r.holders, Style::stdout())
                 })?;
@@ -121,11 +126,10 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 return Ok(code);
             }
             if let Some(pool) = s.pool() {
-                pool.say_each(|h, part: &actions::HoldersReport| Some(holders_row(h, part).line()));
+                pool.say_each(|h, part: &machine::HoldersReport| Some(holders_row(h, part).line()));
             }
-            let parts = actions::holders_report_per_host(
-                s,
-                selection(s, sel)?,
+            let parts = Fleet::of(s).holders_per_host(
+                &selection(s, sel)?,
                 *all,
                 &owner_filter(s, owner)?,
             )?;
@@ -159,7 +163,7 @@ pub fn dispatch(args: &Args, cfg: &Config) -> Result<i32, Error> {
                     Some(diagnosis_row(h, ds, &Demand::default()).line())
                 });
             }
-            let parts = actions::diagnoses_per_host(s, sel, &filter)?;
+            let parts = Fleet::of(s).diagnoses_per_host(&sel, &filter)?;
             let (parts, mut rows) = per_host(cfg, parts)?;
             let mut ds = Vec::new();
             for (h, part) in parts {
@@ -271,7 +275,7 @@ fn selection(s: &Session, sel: &GpuSel) -> Result<HostSel, Error> {
         return Ok(HostSel::all());
     }
     let sels = (!sels.is_empty()).then_some(sels);
-    Ok(actions::select_hosts(s, sels.as_deref(), at)?)
+    Ok(Fleet::of(s).select_hosts(sels.as_deref(), at)?)
 }
 
 fn row(host: &str, state: &str, detail: String) -> render::HostRow {
@@ -299,7 +303,7 @@ fn selected_gpus(
 }
 
 /// A host's line in `holders`: how many, and what could not be read there.
-fn holders_row(host: &str, part: &actions::HoldersReport) -> render::HostRow {
+fn holders_row(host: &str, part: &machine::HoldersReport) -> render::HostRow {
     let mut detail = format!("{} holder(s)", part.holders.len());
     if part.unreadable > 0 {
         detail.push_str(&format!(", {} process(es) not inspected", part.unreadable));
@@ -405,7 +409,7 @@ fn diagnosis_row(
     let dirty: Vec<String> = ds
         .iter()
         .filter(|d| !d.is_clean_under(demand))
-        .map(actions::describe_diagnosis)
+        .map(machine::describe_diagnosis)
         .collect();
     if dirty.is_empty() {
         row(host, "clean", format!("{} GPU(s) clean", ds.len()))
@@ -420,7 +424,7 @@ fn diagnosis_row(
 #[allow(clippy::type_complexity)]
 fn per_host<T>(
     cfg: &Config,
-    parts: actions::PerHost<T>,
+    parts: machine::PerHost<T>,
 ) -> Result<(Vec<(String, T)>, Vec<render::HostRow>), Error> {
     let several = cfg.session.host_names() != [crate::hosts::LOCAL];
     let skip = cfg.session.skip_unreachable();
@@ -431,10 +435,10 @@ fn per_host<T>(
             Ok(v) => ok.push((h, v)),
             // Ctrl-C or TERM while the hosts were opened or answering: the run ends (130),
             // with nothing said for each host it did not reach.
-            Err(actions::Failure::Host(crate::hosts::HostError::Interrupted)) => {
+            Err(ActionError::Interrupted) => {
                 return Err(Error::Script(crate::script::ScriptError::Interrupted))
             }
-            Err(f) if !several => return Err(f.into_gpu().into()),
+            Err(f) if !several => return Err(f.into()),
             Err(f) => {
                 let skipped = skip && f.unreachable();
                 // On a terminal a failure was said as it happened.
@@ -454,8 +458,8 @@ fn per_host<T>(
                 // A few words, alike for every host that failed the same way, so that they
                 // fold; the whole error was said above.
                 let detail = match &f {
-                    actions::Failure::Host(e) => e.kind().to_string(),
-                    actions::Failure::Gpu(e) => {
+                    ActionError::Host(e) => e.kind().to_string(),
+                    e => {
                         let e = e.to_string();
                         e.split(": ").next().unwrap_or(&e).to_string()
                     }
@@ -580,7 +584,9 @@ fn owner_filter(s: &Session, owner: &Owner) -> Result<Filter, Error> {
         user,
         job: owner.job,
     };
-    actions::check_filter(s, &filter).map_err(|e| Error::Usage(format!("--user: {e}")))?;
+    Fleet::of(s)
+        .check_filter(&filter)
+        .map_err(|e| Error::Usage(format!("--user: {e}")))?;
     Ok(filter)
 }
 
@@ -689,7 +695,7 @@ fn kill_holders(
     filter: &Filter,
     opts: &KillOpts,
 ) -> Result<i32, Error> {
-    let parts = actions::kill_holders_per_host(&cfg.session, sel, filter, opts)?;
+    let parts = Fleet::of(&cfg.session).kill_holders_per_host(sel, filter, opts)?;
     let (parts, mut rows) = per_host(cfg, parts)?;
     for (h, r) in &parts {
         let good = r.survivors.is_empty() && r.errors.is_empty();
@@ -712,7 +718,7 @@ fn kill_holders(
         }
         rows.push(row(h, if good { "ok" } else { "failed" }, detail));
     }
-    let report = actions::merge_kills(parts, opts.dry_run);
+    let report = machine::kill::merge_kills(parts, opts.dry_run);
     emit_hosts(cfg, &report, &rows, || {
         render::kill_report(&report, Style::stdout())
     })?;
@@ -729,7 +735,7 @@ fn kill_pids(cfg: &Config, pids: &[i64], opts: &KillOpts) -> Result<i32, Error> 
             .ok_or_else(|| Error::Usage(format!("kill: {p} is not a process id")))?;
         targets.push((None, Target::Pid(pid)));
     }
-    let report = actions::kill_routed(&cfg.session, &targets, opts, None)?;
+    let report = Fleet::of(&cfg.session).kill(&targets, opts, None)?;
     let code = kill_done(cfg, &report)?;
     // As kill(1): a pid named that is no process is a failure, not a quiet success.
     let missing: Vec<String> = report
@@ -786,7 +792,7 @@ fn clean(
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
         return kill_holders(cfg, sel, filter, &kill_opts);
     }
-    let parts = actions::clean_per_host(&cfg.session, sel, filter, &kill_opts, wait)?;
+    let parts = Fleet::of(&cfg.session).clean_per_host(sel, filter, &kill_opts, wait)?;
     let (parts, mut rows) = per_host(cfg, parts)?;
     for (h, c) in &parts {
         let mut r = diagnosis_row(h, &c.after, &wait.demand());
@@ -796,7 +802,7 @@ fn clean(
         }
         rows.push(r);
     }
-    let r = actions::merge_clean(parts, kill_opts.dry_run);
+    let r = machine::wait::merge_clean(parts, kill_opts.dry_run);
     if r.kill.interrupted {
         // What was signalled and what still runs (TERMed, not KILLed), then 130.
         return kill_done(cfg, &r.kill);
@@ -871,7 +877,7 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
     let held = if filter.is_empty() {
         None
     } else {
-        let Some(held) = actions::held_by(&cfg.session, sel, filter)? else {
+        let Some(held) = Fleet::of(&cfg.session).held_by(sel, filter)? else {
             // Nothing was verified: never "clean" (their memory may still be on its way back,
             // after a kill); `gpuloop wait` without the filter checks the GPUs.
             crate::errln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job holds a selected GPU (their memory is not checked; gpuloop wait without it checks the GPUs)");
@@ -884,12 +890,12 @@ fn wait_only(cfg: &Config, sel: &HostSel, filter: &Filter, opts: &WaitOpts) -> R
         Some(held)
     };
     let sel = held.as_ref().unwrap_or(sel);
-    let outcome = actions::wait_quietly(&cfg.session, sel, opts)?;
+    let outcome = Fleet::of(&cfg.session).wait(sel, opts, true)?;
     let clean = match outcome {
         WaitOutcome::Interrupted => return Ok(130),
         o => o.is_clean(),
     };
-    let parts = actions::diagnoses_per_host(&cfg.session, sel, &Filter::default())?;
+    let parts = Fleet::of(&cfg.session).diagnoses_per_host(sel, &Filter::default())?;
     let (parts, mut rows) = per_host(cfg, parts)?;
     let mut after = Vec::new();
     for (h, part) in parts {
@@ -1129,7 +1135,7 @@ fn sim(cfg: &Config, cmd: &SimCmd) -> Result<i32, Error> {
                 ..KillOpts::default()
             };
             // Stuck holders go only once released: thaw them after the KILL is pending.
-            let mut report = actions::kill(&cfg.session, &targets, &opts);
+            let mut report = machine::Local::on_terminal(&cfg.session, |m| m.kill(&targets, &opts));
             if !report.stuck.is_empty() {
                 crate::gpu::sim::stuck::release(&sim)?;
                 let end = std::time::Instant::now() + Duration::from_secs(5);
@@ -1164,7 +1170,7 @@ fn sim(cfg: &Config, cmd: &SimCmd) -> Result<i32, Error> {
 /// Every process holding the simulator's device nodes that `gpuloop sim hold` started:
 /// others that opened them (a test, a script) are not the simulator's to stop.
 fn sim_holders(cfg: &Config) -> Result<Vec<crate::inspect::holders::Holder>, Error> {
-    let mut hs = actions::holders(&cfg.session, &None, true)?;
+    let mut hs = Fleet::of(&cfg.session).holders(&HostSel::all(), true, &Filter::default())?;
     hs.retain(|h| is_sim_holder(&h.cmdline));
     Ok(hs)
 }

@@ -137,13 +137,6 @@ pub enum GpuError {
     /// `--user`/`#{user}` names no user in this machine's user database.
     #[error("no user {user:?} on this machine")]
     NoUser { user: String },
-    /// One host of a host set failed (the message names it and quotes what ssh said).
-    #[error("{0}")]
-    Host(String),
-    /// A host found a mistake in what was asked (an unknown user or GPU there): exit 2, as
-    /// the same mistake is here.
-    #[error("{0}")]
-    HostUsage(String),
 }
 
 impl GpuError {
@@ -156,7 +149,6 @@ impl GpuError {
                 | GpuError::BadSelector(_)
                 | GpuError::NoUser { .. }
                 | GpuError::BadSimSpec { .. }
-                | GpuError::HostUsage(_)
         )
     }
 }

@@ -15,10 +15,13 @@
 //! with a field it does not know is refused, never read as "no filter". And `reached_as`,
 //! which the client sends first: how it names the host, for the commands in advice.
 
+use crate::inspect::wait::WaitOpts;
 pub use crate::inspect::Filter;
+use crate::process::kill;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::time::Duration;
 
 /// Bumped on any change a peer of the other version could misread. 5: a `grace_ms` of 0 is
 /// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL.
@@ -228,6 +231,100 @@ pub struct KillOpts {
     pub user: Option<crate::inspect::User>,
 }
 
+/// The wire's kill options from the domain's (`user` is the caller's to add: the domain
+/// holds an owner already looked up on this machine, which means nothing on another).
+impl From<&kill::KillOpts> for KillOpts {
+    fn from(o: &kill::KillOpts) -> Self {
+        KillOpts {
+            signal: kill::signal_name(o.signal).to_string(),
+            grace_ms: kill::grace_ms(o.grace),
+            tree: o.tree,
+            dry_run: o.dry_run,
+            force: o.force,
+            parents: o.parents,
+            user: None,
+        }
+    }
+}
+
+/// The domain's kill options from the wire's; an unknown signal name is the error. The
+/// wire's `user` is looked up by the machine that signals.
+impl TryFrom<&KillOpts> for kill::KillOpts {
+    type Error = String;
+    fn try_from(o: &KillOpts) -> Result<Self, String> {
+        Ok(kill::KillOpts {
+            signal: kill::parse_signal(&o.signal)
+                .ok_or_else(|| format!("unknown signal {:?}", o.signal))?,
+            grace: kill::grace_of_ms(o.grace_ms),
+            tree: o.tree,
+            dry_run: o.dry_run,
+            force: o.force,
+            parents: o.parents,
+            ..kill::KillOpts::default()
+        })
+    }
+}
+
+impl From<&kill::Target> for KillTarget {
+    fn from(t: &kill::Target) -> Self {
+        match t {
+            kill::Target::Pid(p) => KillTarget {
+                pid: *p,
+                start: None,
+                ino: None,
+            },
+            kill::Target::Exact(id) => KillTarget {
+                pid: id.pid,
+                start: Some(id.start),
+                ino: id.ino,
+            },
+        }
+    }
+}
+
+impl From<&KillTarget> for kill::Target {
+    fn from(t: &KillTarget) -> Self {
+        match t.start {
+            Some(start) => kill::Target::Exact(crate::process::Identity {
+                pid: t.pid,
+                start,
+                ino: t.ino,
+            }),
+            None => kill::Target::Pid(t.pid),
+        }
+    }
+}
+
+impl From<&WaitOpts> for WaitWire {
+    fn from(o: &WaitOpts) -> Self {
+        WaitWire {
+            timeout_ms: o.timeout.as_millis() as u64,
+            max_used_mib: o.max_used_mib,
+            poll_ms: o.poll.as_millis() as u64,
+            more: WaitMore {
+                strict: o.strict,
+                settle_ms: o.settle.as_millis() as u64,
+                stall_ms: Some(o.stall.as_millis() as u64),
+            },
+        }
+    }
+}
+
+impl From<WaitWire> for WaitOpts {
+    fn from(w: WaitWire) -> Self {
+        let d = WaitOpts::default();
+        WaitOpts {
+            timeout: Duration::from_millis(w.timeout_ms),
+            max_used_mib: w.max_used_mib,
+            poll: Duration::from_millis(w.poll_ms.max(1)),
+            strict: w.more.strict,
+            settle: Duration::from_millis(w.more.settle_ms),
+            stall: w.more.stall_ms.map_or(d.stall, Duration::from_millis),
+            ..d
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RunCall {
     /// `sh -c` this string, or exec this argv.
@@ -338,6 +435,13 @@ impl PartialEq for Body {
 }
 
 impl Body {
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Body {
+        Body::Error(WireError {
+            kind,
+            message: message.into(),
+        })
+    }
+
     /// `v` as a result; an error reply if it cannot be encoded.
     pub fn ok<T: Serialize + ?Sized>(v: &T) -> Body {
         serde_json::value::to_raw_value(v).map_or_else(

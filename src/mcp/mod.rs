@@ -1,7 +1,7 @@
 //! `gpuloop mcp`: a Model Context Protocol server over stdio (the official `rmcp` SDK on
 //! tokio), so an AI assistant runs the act-verify loop through gpuloop's tools.
 //!
-//! `tools` carries each call out through `actions`, exactly as the CLI does; `policy` is
+//! `tools` carries each call out through `machine`, exactly as the CLI does; `policy` is
 //! what the person allowed (read-only by default); the audit journal (`crate::journal`)
 //! records every call and every signal a call sends. The async
 //! side here only moves messages: each call runs on a blocking thread with its own stop flag,

@@ -1,9 +1,9 @@
 //! The one line of text each MCP tool result carries, for a model to quote.
 
-use crate::actions::{self, CleanReport};
 use crate::gpu::Gpu;
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
+use crate::machine::{self, CleanReport};
 use crate::process::kill::KillReport;
 use crate::runner::Outcome;
 use std::time::Duration;
@@ -77,7 +77,7 @@ pub fn diagnoses(ds: &[Diagnosis]) -> String {
         .map(|d| {
             format!(
                 "{} ({} MiB)",
-                actions::describe_diagnosis(d),
+                machine::describe_diagnosis(d),
                 d.mem_used_mib
             )
         })
@@ -89,7 +89,7 @@ pub fn diagnoses(ds: &[Diagnosis]) -> String {
     format!("{}; {clean} other GPU(s) clean", dirty.join(" | "))
 }
 
-/// `why`: how the wait ended when not clean (`actions::why_not_clean`).
+/// `why`: how the wait ended when not clean (`machine::why_not_clean`).
 pub fn wait(clean: bool, elapsed: Duration, why: Option<String>, after: &[Diagnosis]) -> String {
     if clean {
         return format!(

@@ -1,15 +1,16 @@
 //! The MCP tools: their argument types (and so their JSON schemas), the descriptions a model
-//! reads, and each call carried out through `actions`, as the CLI does it.
+//! reads, and each call carried out through `machine`, as the CLI does it.
 
 use super::policy::{Permission, Policy, Refusal};
 use super::summary;
-use crate::actions::CleanReport;
-use crate::actions::{self, Watch};
 use crate::gpu::Gpu;
+use crate::hosts::HostSel;
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, Selection};
+use crate::machine::wait::Clean;
+use crate::machine::{why_not_clean, CleanReport, Fleet, Local, Machine, Watch, FORCE_HINT};
 use crate::process::kill::KillReport;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
@@ -608,24 +609,28 @@ pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, Cal
     match name {
         "gpus" => {
             args::<NoArgs>(name, raw)?;
-            Ok(match actions::gpus(s) {
+            Ok(match Fleet::of(s).gpus() {
                 Ok(gpus) => Reply::ok(summary::gpus(&gpus), GpusOut { gpus }),
                 Err(e) => Reply::failed(e),
             })
         }
         "holders" => {
             let a: HoldersArgs = args(name, raw)?;
-            Ok(match actions::holders(s, &a.gpus, a.all) {
-                Ok(hs) => Reply::ok(summary::holders(&hs, a.all), HoldersOut { holders: hs }),
-                Err(e) => Reply::failed(e),
-            })
+            Ok(
+                match Fleet::of(s).holders(&HostSel::from(&a.gpus), a.all, &Filter::default()) {
+                    Ok(hs) => Reply::ok(summary::holders(&hs, a.all), HoldersOut { holders: hs }),
+                    Err(e) => Reply::failed(e),
+                },
+            )
         }
         "diagnose" => {
             let a: SelArgs = args(name, raw)?;
-            Ok(match actions::diagnoses(s, &a.gpus) {
-                Ok(ds) => Reply::ok(summary::diagnoses(&ds), DiagnoseOut::of(ds)),
-                Err(e) => Reply::failed(e),
-            })
+            Ok(
+                match Fleet::of(s).diagnoses(&HostSel::from(&a.gpus), &Filter::default()) {
+                    Ok(ds) => Reply::ok(summary::diagnoses(&ds), DiagnoseOut::of(ds)),
+                    Err(e) => Reply::failed(e),
+                },
+            )
         }
         "wait_clean" => wait_clean(ctx, args(name, raw)?),
         "kill" => kill(ctx, args(name, raw)?),
@@ -659,15 +664,14 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
     let sel: Selection = a.gpus;
     let started = Instant::now();
     let mut progress = Reporter::new(ctx, Some(opts.timeout + opts.settle));
-    let outcome = actions::wait_watched(
+    let outcome = Local::new(
         ctx.session,
-        &sel,
-        &opts,
-        &mut Watch {
+        Watch {
             stop: ctx.stop,
             show: &mut |m| progress.send(m),
         },
-    );
+    )
+    .wait(&sel, &opts);
     let outcome = match outcome {
         Ok(WaitOutcome::NoDriver(why)) => return Ok(Reply::failed(why)),
         Ok(o) => o,
@@ -678,12 +682,12 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
             signalled: Vec::new(),
         });
     }
-    let after = match actions::diagnoses(ctx.session, &sel) {
+    let after = match Fleet::of(ctx.session).diagnoses(&HostSel::from(&sel), &Filter::default()) {
         Ok(d) => d,
         Err(e) => return Ok(Reply::failed(e)),
     };
     let elapsed = started.elapsed();
-    let why = actions::why_not_clean(&outcome, &opts);
+    let why = why_not_clean(&outcome, &opts);
     Ok(Reply::ok(
         summary::wait(outcome.is_clean(), elapsed, why, &after),
         WaitOut {
@@ -700,6 +704,23 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
             gpus: after,
         },
     ))
+}
+
+/// The kill tool's options as the kill engine's.
+impl TryFrom<&KillArgs> for KillOpts {
+    type Error = CallError;
+    fn try_from(a: &KillArgs) -> Result<Self, CallError> {
+        Ok(KillOpts {
+            signal: signal("kill", &a.signal)?,
+            grace: seconds("kill", "grace", a.grace)?,
+            tree: a.tree,
+            parents: a.parents,
+            dry_run: a.dry_run,
+            // The person's policy, not the model's: protected daemons are never signalled here.
+            force: false,
+            ..KillOpts::default()
+        })
+    }
 }
 
 fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
@@ -735,26 +756,16 @@ fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
             })
         })
         .collect::<Result<Vec<_>, CallError>>()?;
-    let opts = KillOpts {
-        signal: signal("kill", &a.signal)?,
-        grace: seconds("kill", "grace", a.grace)?,
-        tree: a.tree,
-        parents: a.parents,
-        dry_run: a.dry_run,
-        // The person's policy, not the model's: protected daemons are never signalled here.
-        force: false,
-        ..KillOpts::default()
-    };
+    let opts = KillOpts::try_from(&a)?;
     let mut progress = Reporter::new(ctx, Some(opts.grace));
-    let report = actions::kill_watched(
+    let report = Local::new(
         ctx.session,
-        &targets,
-        &opts,
-        &mut Watch {
+        Watch {
             stop: ctx.stop,
             show: &mut |m| progress.send(m),
         },
-    );
+    )
+    .kill(&targets, &opts);
     let mut report = report;
     no_force_here(&mut report);
     let mut line = summary::kill(&report);
@@ -782,7 +793,11 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
     if a.dry_run {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
         return Ok(
-            match actions::kill_holders(ctx.session, &sel, &Filter::default(), &kill_opts) {
+            match Fleet::of(ctx.session).kill_holders(
+                &HostSel::from(&sel),
+                &Filter::default(),
+                &kill_opts,
+            ) {
                 Ok(mut report) => {
                     no_force_here(&mut report);
                     Reply::ok(summary::kill(&report), CleanOut::DryRun(report))
@@ -793,17 +808,20 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
     }
     let mut progress = Reporter::new(ctx, Some(kill_opts.grace + wait.timeout));
     progress.send("stopping the compute holders");
-    let r = actions::clean_watched(
+    let clean = Clean {
+        sel,
+        filter: Filter::default(),
+        kill: kill_opts,
+        wait,
+    };
+    let r = Local::new(
         ctx.session,
-        &sel,
-        &Filter::default(),
-        &kill_opts,
-        &wait,
-        &mut Watch {
+        Watch {
             stop: ctx.stop,
             show: &mut |m| progress.send(m),
         },
-    );
+    )
+    .ask(&clean);
     let mut r = match r {
         Ok(r) => r,
         Err(e) => return Ok(Reply::failed(e)),
@@ -824,7 +842,7 @@ fn no_force_here(r: &mut crate::process::kill::KillReport) {
     for s in &mut r.skipped {
         s.reason = s
             .reason
-            .replace(actions::FORCE_HINT, here)
+            .replace(FORCE_HINT, here)
             .replace(crate::process::kill::FORCE_ANYWAY, here);
     }
 }

@@ -32,6 +32,10 @@ impl Target {
     }
 }
 
+/// How a kill goes. One type for every front end: each builds it with a `From`/`TryFrom` impl
+/// beside its own form of the options, in its own room (clap's flags in `src/cli/`, the wire's
+/// in `src/hosts/protocol.rs`, the MCP kill tool's arguments in `src/mcp/tools.rs`, a
+/// script's option map in `src/script/bindings/process.rs`).
 #[derive(Debug, Clone)]
 pub struct KillOpts {
     pub signal: Signal,

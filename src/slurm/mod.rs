@@ -1,14 +1,15 @@
-//! Slurm policy: `gpuloop epilog` and `gpuloop prolog`, built from `actions`. Each stops what a
+//! Slurm policy: `gpuloop epilog` and `gpuloop prolog`, built from `machine`. Each stops what a
 //! job left on its GPUs (never another running job's processes), verifies the memory is back,
 //! and otherwise drains the node with a reason that says why, one syslog-style line per action.
 
 pub mod scontrol;
 
-use crate::actions;
 use crate::gpu::{GpuError, MIB};
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
 use crate::inspect::wait::{self, WaitOpts, WaitOutcome};
+use crate::machine::ops::{self, Diagnose};
+use crate::machine::{self, ActionError, Local, Machine};
 use crate::process::kill::KillOpts;
 use crate::session::Session;
 use std::collections::BTreeSet;
@@ -22,6 +23,17 @@ pub enum SlurmError {
     BadEnv(String),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Action(#[from] ActionError),
+}
+
+/// diagnose() of this machine's GPUs `sel`.
+fn diagnose(s: &Session, sel: &[i64]) -> Result<Vec<Diagnosis>, ActionError> {
+    let op = Diagnose {
+        sel: Some(sel.to_vec()),
+        filter: Default::default(),
+    };
+    Local::on_terminal(s, |m| m.ask(&op))
 }
 
 /// Which hook is running.
@@ -165,7 +177,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         );
         return drain(&log, env, opts, &reason);
     }
-    let inv = actions::inventory(s, &None)?;
+    let inv = ops::inventory(s, &None)?;
     // Slurm's numbers are device minors; the driver's indices can differ.
     let mut sel = Vec::new();
     for &n in &env.gpus {
@@ -224,7 +236,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         why: targets
             .iter()
             .map(|h| {
-                let why = format!("{}; {}", actions::holder_why(h), whose(h));
+                let why = format!("{}; {}", machine::holder_why(h), whose(h));
                 (h.pid as i32, why)
             })
             .collect(),
@@ -247,7 +259,8 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
     }
     let mut stubborn = Vec::new();
     if !targets.is_empty() && !opts.dry_run {
-        let r = actions::kill(s, &actions::holder_targets(&targets), &kill_opts);
+        let targets = machine::holder_targets(&targets);
+        let r = Local::on_terminal(s, |m| m.kill(&targets, &kill_opts));
         log.line(&format!(
             "signalled {} process(es), {} exited, {} survived, in {} ms",
             r.signalled.len(),
@@ -275,7 +288,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
     // The dry run, the wait and the drain reason judge the GPUs alike.
     let demand = wopts.demand();
     if opts.dry_run {
-        let ds = actions::diagnoses(s, Some(sel.clone()))?;
+        let ds = diagnose(s, &sel)?;
         let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| !d.is_clean_under(&demand)).collect();
         match dirty.first() {
             None if sel.is_empty() => log.line("no GPU checked: nothing to do"),
@@ -317,7 +330,7 @@ pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32
         }
         return Ok(0);
     }
-    let ds = actions::diagnoses(s, Some(sel.clone()))?;
+    let ds = diagnose(s, &sel)?;
     let why = match ds.iter().find(|d| !d.is_clean_under(&demand)) {
         Some(d) => reason(d, env.job),
         None => format!(

@@ -1,9 +1,9 @@
 //! gpu(), holders(), diagnose(), wait_clean().
 
-use crate::actions;
 use crate::hosts::HostSel;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, User};
+use crate::machine::Fleet;
 use crate::script::convert::{
     script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
 };
@@ -36,7 +36,9 @@ fn selection(s: &Session, sel: &Dynamic) -> RhaiResult<HostSel> {
     } else {
         selectors(&Dynamic::from_array(rest))?
     };
-    actions::select_hosts(s, sels.as_deref(), at).map_err(to_script)
+    Fleet::of(s)
+        .select_hosts(sels.as_deref(), at)
+        .map_err(to_script)
 }
 
 pub fn register(engine: &mut Engine, session: &Arc<Session>) {
@@ -53,11 +55,10 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          \"driver-error\".",
         move || -> RhaiResult<Array> {
             // Each host's maps are built on its own task as its reply comes in.
-            let parts = actions::gpus_per_host_as(&s, |gs| {
-                (crate::gpu::unread(&gs, |_| true), to_array(&gs))
-            })
-            .map_err(to_script)?;
-            let parts = actions::answered_parts(&s, parts).map_err(to_script)?;
+            let parts = Fleet::of(&s)
+                .gpus_per_host_as(|gs| (crate::gpu::unread(&gs, |_| true), to_array(&gs)))
+                .map_err(to_script)?;
+            let parts = Fleet::of(&s).answered_parts(parts).map_err(to_script)?;
             let mut all = Array::new();
             for (unread, maps) in parts {
                 if let Some(e) = unread {
@@ -76,7 +77,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "One GPU by index, as the maps of gpu(); an unknown index, or a GPU the driver fails
          to read, is an error.",
         move |index: i64| -> RhaiResult<Dynamic> {
-            let g = actions::gpu(&s, index).map_err(to_script)?;
+            let g = Fleet::of(&s).gpu(index).map_err(to_script)?;
             if let Some(e) = crate::gpu::unread(std::slice::from_ref(&g), |_| true) {
                 return Err(to_script(e));
             }
@@ -94,8 +95,8 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          several GPUs, or a GPU on several hosts is an error.",
         move |sel: &str| -> RhaiResult<Dynamic> {
             let g = match HostSel::parse_host_index(sel) {
-                Some((host, index)) => actions::gpu_at(&s, &host, index),
-                None => actions::gpu_named(&s, sel),
+                Some((host, index)) => Fleet::of(&s).gpu_at(&host, index),
+                None => Fleet::of(&s).gpu_named(sel),
             }
             .map_err(to_script)?;
             to_map(&g)
@@ -109,14 +110,17 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "The host set (--host, --hosts-file, --hosts-from-slurm; [\"local\"] without them), connecting to every
          host if not done yet: maps of name, local, reachable, hostname, version and gpus
          (from the agent's hello), error (why it cannot be reached, or ()).",
-        move || -> RhaiResult<Array> { to_array(&actions::hosts(&s)) },
+        move || -> RhaiResult<Array> { to_array(&Fleet::of(&s).hosts()) },
     );
     let diagnose = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
         let o = Opts::new(&opts, "diagnose", &["on_error"])?;
         let sel = selection(s, &sel)?;
-        actions::skipping(o.on_error()?, || {
-            to_array(&actions::diagnoses(s, sel).map_err(to_script)?)
-        })
+        let fleet = Fleet::of(s).skipping(o.on_error()?);
+        to_array(
+            &fleet
+                .diagnoses(&sel, &Filter::default())
+                .map_err(to_script)?,
+        )
     };
     let s = session.clone();
     def(
@@ -152,7 +156,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          cgroup, or ()); attribution: job (Slurm job id from its environment or cgroup, or ()), container
          (docker/containerd id or Kubernetes pod uid, or ()), cgroup (its cgroup path, or ()).",
         move || -> RhaiResult<Array> {
-            to_array(&actions::holders(&s, HostSel::all(), false).map_err(to_script)?)
+            to_array(&Fleet::of(&s).holders(&HostSel::all(), false, &Filter::default()).map_err(to_script)?)
         },
     );
     let s = session.clone();
@@ -163,7 +167,11 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         "Compute holders of the selected GPUs: an index, a string as `--gpu` takes it (\"0,1\",
          \"0-3\", a UUID or a unique prefix of one, a PCI bus id), or an array of those.",
         move |sel: Dynamic| -> RhaiResult<Array> {
-            to_array(&actions::holders(&s, selection(&s, &sel)?, false).map_err(to_script)?)
+            to_array(
+                &Fleet::of(&s)
+                    .holders(&selection(&s, &sel)?, false, &Filter::default())
+                    .map_err(to_script)?,
+            )
         },
     );
     let holders = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
@@ -185,10 +193,15 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
             user,
             job: o.job_id("job")?,
         };
-        actions::check_filter(s, &filter).map_err(|e| script_err(format!("holders: {e}")))?;
-        to_array(&actions::skipping(o.on_error()?, || {
-            actions::holders_of(s, selection(s, &sel)?, all, &filter).map_err(to_script)
-        })?)
+        Fleet::of(s)
+            .check_filter(&filter)
+            .map_err(|e| script_err(format!("holders: {e}")))?;
+        let fleet = Fleet::of(s).skipping(o.on_error()?);
+        to_array(
+            &fleet
+                .holders(&selection(s, &sel)?, all, &filter)
+                .map_err(to_script)?,
+        )
     };
     let s = session.clone();
     def(
@@ -236,7 +249,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          quotes the error); \"no-driver\" (the driver did not load:
          nothing is verified; gpu is () when no GPU was selected).",
         move || -> RhaiResult<Array> {
-            to_array(&actions::diagnoses(&s, HostSel::all()).map_err(to_script)?)
+            to_array(&Fleet::of(&s).diagnoses(&HostSel::all(), &Filter::default()).map_err(to_script)?)
         },
     );
     let s = session.clone();
@@ -246,7 +259,11 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["sel: i64 | String | Array", "Array"],
         "diagnose() for the selected GPUs.",
         move |sel: Dynamic| -> RhaiResult<Array> {
-            to_array(&actions::diagnoses(&s, selection(&s, &sel)?).map_err(to_script)?)
+            to_array(
+                &Fleet::of(&s)
+                    .diagnoses(&selection(&s, &sel)?, &Filter::default())
+                    .map_err(to_script)?,
+            )
         },
     );
 
@@ -280,13 +297,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
         };
         let quiet = o.bool("quiet", false)?;
         let sel = selection(s, &sel)?;
-        let outcome = actions::skipping(o.on_error()?, || {
-            if quiet {
-                actions::wait_quietly(s, &sel, &w)
-            } else {
-                actions::wait_clean(s, &sel, &w)
-            }
-        });
+        let outcome = Fleet::of(s).skipping(o.on_error()?).wait(&sel, &w, quiet);
         match outcome.map_err(to_script)? {
             WaitOutcome::Clean => Ok(true),
             WaitOutcome::Interrupted => Err(super::interrupted()),
@@ -350,6 +361,6 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
          simulator. Fails, with the driver's reason, while processes still use the GPU.
          It acts on this machine's GPUs only: with --host it is an error (a diagnosis of
          another host's GPU N is not this machine's GPU N); reset there, on the host itself.",
-        move |index: i64| -> RhaiResult<()> { actions::reset_gpu(&s, index).map_err(to_script) },
+        move |index: i64| -> RhaiResult<()> { Fleet::of(&s).reset_gpu(index).map_err(to_script) },
     );
 }

@@ -1,4 +1,4 @@
-//! Script functions, grouped by domain; each converts values and calls into `actions`.
+//! Script functions, grouped by domain; each converts values and calls into `machine`.
 
 pub mod gpu;
 pub mod helpers;

@@ -1,7 +1,7 @@
 //! kill(): targets and options from script values into the identity-safe kill.
 
-use crate::actions;
 use crate::inspect::User;
+use crate::machine::Fleet;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
 use crate::script::convert::{script_err, to_map, to_script, Opts, RhaiResult};
@@ -101,26 +101,31 @@ fn kill_user(opts: &Map) -> RhaiResult<Option<User>> {
     }
 }
 
-pub fn kill_opts(opts: &Map) -> RhaiResult<KillOpts> {
-    let o = Opts::new(opts, "kill", KILL_OPTS)?;
-    let d = KillOpts::default();
-    let signal = match o.string("signal")? {
-        None => d.signal,
-        Some(name) => parse_signal(&name).ok_or_else(|| {
-            script_err(format!(
-                "kill: unknown signal {name:?} (use a name like TERM, INT, KILL, HUP)"
-            ))
-        })?,
-    };
-    Ok(KillOpts {
-        signal,
-        grace: o.grace("grace", d.grace)?,
-        tree: o.bool("tree", d.tree)?,
-        dry_run: o.bool("dry_run", d.dry_run)?,
-        force: o.bool("force", d.force)?,
-        parents: o.bool("parents", d.parents)?,
-        ..KillOpts::default()
-    })
+/// kill()'s option map as the kill engine's options (its `user`, `mine` and `on_error` are
+/// read apart: they say where and whom, not how).
+impl TryFrom<&Map> for KillOpts {
+    type Error = Box<rhai::EvalAltResult>;
+    fn try_from(opts: &Map) -> RhaiResult<KillOpts> {
+        let o = Opts::new(opts, "kill", KILL_OPTS)?;
+        let d = KillOpts::default();
+        let signal = match o.string("signal")? {
+            None => d.signal,
+            Some(name) => parse_signal(&name).ok_or_else(|| {
+                script_err(format!(
+                    "kill: unknown signal {name:?} (use a name like TERM, INT, KILL, HUP)"
+                ))
+            })?,
+        };
+        Ok(KillOpts {
+            signal,
+            grace: o.grace("grace", d.grace)?,
+            tree: o.bool("tree", d.tree)?,
+            dry_run: o.bool("dry_run", d.dry_run)?,
+            force: o.bool("force", d.force)?,
+            parents: o.bool("parents", d.parents)?,
+            ..KillOpts::default()
+        })
+    }
 }
 
 /// `on_error` of kill()'s options: "skip" goes on without unreachable hosts.
@@ -138,7 +143,9 @@ fn run_kill(
     skip: bool,
 ) -> RhaiResult<Dynamic> {
     let targets = targets(target)?;
-    let report = actions::skipping(skip, || actions::kill_routed(s, &targets, opts, user))
+    let report = Fleet::of(s)
+        .skipping(skip)
+        .kill(&targets, opts, user)
         .map_err(to_script)?;
     if report.interrupted {
         crate::errln!(
@@ -199,7 +206,7 @@ pub fn register(engine: &mut Engine, session: &Arc<Session>) {
             run_kill(
                 &s,
                 &target,
-                &kill_opts(&opts)?,
+                &KillOpts::try_from(&opts)?,
                 kill_user(&opts)?.as_ref(),
                 skip,
             )

@@ -1,7 +1,6 @@
 //! run(), spawn() and the Job handle; apply_patch(), call_fn() and friends for the patch module.
 
-use crate::actions;
-use crate::actions::JobHandle;
+use crate::machine::jobs::{self, JobHandle};
 use crate::process::kill::parse_signal;
 use crate::runner::patch::{self, Direction};
 use crate::runner::{Cmd, JobOpts, Outcome, RunError, Waited};
@@ -127,7 +126,7 @@ fn run(s: &Session, cmd: &Dynamic, opts: &Map) -> RhaiResult<Dynamic> {
     let host = Opts::new(opts, "run", RUN_OPTS)?.string("host")?;
     let (opts, check) = job_opts("run", opts)?;
     let timeout = opts.timeout;
-    let o = actions::run(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("run", e))?;
+    let o = jobs::run(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("run", e))?;
     finish(&cmd.display(), timeout, o, check)
 }
 
@@ -135,7 +134,7 @@ fn spawn(s: &Arc<Session>, cmd: &Dynamic, opts: &Map) -> RhaiResult<JobHandle> {
     let cmd = command("spawn", cmd)?;
     let host = Opts::new(opts, "spawn", RUN_OPTS)?.string("host")?;
     let (opts, check) = job_opts("spawn", opts)?;
-    let job = actions::spawn(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("spawn", e))?;
+    let job = jobs::spawn(s, host.as_deref(), &cmd, opts).map_err(|e| run_err("spawn", e))?;
     Ok(JobHandle {
         job: Arc::new(job),
         check,

@@ -1,0 +1,629 @@
+//! The host set as one fleet: an operation runs on every selected machine at once (this one
+//! in a thread, the others through their agents, all replies read in parallel), and each
+//! host's part comes back kept apart, its records named after the host. Without `--host`
+//! the set is this machine alone and nothing crosses a wire.
+
+use super::kill::{merge_kills, unreachable_report, Kill, KillHolders};
+use super::ops::{gpus_used, Diagnose, Gpus, Holders, HoldersReport};
+use super::wait::{combine, merge_clean, Clean, CleanReport, WaitClean};
+use super::{ActionError, Local, Machine, Op, Received, Remote};
+use crate::gpu::{Gpu, GpuError};
+use crate::hosts::{HostError, HostSel, LOCAL};
+use crate::inspect::diagnose::Diagnosis;
+use crate::inspect::holders::Holder;
+use crate::inspect::select::{self, Selector};
+use crate::inspect::wait::{WaitOpts, WaitOutcome};
+use crate::inspect::{Filter, Selection, User};
+use crate::process::kill::{KillOpts, KillReport, Target};
+use crate::session::Session;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Each selected host's part of a call, in host-set order.
+pub type PerHost<T> = Vec<(String, Result<T, ActionError>)>;
+
+/// What an unreachable host does to a call over the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// The call fails with that host's error.
+    Fail,
+    /// The call goes on without it (said once per session).
+    Skip,
+}
+
+/// The session's host set, and what an unreachable host does to its calls.
+#[derive(Clone, Copy)]
+pub struct Fleet<'a> {
+    pub s: &'a Session,
+    pub on_error: OnError,
+}
+
+impl<'a> Fleet<'a> {
+    /// The session's fleet: unreachable hosts fail a call unless `--skip-unreachable`.
+    pub fn of(s: &'a Session) -> Fleet<'a> {
+        Fleet {
+            s,
+            on_error: match s.skip_unreachable() {
+                true => OnError::Skip,
+                false => OnError::Fail,
+            },
+        }
+    }
+
+    /// This fleet, with unreachable hosts skipped too when `skip` (a script call's
+    /// `#{on_error: "skip"}`).
+    pub fn skipping(self, skip: bool) -> Fleet<'a> {
+        match skip {
+            true => Fleet {
+                on_error: OnError::Skip,
+                ..self
+            },
+            false => self,
+        }
+    }
+
+    /// Runs `op(selection)` on every host `sel` selects, each host's part kept apart.
+    pub fn each<O, F>(&self, sel: &HostSel, op: F) -> Result<PerHost<O::Reply>, ActionError>
+    where
+        O: Op + Sync,
+        F: Fn(Selection) -> O,
+    {
+        self.each_then(sel, op, |_, r| r)
+    }
+
+    /// `each`, with each host's answer turned into `U` by `then` (given the host's name)
+    /// where it is read: on that host's own task for a remote host, so that per-record work
+    /// runs in parallel across the hosts.
+    pub fn each_then<O, U, F, T>(
+        &self,
+        sel: &HostSel,
+        op: F,
+        then: T,
+    ) -> Result<PerHost<U>, ActionError>
+    where
+        O: Op + Sync,
+        U: Send + 'static,
+        F: Fn(Selection) -> O,
+        T: Fn(&str, O::Reply) -> U + Clone + Send + Sync + 'static,
+    {
+        let names = self.s.host_names();
+        check_named_hosts(&names, &sel.at)?;
+        let plan = names
+            .iter()
+            .filter_map(|h| sel.on(h).map(|x| (h.clone(), op(x))))
+            .collect();
+        Ok(self.run(plan, then))
+    }
+
+    /// Runs each host's own operation on it, all at once; parts in the plan's order.
+    fn run<O, U, T>(&self, plan: Vec<(String, O)>, then: T) -> PerHost<U>
+    where
+        O: Op + Sync,
+        U: Send + 'static,
+        T: Fn(&str, O::Reply) -> U + Clone + Send + Sync + 'static,
+    {
+        let s = self.s;
+        let here = |op: &O| Local::on_terminal(s, |m| m.ask(op));
+        let Some(pool) = s.pool() else {
+            return plan
+                .into_iter()
+                .map(|(h, op)| {
+                    let r = here(&op).map(|r| then(&h, r));
+                    (h, r)
+                })
+                .collect();
+        };
+        let (mut mine, mut theirs) = (None, Vec::new());
+        let mut takes = Some(Duration::ZERO);
+        for (h, op) in &plan {
+            if h == LOCAL {
+                mine = Some(op);
+            } else {
+                takes = takes.zip(op.takes()).map(|(a, b)| a.max(b));
+                theirs.push((h.clone(), op.call()));
+            }
+        }
+        let deadline = takes.and_then(|t| t.checked_add(pool.config.call_timeout));
+        let named = {
+            let then = then.clone();
+            move |h: &str, mut r: O::Reply| {
+                r.received_from(h);
+                then(h, r)
+            }
+        };
+        let (mine, theirs) = std::thread::scope(|sc| {
+            let mine = mine.map(|op| sc.spawn(move || here(op).map(|r| then(LOCAL, r))));
+            let theirs = pool.call_many_then(theirs, deadline, s.interrupted(), named);
+            let mine = mine.map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            (mine, theirs)
+        });
+        let (mut mine, mut theirs) = (mine, theirs.into_iter());
+        plan.into_iter()
+            .map(|(h, _)| {
+                let r = match h == LOCAL {
+                    true => mine.take().unwrap_or(Err(ActionError::Interrupted)),
+                    false => theirs
+                        .next()
+                        .unwrap_or(Err(HostError::Interrupted))
+                        .map_err(ActionError::from),
+                };
+                (h, r)
+            })
+            .collect()
+    }
+
+    /// Keeps the hosts that answered; an unreachable host is skipped (and reported once)
+    /// when skipping, any other failure is the call's error.
+    pub fn answered<T>(&self, parts: PerHost<T>) -> Result<Vec<(String, T)>, ActionError> {
+        let mut out = Vec::new();
+        for (h, r) in parts {
+            match r {
+                Ok(v) => out.push((h, v)),
+                Err(e) if self.on_error == OnError::Skip && e.unreachable() => {
+                    if self.s.note_skipped(&h) {
+                        crate::errln!("warning: skipping {e}");
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The parts of the hosts that answered, in host order.
+    pub fn answered_parts<T>(&self, parts: PerHost<T>) -> Result<Vec<T>, ActionError> {
+        Ok(self.answered(parts)?.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// The records of every host that answered, in host order.
+    fn gather<T>(&self, parts: PerHost<Vec<T>>) -> Result<Vec<T>, ActionError> {
+        Ok(self.answered_parts(parts)?.into_iter().flatten().collect())
+    }
+
+    /// Every host's GPUs, each host's records turned into `U` by `shape` as they arrive, on
+    /// that host's own task: for a caller whose own work per record is not small, such as
+    /// building a script's maps.
+    pub fn gpus_per_host_as<U, F>(&self, shape: F) -> Result<PerHost<U>, ActionError>
+    where
+        U: Send + 'static,
+        F: Fn(Vec<Gpu>) -> U + Clone + Send + Sync + 'static,
+    {
+        self.each_then(&HostSel::all(), |_| Gpus, move |_, gs| shape(gs))
+    }
+
+    pub fn gpus_per_host(&self) -> Result<PerHost<Vec<Gpu>>, ActionError> {
+        self.each(&HostSel::all(), |_| Gpus)
+    }
+
+    pub fn gpus(&self) -> Result<Vec<Gpu>, ActionError> {
+        self.gather(self.gpus_per_host()?)
+    }
+
+    pub fn gpu(&self, index: i64) -> Result<Gpu, ActionError> {
+        let gpus = self.gpus()?;
+        let count = gpus.len();
+        let mut found: Vec<Gpu> = gpus.into_iter().filter(|g| g.index == index).collect();
+        match found.len() {
+            0 => Err(GpuError::NoSuchGpu { index, count }.into()),
+            1 => Ok(found.remove(0)),
+            _ => Err(ActionError::Usage(format!(
+                "gpu({index}): {} hosts have a GPU {index}; name one as gpu(\"{}:{index}\")",
+                found.len(),
+                found[0].host
+            ))),
+        }
+    }
+
+    /// One GPU named as `--gpu` names one: an index, a UUID (or a unique prefix of one) or
+    /// a bus id. A UUID is unique across hosts; a bus id or an index on several hosts is
+    /// ambiguous.
+    pub fn gpu_named(&self, text: &str) -> Result<Gpu, ActionError> {
+        let sels = select::parse(text)?;
+        let [sel] = sels.as_slice() else {
+            return Err(GpuError::BadSelector(format!(
+                "{text:?} names {} GPUs; gpu() takes one (gpu() with no argument lists them all)",
+                sels.len()
+            ))
+            .into());
+        };
+        let id = match sel {
+            Selector::Index(i) => return self.gpu(*i),
+            Selector::Id(id) => id,
+        };
+        let gpus = self.gpus()?;
+        let mut hosts: Vec<&str> = gpus.iter().map(|g| g.host.as_str()).collect();
+        hosts.dedup();
+        let mut found = Vec::new();
+        let mut last_err = None;
+        for h in hosts {
+            let here: Vec<Gpu> = gpus.iter().filter(|g| g.host == h).cloned().collect();
+            match select::resolve(std::slice::from_ref(sel), &here) {
+                Ok(idx) => found.extend(here.into_iter().filter(|g| idx.contains(&g.index))),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        match found.len() {
+            1 => Ok(found.remove(0)),
+            0 => Err(last_err
+                .unwrap_or(GpuError::NoSuchGpuId {
+                    id: id.clone(),
+                    count: gpus.len(),
+                })
+                .into()),
+            n => Err(ActionError::Usage(format!(
+                "gpu({text:?}): {n} hosts have that GPU; name one as gpu(\"{}:{}\")",
+                found[0].host, found[0].index
+            ))),
+        }
+    }
+
+    /// One GPU named as `"dest:index"`.
+    pub fn gpu_at(&self, host: &str, index: i64) -> Result<Gpu, ActionError> {
+        let sel = HostSel {
+            every: None,
+            at: [(host.to_string(), vec![index])].into(),
+        };
+        let gpus = self.gather(self.each(&sel, |_| Gpus)?)?;
+        let count = gpus.len();
+        gpus.into_iter()
+            .find(|g| g.index == index)
+            .ok_or(GpuError::NoSuchGpu { index, count }.into())
+    }
+
+    /// Resets one of this machine's GPUs. With a host set an index does not say whose GPU
+    /// it is (a diagnosis of another host's GPU 2 is not this machine's GPU 2): refused,
+    /// never guessed.
+    pub fn reset_gpu(&self, index: i64) -> Result<(), ActionError> {
+        let names = self.s.host_names();
+        if names != [LOCAL] {
+            return Err(GpuError::Reset {
+                index,
+                why: format!(
+                    "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {index} is meant: reset it on that host itself (ssh HOST gpuloop run clean-node --gpu {index} --allow-reset)",
+                    names.join(", ")
+                ),
+            }
+            .into());
+        }
+        Ok(self
+            .s
+            .backend()?
+            .reset(index, &crate::process::helpers::output)?)
+    }
+
+    /// The GPU indices that selectors (`0`, `0-3`, `GPU-0fb0…`, a bus id) name. The GPU
+    /// list is read only when a UUID or bus id needs it.
+    pub fn select(&self, sels: &[Selector]) -> Result<Vec<i64>, ActionError> {
+        let gpus = if sels.iter().all(|x| matches!(x, Selector::Index(_))) {
+            Vec::new()
+        } else {
+            self.gpus()?
+        };
+        Ok(select::resolve(sels, &gpus)?)
+    }
+
+    /// Selectors and `"dest:index"` entries as a selection over the host set. A UUID or
+    /// bus id is looked up on this machine; with several hosts only indices name the same
+    /// GPU everywhere.
+    pub fn select_hosts(
+        &self,
+        sels: Option<&[Selector]>,
+        at: BTreeMap<String, Vec<i64>>,
+    ) -> Result<HostSel, ActionError> {
+        let names = self.s.host_names();
+        check_named_hosts(&names, &at)?;
+        let several = names != [LOCAL];
+        let every = match sels {
+            None => None,
+            Some(x) if several && x.iter().any(|x| !matches!(x, Selector::Index(_))) => {
+                return Err(GpuError::BadSelector(
+                    "with several hosts select GPUs by index (that GPU on every host) or as \"dest:index\"; UUIDs and bus ids name one machine's GPU".into(),
+                ).into())
+            }
+            Some(x) => Some(self.select(x)?),
+        };
+        Ok(HostSel { every, at })
+    }
+
+    /// On this machine alone, a filter naming no user here fails at once, before anything
+    /// is looked at; with a host set each host answers for its own user database.
+    pub fn check_filter(&self, filter: &Filter) -> Result<(), ActionError> {
+        if self.s.host_names() == [LOCAL] {
+            filter.resolve()?;
+        }
+        Ok(())
+    }
+
+    /// Every selected host's holders report, each host's part kept apart.
+    pub fn holders_per_host(
+        &self,
+        sel: &HostSel,
+        all: bool,
+        filter: &Filter,
+    ) -> Result<PerHost<HoldersReport>, ActionError> {
+        self.each(sel, |sel| Holders {
+            sel,
+            all,
+            filter: filter.clone(),
+        })
+    }
+
+    /// The holders of the selected GPUs, narrowed by a filter: one owner (`--user`,
+    /// `--mine`), one Slurm job (`--job`).
+    pub fn holders(
+        &self,
+        sel: &HostSel,
+        all: bool,
+        filter: &Filter,
+    ) -> Result<Vec<Holder>, ActionError> {
+        let parts = self.answered_parts(self.holders_per_host(sel, all, filter)?)?;
+        Ok(parts.into_iter().flat_map(|r| r.holders).collect())
+    }
+
+    /// diagnose() of every selected host (with a filter, of the GPUs its holders use), each
+    /// host's part kept apart.
+    pub fn diagnoses_per_host(
+        &self,
+        sel: &HostSel,
+        filter: &Filter,
+    ) -> Result<PerHost<Vec<Diagnosis>>, ActionError> {
+        self.each(sel, |sel| Diagnose {
+            sel,
+            filter: filter.clone(),
+        })
+    }
+
+    pub fn diagnoses(&self, sel: &HostSel, filter: &Filter) -> Result<Vec<Diagnosis>, ActionError> {
+        self.gather(self.diagnoses_per_host(sel, filter)?)
+    }
+
+    /// The GPUs of the selection that the holders `filter` picks hold now, on each host
+    /// (`wait --user/--mine/--job`); `None` when they hold none.
+    pub fn held_by(&self, sel: &HostSel, filter: &Filter) -> Result<Option<HostSel>, ActionError> {
+        let mut at = BTreeMap::new();
+        for (host, r) in self.answered(self.holders_per_host(sel, false, filter)?)? {
+            let gpus = gpus_used(r.holders.iter(), &sel.on(&host).flatten());
+            if !gpus.is_empty() {
+                at.insert(host, gpus);
+            }
+        }
+        Ok((!at.is_empty()).then_some(HostSel { every: None, at }))
+    }
+
+    /// Kills each target on its own host (`None`: the only host there is); identities are
+    /// checked on that host. With `user`, only that user's processes (looked up on each
+    /// host) are signalled. A host skipped for being unreachable still answers for its
+    /// targets: each is `skipped` in the report, with why.
+    pub fn kill(
+        &self,
+        targets: &[(Option<String>, Target)],
+        opts: &KillOpts,
+        user: Option<&User>,
+    ) -> Result<KillReport, ActionError> {
+        let names = self.s.host_names();
+        let mut by_host: BTreeMap<String, Vec<Target>> = BTreeMap::new();
+        for (h, t) in targets {
+            let host = match h {
+                Some(h) => h.clone(),
+                None if names.len() == 1 => names[0].clone(),
+                None => {
+                    return Err(ActionError::Usage(format!(
+                        "kill({}): a bare pid with {} hosts is ambiguous; kill the holder map (it carries its host)",
+                        t.pid(),
+                        names.len()
+                    )))
+                }
+            };
+            if !names.contains(&host) {
+                return Err(HostError::Unknown {
+                    host,
+                    known: names.join(", "),
+                }
+                .into());
+            }
+            by_host.entry(host).or_default().push(*t);
+        }
+        let plan: Vec<(String, Kill)> = by_host
+            .iter()
+            .map(|(h, ts)| {
+                let op = Kill {
+                    targets: ts.clone(),
+                    opts: opts.clone(),
+                    user: user.cloned(),
+                };
+                (h.clone(), op)
+            })
+            .collect();
+        let parts = self
+            .run(plan, |_, r| r)
+            .into_iter()
+            .map(|(h, r)| match r {
+                Err(ActionError::Host(e)) if self.on_error == OnError::Skip && e.unreachable() => {
+                    if self.s.note_skipped(&h) {
+                        crate::errln!("warning: skipping {e}");
+                    }
+                    let ts = by_host.get(&h).map_or(&[][..], Vec::as_slice);
+                    let r = unreachable_report(&h, &e, ts, opts.dry_run);
+                    (h, Ok(r))
+                }
+                other => (h, other),
+            })
+            .collect();
+        Ok(merge_kills(self.answered(parts)?, opts.dry_run))
+    }
+
+    /// Stops the compute holders of the selection on every selected host at once, each
+    /// host's report kept apart.
+    pub fn kill_holders_per_host(
+        &self,
+        sel: &HostSel,
+        filter: &Filter,
+        opts: &KillOpts,
+    ) -> Result<PerHost<KillReport>, ActionError> {
+        self.each(sel, |sel| KillHolders {
+            sel,
+            filter: filter.clone(),
+            opts: opts.clone(),
+        })
+    }
+
+    pub fn kill_holders(
+        &self,
+        sel: &HostSel,
+        filter: &Filter,
+        opts: &KillOpts,
+    ) -> Result<KillReport, ActionError> {
+        let parts = self.kill_holders_per_host(sel, filter, opts)?;
+        Ok(merge_kills(self.answered(parts)?, opts.dry_run))
+    }
+
+    /// wait_clean on every selected host at once: clean when all are. `quiet`: no warning
+    /// at the timeout, for commands that report what is left themselves.
+    pub fn wait(
+        &self,
+        sel: &HostSel,
+        opts: &WaitOpts,
+        quiet: bool,
+    ) -> Result<WaitOutcome, ActionError> {
+        let parts = self.each(sel, |sel| WaitClean {
+            sel,
+            opts: opts.clone(),
+            quiet,
+        })?;
+        let outcomes = self.answered(parts)?;
+        let remote_dirty: Vec<&str> = outcomes
+            .iter()
+            .filter(|(h, o)| h != LOCAL && !o.is_clean())
+            .map(|(h, _)| h.as_str())
+            .collect();
+        if !remote_dirty.is_empty() && !opts.timeout.is_zero() && !quiet {
+            crate::errln!(
+                "warning: not clean after {:.1}s on {}",
+                opts.timeout.as_secs_f64(),
+                remote_dirty.join(", ")
+            );
+        }
+        Ok(combine(outcomes.into_iter().map(|(_, o)| o)))
+    }
+
+    /// clean on every selected host at once, each host's report kept apart.
+    pub fn clean_per_host(
+        &self,
+        sel: &HostSel,
+        filter: &Filter,
+        kill: &KillOpts,
+        wait: &WaitOpts,
+    ) -> Result<PerHost<CleanReport>, ActionError> {
+        self.each(sel, |sel| Clean {
+            sel,
+            filter: filter.clone(),
+            kill: kill.clone(),
+            wait: wait.clone(),
+        })
+    }
+
+    pub fn clean(
+        &self,
+        sel: &HostSel,
+        filter: &Filter,
+        kill: &KillOpts,
+        wait: &WaitOpts,
+    ) -> Result<CleanReport, ActionError> {
+        let parts = self.answered(self.clean_per_host(sel, filter, kill, wait)?)?;
+        Ok(merge_clean(parts, kill.dry_run))
+    }
+
+    /// The host set, connecting to it if not done yet.
+    pub fn hosts(&self) -> Vec<HostInfo> {
+        let pool = self.s.pool();
+        self.s
+            .host_names()
+            .into_iter()
+            .map(|name| {
+                let hello = match (&pool, name.as_str()) {
+                    (_, LOCAL) | (None, _) => Ok(None),
+                    (Some(p), h) => p.hello(h),
+                };
+                let local = name == LOCAL;
+                match hello {
+                    Ok(h) => HostInfo {
+                        local,
+                        reachable: true,
+                        hostname: h
+                            .map(|h| h.hostname.clone())
+                            .or_else(|| local.then(crate::hosts::hostname)),
+                        version: Some(
+                            h.map_or(env!("CARGO_PKG_VERSION").to_string(), |h| h.version.clone()),
+                        ),
+                        gpus: h.map(|h| h.gpus),
+                        error: None,
+                        name,
+                    },
+                    Err(e) => HostInfo {
+                        local,
+                        reachable: false,
+                        hostname: None,
+                        version: None,
+                        gpus: None,
+                        error: Some(e.to_string()),
+                        name,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// One remote host of the set, for a job's calls; `None` for this machine.
+    pub fn remote(&self, host: Option<&'a str>) -> Result<Option<Remote<'a>>, String> {
+        let host = match host {
+            None | Some(LOCAL) => return Ok(None),
+            Some(h) => h,
+        };
+        let names = self.s.host_names();
+        if !names.iter().any(|n| n == host) {
+            return Err(format!("not in the host set ({})", names.join(", ")));
+        }
+        let pool = self.s.pool().ok_or("no host set")?;
+        Ok(Some(Remote {
+            pool,
+            host,
+            interrupted: self.s.interrupted(),
+        }))
+    }
+}
+
+/// One host of the set, as `hosts()` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostInfo {
+    pub name: String,
+    pub local: bool,
+    pub reachable: bool,
+    /// The agent's host name, gpuloop version and GPU count (from its hello).
+    pub hostname: Option<String>,
+    pub version: Option<String>,
+    pub gpus: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// A `"dest:index"` naming a host outside the set is a usage error that names the host and
+/// the set, never an empty selection. Names match exactly, as the host set itself is built
+/// and matched (`kill` routing, `run(…, #{host})`): they are ssh destinations as given.
+fn check_named_hosts(names: &[String], at: &BTreeMap<String, Vec<i64>>) -> Result<(), GpuError> {
+    for (h, ix) in at {
+        if names.iter().any(|n| n == h) {
+            continue;
+        }
+        let like = names
+            .iter()
+            .find(|n| n.eq_ignore_ascii_case(h))
+            .map(|n| format!("; host names match exactly: {n:?}?"))
+            .unwrap_or_default();
+        return Err(GpuError::BadSelector(format!(
+            "\"{h}:{}\": no host {h:?} in the host set ({}){like}",
+            ix.first().copied().unwrap_or_default(),
+            names.join(", ")
+        )));
+    }
+    Ok(())
+}

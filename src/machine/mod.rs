@@ -1,0 +1,238 @@
+//! A machine answers operations: this one (`Local`: the backend, /proc, signals) or another
+//! through its agent (`Remote`: one connection of the host set's pool). Each operation is
+//! written once, as an `Op`: what it does here (`Op::here`), the call that asks an agent for
+//! it (`Ask::call`), and the type of its answer (`Ask::Reply`), so a caller can never read a
+//! reply as the wrong type. The agent answers a call by running the same `Op` on its `Local`.
+//!
+//! `fleet` runs an operation on every machine of the host set at once and keeps each host's
+//! part apart (`PerHost`); what an unreachable host does to the call is the fleet's
+//! `OnError`, passed explicitly. `ops` holds the read-only operations, `kill` and `wait` the
+//! ones that act, `jobs` the commands run on a machine.
+//!
+//! Adding a read-only operation: an `Op` in `ops.rs` (its work here and its `Call`), its
+//! variant in `hosts/protocol.rs` with one line in `agent.rs` that answers it, a front end
+//! that asks the fleet for it, and a test.
+
+pub mod fleet;
+pub mod jobs;
+pub mod kill;
+pub mod ops;
+pub mod wait;
+
+pub use fleet::{Fleet, HostInfo, OnError, PerHost};
+pub use kill::{holder_targets, holder_why, FORCE_HINT};
+pub use ops::HoldersReport;
+pub use wait::{describe_diagnosis, why_not_clean, CleanReport};
+
+use crate::gpu::GpuError;
+use crate::hosts::protocol::Call;
+use crate::hosts::{HostError, Pool, LOCAL};
+use crate::session::Session;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+/// Why an operation failed, wherever it ran, and the exit code that means: the one place
+/// that maps a failure to 0/1/2/130.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ActionError {
+    /// A mistake in what was asked, found before anything ran (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// The GPUs or the processes of a machine (exit 1; 2 where the GPU layer says the
+    /// mistake was the caller's, such as an unknown GPU or user).
+    #[error("{0}")]
+    Gpu(GpuError),
+    /// A host of the set: unreachable, or the call failed there (exit 2 where the agent
+    /// called it a usage mistake, as the same mistake is here).
+    #[error("{0}")]
+    Host(HostError),
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl ActionError {
+    /// A mistake in what was asked, here or on a host.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            ActionError::Usage(_) => true,
+            ActionError::Gpu(e) => e.is_usage(),
+            ActionError::Host(e) => e.is_usage(),
+            ActionError::Interrupted => false,
+        }
+    }
+
+    /// The host could not be reached or used (as opposed to a call that failed there).
+    pub fn unreachable(&self) -> bool {
+        matches!(self, ActionError::Host(e) if e.unreachable())
+    }
+
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ActionError::Interrupted => 130,
+            e if e.is_usage() => 2,
+            _ => 1,
+        }
+    }
+}
+
+impl From<GpuError> for ActionError {
+    fn from(e: GpuError) -> Self {
+        ActionError::Gpu(e)
+    }
+}
+
+impl From<HostError> for ActionError {
+    fn from(e: HostError) -> Self {
+        match e {
+            HostError::Interrupted => ActionError::Interrupted,
+            e => ActionError::Host(e),
+        }
+    }
+}
+
+/// A call an agent answers, and the type of its answer.
+pub trait Ask {
+    type Reply: Serialize + DeserializeOwned + Received + Send + 'static;
+    /// The call as it crosses the wire.
+    fn call(&self) -> Call;
+    /// How long the call may take by design (a grace, a wait's timeout), before the host's
+    /// call timeout counts; `None`: no bound (a job without a timeout, a grace without end).
+    fn takes(&self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+/// An operation any machine answers: here with `here`, elsewhere through its `Ask::call`.
+pub trait Op: Ask {
+    fn here(&self, m: &mut Local) -> Result<Self::Reply, ActionError>;
+}
+
+/// What a reply needs once it has come from another host: every record in it that carries a
+/// pid or a GPU names that host (a `kill()` of it must go there, never here), and what the
+/// wire leaves out is read back.
+pub trait Received {
+    fn received_from(&mut self, host: &str);
+}
+
+/// One machine: it answers any operation.
+pub trait Machine {
+    /// Its name in the host set (`local` for this one).
+    fn name(&self) -> &str;
+    fn ask<O: Op>(&mut self, op: &O) -> Result<O::Reply, ActionError>;
+}
+
+/// How a long operation (kill's grace, a wait, a clean) shows progress and learns it must
+/// stop: a line on a terminal and Ctrl-C for the CLI and scripts; progress notifications and
+/// a per-call flag for the MCP server; a cancel flag for the agent.
+pub struct Watch<'a> {
+    pub stop: &'a AtomicBool,
+    pub show: &'a mut dyn FnMut(&str),
+}
+
+/// This machine, as one session sees it, with the watch of the call being answered.
+pub struct Local<'a> {
+    pub s: &'a Session,
+    pub watch: Watch<'a>,
+}
+
+impl<'a> Local<'a> {
+    pub fn new(s: &'a Session, watch: Watch<'a>) -> Local<'a> {
+        Local { s, watch }
+    }
+
+    /// Runs `f` on this machine with the terminal's watch: a progress line on stderr (when
+    /// it is a terminal), cleared afterwards, and Ctrl-C.
+    pub fn on_terminal<T>(s: &Session, f: impl FnOnce(&mut Local) -> T) -> T {
+        let mut line = Progress::new(std::io::stderr().is_terminal());
+        let out = f(&mut Local {
+            s,
+            watch: Watch {
+                stop: s.interrupted(),
+                show: &mut |text| line.show(text),
+            },
+        });
+        line.clear();
+        out
+    }
+
+    /// Says how a long operation is doing.
+    pub fn show(&mut self, text: &str) {
+        (self.watch.show)(text)
+    }
+}
+
+impl Machine for Local<'_> {
+    fn name(&self) -> &str {
+        LOCAL
+    }
+
+    fn ask<O: Op>(&mut self, op: &O) -> Result<O::Reply, ActionError> {
+        op.here(self)
+    }
+}
+
+/// Another host of the set, reached through its agent on the session's pool.
+pub struct Remote<'a> {
+    pub pool: &'a Pool,
+    pub host: &'a str,
+    /// What ends a call early: Ctrl-C, or never (a stop must reach the agent even then).
+    pub interrupted: &'static AtomicBool,
+}
+
+impl Remote<'_> {
+    /// Any call the agent answers (a job's wait or stop as well as an operation).
+    pub fn call<A: Ask>(&self, a: &A) -> Result<A::Reply, ActionError> {
+        let deadline = self.deadline(a.takes());
+        let mut r: A::Reply = self
+            .pool
+            .call(self.host, a.call(), deadline, self.interrupted)?;
+        r.received_from(self.host);
+        Ok(r)
+    }
+
+    /// A call's deadline: what it takes by design, and the host's call timeout on top.
+    pub fn deadline(&self, takes: Option<Duration>) -> Option<Duration> {
+        takes?.checked_add(self.pool.config.call_timeout)
+    }
+}
+
+impl Machine for Remote<'_> {
+    fn name(&self) -> &str {
+        self.host
+    }
+
+    fn ask<O: Op>(&mut self, op: &O) -> Result<O::Reply, ActionError> {
+        self.call(op)
+    }
+}
+
+/// One line of live progress on a terminal's stderr, rewritten in place.
+struct Progress {
+    tty: bool,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(tty: bool) -> Progress {
+        Progress { tty, shown: false }
+    }
+
+    fn show(&mut self, text: &str) {
+        if self.tty {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K{text}");
+            let _ = err.flush();
+            self.shown = true;
+        }
+    }
+
+    fn clear(&mut self) {
+        if self.shown {
+            crate::err!("\r\x1b[2K");
+            self.shown = false;
+        }
+    }
+}

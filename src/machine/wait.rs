@@ -1,0 +1,294 @@
+//! Waiting for GPUs to be clean, and clean: holders → kill → wait_clean → diagnose.
+
+use super::kill::merge_kills;
+use super::ops::{inventory, narrowed, Diagnose};
+use super::{ActionError, Ask, Local, Op, Received};
+use crate::hosts::protocol::{Call, WaitWire};
+use crate::inspect::diagnose::Diagnosis;
+use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
+use crate::inspect::{Filter, Selection};
+use crate::process::kill::{KillOpts, KillReport};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Waits until the selected GPUs are clean, or the options say to stop.
+#[derive(Debug, Clone)]
+pub struct WaitClean {
+    pub sel: Selection,
+    pub opts: WaitOpts,
+    /// No warning at the timeout: for commands that report what is left themselves.
+    pub quiet: bool,
+}
+
+impl Ask for WaitClean {
+    type Reply = WaitOutcome;
+    fn call(&self) -> Call {
+        Call::WaitClean {
+            sel: self.sel.clone(),
+            wait: WaitWire::from(&self.opts),
+        }
+    }
+    fn takes(&self) -> Option<Duration> {
+        Some(self.opts.timeout)
+    }
+}
+
+impl Op for WaitClean {
+    fn here(&self, m: &mut Local) -> Result<WaitOutcome, ActionError> {
+        let outcome = m.wait(&self.sel, &self.opts)?;
+        if self.quiet {
+            return Ok(outcome);
+        }
+        let Some(why) = why_not_clean(&outcome, &self.opts) else {
+            return Ok(outcome);
+        };
+        crate::errln!("warning: GPUs {why}:");
+        let all = Diagnose {
+            sel: self.sel.clone(),
+            filter: Filter::default(),
+        };
+        if let Ok(ds) = all.here(m) {
+            for d in ds.iter().filter(|d| !d.is_clean_under(&self.opts.demand())) {
+                crate::errln!("  {}", describe_diagnosis(d));
+            }
+        }
+        Ok(outcome)
+    }
+}
+
+impl Received for WaitOutcome {
+    fn received_from(&mut self, _: &str) {}
+}
+
+/// Stops the compute holders of a selection, waits until clean, and diagnoses what is left:
+/// `gpuloop clean` in one operation. With a filter, its holders are stopped; with a job,
+/// only the GPUs its holders used are verified.
+#[derive(Debug, Clone)]
+pub struct Clean {
+    pub sel: Selection,
+    pub filter: Filter,
+    pub kill: KillOpts,
+    pub wait: WaitOpts,
+}
+
+impl Ask for Clean {
+    type Reply = CleanReport;
+    fn call(&self) -> Call {
+        Call::Clean {
+            sel: self.sel.clone(),
+            filter: self.filter.clone(),
+            kill: (&self.kill).into(),
+            wait: WaitWire::from(&self.wait),
+        }
+    }
+    fn takes(&self) -> Option<Duration> {
+        self.wait
+            .timeout
+            .checked_add(self.kill.grace)?
+            .checked_add(Duration::from_secs(10))
+    }
+}
+
+impl Op for Clean {
+    fn here(&self, m: &mut Local) -> Result<CleanReport, ActionError> {
+        let s = m.s;
+        if let Some(why) = s.backend()?.missing_driver() {
+            return Err(crate::gpu::GpuError::NoDriver(why.to_string()).into());
+        }
+        // Like diagnose and wait: with --user, --mine or --job, the GPUs verified are those
+        // the filtered holders use (what else holds them is reported, and keeps them not
+        // clean).
+        let sel = narrowed(
+            &inventory(s, &self.sel)?,
+            &self.sel,
+            &self.filter.resolve()?,
+        );
+        // With no KILL ever, the wait below is the one that waits for them, until its timeout.
+        let kill_opts = KillOpts {
+            wait_forever: false,
+            ..self.kill.clone()
+        };
+        let kill = m.kill_holders(&sel, &self.filter, &kill_opts)?;
+        let waited = std::time::Instant::now();
+        let mut wait_opts = self.wait.clone();
+        // What survived the kill may still be on its way out: no early stop while it lives.
+        wait_opts
+            .exiting
+            .extend(kill.survivors.iter().map(|&p| p as i32));
+        // Interrupted during the grace: stop here, the caller reports what was signalled.
+        // Otherwise what is left is in the report: no warning that says it a second time.
+        let outcome = if kill.interrupted {
+            WaitOutcome::Interrupted
+        } else {
+            m.wait(&sel, &wait_opts)?
+        };
+        let wait_ms = waited.elapsed().as_millis() as i64;
+        let after = Diagnose {
+            sel: sel.clone(),
+            filter: Filter::default(),
+        }
+        .here(m)?;
+        let settle_ms = wait_opts.settle.as_millis() as i64;
+        Ok(CleanReport {
+            clean: outcome.is_clean(),
+            released_ms: outcome.is_clean().then(|| (wait_ms - settle_ms).max(0)),
+            settle_ms,
+            kill,
+            outcome,
+            wait_ms,
+            after,
+        })
+    }
+}
+
+/// `gpuloop clean` and `cleanup`'s first rung: holders → kill → wait_clean → diagnose.
+/// Its JSON (`clean --json`, the MCP tool `clean`, the agent's reply) is
+/// `{clean, kill, wait_ms, gpus}`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CleanReport {
+    pub clean: bool,
+    pub kill: KillReport,
+    /// Not in the JSON: read back as clean or not from `clean`.
+    #[serde(skip, default = "not_clean")]
+    pub outcome: WaitOutcome,
+    /// The whole wait after the kill, the settle time included.
+    pub wait_ms: i64,
+    /// When clean: how long the memory took to come back after the kill. The wait then
+    /// watched for `settle_ms` more (it ends at the first look past that, within one poll),
+    /// so this is `wait_ms - settle_ms`, to one poll interval.
+    #[serde(default)]
+    pub released_ms: Option<i64>,
+    /// How long it was watched after it read clean (`--settle`).
+    #[serde(default)]
+    pub settle_ms: i64,
+    /// What diagnose() says of each selected GPU afterwards.
+    #[serde(rename = "gpus")]
+    pub after: Vec<Diagnosis>,
+}
+
+fn not_clean() -> WaitOutcome {
+    WaitOutcome::TimedOut
+}
+
+impl Received for CleanReport {
+    fn received_from(&mut self, host: &str) {
+        if self.clean {
+            self.outcome = WaitOutcome::Clean;
+        }
+        self.after.received_from(host);
+    }
+}
+
+impl Local<'_> {
+    /// wait_clean here, with this call's progress and stop flag.
+    pub fn wait(&mut self, sel: &Selection, opts: &WaitOpts) -> Result<WaitOutcome, ActionError> {
+        let s = self.s;
+        let of = opts.timeout.as_secs_f64();
+        // The restarters this session's kills found: a holder they start again ends the wait.
+        let mut opts = opts.clone();
+        opts.restarters.extend(s.restarters());
+        let show = &mut self.watch.show;
+        let outcome = wait::wait_clean(
+            s.backend()?,
+            sel,
+            &opts,
+            s.protected(),
+            self.watch.stop,
+            |dirty: &Dirty, elapsed: Duration| {
+                show(&format!(
+                    "waiting: {}, {:.1} s of {of:.0} s",
+                    describe_dirty(dirty),
+                    elapsed.as_secs_f64()
+                ))
+            },
+        );
+        match &outcome {
+            Ok(WaitOutcome::NoDriver(_)) => s.warn_no_driver(),
+            // Remembered on this machine, so a later gpuloop's diagnose still names it.
+            Ok(WaitOutcome::Respawned(r)) => crate::process::restart::remember(r),
+            _ => {}
+        }
+        Ok(outcome?)
+    }
+}
+
+/// Why an outcome is not clean, for a warning; `None` when there is nothing to say (clean,
+/// interrupted, or a zero-timeout question).
+pub fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<String> {
+    Some(match outcome {
+        WaitOutcome::TimedOut if !opts.timeout.is_zero() => {
+            format!("not clean after {:.1}s", opts.timeout.as_secs_f64())
+        }
+        WaitOutcome::Stalled => format!(
+            "not clean: nothing holds the memory left and it has not moved for {:.1}s, so waiting longer cannot help",
+            opts.stall.as_secs_f64()
+        ),
+        WaitOutcome::Respawned(r) => format!("not clean: {}", r.restarted()),
+        WaitOutcome::Unsettled => format!(
+            "not clean: it read clean, then something came back within the {:.1}s settle time",
+            opts.settle.as_secs_f64()
+        ),
+        _ => return None,
+    })
+}
+
+/// "GPU 2 [daemon] …", one line of a warning.
+pub fn describe_diagnosis(d: &Diagnosis) -> String {
+    match d.gpu {
+        Some(g) => format!("GPU {g} [{}] {}", d.verdict, d.advice),
+        None => format!("[{}] {}", d.verdict, d.advice),
+    }
+}
+
+fn describe_dirty(dirty: &Dirty) -> String {
+    dirty
+        .iter()
+        .map(|(g, mib, n)| match n {
+            0 => format!("GPU {g} {mib} MiB"),
+            n => format!("GPU {g} {mib} MiB, {n} holder(s)"),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// All hosts' outcomes as one: clean when every host is; an interrupt wins; else the first
+/// host's reason for not being clean.
+pub fn combine(outcomes: impl Iterator<Item = WaitOutcome>) -> WaitOutcome {
+    let mut all = WaitOutcome::Clean;
+    for o in outcomes {
+        match o {
+            WaitOutcome::Interrupted => return WaitOutcome::Interrupted,
+            WaitOutcome::Clean => {}
+            other if all.is_clean() => all = other,
+            _ => {}
+        }
+    }
+    all
+}
+
+/// One clean report from each host's (all clean only if every one is).
+pub fn merge_clean(parts: Vec<(String, CleanReport)>, dry_run: bool) -> CleanReport {
+    let kill = merge_kills(
+        parts
+            .iter()
+            .map(|(h, c)| (h.clone(), c.kill.clone()))
+            .collect(),
+        dry_run,
+    );
+    let outcome = combine(parts.iter().map(|(_, c)| c.outcome.clone()));
+    let wait_ms = parts.iter().map(|(_, c)| c.wait_ms).max().unwrap_or(0);
+    let released_ms = parts
+        .iter()
+        .map(|(_, c)| c.released_ms)
+        .try_fold(0, |most, r| r.map(|r| most.max(r)));
+    let settle_ms = parts.iter().map(|(_, c)| c.settle_ms).max().unwrap_or(0);
+    CleanReport {
+        kill,
+        clean: outcome.is_clean(),
+        released_ms: released_ms.filter(|_| outcome.is_clean()),
+        settle_ms,
+        outcome,
+        wait_ms,
+        after: parts.into_iter().flat_map(|(_, c)| c.after).collect(),
+    }
+}
