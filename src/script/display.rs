@@ -248,6 +248,103 @@ mod tests {
         rhai::Engine::new().eval::<Dynamic>(code).expect(code)
     }
 
+    /// `v` as the bindings hand it to a script, then known by its kind and read back whole.
+    fn round_trip<T: serde::Serialize + DeserializeOwned>(v: &T, kind: Kind) {
+        let map = crate::script::convert::to_map(v).expect("to_map");
+        assert_eq!(kind_of(&map), Some(kind), "{}", literal(&map));
+        let back: T = record(&map).expect("reads back");
+        assert_eq!(
+            serde_json::to_value(&back).expect("json"),
+            serde_json::to_value(v).expect("json")
+        );
+    }
+
+    /// The few fields `fields::Kind` tells the records apart by, and the serde structs that
+    /// are each record's one list of fields, cannot drift apart.
+    #[test]
+    fn every_record_map_is_known_by_its_kind_and_reads_back_whole() {
+        use crate::gpu::MIB;
+        use crate::inspect::diagnose::Verdict;
+        use crate::inspect::kinds::{Evidence, Role, State};
+        use crate::process::kill::Stopped;
+        let gpu = Gpu::new(
+            0,
+            0,
+            "GPU-0".into(),
+            "NVIDIA H200".into(),
+            "00000000:18:00.0".into(),
+            80 * MIB,
+            MIB,
+            vec![],
+        );
+        round_trip(&gpu, Kind::Gpu);
+        let holder = Holder {
+            pid: 42,
+            ppid: 1,
+            pgid: 42,
+            sid: 42,
+            start: 7,
+            pidfs_ino: Some(9),
+            uid: 1000,
+            user: "alice".into(),
+            name: "python3".into(),
+            cmdline: "python3 train.py".into(),
+            state: State::parse("running"),
+            role: Role::Compute,
+            gpus: vec![0],
+            mem: MIB,
+            mem_mib: 1,
+            evidence: vec![Evidence::parse("map").expect("evidence")],
+            protected: false,
+            host: "local".into(),
+            origin: Default::default(),
+            maps: vec![],
+        };
+        round_trip(&holder, Kind::Holder);
+        let diagnosis = Diagnosis {
+            gpu: Some(0),
+            mem_used: MIB,
+            mem_used_mib: 1,
+            holders: vec![holder],
+            daemons: vec![],
+            footprint: vec![],
+            ghost_pids: vec![],
+            verdict: Verdict::Orphaned,
+            advice: "kill them".into(),
+            host: "local".into(),
+        };
+        round_trip(&diagnosis, Kind::Diagnosis);
+        let target = Stopped {
+            pid: 42,
+            name: "python3".into(),
+            gpus: vec![0],
+            signal: "TERM".into(),
+            ended_by: Some("TERM".into()),
+            exit_ms: Some(12),
+        };
+        round_trip(&target, Kind::KillTarget);
+        let report = KillReport {
+            signalled: vec![42],
+            exited: vec![42],
+            targets: vec![target],
+            elapsed_ms: 12,
+            ..KillReport::default()
+        };
+        round_trip(&report, Kind::KillReport);
+        let outcome = Outcome {
+            code: Some(0),
+            signal: None,
+            ok: true,
+            timed_out: false,
+            stdout: "done\n".into(),
+            stderr: String::new(),
+            elapsed_ms: 30,
+            pid: 43,
+            leftovers: vec![],
+        };
+        round_trip(&outcome, Kind::RunResult);
+    }
+
     #[test]
     fn literal_is_rhai_syntax() {
         let v = eval(r#"#{a: 1, "b c": "x\ny", d: [1, 2.5, 'c', ()], _e: true}"#);
