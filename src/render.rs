@@ -504,7 +504,7 @@ pub fn recipes(rs: &[crate::script::recipes::Recipe]) -> String {
 }
 
 /// A run() result in one line (its output was already streamed; `r.stdout` shows it again).
-pub fn run_summary(o: &Outcome, style: Style) -> String {
+pub(crate) fn run_summary(o: &Outcome, style: Style) -> String {
     let how = match (o.code, o.signal.as_deref()) {
         (Some(code), _) => format!("exit {code}"),
         (None, Some(sig)) if sig.starts_with("SIG") => format!("killed by {sig}"),
@@ -532,7 +532,12 @@ pub fn run_summary(o: &Outcome, style: Style) -> String {
 
 /// Rows of text under a header, the columns `numbers` aligned right (for rows that are no
 /// record of ours, such as a script's list of jobs).
-pub fn grid(header: &[String], rows: Vec<Vec<String>>, numbers: &[usize], style: Style) -> String {
+pub(crate) fn grid(
+    header: &[String],
+    rows: Vec<Vec<String>>,
+    numbers: &[usize],
+    style: Style,
+) -> String {
     let mut t = table(
         &header.iter().map(String::as_str).collect::<Vec<_>>(),
         style,

@@ -145,7 +145,7 @@ const LITERAL_WIDTH: usize = 100;
 
 /// A value in Rhai's literal syntax: what you could type to get it back (where Rhai has a
 /// literal for it); long arrays and maps are spread over lines, four spaces per level.
-pub fn literal(v: &Dynamic) -> String {
+pub(crate) fn literal(v: &Dynamic) -> String {
     pretty(v, 0)
 }
 

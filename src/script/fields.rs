@@ -8,7 +8,7 @@ use rhai::{Dynamic, EvalAltResult, Map, Position};
 /// (`Kind::marks` names only the few that tell it apart); this says which one a map is, for
 /// the missing-field error, the REPL's completion and `src/script/display.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// `crate::gpu::Gpu`
     Gpu,
     /// `crate::inspect::holders::Holder`
@@ -35,7 +35,7 @@ impl Kind {
     ];
 
     /// The record's name in messages ("a GPU map has no field …").
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Gpu => "GPU",
             Kind::Holder => "holder",
@@ -60,7 +60,7 @@ impl Kind {
 }
 
 /// Which gpuloop record `map` is, if it is one.
-pub fn record_kind(map: &Map) -> Option<Kind> {
+pub(crate) fn record_kind(map: &Map) -> Option<Kind> {
     Kind::ALL
         .into_iter()
         .find(|kind| kind.marks().iter().all(|k| map.contains_key(*k)))
