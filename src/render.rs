@@ -1,13 +1,14 @@
-//! Output for people: GPU and holder tables, diagnosis and kill summaries, and any Rhai value
-//! (the REPL and `eval`), in colour only on a terminal; plus the JSON form of a Rhai value.
+//! Output for people: GPU and holder tables, diagnosis, kill and run summaries, the hosts'
+//! summary, in colour only on a terminal. It knows the records, never how a script holds them
+//! (`src/script/display.rs` turns script values into these).
 
-use crate::gpu::{Gpu, MIB};
-use crate::inspect::diagnose::{Diagnosis, FootprintOf, Verdict};
+use crate::gpu::Gpu;
+use crate::inspect::diagnose::{Diagnosis, Verdict};
 use crate::inspect::holders::Holder;
-use crate::inspect::kinds::{Evidence, Role, RunState, State};
+use crate::inspect::kinds::{Evidence, RunState, State};
 use crate::process::kill::KillReport;
+use crate::runner::Outcome;
 use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
-use rhai::{Array, Dynamic, Map};
 
 /// Whether output gets ANSI colour, and how wide its lines may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -502,408 +503,50 @@ pub fn recipes(rs: &[crate::script::recipes::Recipe]) -> String {
         .join("\n")
 }
 
-/// A script value for people: arrays of GPU or holder maps as tables, diagnoses, kill and run
-/// reports as short summaries, arrays of maps that carry such records (`workers::jobs()`) as
-/// tables, a string as its text, anything else in Rhai's literal form.
-pub fn value(v: &Dynamic, style: Style) -> String {
-    if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
-        return s.to_string();
-    }
-    if let Some(a) = v.read_lock::<Array>() {
-        if let Some(gs) = all_of(&a, gpu_of) {
-            return gpus(&gs, style);
-        }
-        if let Some(hs) = all_of(&a, holder_of) {
-            return holders(&hs, style);
-        }
-        if let Some(ds) = all_of(&a, diagnosis_of) {
-            return diagnoses(&ds, style);
-        }
-        if let Some(t) = nested_records(&a, style) {
-            return t;
-        }
-    }
-    if let Some(m) = v.read_lock::<Map>() {
-        if let Some(r) = kill_report_of(&m) {
-            return kill_report(&r, style);
-        }
-        if let Some(r) = run_summary(&m, style) {
-            return r;
-        }
-    }
-    literal(v)
-}
-
-/// An array of maps with the same fields that carry gpuloop records (as `workers::jobs()`
-/// gives: each job with its holders) as a table: a column per field, the records in a cell as
-/// `name(pid)`. `None` for anything else, which prints as a literal.
-fn nested_records(a: &Array, style: Style) -> Option<String> {
-    let rows: Vec<Map> = a
-        .iter()
-        .map(|v| v.read_lock::<Map>().map(|m| m.clone()))
-        .collect::<Option<_>>()?;
-    let first = rows.first()?;
-    let same = |m: &Map| m.len() == first.len() && first.keys().all(|k| m.contains_key(k));
-    let is_record = |v: &Dynamic| {
-        v.read_lock::<Map>()
-            .is_some_and(|m| crate::script::fields::record_kind(&m).is_some())
-    };
-    let holds_records = |v: &Dynamic| {
-        is_record(v)
-            || v.read_lock::<Array>()
-                .is_some_and(|a| !a.is_empty() && a.iter().all(is_record))
-    };
-    let carries = |m: &Map| m.values().any(holds_records);
-    if !rows.iter().all(|m| same(m) && carries(m)) {
-        return None;
-    }
-    // The records last (they are the widest), and no HOST column on one machine alone.
-    let local = |v: &Dynamic| {
-        v.read_lock::<rhai::ImmutableString>()
-            .is_some_and(|s| s.as_str() == crate::hosts::LOCAL)
-    };
-    let mut keys: Vec<&str> = first
-        .keys()
-        .map(|k| k.as_str())
-        .filter(|k| *k != "host" || !rows.iter().all(|m| m.get(*k).is_some_and(local)))
-        .collect();
-    keys.sort_by_key(|k| first.get(*k).is_some_and(holds_records));
-    let header: Vec<String> = keys.iter().map(|k| k.to_uppercase()).collect();
-    let mut t = table(
-        &header.iter().map(String::as_str).collect::<Vec<_>>(),
-        style,
-    );
-    for m in &rows {
-        t.add_row(
-            keys.iter()
-                .map(|k| m.get(*k).map_or_else(String::new, cell)),
-        );
-    }
-    let numbers: Vec<usize> = (0..keys.len())
-        .filter(|&i| {
-            rows.iter()
-                .all(|m| m.get(keys[i]).is_some_and(|v| v.is_int()))
-        })
-        .collect();
-    right(&mut t, &numbers);
-    Some(trimmed(t))
-}
-
-/// A value in a table cell: text bare, `()` as `-`, lists joined with commas, a process record
-/// as `name(pid)`.
-fn cell(v: &Dynamic) -> String {
-    if v.is_unit() {
-        return "-".into();
-    }
-    if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
-        return s.to_string();
-    }
-    if let Some(m) = v.read_lock::<Map>() {
-        if let (Some(name), Some(pid)) = (string(&m, "name"), int(&m, "pid")) {
-            return format!("{name}({pid})");
-        }
-    }
-    if let Some(a) = v.read_lock::<Array>() {
-        let sep = if a.iter().all(|x| x.is_int()) {
-            ","
-        } else {
-            " "
-        };
-        return a.iter().map(cell).collect::<Vec<_>>().join(sep);
-    }
-    flat(v)
-}
-
-/// Every element converted, or `None` (also for an empty array, which prints as `[]`).
-fn all_of<T>(a: &Array, f: fn(&Map) -> Option<T>) -> Option<Vec<T>> {
-    if a.is_empty() {
-        return None;
-    }
-    a.iter()
-        .map(|v| v.read_lock::<Map>().and_then(|m| f(&m)))
-        .collect()
-}
-
-fn int(m: &Map, k: &str) -> Option<i64> {
-    m.get(k)?.as_int().ok()
-}
-
-/// `()` is `None`; a present non-integer makes the map not one of ours.
-fn opt_int(m: &Map, k: &str) -> Option<Option<i64>> {
-    match m.get(k) {
-        None => Some(None),
-        Some(v) if v.is_unit() => Some(None),
-        Some(v) => v.as_int().ok().map(Some),
-    }
-}
-
-fn string(m: &Map, k: &str) -> Option<String> {
-    m.get(k)?
-        .read_lock::<rhai::ImmutableString>()
-        .map(|s| s.to_string())
-}
-
-fn ints(m: &Map, k: &str) -> Option<Vec<i64>> {
-    m.get(k)?
-        .read_lock::<Array>()?
-        .iter()
-        .map(|v| v.as_int().ok())
-        .collect()
-}
-
-fn strings(m: &Map, k: &str) -> Option<Vec<String>> {
-    m.get(k)?
-        .read_lock::<Array>()?
-        .iter()
-        .map(|v| {
-            v.read_lock::<rhai::ImmutableString>()
-                .map(|s| s.to_string())
-        })
-        .collect()
-}
-
-fn maps<T>(m: &Map, k: &str, f: impl Fn(&Map) -> Option<T>) -> Option<Vec<T>> {
-    m.get(k)?
-        .read_lock::<Array>()?
-        .iter()
-        .map(|v| v.read_lock::<Map>().and_then(|m| f(&m)))
-        .collect()
-}
-
-/// A map as gpu() returns it (the fields the table needs must be there, with their types).
-fn gpu_of(m: &Map) -> Option<Gpu> {
-    let mem_used_mib = int(m, "mem_used_mib")?;
-    let mem_total_mib = int(m, "mem_total_mib")?;
-    Some(Gpu {
-        index: int(m, "index")?,
-        uuid: string(m, "uuid")?,
-        name: string(m, "name")?,
-        minor: int(m, "minor").unwrap_or(-1),
-        bus_id: string(m, "bus_id").unwrap_or_default(),
-        mem_total: int(m, "mem_total").unwrap_or(mem_total_mib * MIB),
-        mem_used: int(m, "mem_used").unwrap_or(mem_used_mib * MIB),
-        mem_free: int(m, "mem_free").unwrap_or(0),
-        mem_used_mib,
-        mem_total_mib,
-        util: opt_int(m, "util")?,
-        temp_c: opt_int(m, "temp_c")?,
-        procs: int(m, "procs").unwrap_or(0),
-        host: string(m, "host").unwrap_or_else(|| "local".into()),
-        error: string(m, "error"),
-        driver_procs: Vec::new(),
-    })
-}
-
-/// A map as holders() returns it.
-fn holder_of(m: &Map) -> Option<Holder> {
-    Some(Holder {
-        pid: int(m, "pid")?,
-        ppid: int(m, "ppid").unwrap_or(0),
-        pgid: int(m, "pgid").unwrap_or(0),
-        sid: int(m, "sid").unwrap_or(0),
-        start: int(m, "start")?,
-        pidfs_ino: int(m, "pidfs_ino"),
-        uid: int(m, "uid").unwrap_or(-1),
-        user: string(m, "user").unwrap_or_default(),
-        name: string(m, "name")?,
-        cmdline: string(m, "cmdline").unwrap_or_default(),
-        state: State::parse(&string(m, "state")?),
-        role: match string(m, "role") {
-            Some(r) => Role::parse(&r)?,
-            None => Role::default(),
-        },
-        gpus: ints(m, "gpus")?,
-        mem: int(m, "mem").unwrap_or(0),
-        mem_mib: int(m, "mem").unwrap_or(0) / MIB,
-        evidence: strings(m, "evidence")?
-            .iter()
-            .map(|e| Evidence::parse(e))
-            .collect::<Option<_>>()?,
-        protected: m
-            .get("protected")
-            .and_then(|v| v.as_bool().ok())
-            .unwrap_or(false),
-        host: string(m, "host").unwrap_or_else(|| "local".into()),
-        origin: rhai::serde::from_dynamic(&Dynamic::from_map(m.clone())).unwrap_or_default(),
-        maps: Vec::new(),
-    })
-}
-
-/// A map as diagnose() returns it.
-fn diagnosis_of(m: &Map) -> Option<Diagnosis> {
-    Some(Diagnosis {
-        gpu: opt_int(m, "gpu")?,
-        mem_used: int(m, "mem_used").unwrap_or(0),
-        mem_used_mib: int(m, "mem_used_mib")?,
-        holders: maps(m, "holders", holder_of)?,
-        daemons: maps(m, "daemons", holder_of).unwrap_or_default(),
-        footprint: maps(m, "footprint", |f| {
-            Some(FootprintOf {
-                pid: int(f, "pid")?,
-                name: string(f, "name")?,
-                gpus: ints(f, "gpus")?,
-                host: string(f, "host").unwrap_or_else(|| "local".into()),
-            })
-        })
-        .unwrap_or_default(),
-        ghost_pids: ints(m, "ghost_pids")?,
-        verdict: Verdict::parse(&string(m, "verdict")?)?,
-        advice: string(m, "advice")?,
-        host: string(m, "host").unwrap_or_else(|| "local".into()),
-    })
-}
-
-/// A map as kill() returns it.
-fn kill_report_of(m: &Map) -> Option<KillReport> {
-    // Only a map with the report's own fields is one: a user's look-alike prints as a map.
-    [
-        "signalled",
-        "exited",
-        "survivors",
-        "skipped",
-        "errors",
-        "elapsed_ms",
-    ]
-    .iter()
-    .all(|k| m.contains_key(*k))
-    .then(|| rhai::serde::from_dynamic(&Dynamic::from_map(m.clone())).ok())
-    .flatten()
-}
-
 /// A run() result in one line (its output was already streamed; `r.stdout` shows it again).
-fn run_summary(m: &Map, style: Style) -> Option<String> {
-    let ok = m.get("ok")?.as_bool().ok()?;
-    let timed_out = m.get("timed_out")?.as_bool().ok()?;
-    let elapsed = int(m, "elapsed_ms")?;
-    let pid = int(m, "pid")?;
-    let lines = |k: &str| string(m, k).map(|s| s.lines().count());
-    let (out, err) = (lines("stdout")?, lines("stderr")?);
-    let how = match (
-        opt_int(m, "code")?,
-        m.get("signal").and_then(|s| {
-            s.read_lock::<rhai::ImmutableString>()
-                .map(|s| s.to_string())
-        }),
-    ) {
+pub(crate) fn run_summary(o: &Outcome, style: Style) -> String {
+    let how = match (o.code, o.signal.as_deref()) {
         (Some(code), _) => format!("exit {code}"),
         (None, Some(sig)) if sig.starts_with("SIG") => format!("killed by {sig}"),
         (None, Some(sig)) => format!("killed by SIG{sig}"),
         (None, None) => "no exit status".into(),
     };
-    let how = if timed_out {
+    let how = if o.timed_out {
         format!("timed out, {how}")
     } else {
         how
     };
-    let how = if ok {
+    let how = if o.ok {
         style.green(&how)
     } else {
         style.red(&how)
     };
-    Some(format!(
-        "run: {how} after {:.1} s (pid {pid}); stdout {out} line(s), stderr {err} line(s)",
-        elapsed as f64 / 1000.0
-    ))
+    format!(
+        "run: {how} after {:.1} s (pid {}); stdout {} line(s), stderr {} line(s)",
+        o.elapsed_ms as f64 / 1000.0,
+        o.pid,
+        o.stdout.lines().count(),
+        o.stderr.lines().count()
+    )
 }
 
-/// Wider literals are broken over several lines.
-const LITERAL_WIDTH: usize = 100;
-
-/// A value in Rhai's literal syntax: what you could type to get it back (where Rhai has a
-/// literal for it); long arrays and maps are spread over lines, four spaces per level.
-pub fn literal(v: &Dynamic) -> String {
-    pretty(v, 0)
-}
-
-fn pretty(v: &Dynamic, indent: usize) -> String {
-    let flat = flat(v);
-    if indent + flat.len() <= LITERAL_WIDTH {
-        return flat;
+/// Rows of text under a header, the columns `numbers` aligned right (for rows that are no
+/// record of ours, such as a script's list of jobs).
+pub(crate) fn grid(
+    header: &[String],
+    rows: Vec<Vec<String>>,
+    numbers: &[usize],
+    style: Style,
+) -> String {
+    let mut t = table(
+        &header.iter().map(String::as_str).collect::<Vec<_>>(),
+        style,
+    );
+    for row in rows {
+        t.add_row(row);
     }
-    let pad = " ".repeat(indent + 4);
-    let end = " ".repeat(indent);
-    if let Some(a) = v.read_lock::<Array>() {
-        let items: Vec<String> = a
-            .iter()
-            .map(|x| format!("{pad}{},", pretty(x, indent + 4)))
-            .collect();
-        return format!("[\n{}\n{end}]", items.join("\n"));
-    }
-    if let Some(m) = v.read_lock::<Map>() {
-        let items: Vec<String> = m
-            .iter()
-            .map(|(k, x)| format!("{pad}{}: {},", key(k), pretty(x, indent + 4)))
-            .collect();
-        return format!("#{{\n{}\n{end}}}", items.join("\n"));
-    }
-    flat
-}
-
-fn flat(v: &Dynamic) -> String {
-    if let Some(a) = v.read_lock::<Array>() {
-        return format!("[{}]", a.iter().map(flat).collect::<Vec<_>>().join(", "));
-    }
-    if let Some(m) = v.read_lock::<Map>() {
-        let items: Vec<String> = m
-            .iter()
-            .map(|(k, x)| format!("{}: {}", key(k), flat(x)))
-            .collect();
-        return format!("#{{{}}}", items.join(", "));
-    }
-    // A job handle as its to_string() says, not as a Rust type path.
-    if let Some(h) = v.read_lock::<crate::machine::jobs::JobHandle>() {
-        return format!("{:?}", &*h);
-    }
-    // rhai's Debug form is its literal syntax: quoted strings, 'c', (), Fn("f"), 1.0.
-    format!("{v:?}")
-}
-
-/// Map keys bare where Rhai accepts them so, quoted otherwise.
-fn key(k: &str) -> String {
-    let ident = k
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ident {
-        k.to_string()
-    } else {
-        format!("{k:?}")
-    }
-}
-
-/// A script value as JSON: `()` is null, blobs are arrays of bytes, function pointers and
-/// other opaque values their text.
-pub fn json(v: &Dynamic) -> serde_json::Value {
-    use serde_json::Value;
-    if v.is_unit() {
-        return Value::Null;
-    }
-    if let Ok(b) = v.as_bool() {
-        return Value::Bool(b);
-    }
-    if let Ok(i) = v.as_int() {
-        return Value::from(i);
-    }
-    if let Ok(f) = v.as_float() {
-        return serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number);
-    }
-    if let Ok(c) = v.as_char() {
-        return Value::String(c.to_string());
-    }
-    if let Some(s) = v.read_lock::<rhai::ImmutableString>() {
-        return Value::String(s.to_string());
-    }
-    if let Some(a) = v.read_lock::<Array>() {
-        return Value::Array(a.iter().map(json).collect());
-    }
-    if let Some(b) = v.read_lock::<rhai::Blob>() {
-        return Value::Array(b.iter().map(|&x| Value::from(x)).collect());
-    }
-    if let Some(m) = v.read_lock::<Map>() {
-        return Value::Object(m.iter().map(|(k, x)| (k.to_string(), json(x))).collect());
-    }
-    Value::String(v.to_string())
+    right(&mut t, numbers);
+    trimmed(t)
 }
 
 /// Strips ANSI escape sequences (for checking that colour does not change the layout).
@@ -925,89 +568,6 @@ pub fn strip_ansi(s: &str) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn eval(code: &str) -> Dynamic {
-        rhai::Engine::new().eval::<Dynamic>(code).expect(code)
-    }
-
-    #[test]
-    fn literal_is_rhai_syntax() {
-        let v = eval(r#"#{a: 1, "b c": "x\ny", d: [1, 2.5, 'c', ()], _e: true}"#);
-        assert_eq!(
-            literal(&v),
-            r#"#{_e: true, a: 1, "b c": "x\ny", d: [1, 2.5, 'c', ()]}"#
-        );
-    }
-
-    #[test]
-    fn long_literal_spreads_over_lines() {
-        let v = eval(
-            r#"#{list: [1, 2, 3], text: "a long string that does not fit on one line with the rest of this map, surely not"}"#,
-        );
-        assert_eq!(
-            literal(&v),
-            "#{\n    list: [1, 2, 3],\n    text: \"a long string that does not fit on one line with the rest of this map, surely not\",\n}"
-        );
-    }
-
-    #[test]
-    fn strings_print_as_text_at_the_top_only() {
-        assert_eq!(value(&eval(r#""a\nb""#), Style::PLAIN), "a\nb");
-        assert_eq!(value(&eval(r#"["a"]"#), Style::PLAIN), r#"["a"]"#);
-    }
-
-    #[test]
-    fn maps_that_are_not_ours_print_as_literals() {
-        let v = eval(r#"[#{index: 0, name: "x"}]"#);
-        assert_eq!(value(&v, Style::PLAIN), r#"[#{index: 0, name: "x"}]"#);
-        assert_eq!(value(&eval("[]"), Style::PLAIN), "[]");
-    }
-
-    /// A new user's report: `w::jobs()` printed as one raw map literal. Maps that carry
-    /// gpuloop records print as a table; the records in a cell as name(pid).
-    #[test]
-    fn maps_that_carry_records_print_as_a_table() {
-        let holder =
-            |pid: i64| format!(r#"#{{pid: {pid}, start: 1, evidence: ["map"], name: "vllm"}}"#);
-        let v = eval(&format!(
-            r#"[#{{kind: "vllm", gpus: [0, 1], mem_mib: 2048, host: "local", launcher: (), holders: [{}, {}]}},
-                #{{kind: "other", gpus: [3], mem_mib: 300, host: "local", launcher: #{{pid: 5, name: "torchrun"}}, holders: [{}]}}]"#,
-            holder(7),
-            holder(8),
-            holder(9)
-        ));
-        assert_eq!(
-            value(&v, Style::PLAIN),
-            " GPUS  KIND   LAUNCHER     MEM_MIB  HOLDERS\n \
-             0,1   vllm   -               2048  vllm(7) vllm(8)\n \
-             3     other  torchrun(5)      300  vllm(9)"
-        );
-        // Without a record inside, a user's maps stay literals.
-        let v = eval(r#"[#{kind: "x", holders: [#{pid: 1}]}]"#);
-        assert_eq!(
-            value(&v, Style::PLAIN),
-            r#"[#{holders: [#{pid: 1}], kind: "x"}]"#
-        );
-    }
-
-    #[test]
-    fn json_of_values() {
-        let v = eval(r#"#{a: (), b: [1, 2.5, "s", 'c', true], c: blob(2, 7)}"#);
-        assert_eq!(
-            json(&v).to_string(),
-            r#"{"a":null,"b":[1,2.5,"s","c",true],"c":[7,7]}"#
-        );
-    }
-
-    #[test]
-    fn strip_ansi_removes_colour() {
-        assert_eq!(strip_ansi("\x1b[1;32mok\x1b[0m done"), "ok done");
-    }
 }
 
 /// One host's line in a one-shot's summary over several hosts.
@@ -1085,4 +645,14 @@ pub fn host_counts(rows: &[HostRow]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strip_ansi_removes_colour() {
+        assert_eq!(strip_ansi("\x1b[1;32mok\x1b[0m done"), "ok done");
+    }
 }

@@ -1,5 +1,6 @@
 //! The rooms' import rules (docs/ARCHITECTURE.md): a lower room never reaches into a room
-//! above it. Read from the sources, so a new `use` that breaks a rule fails here.
+//! above it, and only the script rooms know Rhai. Read from the sources, so a new `use` that
+//! breaks a rule fails here.
 
 use std::path::{Path, PathBuf};
 
@@ -112,6 +113,55 @@ fn lower_rooms_never_import_the_rooms_above_them() {
         }
     }
     assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+/// The rooms that hold script values; everything else takes and returns plain Rust types.
+const RHAI_ROOMS: &[&str] = &["script", "repl"];
+
+/// Whether a source names the `rhai` crate (`rhai::…`, `use rhai;`), comments left out.
+fn uses_rhai(source: &str) -> bool {
+    source
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .any(|l| {
+            l.match_indices("rhai").any(|(at, _)| {
+                let before = l[..at].chars().next_back();
+                let after = &l[at + "rhai".len()..];
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+                    && (after.starts_with("::") || after.starts_with(';'))
+            })
+        })
+}
+
+#[test]
+fn rhai_stays_in_the_script_rooms() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(
+        files.iter().any(|f| f.ends_with("render.rs")),
+        "src/render.rs is not where this test looks"
+    );
+    let broken: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let room = f.strip_prefix(&src).ok().and_then(|r| r.iter().next());
+            !room.is_some_and(|r| RHAI_ROOMS.iter().any(|ok| r == *ok))
+        })
+        .filter(|f| uses_rhai(&std::fs::read_to_string(f).expect("read source")))
+        .map(|f| format!("{} uses rhai", f.display()))
+        .collect();
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_rhai_reader_sees_uses_and_not_words() {
+    assert!(uses_rhai("use rhai::{Array, Dynamic};"));
+    assert!(uses_rhai("let v: rhai::Dynamic = x;"));
+    assert!(uses_rhai("use rhai;"));
+    assert!(!uses_rhai("// rhai::Dynamic in a comment"));
+    assert!(!uses_rhai("let p = \"a .rhai script\";"));
+    assert!(!uses_rhai("use crate::script::rhai_walk::x;"));
 }
 
 #[test]

@@ -7,6 +7,7 @@ use gpuloop::inspect::holders::{Evidence, Holder, Role, State};
 use gpuloop::process::kill::{KillError, KillReport, Skipped, Stopped, Stuck};
 use gpuloop::process::restart::Restarter;
 use gpuloop::render::{self, Style};
+use gpuloop::script::display;
 use rhai::Dynamic;
 
 const COLOR: Style = Style {
@@ -232,7 +233,7 @@ fn dry_run_report_names_signal_and_gpus() {
     insta::assert_snapshot!(render::kill_report(&dry_run_report(), Style::PLAIN));
     // As a script prints the map kill(…, #{dry_run: true}) returns.
     assert_eq!(
-        render::value(&script(&dry_run_report()), Style::PLAIN),
+        display::value(&script(&dry_run_report()), Style::PLAIN),
         render::kill_report(&dry_run_report(), Style::PLAIN)
     );
 }
@@ -277,26 +278,26 @@ fn colour_does_not_move_anything() {
 fn script_values_print_like_the_commands() {
     // What gpu(), holders(), diagnose() and kill() return prints as the one-shots do.
     assert_eq!(
-        render::value(&script(&gpus()), Style::PLAIN),
+        display::value(&script(&gpus()), Style::PLAIN),
         render::gpus(&gpus(), Style::PLAIN)
     );
     assert_eq!(
-        render::value(&script(&holders()), Style::PLAIN),
+        display::value(&script(&holders()), Style::PLAIN),
         render::holders(&holders(), Style::PLAIN)
     );
     assert_eq!(
-        render::value(&script(&diagnoses()), Style::PLAIN),
+        display::value(&script(&diagnoses()), Style::PLAIN),
         render::diagnoses(&diagnoses(), Style::PLAIN)
     );
     assert_eq!(
-        render::value(&script(&kill_report()), Style::PLAIN),
+        display::value(&script(&kill_report()), Style::PLAIN),
         render::kill_report(&kill_report(), Style::PLAIN)
     );
 }
 
 #[test]
 fn one_gpu_map_prints_as_a_literal() {
-    insta::assert_snapshot!(render::value(
+    insta::assert_snapshot!(display::value(
         &script(&gpu(1, 81_920, Some(97))),
         Style::PLAIN
     ));
@@ -313,15 +314,15 @@ fn run_result_summary() {
         .expect("map");
     insta::assert_snapshot!(format!(
         "{}\n{}",
-        render::value(&ok, Style::PLAIN),
-        render::value(&killed, Style::PLAIN)
+        display::value(&ok, Style::PLAIN),
+        display::value(&killed, Style::PLAIN)
     ));
 }
 
 #[test]
 fn json_of_script_values() {
     let v = script(&gpus());
-    let json = render::json(&v);
+    let json = display::json(&v);
     assert_eq!(json, serde_json::to_value(gpus()).expect("json"));
 }
 

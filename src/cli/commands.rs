@@ -1031,10 +1031,10 @@ fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     if cfg.json {
         crate::outln!(
             "{}",
-            serde_json::to_string_pretty(&render::json(&v)).unwrap_or_default()
+            serde_json::to_string_pretty(&crate::script::display::json(&v)).unwrap_or_default()
         );
     } else if !v.is_unit() {
-        crate::outln!("{}", render::value(&v, Style::stdout()));
+        crate::outln!("{}", crate::script::display::value(&v, Style::stdout()));
     }
     Ok(0)
 }

@@ -9,7 +9,8 @@ mod help;
 mod input;
 
 use crate::error::Error;
-use crate::render::{self, Style};
+use crate::render::Style;
+use crate::script::display;
 use crate::script::engine::{build_engine, new_scope, EngineOpts};
 use crate::script::errors::{self, ScriptError};
 use crate::session::Session;
@@ -393,10 +394,10 @@ impl Repl {
         if self.json {
             crate::outln!(
                 "{}",
-                serde_json::to_string_pretty(&render::json(v)).unwrap_or_default()
+                serde_json::to_string_pretty(&display::json(v)).unwrap_or_default()
             );
         } else {
-            crate::outln!("{}", render::value(v, self.style));
+            crate::outln!("{}", display::value(v, self.style));
         }
     }
 
@@ -423,7 +424,7 @@ impl Repl {
         vars.sort_by_key(|(name, ..)| *name);
         for (name, constant, value) in vars {
             let kind = if constant { "const" } else { "let" };
-            let text = render::literal(value);
+            let text = display::literal(value);
             let text = match text.split_once('\n') {
                 Some((first, _)) => format!("{first} …"),
                 None => text,

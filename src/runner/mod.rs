@@ -113,7 +113,8 @@ pub struct Outcome {
     pub elapsed_ms: i64,
     pub pid: i64,
     /// The job's processes still running when its leader exited (stopped by then, unless
-    /// `keep_children`).
+    /// `keep_children`). A result without them (a script's own map) read back has none.
+    #[serde(default)]
     pub leftovers: Vec<i64>,
 }
 

@@ -4,27 +4,71 @@
 
 use rhai::{Dynamic, EvalAltResult, Map, Position};
 
-/// Each record kind, by fields that only it has.
-const RECORDS: &[(&str, &[&str])] = &[
-    ("GPU", &["index", "uuid", "bus_id"]),
-    ("holder", &["pid", "start", "evidence"]),
-    ("diagnosis", &["verdict", "advice", "ghost_pids"]),
-    ("kill report", &["signalled", "survivors", "skipped"]),
-    ("kill target", &["pid", "signal", "ended_by"]),
-    ("run result", &["ok", "timed_out", "stdout"]),
-];
+/// The records gpuloop hands scripts. What fields each has is its serde struct's business
+/// (`Kind::marks` names only the few that tell it apart); this says which one a map is, for
+/// the missing-field error, the REPL's completion and `src/script/display.rs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `crate::gpu::Gpu`
+    Gpu,
+    /// `crate::inspect::holders::Holder`
+    Holder,
+    /// `crate::inspect::diagnose::Diagnosis`
+    Diagnosis,
+    /// `crate::process::kill::KillReport`
+    KillReport,
+    /// `crate::process::kill::Stopped`
+    KillTarget,
+    /// `crate::runner::Outcome`
+    RunResult,
+}
+
+impl Kind {
+    /// In the order a map is tested against them.
+    const ALL: [Kind; 6] = [
+        Kind::Gpu,
+        Kind::Holder,
+        Kind::Diagnosis,
+        Kind::KillReport,
+        Kind::KillTarget,
+        Kind::RunResult,
+    ];
+
+    /// The record's name in messages ("a GPU map has no field …").
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Gpu => "GPU",
+            Kind::Holder => "holder",
+            Kind::Diagnosis => "diagnosis",
+            Kind::KillReport => "kill report",
+            Kind::KillTarget => "kill target",
+            Kind::RunResult => "run result",
+        }
+    }
+
+    /// Fields only this record has, all of them always there.
+    fn marks(self) -> &'static [&'static str] {
+        match self {
+            Kind::Gpu => &["index", "uuid", "bus_id"],
+            Kind::Holder => &["pid", "start", "evidence"],
+            Kind::Diagnosis => &["verdict", "advice", "ghost_pids"],
+            Kind::KillReport => &["signalled", "survivors", "skipped"],
+            Kind::KillTarget => &["pid", "signal", "ended_by"],
+            Kind::RunResult => &["ok", "timed_out", "stdout"],
+        }
+    }
+}
 
 /// Which gpuloop record `map` is, if it is one.
-pub fn record_kind(map: &Map) -> Option<&'static str> {
-    RECORDS
-        .iter()
-        .find(|(_, keys)| keys.iter().all(|k| map.contains_key(*k)))
-        .map(|(name, _)| *name)
+pub(crate) fn record_kind(map: &Map) -> Option<Kind> {
+    Kind::ALL
+        .into_iter()
+        .find(|kind| kind.marks().iter().all(|k| map.contains_key(*k)))
 }
 
 /// For rhai's missing-property hook: an error for a record, `None` for any other map.
 pub fn missing(map: &Map, prop: &str) -> Option<Box<EvalAltResult>> {
-    let kind = record_kind(map)?;
+    let kind = record_kind(map)?.name();
     let mut known: Vec<&str> = map.keys().map(|k| k.as_str()).collect();
     known.sort_unstable();
     let hint = closest(prop, known.iter().copied())

@@ -2,6 +2,7 @@
 
 pub mod bindings;
 pub mod convert;
+pub mod display;
 pub mod doc;
 pub mod engine;
 pub mod errors;
