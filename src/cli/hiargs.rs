@@ -481,7 +481,10 @@ mod tests {
         assert!(usage("gpuloop mcp --allow bogus").contains("unknown permission \"bogus\""));
         assert!(usage("gpuloop journal --since yesterday-ish").contains("yesterday-ish"));
         assert!(usage("gpuloop run no-such-recipe").starts_with("no recipe named"));
-        assert_eq!(usage("gpuloop sim leak --gpu 0 --mib 0"), "--mib must be positive");
+        assert_eq!(
+            usage("gpuloop sim leak --gpu 0 --mib 0"),
+            "--mib must be positive"
+        );
         assert_eq!(
             usage("gpuloop sim hold --gpu 0 --workers 5000"),
             "--workers must be between 0 and 4096, got 5000"

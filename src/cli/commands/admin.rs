@@ -21,7 +21,11 @@ pub(super) fn mcp(cfg: &Config, policy: &Policy) -> Result<i32, Error> {
 
 /// `gpuloop journal`: the records are streamed (with `--json`, as a JSON array written as it
 /// is read), so a journal of any size is shown in bounded memory.
-pub(super) fn journal(cfg: &Config, last: usize, filter: &crate::journal::Filter) -> Result<i32, Error> {
+pub(super) fn journal(
+    cfg: &Config,
+    last: usize,
+    filter: &crate::journal::Filter,
+) -> Result<i32, Error> {
     use crate::journal;
     let err = |e: journal::JournalError| Error::Other(e.to_string());
     let dir = journal::dir().map_err(err)?;

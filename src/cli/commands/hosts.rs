@@ -19,8 +19,6 @@ pub(super) fn row(host: &str, state: &str, detail: String) -> render::HostRow {
     }
 }
 
-
-
 /// Over several hosts and without `--wide`/`--all-rows`: the records of the hosts in
 /// `quiet` left out, and a line that names those hosts as a hostlist.
 pub(super) fn fold_rows<T: Clone>(
@@ -153,7 +151,11 @@ pub(super) fn per_host<T>(
 /// with --skip-unreachable the unreachable hosts do not count, but some host must answer.
 /// With --json the summary is the document's (its failures, `emit_hosts`), and stderr gets
 /// one line naming the hosts that failed.
-pub(super) fn summary(cfg: &Config, mut rows: Vec<render::HostRow>, show: bool) -> Result<i32, Error> {
+pub(super) fn summary(
+    cfg: &Config,
+    mut rows: Vec<render::HostRow>,
+    show: bool,
+) -> Result<i32, Error> {
     let names = cfg.session.host_names();
     if names == [crate::hosts::LOCAL] {
         return Ok(0);

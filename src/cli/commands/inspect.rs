@@ -1,6 +1,8 @@
 //! The commands that read and wait, killing nothing: gpus, holders, diagnose, wait.
 
-use super::hosts::{diagnoses_folded, diagnosis_row, emit_hosts, fold_rows, per_host, row, summary, with_note};
+use super::hosts::{
+    diagnoses_folded, diagnosis_row, emit_hosts, fold_rows, per_host, row, summary, with_note,
+};
 use super::{check_owner, emit, require_local_driver};
 use crate::actions;
 use crate::cli::hiargs::Selection;
@@ -58,7 +60,12 @@ pub(super) fn gpus(cfg: &Config, sel: &Selection) -> Result<i32, Error> {
 }
 
 /// `gpuloop holders`: on this machine alone, or a list gathered from every host.
-pub(super) fn holders(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) -> Result<i32, Error> {
+pub(super) fn holders(
+    cfg: &Config,
+    sel: &Selection,
+    owner: &Filter,
+    all: bool,
+) -> Result<i32, Error> {
     if cfg.session.host_names() == [crate::hosts::LOCAL] {
         holders_here(cfg, sel, owner, all)
     } else {
@@ -107,7 +114,12 @@ fn holders_here(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) -> Res
 }
 
 /// `gpuloop holders` over several hosts: their lists in one, and a row per host.
-fn holders_per_host(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) -> Result<i32, Error> {
+fn holders_per_host(
+    cfg: &Config,
+    sel: &Selection,
+    owner: &Filter,
+    all: bool,
+) -> Result<i32, Error> {
     let s = &cfg.session;
     if let Some(pool) = s.pool() {
         pool.say_each(|h, part: &actions::HoldersReport| Some(holders_row(h, part).line()));
@@ -137,7 +149,12 @@ fn holders_per_host(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) ->
 }
 
 /// `gpuloop diagnose`: why each selected GPU's memory is used; exit 1 if one is not clean.
-pub(super) fn diagnose(cfg: &Config, sel: &Selection, owner: &Filter, check: bool) -> Result<i32, Error> {
+pub(super) fn diagnose(
+    cfg: &Config,
+    sel: &Selection,
+    owner: &Filter,
+    check: bool,
+) -> Result<i32, Error> {
     let s = &cfg.session;
     require_local_driver(s)?;
     check_owner(s, owner)?;

@@ -144,7 +144,8 @@ pub(super) fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
 pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<i32, Error> {
     let mut failed = 0;
     for p in scripts {
-        let (file, src, dir) = match Script::named(&p.display().to_string()).and_then(|s| s.read()) {
+        let (file, src, dir) = match Script::named(&p.display().to_string()).and_then(|s| s.read())
+        {
             Ok(s) => s,
             Err(e) => {
                 crate::errln!("gpuloop: {e}");

@@ -108,7 +108,6 @@ fn is_sim_holder(cmdline: &str) -> bool {
     cmdline.contains(" sim hold ") && cmdline.contains("--as-holder")
 }
 
-
 /// The holder and watcher processes: single-threaded, no signal handlers, no config.
 pub(crate) fn internal(args: &Args) -> Result<i32, Error> {
     let spec = args.sim.as_deref().filter(|s| !s.trim().is_empty());
