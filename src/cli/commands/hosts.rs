@@ -9,6 +9,7 @@ use crate::inspect::diagnose::Demand;
 use crate::render::{self, Style};
 use serde::Serialize;
 
+/// A host's row of the summary, with what it says of the host.
 pub(super) fn row(host: &str, state: &str, detail: String) -> render::HostRow {
     render::HostRow {
         host: host.to_string(),
