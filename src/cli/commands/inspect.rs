@@ -1,6 +1,6 @@
 //! The commands that read and wait, killing nothing: gpus, holders, diagnose, wait.
 
-use super::hosts::{
+use super::report::{
     diagnoses_folded, diagnosis_row, emit_hosts, fold_rows, per_host, row, summary, with_note,
 };
 use super::{check_owner, emit, require_local_driver};

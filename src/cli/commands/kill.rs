@@ -1,6 +1,6 @@
 //! The commands that signal: kill (the GPUs' holders, or PIDs) and clean (kill, then wait).
 
-use super::hosts::{diagnoses_folded, diagnosis_row, emit_hosts, per_host, row, summary};
+use super::report::{diagnoses_folded, diagnosis_row, emit_hosts, per_host, row, summary};
 use super::{check_owner, emit, require_local_driver};
 use crate::actions;
 use crate::cli::hiargs::Selection;

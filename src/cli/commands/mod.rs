@@ -2,9 +2,9 @@
 //! the command as `hiargs` checked it and returns the exit code or an `Error`.
 
 mod admin;
-mod hosts;
 mod inspect;
 mod kill;
+mod report;
 pub(crate) mod script;
 pub(crate) mod sim;
 
