@@ -336,6 +336,31 @@ fn no_driver_never_reads_as_clean() {
     );
 }
 
+/// A mistake in a command's own arguments is said before anything runs: the driver is not
+/// looked at, and the exit code is the usage error's (2), with or without a driver.
+#[test]
+fn argument_mistakes_are_usage_errors_before_the_driver_is_read() {
+    let sim = Sim::new("1x8G");
+    for (args, says) in [
+        (&["gpus", "--gpu", "3-1"][..], "runs backwards"),
+        (&["holders", "--gpu", "0,,1"], "an empty item"),
+        (&["diagnose", "--gpu", "-1"], "not negative"),
+        (&["clean", "--signal", "BOGUS"], "unknown signal \"BOGUS\""),
+        (&["wait", "--stall", "-1"], "--stall"),
+        (&["kill", "12", "--gpu", "0"], "not both"),
+    ] {
+        for out in [no_driver(&sim, args), sim.run(args)] {
+            let out = out.code(2);
+            assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+            assert!(
+                !out.stderr.contains("no NVIDIA driver"),
+                "{args:?}: {}",
+                out.stderr
+            );
+        }
+    }
+}
+
 /// A new user's report: `gpuloop holders` without a driver printed `no holders` on stdout,
 /// which read alone looks like a clean machine (the error was on stderr, exit 1). Nothing was
 /// read, so nothing is printed as a result: not the table, not `[]`.

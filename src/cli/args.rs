@@ -1,4 +1,5 @@
-//! The command line as clap sees it; `Config` turns it into something ready to run.
+//! The command line as clap sees it: the raw flags, which `hiargs` checks into a `Config` and
+//! a `Command` before anything runs.
 
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use std::path::PathBuf;

@@ -1,7 +1,9 @@
-//! The command line: parse, validate into a `Config`, run the command, map errors to exit codes.
+//! The command line: parse (`args`), check into a `Config` and a `Command` (`hiargs`), run
+//! the command (`commands`), map errors to exit codes.
 
 pub mod args;
 mod commands;
+mod hiargs;
 
 use crate::error::Error;
 use crate::session::{BackendChoice, Session};
@@ -290,7 +292,7 @@ pub fn main() -> i32 {
         | SimCmd::Watch { .. },
     ) = &args.cmd
     {
-        return match commands::sim_internal(&args) {
+        return match commands::sim::internal(&args) {
             Ok(code) => code,
             Err(e) => report(e, false),
         };
@@ -306,7 +308,7 @@ pub fn main() -> i32 {
     crate::output::set_color(args.color.into());
     crate::output::set_wide(args.wide);
     init_logs(args.verbose);
-    let result = Config::from_args(&args).and_then(|cfg| on_script_thread(&args, &cfg));
+    let result = hiargs::HiArgs::from_low(&args).and_then(|hi| on_script_thread(&hi));
     let code = match result {
         Ok(code) => code,
         Err(e) => report(e, args.json),
@@ -346,15 +348,15 @@ fn front_end(cmd: &Cmd) -> crate::journal::FrontEnd {
 /// Runs the command on a thread whose stack is sized for the deepest value the limits
 /// allow: rhai (and serde, and our renderers) walk nested values recursively, and the main
 /// thread's 8 MiB would overflow (an abort, exit 134) long before a limit said so.
-fn on_script_thread(args: &Args, cfg: &Config) -> Result<i32, Error> {
-    let stack = crate::script::engine::stack_size(&cfg.session.config.limits);
+fn on_script_thread(hi: &hiargs::HiArgs) -> Result<i32, Error> {
+    let stack = crate::script::engine::stack_size(&hi.config.session.config.limits);
     std::thread::scope(|scope| {
         let worker = std::thread::Builder::new()
             .name("gpuloop-script".into())
             .stack_size(stack)
             .spawn_scoped(scope, || {
                 crate::stack_guard::watch_this_thread();
-                commands::dispatch(args, cfg)
+                commands::dispatch(hi)
             });
         match worker {
             Ok(handle) => handle.join().unwrap_or_else(|_| {
@@ -363,7 +365,7 @@ fn on_script_thread(args: &Args, cfg: &Config) -> Result<i32, Error> {
                 ))
             }),
             // No memory for that stack: run here, with the limits still in force.
-            Err(_) => commands::dispatch(args, cfg),
+            Err(_) => commands::dispatch(hi),
         }
     })
 }

@@ -1,0 +1,89 @@
+//! The commands around the GPU work: the Slurm hooks, the MCP server, the audit journal,
+//! and what documents gpuloop (completions, man pages).
+
+use crate::cli::args::Args;
+use crate::cli::Config;
+use crate::error::Error;
+use crate::mcp::policy::Policy;
+use crate::slurm::{Hook, HookOpts, JobEnv};
+use std::path::Path;
+
+/// `gpuloop epilog` / `gpuloop prolog`.
+pub(super) fn hook(cfg: &Config, which: Hook, opts: &HookOpts) -> Result<i32, Error> {
+    let env = JobEnv::from(|k| std::env::var(k).ok())?;
+    Ok(crate::slurm::run(&cfg.session, which, &env, opts)?)
+}
+
+/// `gpuloop mcp`: the tools served over stdio, as far as the policy allows.
+pub(super) fn mcp(cfg: &Config, policy: &Policy) -> Result<i32, Error> {
+    crate::mcp::serve(cfg.session.clone(), policy.clone()).map_err(|e| Error::Other(e.to_string()))
+}
+
+/// `gpuloop journal`: the records are streamed (with `--json`, as a JSON array written as it
+/// is read), so a journal of any size is shown in bounded memory.
+pub(super) fn journal(
+    cfg: &Config,
+    last: usize,
+    filter: &crate::journal::Filter,
+) -> Result<i32, Error> {
+    use crate::journal;
+    let err = |e: journal::JournalError| Error::Other(e.to_string());
+    let dir = journal::dir().map_err(err)?;
+    let mut first = true;
+    let found = journal::last(&dir, filter, last, &mut |r| {
+        if cfg.json {
+            let sep = if first { "[\n  " } else { ",\n  " };
+            crate::output::text(&format!(
+                "{sep}{}",
+                serde_json::to_string(&r).unwrap_or_default()
+            ));
+        } else {
+            crate::outln!("{}", journal::line(&r));
+        }
+        first = false;
+    })
+    .map_err(err)?;
+    if cfg.json {
+        crate::outln!("{}", if first { "[]" } else { "\n]" });
+    }
+    let path = dir.join(journal::FILE);
+    if found.bad > 0 {
+        crate::errln!(
+            "gpuloop: warning: {} line(s) of {} are not journal records",
+            found.bad,
+            path.display()
+        );
+    }
+    if found.matched == 0 && !cfg.json {
+        crate::errln!("nothing journaled that matches ({})", path.display());
+    }
+    Ok(0)
+}
+
+/// `gpuloop man`: the page of gpuloop itself on stdout, or with `dir` every command's page
+/// (gpuloop.1, gpuloop-clean.1, gpuloop-sim-hold.1, …) written there, each with all its options.
+pub(super) fn man(dir: Option<&Path>) -> Result<i32, Error> {
+    let cmd = <Args as clap::CommandFactory>::command();
+    let Some(dir) = dir else {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(cmd)
+            .render(&mut out)
+            .map_err(|e| Error::Other(format!("man page: {e}")))?;
+        crate::output::bytes(&out);
+        return Ok(0);
+    };
+    std::fs::create_dir_all(dir)
+        .and_then(|()| clap_mangen::generate_to(cmd, dir))
+        .map_err(|e| Error::Other(format!("writing man pages into {}: {e}", dir.display())))?;
+    crate::outln!("wrote the man pages into {}", dir.display());
+    Ok(0)
+}
+
+/// `gpuloop completions SHELL`.
+pub(super) fn completions(shell: clap_complete::Shell) -> Result<i32, Error> {
+    let mut cmd = <Args as clap::CommandFactory>::command();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "gpuloop", &mut out);
+    crate::output::bytes(&out);
+    Ok(0)
+}

@@ -1,0 +1,240 @@
+//! What the one-shots share over several hosts: each host's row of the summary, the
+//! failures said once, clean or idle hosts folded into a line, and the exit code over them.
+
+use super::emit;
+use crate::cli::Config;
+use crate::error::Error;
+use crate::inspect::diagnose::Demand;
+use crate::machine::{self, ActionError};
+use crate::render::{self, Style};
+use serde::Serialize;
+
+/// A host's row of the summary, with what it says of the host.
+pub(super) fn row(host: &str, state: &str, detail: String) -> render::HostRow {
+    render::HostRow {
+        host: host.to_string(),
+        state: state.to_string(),
+        detail,
+        error: None,
+        usage: false,
+    }
+}
+
+/// Over several hosts and without `--wide`/`--all-rows`: the records of the hosts in
+/// `quiet` left out, and a line that names those hosts as a hostlist.
+pub(super) fn fold_rows<T: Clone>(
+    cfg: &Config,
+    items: &[T],
+    quiet: &[String],
+    what: &str,
+    host: impl Fn(&T) -> &String,
+) -> (Vec<T>, Option<String>) {
+    let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    if !several || quiet.is_empty() || crate::output::wide() {
+        return (items.to_vec(), None);
+    }
+    let shown = items
+        .iter()
+        .filter(|i| !quiet.contains(host(i)))
+        .cloned()
+        .collect();
+    let note = format!(
+        "(the GPUs of {} {what} host(s) are not listed one by one: {}; --all-rows lists them)",
+        quiet.len(),
+        crate::hosts::fold::compress(quiet)
+    );
+    (shown, Some(note))
+}
+
+/// A table and the note of what was folded out of it (the note alone if nothing is left).
+pub(super) fn with_note(table: String, empty: bool, note: Option<String>) -> String {
+    match note {
+        Some(n) if empty => n,
+        Some(n) => format!("{table}\n{n}"),
+        None => table,
+    }
+}
+
+/// The diagnoses, those of clean hosts folded into one line.
+pub(super) fn diagnoses_folded(
+    cfg: &Config,
+    ds: &[crate::inspect::diagnose::Diagnosis],
+    rows: &[render::HostRow],
+) -> String {
+    let clean: Vec<String> = rows
+        .iter()
+        .filter(|r| r.state == "clean")
+        .map(|r| r.host.clone())
+        .collect();
+    let (shown, note) = fold_rows(cfg, ds, &clean, "clean", |d| &d.host);
+    with_note(
+        render::diagnoses(&shown, Style::stdout()),
+        shown.is_empty(),
+        note,
+    )
+}
+
+pub(super) fn diagnosis_row(
+    host: &str,
+    ds: &[crate::inspect::diagnose::Diagnosis],
+    demand: &Demand,
+) -> render::HostRow {
+    let dirty: Vec<String> = ds
+        .iter()
+        .filter(|d| !d.is_clean_under(demand))
+        .map(machine::describe_diagnosis)
+        .collect();
+    if dirty.is_empty() {
+        row(host, "clean", format!("{} GPU(s) clean", ds.len()))
+    } else {
+        row(host, "NOT clean", dirty.join("; "))
+    }
+}
+
+/// Splits a one-shot's per-host results into the hosts that answered and a summary row for
+/// each that did not; each failure is said once, here, on stderr (in the JSON document with
+/// --json). On this machine alone a failure is the command's error, as always.
+#[allow(clippy::type_complexity)]
+pub(super) fn per_host<T>(
+    cfg: &Config,
+    parts: machine::PerHost<T>,
+) -> Result<(Vec<(String, T)>, Vec<render::HostRow>), Error> {
+    let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    let skip = cfg.session.skip_unreachable();
+    let mut ok = Vec::new();
+    let mut rows = Vec::new();
+    for (h, r) in parts {
+        match r {
+            Ok(v) => ok.push((h, v)),
+            // Ctrl-C or TERM while the hosts were opened or answering: the run ends (130),
+            // with nothing said for each host it did not reach.
+            Err(ActionError::Interrupted) => {
+                return Err(Error::Script(crate::script::ScriptError::Interrupted))
+            }
+            Err(f) if !several => return Err(f.into()),
+            Err(f) => {
+                let skipped = skip && f.unreachable();
+                // On a terminal a failure was said as it happened.
+                let said = cfg.session.pool().is_some_and(|p| p.said(&h));
+                if !cfg.json && !said {
+                    if skipped {
+                        crate::errln!("warning: skipping {f}");
+                    } else {
+                        crate::errln!("gpuloop: {f}");
+                    }
+                }
+                let state = match (skipped, f.unreachable()) {
+                    (true, _) => "skipped",
+                    (false, true) => "unreachable",
+                    (false, false) => "failed",
+                };
+                // A few words, alike for every host that failed the same way, so that they
+                // fold; the whole error was said above.
+                let detail = match &f {
+                    ActionError::Host(e) => e.kind().to_string(),
+                    e => {
+                        let e = e.to_string();
+                        e.split(": ").next().unwrap_or(&e).to_string()
+                    }
+                };
+                let mut r = row(&h, state, detail);
+                r.error = Some(f.to_string());
+                r.usage = f.is_usage();
+                rows.push(r);
+            }
+        }
+    }
+    Ok((ok, rows))
+}
+
+/// With several hosts: the per-host summary (after the records; `show` false prints none),
+/// folded, in host-set order. The exit code is 0 only if every host is as it should be;
+/// with --skip-unreachable the unreachable hosts do not count, but some host must answer.
+/// With --json the summary is the document's (its failures, `emit_hosts`), and stderr gets
+/// one line naming the hosts that failed.
+pub(super) fn summary(
+    cfg: &Config,
+    mut rows: Vec<render::HostRow>,
+    show: bool,
+) -> Result<i32, Error> {
+    let names = cfg.session.host_names();
+    if names == [crate::hosts::LOCAL] {
+        return Ok(0);
+    }
+    rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
+    let answered = rows.iter().any(|r| r.error.is_none());
+    let failed: Vec<&str> = rows.iter().filter_map(|r| r.error.as_deref()).collect();
+    if cfg.json {
+        if !failed.is_empty() {
+            // Hosts skipped as --skip-unreachable asked are a warning, not the command's error.
+            let skipped = rows
+                .iter()
+                .all(|r| r.error.is_none() || r.state == "skipped");
+            let (key, what) = match skipped {
+                true => ("warning", "skipped"),
+                false => ("error", "failed"),
+            };
+            let text = format!(
+                "{} of {} host(s) {what}: {}",
+                failed.len(),
+                rows.len(),
+                failed.join("; ")
+            );
+            crate::errln!("{}", serde_json::json!({ key: text }));
+        }
+    } else if show && answered {
+        // Nothing answered: the errors above are all there is; nothing here reads as a result.
+        crate::outln!("\n{}", render::host_summary(&rows, Style::stdout()));
+    }
+    let good = rows.iter().all(|r| r.good() || r.state == "skipped");
+    // A mistake in what was asked is exit 2 through a host as it is here.
+    Ok(if rows.iter().any(|r| r.usage) {
+        2
+    } else if answered && good {
+        0
+    } else {
+        1
+    })
+}
+
+/// `emit` over several hosts: with --json each host that failed is in the document (an
+/// entry `{"host", "state", "error"}` of a list; a report gets `"hosts"`, every host's row);
+/// as text nothing at all when no host answered.
+pub(super) fn emit_hosts<T: Serialize>(
+    cfg: &Config,
+    v: &T,
+    rows: &[render::HostRow],
+    table: impl FnOnce() -> String,
+) -> Result<i32, Error> {
+    let names = cfg.session.host_names();
+    if names == [crate::hosts::LOCAL] {
+        return emit(cfg, v, table);
+    }
+    if !cfg.json {
+        if rows.iter().any(|r| r.error.is_none()) {
+            crate::outln!("{}", table());
+        }
+        return Ok(0);
+    }
+    let mut rows = rows.to_vec();
+    rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
+    let entry = |r: &render::HostRow| {
+        let mut e = serde_json::json!({"host": r.host, "state": r.state});
+        match &r.error {
+            Some(err) => e["error"] = err.clone().into(),
+            None => e["detail"] = r.detail.clone().into(),
+        }
+        e
+    };
+    let mut doc = serde_json::to_value(v).map_err(|e| Error::Other(e.to_string()))?;
+    match &mut doc {
+        serde_json::Value::Array(items) => {
+            items.extend(rows.iter().filter(|r| r.error.is_some()).map(entry));
+        }
+        serde_json::Value::Object(map) => {
+            map.insert("hosts".into(), rows.iter().map(entry).collect());
+        }
+        _ => {}
+    }
+    emit(cfg, &doc, String::new)
+}
