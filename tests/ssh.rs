@@ -88,7 +88,7 @@ fn start() -> Sshd {
              AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n\
              KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
              PermitRootLogin prohibit-password\nUsePAM no\n\
-             AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR XDG_CACHE_HOME BASH_ENV\n\
+             AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR XDG_CACHE_HOME XDG_STATE_HOME BASH_ENV\n\
              MaxStartups 256\nMaxSessions 256\nPrintMotd no\nLogLevel ERROR\n"
         ),
     )
@@ -178,9 +178,12 @@ impl Cluster {
         for (alias, spec) in hosts {
             let sim = Sim::new(spec);
             cfg.push_str(&format!(
-                "Host {alias}\n{}  SetEnv GPULOOP_SIM={spec} GPULOOP_SIM_DIR={}\n",
+                // The agent's journal and remembered restarters are the simulated host's
+                // own, as the host's are on a real machine (never this user's home).
+                "Host {alias}\n{}  SetEnv GPULOOP_SIM={spec} GPULOOP_SIM_DIR={} XDG_STATE_HOME={}\n",
                 common(s.port),
-                sim.path().join("state").display()
+                sim.path().join("state").display(),
+                sim.path().join("state-home").display()
             ));
             sims.push((alias.to_string(), sim));
         }
