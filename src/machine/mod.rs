@@ -49,6 +49,9 @@ pub enum ActionError {
     /// called it a usage mistake, as the same mistake is here).
     #[error("{0}")]
     Host(HostError),
+    /// The operation failed on the machine for a reason of its own (its journal unreadable).
+    #[error("{0}")]
+    Failed(String),
     #[error("interrupted")]
     Interrupted,
 }
@@ -60,7 +63,7 @@ impl ActionError {
             ActionError::Usage(_) => true,
             ActionError::Gpu(e) => e.is_usage(),
             ActionError::Host(e) => e.is_usage(),
-            ActionError::Interrupted => false,
+            ActionError::Failed(_) | ActionError::Interrupted => false,
         }
     }
 
