@@ -398,3 +398,38 @@ fn audit_a_huge_journal_is_read_in_bounded_memory() {
         "{stderr}"
     );
 }
+
+/// `gpuloop --host a,b journal`: each host answers from its own journal (who signalled
+/// what there), in host order; a host that cannot answer is a row of its own, not silence.
+#[test]
+fn audit_journal_of_a_host_set_reads_each_hosts_own_journal() {
+    let c = crate::ssh::Cluster::new(&[("qa", "1x8G"), ("qb", "1x8G")], &["qdown"]);
+    let a = c.sim("qa").hold(&["--gpu", "0", "--mib", "64"])[0];
+    let b = c.sim("qb").hold(&["--gpu", "0", "--mib", "64"])[0];
+    c.run(&["--host", "qa", "kill", "--grace", "5"]).ok();
+    c.run(&["--host", "qb", "kill", "--grace", "5"]).ok();
+    let out = c
+        .run(&[
+            "--json",
+            "--host",
+            "qa,qb",
+            "journal",
+            "--front-end",
+            "agent",
+        ])
+        .ok();
+    let records: Vec<Value> = serde_json::from_str(&out.stdout).expect("a JSON array");
+    let pids: Vec<i64> = records
+        .iter()
+        .map(|r| r["target"]["pid"].as_i64().unwrap_or(0))
+        .collect();
+    assert_eq!(pids, [a as i64, b as i64], "{}", out.stdout);
+    assert!(records.iter().all(|r| r["front_end"] == "agent"));
+    // Each host's journal is its own: qa's holds no record of qb's kill.
+    assert!(!signals(c.sim("qa")).iter().any(|r| r["target"]["pid"] == b));
+
+    let out = c.run(&["--host", "qa,qdown", "journal"]);
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains(&a.to_string()), "{}", out.stdout);
+    assert!(out.stderr.contains("qdown"), "{}", out.stderr);
+}

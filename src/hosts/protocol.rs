@@ -130,6 +130,18 @@ pub enum Call {
     JobStatus {
         job: u64,
     },
+    /// The audit journal's latest `last` records there that match (0: all).
+    Journal {
+        last: usize,
+        #[serde(default)]
+        since: Option<String>,
+        #[serde(default)]
+        pid: Option<i64>,
+        #[serde(default)]
+        user: Option<String>,
+        #[serde(default)]
+        front_end: Option<crate::journal::FrontEnd>,
+    },
     /// Answered `true` at once by the agent's reading loop: the host is alive and reading.
     Ping,
     /// How the client names this host (`host`, as in its host set) and the gpuloop command
@@ -157,6 +169,7 @@ pub const METHODS: &[&str] = &[
     "job_wait",
     "job_kill",
     "job_status",
+    "journal",
     "ping",
     "reached_as",
 ];
@@ -178,6 +191,7 @@ impl Call {
             Call::JobWait { .. } => "job_wait",
             Call::JobKill { .. } => "job_kill",
             Call::JobStatus { .. } => "job_status",
+            Call::Journal { .. } => "journal",
             Call::Ping => "ping",
             Call::ReachedAs { .. } => "reached_as",
         }
@@ -786,6 +800,13 @@ mod tests {
                 filter: Filter::default(),
             },
             Call::Cancel { id: 3 },
+            Call::Journal {
+                last: 20,
+                since: None,
+                pid: Some(4242),
+                user: None,
+                front_end: None,
+            },
             Call::ReachedAs {
                 host: "gpu02".into(),
                 gpuloop: "gpuloop --host gpu02".into(),

@@ -9,6 +9,7 @@ use crate::hosts::protocol::{self, Body, Call, ErrorKind};
 use crate::inspect::diagnose::{self, diagnose, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
 use crate::inspect::{check_selection, Filter, Resolved, Selection};
+use crate::journal::{self, Record};
 use crate::process::kill::{KillOpts, Target};
 use crate::session::Session;
 use serde::{Deserialize, Serialize};
@@ -97,6 +98,27 @@ pub fn answer(call: &Call, m: &mut Local) -> Option<Body> {
             }
             Err(b) => b,
         },
+        Call::Journal {
+            last,
+            since,
+            pid,
+            user,
+            front_end,
+        } => {
+            let filter = journal::Filter {
+                since: since.clone(),
+                pid: *pid,
+                user: user.clone(),
+                front_end: *front_end,
+            };
+            reply(
+                m,
+                &Journal {
+                    last: *last,
+                    filter,
+                },
+            )
+        }
         _ => return None,
     })
 }
@@ -231,6 +253,58 @@ impl Op for Diagnose {
         };
         Ok(diagnose(&inv, &sel, &ctx))
     }
+}
+
+/// The audit journal's latest records that match (`gpuloop journal`); each machine keeps its
+/// own.
+#[derive(Debug, Clone)]
+pub struct Journal {
+    /// How many of the latest (0: all).
+    pub last: usize,
+    pub filter: journal::Filter,
+}
+
+/// One machine's answer to `Journal`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JournalPart {
+    pub records: Vec<Record>,
+    /// Lines that are not records.
+    pub bad: usize,
+    /// The journal file read there.
+    pub path: String,
+}
+
+impl Ask for Journal {
+    type Reply = JournalPart;
+    fn call(&self) -> Call {
+        Call::Journal {
+            last: self.last,
+            since: self.filter.since.clone(),
+            pid: self.filter.pid,
+            user: self.filter.user.clone(),
+            front_end: self.filter.front_end,
+        }
+    }
+}
+
+impl Op for Journal {
+    fn here(&self, _: &mut Local) -> Result<JournalPart, ActionError> {
+        let failed = |e: journal::JournalError| ActionError::Failed(e.to_string());
+        let dir = journal::dir().map_err(failed)?;
+        let mut records = Vec::new();
+        let found = journal::last(&dir, &self.filter, self.last, &mut |r| records.push(r))
+            .map_err(failed)?;
+        Ok(JournalPart {
+            records,
+            bad: found.bad,
+            path: dir.join(journal::FILE).display().to_string(),
+        })
+    }
+}
+
+/// Each record names the machine that wrote it already.
+impl Received for JournalPart {
+    fn received_from(&mut self, _: &str) {}
 }
 
 /// One look at the driver and /proc, checked against a selection.

@@ -27,6 +27,9 @@ pub(super) fn journal(
     filter: &crate::journal::Filter,
 ) -> Result<i32, Error> {
     use crate::journal;
+    if cfg.session.host_names() != [crate::hosts::LOCAL] {
+        return journal_of_hosts(cfg, last, filter);
+    }
     let err = |e: journal::JournalError| Error::Other(e.to_string());
     let dir = journal::dir().map_err(err)?;
     let mut first = true;
@@ -86,4 +89,38 @@ pub(super) fn completions(shell: clap_complete::Shell) -> Result<i32, Error> {
     clap_complete::generate(shell, &mut cmd, "gpuloop", &mut out);
     crate::output::bytes(&out);
     Ok(0)
+}
+
+/// `gpuloop --host … journal`: each host's latest records that match, in host order, and a
+/// row for each host that could not answer.
+fn journal_of_hosts(
+    cfg: &Config,
+    last: usize,
+    filter: &crate::journal::Filter,
+) -> Result<i32, Error> {
+    use crate::machine::{ops::Journal, Fleet};
+    let op = |_| Journal {
+        last,
+        filter: filter.clone(),
+    };
+    let parts = Fleet::of(&cfg.session).each(&crate::hosts::HostSel::all(), op)?;
+    let (parts, mut rows) = super::report::per_host(cfg, parts)?;
+    let mut records = Vec::new();
+    for (h, part) in parts {
+        if part.bad > 0 {
+            crate::errln!(
+                "gpuloop: warning: {h}: {} line(s) of {} are not journal records",
+                part.bad,
+                part.path
+            );
+        }
+        let n = part.records.len();
+        rows.push(super::report::row(&h, "ok", format!("{n} record(s)")));
+        records.extend(part.records);
+    }
+    super::report::emit_hosts(cfg, &records, &rows, || {
+        let lines: Vec<String> = records.iter().map(crate::journal::line).collect();
+        lines.join("\n")
+    })?;
+    super::report::summary(cfg, rows, true)
 }
