@@ -570,12 +570,54 @@ pub fn strip_ansi(s: &str) -> String {
     out
 }
 
+/// How one host of a one-shot over several hosts came out, as its summary row says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum HostState {
+    #[serde(rename = "ok")]
+    Ok,
+    #[serde(rename = "clean")]
+    Clean,
+    #[serde(rename = "NOT clean")]
+    NotClean,
+    #[serde(rename = "unreachable")]
+    Unreachable,
+    /// Unreachable, and left out on purpose (`--skip-unreachable`).
+    #[serde(rename = "skipped")]
+    Skipped,
+    #[serde(rename = "failed")]
+    Failed,
+}
+
+impl HostState {
+    /// As it should be: the exit code is 0 only when every host is.
+    pub fn good(self) -> bool {
+        matches!(self, HostState::Ok | HostState::Clean)
+    }
+
+    /// Good, or left out on purpose: what the exit code counts as no failure.
+    pub fn passes(self) -> bool {
+        self.good() || self == HostState::Skipped
+    }
+}
+
+impl std::fmt::Display for HostState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostState::Ok => "ok",
+            HostState::Clean => "clean",
+            HostState::NotClean => "NOT clean",
+            HostState::Unreachable => "unreachable",
+            HostState::Skipped => "skipped",
+            HostState::Failed => "failed",
+        })
+    }
+}
+
 /// One host's line in a one-shot's summary over several hosts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRow {
     pub host: String,
-    /// "ok", "clean", "NOT clean", "unreachable", "skipped" or "failed".
-    pub state: String,
+    pub state: HostState,
     pub detail: String,
     /// Why the host failed, in full (said once on stderr, or in the JSON document).
     pub error: Option<String>,
@@ -591,27 +633,26 @@ impl HostRow {
 
     /// Whether this host is as it should be (the exit code is 0 only when all are).
     pub fn good(&self) -> bool {
-        self.state == "ok" || self.state == "clean"
+        self.state.good()
     }
 }
 
 /// The per-host summary: hosts with the same state and detail folded into one row under a
 /// hostlist (as `dshbak -c` does), then the counts, naming the hosts that are not good.
 pub fn host_summary(rows: &[HostRow], style: Style) -> String {
-    let mut groups: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+    let mut groups: Vec<(HostState, &str, Vec<&str>)> = Vec::new();
     for r in rows {
         match groups
             .iter_mut()
             .find(|(s, d, _)| *s == r.state && *d == r.detail)
         {
             Some(g) => g.2.push(&r.host),
-            None => groups.push((&r.state, &r.detail, vec![&r.host])),
+            None => groups.push((r.state, &r.detail, vec![&r.host])),
         }
     }
     let mut t = table(&["HOST", "STATE", "DETAIL"], style);
     for (state, detail, hosts) in &groups {
-        let good = state == &"ok" || state == &"clean";
-        let color = if good { Color::Green } else { Color::Red };
+        let color = if state.good() { Color::Green } else { Color::Red };
         t.add_row(vec![
             Cell::new(crate::hosts::fold::compress(hosts)),
             colored(state.to_string(), Some(color), style),
@@ -624,11 +665,11 @@ pub fn host_summary(rows: &[HostRow], style: Style) -> String {
 /// `64 host(s): 61 clean, 3 NOT clean: gpu[05,33,40]`: each state's count, and the hosts
 /// of each state that is not good as a hostlist.
 pub fn host_counts(rows: &[HostRow]) -> String {
-    let mut states: Vec<(&str, Vec<&str>, bool)> = Vec::new();
+    let mut states: Vec<(HostState, Vec<&str>, bool)> = Vec::new();
     for r in rows {
         match states.iter_mut().find(|(s, _, _)| *s == r.state) {
             Some(s) => s.1.push(&r.host),
-            None => states.push((&r.state, vec![&r.host], r.good())),
+            None => states.push((r.state, vec![&r.host], r.good())),
         }
     }
     let mut out = format!("{} host(s): ", rows.len());

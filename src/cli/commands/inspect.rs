@@ -13,7 +13,7 @@ use crate::inspect::diagnose::Demand;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::Filter;
 use crate::machine::{self, Fleet};
-use crate::render::{self, Style};
+use crate::render::{self, HostState, Style};
 use serde::Serialize;
 
 /// `gpuloop gpus`: every selected GPU, and over several hosts a row per host.
@@ -278,9 +278,9 @@ fn holders_row(host: &str, part: &machine::HoldersReport) -> render::HostRow {
         // That GPU's holders are only those the /proc scan found there.
         Some(e) => {
             detail.push_str(&format!("; {e}: the driver's process list is missing"));
-            "failed"
+            HostState::Failed
         }
-        None => "ok",
+        None => HostState::Ok,
     };
     row(host, state, detail)
 }
@@ -310,5 +310,9 @@ fn gpus_row(host: &str, gs: &[crate::gpu::Gpu]) -> render::HostRow {
     if unread > 0 {
         detail.push_str(&format!(", {unread} unreadable"));
     }
-    row(host, if unread > 0 { "failed" } else { "ok" }, detail)
+    let state = match unread {
+        0 => HostState::Ok,
+        _ => HostState::Failed,
+    };
+    row(host, state, detail)
 }

@@ -10,7 +10,7 @@ use crate::inspect::wait::WaitOpts;
 use crate::inspect::Filter;
 use crate::machine::{self, Fleet};
 use crate::process::kill::{self, KillOpts, KillReport, Target};
-use crate::render::{self, Style};
+use crate::render::{self, HostState, Style};
 
 /// `gpuloop kill` of the selected GPUs' holders: exit 0 when every target is gone, 1 with
 /// survivors, stuck processes or errors, 130 when interrupted during the grace.
@@ -54,7 +54,7 @@ fn kill_holders(
         if !r.errors.is_empty() {
             detail.push_str(&format!(", {} error(s)", r.errors.len()));
         }
-        rows.push(row(h, if good { "ok" } else { "failed" }, detail));
+        rows.push(row(h, if good { HostState::Ok } else { HostState::Failed }, detail));
     }
     let report = machine::kill::merge_kills(parts, opts.dry_run);
     emit_hosts(cfg, &report, &rows, || {
@@ -122,7 +122,7 @@ pub(super) fn clean(
         let mut r = diagnosis_row(h, &c.after, &wait.demand());
         r.detail = format!("stopped {}; {}", c.kill.signalled.len(), r.detail);
         if !c.clean && r.good() {
-            r.state = "NOT clean".into();
+            r.state = HostState::NotClean;
         }
         rows.push(r);
     }

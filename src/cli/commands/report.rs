@@ -6,14 +6,14 @@ use crate::cli::Config;
 use crate::error::Error;
 use crate::inspect::diagnose::Demand;
 use crate::machine::{self, ActionError};
-use crate::render::{self, Style};
+use crate::render::{self, HostState, Style};
 use serde::Serialize;
 
 /// A host's row of the summary, with what it says of the host.
-pub(super) fn row(host: &str, state: &str, detail: String) -> render::HostRow {
+pub(super) fn row(host: &str, state: HostState, detail: String) -> render::HostRow {
     render::HostRow {
         host: host.to_string(),
-        state: state.to_string(),
+        state,
         detail,
         error: None,
         usage: false,
@@ -63,7 +63,7 @@ pub(super) fn diagnoses_folded(
 ) -> String {
     let clean: Vec<String> = rows
         .iter()
-        .filter(|r| r.state == "clean")
+        .filter(|r| r.state == HostState::Clean)
         .map(|r| r.host.clone())
         .collect();
     let (shown, note) = fold_rows(cfg, ds, &clean, "clean", |d| &d.host);
@@ -85,9 +85,9 @@ pub(super) fn diagnosis_row(
         .map(machine::describe_diagnosis)
         .collect();
     if dirty.is_empty() {
-        row(host, "clean", format!("{} GPU(s) clean", ds.len()))
+        row(host, HostState::Clean, format!("{} GPU(s) clean", ds.len()))
     } else {
-        row(host, "NOT clean", dirty.join("; "))
+        row(host, HostState::NotClean, dirty.join("; "))
     }
 }
 
@@ -124,9 +124,9 @@ pub(super) fn per_host<T>(
                     }
                 }
                 let state = match (skipped, f.unreachable()) {
-                    (true, _) => "skipped",
-                    (false, true) => "unreachable",
-                    (false, false) => "failed",
+                    (true, _) => HostState::Skipped,
+                    (false, true) => HostState::Unreachable,
+                    (false, false) => HostState::Failed,
                 };
                 // A few words, alike for every host that failed the same way, so that they
                 // fold; the whole error was said above.
@@ -169,7 +169,7 @@ pub(super) fn summary(
             // Hosts skipped as --skip-unreachable asked are a warning, not the command's error.
             let skipped = rows
                 .iter()
-                .all(|r| r.error.is_none() || r.state == "skipped");
+                .all(|r| r.error.is_none() || r.state == HostState::Skipped);
             let (key, what) = match skipped {
                 true => ("warning", "skipped"),
                 false => ("error", "failed"),
@@ -186,7 +186,7 @@ pub(super) fn summary(
         // Nothing answered: the errors above are all there is; nothing here reads as a result.
         crate::outln!("\n{}", render::host_summary(&rows, Style::stdout()));
     }
-    let good = rows.iter().all(|r| r.good() || r.state == "skipped");
+    let good = rows.iter().all(|r| r.state.passes());
     // A mistake in what was asked is exit 2 through a host as it is here.
     Ok(if rows.iter().any(|r| r.usage) {
         2
