@@ -65,16 +65,10 @@ pub fn width() -> Option<usize> {
     if WIDE.load(Ordering::Relaxed) || !std::io::stdout().is_terminal() {
         return None;
     }
-    let mut ws = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one winsize into the struct we pass.
-    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
-    if ok && ws.ws_col > 0 {
-        return Some(usize::from(ws.ws_col));
+    if let Ok(ws) = rustix::termios::tcgetwinsize(std::io::stdout()) {
+        if ws.ws_col > 0 {
+            return Some(usize::from(ws.ws_col));
+        }
     }
     std::env::var("COLUMNS").ok()?.parse().ok()
 }
