@@ -1015,7 +1015,8 @@ fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     );
     let mut scope = new_scope(&[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
-    if let Err(e) = crate::script::convert::check_depth(&v, "eval") {
+    let depth = cfg.session.config.limits.depth;
+    if let Err(e) = crate::script::convert::check_depth(&v, "eval", depth) {
         return Err(Error::Other(
             e.to_string()
                 .trim_start_matches("Runtime error: ")

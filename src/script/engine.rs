@@ -70,7 +70,6 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     engine.set_max_array_size(limits.array);
     engine.set_max_string_size(limits.string);
     engine.set_max_map_size(limits.map);
-    super::convert::set_max_depth(limits.depth);
     // Long loops notice Ctrl-C between statements.
     // A closed stdout (`gpuloop run s.rhai | head`) ends the script quietly, as exit(0).
     // Memory past the `memory` limit ends it with an error (one load of the allocator's count).
@@ -112,7 +111,7 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     engine.on_debug(|s, src, pos| crate::errln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
     bindings::gpu::register(&mut engine, &session);
     bindings::process::register(&mut engine, &session);
-    bindings::helpers::register(&mut engine);
+    bindings::helpers::register(&mut engine, &limits);
     bindings::runner::register(&mut engine, &session);
     engine.set_module_resolver(modules::resolver(opts.script_dir.clone()));
     engine
