@@ -64,6 +64,7 @@ pub fn stack_size(limits: &Limits) -> usize {
 /// The engine with every gpuloop function, the module resolvers, and Ctrl-C checks.
 pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     let mut engine = Engine::new();
+    errors::Sources::attach(&mut engine);
     let limits = session.config.limits;
     engine.set_max_expr_depths(limits.expr_depth, limits.expr_depth);
     engine.set_max_call_levels(limits.calls);
@@ -139,7 +140,7 @@ pub fn source_text(src: &str) -> &str {
 
 pub fn compile(engine: &Engine, file: &str, source: &str) -> Result<AST, ScriptError> {
     let source = source_text(source);
-    errors::remember(file, source);
+    errors::remember(engine, file, source);
     let mut ast = engine
         .compile(source)
         .map_err(|e| errors::from_parse(&e, file, source))?;

@@ -281,7 +281,7 @@ pub fn register(engine: &mut Engine, limits: &Limits) {
                     Ok(_) => crate::errln!("retry: attempt {attempt}/{n} returned false"),
                     Err(e) => crate::errln!(
                         "retry: attempt {attempt}/{n} failed:\n{}",
-                        errors::describe(e, ctx.call_source())
+                        errors::describe(ctx.engine(), e, ctx.call_source())
                     ),
                 }
             }
