@@ -105,6 +105,14 @@ pub fn register(engine: &mut Engine, limits: &Limits) {
         &["name: String", "String | ()"],
         "The value of an environment variable, or () when it is not set.",
         |name: ImmutableString| -> Dynamic {
+            // This very gpuloop, as every job it starts has it (`runner::job` sets it there):
+            // gpuloop's own environment is left as it was given.
+            if name == "GPULOOP_EXE" {
+                return std::env::current_exe()
+                    .ok()
+                    .and_then(|p| p.into_os_string().into_string().ok())
+                    .map_or(Dynamic::UNIT, Dynamic::from);
+            }
             std::env::var(name.as_str()).map_or(Dynamic::UNIT, Dynamic::from)
         },
     );
