@@ -24,7 +24,6 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -79,7 +78,9 @@ struct Live {
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(Mutex::default);
 static CHANGED: Condvar = Condvar::new();
-static SUBREAPER: AtomicBool = AtomicBool::new(false);
+/// Set once this process is a child subreaper and its reaper thread runs: both last as long
+/// as the process, as the kernel keeps the flag per process.
+static SUBREAPER: OnceLock<()> = OnceLock::new();
 
 fn state() -> MutexGuard<'static, State> {
     // A panic elsewhere while holding the lock leaves consistent data: keep going.
@@ -357,7 +358,7 @@ fn me() -> Me {
 /// double-fork, and what it forked is still the job's. Without the subreaper (a library
 /// user, a unit test) nothing is reparented to gpuloop, so every child is its own.
 fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
-    SUBREAPER.load(Ordering::SeqCst)
+    SUBREAPER.get().is_some()
         && p.ppid == me.pid
         && !helpers::is_helper(p)
         && !st.live.iter().any(|l| l.id.pid == p.pid)
@@ -613,7 +614,8 @@ impl Supervisor {
                 "cannot become a child subreaper: processes that double-fork out of a job may be left behind"
             );
         }
-        if ok && !SUBREAPER.swap(true, Ordering::SeqCst) {
+        // Set before the thread starts, which reads it.
+        if ok && SUBREAPER.set(()).is_ok() {
             let _ = std::thread::Builder::new()
                 .name("gpuloop-reaper".into())
                 .spawn(supervise_loop);
