@@ -50,11 +50,11 @@ pub fn exit_status(code: i64) -> i32 {
 /// engine has its own, kept as its default tag: rhai's slot for an engine's own state, which
 /// scripts cannot reach.
 #[derive(Clone, Default)]
-pub struct Sources(Arc<Mutex<HashMap<String, String>>>);
+pub(crate) struct Sources(Arc<Mutex<HashMap<String, String>>>);
 
 impl Sources {
     /// Gives `engine` an empty store of its own.
-    pub fn attach(engine: &mut Engine) {
+    pub(crate) fn attach(engine: &mut Engine) {
         engine.set_default_tag(Dynamic::from(Sources::default()));
     }
 
