@@ -18,8 +18,8 @@ use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
 
 struct Agent {
     child: Child,
@@ -105,10 +105,10 @@ fn round(agents: &mut [Agent], writers: Option<&Writers>, id: u64, method: &str)
     while !left.is_empty() {
         let mut fds: Vec<PollFd> = left
             .iter()
-            .map(|&i| PollFd::new(agents[i].out.get_ref().as_fd(), PollFlags::POLLIN))
+            .map(|&i| PollFd::new(agents[i].out.get_ref(), PollFlags::IN))
             .collect();
-        poll(&mut fds, PollTimeout::NONE).expect("poll");
-        let ready: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(false)).collect();
+        poll(&mut fds, None).expect("poll");
+        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
         drop(fds);
         let mut still = Vec::new();
         for (k, &i) in left.iter().enumerate() {
@@ -162,8 +162,8 @@ fn main() {
             .collect();
         for a in &agents {
             let fd = a.out.get_ref().as_fd();
-            let fl = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).expect("getfl"));
-            fcntl(fd, FcntlArg::F_SETFL(fl | OFlag::O_NONBLOCK)).expect("setfl");
+            let fl = fcntl_getfl(fd).expect("getfl");
+            fcntl_setfl(fd, fl | OFlags::NONBLOCK).expect("setfl");
         }
         let writers = (threads > 1).then(|| Writers::new(&mut agents, threads.min(n), method));
         let mut cols: [Vec<f64>; 4] = Default::default();

@@ -93,7 +93,7 @@ pub fn file(path: &Path, kind: Kind) -> Result<Vec<u8>, ReadError> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
         .open(path)?;
     let meta = f.metadata()?;
     if !meta.is_file() {
@@ -134,6 +134,8 @@ const CHUNK: usize = 64 << 10;
 /// another terminating signal. gpuloop's handlers restart a plain `read`, which would wait
 /// for a writer forever.
 fn stdin_ready() -> Result<(), ReadError> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use rustix::io::Errno;
     use std::os::fd::AsFd;
     let stdin = std::io::stdin();
     let fd = stdin.as_fd();
@@ -141,9 +143,13 @@ fn stdin_ready() -> Result<(), ReadError> {
         if crate::interrupt::is_set() {
             return Err(ReadError::Interrupted);
         }
-        let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(STDIN_TICK_MS)) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let tick = Timespec {
+            tv_sec: 0,
+            tv_nsec: i64::from(STDIN_TICK_MS) * 1_000_000,
+        };
+        match poll(&mut fds, Some(&tick)) {
+            Ok(0) | Err(Errno::INTR) => continue,
             Ok(_) => return Ok(()),
             Err(e) => return Err(ReadError::Io(e.into())),
         }
@@ -154,12 +160,10 @@ fn stdin_ready() -> Result<(), ReadError> {
 fn stdin_chunk(buf: &mut [u8]) -> Result<usize, ReadError> {
     loop {
         stdin_ready()?;
-        // SAFETY: fd 0 stays open for the process's life; buf is valid for buf.len() bytes.
-        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = std::io::Error::last_os_error();
+        let e = match rustix::io::read(std::io::stdin(), &mut *buf) {
+            Ok(n) => return Ok(n),
+            Err(e) => std::io::Error::from(e),
+        };
         match e.kind() {
             std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock => continue,
             _ => return Err(ReadError::Io(e)),
@@ -292,7 +296,7 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RWXU).unwrap();
         // No writer: a blocking open would wait forever.
         let e = file(&fifo, SCRIPT).unwrap_err().to_string();
         assert!(e.starts_with("a FIFO, not a regular file"), "{e}");

@@ -9,7 +9,7 @@ static SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Every interrupt ever received; `clear()` does not reset it.
 static COUNT: AtomicU32 = AtomicU32::new(0);
 
-extern "C" fn on_signal(sig: libc::c_int) {
+extern "C" fn on_signal(sig: std::ffi::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
     SIGNAL.store(sig, Ordering::SeqCst);
     COUNT.fetch_add(1, Ordering::SeqCst);
@@ -65,7 +65,8 @@ pub fn install() {
         // SAFETY: the handler only stores to atomics, which is async-signal-safe.
         let _ = unsafe { sigaction(sig, &action) };
     }
-    // Real-time signals end a process by default too; nix has no type for them.
+    // Real-time signals end a process by default too; nix's `Signal` has no value for them
+    // and rustix has no sigaction, so these few calls are raw libc.
     let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
     for sig in libc::SIGRTMIN()..=libc::SIGRTMAX() {
         // SAFETY: a zeroed sigaction with a handler that only stores to atomics; the C
@@ -93,7 +94,7 @@ pub fn is_set() -> bool {
 /// asked gpuloop to stop, not to cancel one call.
 pub fn terminated() -> bool {
     let sig = SIGNAL.load(Ordering::Relaxed);
-    sig != 0 && sig != libc::SIGINT
+    sig != 0 && sig != Signal::SIGINT as i32
 }
 
 /// Clears the flag (the REPL does after cancelling one call).

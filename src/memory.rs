@@ -22,6 +22,7 @@ static IN_USE: AtomicIsize = AtomicIsize::new(0);
 pub fn keep_freed_memory() {
     const KEEP: libc::c_int = 64 << 20;
     const OWN_MAP: libc::c_int = 4 << 20;
+    // mallopt is glibc's own, wrapped by neither nix nor rustix: raw libc.
     // SAFETY: mallopt only sets tuning parameters of the allocator; it is called before
     // any other thread starts.
     unsafe {

@@ -3,13 +3,15 @@
 
 use std::io::IsTerminal;
 use std::io::{ErrorKind, Write};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
+/// stdout was found closed: a fact of this process's stdout, which only ever becomes true.
 static CLOSED: AtomicBool = AtomicBool::new(false);
-/// `--color`: 0 auto, 1 always, 2 never.
-static COLOR: AtomicU8 = AtomicU8::new(0);
-/// `--wide`: tables show whole command lines.
-static WIDE: AtomicBool = AtomicBool::new(false);
+/// `--color`, as the command line set it once (unset: auto).
+static COLOR: OnceLock<ColorChoice> = OnceLock::new();
+/// `--wide`, as the command line set it once (unset: off): tables show whole command lines.
+static WIDE: OnceLock<bool> = OnceLock::new();
 
 /// When output gets ANSI colour (`--color`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -21,21 +23,18 @@ pub enum ColorChoice {
     Never,
 }
 
-/// Set once by the command line, before anything prints.
+/// Set once by the command line, before anything prints; a later call changes nothing.
 pub fn set_color(choice: ColorChoice) {
-    let v = match choice {
-        ColorChoice::Auto => 0,
-        ColorChoice::Always => 1,
-        ColorChoice::Never => 2,
-    };
-    COLOR.store(v, Ordering::Relaxed);
+    let _ = COLOR.set(choice);
 }
 
 fn color_on(is_terminal: bool) -> bool {
-    match COLOR.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+    match COLOR.get().copied().unwrap_or_default() {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => {
+            is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+        }
     }
 }
 
@@ -49,32 +48,27 @@ pub fn color_stderr() -> bool {
     color_on(std::io::stderr().is_terminal())
 }
 
-/// `--wide`: never cut a table's command column.
+/// `--wide`: never cut a table's command column. Set once by the command line, before
+/// anything prints; a later call changes nothing.
 pub fn set_wide(wide: bool) {
-    WIDE.store(wide, Ordering::Relaxed);
+    let _ = WIDE.set(wide);
 }
 
 /// `--wide` (`--all-rows`) was given: tables over several hosts list every row too.
 pub fn wide() -> bool {
-    WIDE.load(Ordering::Relaxed)
+    WIDE.get().copied().unwrap_or(false)
 }
 
 /// How wide stdout's lines may be: the terminal's width, or `None` (no limit) with `--wide`
 /// or when stdout is not a terminal, as `ps` does.
 pub fn width() -> Option<usize> {
-    if WIDE.load(Ordering::Relaxed) || !std::io::stdout().is_terminal() {
+    if wide() || !std::io::stdout().is_terminal() {
         return None;
     }
-    let mut ws = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one winsize into the struct we pass.
-    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
-    if ok && ws.ws_col > 0 {
-        return Some(usize::from(ws.ws_col));
+    if let Ok(ws) = rustix::termios::tcgetwinsize(std::io::stdout()) {
+        if ws.ws_col > 0 {
+            return Some(usize::from(ws.ws_col));
+        }
     }
     std::env::var("COLUMNS").ok()?.parse().ok()
 }

@@ -652,7 +652,11 @@ pub fn host_summary(rows: &[HostRow], style: Style) -> String {
     }
     let mut t = table(&["HOST", "STATE", "DETAIL"], style);
     for (state, detail, hosts) in &groups {
-        let color = if state.good() { Color::Green } else { Color::Red };
+        let color = if state.good() {
+            Color::Green
+        } else {
+            Color::Red
+        };
         t.add_row(vec![
             Cell::new(crate::hosts::fold::compress(hosts)),
             colored(state.to_string(), Some(color), style),

@@ -8,6 +8,9 @@
 //! thread's guard area into an error message and exit 1. Jobs are still stopped: they die
 //! with gpuloop (`PR_SET_PDEATHSIG`, the guard process). Any other fault goes on to the handler
 //! that was there before (Rust's, which reports other threads' overflows), or the default.
+//!
+//! Raw libc throughout: neither nix nor rustix has `pthread_getattr_np`, and the handler must
+//! hand a fault to the previous action exactly as the C library stored it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;

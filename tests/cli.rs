@@ -100,7 +100,7 @@ fn verbose_logs_what_it_measured_and_did() {
 /// has exited): every write fails with EPIPE.
 fn with_closed_stdout(sim: &Sim, args: &[&str], stdin: &str) -> Out {
     use std::io::Write;
-    let (r, w) = nix::unistd::pipe().unwrap();
+    let (r, w) = rustix::pipe::pipe().unwrap();
     drop(r);
     let mut c = sim.std_cmd();
     c.args(args)
@@ -150,7 +150,7 @@ fn a_closed_stderr_never_panics() {
         (&["-v", "clean"], 0),
     ] {
         use std::io::Write;
-        let (r, w) = nix::unistd::pipe().unwrap();
+        let (r, w) = rustix::pipe::pipe().unwrap();
         drop(r);
         let mut c = sim.std_cmd();
         c.args(args)

@@ -164,9 +164,9 @@ fn endless_and_huge_inputs_are_refused_naming_the_file_and_the_limit() {
 fn fifos_are_refused_at_once_never_waited_for() {
     let sim = Sim::new("1x1G");
     let dir = sim.path();
-    let mode = nix::sys::stat::Mode::S_IRWXU;
-    nix::unistd::mkfifo(&dir.join("fifo"), mode).unwrap();
-    nix::unistd::mkfifo(&dir.join("fmod.rhai"), mode).unwrap();
+    let mode = rustix::fs::Mode::RWXU;
+    rustix::fs::mkfifoat(rustix::fs::CWD, dir.join("fifo"), mode).unwrap();
+    rustix::fs::mkfifoat(rustix::fs::CWD, dir.join("fmod.rhai"), mode).unwrap();
     std::fs::write(dir.join("one.rhai"), "1").unwrap();
     std::fs::write(dir.join("imp.rhai"), "import \"fmod\" as f;\n1").unwrap();
     for args in [

@@ -507,3 +507,29 @@ fn a_shebang_first_line_is_skipped_and_line_numbers_hold() {
     );
     assert!(out.stderr.contains("let b = a +* 2;"), "{}", out.stderr);
 }
+
+/// A script's `env("GPULOOP_EXE")` is this very gpuloop, as in a job's environment, whatever
+/// the inherited variable says: gpuloop answers it without setting its own environment.
+#[test]
+fn env_gpuloop_exe_is_this_gpuloop_not_an_inherited_value() {
+    let sim = Sim::new("1x8G");
+    let exe = bin().canonicalize().unwrap();
+    let out = sim
+        .run_with(
+            &[
+                "eval",
+                r#"[env("GPULOOP_EXE"), run("printf %s \"$GPULOOP_EXE\"", #{echo: false}).stdout]"#,
+            ],
+            |c| {
+                c.env("GPULOOP_EXE", "/elsewhere/gpuloop");
+            },
+        )
+        .ok();
+    let want = exe.display().to_string();
+    assert_eq!(
+        out.stdout.trim(),
+        format!(r#"["{want}", "{want}"]"#),
+        "{}",
+        out.stderr
+    );
+}

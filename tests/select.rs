@@ -55,7 +55,7 @@ fn user_and_mine_select_holders_by_owner() {
     let p = sim.hold(&["--gpu", "0", "--mib", "8"])[0];
     let mine = sim.run(&["--json", "holders", "--mine"]).ok().json();
     assert_eq!(indices(&mine, "pid"), [p as i64]);
-    let uid = nix::unistd::getuid().as_raw().to_string();
+    let uid = rustix::process::getuid().as_raw().to_string();
     let by_uid = sim.run(&["--json", "holders", "--user", &uid]).ok().json();
     assert_eq!(indices(&by_uid, "pid"), [p as i64]);
     // Someone else's view: nothing of ours is selected, so nothing is stopped.
@@ -82,7 +82,7 @@ fn wait_and_diagnose_take_user_mine_and_job() {
     let sim = Sim::new("4x8G");
     sim.hold(&["--gpu", "1", "--mib", "8"]);
     sim.hold_with(&["--gpu", "2", "--mib", "16"], &[("SLURM_JOB_ID", "812")]);
-    let uid = nix::unistd::getuid().as_raw().to_string();
+    let uid = rustix::process::getuid().as_raw().to_string();
     let other = if uid == "65534" { "0" } else { "65534" };
     let gpus = |args: &[&str], code: i32| {
         let out = sim.run(&[&["--json"], args].concat()).code(code);

@@ -244,11 +244,9 @@ fn wants_driver(args: &Args) -> bool {
 /// Runs gpuloop and returns the process exit code.
 pub fn main() -> i32 {
     crate::timeline::start();
-    // Scripts and their jobs can call this very gpuloop (e.g. `gpuloop sim hold`). Set while
-    // this is the only thread, as `export_for_children` below: libc's getenv (NVML's init
-    // reads the environment) races with a setenv on another thread.
+    // Jobs learn this very gpuloop's path as GPULOOP_EXE from the runner, which sets it on
+    // each job it starts (`runner::job`): nothing here changes the environment for it.
     if let Ok(exe) = std::env::current_exe() {
-        std::env::set_var("GPULOOP_EXE", &exe);
         crate::runner::guard::enable(exe);
     }
     // NVML's load and init (~10 ms on an H200) is most of a one-shot's time: it starts before

@@ -394,7 +394,7 @@ pub fn sets_control_path(shown: &str) -> bool {
 /// link) of this user that no one else may enter; otherwise why not.
 pub fn reuse_dir() -> Result<PathBuf, String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    let uid = nix::unistd::geteuid().as_raw();
+    let uid = rustix::process::geteuid().as_raw();
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d).join("gpuloop"),
         None => PathBuf::from(format!("/tmp/gpuloop-ssh-{uid}")),

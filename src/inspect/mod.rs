@@ -74,7 +74,7 @@ impl User {
     pub fn uid(&self) -> Result<u32, GpuError> {
         match self {
             User::Uid(u) => Ok(*u),
-            User::Me => Ok(nix::unistd::getuid().as_raw()),
+            User::Me => Ok(rustix::process::getuid().as_raw()),
             User::Name(n) => {
                 crate::process::user_id(n).ok_or_else(|| GpuError::NoUser { user: n.clone() })
             }

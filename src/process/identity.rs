@@ -25,7 +25,7 @@ pub struct ProcDir {
 
 /// Maps "the process is gone" errors (ESRCH from a dead task's /proc files) to `NotFound`.
 fn gone_as_not_found(e: io::Error) -> io::Error {
-    if e.raw_os_error() == Some(libc::ESRCH) {
+    if e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) {
         io::Error::new(io::ErrorKind::NotFound, "process is gone")
     } else {
         e

@@ -625,6 +625,8 @@ fn kill_in(
         tree,
         guard: &guard,
         opts,
+        // nix, not rustix: the kernel answers 0 when the group's leader is outside this PID
+        // namespace, and rustix's getpgrp panics on that answer.
         own_pgid: nix::unistd::getpgrp().as_raw(),
         pins: Vec::new(),
         chosen: Vec::new(),
@@ -890,6 +892,8 @@ pub fn wchan(dir: &super::identity::ProcDir) -> String {
 /// the process was chosen and what came of it, and logs it when `GPULOOP_SIGNAL_LOG` names
 /// a file.
 fn send(p: &Pinned, sig: Signal, why: &str) -> rustix::io::Result<()> {
+    // gpuloop names signals with nix's `Signal`; only rustix sends through a pidfd, so this
+    // is the one place one becomes the other.
     let raw =
         rustix::process::Signal::from_named_raw(sig as i32).ok_or(rustix::io::Errno::INVAL)?;
     let r = pidfd_send_signal(&p.fd, raw);

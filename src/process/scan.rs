@@ -7,7 +7,7 @@ use super::ProcInfo;
 use crate::gpu::{DeviceNodes, Node};
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// A set of device nodes: GPU minors plus "some shared node".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -237,7 +237,8 @@ fn open_nodes_in(
     // The listing reads through this fd itself (`read_from` would reopen it: two more
     // system calls for each of the machine's processes); readlinkat does not move it.
     let mut dir = rustix::fs::Dir::new(proc_dir.open_at(fd_dir, true)?)?;
-    let dirfd = dir.fd()?.as_raw_fd();
+    // SAFETY: `dir` owns this fd and outlives every use of the borrow below.
+    let dirfd = unsafe { BorrowedFd::borrow_raw(dir.fd()?.as_raw_fd()) };
     let mut set = NodeSet::default();
     let mut fds = 0;
     let mut buf = [0u8; 512];
@@ -249,18 +250,14 @@ fn open_nodes_in(
             continue;
         }
         fds += 1;
-        // SAFETY: dirfd is open, name is NUL-terminated, buf is writable for its length.
-        let n =
-            unsafe { libc::readlinkat(dirfd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
+        let n = match rustix::fs::readlinkat_raw(dirfd, name, &mut buf[..]) {
+            Ok(n) if n > 0 => n,
             // Whether its fds may be read is decided for the whole process: once one is
             // refused, so is every other (a process of another container has hundreds).
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EACCES) {
-                break;
-            }
-            continue;
-        }
-        let target = &buf[..n as usize];
+            Err(rustix::io::Errno::ACCESS) => break,
+            _ => continue,
+        };
+        let target = &buf[..n];
         if target.starts_with(prefix) {
             if let Some(node) = nodes.classify(target) {
                 set.add(node);

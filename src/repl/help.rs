@@ -78,7 +78,10 @@ impl Domains {
                     "Jobs and patches",
                     fns(&|e| bindings::runner::register(e, session)),
                 ),
-                ("Helpers", fns(&|e| bindings::helpers::register(e))),
+                (
+                    "Helpers",
+                    fns(&|e| bindings::helpers::register(e, &session.config.limits)),
+                ),
             ],
         }
     }

@@ -313,7 +313,7 @@ impl Repl {
         self.transcript.push_str(input);
         self.lines += input.split('\n').count();
 
-        crate::script::errors::remember(SOURCE, &self.transcript);
+        crate::script::errors::remember(&self.engine, SOURCE, &self.transcript);
         // A Ctrl-C that arrived after the previous run ended must not cancel this one.
         crate::interrupt::clear();
         let mut ast = match self.engine.compile_with_scope(&self.scope, &source) {

@@ -852,7 +852,7 @@ mod tests {
     fn apply_patch_refuses_a_fifo() {
         let d = tempfile::tempdir().unwrap();
         let fifo = d.path().join("f.txt");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, Mode::from_raw_mode(0o600)).unwrap();
         let e = apply(d.path(), DIFF, Direction::Apply, false).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
     }

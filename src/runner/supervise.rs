@@ -24,7 +24,6 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -79,7 +78,9 @@ struct Live {
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(Mutex::default);
 static CHANGED: Condvar = Condvar::new();
-static SUBREAPER: AtomicBool = AtomicBool::new(false);
+/// Set once this process is a child subreaper and its reaper thread runs: both last as long
+/// as the process, as the kernel keeps the flag per process.
+static SUBREAPER: OnceLock<()> = OnceLock::new();
 
 fn state() -> MutexGuard<'static, State> {
     // A panic elsewhere while holding the lock leaves consistent data: keep going.
@@ -167,25 +168,35 @@ impl StartGate {
             go_w.as_raw_fd(),
         ];
         let hook = move || {
+            use rustix::fd::BorrowedFd;
+            use rustix::io::Errno;
             let [ready_r, ready_w, go_r, go_w] = fds;
             // SAFETY: close, getpid, write and read are async-signal-safe, the buffers are
-            // on this stack, and nothing here allocates.
+            // on this stack, nothing here allocates, and the four descriptors stay open in
+            // the child until it closes the parent's two here or exec closes the rest.
             unsafe {
                 // The parent's ends: holding them would hide the parent's going.
-                libc::close(ready_r);
-                libc::close(go_w);
-                let pid = libc::getpid().to_ne_bytes();
-                if libc::write(ready_w, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
-                    return Err(io::Error::last_os_error());
+                rustix::io::close(ready_r);
+                rustix::io::close(go_w);
+                let (ready_w, go_r) = (
+                    BorrowedFd::borrow_raw(ready_w),
+                    BorrowedFd::borrow_raw(go_r),
+                );
+                let pid = rustix::process::getpid()
+                    .as_raw_nonzero()
+                    .get()
+                    .to_ne_bytes();
+                if rustix::io::write(ready_w, &pid)? != pid.len() {
+                    return Err(io::Error::from(Errno::IO));
                 }
-                let mut byte = 0u8;
+                let mut byte = [0u8; 1];
                 loop {
-                    match libc::read(go_r, (&raw mut byte).cast(), 1) {
-                        1 => return Ok(()),
+                    match rustix::io::read(go_r, &mut byte) {
+                        Ok(1) => return Ok(()),
                         // gpuloop went before it let the job go.
-                        0 => return Err(io::Error::from_raw_os_error(libc::ECANCELED)),
-                        _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
-                        _ => return Err(io::Error::last_os_error()),
+                        Ok(_) => return Err(io::Error::from(Errno::CANCELED)),
+                        Err(Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
                     }
                 }
             }
@@ -217,17 +228,16 @@ impl StartGate {
 /// Makes the child die with gpuloop: `PR_SET_PDEATHSIG` (SIGKILL), then a check that the
 /// parent did not die before it was set (the signal would never come).
 fn die_with_parent(command: &mut Command) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: between fork and exec the closure calls only prctl, getppid and getpid, which
-    // are async-signal-safe, and allocates nothing.
+    use rustix::process::{getppid, set_parent_process_death_signal, Pid, Signal};
+    let parent = Pid::from_raw(std::process::id() as i32);
+    // SAFETY: between fork and exec the closure calls only prctl and getppid, which are
+    // async-signal-safe, and allocates nothing.
     unsafe {
         command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
+            set_parent_process_death_signal(Some(Signal::KILL))?;
+            if getppid() != parent {
                 // gpuloop exited while starting the job.
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                return Err(io::Error::from(rustix::io::Errno::SRCH));
             }
             Ok(())
         });
@@ -348,7 +358,7 @@ fn me() -> Me {
 /// double-fork, and what it forked is still the job's. Without the subreaper (a library
 /// user, a unit test) nothing is reparented to gpuloop, so every child is its own.
 fn adopted(p: &ProcInfo, me: &Me, st: &State) -> bool {
-    SUBREAPER.load(Ordering::SeqCst)
+    SUBREAPER.get().is_some()
         && p.ppid == me.pid
         && !helpers::is_helper(p)
         && !st.live.iter().any(|l| l.id.pid == p.pid)
@@ -597,14 +607,15 @@ pub struct Supervisor;
 
 impl Supervisor {
     pub fn start() -> Supervisor {
-        // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag and touches no memory of ours.
-        let ok = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
+        // Any pid given turns the flag on; this process's own reads as what it means.
+        let ok = rustix::process::set_child_subreaper(Some(rustix::process::getpid())).is_ok();
         if !ok {
             tracing::warn!(
                 "cannot become a child subreaper: processes that double-fork out of a job may be left behind"
             );
         }
-        if ok && !SUBREAPER.swap(true, Ordering::SeqCst) {
+        // Set before the thread starts, which reads it.
+        if ok && SUBREAPER.set(()).is_ok() {
             let _ = std::thread::Builder::new()
                 .name("gpuloop-reaper".into())
                 .spawn(supervise_loop);

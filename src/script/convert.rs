@@ -7,14 +7,6 @@ use std::time::Duration;
 
 pub type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
 
-/// The `depth` limit of this process's engine (set when it is built).
-static MAX_DEPTH: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(crate::config::Limits::DEFAULT_DEPTH);
-
-pub fn set_max_depth(depth: usize) {
-    MAX_DEPTH.store(depth, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// True if arrays and maps are nested in `v` more than `max` deep (a scalar is 0 deep).
 /// It recurses at most `max + 1` levels: the script thread's stack is sized for `max`.
 pub fn nested_deeper_than(v: &Dynamic, max: usize) -> bool {
@@ -27,10 +19,9 @@ pub fn nested_deeper_than(v: &Dynamic, max: usize) -> bool {
     false
 }
 
-/// An error when `v` is nested deeper than the `depth` limit (walking it recursively, as
-/// JSON and printing do, could overflow the stack).
-pub fn check_depth(v: &Dynamic, what: &str) -> RhaiResult<()> {
-    let max = MAX_DEPTH.load(std::sync::atomic::Ordering::Relaxed);
+/// An error when `v` is nested deeper than `max`, the engine's `depth` limit (walking it
+/// recursively, as JSON and printing do, could overflow the stack).
+pub fn check_depth(v: &Dynamic, what: &str, max: usize) -> RhaiResult<()> {
     if nested_deeper_than(v, max) {
         return Err(script_err(format!(
             "{what}: the value is nested more than {max} deep, the depth limit (raise it with --limit depth=N or [limits] in config.toml)"

@@ -64,13 +64,13 @@ pub fn stack_size(limits: &Limits) -> usize {
 /// The engine with every gpuloop function, the module resolvers, and Ctrl-C checks.
 pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     let mut engine = Engine::new();
+    errors::Sources::attach(&mut engine);
     let limits = session.config.limits;
     engine.set_max_expr_depths(limits.expr_depth, limits.expr_depth);
     engine.set_max_call_levels(limits.calls);
     engine.set_max_array_size(limits.array);
     engine.set_max_string_size(limits.string);
     engine.set_max_map_size(limits.map);
-    super::convert::set_max_depth(limits.depth);
     // Long loops notice Ctrl-C between statements.
     // A closed stdout (`gpuloop run s.rhai | head`) ends the script quietly, as exit(0).
     // Memory past the `memory` limit ends it with an error (one load of the allocator's count).
@@ -112,7 +112,7 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     engine.on_debug(|s, src, pos| crate::errln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
     bindings::gpu::register(&mut engine, &session);
     bindings::process::register(&mut engine, &session);
-    bindings::helpers::register(&mut engine);
+    bindings::helpers::register(&mut engine, &limits);
     bindings::runner::register(&mut engine, &session);
     engine.set_module_resolver(modules::resolver(opts.script_dir.clone()));
     engine
@@ -140,7 +140,7 @@ pub fn source_text(src: &str) -> &str {
 
 pub fn compile(engine: &Engine, file: &str, source: &str) -> Result<AST, ScriptError> {
     let source = source_text(source);
-    errors::remember(file, source);
+    errors::remember(engine, file, source);
     let mut ast = engine
         .compile(source)
         .map_err(|e| errors::from_parse(&e, file, source))?;

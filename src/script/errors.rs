@@ -1,8 +1,8 @@
 //! Script errors for people: `file:line:col`, the source line and a caret under the spot.
 
-use rhai::{EvalAltResult, ParseError, Position};
+use rhai::{Dynamic, Engine, EvalAltResult, ParseError, Position};
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// A script error ready to print, with the exit code it implies.
 #[derive(Debug)]
@@ -45,23 +45,34 @@ pub fn exit_status(code: i64) -> i32 {
     u8::try_from(code).map_or(1, i32::from)
 }
 
-/// The text of every source compiled in this process, by the name errors give it, so that
-/// an error caught inside a call (retry, until) can still be shown with its line and caret.
-fn sources() -> &'static Mutex<HashMap<String, String>> {
-    static SOURCES: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
-    SOURCES.get_or_init(Default::default)
+/// The text of every source an engine compiled, by the name errors give it, so that an error
+/// caught inside a call (retry, until) can still be shown with its line and caret. Each
+/// engine has its own, kept as its default tag: rhai's slot for an engine's own state, which
+/// scripts cannot reach.
+#[derive(Clone, Default)]
+pub(crate) struct Sources(Arc<Mutex<HashMap<String, String>>>);
+
+impl Sources {
+    /// Gives `engine` an empty store of its own.
+    pub(crate) fn attach(engine: &mut Engine) {
+        engine.set_default_tag(Dynamic::from(Sources::default()));
+    }
+
+    fn of(engine: &Engine) -> Option<Sources> {
+        engine.default_tag().clone().try_cast::<Sources>()
+    }
 }
 
-/// Remembers `source` under `file` (the name errors use).
-pub fn remember(file: &str, source: &str) {
-    if let Ok(mut s) = sources().lock() {
+/// Remembers `source` under `file` (the name errors use) in `engine`'s store.
+pub fn remember(engine: &Engine, file: &str, source: &str) {
+    if let Some(Ok(mut s)) = Sources::of(engine).as_ref().map(|s| s.0.lock()) {
         s.insert(file.to_string(), source.to_string());
     }
 }
 
 /// An error caught at run time, rendered like every other one (message, `file:line:col`,
-/// the line and a caret) when its source is known; `file` is where the call happened.
-pub fn describe(err: &EvalAltResult, file: Option<&str>) -> String {
+/// the line and a caret) when `engine` compiled its source; `file` is where the call happened.
+pub fn describe(engine: &Engine, err: &EvalAltResult, file: Option<&str>) -> String {
     // The innermost error says what went wrong, and where.
     let mut e = err;
     let mut file = file;
@@ -72,7 +83,8 @@ pub fn describe(err: &EvalAltResult, file: Option<&str>) -> String {
         e = inner;
     }
     let msg = text_of(e);
-    let source = file.and_then(|f| sources().lock().ok()?.get(f).cloned());
+    let sources = Sources::of(engine);
+    let source = file.and_then(|f| sources.as_ref()?.0.lock().ok()?.get(f).cloned());
     match (file, source) {
         (Some(f), Some(src)) if e.position().line().is_some() => {
             render(&msg, e.position(), f, &src)

@@ -115,7 +115,11 @@ fn journal_of_hosts(
             );
         }
         let n = part.records.len();
-        rows.push(super::report::row(&h, crate::render::HostState::Ok, format!("{n} record(s)")));
+        rows.push(super::report::row(
+            &h,
+            crate::render::HostState::Ok,
+            format!("{n} record(s)"),
+        ));
         records.extend(part.records);
     }
     super::report::emit_hosts(cfg, &records, &rows, || {

@@ -54,7 +54,15 @@ fn kill_holders(
         if !r.errors.is_empty() {
             detail.push_str(&format!(", {} error(s)", r.errors.len()));
         }
-        rows.push(row(h, if good { HostState::Ok } else { HostState::Failed }, detail));
+        rows.push(row(
+            h,
+            if good {
+                HostState::Ok
+            } else {
+                HostState::Failed
+            },
+            detail,
+        ));
     }
     let report = machine::kill::merge_kills(parts, opts.dry_run);
     emit_hosts(cfg, &report, &rows, || {

@@ -122,7 +122,8 @@ pub(super) fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     );
     let mut scope = new_scope(&[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
-    if let Err(e) = crate::script::convert::check_depth(&v, "eval") {
+    if let Err(e) = crate::script::convert::check_depth(&v, "eval", cfg.session.config.limits.depth)
+    {
         return Err(Error::Other(
             e.to_string()
                 .trim_start_matches("Runtime error: ")

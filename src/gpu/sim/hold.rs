@@ -8,12 +8,14 @@
 
 use super::SimBackend;
 use crate::gpu::GpuError;
-use nix::sys::mman::{mmap, MapFlags, ProtFlags};
 use nix::sys::signal::{signal, SigHandler, Signal};
-use nix::unistd::{fork, pipe, setsid, ForkResult};
+use nix::unistd::{fork, ForkResult};
+use rustix::event::pause;
+use rustix::mm::{mmap, MapFlags, ProtFlags};
+use rustix::pipe::pipe;
+use rustix::process::{setsid, WaitOptions};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::num::NonZeroUsize;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -221,7 +223,7 @@ fn spawn_watcher(sim: &SimBackend, alloc: &Path) -> Result<(), GpuError> {
     // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            setsid()?;
             Ok(())
         });
     }
@@ -247,15 +249,15 @@ pub fn run_holder(sim: &SimBackend, opts: &HoldOpts) -> ! {
         std::process::exit(1);
     }
     loop {
-        nix::unistd::pause();
+        pause();
     }
 }
 
 /// What one holding process keeps alive: node fds, mappings, the allocation handle.
 struct Held {
     _files: Vec<File>,
-    _alloc: Option<nix::fcntl::Flock<File>>,
-    _footprints: Vec<nix::fcntl::Flock<File>>,
+    _alloc: Option<File>,
+    _footprints: Vec<File>,
     /// The allocation files, for the launcher's release watchers.
     allocs: Vec<PathBuf>,
 }
@@ -288,7 +290,7 @@ fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
         restart_forever(sim, opts);
     }
     // Reap the holders as they end; with none left, the launcher's job is done.
-    while nix::sys::wait::wait().is_ok() {}
+    while rustix::process::wait(WaitOptions::empty()).is_ok() {}
     std::process::exit(0);
 }
 
@@ -296,10 +298,9 @@ fn holder_main(sim: &SimBackend, opts: &HoldOpts) -> Result<(), String> {
 /// `while true` shell loop. Holders started after "ready" get no release watcher: their
 /// memory goes at once.
 fn restart_forever(sim: &SimBackend, opts: &HoldOpts) -> ! {
-    use nix::sys::wait::{wait, WaitStatus};
     loop {
-        match wait() {
-            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((_, st))) if st.exited() || st.signaled() => {
                 // A short pause, as a restart policy has, so a failing holder cannot spin.
                 std::thread::sleep(Duration::from_millis(50));
                 while fork_synced(|| holder(sim, opts)).is_err() {
@@ -311,7 +312,7 @@ fn restart_forever(sim: &SimBackend, opts: &HoldOpts) -> ! {
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(_) if !sim.dir.join("spec").exists() => std::process::exit(0),
             Err(_) => std::thread::sleep(Duration::from_secs(1)),
         }
@@ -392,7 +393,7 @@ pub fn run_foreground(sim: &SimBackend, opts: &HoldOpts) -> ! {
             report(&std::process::id().to_string());
             std::mem::forget(held);
             loop {
-                nix::unistd::pause();
+                pause();
             }
         }
         Err(e) => {
@@ -455,15 +456,14 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
 }
 
 /// Maps one page of the node, as a CUDA context maps /dev/nvidiaN; the mapping lives on.
-fn map_node(f: &File) -> nix::Result<()> {
-    let len = NonZeroUsize::new(4096).expect("non-zero");
+fn map_node(f: &File) -> rustix::io::Result<()> {
     // SAFETY: a fresh shared mapping of a file we own; it is never unmapped or dereferenced.
     unsafe {
         mmap(
-            None,
-            len,
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_SHARED,
+            std::ptr::null_mut(),
+            4096,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
             f,
             0,
         )
@@ -485,7 +485,7 @@ fn finish_ready() {
 
 fn detach_stdout() {
     if let Ok(null) = File::open("/dev/null") {
-        let _ = nix::unistd::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stdout(&null);
     }
 }
 
@@ -504,7 +504,7 @@ fn fork_synced(setup: impl FnOnce() -> Result<Then, String>) -> Result<(), Strin
                     std::process::exit(1);
                 }
             };
-            let _ = nix::unistd::write(&wr, b"1");
+            let _ = rustix::io::write(&wr, b"1");
             drop(wr);
             detach_stdout();
             match then {
@@ -512,15 +512,17 @@ fn fork_synced(setup: impl FnOnce() -> Result<Then, String>) -> Result<(), Strin
                 Then::Exit => std::process::exit(0),
                 Then::LeaveToThread => {
                     std::thread::spawn(|| loop {
-                        nix::unistd::pause();
+                        pause();
                     });
                     // SAFETY: SYS_exit ends only this thread; the process lives on in the
-                    // other one, with every fd, mapping and lock it had.
+                    // other one, with every fd, mapping and lock it had. Raw libc: nix has
+                    // no thread exit, and rustix's (`runtime::exit_thread`) is for programs
+                    // that are their own libc.
                     unsafe { libc::syscall(libc::SYS_exit, 0) };
                 }
             }
             loop {
-                nix::unistd::pause();
+                pause();
             }
         }
         ForkResult::Parent { .. } => {
@@ -536,11 +538,11 @@ fn fork_synced(setup: impl FnOnce() -> Result<Then, String>) -> Result<(), Strin
     }
 }
 
-extern "C" fn ignore_signal(_: libc::c_int) {}
+extern "C" fn ignore_signal(_: std::ffi::c_int) {}
 
 fn set_comm(name: &str) {
+    // The main thread's name is the process's comm (the kernel cuts it to 15 bytes).
     if let Ok(c) = std::ffi::CString::new(name) {
-        // SAFETY: PR_SET_NAME reads a NUL-terminated string (truncated to 15 bytes).
-        unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr(), 0, 0, 0) };
+        let _ = rustix::thread::set_name(&c);
     }
 }

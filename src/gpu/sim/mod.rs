@@ -16,7 +16,7 @@ pub mod hold;
 pub mod stuck;
 
 use super::{Backend, DeviceNodes, DriverProc, Gpu, GpuError, MIB};
-use nix::fcntl::{Flock, FlockArg};
+use rustix::fs::FlockOperation;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -153,7 +153,10 @@ pub fn state_dir() -> PathBuf {
 fn default_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d).join("gpuloop-sim"),
-        _ => std::env::temp_dir().join(format!("gpuloop-sim-{}", nix::unistd::getuid())),
+        _ => std::env::temp_dir().join(format!(
+            "gpuloop-sim-{}",
+            rustix::process::getuid().as_raw()
+        )),
     }
 }
 
@@ -199,6 +202,14 @@ fn state_err(dir: &Path, why: impl std::fmt::Display) -> GpuError {
         dir: dir.to_path_buf(),
         why: why.to_string(),
     }
+}
+
+/// `file` with `op`'s `flock` taken on its open file description. The lock is never undone
+/// by hand: it goes when the last process holding that description (a holder's forked
+/// children share it) closes it, as a CUDA allocation's handle does.
+fn locked(file: File, op: FlockOperation) -> rustix::io::Result<File> {
+    rustix::fs::flock(&file, op)?;
+    Ok(file)
 }
 
 impl SimBackend {
@@ -353,20 +364,22 @@ impl SimBackend {
         if alloc.leaked {
             return Ok(Some(alloc));
         }
-        Ok(match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            // A holder's shared lock, or the release watcher's exclusive one.
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Some(alloc),
-            Err((_, e)) => return Err(corrupt(e.to_string())),
-            Ok(_lock) => {
-                if self.spec.release_ms > 0 && watcher_alive(path) {
-                    // The last holder just went; the watcher is about to take over the release.
-                    return Ok(Some(alloc));
+        Ok(
+            match locked(file, FlockOperation::NonBlockingLockExclusive) {
+                // A holder's shared lock, or the release watcher's exclusive one.
+                Err(rustix::io::Errno::WOULDBLOCK) => Some(alloc),
+                Err(e) => return Err(corrupt(e.to_string())),
+                Ok(_lock) => {
+                    if self.spec.release_ms > 0 && watcher_alive(path) {
+                        // The last holder just went; the watcher is about to take over the release.
+                        return Ok(Some(alloc));
+                    }
+                    let _ = fs::remove_file(path);
+                    let _ = fs::remove_file(path.with_extension("watcher"));
+                    None
                 }
-                let _ = fs::remove_file(path);
-                let _ = fs::remove_file(path.with_extension("watcher"));
-                None
-            }
-        })
+            },
+        )
     }
 
     /// Checks an allocation's size against the GPU's memory (a real driver refuses more).
@@ -454,14 +467,14 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Creates an allocation held by this process; the returned lock is the handle.
+    /// Creates an allocation held by this process; the returned locked file is the handle.
     /// A `footprint` allocation is not listed by the simulated driver.
     pub fn allocate(
         &self,
         gpu: i64,
         mib: i64,
         footprint: bool,
-    ) -> Result<(PathBuf, Flock<File>), GpuError> {
+    ) -> Result<(PathBuf, File), GpuError> {
         self.minor(gpu)?;
         self.check_size(mib)?;
         let pid = std::process::id() as i32;
@@ -486,8 +499,8 @@ impl SimBackend {
             .open(&tmp)
             .map_err(|e| state_err(&self.dir, e))?;
         serde_json::to_writer(&file, &alloc).map_err(|e| state_err(&self.dir, e))?;
-        let lock = Flock::lock(file, FlockArg::LockSharedNonblock)
-            .map_err(|(_, e)| state_err(&self.dir, e))?;
+        let lock = locked(file, FlockOperation::NonBlockingLockShared)
+            .map_err(|e| state_err(&self.dir, e))?;
         // Visible only once held, so no reader ever sees it unheld and frees it.
         let path = self.alloc_dir().join(name);
         fs::rename(&tmp, &path).map_err(|e| state_err(&self.dir, e))?;
@@ -545,7 +558,7 @@ pub fn watch(sim: &SimBackend, alloc: &Path, release_ms: u64) -> Result<(), GpuE
     .map_err(|e| state_err(&dir, e))?;
     let dir = dir.as_path();
     // Blocks until every process holding the allocation's handle is gone.
-    let lock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| {
+    let lock = locked(file, FlockOperation::LockExclusive).map_err(|e| {
         let _ = fs::remove_file(alloc.with_extension("watcher"));
         state_err(dir, e)
     })?;

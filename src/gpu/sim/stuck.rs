@@ -42,12 +42,12 @@ fn ensure_mount(sim: &SimBackend) -> Result<PathBuf, GpuError> {
         return Ok(p);
     }
     std::fs::create_dir_all(OWN_MOUNT).map_err(|e| err(sim, format!("{OWN_MOUNT}: {e}")))?;
-    nix::mount::mount(
-        Some("gpuloop-freezer"),
+    rustix::mount::mount(
+        "gpuloop-freezer",
         OWN_MOUNT,
-        Some("cgroup"),
-        nix::mount::MsFlags::empty(),
-        Some("freezer"),
+        "cgroup",
+        rustix::mount::MountFlags::empty(),
+        c"freezer",
     )
     .map_err(|e| {
         err(
@@ -146,7 +146,7 @@ fn dying(pid: &str) -> bool {
             .lines()
             .find_map(|l| l.strip_prefix(k))
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .is_some_and(|m| m & (1 << (libc::SIGKILL - 1)) != 0)
+            .is_some_and(|m| m & (1 << (nix::sys::signal::Signal::SIGKILL as i32 - 1)) != 0)
     };
     pending("ShdPnd:") || pending("SigPnd:")
 }

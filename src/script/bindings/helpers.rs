@@ -1,18 +1,13 @@
 //! The small helpers scripts share: time, logging, files, JSON, exit, and loops of closures.
 
+use crate::config::Limits;
 use crate::script::convert::{
     check_depth, check_spec, script_err, secs_arg, to_script, RhaiResult,
 };
 use crate::script::engine::def;
 use crate::script::errors;
 use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, NativeCallContext, Position};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-fn started() -> Instant {
-    static START: OnceLock<Instant> = OnceLock::new();
-    *START.get_or_init(Instant::now)
-}
 
 /// Calls a closure with the attempt number if it takes one, else with no arguments.
 fn call(ctx: &NativeCallContext, f: &FnPtr, arg: i64) -> RhaiResult<Dynamic> {
@@ -24,20 +19,23 @@ fn call(ctx: &NativeCallContext, f: &FnPtr, arg: i64) -> RhaiResult<Dynamic> {
     }
 }
 
-fn log_line(msg: &Dynamic) {
-    crate::errln!("[{:>7.2}s] {msg}", started().elapsed().as_secs_f64());
+/// `msg` on stderr after the seconds since `start`, when the engine was built.
+fn log_line(start: Instant, msg: &Dynamic) {
+    crate::errln!("[{:>7.2}s] {msg}", start.elapsed().as_secs_f64());
 }
 
 fn truthy(v: &Dynamic) -> bool {
     v.as_bool().unwrap_or(!v.is_unit())
 }
 
-pub fn register(engine: &mut Engine) {
+/// The helpers, for an engine built under `limits`; `log()` counts from now.
+pub fn register(engine: &mut Engine, limits: &Limits) {
     let max_file = match engine.max_string_size() {
         0 => usize::MAX,
         n => n,
     };
-    started();
+    let max_depth = limits.depth;
+    let start = Instant::now();
     // Typed overloads: they replace rhai's own sleep(), which Ctrl-C cannot interrupt.
     def(
         engine,
@@ -70,7 +68,7 @@ pub fn register(engine: &mut Engine) {
         &["msg: ?", "()"],
         "Writes a line to stderr with the seconds since gpuloop started: [  1.25s] msg.
          Any value is written as text.",
-        |msg: Dynamic| log_line(&msg),
+        move |msg: Dynamic| log_line(start, &msg),
     );
     // rhai's own log(FLOAT) is log10: log(now() - t0) must print, not compute and drop.
     def(
@@ -78,14 +76,14 @@ pub fn register(engine: &mut Engine) {
         "log",
         &["msg: f64", "()"],
         "log() of a float: writes it (rhai's logarithm is log(x, 10.0) here).",
-        |msg: f64| log_line(&Dynamic::from(msg)),
+        move |msg: f64| log_line(start, &Dynamic::from(msg)),
     );
     def(
         engine,
         "log",
         &["msg: i64", "()"],
         "log() of an integer: writes it.",
-        |msg: i64| log_line(&Dynamic::from(msg)),
+        move |msg: i64| log_line(start, &Dynamic::from(msg)),
     );
     def(
         engine,
@@ -107,6 +105,14 @@ pub fn register(engine: &mut Engine) {
         &["name: String", "String | ()"],
         "The value of an environment variable, or () when it is not set.",
         |name: ImmutableString| -> Dynamic {
+            // This very gpuloop, as every job it starts has it (`runner::job` sets it there):
+            // gpuloop's own environment is left as it was given.
+            if name == "GPULOOP_EXE" {
+                return std::env::current_exe()
+                    .ok()
+                    .and_then(|p| p.into_os_string().into_string().ok())
+                    .map_or(Dynamic::UNIT, Dynamic::from);
+            }
             std::env::var(name.as_str()).map_or(Dynamic::UNIT, Dynamic::from)
         },
     );
@@ -186,8 +192,8 @@ pub fn register(engine: &mut Engine) {
         "to_json",
         &["value: ?", "String"],
         "Renders a value as JSON (maps, arrays, strings, numbers, booleans; () is null).",
-        |v: Dynamic| -> RhaiResult<String> {
-            check_depth(&v, "to_json")?;
+        move |v: Dynamic| -> RhaiResult<String> {
+            check_depth(&v, "to_json", max_depth)?;
             let json: serde_json::Value = rhai::serde::from_dynamic(&v).map_err(|_| {
                 script_err(format!(
                     "to_json: a {} has no JSON form (maps, arrays, strings, numbers, booleans and () do)",
@@ -283,7 +289,7 @@ pub fn register(engine: &mut Engine) {
                     Ok(_) => crate::errln!("retry: attempt {attempt}/{n} returned false"),
                     Err(e) => crate::errln!(
                         "retry: attempt {attempt}/{n} failed:\n{}",
-                        errors::describe(e, ctx.call_source())
+                        errors::describe(ctx.engine(), e, ctx.call_source())
                     ),
                 }
             }
