@@ -430,6 +430,16 @@ fn golden_agent_wire() {
             },
         ),
         ("cancel", Call::Cancel { id: 999 }),
+        (
+            "journal",
+            Call::Journal {
+                last: 2,
+                since: None,
+                pid: Some(victim as i64),
+                user: None,
+                front_end: None,
+            },
+        ),
     ];
     for (id, (name, call)) in (1..).zip(calls) {
         assert_eq!(call.method(), name);
