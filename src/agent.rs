@@ -160,7 +160,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Serves until stdin closes; returns the exit code.
-pub fn serve(session: Arc<Session>) -> i32 {
+pub(crate) fn serve(session: Arc<Session>) -> i32 {
     let _jobs = crate::runner::Supervisor::start();
     let out = Out(Arc::new(Mutex::new(std::io::stdout())));
     let (gpus, backend) = match session.backend() {

@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// What is being read, with its size limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Kind {
+pub(crate) struct Kind {
     /// "script", "module", "hosts file", … for messages.
     pub what: &'static str,
     /// The most bytes accepted.
@@ -19,33 +19,33 @@ pub struct Kind {
 
 /// A script file, or one piped to `run -`. Real scripts are a few KiB; the largest recipe
 /// is under 20 KiB.
-pub const SCRIPT: Kind = Kind {
+pub(crate) const SCRIPT: Kind = Kind {
     what: "script",
     limit: 16 << 20,
 };
 /// An imported module, as a script.
-pub const MODULE: Kind = Kind {
+pub(crate) const MODULE: Kind = Kind {
     what: "module",
     limit: SCRIPT.limit,
 };
 /// `--hosts-file`: one destination a line; 65,536 hosts of 64 bytes are 4 MiB.
-pub const HOSTS_FILE: Kind = Kind {
+pub(crate) const HOSTS_FILE: Kind = Kind {
     what: "hosts file",
     limit: 4 << 20,
 };
 /// config.toml.
-pub const CONFIG: Kind = Kind {
+pub(crate) const CONFIG: Kind = Kind {
     what: "config file",
     limit: 1 << 20,
 };
 /// One line typed or piped into the REPL.
-pub const REPL_LINE: Kind = Kind {
+pub(crate) const REPL_LINE: Kind = Kind {
     what: "REPL line",
     limit: 1 << 20,
 };
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{kind}, not a regular file: only regular files are read")]
@@ -60,7 +60,7 @@ pub enum ReadError {
 }
 
 /// "16 MiB", "1 KiB", "100 bytes".
-pub fn size(bytes: u64) -> String {
+pub(crate) fn size(bytes: u64) -> String {
     match bytes {
         b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
         b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
@@ -69,7 +69,7 @@ pub fn size(bytes: u64) -> String {
 }
 
 /// What a file that is not a regular file is, for messages.
-pub fn kind_of(t: std::fs::FileType) -> &'static str {
+pub(crate) fn kind_of(t: std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if t.is_dir() {
         "a directory"
@@ -89,7 +89,7 @@ pub fn kind_of(t: std::fs::FileType) -> &'static str {
 /// The bytes of a regular file of at most `kind.limit` bytes. Opened without blocking and
 /// checked with fstat before any read, so a FIFO is refused at once instead of waiting for a
 /// writer, and a link to a device is judged by what it points to.
-pub fn file(path: &Path, kind: Kind) -> Result<Vec<u8>, ReadError> {
+pub(crate) fn file(path: &Path, kind: Kind) -> Result<Vec<u8>, ReadError> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -119,7 +119,7 @@ pub fn file(path: &Path, kind: Kind) -> Result<Vec<u8>, ReadError> {
 }
 
 /// A regular file's text, as `file` reads it.
-pub fn text(path: &Path, kind: Kind) -> Result<String, ReadError> {
+pub(crate) fn text(path: &Path, kind: Kind) -> Result<String, ReadError> {
     String::from_utf8(file(path, kind)?).map_err(|_| ReadError::NotUtf8)
 }
 
@@ -172,7 +172,7 @@ fn stdin_chunk(buf: &mut [u8]) -> Result<usize, ReadError> {
 }
 
 /// All of stdin, at most `kind.limit` bytes; Ctrl-C ends the wait for it.
-pub fn stdin(kind: Kind) -> Result<Vec<u8>, ReadError> {
+pub(crate) fn stdin(kind: Kind) -> Result<Vec<u8>, ReadError> {
     let mut out = Vec::new();
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -191,7 +191,7 @@ pub fn stdin(kind: Kind) -> Result<Vec<u8>, ReadError> {
 }
 
 /// Stdin line by line, each line at most `kind.limit` bytes; Ctrl-C ends the wait for one.
-pub struct StdinLines {
+pub(crate) struct StdinLines {
     kind: Kind,
     buf: Vec<u8>,
     /// Where the unread part of `buf` starts.
@@ -200,7 +200,7 @@ pub struct StdinLines {
 }
 
 impl StdinLines {
-    pub fn new(kind: Kind) -> StdinLines {
+    pub(crate) fn new(kind: Kind) -> StdinLines {
         StdinLines {
             kind,
             buf: Vec::new(),
@@ -211,7 +211,7 @@ impl StdinLines {
 
     /// The next line without its newline; `None` at the end of stdin. A line over the limit
     /// is an error at once (its end may never come: `/dev/zero`); reading ends there.
-    pub fn next_line(&mut self) -> Result<Option<String>, ReadError> {
+    pub(crate) fn next_line(&mut self) -> Result<Option<String>, ReadError> {
         loop {
             // Lines already buffered must not outrun a Ctrl-C either.
             if crate::interrupt::is_set() {
@@ -261,7 +261,7 @@ impl StdinLines {
 
 /// A script's text without the UTF-8 byte-order mark some editors put first (rhai would read
 /// it as an unknown character).
-pub fn without_bom(src: &str) -> &str {
+pub(crate) fn without_bom(src: &str) -> &str {
     src.strip_prefix('\u{feff}').unwrap_or(src)
 }
 

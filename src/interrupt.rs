@@ -17,10 +17,10 @@ extern "C" fn on_signal(sig: std::ffi::c_int) {
 
 /// "Interrupted since this was made": a stop that an interrupt started (a job stopped on
 /// Ctrl-C) is cut short only by the next one.
-pub struct After(u32);
+pub(crate) struct After(u32);
 
 impl After {
-    pub fn now() -> After {
+    pub(crate) fn now() -> After {
         After(COUNT.load(Ordering::SeqCst))
     }
 }
@@ -36,7 +36,7 @@ impl crate::process::kill::Interrupt for After {
 /// here: the Rust runtime ignores it, so a closed pipe is an error where it is written.
 /// Faults (SEGV, BUS, ILL, FPE, ABRT) cannot be handled safely; SIGKILL and SIGSTOP cannot
 /// be caught: `runner::supervise`'s guard process covers those deaths.
-pub const TERMINATING: &[Signal] = &[
+pub(crate) const TERMINATING: &[Signal] = &[
     Signal::SIGHUP,
     Signal::SIGINT,
     Signal::SIGQUIT,
@@ -55,7 +55,7 @@ pub const TERMINATING: &[Signal] = &[
 
 /// Installs the handlers for every signal of `TERMINATING` and the real-time signals
 /// (idempotent).
-pub fn install() {
+pub(crate) fn install() {
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
         SaFlags::SA_RESTART,
@@ -82,23 +82,23 @@ pub fn install() {
 }
 
 /// The flag set by the handlers.
-pub fn flag() -> &'static AtomicBool {
+pub(crate) fn flag() -> &'static AtomicBool {
     &INTERRUPTED
 }
 
-pub fn is_set() -> bool {
+pub(crate) fn is_set() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
 }
 
 /// True if the interrupt was a signal other than Ctrl-C (SIGTERM, a hangup, …): someone
 /// asked gpuloop to stop, not to cancel one call.
-pub fn terminated() -> bool {
+pub(crate) fn terminated() -> bool {
     let sig = SIGNAL.load(Ordering::Relaxed);
     sig != 0 && sig != Signal::SIGINT as i32
 }
 
 /// Clears the flag (the REPL does after cancelling one call).
-pub fn clear() {
+pub(crate) fn clear() {
     INTERRUPTED.store(false, Ordering::SeqCst);
     SIGNAL.store(0, Ordering::SeqCst);
 }

@@ -25,16 +25,16 @@ use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The journal's file name in its directory; the rotated one adds `.1`.
-pub const FILE: &str = "journal.jsonl";
+pub(crate) const FILE: &str = "journal.jsonl";
 const ROTATED: &str = "journal.jsonl.1";
 
 /// Past this size the journal is rotated to `journal.jsonl.1` (the one before is dropped), so
 /// the two files together stay under twice this.
-pub const MAX_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_BYTES: u64 = 16 << 20;
 
 /// The longest line `gpuloop journal` reads as a record; a longer one is skipped whole, so
 /// a damaged or hostile file never costs more memory than this per line.
-pub const MAX_LINE: usize = 64 << 10;
+pub(crate) const MAX_LINE: usize = 64 << 10;
 
 /// Which gpuloop sent the signal or served the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,14 +93,14 @@ impl FromStr for FrontEnd {
 
 /// Who ran gpuloop: the effective user, the one whose rights the signals carry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Invoker {
+pub(crate) struct Invoker {
     pub uid: u32,
     pub name: String,
 }
 
 /// The process a signal went to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Target {
+pub(crate) struct Target {
     pub pid: i64,
     /// Start time in clock ticks since boot: with the pid, the identity.
     pub start: u64,
@@ -111,7 +111,7 @@ pub struct Target {
 
 /// One signal sent, or not delivered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Signal {
+pub(crate) struct Signal {
     pub target: Target,
     pub signal: String,
     /// Why the target was chosen: "holder of GPU 0", "child of pid 41 (python3)", "bare pid".
@@ -122,7 +122,7 @@ pub struct Signal {
 
 /// One MCP call, as appended after it ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Call {
+pub(crate) struct Call {
     pub tool: String,
     pub arguments: Value,
     /// Pids signalled by the call (empty for reads and dry runs).
@@ -136,14 +136,14 @@ pub struct Call {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
-pub enum Event {
+pub(crate) enum Event {
     Signal(Signal),
     Call(Call),
 }
 
 /// One line of the journal.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Record {
+pub(crate) struct Record {
     /// UTC, RFC 3339 with milliseconds.
     pub time: String,
     pub host: String,
@@ -162,7 +162,7 @@ pub struct Record {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum JournalError {
+pub(crate) enum JournalError {
     #[error("no state directory for the journal (set XDG_STATE_HOME or HOME)")]
     NoStateDir,
     #[error("journal {path}: {source}")]
@@ -191,7 +191,7 @@ thread_local! {
 
 /// Turns the journal on for this process: every signal from now on is journaled as sent by
 /// `front_end`, run as `argv`. Library use without this (unit tests) journals nothing.
-pub fn start(front_end: FrontEnd, argv: Vec<String>) {
+pub(crate) fn start(front_end: FrontEnd, argv: Vec<String>) {
     let client = (front_end == FrontEnd::Agent)
         .then(|| std::env::var("SSH_CONNECTION").ok())
         .flatten();
@@ -204,21 +204,21 @@ pub fn start(front_end: FrontEnd, argv: Vec<String>) {
 
 /// The environment variable that tells a helper gpuloop (the guard) the front end of the
 /// gpuloop it acts for.
-pub const FRONT_END_ENV: &str = "GPULOOP_JOURNAL_FRONT_END";
+pub(crate) const FRONT_END_ENV: &str = "GPULOOP_JOURNAL_FRONT_END";
 
 /// This process's front end, for a helper it starts (set as [`FRONT_END_ENV`] on the helper).
-pub fn front_end_name() -> Option<&'static str> {
+pub(crate) fn front_end_name() -> Option<&'static str> {
     Some(CONTEXT.get()?.front_end.name())
 }
 
 /// The front end a helper was started for.
-pub fn inherited() -> Option<FrontEnd> {
+pub(crate) fn inherited() -> Option<FrontEnd> {
     std::env::var(FRONT_END_ENV).ok()?.parse().ok()
 }
 
 /// Runs `f` as the server call `call` (an MCP tool call, a remote client's request): the
 /// signals it sends on this thread are journaled with the call.
-pub fn in_call<T>(front_end: FrontEnd, call: Value, f: impl FnOnce() -> T) -> T {
+pub(crate) fn in_call<T>(front_end: FrontEnd, call: Value, f: impl FnOnce() -> T) -> T {
     struct Reset(Option<(FrontEnd, Value)>);
     impl Drop for Reset {
         fn drop(&mut self) {
@@ -232,7 +232,7 @@ pub fn in_call<T>(front_end: FrontEnd, call: Value, f: impl FnOnce() -> T) -> T 
 }
 
 /// `$XDG_STATE_HOME/gpuloop`, by default `~/.local/state/gpuloop`.
-pub fn dir() -> Result<PathBuf, JournalError> {
+pub(crate) fn dir() -> Result<PathBuf, JournalError> {
     dirs::state_dir()
         .map(|d| d.join("gpuloop"))
         .ok_or(JournalError::NoStateDir)
@@ -240,7 +240,7 @@ pub fn dir() -> Result<PathBuf, JournalError> {
 
 /// Journals one signal (sent, or tried) when the journal is on. A journal that cannot be
 /// written is warned about once, and never holds a signal back.
-pub fn signal(target: Target, signal: &str, why: &str, outcome: &str) {
+pub(crate) fn signal(target: Target, signal: &str, why: &str, outcome: &str) {
     let Some(ctx) = CONTEXT.get() else { return };
     let event = Event::Signal(Signal {
         target,
@@ -255,7 +255,7 @@ pub fn signal(target: Target, signal: &str, why: &str, outcome: &str) {
 }
 
 /// Journals an MCP call that ended. The error is the caller's to report.
-pub fn call(dir: &Path, call: Call) -> Result<(), JournalError> {
+pub(crate) fn call(dir: &Path, call: Call) -> Result<(), JournalError> {
     let fallback = Context {
         front_end: FrontEnd::Mcp,
         argv: std::env::args().collect(),
@@ -457,7 +457,11 @@ fn open_existing_dir(dir: &Path) -> Result<Option<OwnedFd>, JournalError> {
 
 /// Reads at most `max` bytes of a small state file `name` kept beside the journal in `dir`,
 /// with the journal's care (no link followed, ours alone); `None` when there is none.
-pub fn read_state(dir: &Path, name: &str, max: u64) -> Result<Option<Vec<u8>>, JournalError> {
+pub(crate) fn read_state(
+    dir: &Path,
+    name: &str,
+    max: u64,
+) -> Result<Option<Vec<u8>>, JournalError> {
     let Some(dirfd) = open_existing_dir(dir)? else {
         return Ok(None);
     };
@@ -478,7 +482,7 @@ pub fn read_state(dir: &Path, name: &str, max: u64) -> Result<Option<Vec<u8>>, J
 /// Rewrites the state file `name` in `dir` (created 0600, as the journal is) with what
 /// `change` makes of its first `max` bytes, under a lock on the file, so concurrent gpuloops
 /// each see the other's change.
-pub fn update_state(
+pub(crate) fn update_state(
     dir: &Path,
     name: &str,
     max: u64,
@@ -503,7 +507,7 @@ pub fn update_state(
 
 /// Appends `record` to the journal in `dir` as one line, in one write; rotates it first when
 /// it has grown past [`MAX_BYTES`].
-pub fn append(dir: &Path, record: &Record) -> Result<(), JournalError> {
+pub(crate) fn append(dir: &Path, record: &Record) -> Result<(), JournalError> {
     let mut line = serde_json::to_vec(record).map_err(|e| JournalError::Io {
         path: dir.join(FILE),
         source: e.into(),
@@ -557,7 +561,7 @@ fn rotate(dirfd: &OwnedFd, fd: &OwnedFd) -> rustix::io::Result<()> {
 
 /// What `gpuloop journal` shows.
 #[derive(Debug, Default, Clone)]
-pub struct Filter {
+pub(crate) struct Filter {
     /// Records at or after this time (RFC 3339 UTC, compared as text: the journal's times all
     /// have one format).
     pub since: Option<String>,
@@ -569,7 +573,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn matches(&self, r: &Record) -> bool {
+    pub(crate) fn matches(&self, r: &Record) -> bool {
         let pid_ok = self.pid.is_none_or(|p| match &r.event {
             Event::Signal(s) => s.target.pid == p,
             Event::Call(c) => c.signalled.contains(&p),
@@ -589,7 +593,7 @@ impl Filter {
 
 /// `--since`: a time in UTC (`2026-12-01`, `2026-12-01T14:05`, `…:30Z`) or an age (`90s`,
 /// `10m`, `2h`, `3d`), as the journal's RFC 3339 text to compare with.
-pub fn parse_since(s: &str) -> Result<String, String> {
+pub(crate) fn parse_since(s: &str) -> Result<String, String> {
     let s = s.trim();
     let bad = || {
         format!(
@@ -629,7 +633,7 @@ pub fn parse_since(s: &str) -> Result<String, String> {
 
 /// What reading the journal found, besides the records.
 #[derive(Debug, Default, PartialEq)]
-pub struct Found {
+pub(crate) struct Found {
     /// Lines that are not records (damaged, of another version, or longer than MAX_LINE).
     pub bad: usize,
     /// Records that matched the filter, shown or not.
@@ -639,7 +643,7 @@ pub struct Found {
 /// Streams the journal in `dir` (the rotated file, then the current one), oldest first,
 /// giving each record that matches `filter` to `each`; reads one line at a time, each at most
 /// [`MAX_LINE`], so a huge or damaged journal costs time, never memory.
-pub fn read(
+pub(crate) fn read(
     dir: &Path,
     filter: &Filter,
     each: &mut dyn FnMut(Record),
@@ -712,7 +716,7 @@ fn skip_line(r: &mut impl BufRead) -> std::io::Result<()> {
 }
 
 /// The last `n` records matching `filter` (all of them for 0, streamed to `each` as read).
-pub fn last(
+pub(crate) fn last(
     dir: &Path,
     filter: &Filter,
     n: usize,
@@ -733,7 +737,7 @@ pub fn last(
 }
 
 /// One record for people.
-pub fn line(r: &Record) -> String {
+pub(crate) fn line(r: &Record) -> String {
     let head = format!(
         "{} {} {}({}) {}",
         r.time,
@@ -783,7 +787,7 @@ impl Record {
 }
 
 /// Now as "2026-11-30T09:41:07.123Z".
-pub fn now_utc() -> String {
+pub(crate) fn now_utc() -> String {
     let d = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();

@@ -15,7 +15,7 @@ static WIDE: OnceLock<bool> = OnceLock::new();
 
 /// When output gets ANSI colour (`--color`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ColorChoice {
+pub(crate) enum ColorChoice {
     /// On a terminal, unless `NO_COLOR` is set (no-color.org).
     #[default]
     Auto,
@@ -24,7 +24,7 @@ pub enum ColorChoice {
 }
 
 /// Set once by the command line, before anything prints; a later call changes nothing.
-pub fn set_color(choice: ColorChoice) {
+pub(crate) fn set_color(choice: ColorChoice) {
     let _ = COLOR.set(choice);
 }
 
@@ -39,29 +39,29 @@ fn color_on(is_terminal: bool) -> bool {
 }
 
 /// Whether stdout gets colour.
-pub fn color_stdout() -> bool {
+pub(crate) fn color_stdout() -> bool {
     color_on(std::io::stdout().is_terminal())
 }
 
 /// Whether stderr gets colour.
-pub fn color_stderr() -> bool {
+pub(crate) fn color_stderr() -> bool {
     color_on(std::io::stderr().is_terminal())
 }
 
 /// `--wide`: never cut a table's command column. Set once by the command line, before
 /// anything prints; a later call changes nothing.
-pub fn set_wide(wide: bool) {
+pub(crate) fn set_wide(wide: bool) {
     let _ = WIDE.set(wide);
 }
 
 /// `--wide` (`--all-rows`) was given: tables over several hosts list every row too.
-pub fn wide() -> bool {
+pub(crate) fn wide() -> bool {
     WIDE.get().copied().unwrap_or(false)
 }
 
 /// How wide stdout's lines may be: the terminal's width, or `None` (no limit) with `--wide`
 /// or when stdout is not a terminal, as `ps` does.
-pub fn width() -> Option<usize> {
+pub(crate) fn width() -> Option<usize> {
     if wide() || !std::io::stdout().is_terminal() {
         return None;
     }
@@ -74,17 +74,17 @@ pub fn width() -> Option<usize> {
 }
 
 /// Writes `text` and a newline to stdout.
-pub fn line(text: &str) {
+pub(crate) fn line(text: &str) {
     write(format_args!("{text}\n"));
 }
 
 /// Writes `text` as it is.
-pub fn text(text: &str) {
+pub(crate) fn text(text: &str) {
     write(format_args!("{text}"));
 }
 
 /// Writes raw bytes (generated completions, man pages).
-pub fn bytes(data: &[u8]) {
+pub(crate) fn bytes(data: &[u8]) {
     if closed() {
         return;
     }
@@ -107,13 +107,13 @@ fn failed(e: std::io::Error) {
 }
 
 /// True once stdout is gone: scripts stop at their next statement, commands print no more.
-pub fn closed() -> bool {
+pub(crate) fn closed() -> bool {
     CLOSED.load(Ordering::Relaxed)
 }
 
 /// Writes `text` to stderr as it is. A failed write is dropped: when stderr is gone
 /// (`gpuloop … 2>&1 | head -1`) there is no one left to tell, and `eprint!` would panic.
-pub fn err(text: &str) {
+pub(crate) fn err(text: &str) {
     err_bytes(text.as_bytes());
 }
 
@@ -123,7 +123,7 @@ fn err_bytes(data: &[u8]) {
 
 /// stderr for the log (`-v`): what cannot be written is dropped, as by `err`. tracing reports
 /// a failed write of its own with `eprintln!`, which panics on a closed pipe.
-pub struct Stderr;
+pub(crate) struct Stderr;
 
 impl Write for Stderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

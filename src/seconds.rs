@@ -5,11 +5,11 @@ use std::time::Duration;
 
 /// The most seconds a timeout, grace or settle time may be (about 31 years): anything
 /// longer, or infinite, is a typo, and `Duration` would panic on some of it.
-pub const MAX_SECS: f64 = 1e9;
+pub(crate) const MAX_SECS: f64 = 1e9;
 
 /// `v` seconds as a `Duration`, or why it is not one, e.g. "inf is not a number of seconds:
 /// it must be finite, from 0 to 1e9 (about 31 years)".
-pub fn seconds(v: f64) -> Result<Duration, String> {
+pub(crate) fn seconds(v: f64) -> Result<Duration, String> {
     if (0.0..=MAX_SECS).contains(&v) {
         return Ok(Duration::from_secs_f64(v));
     }

@@ -25,7 +25,7 @@ const BELOW: usize = 1 << 20;
 const SIGNALS: [libc::c_int; 2] = [libc::SIGSEGV, libc::SIGBUS];
 
 /// Called first thing on the script thread: records its stack's bounds, installs the handler.
-pub fn watch_this_thread() {
+pub(crate) fn watch_this_thread() {
     // SAFETY: pthread_getattr_np fills `attr` for the calling thread, which is destroyed
     // after its stack bounds are read.
     let low = unsafe {

@@ -1,7 +1,7 @@
 //! GPU backends: one small trait, with the NVML driver, the simulator, and "no driver" behind it.
 
 pub mod deadline;
-pub mod nvml;
+pub(crate) mod nvml;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};

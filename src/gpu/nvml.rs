@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub struct NvmlBackend {
+pub(crate) struct NvmlBackend {
     nvml: &'static Nvml,
     nodes: DeviceNodes,
     foreign_ns: bool,
@@ -155,7 +155,7 @@ fn lib_path() -> OsString {
 /// that has begun already. A one-shot calls it first thing, so that NVML's ~10 ms of
 /// initialisation overlap everything gpuloop does before it needs the driver (arguments,
 /// config, the /proc scan); `NvmlBackend::load` then takes its result.
-pub fn preload() {
+pub(crate) fn preload() {
     let mut lib = LIB.lock().unwrap_or_else(|p| p.into_inner());
     if matches!(*lib, Lib::Unloaded) {
         if let Ok(p) = deadline::start("nvmlInit", open) {
@@ -199,7 +199,7 @@ impl NvmlBackend {
     /// the load `preload` started, waited for until `limit`. `Err(GpuError::NoDriver)` says
     /// what failed, as nvidia-smi would; a load still running at `limit` is hung in the
     /// driver (the next `load` waits for the same one again).
-    pub fn load(limit: Duration) -> Result<NvmlBackend, GpuError> {
+    pub(crate) fn load(limit: Duration) -> Result<NvmlBackend, GpuError> {
         let mut lib = LIB.lock().unwrap_or_else(|p| p.into_inner());
         let pending = match std::mem::replace(&mut *lib, Lib::Unloaded) {
             Lib::Loaded(nvml) => {
@@ -242,7 +242,7 @@ impl NvmlBackend {
     }
 
     /// The driver's device nodes.
-    pub fn nodes() -> DeviceNodes {
+    pub(crate) fn nodes() -> DeviceNodes {
         DeviceNodes::new("/dev")
     }
 

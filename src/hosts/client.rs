@@ -56,7 +56,7 @@ struct Stderr {
 }
 
 /// One open agent.
-pub struct Conn {
+pub(crate) struct Conn {
     host: String,
     pub hello: Hello,
     next_id: AtomicU64,

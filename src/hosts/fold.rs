@@ -16,7 +16,7 @@ fn split(name: &str) -> Option<(&str, &str, &str)> {
 /// The names as one hostlist expression that `hostlist::expand` turns back into the same
 /// names: names that differ only in their last number share a bracket, zero padding kept.
 /// Groups come in the order their first name was given.
-pub fn compress<S: AsRef<str>>(names: &[S]) -> String {
+pub(crate) fn compress<S: AsRef<str>>(names: &[S]) -> String {
     struct Group<'a> {
         prefix: &'a str,
         suffix: &'a str,

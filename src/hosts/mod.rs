@@ -5,13 +5,13 @@
 //! Async (tokio) stays inside this room: `Pool` offers a blocking API to `actions`, which
 //! does the fan-out, so the CLI and the bindings never branch on "remote".
 
-pub mod client;
-pub mod fold;
+pub(crate) mod client;
+pub(crate) mod fold;
 pub mod hostlist;
 pub mod protocol;
-pub mod push;
-pub mod slurm;
-pub mod transport;
+pub(crate) mod push;
+pub(crate) mod slurm;
+pub(crate) mod transport;
 
 pub use client::Pool;
 pub use transport::Transport;

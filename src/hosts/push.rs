@@ -14,17 +14,17 @@
 use std::sync::{Arc, OnceLock};
 
 /// What a host says before it is sent anything.
-pub const ASK: &str = "gpuloop-push ";
+pub(crate) const ASK: &str = "gpuloop-push ";
 /// The remote has no copy of this binary: send it.
-pub const SEND: &str = "gpuloop-send";
+pub(crate) const SEND: &str = "gpuloop-send";
 /// The script's exit code where the cache refused the copy (EX_CANTCREAT's neighbour,
 /// EX_TEMPFAIL: sysexits.h).
-pub const CANNOT_STORE: i32 = 75;
+pub(crate) const CANNOT_STORE: i32 = 75;
 
 /// The remote command: a POSIX sh script in one line, with no `!` and no newline (a csh or
 /// fish login shell passes it to sh untouched). `skip_path`: the gpuloop on the PATH spoke
 /// another protocol, so only this binary's copy will do.
-pub fn script(skip_path: bool) -> String {
+pub(crate) fn script(skip_path: bool) -> String {
     let version = env!("CARGO_PKG_VERSION");
     let mut s = String::new();
     if !skip_path {
@@ -50,7 +50,7 @@ pub fn script(skip_path: bool) -> String {
 }
 
 /// This binary, read once per run and only when some host needs it.
-pub struct Exe {
+pub(crate) struct Exe {
     pub bytes: Vec<u8>,
     /// SHA-256, hex.
     pub hash: String,
@@ -59,7 +59,7 @@ pub struct Exe {
     pub glibc: Option<(u32, u32)>,
 }
 
-pub fn exe() -> Result<Arc<Exe>, String> {
+pub(crate) fn exe() -> Result<Arc<Exe>, String> {
     static EXE: OnceLock<Result<Arc<Exe>, String>> = OnceLock::new();
     EXE.get_or_init(|| {
         use sha2::Digest;
@@ -76,7 +76,7 @@ pub fn exe() -> Result<Arc<Exe>, String> {
 }
 
 /// Why this binary cannot run on a host that said `ARCH LIBC` (`x86_64 glibc 2.36`).
-pub fn cannot_run(said: &str, exe: &Exe) -> Option<String> {
+pub(crate) fn cannot_run(said: &str, exe: &Exe) -> Option<String> {
     let mut w = said.split_whitespace();
     let arch = w.next().unwrap_or("");
     let ours = std::env::consts::ARCH;
@@ -127,7 +127,7 @@ fn parse_version(v: &str) -> Option<(u32, u32)> {
 }
 
 /// The newest `GLIBC_2.x` an ELF file's symbol versions need (its `.gnu.version_r`).
-pub fn glibc_needed(elf: &[u8]) -> Option<(u32, u32)> {
+pub(crate) fn glibc_needed(elf: &[u8]) -> Option<(u32, u32)> {
     let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
     let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
     let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));

@@ -10,7 +10,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 /// What `--hosts-from-slurm` was given.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SlurmSource {
+pub(crate) enum SlurmSource {
     /// A job id: `812`, an array task `812_3`, a het component `812+1`.
     Job(String),
     /// A node list expression: `gpu[01-04],gpu10`.
@@ -18,7 +18,7 @@ pub enum SlurmSource {
 }
 
 impl SlurmSource {
-    pub fn parse(arg: &str) -> Result<SlurmSource, HostError> {
+    pub(crate) fn parse(arg: &str) -> Result<SlurmSource, HostError> {
         let arg = arg.trim();
         if arg.is_empty() {
             return Err(HostError::SlurmArg {
@@ -36,7 +36,7 @@ impl SlurmSource {
 
 /// `812`, `812_3` (array task) or `812+1` (het component): digits, at most one `_` or `+`
 /// followed by digits.
-pub fn is_job_id(s: &str) -> bool {
+pub(crate) fn is_job_id(s: &str) -> bool {
     let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
     let job = |p: &str| p == p.trim() && crate::slurm::job_id(p).is_some();
     match s.split_once(['_', '+']) {
@@ -46,7 +46,7 @@ pub fn is_job_id(s: &str) -> bool {
 }
 
 /// The nodes, in Slurm's order.
-pub fn resolve(src: &SlurmSource) -> Result<Vec<String>, HostError> {
+pub(crate) fn resolve(src: &SlurmSource) -> Result<Vec<String>, HostError> {
     match src {
         SlurmSource::Job(job) => {
             let arg = job.as_str();
@@ -98,7 +98,7 @@ fn hostnames(arg: &str, list: &str) -> Result<Vec<String>, HostError> {
 
 /// The `NodeList=` of every record (an array or het job has several); `(null)` (a pending
 /// job) counts as none.
-pub fn node_list(show_job: &str) -> Vec<String> {
+pub(crate) fn node_list(show_job: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for line in show_job.lines() {
         if let Some(l) = field(line, "NodeList") {

@@ -67,9 +67,9 @@ pub struct SshOpts {
 }
 
 /// How long a kept connection outlives the run that opened it (ssh's ControlPersist).
-pub const PERSIST_S: u64 = 60;
+pub(crate) const PERSIST_S: u64 = 60;
 /// ssh's own default TCP connect timeout without `--host-timeout`: pdsh's.
-pub const CONNECT_TIMEOUT_S: u64 = 10;
+pub(crate) const CONNECT_TIMEOUT_S: u64 = 10;
 
 /// A command that starts an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,7 +380,7 @@ fn control_path(dir: &std::path::Path, dest: &str, config: Option<&std::path::Pa
 }
 
 /// Whether `ssh -G`'s output sets a ControlPath (unset, it prints none at all).
-pub fn sets_control_path(shown: &str) -> bool {
+pub(crate) fn sets_control_path(shown: &str) -> bool {
     shown.lines().any(|l| {
         let mut w = l.split_whitespace();
         w.next()
@@ -392,7 +392,7 @@ pub fn sets_control_path(shown: &str) -> bool {
 /// The private directory kept connections live in: `$XDG_RUNTIME_DIR/gpuloop`, else
 /// `/tmp/gpuloop-ssh-UID`; created with mode 0700, and used only if it is a directory (not a
 /// link) of this user that no one else may enter; otherwise why not.
-pub fn reuse_dir() -> Result<PathBuf, String> {
+pub(crate) fn reuse_dir() -> Result<PathBuf, String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let uid = rustix::process::geteuid().as_raw();
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {

@@ -2,9 +2,9 @@
 
 pub mod diagnose;
 pub mod holders;
-pub mod kinds;
-pub mod select;
-pub mod wait;
+pub(crate) mod kinds;
+pub(crate) mod select;
+pub(crate) mod wait;
 
 use crate::gpu::GpuError;
 

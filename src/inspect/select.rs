@@ -12,7 +12,7 @@ pub enum Selector {
 }
 
 /// Parses `0`, `0,1`, `0-3`, `GPU-0fb0…`, `00000000:18:00.0` and comma lists of them.
-pub fn parse(text: &str) -> Result<Vec<Selector>, GpuError> {
+pub(crate) fn parse(text: &str) -> Result<Vec<Selector>, GpuError> {
     let bad = |why: &str| GpuError::BadSelector(format!("{text:?}: {why}"));
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim) {
@@ -49,7 +49,7 @@ pub fn parse(text: &str) -> Result<Vec<Selector>, GpuError> {
 /// The GPU indices the selectors name, in the order given, without repeats. An index is kept
 /// as it is (an unknown one is reported where the selection is checked); an id must match
 /// exactly one GPU.
-pub fn resolve(sels: &[Selector], gpus: &[Gpu]) -> Result<Vec<i64>, GpuError> {
+pub(crate) fn resolve(sels: &[Selector], gpus: &[Gpu]) -> Result<Vec<i64>, GpuError> {
     let mut out: Vec<i64> = Vec::new();
     for s in sels {
         let i = match s {

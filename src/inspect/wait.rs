@@ -9,7 +9,7 @@ use crate::process::restart::{self, Restarter};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-pub use crate::seconds::{seconds, MAX_SECS};
+pub(crate) use crate::seconds::{seconds, MAX_SECS};
 
 #[derive(Debug, Clone)]
 pub struct WaitOpts {
@@ -57,7 +57,7 @@ impl Default for WaitOpts {
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum WaitOutcome {
+pub(crate) enum WaitOutcome {
     Clean,
     TimedOut,
     Interrupted,
@@ -72,13 +72,13 @@ pub enum WaitOutcome {
 }
 
 impl WaitOutcome {
-    pub fn is_clean(&self) -> bool {
+    pub(crate) fn is_clean(&self) -> bool {
         *self == WaitOutcome::Clean
     }
 }
 
 /// What is still dirty at one poll: (GPU index, MiB used, compute holders).
-pub type Dirty = Vec<(i64, i64, usize)>;
+pub(crate) type Dirty = Vec<(i64, i64, usize)>;
 
 /// How often the /proc scan is repeated while memory sits still (it is also taken whenever
 /// memory moves or reads clean).
@@ -113,7 +113,7 @@ fn judge(inv: &Inventory, indices: &[i64], opts: &WaitOpts) -> Judgement {
 
 /// Polls memory (cheap) every `poll`; the /proc scan runs only when memory reads clean or
 /// moves, and every `RESCAN` while it sits still, so the hot loop costs one driver query.
-pub fn wait_clean(
+pub(crate) fn wait_clean(
     backend: &dyn Backend,
     sel: &Selection,
     opts: &WaitOpts,

@@ -5,7 +5,7 @@
 
 use super::kill::{merge_kills, unreachable_report, Kill, KillHolders};
 use super::ops::{gpus_used, Diagnose, Gpus, Holders, HoldersReport};
-use super::wait::{combine, merge_clean, Clean, CleanReport, WaitClean};
+use super::wait::{combine, Clean, CleanReport, WaitClean};
 use super::{ActionError, Local, Machine, Op, Received, Remote};
 use crate::gpu::{Gpu, GpuError};
 use crate::hosts::{HostError, HostSel, LOCAL};
@@ -21,11 +21,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Each selected host's part of a call, in host-set order.
-pub type PerHost<T> = Vec<(String, Result<T, ActionError>)>;
+pub(crate) type PerHost<T> = Vec<(String, Result<T, ActionError>)>;
 
 /// What an unreachable host does to a call over the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnError {
+pub(crate) enum OnError {
     /// The call fails with that host's error.
     Fail,
     /// The call goes on without it (said once per session).
@@ -34,14 +34,14 @@ pub enum OnError {
 
 /// The session's host set, and what an unreachable host does to its calls.
 #[derive(Clone, Copy)]
-pub struct Fleet<'a> {
+pub(crate) struct Fleet<'a> {
     pub s: &'a Session,
     pub on_error: OnError,
 }
 
 impl<'a> Fleet<'a> {
     /// The session's fleet: unreachable hosts fail a call unless `--skip-unreachable`.
-    pub fn of(s: &'a Session) -> Fleet<'a> {
+    pub(crate) fn of(s: &'a Session) -> Fleet<'a> {
         Fleet {
             s,
             on_error: match s.skip_unreachable() {
@@ -53,7 +53,7 @@ impl<'a> Fleet<'a> {
 
     /// This fleet, with unreachable hosts skipped too when `skip` (a script call's
     /// `#{on_error: "skip"}`).
-    pub fn skipping(self, skip: bool) -> Fleet<'a> {
+    pub(crate) fn skipping(self, skip: bool) -> Fleet<'a> {
         match skip {
             true => Fleet {
                 on_error: OnError::Skip,
@@ -64,7 +64,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// Runs `op(selection)` on every host `sel` selects, each host's part kept apart.
-    pub fn each<O, F>(&self, sel: &HostSel, op: F) -> Result<PerHost<O::Reply>, ActionError>
+    pub(crate) fn each<O, F>(&self, sel: &HostSel, op: F) -> Result<PerHost<O::Reply>, ActionError>
     where
         O: Op + Sync,
         F: Fn(Selection) -> O,
@@ -75,7 +75,7 @@ impl<'a> Fleet<'a> {
     /// `each`, with each host's answer turned into `U` by `then` (given the host's name)
     /// where it is read: on that host's own task for a remote host, so that per-record work
     /// runs in parallel across the hosts.
-    pub fn each_then<O, U, F, T>(
+    pub(crate) fn each_then<O, U, F, T>(
         &self,
         sel: &HostSel,
         op: F,
@@ -155,7 +155,7 @@ impl<'a> Fleet<'a> {
 
     /// Keeps the hosts that answered; an unreachable host is skipped (and reported once)
     /// when skipping, any other failure is the call's error.
-    pub fn answered<T>(&self, parts: PerHost<T>) -> Result<Vec<(String, T)>, ActionError> {
+    pub(crate) fn answered<T>(&self, parts: PerHost<T>) -> Result<Vec<(String, T)>, ActionError> {
         let mut out = Vec::new();
         for (h, r) in parts {
             match r {
@@ -172,7 +172,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// The parts of the hosts that answered, in host order.
-    pub fn answered_parts<T>(&self, parts: PerHost<T>) -> Result<Vec<T>, ActionError> {
+    pub(crate) fn answered_parts<T>(&self, parts: PerHost<T>) -> Result<Vec<T>, ActionError> {
         Ok(self.answered(parts)?.into_iter().map(|(_, t)| t).collect())
     }
 
@@ -184,7 +184,7 @@ impl<'a> Fleet<'a> {
     /// Every host's GPUs, each host's records turned into `U` by `shape` as they arrive, on
     /// that host's own task: for a caller whose own work per record is not small, such as
     /// building a script's maps.
-    pub fn gpus_per_host_as<U, F>(&self, shape: F) -> Result<PerHost<U>, ActionError>
+    pub(crate) fn gpus_per_host_as<U, F>(&self, shape: F) -> Result<PerHost<U>, ActionError>
     where
         U: Send + 'static,
         F: Fn(Vec<Gpu>) -> U + Clone + Send + Sync + 'static,
@@ -192,15 +192,15 @@ impl<'a> Fleet<'a> {
         self.each_then(&HostSel::all(), |_| Gpus, move |_, gs| shape(gs))
     }
 
-    pub fn gpus_per_host(&self) -> Result<PerHost<Vec<Gpu>>, ActionError> {
+    pub(crate) fn gpus_per_host(&self) -> Result<PerHost<Vec<Gpu>>, ActionError> {
         self.each(&HostSel::all(), |_| Gpus)
     }
 
-    pub fn gpus(&self) -> Result<Vec<Gpu>, ActionError> {
+    pub(crate) fn gpus(&self) -> Result<Vec<Gpu>, ActionError> {
         self.gather(self.gpus_per_host()?)
     }
 
-    pub fn gpu(&self, index: i64) -> Result<Gpu, ActionError> {
+    pub(crate) fn gpu(&self, index: i64) -> Result<Gpu, ActionError> {
         let gpus = self.gpus()?;
         let count = gpus.len();
         let mut found: Vec<Gpu> = gpus.into_iter().filter(|g| g.index == index).collect();
@@ -218,7 +218,7 @@ impl<'a> Fleet<'a> {
     /// One GPU named as `--gpu` names one: an index, a UUID (or a unique prefix of one) or
     /// a bus id. A UUID is unique across hosts; a bus id or an index on several hosts is
     /// ambiguous.
-    pub fn gpu_named(&self, text: &str) -> Result<Gpu, ActionError> {
+    pub(crate) fn gpu_named(&self, text: &str) -> Result<Gpu, ActionError> {
         let sels = select::parse(text)?;
         let [sel] = sels.as_slice() else {
             return Err(GpuError::BadSelector(format!(
@@ -259,7 +259,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// One GPU named as `"dest:index"`.
-    pub fn gpu_at(&self, host: &str, index: i64) -> Result<Gpu, ActionError> {
+    pub(crate) fn gpu_at(&self, host: &str, index: i64) -> Result<Gpu, ActionError> {
         let sel = HostSel {
             every: None,
             at: [(host.to_string(), vec![index])].into(),
@@ -274,7 +274,7 @@ impl<'a> Fleet<'a> {
     /// Resets one of this machine's GPUs. With a host set an index does not say whose GPU
     /// it is (a diagnosis of another host's GPU 2 is not this machine's GPU 2): refused,
     /// never guessed.
-    pub fn reset_gpu(&self, index: i64) -> Result<(), ActionError> {
+    pub(crate) fn reset_gpu(&self, index: i64) -> Result<(), ActionError> {
         let names = self.s.host_names();
         if names != [LOCAL] {
             return Err(GpuError::Reset {
@@ -294,7 +294,7 @@ impl<'a> Fleet<'a> {
 
     /// The GPU indices that selectors (`0`, `0-3`, `GPU-0fb0…`, a bus id) name. The GPU
     /// list is read only when a UUID or bus id needs it.
-    pub fn select(&self, sels: &[Selector]) -> Result<Vec<i64>, ActionError> {
+    pub(crate) fn select(&self, sels: &[Selector]) -> Result<Vec<i64>, ActionError> {
         let gpus = if sels.iter().all(|x| matches!(x, Selector::Index(_))) {
             Vec::new()
         } else {
@@ -306,7 +306,7 @@ impl<'a> Fleet<'a> {
     /// Selectors and `"dest:index"` entries as a selection over the host set. A UUID or
     /// bus id is looked up on this machine; with several hosts only indices name the same
     /// GPU everywhere.
-    pub fn select_hosts(
+    pub(crate) fn select_hosts(
         &self,
         sels: Option<&[Selector]>,
         at: BTreeMap<String, Vec<i64>>,
@@ -328,7 +328,7 @@ impl<'a> Fleet<'a> {
 
     /// On this machine alone, a filter naming no user here fails at once, before anything
     /// is looked at; with a host set each host answers for its own user database.
-    pub fn check_filter(&self, filter: &Filter) -> Result<(), ActionError> {
+    pub(crate) fn check_filter(&self, filter: &Filter) -> Result<(), ActionError> {
         if self.s.host_names() == [LOCAL] {
             filter.resolve()?;
         }
@@ -336,7 +336,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// Every selected host's holders report, each host's part kept apart.
-    pub fn holders_per_host(
+    pub(crate) fn holders_per_host(
         &self,
         sel: &HostSel,
         all: bool,
@@ -351,7 +351,7 @@ impl<'a> Fleet<'a> {
 
     /// The holders of the selected GPUs, narrowed by a filter: one owner (`--user`,
     /// `--mine`), one Slurm job (`--job`).
-    pub fn holders(
+    pub(crate) fn holders(
         &self,
         sel: &HostSel,
         all: bool,
@@ -363,7 +363,7 @@ impl<'a> Fleet<'a> {
 
     /// diagnose() of every selected host (with a filter, of the GPUs its holders use), each
     /// host's part kept apart.
-    pub fn diagnoses_per_host(
+    pub(crate) fn diagnoses_per_host(
         &self,
         sel: &HostSel,
         filter: &Filter,
@@ -374,13 +374,21 @@ impl<'a> Fleet<'a> {
         })
     }
 
-    pub fn diagnoses(&self, sel: &HostSel, filter: &Filter) -> Result<Vec<Diagnosis>, ActionError> {
+    pub(crate) fn diagnoses(
+        &self,
+        sel: &HostSel,
+        filter: &Filter,
+    ) -> Result<Vec<Diagnosis>, ActionError> {
         self.gather(self.diagnoses_per_host(sel, filter)?)
     }
 
     /// The GPUs of the selection that the holders `filter` picks hold now, on each host
     /// (`wait --user/--mine/--job`); `None` when they hold none.
-    pub fn held_by(&self, sel: &HostSel, filter: &Filter) -> Result<Option<HostSel>, ActionError> {
+    pub(crate) fn held_by(
+        &self,
+        sel: &HostSel,
+        filter: &Filter,
+    ) -> Result<Option<HostSel>, ActionError> {
         let mut at = BTreeMap::new();
         for (host, r) in self.answered(self.holders_per_host(sel, false, filter)?)? {
             let gpus = gpus_used(r.holders.iter(), &sel.on(&host).flatten());
@@ -395,7 +403,7 @@ impl<'a> Fleet<'a> {
     /// checked on that host. With `user`, only that user's processes (looked up on each
     /// host) are signalled. A host skipped for being unreachable still answers for its
     /// targets: each is `skipped` in the report, with why.
-    pub fn kill(
+    pub(crate) fn kill(
         &self,
         targets: &[(Option<String>, Target)],
         opts: &KillOpts,
@@ -455,7 +463,7 @@ impl<'a> Fleet<'a> {
 
     /// Stops the compute holders of the selection on every selected host at once, each
     /// host's report kept apart.
-    pub fn kill_holders_per_host(
+    pub(crate) fn kill_holders_per_host(
         &self,
         sel: &HostSel,
         filter: &Filter,
@@ -468,7 +476,7 @@ impl<'a> Fleet<'a> {
         })
     }
 
-    pub fn kill_holders(
+    pub(crate) fn kill_holders(
         &self,
         sel: &HostSel,
         filter: &Filter,
@@ -480,7 +488,7 @@ impl<'a> Fleet<'a> {
 
     /// wait_clean on every selected host at once: clean when all are. `quiet`: no warning
     /// at the timeout, for commands that report what is left themselves.
-    pub fn wait(
+    pub(crate) fn wait(
         &self,
         sel: &HostSel,
         opts: &WaitOpts,
@@ -508,7 +516,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// clean on every selected host at once, each host's report kept apart.
-    pub fn clean_per_host(
+    pub(crate) fn clean_per_host(
         &self,
         sel: &HostSel,
         filter: &Filter,
@@ -523,19 +531,8 @@ impl<'a> Fleet<'a> {
         })
     }
 
-    pub fn clean(
-        &self,
-        sel: &HostSel,
-        filter: &Filter,
-        kill: &KillOpts,
-        wait: &WaitOpts,
-    ) -> Result<CleanReport, ActionError> {
-        let parts = self.answered(self.clean_per_host(sel, filter, kill, wait)?)?;
-        Ok(merge_clean(parts, kill.dry_run))
-    }
-
     /// The host set, connecting to it if not done yet.
-    pub fn hosts(&self) -> Vec<HostInfo> {
+    pub(crate) fn hosts(&self) -> Vec<HostInfo> {
         let pool = self.s.pool();
         self.s
             .host_names()
@@ -575,7 +572,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// One remote host of the set, for a job's calls; `None` for this machine.
-    pub fn remote(&self, host: Option<&'a str>) -> Result<Option<Remote<'a>>, String> {
+    pub(crate) fn remote(&self, host: Option<&'a str>) -> Result<Option<Remote<'a>>, String> {
         let host = match host {
             None | Some(LOCAL) => return Ok(None),
             Some(h) => h,
@@ -595,7 +592,7 @@ impl<'a> Fleet<'a> {
 
 /// One host of the set, as `hosts()` lists it.
 #[derive(Debug, Clone, Serialize)]
-pub struct HostInfo {
+pub(crate) struct HostInfo {
     pub name: String,
     pub local: bool,
     pub reachable: bool,

@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Runs a command to its end on another host. Here a job runs under `runner` directly, and
 /// the agent runs one under its job table (its output streams back, a cancel stops it):
 /// neither is a `Local` operation.
-pub struct Run<'a> {
+pub(crate) struct Run<'a> {
     pub cmd: &'a Cmd,
     pub opts: &'a JobOpts,
 }
@@ -123,7 +123,12 @@ fn job_host<'a>(s: &'a Session, host: Option<&'a str>) -> Result<Option<Remote<'
 
 /// Runs a job on a host of the set (`None` or `"local"`: here, streamed as it runs; a
 /// remote job's output comes back prefixed with its host's name).
-pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<Outcome, RunError> {
+pub(crate) fn run(
+    s: &Session,
+    host: Option<&str>,
+    cmd: &Cmd,
+    opts: JobOpts,
+) -> Result<Outcome, RunError> {
     match job_host(s, host)? {
         None => runner::run(cmd, opts, s.interrupted()),
         Some(m) => m
@@ -134,13 +139,13 @@ pub fn run(s: &Session, host: Option<&str>, cmd: &Cmd, opts: JobOpts) -> Result<
 
 /// A job started by spawn(): here, or on a host of the set under its agent (which stops
 /// it, whole tree, when the connection ends). Both answer the same questions.
-pub enum Spawned {
+pub(crate) enum Spawned {
     Local(Job),
     Remote(RemoteJob),
 }
 
 /// A background job on another host, known to its agent by the spawn request's id.
-pub struct RemoteJob {
+pub(crate) struct RemoteJob {
     session: Arc<Session>,
     host: String,
     job: u64,
@@ -154,7 +159,7 @@ pub struct RemoteJob {
 
 /// What spawn() gives a script: the job, and whether waiting throws on failure (`check`).
 #[derive(Clone)]
-pub struct JobHandle {
+pub(crate) struct JobHandle {
     pub job: Arc<Spawned>,
     pub check: bool,
 }
@@ -179,7 +184,7 @@ impl std::fmt::Debug for Spawned {
 const WAIT_SLICE: Duration = Duration::from_secs(10);
 
 /// Starts a job in the background, here or on a host of the set.
-pub fn spawn(
+pub(crate) fn spawn(
     s: &Arc<Session>,
     host: Option<&str>,
     cmd: &Cmd,
@@ -204,7 +209,7 @@ pub fn spawn(
 }
 
 impl Spawned {
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         match self {
             Spawned::Local(j) => j.pid(),
             Spawned::Remote(r) => r.pid,
@@ -212,21 +217,21 @@ impl Spawned {
     }
 
     /// Where it runs: `local`, or the host's name.
-    pub fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         match self {
             Spawned::Local(_) => LOCAL,
             Spawned::Remote(r) => &r.host,
         }
     }
 
-    pub fn command(&self) -> &str {
+    pub(crate) fn command(&self) -> &str {
         match self {
             Spawned::Local(j) => j.command(),
             Spawned::Remote(r) => &r.cmd,
         }
     }
 
-    pub fn timeout(&self) -> Option<Duration> {
+    pub(crate) fn timeout(&self) -> Option<Duration> {
         match self {
             Spawned::Local(j) => j.timeout(),
             Spawned::Remote(r) => r.timeout,
@@ -234,7 +239,7 @@ impl Spawned {
     }
 
     /// True until the job's main process has exited.
-    pub fn running(&self) -> Result<bool, RunError> {
+    pub(crate) fn running(&self) -> Result<bool, RunError> {
         let r = match self {
             Spawned::Local(j) => return Ok(j.running()),
             Spawned::Remote(r) => r,
@@ -247,7 +252,7 @@ impl Spawned {
     }
 
     /// Waits for the outcome, up to `timeout` (forever with `None`), waking on Ctrl-C.
-    pub fn wait(
+    pub(crate) fn wait(
         &self,
         timeout: Option<Duration>,
         interrupted: &'static AtomicBool,
@@ -281,7 +286,7 @@ impl Spawned {
 
     /// Stops the whole tree (`signal`, the grace, SIGKILL) and returns the outcome; `None`
     /// if the main process outlived SIGKILL. On a finished job it stops what it left behind.
-    pub fn stop(
+    pub(crate) fn stop(
         &self,
         signal: Signal,
         grace: Option<Duration>,

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 /// How a skipped protected daemon's reason says what would stop it: the command line's flag
 /// (the one-shots, here or through an agent); MCP, which never stops one, replaces it.
-pub const FORCE_HINT: &str = "--force stops it";
+pub(crate) const FORCE_HINT: &str = "--force stops it";
 
 /// Signals given targets; with `user`, only that user's processes (looked up on the machine
 /// that signals: uids differ between machines).
 #[derive(Debug, Clone)]
-pub struct Kill {
+pub(crate) struct Kill {
     pub targets: Vec<Target>,
     pub opts: KillOpts,
     pub user: Option<User>,
@@ -58,7 +58,7 @@ impl Op for Kill {
 /// Stops every compute holder of a selection (narrowed by a filter), each pinned by its
 /// identity.
 #[derive(Debug, Clone)]
-pub struct KillHolders {
+pub(crate) struct KillHolders {
     pub sel: Selection,
     pub filter: Filter,
     pub opts: KillOpts,
@@ -92,7 +92,7 @@ impl Received for KillReport {
 
 /// `opts` bounded to `user`'s processes as this machine knows that user: every process the
 /// kill signals (targets, trees, groups, parents) is theirs, or left alone and said.
-pub fn bounded_to(opts: &KillOpts, user: Option<&User>) -> Result<KillOpts, ActionError> {
+pub(crate) fn bounded_to(opts: &KillOpts, user: Option<&User>) -> Result<KillOpts, ActionError> {
     let Some(user) = user else {
         return Ok(opts.clone());
     };
@@ -107,7 +107,7 @@ pub fn bounded_to(opts: &KillOpts, user: Option<&User>) -> Result<KillOpts, Acti
 
 impl Local<'_> {
     /// kill() here, with this call's progress and stop flag.
-    pub fn kill(&mut self, targets: &[Target], opts: &KillOpts) -> KillReport {
+    pub(crate) fn kill(&mut self, targets: &[Target], opts: &KillOpts) -> KillReport {
         let show = &mut self.watch.show;
         let report = kill::kill_with_progress(
             targets,
@@ -138,7 +138,7 @@ impl Local<'_> {
     /// a daemon holds does not read as a success that signalled nobody; a daemon that only
     /// has the nodes open (nvidia-persistenced on every GPU node) holds nothing and is not
     /// news.
-    pub fn kill_holders(
+    pub(crate) fn kill_holders(
         &mut self,
         sel: &Selection,
         filter: &Filter,
@@ -203,7 +203,7 @@ impl Local<'_> {
 }
 
 /// Why the audit journal says a holder was stopped: "holder of GPU 0,1 (compute, 4096 MiB)".
-pub fn holder_why(h: &Holder) -> String {
+pub(crate) fn holder_why(h: &Holder) -> String {
     let gpus: Vec<String> = h.gpus.iter().map(i64::to_string).collect();
     format!(
         "holder of GPU {} ({}, {} MiB, seen by {})",
@@ -215,7 +215,7 @@ pub fn holder_why(h: &Holder) -> String {
 }
 
 /// Holders as kill targets, each pinned by its identity.
-pub fn holder_targets(holders: &[Holder]) -> Vec<Target> {
+pub(crate) fn holder_targets(holders: &[Holder]) -> Vec<Target> {
     holders
         .iter()
         .map(|h| {
@@ -230,7 +230,7 @@ pub fn holder_targets(holders: &[Holder]) -> Vec<Target> {
 
 /// The report of a host that could not be reached: every target skipped, with what ssh (or
 /// the agent) said.
-pub fn unreachable_report(
+pub(crate) fn unreachable_report(
     host: &str,
     e: &HostError,
     targets: &[Target],
@@ -251,7 +251,7 @@ pub fn unreachable_report(
 }
 
 /// One report from each host's: the union of the lists, each host's own under `by_host`.
-pub fn merge_kills(parts: Vec<(String, KillReport)>, dry_run: bool) -> KillReport {
+pub(crate) fn merge_kills(parts: Vec<(String, KillReport)>, dry_run: bool) -> KillReport {
     if let [(h, _)] = parts.as_slice() {
         if h == LOCAL {
             return parts.into_iter().next().map(|(_, r)| r).unwrap_or_default();

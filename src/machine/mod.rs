@@ -13,20 +13,20 @@
 //! variant in `hosts/protocol.rs` with one line in `agent.rs` that answers it, a front end
 //! that asks the fleet for it, and a test.
 
-pub mod fleet;
-pub mod jobs;
-pub mod kill;
-pub mod ops;
-pub mod wait;
+pub(crate) mod fleet;
+pub(crate) mod jobs;
+pub(crate) mod kill;
+pub(crate) mod ops;
+pub(crate) mod wait;
 
-pub use fleet::{Fleet, HostInfo, OnError, PerHost};
-pub use kill::{holder_targets, holder_why, FORCE_HINT};
-pub use ops::HoldersReport;
-pub use wait::{describe_diagnosis, why_not_clean, CleanReport};
+pub(crate) use fleet::{Fleet, PerHost};
+pub(crate) use kill::{holder_targets, holder_why, FORCE_HINT};
+pub(crate) use ops::HoldersReport;
+pub(crate) use wait::{describe_diagnosis, why_not_clean, CleanReport};
 
 use crate::gpu::GpuError;
 use crate::hosts::protocol::Call;
-use crate::hosts::{HostError, Pool, LOCAL};
+use crate::hosts::{HostError, Pool};
 use crate::session::Session;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -97,7 +97,7 @@ impl From<HostError> for ActionError {
 }
 
 /// A call an agent answers, and the type of its answer.
-pub trait Ask {
+pub(crate) trait Ask {
     type Reply: Serialize + DeserializeOwned + Received + Send + 'static;
     /// The call as it crosses the wire.
     fn call(&self) -> Call;
@@ -109,46 +109,44 @@ pub trait Ask {
 }
 
 /// An operation any machine answers: here with `here`, elsewhere through its `Ask::call`.
-pub trait Op: Ask {
+pub(crate) trait Op: Ask {
     fn here(&self, m: &mut Local) -> Result<Self::Reply, ActionError>;
 }
 
 /// What a reply needs once it has come from another host: every record in it that carries a
 /// pid or a GPU names that host (a `kill()` of it must go there, never here), and what the
 /// wire leaves out is read back.
-pub trait Received {
+pub(crate) trait Received {
     fn received_from(&mut self, host: &str);
 }
 
 /// One machine: it answers any operation.
-pub trait Machine {
-    /// Its name in the host set (`local` for this one).
-    fn name(&self) -> &str;
+pub(crate) trait Machine {
     fn ask<O: Op>(&mut self, op: &O) -> Result<O::Reply, ActionError>;
 }
 
 /// How a long operation (kill's grace, a wait, a clean) shows progress and learns it must
 /// stop: a line on a terminal and Ctrl-C for the CLI and scripts; progress notifications and
 /// a per-call flag for the MCP server; a cancel flag for the agent.
-pub struct Watch<'a> {
+pub(crate) struct Watch<'a> {
     pub stop: &'a AtomicBool,
     pub show: &'a mut dyn FnMut(&str),
 }
 
 /// This machine, as one session sees it, with the watch of the call being answered.
-pub struct Local<'a> {
+pub(crate) struct Local<'a> {
     pub s: &'a Session,
     pub watch: Watch<'a>,
 }
 
 impl<'a> Local<'a> {
-    pub fn new(s: &'a Session, watch: Watch<'a>) -> Local<'a> {
+    pub(crate) fn new(s: &'a Session, watch: Watch<'a>) -> Local<'a> {
         Local { s, watch }
     }
 
     /// Runs `f` on this machine with the terminal's watch: a progress line on stderr (when
     /// it is a terminal), cleared afterwards, and Ctrl-C.
-    pub fn on_terminal<T>(s: &Session, f: impl FnOnce(&mut Local) -> T) -> T {
+    pub(crate) fn on_terminal<T>(s: &Session, f: impl FnOnce(&mut Local) -> T) -> T {
         let mut line = Progress::new(std::io::stderr().is_terminal());
         let out = f(&mut Local {
             s,
@@ -160,25 +158,16 @@ impl<'a> Local<'a> {
         line.clear();
         out
     }
-
-    /// Says how a long operation is doing.
-    pub fn show(&mut self, text: &str) {
-        (self.watch.show)(text)
-    }
 }
 
 impl Machine for Local<'_> {
-    fn name(&self) -> &str {
-        LOCAL
-    }
-
     fn ask<O: Op>(&mut self, op: &O) -> Result<O::Reply, ActionError> {
         op.here(self)
     }
 }
 
 /// Another host of the set, reached through its agent on the session's pool.
-pub struct Remote<'a> {
+pub(crate) struct Remote<'a> {
     pub pool: &'a Pool,
     pub host: &'a str,
     /// What ends a call early: Ctrl-C, or never (a stop must reach the agent even then).
@@ -187,7 +176,7 @@ pub struct Remote<'a> {
 
 impl Remote<'_> {
     /// Any call the agent answers (a job's wait or stop as well as an operation).
-    pub fn call<A: Ask>(&self, a: &A) -> Result<A::Reply, ActionError> {
+    pub(crate) fn call<A: Ask>(&self, a: &A) -> Result<A::Reply, ActionError> {
         let deadline = self.deadline(a.takes());
         let mut r: A::Reply = self
             .pool
@@ -197,16 +186,12 @@ impl Remote<'_> {
     }
 
     /// A call's deadline: what it takes by design, and the host's call timeout on top.
-    pub fn deadline(&self, takes: Option<Duration>) -> Option<Duration> {
+    pub(crate) fn deadline(&self, takes: Option<Duration>) -> Option<Duration> {
         takes?.checked_add(self.pool.config.call_timeout)
     }
 }
 
 impl Machine for Remote<'_> {
-    fn name(&self) -> &str {
-        self.host
-    }
-
     fn ask<O: Op>(&mut self, op: &O) -> Result<O::Reply, ActionError> {
         self.call(op)
     }

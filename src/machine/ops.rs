@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 /// Answers on this machine a call that names an operation, as the agent's reply (a usage
 /// mistake stays one: the client exits 2, as it would for the same mistake here); `None` for
 /// any other call (a job's, the connection's), which the agent's job table answers.
-pub fn answer(call: &Call, m: &mut Local) -> Option<Body> {
+pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
     fn reply<O: Op>(m: &mut Local, op: &O) -> Body {
         match m.ask(op) {
             Ok(v) => Body::ok(&v),
@@ -124,7 +124,7 @@ pub fn answer(call: &Call, m: &mut Local) -> Option<Body> {
 }
 
 /// Every GPU of a machine.
-pub struct Gpus;
+pub(crate) struct Gpus;
 
 impl Ask for Gpus {
     type Reply = Vec<Gpu>;
@@ -143,7 +143,7 @@ impl Op for Gpus {
 /// The holders of a selection (narrowed by a filter: one owner, one Slurm job), and what
 /// could not be looked at.
 #[derive(Debug, Clone)]
-pub struct Holders {
+pub(crate) struct Holders {
     pub sel: Selection,
     /// Observers too (processes that have a node open and hold nothing).
     pub all: bool,
@@ -155,7 +155,7 @@ pub struct Holders {
 /// one-shot says), and the first selected GPU the driver could not read (its holders are
 /// then only those the /proc scan found: the driver's list of it is missing).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct HoldersReport {
+pub(crate) struct HoldersReport {
     pub holders: Vec<Holder>,
     pub unreadable: usize,
     #[serde(default)]
@@ -181,7 +181,7 @@ impl Op for Holders {
 
 impl Holders {
     /// The report of an inventory taken already (`look`).
-    pub fn of(&self, inv: Inventory) -> Result<HoldersReport, ActionError> {
+    pub(crate) fn of(&self, inv: Inventory) -> Result<HoldersReport, ActionError> {
         let filter = self.filter.resolve()?;
         check_selection(&self.sel, &inv.gpus)?;
         let mut holders = inv.holders(&self.sel, self.all);
@@ -196,7 +196,7 @@ impl Holders {
 }
 
 /// The older form of `holders_report` on the wire: the holders alone.
-pub struct HolderList(pub Holders);
+pub(crate) struct HolderList(pub Holders);
 
 impl Ask for HolderList {
     type Reply = Vec<Holder>;
@@ -217,7 +217,7 @@ impl Op for HolderList {
 
 /// diagnose() of a selection; with a filter, only of the GPUs its holders use.
 #[derive(Debug, Clone)]
-pub struct Diagnose {
+pub(crate) struct Diagnose {
     pub sel: Selection,
     pub filter: Filter,
 }
@@ -258,7 +258,7 @@ impl Op for Diagnose {
 /// The audit journal's latest records that match (`gpuloop journal`); each machine keeps its
 /// own.
 #[derive(Debug, Clone)]
-pub struct Journal {
+pub(crate) struct Journal {
     /// How many of the latest (0: all).
     pub last: usize,
     pub filter: journal::Filter,
@@ -266,7 +266,7 @@ pub struct Journal {
 
 /// One machine's answer to `Journal`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JournalPart {
+pub(crate) struct JournalPart {
     pub records: Vec<Record>,
     /// Lines that are not records.
     pub bad: usize,
@@ -308,7 +308,7 @@ impl Received for JournalPart {
 }
 
 /// One look at the driver and /proc, checked against a selection.
-pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
+pub(crate) fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
     let inv = look(s)?;
     s.warn_no_driver();
     check_selection(sel, &inv.gpus)?;
@@ -318,12 +318,12 @@ pub fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuError> {
 /// One look at the driver and /proc, not yet checked against a selection. The /proc scan runs
 /// while the driver loads: a one-shot pays for the slower, not both. So a caller asks the
 /// backend anything (even whether there is a driver) only after this.
-pub fn look(s: &Session) -> Result<Inventory, GpuError> {
+pub(crate) fn look(s: &Session) -> Result<Inventory, GpuError> {
     Inventory::take_while_loading(&s.device_nodes(), || s.backend(), s.protected())
 }
 
 /// The selection cut down to the GPUs that the filtered holders use (diagnose --user/--job).
-pub fn narrowed(inv: &Inventory, sel: &Selection, filter: &Resolved) -> Selection {
+pub(crate) fn narrowed(inv: &Inventory, sel: &Selection, filter: &Resolved) -> Selection {
     if filter.is_empty() {
         return sel.clone();
     }
@@ -333,7 +333,10 @@ pub fn narrowed(inv: &Inventory, sel: &Selection, filter: &Resolved) -> Selectio
 
 /// The selected GPUs that `holders` use, sorted, once each: what --user, --mine and --job
 /// narrow a diagnose, a wait and a clean to.
-pub fn gpus_used<'a>(holders: impl Iterator<Item = &'a Holder>, sel: &Selection) -> Vec<i64> {
+pub(crate) fn gpus_used<'a>(
+    holders: impl Iterator<Item = &'a Holder>,
+    sel: &Selection,
+) -> Vec<i64> {
     let mut gpus: Vec<i64> = holders
         .flat_map(|h| h.gpus.iter().copied())
         .filter(|g| crate::inspect::selected(sel, *g))

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// Waits until the selected GPUs are clean, or the options say to stop.
 #[derive(Debug, Clone)]
-pub struct WaitClean {
+pub(crate) struct WaitClean {
     pub sel: Selection,
     pub opts: WaitOpts,
     /// No warning at the timeout: for commands that report what is left themselves.
@@ -64,7 +64,7 @@ impl Received for WaitOutcome {
 /// `gpuloop clean` in one operation. With a filter, its holders are stopped; with a job,
 /// only the GPUs its holders used are verified.
 #[derive(Debug, Clone)]
-pub struct Clean {
+pub(crate) struct Clean {
     pub sel: Selection,
     pub filter: Filter,
     pub kill: KillOpts,
@@ -145,7 +145,7 @@ impl Op for Clean {
 /// Its JSON (`clean --json`, the MCP tool `clean`, the agent's reply) is
 /// `{clean, kill, wait_ms, gpus}`.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct CleanReport {
+pub(crate) struct CleanReport {
     pub clean: bool,
     pub kill: KillReport,
     /// Not in the JSON: read back as clean or not from `clean`.
@@ -181,7 +181,11 @@ impl Received for CleanReport {
 
 impl Local<'_> {
     /// wait_clean here, with this call's progress and stop flag.
-    pub fn wait(&mut self, sel: &Selection, opts: &WaitOpts) -> Result<WaitOutcome, ActionError> {
+    pub(crate) fn wait(
+        &mut self,
+        sel: &Selection,
+        opts: &WaitOpts,
+    ) -> Result<WaitOutcome, ActionError> {
         let s = self.s;
         let of = opts.timeout.as_secs_f64();
         // The restarters this session's kills found: a holder they start again ends the wait.
@@ -214,7 +218,7 @@ impl Local<'_> {
 
 /// Why an outcome is not clean, for a warning; `None` when there is nothing to say (clean,
 /// interrupted, or a zero-timeout question).
-pub fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<String> {
+pub(crate) fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<String> {
     Some(match outcome {
         WaitOutcome::TimedOut if !opts.timeout.is_zero() => {
             format!("not clean after {:.1}s", opts.timeout.as_secs_f64())
@@ -233,7 +237,7 @@ pub fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<String> {
 }
 
 /// "GPU 2 [daemon] …", one line of a warning.
-pub fn describe_diagnosis(d: &Diagnosis) -> String {
+pub(crate) fn describe_diagnosis(d: &Diagnosis) -> String {
     match d.gpu {
         Some(g) => format!("GPU {g} [{}] {}", d.verdict, d.advice),
         None => format!("[{}] {}", d.verdict, d.advice),
@@ -253,7 +257,7 @@ fn describe_dirty(dirty: &Dirty) -> String {
 
 /// All hosts' outcomes as one: clean when every host is; an interrupt wins; else the first
 /// host's reason for not being clean.
-pub fn combine(outcomes: impl Iterator<Item = WaitOutcome>) -> WaitOutcome {
+pub(crate) fn combine(outcomes: impl Iterator<Item = WaitOutcome>) -> WaitOutcome {
     let mut all = WaitOutcome::Clean;
     for o in outcomes {
         match o {
@@ -267,7 +271,7 @@ pub fn combine(outcomes: impl Iterator<Item = WaitOutcome>) -> WaitOutcome {
 }
 
 /// One clean report from each host's (all clean only if every one is).
-pub fn merge_clean(parts: Vec<(String, CleanReport)>, dry_run: bool) -> CleanReport {
+pub(crate) fn merge_clean(parts: Vec<(String, CleanReport)>, dry_run: bool) -> CleanReport {
     let kill = merge_kills(
         parts
             .iter()

@@ -7,9 +7,9 @@
 //! side here only moves messages: each call runs on a blocking thread with its own stop flag,
 //! set when the client cancels it, so a cancelled call stops what it started.
 
-pub mod policy;
+pub(crate) mod policy;
 mod summary;
-pub mod tools;
+pub(crate) mod tools;
 
 use crate::journal::{self, FrontEnd};
 use crate::session::Session;
@@ -32,14 +32,14 @@ use tools::{CallError, Ctx, Progress, Reply};
 const DRAIN: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
-pub enum McpServeError {
+pub(crate) enum McpServeError {
     #[error("cannot start the MCP server's runtime: {0}")]
     Runtime(std::io::Error),
     #[error("MCP server: {0}")]
     Serve(String),
 }
 
-pub struct Server {
+pub(crate) struct Server {
     session: Arc<Session>,
     policy: Arc<Policy>,
     journal: Option<PathBuf>,
@@ -65,7 +65,7 @@ impl Server {
         )
     }
 
-    pub fn new(session: Arc<Session>, policy: Policy, journal: Option<PathBuf>) -> Server {
+    pub(crate) fn new(session: Arc<Session>, policy: Policy, journal: Option<PathBuf>) -> Server {
         Server {
             session,
             policy: Arc::new(policy),
@@ -264,7 +264,7 @@ impl ServerHandler for Server {
 
 /// Serves MCP on stdin/stdout until the client closes the connection or gpuloop is
 /// interrupted; returns the exit code. Jobs started by `run` are stopped before it returns.
-pub fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError> {
+pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError> {
     let journal = match journal::dir() {
         Ok(p) => Some(p),
         Err(e) => {

@@ -44,11 +44,11 @@ impl fmt::Display for Permission {
 
 #[derive(Debug, thiserror::Error)]
 #[error("unknown permission {0:?} for mcp (allow takes kill, clean, run, recipes)")]
-pub struct UnknownPermission(pub String);
+pub(crate) struct UnknownPermission(pub String);
 
 /// The server's policy, fixed when it starts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Policy {
+pub(crate) struct Policy {
     allowed: BTreeSet<Permission>,
 }
 
@@ -66,7 +66,7 @@ pub struct Refusal {
 
 impl Policy {
     /// The union of `--allow` values and the config's `[mcp] allow`, each possibly "a,b".
-    pub fn from_lists<'a>(
+    pub(crate) fn from_lists<'a>(
         lists: impl IntoIterator<Item = &'a String>,
     ) -> Result<Policy, UnknownPermission> {
         let mut allowed = BTreeSet::new();
@@ -79,12 +79,12 @@ impl Policy {
         Ok(Policy { allowed })
     }
 
-    pub fn allows(&self, p: Permission) -> bool {
+    pub(crate) fn allows(&self, p: Permission) -> bool {
         self.allowed.contains(&p)
     }
 
     /// "read-only" or "read-only + kill, clean".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.allowed.is_empty() {
             return "read-only".into();
         }
@@ -93,7 +93,12 @@ impl Policy {
     }
 
     /// Checks a call that needs `p`; `dry_run` calls of kill and clean only read.
-    pub fn check(&self, tool: &'static str, p: Permission, dry_run: bool) -> Result<(), Refusal> {
+    pub(crate) fn check(
+        &self,
+        tool: &'static str,
+        p: Permission,
+        dry_run: bool,
+    ) -> Result<(), Refusal> {
         if dry_run || self.allows(p) {
             return Ok(());
         }

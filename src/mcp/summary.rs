@@ -22,7 +22,7 @@ fn gpu_list(v: &[i64]) -> String {
     s.join(",")
 }
 
-pub fn gpus(gpus: &[Gpu]) -> String {
+pub(super) fn gpus(gpus: &[Gpu]) -> String {
     if gpus.is_empty() {
         return "no GPUs".into();
     }
@@ -39,7 +39,7 @@ pub fn gpus(gpus: &[Gpu]) -> String {
     }
 }
 
-pub fn holders(hs: &[Holder], all: bool) -> String {
+pub(super) fn holders(hs: &[Holder], all: bool) -> String {
     let what = if all {
         "holder(s)"
     } else {
@@ -70,7 +70,7 @@ pub fn holders(hs: &[Holder], all: bool) -> String {
     format!("{} {what}: {}{more}", hs.len(), shown.join("; "))
 }
 
-pub fn diagnoses(ds: &[Diagnosis]) -> String {
+pub(super) fn diagnoses(ds: &[Diagnosis]) -> String {
     let dirty: Vec<String> = ds
         .iter()
         .filter(|d| !d.is_clean())
@@ -90,7 +90,12 @@ pub fn diagnoses(ds: &[Diagnosis]) -> String {
 }
 
 /// `why`: how the wait ended when not clean (`machine::why_not_clean`).
-pub fn wait(clean: bool, elapsed: Duration, why: Option<String>, after: &[Diagnosis]) -> String {
+pub(super) fn wait(
+    clean: bool,
+    elapsed: Duration,
+    why: Option<String>,
+    after: &[Diagnosis],
+) -> String {
     if clean {
         return format!(
             "clean after {:.2}s: {} GPU(s) verified free",
@@ -106,7 +111,7 @@ pub fn wait(clean: bool, elapsed: Duration, why: Option<String>, after: &[Diagno
     )
 }
 
-pub fn kill(r: &KillReport) -> String {
+pub(super) fn kill(r: &KillReport) -> String {
     let skipped = if r.skipped.is_empty() {
         String::new()
     } else {
@@ -152,7 +157,7 @@ pub fn kill(r: &KillReport) -> String {
     line
 }
 
-pub fn clean(r: &CleanReport) -> String {
+pub(super) fn clean(r: &CleanReport) -> String {
     let verdict = if r.clean {
         let used: i64 = r.after.iter().map(|d| d.mem_used_mib).sum();
         format!(
@@ -165,7 +170,7 @@ pub fn clean(r: &CleanReport) -> String {
     format!("{verdict}; kill: {}", kill(&r.kill))
 }
 
-pub fn run(cmd: &str, o: &Outcome, timeout: Option<Duration>, leftovers: &[i64]) -> String {
+pub(super) fn run(cmd: &str, o: &Outcome, timeout: Option<Duration>, leftovers: &[i64]) -> String {
     let mut line = format!(
         "`{cmd}` {} in {:.1}s",
         o.how(timeout),

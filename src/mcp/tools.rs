@@ -30,7 +30,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 /// One progress notification: how far (seconds so far), out of what (the timeout), and why.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub done: f64,
     pub total: Option<f64>,
     pub message: String,
@@ -38,7 +38,7 @@ pub struct Progress {
 
 /// What one call runs with: the session (backend, config, hosts), the policy, the call's own
 /// stop flag (set when the client cancels it or the server is stopped), and its progress sink.
-pub struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     pub session: &'a Session,
     pub policy: &'a Policy,
     pub stop: &'a AtomicBool,
@@ -55,7 +55,7 @@ impl Ctx<'_> {
 /// output type, the same serde records as `--json`), the pids it signalled, and whether the
 /// tool itself failed.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub summary: String,
     pub data: Value,
     pub signalled: Vec<i64>,
@@ -85,7 +85,7 @@ impl Reply {
     /// The tool ran but could not do its job (no such GPU, no driver, cannot start the
     /// command), or was called with arguments it cannot take: an `isError` result, which a
     /// model reads and can correct, not a protocol error.
-    pub fn failed(error: impl std::fmt::Display) -> Reply {
+    pub(crate) fn failed(error: impl std::fmt::Display) -> Reply {
         let error = error.to_string();
         Reply {
             data: json!(Output::<()>::Error {
@@ -98,7 +98,7 @@ impl Reply {
     }
 
     /// A call the policy refused: the message says what and how the person allows it.
-    pub fn refused(r: &Refusal) -> Reply {
+    pub(crate) fn refused(r: &Refusal) -> Reply {
         let out = Output::<()>::Refused {
             refused: true,
             tool: r.tool.to_string(),
@@ -119,7 +119,10 @@ impl Reply {
 #[serde(untagged)]
 // Each branch is an object; MCP wants that said at the schema's root.
 #[schemars(extend("type" = "object"))]
-pub enum Output<T> {
+pub(crate) enum Output<T> {
+    /// The tool's own record. Never built here (a result is sent as its record is): this
+    /// branch gives the schema its shape.
+    #[allow(dead_code)]
     Done(T),
     /// The server's policy refused the call; the text content says how the person running
     /// the server can allow it.
@@ -132,25 +135,23 @@ pub enum Output<T> {
         allow: String,
     },
     /// Bad arguments, or the tool could not do its job: what went wrong and what to do.
-    Error {
-        error: String,
-    },
+    Error { error: String },
 }
 
 // ---- what each tool returns (its `outputSchema`) ----
 
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct GpusOut {
+pub(crate) struct GpusOut {
     pub gpus: Vec<Gpu>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct HoldersOut {
+pub(crate) struct HoldersOut {
     pub holders: Vec<Holder>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct DiagnoseOut {
+pub(crate) struct DiagnoseOut {
     /// True when every selected GPU is clean.
     pub clean: bool,
     pub gpus: Vec<Diagnosis>,
@@ -168,7 +169,7 @@ impl DiagnoseOut {
 /// How a wait ended.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
-pub enum WaitEnd {
+pub(crate) enum WaitEnd {
     Clean,
     TimedOut,
     Stalled,
@@ -178,7 +179,7 @@ pub enum WaitEnd {
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct WaitOut {
+pub(crate) struct WaitOut {
     /// True when the selected GPUs were verified clean.
     pub clean: bool,
     pub outcome: WaitEnd,
@@ -191,13 +192,13 @@ pub struct WaitOut {
 /// the kill would signal.
 #[derive(Debug, Serialize, JsonSchema)]
 #[serde(untagged)]
-pub enum CleanOut {
+pub(crate) enum CleanOut {
     Done(CleanReport),
     DryRun(KillReport),
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct RunOut {
+pub(crate) struct RunOut {
     pub command: String,
     /// The exit code; none when a signal ended it.
     pub code: Option<i64>,
@@ -213,7 +214,7 @@ pub struct RunOut {
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct RecipesOut {
+pub(crate) struct RecipesOut {
     pub recipes: Vec<Recipe>,
 }
 
@@ -241,7 +242,7 @@ pub enum CallError {
 
 /// The tools that act (or wait) on this machine only; with a host set they are refused,
 /// while gpus, holders and diagnose gather from every host (each record with its `host`).
-pub const ONE_MACHINE: &[&str] = &["wait_clean", "kill", "clean", "run", "run_recipe"];
+pub(crate) const ONE_MACHINE: &[&str] = &["wait_clean", "kill", "clean", "run", "run_recipe"];
 
 /// A tool's arguments, read here rather than by the SDK so that a bad one is a tool result
 /// the model reads; the message names the argument ("gpus: invalid type: …").
@@ -306,11 +307,11 @@ impl<'a> Reporter<'a> {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct NoArgs {}
+pub(crate) struct NoArgs {}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct HoldersArgs {
+pub(crate) struct HoldersArgs {
     /// GPU indices to look at (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
@@ -322,7 +323,7 @@ pub struct HoldersArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SelArgs {
+pub(crate) struct SelArgs {
     /// GPU indices to look at (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
@@ -343,7 +344,7 @@ fn d_term() -> String {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct WaitArgs {
+pub(crate) struct WaitArgs {
     /// GPU indices to wait for (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
@@ -414,7 +415,7 @@ pub struct KillArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CleanArgs {
+pub(crate) struct CleanArgs {
     /// GPU indices to clean (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
@@ -440,7 +441,7 @@ pub struct CleanArgs {
     untagged,
     expecting = "expected a shell command line (a string) or an argv array (strings)"
 )]
-pub enum CommandArg {
+pub(crate) enum CommandArg {
     Shell(String),
     Argv(Vec<String>),
 }
@@ -454,7 +455,7 @@ fn d40() -> usize {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// The command: a shell command line (`sh -c`) or an argv array.
     pub command: CommandArg,
     /// Seconds before the whole job is stopped (default 600).
@@ -470,7 +471,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RecipeArgs {
+pub(crate) struct RecipeArgs {
     /// The recipe's name, as `recipes` lists it (e.g. "clean-node").
     pub name: String,
     /// Its arguments, as on the command line (e.g. ["--gpu", "0,1", "--timeout", "60"]).
@@ -505,7 +506,7 @@ fn tool<In: JsonSchema + 'static, Out: JsonSchema + 'static>(
 }
 
 /// Every tool, with its schema and the description a model reads.
-pub fn list() -> Vec<Tool> {
+pub(crate) fn list() -> Vec<Tool> {
     vec![
         tool::<NoArgs, GpusOut>(
             "gpus",
@@ -595,7 +596,7 @@ pub fn list() -> Vec<Tool> {
 // ---- the calls ----
 
 /// Runs one tool call to its end (blocking: the server calls it off the async runtime).
-pub fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, CallError> {
+pub(crate) fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, CallError> {
     let s = ctx.session;
     let hosts = s.host_names();
     // kill, clean, wait_clean and run act on this machine: with a host set they would act

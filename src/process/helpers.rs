@@ -23,7 +23,7 @@ fn helpers() -> MutexGuard<'static, Vec<Identity>> {
 
 /// Starts a helper with `spawn` (`pid_of` says the child's pid) and registers it before
 /// anyone can look at it; returns it with the identity it was registered under.
-pub fn start<C>(
+pub(crate) fn start<C>(
     spawn: impl FnOnce() -> io::Result<C>,
     pid_of: impl FnOnce(&C) -> Option<u32>,
 ) -> io::Result<(C, Option<Identity>)> {
@@ -39,7 +39,7 @@ pub fn start<C>(
 
 /// Runs `cmd` as a helper to its end (registered as gpuloop's own while it runs, so the job
 /// runner never takes it for a job's orphan) and returns what it printed.
-pub fn output(cmd: &mut std::process::Command) -> io::Result<std::process::Output> {
+pub(crate) fn output(cmd: &mut std::process::Command) -> io::Result<std::process::Output> {
     let (child, id) = start(|| cmd.spawn(), |c| Some(c.id()))?;
     let out = child.wait_with_output();
     forget(id);
@@ -47,14 +47,14 @@ pub fn output(cmd: &mut std::process::Command) -> io::Result<std::process::Outpu
 }
 
 /// Forgets a helper that has been reaped.
-pub fn forget(id: Option<Identity>) {
+pub(crate) fn forget(id: Option<Identity>) {
     if let Some(id) = id {
         helpers().retain(|h| *h != id);
     }
 }
 
 /// True if `p` is one of gpuloop's own helpers.
-pub fn is_helper(p: &ProcInfo) -> bool {
+pub(crate) fn is_helper(p: &ProcInfo) -> bool {
     helpers().contains(&p.identity())
 }
 

@@ -99,7 +99,7 @@ impl ProcDir {
 
 /// A process held by a pidfd whose identity was checked: signals sent through `fd` reach it
 /// or nobody (ESRCH once it has exited), whatever now has its pid.
-pub struct Pinned {
+pub(crate) struct Pinned {
     pub fd: OwnedFd,
     /// Its /proc directory: later reads through it (status, wchan) are about it or fail.
     pub dir: ProcDir,
@@ -110,7 +110,7 @@ pub struct Pinned {
 }
 
 impl Pinned {
-    pub fn identity(&self) -> Identity {
+    pub(crate) fn identity(&self) -> Identity {
         Identity {
             pid: self.info.pid,
             start: self.info.start,
@@ -120,7 +120,7 @@ impl Pinned {
 
     /// True while the process has not exited. Its pid is its own until then, so anything read
     /// about that pid before this call, since it was pinned, was about this process.
-    pub fn running(&self) -> bool {
+    pub(crate) fn running(&self) -> bool {
         let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
         let now = rustix::time::Timespec {
             tv_sec: 0,
@@ -134,7 +134,7 @@ impl Pinned {
     /// this pid as its parent, and this process still runs after that read, so the pid was
     /// still this process's when it was read. A process whose pid was reused by another one,
     /// even within one clock tick, fails this (another parent, or a parent that exited).
-    pub fn is_parent_of(&self, child: &Pinned) -> bool {
+    pub(crate) fn is_parent_of(&self, child: &Pinned) -> bool {
         child
             .dir
             .stat()
@@ -145,13 +145,13 @@ impl Pinned {
     /// True if `member` is in the process group this process leads: its pinned stat names
     /// this pid as its group, and this process still runs after that read. A group id is the
     /// pid of the process that made the group, so while the leader runs the id is its group.
-    pub fn leads_group_of(&self, member: &Pinned) -> bool {
+    pub(crate) fn leads_group_of(&self, member: &Pinned) -> bool {
         self.info.pgid == self.info.pid && member.info.pgid == self.info.pid && self.running()
     }
 }
 
 /// True if this kernel's pidfds live on pidfs, where each process has its own inode.
-pub fn pidfs() -> bool {
+pub(crate) fn pidfs() -> bool {
     static PIDFS: OnceLock<bool> = OnceLock::new();
     *PIDFS.get_or_init(|| {
         let Some(me) = Pid::from_raw(std::process::id() as i32) else {
@@ -170,7 +170,7 @@ pub fn pidfs() -> bool {
 }
 
 /// The pidfs inode of a pidfd (unique per process for the boot), or `None` without pidfs.
-pub fn pidfd_ino(fd: impl AsFd) -> Option<u64> {
+pub(crate) fn pidfd_ino(fd: impl AsFd) -> Option<u64> {
     if !pidfs() {
         return None;
     }
@@ -182,12 +182,12 @@ pub fn pidfd_ino(fd: impl AsFd) -> Option<u64> {
 /// The pidfd is opened by number, then the stat is read through `dir`: that read succeeds
 /// only while `dir`'s process still has the pid, so the pidfd, opened in between, is that
 /// process, and the stat is its own.
-pub fn pin_dir(dir: ProcDir) -> io::Result<Option<Pinned>> {
+pub(crate) fn pin_dir(dir: ProcDir) -> io::Result<Option<Pinned>> {
     Ok(bound_pidfd(&dir)?.map(|(fd, info, ino)| Pinned { fd, dir, info, ino }))
 }
 
 /// The stat and pidfs inode of the process `dir` was opened for, read as `pin_dir` does.
-pub fn bound_identity(dir: &ProcDir) -> io::Result<Option<(ProcInfo, Option<u64>)>> {
+pub(crate) fn bound_identity(dir: &ProcDir) -> io::Result<Option<(ProcInfo, Option<u64>)>> {
     Ok(bound_pidfd(dir)?.map(|(_, info, ino)| (info, ino)))
 }
 
@@ -210,7 +210,7 @@ fn bound_pidfd(dir: &ProcDir) -> io::Result<Option<(OwnedFd, ProcInfo, Option<u6
 }
 
 /// Why a pinned process is not the one `want` names, if it is not.
-pub fn mismatch(want: &Identity, got: &Pinned) -> Option<String> {
+pub(crate) fn mismatch(want: &Identity, got: &Pinned) -> Option<String> {
     let p = &got.info;
     if p.start != want.start {
         return Some(format!(
@@ -230,7 +230,7 @@ pub fn mismatch(want: &Identity, got: &Pinned) -> Option<String> {
 /// Pins whatever process has `pid` now (a bare pid is resolved at call time): `Ok(None)` if
 /// there is none. Everything kill() decides about it (refusals, tree membership) is then read
 /// through this pin, never from an earlier snapshot.
-pub fn pin_now(pid: i32) -> Result<Option<Pinned>, String> {
+pub(crate) fn pin_now(pid: i32) -> Result<Option<Pinned>, String> {
     let dir = match ProcDir::open(pid) {
         Ok(d) => d,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -241,7 +241,7 @@ pub fn pin_now(pid: i32) -> Result<Option<Pinned>, String> {
 
 /// Pins the process `want` names: `Ok(None)` if it is gone, `Err(reason)` if the pid now
 /// belongs to another process.
-pub fn pin(want: &Identity) -> Result<Option<Pinned>, String> {
+pub(crate) fn pin(want: &Identity) -> Result<Option<Pinned>, String> {
     match pin_now(want.pid)? {
         Some(p) => match mismatch(want, &p) {
             Some(why) => Err(why),

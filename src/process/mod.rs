@@ -1,12 +1,12 @@
 //! Processes as /proc shows them: stat fields, identity `(pid, start, pidfs inode)`, users, command lines.
 
-pub mod helpers;
-pub mod identity;
+pub(crate) mod helpers;
+pub(crate) mod identity;
 pub mod kill;
-pub mod origin;
+pub(crate) mod origin;
 pub mod restart;
 pub mod scan;
-pub mod tree;
+pub(crate) mod tree;
 
 use serde::Serialize;
 use std::collections::HashMap;

@@ -88,7 +88,7 @@ fn is_shell(comm: &str) -> bool {
 }
 
 /// True for init (pid 1 as gpuloop sees it) and the known subreapers.
-pub fn is_reaper(p: &ProcInfo) -> bool {
+pub(crate) fn is_reaper(p: &ProcInfo) -> bool {
     p.pid == 1 || SUBREAPERS.contains(&p.comm.as_str()) || p.comm.starts_with("containerd-shim")
 }
 
@@ -100,7 +100,7 @@ fn ns_pid(pid: i32) -> Option<i32> {
 }
 
 /// Reads the origin of `p` from /proc (its ancestors, cgroup and environment).
-pub fn origin(p: &ProcInfo) -> Origin {
+pub(crate) fn origin(p: &ProcInfo) -> Origin {
     let parent = (p.ppid > 0).then(|| read_stat(p.ppid).ok()).flatten();
     let own_init = p.pid > 1 && ns_pid(p.pid) == Some(1);
     let reparented = match &parent {
@@ -163,7 +163,7 @@ fn launcher(p: &ProcInfo) -> Option<Launcher> {
 
 /// What systemd says of a system unit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnitInfo {
+pub(crate) struct UnitInfo {
     pub main_pid: Option<i32>,
     /// `Restart=`: "no", "always", "on-failure", …
     pub restart: Option<String>,
@@ -216,7 +216,7 @@ fn parse_unit_show(out: &str) -> UnitInfo {
 }
 
 /// One variable of /proc/PID/environ (readable for one's own processes, or as root).
-pub fn env_var(pid: i32, name: &str) -> Option<String> {
+pub(crate) fn env_var(pid: i32, name: &str) -> Option<String> {
     let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     raw.split(|&b| b == 0).find_map(|kv| {
         let kv = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
@@ -226,7 +226,7 @@ pub fn env_var(pid: i32, name: &str) -> Option<String> {
 
 /// What a process's cgroup membership says.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Cgroup {
+pub(crate) struct Cgroup {
     /// The unified (v2) path, else the systemd (v1 name=systemd) one, else the first set path.
     pub path: Option<String>,
     pub service: Option<String>,
@@ -237,7 +237,7 @@ pub struct Cgroup {
 }
 
 /// Reads /proc/PID/cgroup; the one cgroup reader for units, jobs and containers.
-pub fn read_cgroup(pid: i32) -> Cgroup {
+pub(crate) fn read_cgroup(pid: i32) -> Cgroup {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|t| parse_cgroup(&t))
         .unwrap_or_default()
@@ -245,7 +245,7 @@ pub fn read_cgroup(pid: i32) -> Cgroup {
 
 /// Parses /proc/PID/cgroup text, v1 (`4:memory:/slurm/uid_0/job_812/step_0`) and v2
 /// (`0::/system.slice/slurmstepd.scope/job_812/step_0/user/task_0`) alike.
-pub fn parse_cgroup(text: &str) -> Cgroup {
+pub(crate) fn parse_cgroup(text: &str) -> Cgroup {
     let mut unified = None;
     let mut systemd = None;
     let mut any = None;

@@ -17,11 +17,11 @@ const KEYWORDS: &[&str] = &[
 ];
 
 /// The REPL's own commands.
-pub const COMMANDS: &[&str] = &[":help", ":quit", ":vars"];
+pub(super) const COMMANDS: &[&str] = &[":help", ":quit", ":vars"];
 
 /// Everything the prompt can complete, refreshed after each input.
 #[derive(Debug, Default)]
-pub struct Names {
+pub(super) struct Names {
     /// Callable by name: gpuloop's functions, rhai's standard library, this session's.
     pub functions: BTreeSet<String>,
     /// gpuloop's and this session's functions with the parameters of their longest
@@ -37,7 +37,7 @@ pub struct Names {
     pub fields: BTreeMap<String, BTreeSet<String>>,
 }
 
-pub struct Helper {
+pub(super) struct Helper {
     pub names: Names,
     pub color: bool,
 }
@@ -93,7 +93,7 @@ fn open_import(before: &str) -> Option<&str> {
 
 impl Names {
     /// Completions for the text before the cursor: (where the replaced word starts, candidates).
-    pub fn complete(&self, before: &str) -> (usize, Vec<String>) {
+    pub(super) fn complete(&self, before: &str) -> (usize, Vec<String>) {
         if let Some(partial) = open_import(before) {
             let found = self
                 .stdlib
@@ -159,7 +159,7 @@ impl Names {
 
     /// A hint for the cursor at the end of `line`: a function's parameters right after
     /// `name(`, or the rest of the one name that the word starts.
-    pub fn hint(&self, line: &str) -> Option<Hint> {
+    pub(super) fn hint(&self, line: &str) -> Option<Hint> {
         if let Some(call) = line.strip_suffix('(') {
             let name = &call[word_start(call)..];
             let params = self.signatures.get(name)?;
@@ -193,7 +193,7 @@ impl Names {
     }
 }
 
-pub struct Hint {
+pub(super) struct Hint {
     display: String,
     completion: Option<String>,
 }
@@ -246,7 +246,7 @@ impl Validator for Helper {}
 impl rustyline::Helper for Helper {}
 
 /// `$XDG_STATE_HOME/gpuloop/history`, by default `~/.local/state/gpuloop/history`.
-pub fn history_path() -> Option<PathBuf> {
+pub(super) fn history_path() -> Option<PathBuf> {
     let state =
         dirs::state_dir().or_else(|| dirs::home_dir().map(|h| h.join(".local").join("state")))?;
     Some(state.join("gpuloop").join("history"))

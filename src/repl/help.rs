@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// The engine's function metadata: global functions and, per static module, its own.
 #[derive(Debug, Default, Deserialize)]
-pub struct Meta {
+pub(super) struct Meta {
     #[serde(default)]
     pub functions: Vec<FnMeta>,
     #[serde(default)]
@@ -21,7 +21,7 @@ pub struct Meta {
 impl Meta {
     /// Everything callable now: registered functions, rhai's standard library when `std`,
     /// the functions defined in `ast`, and the modules the REPL keeps imported.
-    pub fn of(engine: &Engine, ast: &AST, std: bool) -> Meta {
+    pub(super) fn of(engine: &Engine, ast: &AST, std: bool) -> Meta {
         let mut meta: Meta = engine
             .gen_fn_metadata_with_ast_to_json(ast, std)
             .ok()
@@ -53,12 +53,12 @@ impl Meta {
 
 /// The domains `:help` lists, each with the functions its bindings module registers; a
 /// function no domain registers is listed under "More".
-pub struct Domains {
+pub(super) struct Domains {
     groups: Vec<(&'static str, Vec<FnMeta>)>,
 }
 
 impl Domains {
-    pub fn new(session: &Arc<Session>) -> Domains {
+    pub(super) fn new(session: &Arc<Session>) -> Domains {
         let fns = |register: &dyn Fn(&mut Engine)| {
             let mut e = Engine::new_raw();
             register(&mut e);
@@ -94,7 +94,7 @@ Tab completes names, Ctrl-C clears the line or cancels a running call; history i
 
 /// `:help`: the commands, then every gpuloop function by domain, the stdlib modules, and
 /// what this session defined and imported.
-pub fn overview(engine: &Engine, ast: &AST, domains: &Domains, style: Style) -> String {
+pub(super) fn overview(engine: &Engine, ast: &AST, domains: &Domains, style: Style) -> String {
     let mut out = vec![COMMANDS.to_string()];
     let ours = doc::functions(engine);
     let mut seen = BTreeSet::new();
@@ -290,7 +290,7 @@ fn first_sentence(doc: &str) -> String {
 }
 
 /// `:help NAME`: every overload's signature and doc; otherwise the names that come close.
-pub fn topic(engine: &Engine, ast: &AST, name: &str, style: Style) -> String {
+pub(super) fn topic(engine: &Engine, ast: &AST, name: &str, style: Style) -> String {
     let meta = Meta::of(engine, ast, true);
     let mut found: Vec<FnMeta> = meta.lookup(name).into_iter().cloned().collect();
     if found.is_empty() {

@@ -4,7 +4,7 @@ use rhai::{ParseError, ParseErrorType, Position};
 
 /// True when the parse error only says the input stopped too early (an open brace or bracket,
 /// a trailing operator, an open back-tick string), so the next line should continue it.
-pub fn incomplete(err: &ParseError, input: &str) -> bool {
+pub(super) fn incomplete(err: &ParseError, input: &str) -> bool {
     match err.err_type() {
         ParseErrorType::UnexpectedEOF => true,
         ParseErrorType::BadInput(rhai::LexError::UnterminatedString) => {

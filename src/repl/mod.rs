@@ -29,7 +29,7 @@ const MORE: &str = "     ... ";
 const SOURCE: &str = "<repl>";
 
 /// Runs the prompt on `session`; `json` prints values as JSON.
-pub fn run(session: Arc<Session>, json: bool) -> Result<i32, Error> {
+pub(crate) fn run(session: Arc<Session>, json: bool) -> Result<i32, Error> {
     // Jobs spawned at the prompt live across lines; whatever is left is stopped on the way out.
     let _jobs = crate::runner::Supervisor::start();
     Repl::new(session, json)?.run()

@@ -4,9 +4,9 @@
 //! `HEAD + TAIL` bytes per stream however much goes through, and says how much it dropped.
 
 /// Bytes kept from the start of a stream (the command's banner, its configuration).
-pub const HEAD: usize = 256 * 1024;
+pub(crate) const HEAD: usize = 256 * 1024;
 /// Bytes kept from the end of a stream (where the traceback is).
-pub const TAIL: usize = 1024 * 1024;
+pub(crate) const TAIL: usize = 1024 * 1024;
 
 /// A fixed-size ring holding the last `cap` bytes pushed into it.
 #[derive(Debug)]
@@ -64,7 +64,7 @@ impl Ring {
 
 /// One stream's capture: head, tail ring, and the total seen.
 #[derive(Debug)]
-pub struct Capture {
+pub(crate) struct Capture {
     head: Vec<u8>,
     head_cap: usize,
     tail: Ring,
@@ -78,7 +78,7 @@ impl Default for Capture {
 }
 
 impl Capture {
-    pub fn with_limits(head: usize, tail: usize) -> Capture {
+    pub(crate) fn with_limits(head: usize, tail: usize) -> Capture {
         Capture {
             head: Vec::new(),
             head_cap: head,
@@ -87,7 +87,7 @@ impl Capture {
         }
     }
 
-    pub fn push(&mut self, data: &[u8]) {
+    pub(crate) fn push(&mut self, data: &[u8]) {
         self.total += data.len() as u64;
         let fill = (self.head_cap - self.head.len()).min(data.len());
         self.head.extend_from_slice(&data[..fill]);
@@ -95,14 +95,14 @@ impl Capture {
     }
 
     /// Bytes that went through but are kept neither in the head nor in the tail.
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.total - (self.head.len() + self.tail.len()) as u64
     }
 
     /// The kept text; invalid UTF-8 is replaced (U+FFFD), never an error. When bytes were
     /// dropped, a line `[gpuloop: N bytes dropped]` stands where they were, and the tail
     /// starts at a line boundary when one is near.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let tail = self.tail.contiguous();
         let dropped = self.dropped();
         if dropped == 0 {

@@ -26,7 +26,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// The hidden subcommand the guard runs as.
-pub const SUBCOMMAND: &str = "__guard";
+pub(crate) const SUBCOMMAND: &str = "__guard";
 
 static EXE: OnceLock<PathBuf> = OnceLock::new();
 static CONN: Mutex<Option<Conn>> = Mutex::new(None);
@@ -40,12 +40,12 @@ struct Conn {
 
 /// Lets jobs be guarded by starting `exe __guard` (the gpuloop binary calls this; library
 /// users and unit tests have no such binary and go unguarded).
-pub fn enable(exe: PathBuf) {
+pub(crate) fn enable(exe: PathBuf) {
     let _ = EXE.set(exe);
 }
 
 /// True when jobs are guarded (the gpuloop binary, not a library user).
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     EXE.get().is_some()
 }
 
@@ -95,25 +95,25 @@ fn send(line: &str) {
 }
 
 /// A job's process group, led by `leader`.
-pub fn tell_group(leader: Identity) {
+pub(crate) fn tell_group(leader: Identity) {
     send(&format!("g {} {}", leader.pid, leader.start));
 }
 
 /// A job's leader has exited and is about to be reaped, which may free its group's id: the
 /// processes the group has now were told by identity, and from now on its members are known
 /// only that way.
-pub fn leader_exited(leader: Identity) {
+pub(crate) fn leader_exited(leader: Identity) {
     send(&format!("x {} {}", leader.pid, leader.start));
 }
 
 /// A finished job's group that has no member left: from now on its id may be taken by
 /// another process's group, which is none of the guard's business.
-pub fn forget_group(leader: Identity) {
+pub(crate) fn forget_group(leader: Identity) {
     send(&format!("f {} {}", leader.pid, leader.start));
 }
 
 /// Processes seen below jobs.
-pub fn tell_members(ids: &[Identity]) {
+pub(crate) fn tell_members(ids: &[Identity]) {
     if ids.is_empty() {
         return;
     }
@@ -130,7 +130,7 @@ const GUARD_EXIT_WAIT: Duration = Duration::from_secs(5);
 /// Dropped once gpuloop has stopped its jobs itself: the guard leaves without acting, and
 /// gpuloop waits (bounded) for it to go, so a gpuloop run as a job of another gpuloop leaves
 /// no guard behind to be counted among that job's leftovers.
-pub struct Goodbye;
+pub(crate) struct Goodbye;
 
 impl Drop for Goodbye {
     fn drop(&mut self) {
@@ -164,7 +164,7 @@ impl Drop for Goodbye {
 
 /// What the guard was told.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Watch {
+pub(crate) struct Watch {
     pub groups: Vec<Identity>,
     /// The guarded groups whose leader gpuloop saw exit, before it reaped it.
     pub exited: HashSet<Identity>,
@@ -177,7 +177,7 @@ pub struct Watch {
 
 impl Watch {
     /// Reads the protocol until `bye` or the end of input; unknown lines are ignored.
-    pub fn read(input: impl BufRead) -> Watch {
+    pub(crate) fn read(input: impl BufRead) -> Watch {
         let mut w = Watch::default();
         for line in input.lines() {
             let Ok(line) = line else { break };
@@ -216,7 +216,11 @@ impl Watch {
     /// The live processes it guards: leaders and members by identity, and the members of a
     /// guarded group whose leader gpuloop never saw exit. `session` is the guard's own, which
     /// is gpuloop's and every job group's (a leader gets a group of its own, not a session).
-    pub fn targets(&self, table: &[crate::process::ProcInfo], session: Option<i32>) -> Vec<Target> {
+    pub(crate) fn targets(
+        &self,
+        table: &[crate::process::ProcInfo],
+        session: Option<i32>,
+    ) -> Vec<Target> {
         // A group id is a pid: free for anyone once the leader is reaped and the group is empty. A
         // later start than the leader's cannot tell a reuse apart (a reuser always starts later),
         // and gpuloop sees a group empty only on its next tick: killed in between, it left the
@@ -251,7 +255,7 @@ impl Watch {
 
 /// The guard process: waits for gpuloop to go; if it went without a goodbye, SIGKILLs what
 /// its jobs left. Returns the exit code.
-pub fn main() -> i32 {
+pub(crate) fn main() -> i32 {
     // A terminal's hangup or Ctrl-C is for gpuloop, which will tell the guard.
     for sig in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT] {
         // SAFETY: setting a signal to be ignored installs no handler code.

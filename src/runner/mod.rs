@@ -6,11 +6,11 @@
 //! killed gpuloop to stop its jobs, `patch` applies the unified diffs a patch-and-rerun loop
 //! is made of.
 
-pub mod capture;
-pub mod guard;
-pub mod job;
+pub(crate) mod capture;
+pub(crate) mod guard;
+pub(crate) mod job;
 pub mod patch;
-pub mod supervise;
+pub(crate) mod supervise;
 
 pub use job::{Job, Waited};
 pub use supervise::Supervisor;

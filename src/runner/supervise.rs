@@ -39,10 +39,10 @@ const ROUNDS: usize = 5;
 /// is inherited by everything the job starts, whatever process group or session that moves
 /// to, so the guard finds a job's processes that gpuloop had no time to tell it about (a
 /// double fork an instant before gpuloop was SIGKILLed).
-pub const JOB_MARK: &str = "GPULOOP_JOB_OF";
+pub(crate) const JOB_MARK: &str = "GPULOOP_JOB_OF";
 
 /// This gpuloop's value of `JOB_MARK`: its pid and start time, which no other process has.
-pub fn job_mark() -> &'static str {
+pub(crate) fn job_mark() -> &'static str {
     static MARK: OnceLock<String> = OnceLock::new();
     MARK.get_or_init(|| {
         let pid = std::process::id() as i32;
@@ -248,7 +248,10 @@ fn die_with_parent(command: &mut Command) {
 /// status from under `Child::wait`; returns it with its identity. The leader dies with
 /// gpuloop (`PR_SET_PDEATHSIG`), and runs its command only once the guard knows its process
 /// group (`StartGate`).
-pub fn spawn_registered(grace: Duration, mut command: Command) -> io::Result<(Child, Identity)> {
+pub(crate) fn spawn_registered(
+    grace: Duration,
+    mut command: Command,
+) -> io::Result<(Child, Identity)> {
     die_with_parent(&mut command);
     let (gate, ends) = if guard::enabled() {
         let (gate, ends, hook) = StartGate::new()?;
@@ -310,7 +313,7 @@ fn unregister(st: &mut State, id: Identity) {
 /// The leader has exited and is about to be reaped: a last look at its tree and group while
 /// its pid, a zombie's now, still holds the group's id, so that every member the job has is
 /// known by identity (here and to the guard) before that id may go to anyone else.
-pub fn exiting(leader: Identity) {
+pub(crate) fn exiting(leader: Identity) {
     let tree = Tree::snapshot();
     let mut st = state();
     observe(&tree, &mut st);
@@ -320,7 +323,7 @@ pub fn exiting(leader: Identity) {
 }
 
 /// The leader was reaped: its lineage stays known, it is no longer live.
-pub fn finished(leader: Identity) {
+pub(crate) fn finished(leader: Identity) {
     let mut st = state();
     if let Some(i) = st.live.iter().position(|l| l.id == leader) {
         let live = st.live.swap_remove(i);
@@ -472,7 +475,7 @@ fn job_member(root: Option<Identity>) -> String {
 /// Stops a job's whole tree (or, with `None`, everything gpuloop started): `signal`, one
 /// shared `grace`, SIGKILL, through the kill engine; repeated for anything forked meanwhile;
 /// then reaps the orphans that died. Returns the pids signalled.
-pub fn stop_tree(root: Option<Identity>, signal: Signal, grace: Duration) -> Vec<i64> {
+pub(crate) fn stop_tree(root: Option<Identity>, signal: Signal, grace: Duration) -> Vec<i64> {
     // The stop must finish even after Ctrl-C (which is often why it runs); one more
     // interrupt during it cuts the grace short: KILL at once.
     let more = crate::interrupt::After::now();
@@ -535,7 +538,7 @@ fn current_targets(root: Option<Identity>, me: &Me) -> Vec<Target> {
 /// The processes a job left running after its leader exited (`root` is the reaped leader):
 /// the members of its process group known to be its own, the orphans that belong to no
 /// other job, and everything below them. Nothing is signalled.
-pub fn leftovers(root: Identity) -> Vec<i64> {
+pub(crate) fn leftovers(root: Identity) -> Vec<i64> {
     let me = me();
     let targets = current_targets(Some(root), &me);
     let tree = Tree::snapshot();
@@ -551,7 +554,7 @@ pub fn leftovers(root: Identity) -> Vec<i64> {
 }
 
 /// Reaps every adopted zombie; gpuloop's own children (`Child` handles) are left alone.
-pub fn reap_adopted() -> usize {
+pub(crate) fn reap_adopted() -> usize {
     let me = me();
     let st = state();
     let zombies: Vec<i32> = crate::process::process_table()

@@ -41,7 +41,7 @@ impl ScriptError {
 
 /// The process status for `exit(code)`: 0 to 255 as given, anything else 1 (a failure
 /// must never read as success, as `exit(-1)` clamped to 0 did).
-pub fn exit_status(code: i64) -> i32 {
+pub(crate) fn exit_status(code: i64) -> i32 {
     u8::try_from(code).map_or(1, i32::from)
 }
 
@@ -64,7 +64,7 @@ impl Sources {
 }
 
 /// Remembers `source` under `file` (the name errors use) in `engine`'s store.
-pub fn remember(engine: &Engine, file: &str, source: &str) {
+pub(crate) fn remember(engine: &Engine, file: &str, source: &str) {
     if let Some(Ok(mut s)) = Sources::of(engine).as_ref().map(|s| s.0.lock()) {
         s.insert(file.to_string(), source.to_string());
     }
@@ -72,7 +72,7 @@ pub fn remember(engine: &Engine, file: &str, source: &str) {
 
 /// An error caught at run time, rendered like every other one (message, `file:line:col`,
 /// the line and a caret) when `engine` compiled its source; `file` is where the call happened.
-pub fn describe(engine: &Engine, err: &EvalAltResult, file: Option<&str>) -> String {
+pub(crate) fn describe(engine: &Engine, err: &EvalAltResult, file: Option<&str>) -> String {
     // The innermost error says what went wrong, and where.
     let mut e = err;
     let mut file = file;
@@ -94,15 +94,15 @@ pub fn describe(engine: &Engine, err: &EvalAltResult, file: Option<&str>) -> Str
 }
 
 /// The token a native function throws (through `ErrorTerminated`) when Ctrl-C was pressed.
-pub const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
+pub(crate) const INTERRUPT_TOKEN: &str = "gpuloop:interrupted";
 
 /// What the engine stops a script with when it passes its `memory` limit (bytes).
 #[derive(Debug, Clone, Copy)]
-pub struct MemoryLimit(pub usize);
+pub(crate) struct MemoryLimit(pub usize);
 
 /// What `exit(reason)` and `usage(msg)` end a script with: the code and what to print.
 #[derive(Debug, Clone)]
-pub struct ExitSaying {
+pub(crate) struct ExitSaying {
     pub code: i64,
     pub message: String,
 }
@@ -135,7 +135,7 @@ fn terminated(token: &rhai::Dynamic, pos: rhai::Position, file: &str, source: &s
     ScriptError::Interrupted
 }
 
-pub fn from_parse(err: &ParseError, file: &str, source: &str) -> ScriptError {
+pub(crate) fn from_parse(err: &ParseError, file: &str, source: &str) -> ScriptError {
     ScriptError::Compile(render(
         &err.err_type().to_string(),
         err.position(),
@@ -144,7 +144,7 @@ pub fn from_parse(err: &ParseError, file: &str, source: &str) -> ScriptError {
     ))
 }
 
-pub fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
+pub(crate) fn from_eval(err: EvalAltResult, file: &str, source: &str) -> ScriptError {
     if let EvalAltResult::ErrorTerminated(token, pos) = &err {
         return terminated(token, *pos, file, source);
     }
@@ -231,7 +231,7 @@ fn strip_position(s: &str) -> String {
 ///   |
 /// 3 | let x = foo + 1;
 ///   |         ^
-pub fn render(msg: &str, pos: Position, file: &str, source: &str) -> String {
+pub(crate) fn render(msg: &str, pos: Position, file: &str, source: &str) -> String {
     let msg = strip_position(msg);
     let (Some(line), col) = (pos.line(), pos.position()) else {
         return format!("error: {msg}\n --> {file}");

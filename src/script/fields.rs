@@ -67,7 +67,7 @@ pub(crate) fn record_kind(map: &Map) -> Option<Kind> {
 }
 
 /// For rhai's missing-property hook: an error for a record, `None` for any other map.
-pub fn missing(map: &Map, prop: &str) -> Option<Box<EvalAltResult>> {
+pub(crate) fn missing(map: &Map, prop: &str) -> Option<Box<EvalAltResult>> {
     let kind = record_kind(map)?.name();
     let mut known: Vec<&str> = map.keys().map(|k| k.as_str()).collect();
     known.sort_unstable();
@@ -84,7 +84,10 @@ pub fn missing(map: &Map, prop: &str) -> Option<Box<EvalAltResult>> {
 }
 
 /// The candidate nearest to `word` by edit distance, if it is near enough to be a typo.
-pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let limit = (word.chars().count() / 3).max(1);
     candidates
         .into_iter()

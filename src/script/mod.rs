@@ -1,13 +1,13 @@
 //! The Rhai layer: one place builds the engine, thin bindings, module resolution, errors.
 
-pub mod bindings;
+pub(crate) mod bindings;
 pub mod convert;
 pub mod display;
 pub mod doc;
 pub mod engine;
-pub mod errors;
-pub mod fields;
-pub mod modules;
+pub(crate) mod errors;
+pub(crate) mod fields;
+pub(crate) mod modules;
 pub mod recipes;
 mod record;
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The standard library: (module name, source), embedded at build time.
-pub const STDLIB: &[(&str, &str)] = &[
+pub(crate) const STDLIB: &[(&str, &str)] = &[
     ("report", include_str!("../../stdlib/report.rhai")),
     ("cleanup", include_str!("../../stdlib/cleanup.rhai")),
     ("patch", include_str!("../../stdlib/patch.rhai")),
@@ -18,12 +18,12 @@ pub const STDLIB: &[(&str, &str)] = &[
 /// How the error of a module found nowhere begins: an import computed at run time that
 /// finds nothing is still a usage error (exit 2), as a missing constant one is before the
 /// script runs.
-pub const NOT_FOUND: &str = "module not found: ";
+pub(crate) const NOT_FOUND: &str = "module not found: ";
 
 /// The resolver chain: the directories of `search_path`, then the standard library (the order
 /// docs/scripting.md gives); a module found nowhere is an error that says where it was
 /// looked for.
-pub fn resolver(script_dir: Option<PathBuf>) -> Resolver {
+pub(crate) fn resolver(script_dir: Option<PathBuf>) -> Resolver {
     let mut chain = ModuleResolversCollection::new();
     let dirs = search_path(script_dir);
     for d in &dirs {
@@ -34,7 +34,7 @@ pub fn resolver(script_dir: Option<PathBuf>) -> Resolver {
 }
 
 /// The directories `import` looks in, in order, before the standard library.
-pub fn search_path(script_dir: Option<PathBuf>) -> Vec<PathBuf> {
+pub(crate) fn search_path(script_dir: Option<PathBuf>) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = script_dir.into_iter().collect();
     if let Some(path) = std::env::var_os("GPULOOP_PATH") {
         dirs.extend(std::env::split_paths(&path).filter(|p| !p.as_os_str().is_empty()));
@@ -44,7 +44,7 @@ pub fn search_path(script_dir: Option<PathBuf>) -> Vec<PathBuf> {
 }
 
 /// The chain, and the directories it searches for the message when nothing has the module.
-pub struct Resolver {
+pub(crate) struct Resolver {
     chain: ModuleResolversCollection,
     dirs: Vec<PathBuf>,
 }
@@ -97,13 +97,13 @@ impl ModuleResolver for Resolver {
 /// Modules in one directory: `NAME.rhai` under it, read as every script is (a regular file
 /// of bounded size; a FIFO or a link to a device is an error naming it, never a hang), and
 /// compiled once.
-pub struct Dir {
+pub(crate) struct Dir {
     dir: PathBuf,
     cache: Mutex<HashMap<PathBuf, Shared<Module>>>,
 }
 
 impl Dir {
-    pub fn new(dir: &Path) -> Dir {
+    pub(crate) fn new(dir: &Path) -> Dir {
         Dir {
             dir: dir.to_path_buf(),
             cache: Mutex::default(),
@@ -163,7 +163,7 @@ impl ModuleResolver for Dir {
 
 /// The embedded standard library, compiled on first import with the importing engine.
 #[derive(Default)]
-pub struct Stdlib {
+pub(crate) struct Stdlib {
     cache: Mutex<HashMap<String, Shared<Module>>>,
 }
 

@@ -13,7 +13,7 @@ use serde::ser::{self, Impossible, Serialize, Serializer};
 use std::cell::RefCell;
 
 /// `v` as rhai's `to_dynamic` makes it: a struct becomes a map of its serialized fields.
-pub fn to_dynamic<T: Serialize + ?Sized>(v: &T) -> RhaiResult<Dynamic> {
+pub(super) fn to_dynamic<T: Serialize + ?Sized>(v: &T) -> RhaiResult<Dynamic> {
     match v.serialize(Shape) {
         Ok(fields) => Ok(fields.into_map()),
         Err(Error::NotAStruct) => rhai::serde::to_dynamic(v),

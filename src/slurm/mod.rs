@@ -2,7 +2,7 @@
 //! job left on its GPUs (never another running job's processes), verifies the memory is back,
 //! and otherwise drains the node with a reason that says why, one syslog-style line per action.
 
-pub mod scontrol;
+pub(crate) mod scontrol;
 
 use crate::gpu::{GpuError, MIB};
 use crate::inspect::diagnose::Diagnosis;
@@ -38,7 +38,7 @@ fn diagnose(s: &Session, sel: &[i64]) -> Result<Vec<Diagnosis>, ActionError> {
 
 /// Which hook is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hook {
+pub(crate) enum Hook {
     /// After a job: clean what it left.
     Epilog,
     /// Before a job: verify its GPUs, clean what belongs to no running job.
@@ -56,7 +56,7 @@ impl Hook {
 
 /// The job as Slurm describes it to a prolog or epilog through the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobEnv {
+pub(crate) struct JobEnv {
     pub job: i64,
     pub user: String,
     /// The job's GPUs as Slurm numbers them (`SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`):
@@ -67,7 +67,7 @@ pub struct JobEnv {
 
 impl JobEnv {
     /// Reads the job from `var` (the process environment in real use).
-    pub fn from(var: impl Fn(&str) -> Option<String>) -> Result<JobEnv, SlurmError> {
+    pub(crate) fn from(var: impl Fn(&str) -> Option<String>) -> Result<JobEnv, SlurmError> {
         let id = var("SLURM_JOB_ID")
             .filter(|v| !v.is_empty())
             .ok_or_else(|| SlurmError::NoJob("SLURM_JOB_ID is not set".into()))?;
@@ -104,7 +104,7 @@ impl JobEnv {
 
 /// A Slurm job id: a positive decimal number, as Slurm prints it (`812`; not `+812`, `0`,
 /// `-1`, nor `0x32c`).
-pub fn job_id(s: &str) -> Option<i64> {
+pub(crate) fn job_id(s: &str) -> Option<i64> {
     let s = s.trim();
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -114,7 +114,7 @@ pub fn job_id(s: &str) -> Option<i64> {
 
 /// One node's name, as slurm.conf's NodeName gives it: letters, digits, `-` and `_`,
 /// starting with a letter or digit; never a hostlist expression.
-pub fn is_node_name(s: &str) -> bool {
+pub(crate) fn is_node_name(s: &str) -> bool {
     s.len() <= 255
         && s.starts_with(|c: char| c.is_ascii_alphanumeric())
         && s.bytes()
@@ -136,14 +136,14 @@ fn parse_gpus(list: &str) -> Result<Vec<i64>, SlurmError> {
 }
 
 #[derive(Debug, Clone)]
-pub struct HookOpts {
+pub(crate) struct HookOpts {
     pub timeout: Duration,
     pub grace: Duration,
     pub dry_run: bool,
 }
 
 /// Writes one syslog-style line per action to stderr (which slurmd keeps in its log).
-pub struct Log {
+pub(crate) struct Log {
     tag: String,
 }
 
@@ -166,7 +166,12 @@ impl Log {
 }
 
 /// Runs the hook; returns the exit code: 0 clean, 1 not clean (the node was drained).
-pub fn run(s: &Session, hook: Hook, env: &JobEnv, opts: &HookOpts) -> Result<i32, SlurmError> {
+pub(crate) fn run(
+    s: &Session,
+    hook: Hook,
+    env: &JobEnv,
+    opts: &HookOpts,
+) -> Result<i32, SlurmError> {
     let started = Instant::now();
     let log = Log::new(hook, env);
     // Nothing can be verified without the driver: the node is not fit for GPU jobs.
@@ -359,7 +364,7 @@ fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<i32, 
 
 /// The drain reason: under 256 characters, starting with `gpuloop:`, naming the GPU, the
 /// memory, the verdict and the pid/job, e.g. `gpuloop: GPU 2 75GiB orphaned job=812 pid=4711`.
-pub fn reason(d: &Diagnosis, job: i64) -> String {
+pub(crate) fn reason(d: &Diagnosis, job: i64) -> String {
     let mem = if d.mem_used_mib >= 1024 {
         format!("{}GiB", d.mem_used_mib / 1024)
     } else {

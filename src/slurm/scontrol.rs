@@ -7,7 +7,7 @@ use std::time::Duration;
 const DEADLINE: Duration = Duration::from_secs(10);
 
 /// The jobs running (or completing, configuring, suspended) on `node`; `None` if squeue fails.
-pub fn running_jobs(node: &str) -> Option<BTreeSet<i64>> {
+pub(crate) fn running_jobs(node: &str) -> Option<BTreeSet<i64>> {
     let mut args = vec![
         "-h",
         "-o",
@@ -23,7 +23,7 @@ pub fn running_jobs(node: &str) -> Option<BTreeSet<i64>> {
 }
 
 /// `scontrol update nodename=NODE state=drain reason=REASON`.
-pub fn drain(node: &str, reason: &str) -> Result<(), String> {
+pub(crate) fn drain(node: &str, reason: &str) -> Result<(), String> {
     if node.is_empty() {
         return Err("no node name (SLURMD_NODENAME unset, no hostname)".into());
     }

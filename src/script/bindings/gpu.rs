@@ -41,7 +41,7 @@ fn selection(s: &Session, sel: &Dynamic) -> RhaiResult<HostSel> {
         .map_err(to_script)
 }
 
-pub fn register(engine: &mut Engine, session: &Arc<Session>) {
+pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
     let s = session.clone();
     def(
         engine,

@@ -29,7 +29,7 @@ fn truthy(v: &Dynamic) -> bool {
 }
 
 /// The helpers, for an engine built under `limits`; `log()` counts from now.
-pub fn register(engine: &mut Engine, limits: &Limits) {
+pub(crate) fn register(engine: &mut Engine, limits: &Limits) {
     let max_file = match engine.max_string_size() {
         0 => usize::MAX,
         n => n,
@@ -358,7 +358,7 @@ fn read_regular(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
 
 /// Replaces a regular file (or creates one) atomically; anything else at the path (a FIFO,
 /// a device) is refused, never replaced.
-pub fn write_atomic(path: &str, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &str, bytes: &[u8]) -> std::io::Result<()> {
     let p = std::path::Path::new(path);
     if let Ok(meta) = std::fs::metadata(p) {
         if !meta.is_file() {

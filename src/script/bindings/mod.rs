@@ -1,9 +1,9 @@
 //! Script functions, grouped by domain; each converts values and calls into `machine`.
 
-pub mod gpu;
-pub mod helpers;
-pub mod process;
-pub mod runner;
+pub(crate) mod gpu;
+pub(crate) mod helpers;
+pub(crate) mod process;
+pub(crate) mod runner;
 
 use super::convert::{script_err, RhaiResult};
 use super::errors::INTERRUPT_TOKEN;
@@ -11,7 +11,7 @@ use rhai::{Dynamic, EvalAltResult, Position};
 use std::time::{Duration, Instant};
 
 /// The error that unwinds a script when Ctrl-C was pressed.
-pub fn interrupted() -> Box<EvalAltResult> {
+pub(crate) fn interrupted() -> Box<EvalAltResult> {
     Box::new(EvalAltResult::ErrorTerminated(
         Dynamic::from(INTERRUPT_TOKEN),
         Position::NONE,
@@ -19,7 +19,7 @@ pub fn interrupted() -> Box<EvalAltResult> {
 }
 
 /// Sleeps, waking early (with an error) on Ctrl-C.
-pub fn sleep(d: Duration) -> RhaiResult<()> {
+pub(crate) fn sleep(d: Duration) -> RhaiResult<()> {
     let end = Instant::now() + d;
     loop {
         if crate::interrupt::is_set() {
@@ -33,7 +33,7 @@ pub fn sleep(d: Duration) -> RhaiResult<()> {
     }
 }
 
-pub fn not_negative(v: i64, what: &str) -> RhaiResult<i64> {
+pub(crate) fn not_negative(v: i64, what: &str) -> RhaiResult<i64> {
     if v < 0 {
         return Err(script_err(format!("{what} must not be negative, got {v}")));
     }

@@ -159,7 +159,7 @@ fn run_kill(
     to_map(&report)
 }
 
-pub fn register(engine: &mut Engine, session: &Arc<Session>) {
+pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
     let s = session.clone();
     def(
         engine,

@@ -182,7 +182,7 @@ fn patch_file(func: &str, path: &str, diff: &str, direction: Direction) -> RhaiR
         .map_err(|e| script_err(format!("{func}: {e}")))
 }
 
-pub fn register(engine: &mut Engine, session: &Arc<Session>) {
+pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
     engine.register_type_with_name::<JobHandle>("Job");
 
     let s = session.clone();
