@@ -11,6 +11,7 @@ use crate::hosts::protocol::{
     self, Body, Call, ErrorKind, Hello, JobState, Message, Request, RunCall, Stream,
 };
 use crate::inspect::diagnose::Reach;
+use crate::journal::{FrontEnd, Served};
 use crate::machine::{ops, Local, Watch};
 use crate::process::kill::parse_signal;
 use crate::runner::{Cmd, Job, JobOpts, RunError, Sink, Waited};
@@ -254,9 +255,8 @@ pub(crate) fn serve(session: Arc<Session>) -> i32 {
             let id = req.id;
             // The signals this request sends are journaled with the client's call.
             let call = serde_json::to_value(&req.call).unwrap_or_default();
-            let body = crate::journal::in_call(crate::journal::FrontEnd::Agent, call, || {
-                handle(&s, req, &o, &j, cancel)
-            });
+            let served = Served::new(FrontEnd::Agent, call);
+            let body = handle(&s, req, &o, &j, cancel, served);
             o.send(&reply(Some(id), body));
         }));
         if let Err(e) = spawned {
@@ -389,6 +389,7 @@ fn handle(
     out: &Out,
     jobs: &Arc<Jobs>,
     cancel: Option<CancelGuard>,
+    served: Served,
 ) -> Body {
     let never = AtomicBool::new(false);
     let stop = cancel.as_ref().map_or(&never, |c| &*c.flag);
@@ -400,16 +401,17 @@ fn handle(
             stop,
             show: &mut quiet,
         },
-    );
+    )
+    .serving(served.clone());
     if let Some(body) = ops::answer(&req.call, &mut here) {
         return body;
     }
     match req.call {
         Call::Run(rc) => {
             let cancel = cancel.unwrap_or_else(|| jobs.cancel_flag(req.id));
-            run(req.id, rc, out, cancel)
+            run(req.id, rc, out, cancel, served)
         }
-        Call::Spawn(rc) => spawn(req.id, rc, out, jobs),
+        Call::Spawn(rc) => spawn(req.id, rc, out, jobs, served),
         Call::JobWait { job, timeout_ms } => match jobs.spawned(job) {
             Ok(j) => {
                 let cancel = cancel.unwrap_or_else(|| jobs.cancel_flag(req.id));
@@ -427,7 +429,11 @@ fn handle(
                 return error(ErrorKind::BadParams, format!("unknown signal {signal:?}"));
             };
             match jobs.spawned(job) {
-                Ok(j) => match j.stop(sig, grace_ms.map(crate::process::kill::grace_of_ms)) {
+                Ok(j) => match j.stop_for(
+                    Some(&served),
+                    sig,
+                    grace_ms.map(crate::process::kill::grace_of_ms),
+                ) {
                     Some(_) => state(job, &j, true),
                     None => error(
                         ErrorKind::Failed,
@@ -461,7 +467,7 @@ fn state(job: u64, j: &Job, with_outcome: bool) -> Body {
 
 /// The job a run or spawn request describes; its output goes to the client as `Output`
 /// lines of request `id`.
-fn job_of(id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts), Body> {
+fn job_of(id: u64, rc: RunCall, out: &Out, served: Served) -> Result<(Cmd, JobOpts), Body> {
     let cmd = match (rc.shell, rc.argv) {
         (Some(l), None) => Cmd::Shell(l),
         (None, Some(a)) => Cmd::Argv(a),
@@ -494,14 +500,15 @@ fn job_of(id: u64, rc: RunCall, out: &Out) -> Result<(Cmd, JobOpts), Body> {
         grace: crate::process::kill::grace_of_ms(rc.grace_ms),
         keep_children: rc.keep_children,
         sink,
+        served: Some(served),
     };
     Ok((cmd, opts))
 }
 
 /// Starts a background job and answers at once; it runs until it ends, a `job_kill`, its
 /// timeout, or the connection's end.
-fn spawn(id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
-    let (cmd, opts) = match job_of(id, rc, out) {
+fn spawn(id: u64, rc: RunCall, out: &Out, jobs: &Jobs, served: Served) -> Body {
+    let (cmd, opts) = match job_of(id, rc, out, served) {
         Ok(x) => x,
         Err(b) => {
             jobs.settle(id, None);
@@ -523,8 +530,8 @@ fn spawn(id: u64, rc: RunCall, out: &Out, jobs: &Jobs) -> Body {
 
 /// Runs a job, streaming its output to the client; a cancel (or the client going away)
 /// stops its whole tree.
-fn run(id: u64, rc: RunCall, out: &Out, cancel: CancelGuard) -> Body {
-    let (cmd, opts) = match job_of(id, rc, out) {
+fn run(id: u64, rc: RunCall, out: &Out, cancel: CancelGuard, served: Served) -> Body {
+    let (cmd, opts) = match job_of(id, rc, out, served) {
         Ok(x) => x,
         Err(b) => return b,
     };

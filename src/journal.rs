@@ -14,14 +14,13 @@ use rustix::fs::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The journal's file name in its directory; the rotated one adds `.1`.
@@ -184,11 +183,6 @@ struct Context {
 
 static CONTEXT: OnceLock<Context> = OnceLock::new();
 
-thread_local! {
-    /// The server call this thread is carrying out, if any: (front end, the call).
-    static CALL: RefCell<Option<(FrontEnd, Value)>> = const { RefCell::new(None) };
-}
-
 /// Turns the journal on for this process: every signal from now on is journaled as sent by
 /// `front_end`, run as `argv`. Library use without this (unit tests) journals nothing.
 pub(crate) fn start(front_end: FrontEnd, argv: Vec<String>) {
@@ -216,19 +210,22 @@ pub(crate) fn inherited() -> Option<FrontEnd> {
     std::env::var(FRONT_END_ENV).ok()?.parse().ok()
 }
 
-/// Runs `f` as the server call `call` (an MCP tool call, a remote client's request): the
-/// signals it sends on this thread are journaled with the call.
-pub(crate) fn in_call<T>(front_end: FrontEnd, call: Value, f: impl FnOnce() -> T) -> T {
-    struct Reset(Option<(FrontEnd, Value)>);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            let before = self.0.take();
-            CALL.with(|c| *c.borrow_mut() = before);
+/// The server call (an MCP tool call, a remote client's request) that a kill or a job is
+/// carried out for: every signal it leads to is journaled with it. It travels with the kill's
+/// options and the job's, never in a global.
+#[derive(Debug, Clone)]
+pub(crate) struct Served {
+    pub front_end: FrontEnd,
+    pub call: Arc<Value>,
+}
+
+impl Served {
+    pub(crate) fn new(front_end: FrontEnd, call: Value) -> Served {
+        Served {
+            front_end,
+            call: Arc::new(call),
         }
     }
-    let before = CALL.with(|c| c.borrow_mut().replace((front_end, call)));
-    let _reset = Reset(before);
-    f()
 }
 
 /// `$XDG_STATE_HOME/gpuloop`, by default `~/.local/state/gpuloop`.
@@ -238,9 +235,16 @@ pub(crate) fn dir() -> Result<PathBuf, JournalError> {
         .ok_or(JournalError::NoStateDir)
 }
 
-/// Journals one signal (sent, or tried) when the journal is on. A journal that cannot be
-/// written is warned about once, and never holds a signal back.
-pub(crate) fn signal(target: Target, signal: &str, why: &str, outcome: &str) {
+/// Journals one signal (sent, or tried) when the journal is on, with the server call it was
+/// sent for. A journal that cannot be written is warned about once, and never holds a
+/// signal back.
+pub(crate) fn signal(
+    target: Target,
+    signal: &str,
+    why: &str,
+    outcome: &str,
+    served: Option<&Served>,
+) {
     let Some(ctx) = CONTEXT.get() else { return };
     let event = Event::Signal(Signal {
         target,
@@ -248,7 +252,7 @@ pub(crate) fn signal(target: Target, signal: &str, why: &str, outcome: &str) {
         why: why.to_string(),
         outcome: outcome.to_string(),
     });
-    let written = dir().and_then(|d| append(&d, &record(ctx, event)));
+    let written = dir().and_then(|d| append(&d, &record(ctx, event, served)));
     if let Err(e) = written {
         warn_once(&e);
     }
@@ -262,7 +266,7 @@ pub(crate) fn call(dir: &Path, call: Call) -> Result<(), JournalError> {
         client: None,
     };
     let ctx = CONTEXT.get().unwrap_or(&fallback);
-    append(dir, &record(ctx, Event::Call(call)))
+    append(dir, &record(ctx, Event::Call(call), None))
 }
 
 fn warn_once(e: &JournalError) {
@@ -273,11 +277,10 @@ fn warn_once(e: &JournalError) {
     }
 }
 
-fn record(ctx: &Context, event: Event) -> Record {
+fn record(ctx: &Context, event: Event, served: Option<&Served>) -> Record {
     let uid = rustix::process::geteuid().as_raw();
-    let call = CALL.with(|c| c.borrow().clone());
-    let (front_end, mut call) = match call {
-        Some((f, c)) => (f, Some(c)),
+    let (front_end, mut call) = match served {
+        Some(s) => (s.front_end, Some(Value::clone(&s.call))),
         None => (ctx.front_end, None),
     };
     if let (Some(client), Some(Value::Object(m))) = (&ctx.client, call.as_mut()) {

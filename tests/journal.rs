@@ -433,3 +433,46 @@ fn audit_journal_of_a_host_set_reads_each_hosts_own_journal() {
     assert!(out.stdout.contains(&a.to_string()), "{}", out.stdout);
     assert!(out.stderr.contains("qdown"), "{}", out.stderr);
 }
+
+/// The server call travels with what it started: a job the agent spawned for a client and
+/// then stopped on its own (its timeout, on the job's monitor thread, not the request's) is
+/// journaled with the client's `spawn`, not as a signal nobody asked for.
+#[test]
+fn audit_a_remote_jobs_timeout_stop_is_journaled_with_the_spawn_that_started_it() {
+    let sim = Sim::new("1x8G");
+    let mut agent = sim
+        .std_cmd()
+        .arg("agent")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sim.adopt(agent.id() as i32);
+    let request = json!({"id": 7, "method": "spawn", "params": {
+        "shell": null, "argv": ["sleep", "60"], "timeout_ms": 300, "cwd": null, "env": [],
+        "grace_ms": 5_000, "echo": false}});
+    let mut stdin = agent.stdin.take().unwrap();
+    writeln!(stdin, "{request}").unwrap();
+    let mut lines = BufReader::new(agent.stdout.take().unwrap()).lines();
+    let end = Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        assert!(Instant::now() < end, "no reply from the agent");
+        let line = lines.next().expect("the agent's reply").unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or_default();
+        if v["id"] == 7 {
+            break v["ok"]["pid"].as_i64().expect("the job's pid") as i32;
+        }
+    };
+    // The job's own timeout stops it; the record appears once the TERM is sent.
+    let end = Instant::now() + Duration::from_secs(60);
+    while !signals(&sim).iter().any(|r| r["target"]["pid"] == pid) {
+        assert!(Instant::now() < end, "the timeout stop was not journaled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stdin);
+    assert!(agent.wait().unwrap().success());
+    let r = record_of(&sim, pid);
+    assert_eq!(r["front_end"], "agent", "{r}");
+    assert_eq!(r["call"]["method"], "spawn", "{r}");
+    assert_eq!(r["call"]["params"]["argv"][0], "sleep", "{r}");
+}

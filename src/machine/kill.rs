@@ -109,6 +109,10 @@ impl Local<'_> {
     /// kill() here, with this call's progress and stop flag.
     pub(crate) fn kill(&mut self, targets: &[Target], opts: &KillOpts) -> KillReport {
         let show = &mut self.watch.show;
+        let opts = &KillOpts {
+            served: opts.served.clone().or_else(|| self.served.clone()),
+            ..opts.clone()
+        };
         let report = kill::kill_with_progress(
             targets,
             opts,

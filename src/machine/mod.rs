@@ -27,6 +27,7 @@ pub(crate) use wait::{describe_diagnosis, why_not_clean, CleanReport};
 use crate::gpu::GpuError;
 use crate::hosts::protocol::Call;
 use crate::hosts::{HostError, Pool};
+use crate::journal::Served;
 use crate::session::Session;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -137,11 +138,26 @@ pub(crate) struct Watch<'a> {
 pub(crate) struct Local<'a> {
     pub s: &'a Session,
     pub watch: Watch<'a>,
+    /// The server call being answered (an MCP tool call, a remote client's request): the
+    /// signals it leads to are journaled with it.
+    pub served: Option<Served>,
 }
 
 impl<'a> Local<'a> {
     pub(crate) fn new(s: &'a Session, watch: Watch<'a>) -> Local<'a> {
-        Local { s, watch }
+        Local {
+            s,
+            watch,
+            served: None,
+        }
+    }
+
+    /// This machine answering the server call `served`.
+    pub(crate) fn serving(self, served: Served) -> Local<'a> {
+        Local {
+            served: Some(served),
+            ..self
+        }
     }
 
     /// Runs `f` on this machine with the terminal's watch: a progress line on stderr (when
@@ -154,6 +170,7 @@ impl<'a> Local<'a> {
                 stop: s.interrupted(),
                 show: &mut |text| line.show(text),
             },
+            served: None,
         });
         line.clear();
         out

@@ -164,15 +164,16 @@ impl ServerHandler for Server {
                 let progress = move |p: Progress| {
                     let _ = tx.send(p);
                 };
+                // The signals this call sends are journaled with it.
+                let call = serde_json::json!({ "tool": name, "arguments": arguments.clone() });
                 let ctx = Ctx {
                     session: &session,
                     policy: &policy,
                     stop: &stop,
                     progress: &progress,
+                    served: journal::Served::new(FrontEnd::Mcp, call),
                 };
-                // The signals this call sends are journaled with it.
-                let call = serde_json::json!({ "tool": name, "arguments": arguments.clone() });
-                journal::in_call(FrontEnd::Mcp, call, || tools::call(&ctx, &name, arguments))
+                tools::call(&ctx, &name, arguments)
             })
         };
         let mut tick = tokio::time::interval(Duration::from_millis(100));

@@ -43,6 +43,8 @@ pub(crate) struct Ctx<'a> {
     pub policy: &'a Policy,
     pub stop: &'a AtomicBool,
     pub progress: &'a (dyn Fn(Progress) + Sync),
+    /// This tool call, journaled with every signal it leads to.
+    pub served: crate::journal::Served,
 }
 
 impl Ctx<'_> {
@@ -672,6 +674,7 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
             show: &mut |m| progress.send(m),
         },
     )
+    .serving(ctx.served.clone())
     .wait(&sel, &opts);
     let outcome = match outcome {
         Ok(WaitOutcome::NoDriver(why)) => return Ok(Reply::failed(why)),
@@ -766,6 +769,7 @@ fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
             show: &mut |m| progress.send(m),
         },
     )
+    .serving(ctx.served.clone())
     .kill(&targets, &opts);
     let mut report = report;
     no_force_here(&mut report);
@@ -822,6 +826,7 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
             show: &mut |m| progress.send(m),
         },
     )
+    .serving(ctx.served.clone())
     .ask(&clean);
     let mut r = match r {
         Ok(r) => r,
@@ -896,6 +901,7 @@ fn run_job(
         cwd: cwd.map(Into::into),
         // stdout is the MCP channel: output is captured, never echoed.
         echo: false,
+        served: Some(ctx.served.clone()),
         ..JobOpts::default()
     };
     let job = match Job::spawn(cmd, opts) {

@@ -61,6 +61,9 @@ pub struct KillOpts {
     /// The one user whose processes may be signalled (`--user`, `--mine`): targets, their
     /// trees, their groups and their parents alike. Anyone else's is left alone, and said.
     pub owner: Option<Owner>,
+    /// The server call this kill is carried out for (an MCP tool call, a remote client's
+    /// request), journaled with each signal.
+    pub(crate) served: Option<crate::journal::Served>,
 }
 
 /// The user a kill is bounded to, and how the caller named it ("--user nobody", "--mine"),
@@ -100,6 +103,7 @@ impl Default for KillOpts {
             why: HashMap::new(),
             wait_forever: true,
             owner: None,
+            served: None,
         }
     }
 }
@@ -700,12 +704,12 @@ fn kill_in(
         let pid = p.info.pid;
         let sig = first_of(&futile);
         let shown = name(&p);
-        match send(&p, sig, why(pid)) {
+        match send(&p, sig, why(pid), opts.served.as_ref()) {
             Ok(()) => {
                 tracing::debug!("kill: {} -> pid {pid}", signal_name(sig));
                 // A stopped process would not act on TERM until continued.
                 if p.info.state == 'T' && sig != Signal::SIGKILL {
-                    let _ = send(&p, Signal::SIGCONT, why(pid));
+                    let _ = send(&p, Signal::SIGCONT, why(pid), opts.served.as_ref());
                 }
                 if let Some(why) = futile {
                     report.killed_at_once.push(Skipped {
@@ -773,7 +777,7 @@ fn kill_in(
         for v in victims.iter_mut().filter(|v| !v.exited && !v.killed) {
             tracing::debug!("kill: grace over, KILL -> pid {}", v.pinned.info.pid);
             let pid = v.pinned.info.pid;
-            v.escalated = send(&v.pinned, Signal::SIGKILL, why(pid)).is_ok();
+            v.escalated = send(&v.pinned, Signal::SIGKILL, why(pid), opts.served.as_ref()).is_ok();
             v.killed = v.escalated;
         }
         if victims.iter().any(|v| v.killed && !v.exited) {
@@ -891,7 +895,12 @@ pub fn wchan(dir: &super::identity::ProcDir) -> String {
 /// Sends `sig` through the pidfd of a pinned process (never by pid); journals it, with `why`
 /// the process was chosen and what came of it, and logs it when `GPULOOP_SIGNAL_LOG` names
 /// a file.
-fn send(p: &Pinned, sig: Signal, why: &str) -> rustix::io::Result<()> {
+fn send(
+    p: &Pinned,
+    sig: Signal,
+    why: &str,
+    served: Option<&crate::journal::Served>,
+) -> rustix::io::Result<()> {
     // gpuloop names signals with nix's `Signal`; only rustix sends through a pidfd, so this
     // is the one place one becomes the other.
     let raw =
@@ -915,6 +924,7 @@ fn send(p: &Pinned, sig: Signal, why: &str) -> rustix::io::Result<()> {
         signal_name(sig),
         why,
         &outcome,
+        served,
     );
     r
 }

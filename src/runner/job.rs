@@ -4,6 +4,7 @@
 use super::capture::Capture;
 use super::supervise;
 use super::{name_of, Cmd, JobOpts, Outcome, RunError};
+use crate::journal::Served;
 use crate::process::Identity;
 use nix::sys::signal::Signal;
 use rustix::event::{poll, PollFd, PollFlags};
@@ -61,6 +62,8 @@ pub struct Job {
     cmd: String,
     timeout: Option<Duration>,
     grace: Duration,
+    /// The server call it runs for, journaled with the signals of its stop.
+    served: Option<Served>,
     shared: Arc<Shared>,
 }
 
@@ -142,6 +145,7 @@ impl Job {
             cmd: shown.clone(),
             timeout: opts.timeout,
             grace: opts.grace,
+            served: opts.served.clone(),
             shared: shared.clone(),
         };
 
@@ -186,6 +190,7 @@ impl Job {
             timeout: opts.timeout,
             grace: opts.grace,
             keep_children: opts.keep_children,
+            served: opts.served.clone(),
             pidfd,
             shared,
             captures,
@@ -259,13 +264,25 @@ impl Job {
     /// Stops the whole tree (`signal`, the grace, SIGKILL) and returns the outcome; `None`
     /// if the main process outlived SIGKILL. On a finished job it stops what it left behind.
     pub fn stop(&self, signal: Signal, grace: Option<Duration>) -> Option<Outcome> {
+        self.stop_for(self.served.as_ref(), signal, grace)
+    }
+
+    /// `stop`, its signals journaled with `served`: the server call that asked for the stop
+    /// (a remote client's `job_kill`), not the one that started the job.
+    pub(crate) fn stop_for(
+        &self,
+        served: Option<&Served>,
+        signal: Signal,
+        grace: Option<Duration>,
+    ) -> Option<Outcome> {
         {
             let _one = self
                 .shared
                 .stopping
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            supervise::stop_tree(Some(self.id), signal, grace.unwrap_or(self.grace));
+            let grace = grace.unwrap_or(self.grace);
+            supervise::stop_tree(Some(self.id), signal, grace, served);
         }
         let never = AtomicBool::new(false);
         match self.wait(Some(AFTER_KILL + DRAIN), &never) {
@@ -277,7 +294,7 @@ impl Job {
 
 /// Kills and reaps a job whose threads could not start (its `Child` handle is gone).
 fn abandon(id: Identity) {
-    supervise::stop_tree(Some(id), Signal::SIGKILL, Duration::ZERO);
+    supervise::stop_tree(Some(id), Signal::SIGKILL, Duration::ZERO, None);
     supervise::exiting(id);
     if let Some(pid) = Pid::from_raw(id.pid) {
         let end = Instant::now() + AFTER_KILL;
@@ -375,6 +392,7 @@ struct Monitor {
     timeout: Option<Duration>,
     grace: Duration,
     keep_children: bool,
+    served: Option<Served>,
     pidfd: Option<OwnedFd>,
     shared: Arc<Shared>,
     captures: Vec<Arc<Mutex<Capture>>>,
@@ -393,7 +411,8 @@ impl Monitor {
                     .stopping
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
-                supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace);
+                let served = self.served.as_ref();
+                supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace, served);
             }
             // A main process that survives SIGKILL is stuck in the kernel: keep watching.
             while !self.wait_exit(Some(Instant::now() + AFTER_KILL)) {
@@ -415,7 +434,12 @@ impl Monitor {
                 .stopping
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            supervise::stop_tree(Some(self.id), Signal::SIGTERM, self.grace)
+            supervise::stop_tree(
+                Some(self.id),
+                Signal::SIGTERM,
+                self.grace,
+                self.served.as_ref(),
+            )
         };
         if !leftovers.is_empty() {
             tracing::debug!(

@@ -69,6 +69,8 @@ pub struct JobOpts {
     /// Where the output goes instead of gpuloop's own stdout/stderr when `echo` is off
     /// (the agent sends it to its client).
     pub sink: Option<Sink>,
+    /// The server call the job runs for, journaled with every signal its stop sends.
+    pub(crate) served: Option<crate::journal::Served>,
 }
 
 /// Receives a job's output chunks: `(is_stdout, bytes)`.
@@ -94,6 +96,7 @@ impl Default for JobOpts {
             grace: Duration::from_secs(5),
             keep_children: false,
             sink: None,
+            served: None,
         }
     }
 }

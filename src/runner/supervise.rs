@@ -474,8 +474,14 @@ fn job_member(root: Option<Identity>) -> String {
 
 /// Stops a job's whole tree (or, with `None`, everything gpuloop started): `signal`, one
 /// shared `grace`, SIGKILL, through the kill engine; repeated for anything forked meanwhile;
-/// then reaps the orphans that died. Returns the pids signalled.
-pub(crate) fn stop_tree(root: Option<Identity>, signal: Signal, grace: Duration) -> Vec<i64> {
+/// then reaps the orphans that died. Returns the pids signalled; each signal is journaled
+/// with the server call the job runs for, if any.
+pub(crate) fn stop_tree(
+    root: Option<Identity>,
+    signal: Signal,
+    grace: Duration,
+    served: Option<&crate::journal::Served>,
+) -> Vec<i64> {
     // The stop must finish even after Ctrl-C (which is often why it runs); one more
     // interrupt during it cuts the grace short: KILL at once.
     let more = crate::interrupt::After::now();
@@ -501,6 +507,7 @@ pub(crate) fn stop_tree(root: Option<Identity>, signal: Signal, grace: Duration)
                 .iter()
                 .map(|t| (t.pid(), job_member(root)))
                 .collect(),
+            served: served.cloned(),
             ..KillOpts::default()
         };
         let report = kill::kill(&targets, &opts, &[], &more);
@@ -642,7 +649,7 @@ impl Drop for Supervisor {
             .map(|l| l.grace)
             .max()
             .unwrap_or(DEFAULT_GRACE);
-        stop_tree(None, Signal::SIGTERM, grace);
+        stop_tree(None, Signal::SIGTERM, grace, None);
         wait_all_finished(Instant::now() + Duration::from_secs(5));
         reap_adopted();
     }

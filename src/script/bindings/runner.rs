@@ -90,7 +90,7 @@ fn job_opts(func: &'static str, opts: &Map) -> RhaiResult<(JobOpts, bool)> {
         echo: o.bool("echo", d.echo)?,
         grace: o.grace("grace", d.grace)?,
         keep_children: o.bool("keep_children", false)?,
-        sink: None,
+        ..JobOpts::default()
     };
     Ok((job, o.bool("check", false)?))
 }
