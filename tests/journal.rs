@@ -45,6 +45,51 @@ fn hostname() -> String {
         .to_string()
 }
 
+/// `gpuloop agent` on pipes, asked one request at a time.
+struct Agent {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Agent {
+    fn start(mut cmd: std::process::Command) -> Agent {
+        let mut child = cmd
+            .arg("agent")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Agent {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// Sends `request` and returns the agent's reply to its id.
+    fn ask(&mut self, request: Value) -> Value {
+        writeln!(self.stdin.as_mut().unwrap(), "{request}").unwrap();
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(Instant::now() < end, "no reply from the agent");
+            let line = self.lines.next().expect("the agent's reply").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap_or_default();
+            if v["type"] == "reply" && v["id"] == request["id"] {
+                return v;
+            }
+        }
+    }
+
+    /// Closes its stdin; it stops what it runs and exits 0.
+    fn end(mut self) {
+        drop(self.stdin.take());
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
 /// The fields every record has, checked for a signal that `front_end` sent to `pid`.
 fn check_record(r: &Value, pid: i32, start: u64, front_end: &str) {
     let euid = rustix::process::geteuid().as_raw();
@@ -244,30 +289,13 @@ fn audit_agent_kills_are_journaled_with_the_remote_clients_call() {
     let sim = Sim::new("1x8G");
     let holder = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
     let start = start_of(holder);
-    let mut agent = sim
-        .std_cmd()
-        .arg("agent")
-        .env("SSH_CONNECTION", "10.0.0.9 51234 10.0.0.1 22")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let request = json!({"id": 1, "method": "kill", "params": {
+    let mut cmd = sim.std_cmd();
+    cmd.env("SSH_CONNECTION", "10.0.0.9 51234 10.0.0.1 22");
+    let mut agent = Agent::start(cmd);
+    agent.ask(json!({"id": 1, "method": "kill", "params": {
         "targets": [{"pid": holder, "start": start}],
-        "opts": {"signal": "TERM", "grace_ms": 10_000, "tree": true, "dry_run": false, "force": false}}});
-    let mut stdin = agent.stdin.take().unwrap();
-    writeln!(stdin, "{request}").unwrap();
-    let mut lines = BufReader::new(agent.stdout.take().unwrap()).lines();
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(Instant::now() < end, "no reply from the agent");
-        let line = lines.next().expect("the agent's reply").unwrap();
-        if serde_json::from_str::<Value>(&line).is_ok_and(|v| v["id"] == 1) {
-            break;
-        }
-    }
-    drop(stdin);
-    assert!(agent.wait().unwrap().success());
+        "opts": {"signal": "TERM", "grace_ms": 10_000, "tree": true, "dry_run": false, "force": false}}}));
+    agent.end();
     let r = record_of(&sim, holder);
     check_record(&r, holder, start, "agent");
     assert_eq!(r["why"], "pid and start time given", "{r}");
@@ -440,37 +468,19 @@ fn audit_journal_of_a_host_set_reads_each_hosts_own_journal() {
 #[test]
 fn audit_a_remote_jobs_timeout_stop_is_journaled_with_the_spawn_that_started_it() {
     let sim = Sim::new("1x8G");
-    let mut agent = sim
-        .std_cmd()
-        .arg("agent")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    sim.adopt(agent.id() as i32);
-    let request = json!({"id": 7, "method": "spawn", "params": {
+    let mut agent = Agent::start(sim.std_cmd());
+    sim.adopt(agent.child.id() as i32);
+    let reply = agent.ask(json!({"id": 7, "method": "spawn", "params": {
         "shell": null, "argv": ["sleep", "60"], "timeout_ms": 300, "cwd": null, "env": [],
-        "grace_ms": 5_000, "echo": false}});
-    let mut stdin = agent.stdin.take().unwrap();
-    writeln!(stdin, "{request}").unwrap();
-    let mut lines = BufReader::new(agent.stdout.take().unwrap()).lines();
-    let end = Instant::now() + Duration::from_secs(60);
-    let pid = loop {
-        assert!(Instant::now() < end, "no reply from the agent");
-        let line = lines.next().expect("the agent's reply").unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap_or_default();
-        if v["id"] == 7 {
-            break v["ok"]["pid"].as_i64().expect("the job's pid") as i32;
-        }
-    };
+        "grace_ms": 5_000, "echo": false}}));
+    let pid = reply["ok"]["pid"].as_i64().expect("the job's pid") as i32;
     // The job's own timeout stops it; the record appears once the TERM is sent.
     let end = Instant::now() + Duration::from_secs(60);
     while !signals(&sim).iter().any(|r| r["target"]["pid"] == pid) {
         assert!(Instant::now() < end, "the timeout stop was not journaled");
         std::thread::sleep(Duration::from_millis(20));
     }
-    drop(stdin);
-    assert!(agent.wait().unwrap().success());
+    agent.end();
     let r = record_of(&sim, pid);
     assert_eq!(r["front_end"], "agent", "{r}");
     assert_eq!(r["call"]["method"], "spawn", "{r}");
