@@ -5,7 +5,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// GPU daemons and infrastructure that kill() leaves alone unless forced.
-pub const DEFAULT_PROTECTED: &[&str] = &[
+pub(crate) const DEFAULT_PROTECTED: &[&str] = &[
     "nvidia-persistenced",
     "nv-hostengine",
     "nvidia-fabricmanager",
@@ -80,9 +80,9 @@ impl Default for Limits {
 }
 
 impl Limits {
-    pub const DEFAULT_DEPTH: usize = 100_000;
+    pub(crate) const DEFAULT_DEPTH: usize = 100_000;
 
-    pub const NAMES: &'static [&'static str] = &[
+    pub(crate) const NAMES: &'static [&'static str] = &[
         "array",
         "string",
         "map",
@@ -161,7 +161,7 @@ pub struct ConfigError {
 }
 
 /// `~/.config/gpuloop` (or `$XDG_CONFIG_HOME/gpuloop`).
-pub fn config_dir() -> Option<PathBuf> {
+pub(crate) fn config_dir() -> Option<PathBuf> {
     dirs::config_dir().map(|d| d.join("gpuloop"))
 }
 
@@ -184,7 +184,7 @@ impl UserConfig {
         }
     }
 
-    pub fn from_file(path: &Path) -> Result<UserConfig, ConfigError> {
+    pub(crate) fn from_file(path: &Path) -> Result<UserConfig, ConfigError> {
         let err = |why: String| ConfigError {
             path: path.to_path_buf(),
             why,

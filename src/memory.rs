@@ -34,7 +34,7 @@ pub fn keep_freed_memory() {
 /// Bytes allocated and not yet freed, in the whole process: exact to within `BATCH` per
 /// running thread (each thread adds up its own and passes the sum on in batches, and all of
 /// it when it ends).
-pub fn in_use() -> usize {
+pub(crate) fn in_use() -> usize {
     IN_USE.load(Ordering::Relaxed).max(0) as usize
 }
 

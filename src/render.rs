@@ -46,7 +46,7 @@ impl Style {
     fn red(self, s: &str) -> String {
         self.paint(s, "31")
     }
-    pub fn bold(self, s: &str) -> String {
+    pub(crate) fn bold(self, s: &str) -> String {
         self.paint(s, "1")
     }
 }
@@ -572,7 +572,7 @@ pub fn strip_ansi(s: &str) -> String {
 
 /// How one host of a one-shot over several hosts came out, as its summary row says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum HostState {
+pub(crate) enum HostState {
     #[serde(rename = "ok")]
     Ok,
     #[serde(rename = "clean")]
@@ -590,12 +590,12 @@ pub enum HostState {
 
 impl HostState {
     /// As it should be: the exit code is 0 only when every host is.
-    pub fn good(self) -> bool {
+    pub(crate) fn good(self) -> bool {
         matches!(self, HostState::Ok | HostState::Clean)
     }
 
     /// Good, or left out on purpose: what the exit code counts as no failure.
-    pub fn passes(self) -> bool {
+    pub(crate) fn passes(self) -> bool {
         self.good() || self == HostState::Skipped
     }
 }
@@ -615,7 +615,7 @@ impl std::fmt::Display for HostState {
 
 /// One host's line in a one-shot's summary over several hosts.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostRow {
+pub(crate) struct HostRow {
     pub host: String,
     pub state: HostState,
     pub detail: String,
@@ -627,19 +627,19 @@ pub struct HostRow {
 
 impl HostRow {
     /// The row alone, as it is said when its host answers (`gpu03  clean  8 GPU(s) clean`).
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!("{}  {}  {}", self.host, self.state, self.detail)
     }
 
     /// Whether this host is as it should be (the exit code is 0 only when all are).
-    pub fn good(&self) -> bool {
+    pub(crate) fn good(&self) -> bool {
         self.state.good()
     }
 }
 
 /// The per-host summary: hosts with the same state and detail folded into one row under a
 /// hostlist (as `dshbak -c` does), then the counts, naming the hosts that are not good.
-pub fn host_summary(rows: &[HostRow], style: Style) -> String {
+pub(crate) fn host_summary(rows: &[HostRow], style: Style) -> String {
     let mut groups: Vec<(HostState, &str, Vec<&str>)> = Vec::new();
     for r in rows {
         match groups
@@ -668,7 +668,7 @@ pub fn host_summary(rows: &[HostRow], style: Style) -> String {
 
 /// `64 host(s): 61 clean, 3 NOT clean: gpu[05,33,40]`: each state's count, and the hosts
 /// of each state that is not good as a hostlist.
-pub fn host_counts(rows: &[HostRow]) -> String {
+pub(crate) fn host_counts(rows: &[HostRow]) -> String {
     let mut states: Vec<(HostState, Vec<&str>, bool)> = Vec::new();
     for r in rows {
         match states.iter_mut().find(|(s, _, _)| *s == r.state) {

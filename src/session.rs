@@ -60,7 +60,7 @@ impl Session {
     }
 
     /// The same session acting on a host set.
-    pub fn with_hosts(mut self, hosts: HostsConfig) -> Session {
+    pub(crate) fn with_hosts(mut self, hosts: HostsConfig) -> Session {
         self.hosts = Some(hosts);
         self
     }
@@ -95,7 +95,7 @@ impl Session {
 
     /// The device nodes of this session's backend, known without loading it (so the /proc
     /// scan can run while the driver initialises).
-    pub fn device_nodes(&self) -> DeviceNodes {
+    pub(crate) fn device_nodes(&self) -> DeviceNodes {
         match &self.choice {
             BackendChoice::Sim { dir, .. } => crate::gpu::sim::nodes_in(dir),
             BackendChoice::Auto => NvmlBackend::nodes(),
@@ -103,7 +103,7 @@ impl Session {
     }
 
     /// `Err(NoDriver)` when the driver did not load: for the one-shots, which exit 1 on it.
-    pub fn require_driver(&self) -> Result<&dyn Backend, GpuError> {
+    pub(crate) fn require_driver(&self) -> Result<&dyn Backend, GpuError> {
         let b = self.backend()?;
         match b.missing_driver() {
             Some(why) => Err(GpuError::NoDriver(why.to_string())),
@@ -112,7 +112,7 @@ impl Session {
     }
 
     /// Scripts go on without a driver (gpu() is []), told so once per session.
-    pub fn warn_no_driver(&self) {
+    pub(crate) fn warn_no_driver(&self) {
         let Ok(b) = self.backend() else { return };
         if let Some(why) = b.missing_driver() {
             if !self.warned_no_driver.swap(true, Ordering::Relaxed) {
@@ -124,7 +124,7 @@ impl Session {
     }
 
     /// Remembers restarters a kill found, so later waits and diagnoses can name them.
-    pub fn note_restarters(&self, found: &[Restarter]) {
+    pub(crate) fn note_restarters(&self, found: &[Restarter]) {
         if let Ok(mut rs) = self.restarters.lock() {
             for r in found {
                 if !rs.iter().any(|k| k.identity == r.identity) {
@@ -147,7 +147,7 @@ impl Session {
     }
 
     /// The host set's connections, opened (in parallel) on first use; `None` without hosts.
-    pub fn pool(&self) -> Option<&Pool> {
+    pub(crate) fn pool(&self) -> Option<&Pool> {
         let cfg = self.hosts.as_ref()?;
         Some(
             self.pool
@@ -156,7 +156,7 @@ impl Session {
     }
 
     /// The host names, in order: `["local"]` without a host set.
-    pub fn host_names(&self) -> Vec<String> {
+    pub(crate) fn host_names(&self) -> Vec<String> {
         match &self.hosts {
             Some(h) => h.hosts.clone(),
             None => vec![crate::hosts::LOCAL.to_string()],
@@ -164,12 +164,12 @@ impl Session {
     }
 
     /// `--skip-unreachable`.
-    pub fn skip_unreachable(&self) -> bool {
+    pub(crate) fn skip_unreachable(&self) -> bool {
         self.hosts.as_ref().is_some_and(|h| h.skip_unreachable)
     }
 
     /// Records a skipped host; true the first time (when it should be reported).
-    pub fn note_skipped(&self, host: &str) -> bool {
+    pub(crate) fn note_skipped(&self, host: &str) -> bool {
         self.skipped
             .lock()
             .unwrap_or_else(|e| e.into_inner())

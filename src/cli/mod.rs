@@ -11,7 +11,7 @@ use args::{Args, Cmd, SimCmd};
 use std::sync::Arc;
 
 /// Validated settings every command needs.
-pub struct Config {
+pub(crate) struct Config {
     pub json: bool,
     pub session: Arc<Session>,
 }

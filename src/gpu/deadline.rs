@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The default deadline of one driver call: NVML answers in milliseconds when it answers.
-pub const DEFAULT_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_LIMIT: Duration = Duration::from_secs(10);
 
 /// How much longer a whole read of several GPUs may take than one GPU's deadline, so that the
 /// GPUs that answered are reported beside one that did not: the deadline again, between half
@@ -24,7 +24,7 @@ fn per_gpu_margin(limit: Duration) -> Duration {
 }
 
 /// The deadline from `GPULOOP_DRIVER_TIMEOUT` (seconds), else `DEFAULT_LIMIT`.
-pub fn limit_from_env() -> Duration {
+pub(crate) fn limit_from_env() -> Duration {
     std::env::var("GPULOOP_DRIVER_TIMEOUT")
         .ok()
         .and_then(|s| s.trim().parse::<f64>().ok())
@@ -90,7 +90,7 @@ impl<T> Pending<T> {
 }
 
 /// The error of a call that gave no result within `limit`.
-pub fn gave_up(call: &str, late: Late, limit: Duration) -> GpuError {
+pub(crate) fn gave_up(call: &str, late: Late, limit: Duration) -> GpuError {
     match late {
         Late::Timeout => hung(call, limit),
         Late::Panicked => GpuError::Nvml(format!("{call}: the driver call panicked")),

@@ -99,7 +99,7 @@ impl Gpu {
 
 /// The first GPU among `gpus` (those `sel` selects) that could not be read, as an error that
 /// names it: nothing read about such a GPU may count as clean.
-pub fn unread(gpus: &[Gpu], sel: impl Fn(i64) -> bool) -> Option<GpuError> {
+pub(crate) fn unread(gpus: &[Gpu], sel: impl Fn(i64) -> bool) -> Option<GpuError> {
     gpus.iter()
         .filter(|g| sel(g.index))
         .find_map(|g| g.error.clone())
@@ -141,7 +141,7 @@ pub enum GpuError {
 
 impl GpuError {
     /// A mistake in what was asked, not a failure of the machine: exit 2.
-    pub fn is_usage(&self) -> bool {
+    pub(crate) fn is_usage(&self) -> bool {
         matches!(
             self,
             GpuError::NoSuchGpu { .. }
@@ -163,7 +163,7 @@ pub struct DeviceNodes {
 
 /// What an open or mapped path is, as far as GPUs go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Node {
+pub(crate) enum Node {
     /// `/dev/nvidiaN`: one GPU, by minor number.
     Gpu(u32),
     /// `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-caps/…`: every GPU and none.
@@ -182,7 +182,7 @@ impl DeviceNodes {
     }
 
     /// Classifies a path (from readlink of an fd, or a maps line); `None` if it is not a node.
-    pub fn classify(&self, path: &[u8]) -> Option<Node> {
+    pub(crate) fn classify(&self, path: &[u8]) -> Option<Node> {
         let rest = path.strip_prefix(self.prefix.as_slice())?;
         if !rest.is_empty() && rest.iter().all(u8::is_ascii_digit) {
             return std::str::from_utf8(rest).ok()?.parse().ok().map(Node::Gpu);
@@ -232,14 +232,14 @@ pub trait Backend: Send + Sync {
 
 /// The backend used when the NVIDIA driver library cannot be loaded or initialised: it knows
 /// no GPUs, so nothing read through it may ever count as clean.
-pub struct NoDriver {
+pub(crate) struct NoDriver {
     nodes: DeviceNodes,
     why: String,
 }
 
 impl NoDriver {
     /// `why`: what failed, as the user should read it ("libnvidia-ml.so.1: cannot open …").
-    pub fn new(why: impl Into<String>) -> NoDriver {
+    pub(crate) fn new(why: impl Into<String>) -> NoDriver {
         NoDriver {
             nodes: DeviceNodes::new("/dev"),
             why: why.into(),
@@ -275,13 +275,13 @@ impl Backend for NoDriver {
 const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
 
 /// The inode of the PID namespace this process lives in.
-pub fn own_pid_namespace() -> Option<u64> {
+pub(crate) fn own_pid_namespace() -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
 }
 
 /// True inside a child PID namespace (a container without --pid=host, `unshare --pid`).
-pub fn in_child_pid_namespace() -> bool {
+pub(crate) fn in_child_pid_namespace() -> bool {
     own_pid_namespace().is_some_and(|ino| ino != INIT_PID_NS_INO)
 }
 

@@ -29,14 +29,14 @@ pub fn expand(expr: &str) -> Result<Vec<String>, HostError> {
 
 /// A set of host names in the order first named, each once, of at most `MAX_HOSTS`.
 #[derive(Debug, Default)]
-pub struct HostSet {
+pub(crate) struct HostSet {
     names: Vec<String>,
     seen: HashSet<String>,
 }
 
 impl HostSet {
     /// Adds the names of a hostlist expression (one that names none is an error).
-    pub fn add_expr(&mut self, expr: &str) -> Result<(), HostError> {
+    pub(crate) fn add_expr(&mut self, expr: &str) -> Result<(), HostError> {
         let items = split_top(expr).map_err(|w| bad(expr, w))?;
         let mut made = 0usize;
         for item in items {
@@ -60,7 +60,7 @@ impl HostSet {
     }
 
     /// Adds one name (a no-op for one already in the set).
-    pub fn add(&mut self, name: String) -> Result<(), String> {
+    pub(crate) fn add(&mut self, name: String) -> Result<(), String> {
         if self.seen.contains(&name) {
             return Ok(());
         }
@@ -72,15 +72,11 @@ impl HostSet {
         Ok(())
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.names.is_empty()
     }
 
-    pub fn len(&self) -> usize {
-        self.names.len()
-    }
-
-    pub fn into_names(self) -> Vec<String> {
+    pub(crate) fn into_names(self) -> Vec<String> {
         self.names
     }
 }
@@ -369,9 +365,11 @@ mod tests {
         let mut set = HostSet::default();
         set.add_expr("a,b").unwrap();
         set.add_expr("b,c").unwrap();
-        assert_eq!(set.len(), 3);
         set.add_expr("n[1-65533]").unwrap();
         let e = set.add_expr("m1").unwrap_err().to_string();
         assert!(e.contains("more than 65536 hosts in all"), "{e}");
+        let names = set.into_names();
+        assert_eq!(names.len(), 3 + 65533);
+        assert_eq!(names[..4], ["a", "b", "c", "n1"]);
     }
 }

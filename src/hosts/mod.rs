@@ -94,7 +94,7 @@ impl HostError {
     }
 
     /// What went wrong, without the leading `host NAME: ` of the whole message.
-    pub fn detail(&self) -> String {
+    pub(crate) fn detail(&self) -> String {
         let all = self.to_string();
         match self.host() {
             Some(h) => all
@@ -120,7 +120,7 @@ impl HostError {
     }
 
     /// A mistake in what was asked (exit 2), wherever it was found: here or on the host.
-    pub fn is_usage(&self) -> bool {
+    pub(crate) fn is_usage(&self) -> bool {
         matches!(
             self,
             HostError::Remote { usage: true, .. }
@@ -171,8 +171,8 @@ pub struct HostsConfig {
     pub progress: bool,
 }
 
-pub const DEFAULT_FANOUT: usize = 32;
-pub const DEFAULT_HOST_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_FANOUT: usize = 32;
+pub(crate) const DEFAULT_HOST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where the host set comes from, as the command line gave it; they add up, in this order.
 #[derive(Debug, Clone, Copy, Default)]
@@ -194,7 +194,10 @@ impl HostSources<'_> {
 impl HostsConfig {
     /// Builds the host set from every source; each host once, in the order first named.
     /// With `--transport srun`, a host a job listed is reached through that job.
-    pub fn from_args(src: HostSources, mut transport: Transport) -> Result<HostsConfig, HostError> {
+    pub(crate) fn from_args(
+        src: HostSources,
+        mut transport: Transport,
+    ) -> Result<HostsConfig, HostError> {
         let mut set = hostlist::HostSet::default();
         let too_many = |why: String| HostError::BadHostlist {
             expr: "the host set".into(),
@@ -249,7 +252,7 @@ impl HostsConfig {
 }
 
 /// One destination (or hostlist expression) per line; `#` starts a comment.
-pub fn read_hosts_file(path: &Path) -> Result<Vec<String>, HostError> {
+pub(crate) fn read_hosts_file(path: &Path) -> Result<Vec<String>, HostError> {
     let err = |why: String| HostError::HostsFile {
         path: path.to_path_buf(),
         why,
@@ -273,20 +276,20 @@ pub fn read_hosts_file(path: &Path) -> Result<Vec<String>, HostError> {
 
 /// A GPU selection over a host set: indices meant on every host, and `"dest:index"` ones.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostSel {
+pub(crate) struct HostSel {
     /// `None` with no `at` entries: every GPU of every host.
     pub every: Option<Vec<i64>>,
     pub at: BTreeMap<String, Vec<i64>>,
 }
 
 impl HostSel {
-    pub fn all() -> HostSel {
+    pub(crate) fn all() -> HostSel {
         HostSel::default()
     }
 
     /// What to select on `host`: `Some(None)` every GPU, `Some(Some(ix))` those, `None` the
     /// host is not selected at all.
-    pub fn on(&self, host: &str) -> Option<Option<Vec<i64>>> {
+    pub(crate) fn on(&self, host: &str) -> Option<Option<Vec<i64>>> {
         if self.every.is_none() && self.at.is_empty() {
             return Some(None);
         }
@@ -302,7 +305,7 @@ impl HostSel {
     }
 
     /// Parses one selector string: `"dest:index"`; anything else is `None`.
-    pub fn parse_host_index(s: &str) -> Option<(String, i64)> {
+    pub(crate) fn parse_host_index(s: &str) -> Option<(String, i64)> {
         let (host, ix) = s.rsplit_once(':')?;
         let ix = ix.trim().parse().ok()?;
         (!host.is_empty()).then(|| (host.to_string(), ix))

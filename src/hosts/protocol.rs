@@ -25,11 +25,11 @@ use std::time::Duration;
 
 /// Bumped on any change a peer of the other version could misread. 5: a `grace_ms` of 0 is
 /// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL.
-pub const PROTOCOL: u32 = 5;
+pub(crate) const PROTOCOL: u32 = 5;
 /// The longest request line the agent reads; longer ones get a `too_large` error.
-pub const MAX_REQUEST: usize = 1024 * 1024;
+pub(crate) const MAX_REQUEST: usize = 1024 * 1024;
 /// The longest reply line the client reads (holders of a busy node fit many times over).
-pub const MAX_REPLY: usize = 256 * 1024 * 1024;
+pub(crate) const MAX_REPLY: usize = 256 * 1024 * 1024;
 
 /// What the agent says first.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub struct Request {
 }
 
 /// A GPU selection on one host: `None` is every GPU.
-pub type Sel = Option<Vec<i64>>;
+pub(crate) type Sel = Option<Vec<i64>>;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "method", content = "params", rename_all = "snake_case")]
@@ -154,7 +154,7 @@ pub enum Call {
 }
 
 /// The methods an agent knows, as they are named on the wire.
-pub const METHODS: &[&str] = &[
+pub(crate) const METHODS: &[&str] = &[
     "gpus",
     "holders",
     "holders_report",
@@ -389,7 +389,7 @@ pub enum Message {
 
 /// A result as JSON text: the agent writes it once, straight from the result's type, and
 /// the client parses it once into the type it expects.
-pub type Raw = Box<RawValue>;
+pub(crate) type Raw = Box<RawValue>;
 
 /// A reply's result as the client holds it until the caller parses it into its own type.
 #[derive(Debug)]

@@ -73,27 +73,8 @@ impl Verdict {
     }
 
     /// False when the driver could not tell the GPU's memory: nothing is verified there.
-    pub fn memory_known(self) -> bool {
+    pub(crate) fn memory_known(self) -> bool {
         !matches!(self, Verdict::DriverError | Verdict::NoDriver)
-    }
-
-    /// What frees the memory, in a few words.
-    pub fn frees_it(self) -> &'static str {
-        match self {
-            Verdict::Clean => "nothing to free",
-            Verdict::Footprint => "the job on the other GPU ending",
-            Verdict::Daemon => {
-                "stopping the daemon (its own way), or nothing: it is meant to be there"
-            }
-            Verdict::Held | Verdict::Orphaned | Verdict::Inherited => "stopping its holders",
-            Verdict::Respawning => "stopping the restarter, then its holders",
-            Verdict::Service => "stopping the systemd unit",
-            Verdict::Stuck => "the driver returning, or a reboot",
-            Verdict::OtherNamespace => "gpuloop run where the holder's pids are (the host)",
-            Verdict::Permission => "gpuloop run as root",
-            Verdict::Driver => "a GPU reset",
-            Verdict::DriverError | Verdict::NoDriver => "a working driver",
-        }
     }
 }
 
@@ -142,12 +123,12 @@ pub struct Diagnosis {
 
 impl Diagnosis {
     /// Clean as every front end means it by default: see `Usage::is_clean`.
-    pub fn is_clean(&self) -> bool {
+    pub(crate) fn is_clean(&self) -> bool {
         self.is_clean_under(&Demand::default())
     }
 
     /// Clean under `demand`: see `Usage::is_clean`.
-    pub fn is_clean_under(&self, demand: &Demand) -> bool {
+    pub(crate) fn is_clean_under(&self, demand: &Demand) -> bool {
         self.usage().is_clean(demand)
     }
 
@@ -167,7 +148,7 @@ impl Diagnosis {
 /// What "clean" demands of a GPU; every front end (diagnose, clean, wait, wait_clean, the
 /// Slurm hooks, MCP) passes its options through this one type.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Demand {
+pub(crate) struct Demand {
     /// Count what protected daemons keep and other GPUs' CUDA footprint as used too.
     pub strict: bool,
     /// MiB that may stay used.
@@ -223,7 +204,7 @@ impl Usage {
     /// protected daemons keep there (an MPS server's context is meant to be there) plus the
     /// CUDA footprint of jobs on other GPUs. Memory the driver lists for someone else (a
     /// ghost) is never explained away.
-    pub fn is_clean(&self, demand: &Demand) -> bool {
+    pub(crate) fn is_clean(&self, demand: &Demand) -> bool {
         if !self.memory_known || self.holders > 0 {
             return false;
         }
@@ -467,7 +448,7 @@ fn stuck_verdict(holders: &[Holder]) -> Option<(Verdict, String)> {
 /// "MPS server" or "MPS control daemon" for NVIDIA MPS's processes: by argv[0], or, where
 /// only the comm cut to `nvidia-cuda-mps` tells, by parent (the server is the control
 /// daemon's child).
-pub fn mps_part(h: &Holder) -> Option<&'static str> {
+pub(crate) fn mps_part(h: &Holder) -> Option<&'static str> {
     let argv0 = h.cmdline.split(' ').next().unwrap_or_default();
     match argv0.rsplit('/').next().unwrap_or_default() {
         "nvidia-cuda-mps-server" => return Some("MPS server"),

@@ -1,7 +1,8 @@
 //! holders(): the driver's process lists joined with one scan of /proc (fds, then mappings).
 
 use super::diagnose::Usage;
-pub use super::kinds::{Evidence, Role, RunState, State};
+pub(crate) use super::kinds::RunState;
+pub use super::kinds::{Evidence, Role, State};
 use super::Selection;
 use crate::gpu::{Backend, DeviceNodes, Gpu, GpuError};
 use crate::process::identity::{self, ProcDir};
@@ -47,7 +48,7 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub fn is_compute(&self) -> bool {
+    pub(crate) fn is_compute(&self) -> bool {
         self.role.is_compute()
     }
 }
@@ -55,7 +56,7 @@ impl Holder {
 /// The most a CUDA context keeps on a GPU it maps but does not use: 3-4 MiB measured on
 /// H200s with driver 580; the bound leaves room for other GPUs, and stays far below any job
 /// (an MPS server's 2000 MiB is never "a footprint").
-pub const FOOTPRINT_MAX_MIB: i64 = 16;
+pub(crate) const FOOTPRINT_MAX_MIB: i64 = 16;
 
 /// Everything one look at the machine found; diagnose() and wait_clean() reuse it.
 pub struct Inventory {
@@ -81,7 +82,7 @@ impl Inventory {
 
     /// Looks at the driver and /proc once, the /proc scan on its own thread while the
     /// driver loads (`backend` may initialise NVML: ~13 ms on H200s) and answers.
-    pub fn take_while_loading<'b>(
+    pub(crate) fn take_while_loading<'b>(
         nodes: &DeviceNodes,
         backend: impl FnOnce() -> Result<&'b dyn Backend, GpuError>,
         protected: &[String],
@@ -128,7 +129,7 @@ impl Inventory {
     }
 
     /// Everything on GPU `g` that diagnose() and wait_clean() judge it by.
-    pub fn on_gpu(&self, g: &Gpu) -> OnGpu<'_> {
+    pub(crate) fn on_gpu(&self, g: &Gpu) -> OnGpu<'_> {
         let one = Some(vec![g.index]);
         OnGpu {
             used_mib: g.mem_used_mib,
@@ -147,7 +148,7 @@ impl Inventory {
 
     /// Compute holders that map GPU `g` without using it (a CUDA context's footprint there)
     /// and whose compute GPUs all lie outside `sel` (`None`: outside `g`).
-    pub fn footprint_on(&self, g: i64, sel: &Selection) -> Vec<&Holder> {
+    pub(crate) fn footprint_on(&self, g: i64, sel: &Selection) -> Vec<&Holder> {
         self.holders
             .iter()
             .filter(|h| h.is_compute() && h.maps.contains(&g) && !h.gpus.contains(&g))
@@ -160,7 +161,7 @@ impl Inventory {
 
     /// True when what is used on `gpu` beyond `max_used_mib` can only be the footprint of
     /// `footprint` processes: the driver lists nobody there and it is a few MiB each.
-    pub fn footprint_explains(gpu: &Gpu, footprint: usize, max_used_mib: i64) -> bool {
+    pub(crate) fn footprint_explains(gpu: &Gpu, footprint: usize, max_used_mib: i64) -> bool {
         footprint > 0
             && gpu.driver_procs.is_empty()
             && gpu.mem_used_mib <= max_used_mib + footprint as i64 * FOOTPRINT_MAX_MIB
@@ -187,7 +188,7 @@ impl Inventory {
 }
 
 /// What is on one GPU, from one inventory.
-pub struct OnGpu<'a> {
+pub(crate) struct OnGpu<'a> {
     pub used_mib: i64,
     pub memory_known: bool,
     /// Compute holders.
@@ -202,7 +203,7 @@ pub struct OnGpu<'a> {
 
 impl OnGpu<'_> {
     /// The facts that decide whether the GPU is clean, as a diagnosis of it gives them.
-    pub fn usage(&self) -> Usage {
+    pub(crate) fn usage(&self) -> Usage {
         Usage::new(
             self.used_mib,
             self.memory_known,

@@ -36,12 +36,12 @@ impl Role {
     }
 
     /// Counts as a holder: what `holders()` lists without `all`, and what kill stops.
-    pub fn is_compute(self) -> bool {
+    pub(crate) fn is_compute(self) -> bool {
         self == Role::Compute
     }
 
     /// A protected daemon: its memory is meant to be there, and only force stops it.
-    pub fn is_daemon(self) -> bool {
+    pub(crate) fn is_daemon(self) -> bool {
         self == Role::Daemon
     }
 }
@@ -95,7 +95,7 @@ impl Evidence {
 
     /// Evidence of memory held on the GPU: an open node alone is only a handle (an NVML
     /// client has one), a listing or a mapping is a context.
-    pub fn holds_memory(self) -> bool {
+    pub(crate) fn holds_memory(self) -> bool {
         self != Evidence::Fd
     }
 
@@ -147,7 +147,7 @@ impl RunState {
     ];
 
     /// The state a /proc/PID/stat letter stands for.
-    pub fn from_letter(c: char) -> RunState {
+    pub(crate) fn from_letter(c: char) -> RunState {
         match c {
             'R' => RunState::Running,
             'S' => RunState::Sleeping,
@@ -183,7 +183,7 @@ impl RunState {
     }
 
     /// A state a person should notice in a table: the process cannot run on its own.
-    pub fn is_trouble(self) -> bool {
+    pub(crate) fn is_trouble(self) -> bool {
         matches!(
             self,
             RunState::Zombie
@@ -233,7 +233,7 @@ impl State {
     }
 
     /// Asleep in the kernel or the driver: SIGKILL waits until it returns.
-    pub fn is_disk_sleep(self) -> bool {
+    pub(crate) fn is_disk_sleep(self) -> bool {
         self.run == RunState::DiskSleep
     }
 }

@@ -9,10 +9,10 @@ pub(crate) mod wait;
 use crate::gpu::GpuError;
 
 /// A GPU selection: `None` is every GPU.
-pub type Selection = Option<Vec<i64>>;
+pub(crate) type Selection = Option<Vec<i64>>;
 
 /// Checks a selection against the GPUs there are; an unknown index is an error, not a gap.
-pub fn check_selection(sel: &Selection, gpus: &[crate::gpu::Gpu]) -> Result<(), GpuError> {
+pub(crate) fn check_selection(sel: &Selection, gpus: &[crate::gpu::Gpu]) -> Result<(), GpuError> {
     for &i in sel.iter().flatten() {
         if !gpus.iter().any(|g| g.index == i) {
             return Err(GpuError::NoSuchGpu {

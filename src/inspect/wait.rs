@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 pub(crate) use crate::seconds::{seconds, MAX_SECS};
 
 #[derive(Debug, Clone)]
-pub struct WaitOpts {
+pub(crate) struct WaitOpts {
     pub timeout: Duration,
     pub max_used_mib: i64,
     pub poll: Duration,
@@ -32,7 +32,7 @@ pub struct WaitOpts {
 
 impl WaitOpts {
     /// What these options demand of a clean GPU.
-    pub fn demand(&self) -> Demand {
+    pub(crate) fn demand(&self) -> Demand {
         Demand {
             strict: self.strict,
             max_used_mib: self.max_used_mib,

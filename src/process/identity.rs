@@ -46,7 +46,7 @@ impl ProcDir {
     }
 
     /// Opens a file or directory below this process's /proc directory.
-    pub fn open_at(&self, name: &str, dir: bool) -> io::Result<OwnedFd> {
+    pub(crate) fn open_at(&self, name: &str, dir: bool) -> io::Result<OwnedFd> {
         let mut flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
         if dir {
             flags |= rustix::fs::OFlags::DIRECTORY;

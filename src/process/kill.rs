@@ -196,7 +196,7 @@ impl Interrupt for AtomicBool {
 }
 
 /// Live progress during the grace: (still running, signalled, time left before KILL).
-pub type Progress<'a> = &'a mut dyn FnMut(usize, usize, Option<Duration>);
+pub(crate) type Progress<'a> = &'a mut dyn FnMut(usize, usize, Option<Duration>);
 
 /// How long SIGKILLed processes get to disappear before they are reported as survivors
 /// (a process stuck in the driver, in uninterruptible sleep, can outlive SIGKILL).
@@ -206,10 +206,10 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A grace that never ends: the signal, and never SIGKILL (`grace: "inf"`, `--grace inf`).
-pub const NEVER: Duration = Duration::MAX;
+pub(crate) const NEVER: Duration = Duration::MAX;
 
 /// A grace in seconds; infinity (what "inf" parses to) is `NEVER`.
-pub fn grace_seconds(v: f64) -> Result<Duration, String> {
+pub(crate) fn grace_seconds(v: f64) -> Result<Duration, String> {
     if v == f64::INFINITY {
         return Ok(NEVER);
     }
@@ -225,7 +225,7 @@ pub fn grace_ms(grace: Duration) -> u64 {
 }
 
 /// The grace a wire's milliseconds stand for (`grace_ms` turned back).
-pub fn grace_of_ms(ms: u64) -> Duration {
+pub(crate) fn grace_of_ms(ms: u64) -> Duration {
     if ms == u64::MAX {
         NEVER
     } else {
@@ -234,7 +234,7 @@ pub fn grace_of_ms(ms: u64) -> Duration {
 }
 
 /// Parses "TERM", "SIGTERM", "term" or a number.
-pub fn parse_signal(s: &str) -> Option<Signal> {
+pub(crate) fn parse_signal(s: &str) -> Option<Signal> {
     let s = s.trim();
     if let Ok(n) = s.parse::<i32>() {
         return Signal::try_from(n).ok();
@@ -249,19 +249,19 @@ pub fn parse_signal(s: &str) -> Option<Signal> {
 }
 
 /// Short signal name without "SIG": "TERM", "KILL".
-pub fn signal_name(sig: Signal) -> &'static str {
+pub(crate) fn signal_name(sig: Signal) -> &'static str {
     sig.as_str().trim_start_matches("SIG")
 }
 
 /// The policy of what may never be signalled, fixed for one call.
-pub struct Guard<'a> {
+pub(crate) struct Guard<'a> {
     never: HashSet<i32>,
     me: i32,
     protected: &'a [String],
 }
 
 impl<'a> Guard<'a> {
-    pub fn new(protected: &'a [String]) -> Guard<'a> {
+    pub(crate) fn new(protected: &'a [String]) -> Guard<'a> {
         Guard {
             never: super::self_and_ancestors().into_iter().collect(),
             me: std::process::id() as i32,
@@ -310,19 +310,19 @@ impl<'a> Guard<'a> {
 
 /// The reason given for a target that had exited before it could be signalled: not an error
 /// for a holder seen earlier, but a bare pid the command line named that does not exist is.
-pub const GONE: &str = "already gone";
+pub(crate) const GONE: &str = "already gone";
 
 /// What a refused daemon's reason says would stop it (MCP, which never does, replaces it).
-pub const FORCE_ANYWAY: &str = "force stops it anyway: --force, or force: true in a script";
+pub(crate) const FORCE_ANYWAY: &str = "force stops it anyway: --force, or force: true in a script";
 
 /// True if a process is one of the protected daemons, by comm (15 bytes at most) or argv[0].
-pub fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {
+pub(crate) fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {
     is_named(comm, cmdline, protected)
 }
 
 /// True if a process goes by one of `names`: its comm (the kernel keeps 15 bytes, so a longer
 /// name matches its first 15) or the base name of its argv[0].
-pub fn is_named<S: AsRef<str>>(comm: &str, cmdline: &str, names: &[S]) -> bool {
+pub(crate) fn is_named<S: AsRef<str>>(comm: &str, cmdline: &str, names: &[S]) -> bool {
     let argv0 = cmdline.split(' ').next().unwrap_or("");
     let base = argv0.rsplit('/').next().unwrap_or(argv0);
     names.iter().map(AsRef::as_ref).any(|name| {
@@ -358,7 +358,7 @@ pub fn kill(
 }
 
 /// `kill`, telling `progress` how many are left while it waits.
-pub fn kill_with_progress(
+pub(crate) fn kill_with_progress(
     targets: &[Target],
     opts: &KillOpts,
     protected: &[String],

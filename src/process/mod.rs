@@ -57,12 +57,12 @@ impl ProcInfo {
         Identity::new(self.pid, self.start)
     }
 
-    pub fn is_zombie(&self) -> bool {
+    pub(crate) fn is_zombie(&self) -> bool {
         matches!(self.state, 'Z' | 'X' | 'x')
     }
 
     /// A kernel thread (kthreadd and its children): never signalled.
-    pub fn is_kernel_thread(&self) -> bool {
+    pub(crate) fn is_kernel_thread(&self) -> bool {
         self.flags & PF_KTHREAD != 0
     }
 }
@@ -85,7 +85,7 @@ impl ProcInfo {
 }
 
 /// Parses the text of /proc/PID/stat; the comm may hold spaces and parentheses.
-pub fn parse_stat(pid: i32, text: &str) -> Option<ProcInfo> {
+pub(crate) fn parse_stat(pid: i32, text: &str) -> Option<ProcInfo> {
     let open = text.find('(')?;
     let close = text.rfind(')')?;
     let comm = text.get(open + 1..close)?.to_string();
@@ -110,7 +110,7 @@ pub fn parse_stat(pid: i32, text: &str) -> Option<ProcInfo> {
 }
 
 /// Reads /proc/PID/stat; `NotFound` when the process is gone.
-pub fn read_stat(pid: i32) -> io::Result<ProcInfo> {
+pub(crate) fn read_stat(pid: i32) -> io::Result<ProcInfo> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     parse_stat(pid, &text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
 }
@@ -121,7 +121,7 @@ pub fn alive(pid: i32) -> bool {
 }
 
 /// Every pid in /proc, in no particular order.
-pub fn all_pids() -> Vec<i32> {
+pub(crate) fn all_pids() -> Vec<i32> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -131,13 +131,13 @@ pub fn all_pids() -> Vec<i32> {
 }
 
 /// The cores this process may use, looked up once (the lookup reads cgroup files).
-pub fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 /// One pass over /proc: the stat of every live process.
-pub fn process_table() -> Vec<ProcInfo> {
+pub(crate) fn process_table() -> Vec<ProcInfo> {
     all_pids()
         .into_iter()
         .filter_map(|pid| read_stat(pid).ok())
@@ -153,7 +153,7 @@ pub fn uid(pid: i32) -> Option<u32> {
 }
 
 /// The uid a user name (or a number) stands for; `None` when the user database does not know it.
-pub fn user_id(name: &str) -> Option<u32> {
+pub(crate) fn user_id(name: &str) -> Option<u32> {
     if let Ok(uid) = name.parse::<u32>() {
         return Some(uid);
     }
@@ -164,7 +164,7 @@ pub fn user_id(name: &str) -> Option<u32> {
 }
 
 /// A user name for a uid, cached; the number when the user database does not know it.
-pub fn user_name(uid: u32) -> String {
+pub(crate) fn user_name(uid: u32) -> String {
     static CACHE: OnceLock<Mutex<HashMap<u32, String>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(n) = cache.lock().ok().and_then(|c| c.get(&uid).cloned()) {
@@ -185,7 +185,7 @@ pub fn user_name(uid: u32) -> String {
 /// (restarts its workers)"); where the kernel cut the comm to 15 bytes (`VLLM::EngineCor`,
 /// `nvidia-persiste`), the full name from the command line: argv[0]'s base name, or the
 /// process title the program set; otherwise its comm.
-pub fn display_name(comm: &str, cmdline: &str) -> String {
+pub(crate) fn display_name(comm: &str, cmdline: &str) -> String {
     if let Some(known) = restart::known(comm) {
         return known.to_string();
     }
@@ -207,13 +207,13 @@ pub fn cmdline(pid: i32) -> String {
 }
 
 /// The text of a raw /proc/PID/cmdline: NULs as spaces, the trailing one dropped.
-pub fn cmdline_text(raw: &[u8]) -> String {
+pub(crate) fn cmdline_text(raw: &[u8]) -> String {
     let trimmed = raw.strip_suffix(b"\0").unwrap_or(raw);
     String::from_utf8_lossy(trimmed).replace('\0', " ")
 }
 
 /// gpuloop itself and every ancestor up to init: never signalled.
-pub fn self_and_ancestors() -> Vec<i32> {
+pub(crate) fn self_and_ancestors() -> Vec<i32> {
     let mut out = vec![std::process::id() as i32];
     let mut pid = out[0];
     while let Ok(p) = read_stat(pid) {
@@ -228,7 +228,7 @@ pub fn self_and_ancestors() -> Vec<i32> {
 
 /// Runs a program to its end with a deadline and returns its stdout; `None` if it cannot
 /// start, fails, or overruns (then it is killed and reaped).
-pub fn command_output(
+pub(crate) fn command_output(
     program: &str,
     args: &[&str],
     timeout: std::time::Duration,
@@ -238,7 +238,7 @@ pub fn command_output(
 
 /// Why a program run by [`run_command`] gave no output.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CommandFailure {
+pub(crate) enum CommandFailure {
     /// It could not be started (not installed, not executable).
     Start(std::io::ErrorKind, String),
     /// It ran past the deadline (it was killed and reaped).
@@ -248,7 +248,7 @@ pub enum CommandFailure {
 }
 
 /// Runs a program to its end with a deadline: its stdout, or why not, with its stderr.
-pub fn run_command(
+pub(crate) fn run_command(
     program: &str,
     args: &[&str],
     timeout: std::time::Duration,

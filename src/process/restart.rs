@@ -29,7 +29,7 @@ fn unknown() -> Identity {
 
 impl Restarter {
     /// "pid 1237 (bash) started holder 1240 and is still running: it may restart it".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "pid {} ({}) started holder {} and is still running: it may restart it",
             self.pid, self.name, self.holder
@@ -185,11 +185,11 @@ fn find_with(
 
 /// How long a parent gets to exit after its holder did: a launcher that only waited for its
 /// child (`bash -c cmd`, a plain `python3 launcher.py`) exits then; a restarter keeps running.
-pub const EXIT_WINDOW: Duration = Duration::from_millis(250);
+pub(crate) const EXIT_WINDOW: Duration = Duration::from_millis(250);
 
 /// The restarters still running `within` after their holders ended (checked every few ms, so
 /// the usual case, a parent exiting at once, costs about nothing).
-pub fn still_running(mut rs: Vec<Restarter>, within: Duration) -> Vec<Restarter> {
+pub(crate) fn still_running(mut rs: Vec<Restarter>, within: Duration) -> Vec<Restarter> {
     let deadline = Instant::now() + within;
     let running = |r: &Restarter| {
         super::read_stat(r.identity.pid)
@@ -207,7 +207,7 @@ pub fn still_running(mut rs: Vec<Restarter>, within: Duration) -> Vec<Restarter>
 /// The restarter among `pid`'s ancestors (a few levels: `bash -c` may run `sh` that runs
 /// python), if one of `restarters` started it again: a holder with a new identity. The holder
 /// it stopped, still there (a TERM handler shutting down), is no restart.
-pub fn started_by(pid: i32, restarters: &[Restarter]) -> Option<&Restarter> {
+pub(crate) fn started_by(pid: i32, restarters: &[Restarter]) -> Option<&Restarter> {
     if restarters.is_empty() {
         return None;
     }
@@ -247,7 +247,7 @@ const SEEN_BYTES: u64 = 64 << 10;
 
 /// Remembers that `r` started its holder again. Entries whose process is gone are dropped on
 /// the way. A file that cannot be written costs the memory, not the kill: warned in the log.
-pub fn remember(r: &Restarter) {
+pub(crate) fn remember(r: &Restarter) {
     let entry = Seen {
         pid: r.identity.pid,
         start: r.identity.start,
@@ -276,7 +276,7 @@ fn merged(old: &[u8], entry: Seen, live: impl Fn(&Seen) -> bool) -> Vec<Seen> {
 }
 
 /// The restarters remembered on this machine that still run, as they were seen.
-pub fn seen_before() -> Vec<Seen> {
+pub(crate) fn seen_before() -> Vec<Seen> {
     crate::journal::dir()
         .and_then(|dir| crate::journal::read_state(&dir, SEEN_FILE, SEEN_BYTES))
         .ok()
@@ -313,7 +313,7 @@ fn ancestor<T>(pid: i32, is: impl Fn(&ProcInfo) -> Option<T>) -> Option<T> {
 
 /// The remembered restarter among `pid`'s ancestors, if any: the very process (pid and start
 /// time) seen restarting a holder before.
-pub fn restarted_before(pid: i32, seen: &[Seen]) -> Option<&Seen> {
+pub(crate) fn restarted_before(pid: i32, seen: &[Seen]) -> Option<&Seen> {
     if seen.is_empty() {
         return None;
     }

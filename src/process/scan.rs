@@ -192,7 +192,7 @@ fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
 /// For a zombie thread-group leader, one of its threads that still runs: (tid, state).
 /// `None` for a live process, a kernel thread, or a zombie that is all gone (it holds
 /// nothing: its parent only has to reap it).
-pub fn live_thread(dir: &ProcDir) -> Option<(i32, char)> {
+pub(crate) fn live_thread(dir: &ProcDir) -> Option<(i32, char)> {
     // Most processes without fds are kernel threads: one thread, told without reading a file.
     if dir.threads().ok()? < 2 || !dir.stat().ok()?.is_zombie() {
         return None;
@@ -223,7 +223,8 @@ pub fn live_thread(dir: &ProcDir) -> Option<(i32, char)> {
 }
 
 /// The device nodes among a process's open fds: one readlinkat per fd into a stack buffer.
-pub fn open_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
+#[cfg(test)]
+fn open_nodes(pid: i32, nodes: &DeviceNodes) -> io::Result<NodeSet> {
     open_nodes_in(&ProcDir::open(pid)?, "fd", nodes).map(|(set, _)| set)
 }
 

@@ -39,7 +39,7 @@ impl Tree {
     }
 
     /// Every process below `root` (not `root` itself), breadth first.
-    pub fn descendants(&self, root: i32) -> Vec<i32> {
+    pub(crate) fn descendants(&self, root: i32) -> Vec<i32> {
         let mut out = Vec::new();
         let mut seen = HashSet::from([root]);
         let mut queue = VecDeque::from([root]);
@@ -59,7 +59,7 @@ impl Tree {
     }
 
     /// `pid`, then its parent, its parent's parent, … as far as this snapshot goes.
-    pub fn ancestry(&self, pid: i32) -> impl Iterator<Item = &ProcInfo> {
+    pub(crate) fn ancestry(&self, pid: i32) -> impl Iterator<Item = &ProcInfo> {
         let mut next = self.get(pid);
         // A snapshot read while pids were reused may hold a loop.
         let mut seen = HashSet::new();
@@ -76,7 +76,7 @@ impl Tree {
     /// leader's pgid is shared by everything that leader's shell started (an ssh session's
     /// background jobs, a test runner's children), and those are not this target's job.
     /// Each worker that holds a GPU is a target of its own, so nothing that holds is missed.
-    pub fn job_group(&self, pid: i32) -> Vec<i32> {
+    pub(crate) fn job_group(&self, pid: i32) -> Vec<i32> {
         let Some(p) = self.get(pid) else {
             return Vec::new();
         };
@@ -95,7 +95,7 @@ impl Tree {
     }
 
     /// True if some process (a zombie too: its group id is still taken) is in group `pgid`.
-    pub fn group_exists(&self, pgid: i32) -> bool {
+    pub(crate) fn group_exists(&self, pgid: i32) -> bool {
         self.by_pid.values().any(|p| p.pgid == pgid)
     }
 

@@ -12,8 +12,9 @@ pub(crate) mod job;
 pub mod patch;
 pub(crate) mod supervise;
 
-pub use job::{Job, Waited};
-pub use supervise::Supervisor;
+pub use job::Job;
+pub(crate) use job::Waited;
+pub(crate) use supervise::Supervisor;
 
 use crate::process::kill::signal_name;
 use nix::sys::signal::Signal;
@@ -74,7 +75,7 @@ pub struct JobOpts {
 }
 
 /// Receives a job's output chunks: `(is_stdout, bytes)`.
-pub type SinkFn = dyn Fn(bool, &[u8]) + Send + Sync;
+pub(crate) type SinkFn = dyn Fn(bool, &[u8]) + Send + Sync;
 
 /// Where a job's output goes besides the capture.
 #[derive(Clone)]
@@ -138,7 +139,7 @@ impl Outcome {
     }
 
     /// The last `lines` lines of stderr (at most 4 KiB), for error messages.
-    pub fn stderr_tail(&self, lines: usize) -> String {
+    pub(crate) fn stderr_tail(&self, lines: usize) -> String {
         tail(&self.stderr, lines)
     }
 }

@@ -15,7 +15,7 @@ use std::path::{Component, Path, PathBuf};
 
 /// The largest file apply_patch reads: a diff is for source and config files, and a file
 /// that is larger (or endless, like /dev/zero behind a link) is refused, never read whole.
-pub const MAX_FILE: u64 = 64 << 20;
+pub(crate) const MAX_FILE: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {

@@ -613,10 +613,10 @@ fn wait_all_finished(deadline: Instant) -> bool {
 /// Script-wide supervision: makes gpuloop a child subreaper and runs the lineage/reaper
 /// thread; dropping it (when the script ends, however it ends) stops everything the script
 /// started and reaps it.
-pub struct Supervisor;
+pub(crate) struct Supervisor;
 
 impl Supervisor {
-    pub fn start() -> Supervisor {
+    pub(crate) fn start() -> Supervisor {
         // Any pid given turns the flag on; this process's own reads as what it means.
         let ok = rustix::process::set_child_subreaper(Some(rustix::process::getpid())).is_ok();
         if !ok {

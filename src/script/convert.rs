@@ -5,11 +5,11 @@ use rhai::{Array, Dynamic, EvalAltResult, Map, Position};
 use serde::Serialize;
 use std::time::Duration;
 
-pub type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
+pub(crate) type RhaiResult<T> = Result<T, Box<EvalAltResult>>;
 
 /// True if arrays and maps are nested in `v` more than `max` deep (a scalar is 0 deep).
 /// It recurses at most `max + 1` levels: the script thread's stack is sized for `max`.
-pub fn nested_deeper_than(v: &Dynamic, max: usize) -> bool {
+pub(crate) fn nested_deeper_than(v: &Dynamic, max: usize) -> bool {
     if let Ok(a) = v.as_array_ref() {
         return max == 0 && !a.is_empty() || a.iter().any(|x| nested_deeper_than(x, max - 1));
     }
@@ -21,7 +21,7 @@ pub fn nested_deeper_than(v: &Dynamic, max: usize) -> bool {
 
 /// An error when `v` is nested deeper than `max`, the engine's `depth` limit (walking it
 /// recursively, as JSON and printing do, could overflow the stack).
-pub fn check_depth(v: &Dynamic, what: &str, max: usize) -> RhaiResult<()> {
+pub(crate) fn check_depth(v: &Dynamic, what: &str, max: usize) -> RhaiResult<()> {
     if nested_deeper_than(v, max) {
         return Err(script_err(format!(
             "{what}: the value is nested more than {max} deep, the depth limit (raise it with --limit depth=N or [limits] in config.toml)"
@@ -31,7 +31,7 @@ pub fn check_depth(v: &Dynamic, what: &str, max: usize) -> RhaiResult<()> {
 }
 
 /// A script-facing error at no particular position (rhai fills in the call site).
-pub fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
+pub(crate) fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
     Box::new(EvalAltResult::ErrorRuntime(
         Dynamic::from(msg.into()),
         Position::NONE,
@@ -40,7 +40,7 @@ pub fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
 
 /// Any domain error becomes a runtime error with its message; one that an interrupt caused
 /// (hosts left unopened, a call cut short) ends the script as the interrupt does.
-pub fn to_script<E: std::fmt::Display>(e: E) -> Box<EvalAltResult> {
+pub(crate) fn to_script<E: std::fmt::Display>(e: E) -> Box<EvalAltResult> {
     if crate::interrupt::is_set() {
         return super::bindings::interrupted();
     }
@@ -48,7 +48,7 @@ pub fn to_script<E: std::fmt::Display>(e: E) -> Box<EvalAltResult> {
 }
 
 /// A record as a script's map (see `record`).
-pub fn to_map<T: Serialize>(v: &T) -> RhaiResult<Dynamic> {
+pub(crate) fn to_map<T: Serialize>(v: &T) -> RhaiResult<Dynamic> {
     super::record::to_dynamic(v)
 }
 
@@ -87,13 +87,13 @@ pub fn selectors(v: &Dynamic) -> RhaiResult<Option<Vec<Selector>>> {
 }
 
 /// An options map, checked against the names a function knows.
-pub struct Opts<'a> {
+pub(crate) struct Opts<'a> {
     map: &'a Map,
     func: &'a str,
 }
 
 impl<'a> Opts<'a> {
-    pub fn new(map: &'a Map, func: &'a str, known: &[&str]) -> RhaiResult<Opts<'a>> {
+    pub(crate) fn new(map: &'a Map, func: &'a str, known: &[&str]) -> RhaiResult<Opts<'a>> {
         for k in map.keys() {
             if !known.contains(&k.as_str()) {
                 return Err(script_err(format!(
@@ -117,32 +117,22 @@ impl<'a> Opts<'a> {
         ))
     }
 
-    pub fn bool(&self, key: &str, default: bool) -> RhaiResult<bool> {
+    pub(crate) fn bool(&self, key: &str, default: bool) -> RhaiResult<bool> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => v.as_bool().map_err(|_| self.wrong(key, "true or false", v)),
         }
     }
 
-    pub fn int(&self, key: &str, default: i64) -> RhaiResult<i64> {
+    pub(crate) fn int(&self, key: &str, default: i64) -> RhaiResult<i64> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => v.as_int().map_err(|_| self.wrong(key, "an integer", v)),
         }
     }
 
-    pub fn opt_int(&self, key: &str) -> RhaiResult<Option<i64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_int()
-                .map(Some)
-                .map_err(|_| self.wrong(key, "an integer", v)),
-        }
-    }
-
     /// A Slurm job id: an integer, or a string of digits as `env("SLURM_JOB_ID")` gives it.
-    pub fn job_id(&self, key: &str) -> RhaiResult<Option<i64>> {
+    pub(crate) fn job_id(&self, key: &str) -> RhaiResult<Option<i64>> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
@@ -167,7 +157,11 @@ impl<'a> Opts<'a> {
     }
 
     /// Seconds given as int or float.
-    pub fn secs(&self, key: &str, default: Option<Duration>) -> RhaiResult<Option<Duration>> {
+    pub(crate) fn secs(
+        &self,
+        key: &str,
+        default: Option<Duration>,
+    ) -> RhaiResult<Option<Duration>> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => {
@@ -184,7 +178,7 @@ impl<'a> Opts<'a> {
     }
 
     /// A grace: seconds, or "inf" for never sending KILL (`kill::NEVER`).
-    pub fn grace(&self, key: &str, default: Duration) -> RhaiResult<Duration> {
+    pub(crate) fn grace(&self, key: &str, default: Duration) -> RhaiResult<Duration> {
         match self.get(key) {
             Some(v) if v.is_string() => match v.clone().into_immutable_string() {
                 Ok(s) if s.as_str() == "inf" => Ok(crate::process::kill::NEVER),
@@ -194,7 +188,7 @@ impl<'a> Opts<'a> {
         }
     }
 
-    pub fn string(&self, key: &str) -> RhaiResult<Option<String>> {
+    pub(crate) fn string(&self, key: &str) -> RhaiResult<Option<String>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -207,7 +201,7 @@ impl<'a> Opts<'a> {
 
     /// `on_error`: "fail" (the default: a host that cannot be reached is an error naming
     /// it) or "skip" (go on with the others; the skipped host is reported once).
-    pub fn on_error(&self) -> RhaiResult<bool> {
+    pub(crate) fn on_error(&self) -> RhaiResult<bool> {
         match self.string("on_error")?.as_deref() {
             None | Some("fail") => Ok(false),
             Some("skip") => Ok(true),
@@ -218,12 +212,12 @@ impl<'a> Opts<'a> {
         }
     }
 
-    pub fn raw(&self, key: &str) -> Option<&Dynamic> {
+    pub(crate) fn raw(&self, key: &str) -> Option<&Dynamic> {
         self.get(key)
     }
 
     /// Checks that option `key`, if given, is one of `kinds` ("int|string", see `KINDS`).
-    pub fn kind(&self, key: &str, kinds: &str) -> RhaiResult<()> {
+    pub(crate) fn kind(&self, key: &str, kinds: &str) -> RhaiResult<()> {
         let Some(v) = self.get(key) else {
             return Ok(());
         };
@@ -265,14 +259,14 @@ impl<'a> Opts<'a> {
 }
 
 /// The kinds `Opts::kind` (and the scripts' `check_opts`) know.
-pub const KINDS: &[&str] = &[
+pub(crate) const KINDS: &[&str] = &[
     "int", "secs", "number", "bool", "string", "Fn", "map", "array", "selector", "any",
 ];
 
 /// Checks a script's options map against a spec (`#{name: "kind", …}`) the way the
 /// built-in functions check theirs: an unknown name or a wrong type is an error naming the
 /// function and the option. `()` counts as no options. Returns the options map.
-pub fn check_spec(func: &str, opts: &Dynamic, spec: &Map) -> RhaiResult<Map> {
+pub(crate) fn check_spec(func: &str, opts: &Dynamic, spec: &Map) -> RhaiResult<Map> {
     let map = if opts.is_unit() {
         Map::new()
     } else {
@@ -297,7 +291,7 @@ pub fn check_spec(func: &str, opts: &Dynamic, spec: &Map) -> RhaiResult<Map> {
 }
 
 /// Seconds from a script number (int or float).
-pub fn secs_arg(v: &Dynamic, what: &str) -> RhaiResult<Duration> {
+pub(crate) fn secs_arg(v: &Dynamic, what: &str) -> RhaiResult<Duration> {
     let s = v
         .as_int()
         .map(|i| i as f64)

@@ -32,7 +32,7 @@ pub struct Param {
 
 impl FnMeta {
     /// A script function's metadata: parameter names, no types (Rhai scripts have none).
-    pub fn untyped(
+    pub(crate) fn untyped(
         name: String,
         params: impl Iterator<Item = String>,
         doc_comments: Vec<String>,
@@ -133,7 +133,7 @@ pub fn stdlib_functions(engine: &rhai::Engine) -> Vec<(String, String, Vec<FnMet
     out
 }
 
-pub fn markdown(engine: &rhai::Engine) -> String {
+pub(crate) fn markdown(engine: &rhai::Engine) -> String {
     let mut out = String::from("# gpuloop script reference\n\nGenerated from the functions the engine registers (`gpuloop doc`).\n");
     let mut by_name: BTreeMap<String, Vec<FnMeta>> = BTreeMap::new();
     for f in functions(engine) {
@@ -169,7 +169,7 @@ pub fn markdown(engine: &rhai::Engine) -> String {
 /// Writes Rhai definition files for editors into `dir`: gpuloop's functions
 /// (`__static__.d.rhai`), each stdlib module as imported under its own name
 /// (`cleanup.d.rhai`: `cleanup::ensure_clean`), and the scripts' scope (`ARGS`).
-pub fn write_definitions(engine: &rhai::Engine, dir: &Path) -> Result<(), String> {
+pub(crate) fn write_definitions(engine: &rhai::Engine, dir: &Path) -> Result<(), String> {
     let failed = |e: std::io::Error| format!("writing definitions to {}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let scope = super::engine::new_scope(&[]);

@@ -54,7 +54,7 @@ const STACK_PER_LEVEL: usize = if cfg!(debug_assertions) {
 const STACK_BASE: usize = 64 << 20;
 
 /// The script thread's stack for these limits.
-pub fn stack_size(limits: &Limits) -> usize {
+pub(crate) fn stack_size(limits: &Limits) -> usize {
     let calls = limits.calls.saturating_mul(64 << 10);
     STACK_BASE
         .saturating_add(limits.depth.saturating_mul(STACK_PER_LEVEL))
@@ -119,7 +119,7 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
 }
 
 /// The scope every script starts with: `ARGS`.
-pub fn new_scope(args: &[String]) -> Scope<'static> {
+pub(crate) fn new_scope(args: &[String]) -> Scope<'static> {
     let mut scope = Scope::new();
     let args: rhai::Array = args.iter().map(|a| Dynamic::from(a.clone())).collect();
     scope.push_constant("ARGS", args);
@@ -130,7 +130,7 @@ pub fn new_scope(args: &[String]) -> Scope<'static> {
 /// Windows start a file with one, which rhai reads as a stray character), and with a first
 /// line `#!…` left blank, so that the file can be run as a program and its line numbers
 /// still hold.
-pub fn source_text(src: &str) -> &str {
+pub(crate) fn source_text(src: &str) -> &str {
     let src = crate::input::without_bom(src);
     match src.strip_prefix("#!") {
         Some(rest) => rest.find('\n').map_or("", |i| &rest[i..]),
@@ -151,7 +151,7 @@ pub fn compile(engine: &Engine, file: &str, source: &str) -> Result<AST, ScriptE
 /// Compiles a script, finds the modules it imports (as `gpuloop check` does: a missing one
 /// is a compile error, before anything runs), and runs it; returns the value of its last
 /// expression.
-pub fn run_source(
+pub(crate) fn run_source(
     engine: &Engine,
     scope: &mut Scope,
     file: &str,
@@ -199,7 +199,7 @@ fn static_imports(ast: &AST) -> Vec<(String, rhai::Position)> {
 /// Finds (and compiles) every module a script imports with a constant path, as running it
 /// would: a missing module, or one that does not compile, is a compile error (exit 2) that
 /// says where it looked, from `gpuloop check` and `gpuloop run` alike.
-pub fn check_imports(
+pub(crate) fn check_imports(
     engine: &Engine,
     ast: &AST,
     file: &str,

@@ -11,5 +11,5 @@ pub(crate) mod modules;
 pub mod recipes;
 mod record;
 
-pub use engine::{build_engine, run_source, EngineOpts};
-pub use errors::ScriptError;
+pub use engine::{build_engine, EngineOpts};
+pub(crate) use errors::ScriptError;

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 /// (name, source), embedded at build time from `scripts/`.
-pub const RECIPES: &[(&str, &str)] = &[
+pub(crate) const RECIPES: &[(&str, &str)] = &[
     ("clean-node", include_str!("../../scripts/clean-node.rhai")),
     (
         "slurm-site-policy",

@@ -62,7 +62,7 @@ pub struct HoldOpts {
 }
 
 /// MiB a context keeps on each GPU it sees but does not use (3 MiB measured on H200s).
-pub const FOOTPRINT_MIB: i64 = 3;
+pub(crate) const FOOTPRINT_MIB: i64 = 3;
 
 impl HoldOpts {
     /// The arguments that make the re-executed gpuloop the holder.
@@ -239,10 +239,10 @@ fn spawn_watcher(sim: &SimBackend, alloc: &Path) -> Result<(), GpuError> {
 }
 
 /// The process name (comm) of a simulated holder when no --name is given.
-pub const DEFAULT_NAME: &str = "python3";
+pub(crate) const DEFAULT_NAME: &str = "python3";
 
 /// The holder side; runs in the re-executed, single-threaded gpuloop and never returns.
-pub fn run_holder(sim: &SimBackend, opts: &HoldOpts) -> ! {
+pub(crate) fn run_holder(sim: &SimBackend, opts: &HoldOpts) -> ! {
     let result = holder_main(sim, opts);
     if let Err(e) = result {
         crate::output::line(&format!("error {e}"));
@@ -366,7 +366,7 @@ fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<Then, String> {
 }
 
 /// `--foreground`: this very process holds, prints its pid, and stays until killed.
-pub fn run_foreground(sim: &SimBackend, opts: &HoldOpts) -> ! {
+pub(crate) fn run_foreground(sim: &SimBackend, opts: &HoldOpts) -> ! {
     let held = (|| {
         if let Some(name) = &opts.name {
             set_comm(name);

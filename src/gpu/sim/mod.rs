@@ -121,7 +121,7 @@ impl SimSpec {
 }
 
 /// The largest simulated GPU: 1 PiB (so every sum of its memory fits an i64 many times).
-pub const MAX_GPU_BYTES: i64 = 1 << 50;
+pub(crate) const MAX_GPU_BYTES: i64 = 1 << 50;
 
 fn parse_size(s: &str) -> Option<i64> {
     let s = s.trim_end_matches(['B', 'b', 'i']);
@@ -137,7 +137,7 @@ fn parse_size(s: &str) -> Option<i64> {
 }
 
 /// The device nodes of the simulator whose state is in `dir`.
-pub fn nodes_in(dir: &Path) -> DeviceNodes {
+pub(crate) fn nodes_in(dir: &Path) -> DeviceNodes {
     DeviceNodes::new(dir.join("dev"))
 }
 
@@ -172,7 +172,7 @@ struct Usage {
 
 /// One allocation record, as stored in `alloc/*.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Allocation {
+pub(crate) struct Allocation {
     pub gpu: i64,
     pub mib: i64,
     /// The pid that made it, as the driver would report it.
@@ -291,7 +291,7 @@ impl SimBackend {
         Ok(())
     }
 
-    pub fn node_path(&self, index: i64) -> Result<PathBuf, GpuError> {
+    pub(crate) fn node_path(&self, index: i64) -> Result<PathBuf, GpuError> {
         let minor = self.minor(index)?;
         Ok(self.dir.join("dev").join(format!("nvidia{minor}")))
     }
@@ -306,12 +306,12 @@ impl SimBackend {
             })
     }
 
-    pub fn alloc_dir(&self) -> PathBuf {
+    pub(crate) fn alloc_dir(&self) -> PathBuf {
         self.dir.join("alloc")
     }
 
     /// Every allocation whose memory is in use now, with its file name.
-    pub fn live_allocations(&self) -> Result<Vec<(PathBuf, Allocation)>, GpuError> {
+    pub(crate) fn live_allocations(&self) -> Result<Vec<(PathBuf, Allocation)>, GpuError> {
         let rd = match fs::read_dir(self.alloc_dir()) {
             Ok(rd) => rd,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -451,7 +451,7 @@ impl SimBackend {
     }
 
     /// Fails as a real allocation does when `mib` more would not fit on the GPU.
-    pub fn check_capacity(&self, gpu: i64, mib: i64) -> Result<(), GpuError> {
+    pub(crate) fn check_capacity(&self, gpu: i64, mib: i64) -> Result<(), GpuError> {
         let i = self.minor(gpu).map(|_| gpu as usize)?;
         let used = self.usage()?.used;
         let total_mib = self.spec.mem_bytes / MIB;
