@@ -217,7 +217,8 @@ pub enum Cmd {
         allow: Vec<String>,
     },
     /// Show the audit journal: every signal gpuloop sent (who asked, through which front end,
-    /// to which process, why, and what came of it) and every MCP call.
+    /// to which process, why, and what came of it) and every MCP call. With --host, each
+    /// host's own journal, in host order.
     Journal {
         /// How many of the latest records to show (0: all).
         #[arg(long, short = 'n', default_value_t = 20, value_name = "N")]
