@@ -163,7 +163,7 @@ impl<'a> Local<'a> {
     /// Runs `f` on this machine with the terminal's watch: a progress line on stderr (when
     /// it is a terminal), cleared afterwards, and Ctrl-C.
     pub(crate) fn on_terminal<T>(s: &Session, f: impl FnOnce(&mut Local) -> T) -> T {
-        let mut line = Progress::new(std::io::stderr().is_terminal());
+        let mut line = Progress::default();
         let out = f(&mut Local {
             s,
             watch: Watch {
@@ -214,19 +214,18 @@ impl Machine for Remote<'_> {
     }
 }
 
-/// One line of live progress on a terminal's stderr, rewritten in place.
+/// One line of live progress on a terminal's stderr, rewritten in place. Whether stderr is a
+/// terminal is asked at the first line shown: a quick operation (a script's `gpu()`) asks
+/// nothing.
+#[derive(Default)]
 struct Progress {
-    tty: bool,
+    tty: Option<bool>,
     shown: bool,
 }
 
 impl Progress {
-    fn new(tty: bool) -> Progress {
-        Progress { tty, shown: false }
-    }
-
     fn show(&mut self, text: &str) {
-        if self.tty {
+        if *self.tty.get_or_insert_with(|| std::io::stderr().is_terminal()) {
             let mut err = std::io::stderr().lock();
             let _ = write!(err, "\r\x1b[2K{text}");
             let _ = err.flush();
