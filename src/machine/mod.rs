@@ -225,7 +225,10 @@ struct Progress {
 
 impl Progress {
     fn show(&mut self, text: &str) {
-        if *self.tty.get_or_insert_with(|| std::io::stderr().is_terminal()) {
+        if *self
+            .tty
+            .get_or_insert_with(|| std::io::stderr().is_terminal())
+        {
             let mut err = std::io::stderr().lock();
             let _ = write!(err, "\r\x1b[2K{text}");
             let _ = err.flush();
