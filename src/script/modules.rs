@@ -118,6 +118,23 @@ impl Dir {
     }
 }
 
+/// Compiles a module's source and runs it as a module, its errors and carets named `source`
+/// (the import path, or `stdlib/NAME.rhai`).
+fn load(
+    engine: &Engine,
+    src: &str,
+    source: &str,
+    pos: Position,
+) -> Result<Shared<Module>, Box<EvalAltResult>> {
+    let in_module =
+        |e: EvalAltResult| Box::new(EvalAltResult::ErrorInModule(source.into(), e.into(), pos));
+    let mut ast = engine.compile(src).map_err(|e| in_module(e.into()))?;
+    ast.set_source(source);
+    Ok(Module::eval_ast_as_new(Scope::new(), &ast, engine)
+        .map_err(|e| in_module(*e))?
+        .into())
+}
+
 impl ModuleResolver for Dir {
     fn resolve(
         &self,
@@ -147,13 +164,7 @@ impl ModuleResolver for Dir {
                 )))
             }
         };
-        let mut ast = engine
-            .compile(super::engine::source_text(&src))
-            .map_err(|e| in_module(e.into()))?;
-        ast.set_source(path);
-        let module: Shared<Module> = Module::eval_ast_as_new(Scope::new(), &ast, engine)
-            .map_err(|e| in_module(*e))?
-            .into();
+        let module = load(engine, super::engine::source_text(&src), path, pos)?;
         if let Ok(mut c) = self.cache.lock() {
             c.insert(file, module.clone());
         }
@@ -185,22 +196,7 @@ impl ModuleResolver for Stdlib {
                 pos,
             )));
         };
-        let mut ast = engine.compile(src).map_err(|e| {
-            Box::new(EvalAltResult::ErrorInModule(
-                format!("stdlib/{name}.rhai"),
-                e.into(),
-                pos,
-            ))
-        })?;
-        ast.set_source(format!("stdlib/{name}.rhai"));
-        let module = Module::eval_ast_as_new(Scope::new(), &ast, engine).map_err(|e| {
-            Box::new(EvalAltResult::ErrorInModule(
-                format!("stdlib/{name}.rhai"),
-                e,
-                pos,
-            ))
-        })?;
-        let module: Shared<Module> = module.into();
+        let module = load(engine, src, &format!("stdlib/{name}.rhai"), pos)?;
         if let Ok(mut c) = self.cache.lock() {
             c.insert(name.to_string(), module.clone());
         }
