@@ -200,9 +200,11 @@ fn a_restarter_is_named_and_settle_catches_the_respawn() {
         "{}",
         out.stdout
     );
-    // --parents stops the restarter too; then it stays clean.
-    let out = sim
+    // --parents stops the restarter too, signalled before its holder (after it, the
+    // restarter could start another in between); then it stays clean.
+    let j = sim
         .run(&[
+            "--json",
             "clean",
             "--gpu",
             "0",
@@ -212,8 +214,11 @@ fn a_restarter_is_named_and_settle_catches_the_respawn() {
             "--settle",
             "1",
         ])
-        .ok();
-    assert!(out.stdout.contains(&sup.to_string()), "{}", out.stdout);
+        .ok()
+        .json();
+    let signalled = j["kill"]["signalled"].as_array().expect("signalled");
+    assert_eq!(signalled.len(), 2, "{j}");
+    assert_eq!(signalled[0], sup, "the restarter goes first: {j}");
     assert!(gone_within(sup, 10));
     assert_eq!(sim.used_mib(0), 0);
 }
