@@ -128,7 +128,15 @@ fn redact(v: &Value, field: Option<&str>, pids: &BTreeSet<i64>) -> Value {
                 })
                 .collect(),
         ),
-        (Value::Array(a), _) => Value::Array(a.iter().map(|v| redact(v, field, pids)).collect()),
+        (Value::Array(a), _) => {
+            let mut a: Vec<Value> = a.iter().map(|v| redact(v, field, pids)).collect();
+            // Records listed by pid come in pid order, which starts again at the bottom when
+            // the kernel's pids wrap around: their order is not part of the shape.
+            if a.iter().all(|r| r.get("pid").is_some()) {
+                a.sort_by_cached_key(Value::to_string);
+            }
+            Value::Array(a)
+        }
         (Value::Number(_), Some(f)) if PID_FIELDS.contains(&f) || PID_LISTS.contains(&f) => {
             placeholder("pid", v)
         }
