@@ -646,7 +646,7 @@ fn kill_in(
     // Parents before their children: a restarter signalled after the holder it restarts can
     // start a new one in between (a shell loop's `wait` returns as soon as the holder exits).
     let mut order = resolve.chosen;
-    order.sort_by_key(|&i| tree.ancestry(resolve.pins[i].info.pid).count());
+    order.sort_by_cached_key(|&i| tree.ancestry(resolve.pins[i].info.pid).count());
     let why = resolve.why;
     let why = |pid: i32| why.get(&pid).map_or("", String::as_str);
     let mut pins: Vec<Option<Pinned>> = resolve
