@@ -1855,3 +1855,32 @@ fn an_interrupt_while_connecting_a_host_set_ends_the_run_and_its_ssh_clients() {
     }
     drop(mute);
 }
+
+/// `gpuloop --host a sim stop` listed the holders of host `a` and then stopped the processes
+/// at those pids on this machine (on a loopback cluster, host `a`'s own simulated holder). The
+/// simulator is this machine's: its commands read this machine's holders only.
+#[test]
+fn sim_stop_with_a_host_set_stops_only_this_machines_simulated_holders() {
+    let c = Cluster::new(&[("a", "1x8G")], &[]);
+    let theirs = c.sim("a").hold(&["--gpu", "0", "--mib", "64"])[0];
+    let here = Sim::new("1x8G");
+    let mine = here.hold(&["--gpu", "0", "--mib", "32"])[0];
+    let mut cmd = c.cmd(&["--host", "a", "sim", "stop"]);
+    for (k, v) in here.std_cmd().get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let out = cmd.output().expect("run gpuloop");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        gone_within(mine, 10),
+        "this machine's holder was not stopped"
+    );
+    assert!(
+        alive(theirs),
+        "host a's holder was stopped from here: {out:?}"
+    );
+    assert_eq!(c.sim("a").used_mib(0), 64);
+}

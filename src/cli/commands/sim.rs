@@ -9,6 +9,8 @@ use crate::cli::Config;
 use crate::error::Error;
 use crate::gpu::sim::hold;
 use crate::gpu::sim::SimBackend;
+use crate::machine::ops::{HolderList, Holders};
+use crate::machine::{Local, Machine};
 use crate::process::kill::{KillOpts, Target};
 use crate::render::{self, Style};
 use std::time::Duration;
@@ -64,8 +66,7 @@ pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<i32, Error> {
                 ..KillOpts::default()
             };
             // Stuck holders go only once released: thaw them after the KILL is pending.
-            let mut report =
-                crate::machine::Local::on_terminal(&cfg.session, |m| m.kill(&targets, &opts));
+            let mut report = Local::on_terminal(&cfg.session, |m| m.kill(&targets, &opts));
             if !report.stuck.is_empty() {
                 crate::gpu::sim::stuck::release(&sim)?;
                 let end = std::time::Instant::now() + Duration::from_secs(5);
@@ -97,13 +98,16 @@ pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<i32, Error> {
 }
 
 /// Every process holding the simulator's device nodes that `gpuloop sim hold` started:
-/// others that opened them (a test, a script) are not the simulator's to stop.
+/// others that opened them (a test, a script) are not the simulator's to stop. Read on this
+/// machine only, whatever the host set: the simulator is this machine's, and `sim stop` acts
+/// on these pids here.
 fn sim_holders(cfg: &Config) -> Result<Vec<crate::inspect::holders::Holder>, Error> {
-    let mut hs = crate::machine::Fleet::of(&cfg.session).holders(
-        &crate::hosts::HostSel::all(),
-        true,
-        &crate::inspect::Filter::default(),
-    )?;
+    let list = HolderList(Holders {
+        sel: None,
+        all: true,
+        filter: crate::inspect::Filter::default(),
+    });
+    let mut hs = Local::on_terminal(&cfg.session, |m| m.ask(&list))?;
     hs.retain(|h| is_sim_holder(&h.cmdline));
     Ok(hs)
 }
