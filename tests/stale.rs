@@ -7,8 +7,9 @@ use crate::support::*;
 
 /// Runs as pid 1 of a new PID namespace. Each round makes N stale records on GPU 0 (`sim hold
 /// --workers N --fork-child --exit-creator`: every creator exits, its child holds), puts an
-/// innocent process on each creator's pid, in turn of three kinds (a monitor with only
-/// nvidiactl open; a process with GPU 1's node open; a real holder of GPU 1), has `diagnose`
+/// innocent process on each creator's pid, in turn of four kinds (a monitor with only
+/// nvidiactl open; a process with GPU 1's node open; a real holder of GPU 1; a real holder of
+/// GPU 1 whose context maps every GPU's node, as a CUDA context does), has `diagnose`
 /// say what it sees, then runs one front end against GPU 0 (clean, kill, the Slurm epilog, a
 /// script's kill(holders(0))). Every innocent must still run and never be in the signal log;
 /// the children that really hold GPU 0 must be signalled (so the harness sees a kill).
@@ -35,10 +36,12 @@ for r in $(seq "$ROUNDS"); do
   innocents=(); starts=(); k=0
   for c in "${sorted[@]}"; do
     echo $((c - 1)) > /proc/sys/kernel/ns_last_pid
-    case $(( (k + r) % 3 )) in
+    case $(( (k + r) % 4 )) in
       0) ( exec 3<>"$DEV/nvidiactl"; exec sleep 1000 ) & p=$! ;;
       1) ( exec 3<>"$DEV/nvidia1"; exec sleep 1000 ) & p=$! ;;
       2) "$B" sim hold --foreground --gpu 1 --mib 4 > "$TMPD/fg.$r.$k" & p=$!
+         n=0; until [ -s "$TMPD/fg.$r.$k" ] || ! [ -e /proc/$p ]; do tick "holder $p to start"; done ;;
+      3) "$B" sim hold --foreground --gpu 1 --mib 4 --map-all > "$TMPD/fg.$r.$k" & p=$!
          n=0; until [ -s "$TMPD/fg.$r.$k" ] || ! [ -e /proc/$p ]; do tick "holder $p to start"; done ;;
     esac
     tried=$((tried + 1)); [ "$p" = "$c" ] && reused=$((reused + 1))

@@ -8,7 +8,7 @@ use crate::gpu::{Backend, DeviceNodes, Gpu, GpuError};
 use crate::process::identity::{self, ProcDir};
 use crate::process::origin::{self, Origin};
 use crate::process::scan::{self, NodeSet, NodeUser};
-use crate::process::{self as proc, kill::is_protected};
+use crate::process::{self as proc, kill::is_protected, ProcInfo};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -236,6 +236,18 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
     let mut stale: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     let mut ghost_gpus: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new();
     let mut found = Vec::new();
+    // Live processes the driver lists on no GPU that map some GPU's node: where one was left
+    // by its parent, it may hold a context its exited creator made (see `maybe_reused`).
+    let unlisted: Vec<(ProcInfo, BTreeSet<i64>)> = users
+        .values()
+        .filter(|u| !driver.contains_key(&u.pid) && !u.info.is_zombie() && u.pid != me)
+        .filter(|u| !is_protected(&u.info.comm, &u.cmdline, protected))
+        .map(|u| {
+            let mapped = u.mapped.minors.iter().map(|&m| index_of_minor(m));
+            (u.info.clone(), mapped.collect::<BTreeSet<i64>>())
+        })
+        .filter(|(_, mapped)| !mapped.is_empty())
+        .collect();
     let pids: BTreeSet<i32> = driver.keys().chain(users.keys()).copied().collect();
     for pid in pids {
         let listed = driver.get(&pid);
@@ -257,11 +269,12 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
             continue;
         };
         // A GPU the driver lists a pid on is that process's only if the process shows it:
-        // it maps the GPU's node (a CUDA context does), or hides its fds from us. The
-        // driver keeps listing a creator that exited while a forked child holds its memory,
-        // and a pid of another namespace can name an unrelated process here: the process
-        // now at such a pid (a monitor with nvidiactl open, another GPU's job) is not its
-        // holder, and the pid is the driver's stale record on that GPU.
+        // it maps the GPU's node (a CUDA context does), or hides its fds from us, and no
+        // older orphan holds it (`maybe_reused`). The driver keeps listing a creator that
+        // exited while a forked child holds its memory, and a pid of another namespace can
+        // name an unrelated process here: the process now at such a pid (a monitor with
+        // nvidiactl open, another GPU's job) is not its holder, and the pid is the driver's
+        // stale record on that GPU.
         let hidden = user.open.is_empty();
         let mapped: BTreeSet<i64> = user
             .mapped
@@ -284,7 +297,8 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
         };
         let mut own = BTreeMap::new();
         for (&g, &mem) in listed.into_iter().flatten() {
-            if hidden || mapped.contains(&g) || daemon_open.contains(&g) {
+            let shown = mapped.contains(&g) && !maybe_reused(&user.info, g, &unlisted);
+            if hidden || shown || daemon_open.contains(&g) {
                 own.insert(g, mem);
             } else {
                 ghosts.entry(g).or_default().push(pid.into());
@@ -314,6 +328,41 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
         stale,
         unreadable: unreadable.len(),
     }
+}
+
+/// Whether the memory the driver lists under `user`'s pid on GPU `g` may be the stale record
+/// of an exited creator whose pid `user` now has, though `user` maps `g`: a CUDA context
+/// maps the node of every GPU it can see, so another GPU's job at the reused pid maps `g` too.
+/// The tell is the process that really holds it, the creator's forked child: listed by the
+/// driver on no GPU, mapping `g`, left by its parent (reparented), started no later than
+/// `user` (it was forked before the pid was free), and not `user`'s ancestor (a launcher that
+/// touched CUDA). Where one exists, `g` is not taken for `user`'s: at worst a real holder is
+/// left for the report to name, and never is a process at a reused pid signalled for it.
+/// The parent and ancestors are read only for such a candidate, off the common path.
+fn maybe_reused(user: &ProcInfo, g: i64, unlisted: &[(ProcInfo, BTreeSet<i64>)]) -> bool {
+    unlisted.iter().any(|(o, mapped)| {
+        mapped.contains(&g) && o.start <= user.start && left_by_parent(o) && !above(o.pid, user)
+    })
+}
+
+/// `p` was reparented: its parent is a reaper, or younger than it, or unreadable.
+fn left_by_parent(p: &ProcInfo) -> bool {
+    proc::read_stat(p.ppid).map_or(true, |q| origin::is_reaper(&q) || q.start > p.start)
+}
+
+/// `pid` is an ancestor of `p` (read now, from `p`'s parent up).
+fn above(pid: i32, p: &ProcInfo) -> bool {
+    let mut next = p.ppid;
+    for _ in 0..4096 {
+        if next == pid {
+            return true;
+        }
+        match proc::read_stat(next) {
+            Ok(q) if next > 1 => next = q.ppid,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// A process whose fds we may not read: what its /proc directory still tells (stat, owner).
