@@ -486,3 +486,41 @@ fn audit_a_remote_jobs_timeout_stop_is_journaled_with_the_spawn_that_started_it(
     assert_eq!(r["call"]["method"], "spawn", "{r}");
     assert_eq!(r["call"]["params"]["argv"][0], "sleep", "{r}");
 }
+
+/// The wire's kill options name the one user whose processes may be signalled. `kill` obeyed
+/// it; `kill_holders` and `clean` dropped it and signalled every user's holders.
+#[test]
+fn a_wire_kill_bounded_to_a_user_signals_no_one_else_whatever_the_call() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root, so that the holder is not nobody's");
+        return;
+    }
+    let sim = Sim::new("1x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "16"])[0];
+    let mut agent = Agent::start(sim.std_cmd());
+    sim.adopt(agent.child.id() as i32);
+    let opts = json!({"signal": "TERM", "grace_ms": 2_000, "tree": true, "dry_run": false,
+        "force": false, "parents": false, "user": {"name": "nobody"}});
+    let asks = [
+        json!({"id": 1, "method": "kill_holders",
+            "params": {"sel": [0], "filter": {}, "opts": opts}}),
+        json!({"id": 2, "method": "clean", "params": {"sel": [0], "filter": {}, "kill": opts,
+            "timeout_ms": 1_000, "max_used_mib": 0, "poll_ms": 50}}),
+    ];
+    for ask in asks {
+        let reply = agent.ask(ask.clone());
+        let report = if ask["method"] == "clean" {
+            &reply["ok"]["kill"]
+        } else {
+            &reply["ok"]
+        };
+        assert_eq!(report["signalled"], json!([]), "{reply}");
+        assert!(
+            alive(holder),
+            "{} signalled root's holder: {reply}",
+            ask["method"]
+        );
+    }
+    agent.end();
+    assert_eq!(sim.used_mib(0), 16);
+}

@@ -1,7 +1,7 @@
 //! The read-only operations (the GPUs, their holders, diagnose()), and the one place that
 //! answers a call naming any operation.
 
-use super::kill::{Kill, KillHolders};
+use super::kill::{bounded_to, Kill, KillHolders};
 use super::wait::{Clean, WaitClean};
 use super::{ActionError, Ask, Local, Machine, Op, Received};
 use crate::gpu::{Gpu, GpuError};
@@ -18,20 +18,24 @@ use serde::{Deserialize, Serialize};
 /// mistake stays one: the client exits 2, as it would for the same mistake here); `None` for
 /// any other call (a job's, the connection's), which the agent's job table answers.
 pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
-    fn reply<O: Op>(m: &mut Local, op: &O) -> Body {
-        match m.ask(op) {
-            Ok(v) => Body::ok(&v),
+    fn failed(e: ActionError) -> Body {
+        match e {
             // The client names the host: "host gpu02: no user \"alice\" there".
-            Err(ActionError::Gpu(GpuError::NoUser { user })) => {
+            ActionError::Gpu(GpuError::NoUser { user }) => {
                 Body::error(ErrorKind::Usage, format!("no user {user:?} there"))
             }
-            Err(e) if e.is_usage() => Body::error(ErrorKind::Usage, e.to_string()),
-            Err(e) => Body::error(ErrorKind::Failed, e.to_string()),
+            e if e.is_usage() => Body::error(ErrorKind::Usage, e.to_string()),
+            e => Body::error(ErrorKind::Failed, e.to_string()),
         }
     }
-    // The wire's kill options as this machine's; an unknown signal refuses the call.
+    fn reply<O: Op>(m: &mut Local, op: &O) -> Body {
+        m.ask(op).map_or_else(failed, |v| Body::ok(&v))
+    }
+    // The wire's kill options as this machine's, bounded to the user they name (looked up
+    // here: uids differ between machines) whatever the call; an unknown signal refuses it.
     let kill_opts = |o: &protocol::KillOpts| {
-        KillOpts::try_from(o).map_err(|why| Body::error(ErrorKind::BadParams, why))
+        let opts = KillOpts::try_from(o).map_err(|why| Body::error(ErrorKind::BadParams, why))?;
+        bounded_to(&opts, o.user.as_ref()).map_err(failed)
     };
     let holders = |sel: &Selection, all: &bool, filter: &Filter| Holders {
         sel: sel.clone(),
@@ -54,9 +58,8 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
                 let op = Kill {
                     targets: targets.iter().map(Target::from).collect(),
                     opts: o,
-                    // The user as the client gave it, looked up here: uids differ between
-                    // machines.
-                    user: opts.user.clone(),
+                    // Bounded by `kill_opts` already.
+                    user: None,
                 };
                 reply(m, &op)
             }
