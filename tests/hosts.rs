@@ -1884,3 +1884,28 @@ fn sim_stop_with_a_host_set_stops_only_this_machines_simulated_holders() {
     );
     assert_eq!(c.sim("a").used_mib(0), 64);
 }
+
+/// A host whose holder SIGKILL could not end (stuck in the kernel) got an "ok" row from
+/// `kill` while the command exited 1: the row and the exit code now read the same report.
+#[test]
+fn kill_over_hosts_does_not_call_a_host_with_a_stuck_holder_ok() {
+    let c = Cluster::new(&[("sa", "1x8G"), ("sb", "1x8G")], &[]);
+    c.sim("sa").hold(&["--gpu", "0", "--mib", "16"]);
+    let stuck = c.sim("sb").hold(&["--gpu", "0", "--mib", "32", "--stuck"])[0];
+    let out = c
+        .run(&["--host", "sa,sb", "--json", "kill", "--grace", "0.2"])
+        .code(1);
+    let hosts = out.json()["hosts"].clone();
+    assert_eq!(hosts[0]["state"], "ok", "{hosts}");
+    assert_eq!(hosts[1]["host"], "sb", "{hosts}");
+    assert_ne!(hosts[1]["state"], "ok", "{hosts}");
+    assert!(
+        hosts[1]["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("1 stuck"),
+        "{hosts}"
+    );
+    c.sim("sb").run(&["sim", "release"]).ok();
+    assert!(gone_within(stuck, 10));
+}

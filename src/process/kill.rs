@@ -164,6 +164,14 @@ pub struct KillReport {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub by_host: std::collections::BTreeMap<String, KillReport>,
 }
+
+impl KillReport {
+    /// Every target is gone: none survived, none is stuck, no signal failed.
+    pub(crate) fn all_gone(&self) -> bool {
+        self.survivors.is_empty() && self.stuck.is_empty() && self.errors.is_empty()
+    }
+}
+
 /// A process that SIGKILL has not ended yet because it sleeps uninterruptibly.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Stuck {

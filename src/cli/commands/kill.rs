@@ -36,7 +36,7 @@ fn kill_holders(
     let parts = Fleet::of(&cfg.session).kill_holders_per_host(sel, filter, opts)?;
     let (parts, mut rows) = per_host(cfg, parts)?;
     for (h, r) in &parts {
-        let good = r.survivors.is_empty() && r.errors.is_empty();
+        let good = r.all_gone();
         let verb = if r.dry_run {
             "would signal"
         } else {
@@ -50,6 +50,9 @@ fn kill_holders(
         let mut detail = format!("{verb} {n}");
         if !r.survivors.is_empty() {
             detail.push_str(&format!(", survivors {:?}", r.survivors));
+        }
+        if !r.stuck.is_empty() {
+            detail.push_str(&format!(", {} stuck", r.stuck.len()));
         }
         if !r.errors.is_empty() {
             detail.push_str(&format!(", {} error(s)", r.errors.len()));
@@ -101,7 +104,7 @@ pub(super) fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error>
 fn kill_code(report: &KillReport) -> i32 {
     if report.interrupted {
         130
-    } else if report.survivors.is_empty() && report.errors.is_empty() && report.stuck.is_empty() {
+    } else if report.all_gone() {
         0
     } else {
         1
