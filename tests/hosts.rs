@@ -1909,3 +1909,17 @@ fn kill_over_hosts_does_not_call_a_host_with_a_stuck_holder_ok() {
     c.sim("sb").run(&["sim", "release"]).ok();
     assert!(gone_within(stuck, 10));
 }
+
+/// `gpus --gpu a:0` asked every host and exited 1 when one nobody selected was down.
+#[test]
+fn gpus_asks_only_the_selected_hosts() {
+    let c = Cluster::new(&[("ga", "2x8G")], &["gdown"]);
+    let out = c.run(&["--host", "ga,gdown", "--json", "gpus", "--gpu", "ga:0"]);
+    let out = out.ok();
+    let doc = out.json();
+    assert_eq!(doc.as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(doc[0]["host"], "ga", "{doc}");
+    assert!(!out.stderr.contains("gdown"), "{}", out.stderr);
+    // Selected, it is asked, and its failure is the command's.
+    c.run(&["--host", "ga,gdown", "gpus"]).code(1);
+}

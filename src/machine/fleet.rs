@@ -192,12 +192,8 @@ impl<'a> Fleet<'a> {
         self.each_then(&HostSel::all(), |_| Gpus, move |_, gs| shape(gs))
     }
 
-    pub(crate) fn gpus_per_host(&self) -> Result<PerHost<Vec<Gpu>>, ActionError> {
-        self.each(&HostSel::all(), |_| Gpus)
-    }
-
     pub(crate) fn gpus(&self) -> Result<Vec<Gpu>, ActionError> {
-        self.gather(self.gpus_per_host()?)
+        self.gather(self.each(&HostSel::all(), |_| Gpus)?)
     }
 
     pub(crate) fn gpu(&self, index: i64) -> Result<Gpu, ActionError> {

@@ -28,7 +28,8 @@ pub(super) fn gpus(cfg: &Config, sel: &Selection) -> Result<i32, Error> {
             Some(gpus_row(h, &g).line())
         });
     }
-    let (parts, mut rows) = per_host(cfg, Fleet::of(s).gpus_per_host()?)?;
+    // Only the selected hosts are asked: one outside `--gpu host:…` that is down fails nothing.
+    let (parts, mut rows) = per_host(cfg, Fleet::of(s).each(&sel, |_| machine::ops::Gpus)?)?;
     let mut gpus = Vec::new();
     let mut idle = Vec::new();
     for (h, g) in parts {
