@@ -1923,3 +1923,22 @@ fn gpus_asks_only_the_selected_hosts() {
     // Selected, it is asked, and its failure is the command's.
     c.run(&["--host", "ga,gdown", "gpus"]).code(1);
 }
+
+/// A wait's deadline on a host left out its settle: a host that read clean and watched
+/// `--settle` past `--host-timeout` was taken for hung, and the command failed.
+#[test]
+fn a_wait_that_settles_longer_than_the_host_timeout_is_not_taken_for_a_hung_host() {
+    let c = Cluster::new(&[("wa", "1x8G")], &[]);
+    let out = c.run(&[
+        "--host",
+        "wa",
+        "--host-timeout",
+        "1",
+        "wait",
+        "--timeout",
+        "1",
+        "--settle",
+        "3",
+    ]);
+    out.ok();
+}

@@ -31,6 +31,14 @@ pub(crate) struct WaitOpts {
 }
 
 impl WaitOpts {
+    /// The longest a wait with these options runs: its timeout, then a settle watch begun just
+    /// before it, and one poll.
+    pub(crate) fn longest(&self) -> Duration {
+        self.timeout
+            .saturating_add(self.settle)
+            .saturating_add(self.poll)
+    }
+
     /// What these options demand of a clean GPU.
     pub(crate) fn demand(&self) -> Demand {
         Demand {

@@ -29,7 +29,7 @@ impl Ask for WaitClean {
         }
     }
     fn takes(&self) -> Option<Duration> {
-        Some(self.opts.timeout)
+        Some(self.opts.longest())
     }
 }
 
@@ -83,7 +83,7 @@ impl Ask for Clean {
     }
     fn takes(&self) -> Option<Duration> {
         self.wait
-            .timeout
+            .longest()
             .checked_add(self.kill.grace)?
             .checked_add(Duration::from_secs(10))
     }

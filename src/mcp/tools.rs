@@ -666,7 +666,7 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
     };
     let sel: Selection = a.gpus;
     let started = Instant::now();
-    let mut progress = Reporter::new(ctx, Some(opts.timeout + opts.settle));
+    let mut progress = Reporter::new(ctx, Some(opts.longest()));
     let outcome = Local::new(
         ctx.session,
         Watch {
