@@ -378,6 +378,7 @@ fn cancellable(call: &Call) -> bool {
         Call::Kill { .. }
             | Call::KillHolders { .. }
             | Call::Clean { .. }
+            | Call::WaitClean { .. }
             | Call::Run(_)
             | Call::JobWait { .. }
     )

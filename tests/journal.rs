@@ -524,3 +524,50 @@ fn a_wire_kill_bounded_to_a_user_signals_no_one_else_whatever_the_call() {
     agent.end();
     assert_eq!(sim.used_mib(0), 16);
 }
+
+/// A `cancel` ended a kill's grace and a job, but not a wait: the agent went on polling the
+/// driver and /proc until the wait's timeout, for a client that had stopped waiting (Ctrl-C in
+/// the REPL, a cancelled MCP call).
+#[test]
+fn a_cancel_ends_an_agents_wait_at_once() {
+    let sim = Sim::new("1x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "16"])[0];
+    let Agent {
+        mut child,
+        mut stdin,
+        lines,
+    } = Agent::start(sim.std_cmd());
+    sim.adopt(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let v: Value = serde_json::from_str(&line).unwrap_or_default();
+            if v["type"] == "reply" && tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let to_agent = stdin.as_mut().unwrap();
+    let wait = json!({"id": 1, "method": "wait_clean", "params": {"sel": [0],
+        "timeout_ms": 600_000, "max_used_mib": 0, "poll_ms": 50}});
+    writeln!(to_agent, "{wait}").unwrap();
+    writeln!(
+        to_agent,
+        "{}",
+        json!({"id": 2, "method": "cancel", "params": {"id": 1}})
+    )
+    .unwrap();
+    let outcome = loop {
+        let v = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the wait went on after its cancel");
+        if v["id"] == 1 {
+            break v;
+        }
+    };
+    assert_eq!(outcome["ok"], "interrupted", "{outcome}");
+    assert!(alive(holder));
+    drop(stdin.take());
+    let _ = child.kill();
+    let _ = child.wait();
+}

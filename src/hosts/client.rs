@@ -535,8 +535,9 @@ impl Conn {
     ) -> Result<Answered, HostError> {
         let method = call.method().to_string();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        // A job started by this call must not outlive it if it fails here.
-        let starts_job = matches!(call, Call::Run(_) | Call::Spawn(_));
+        // A job started by this call must not outlive it if it fails here, nor a wait go on
+        // polling there.
+        let stopped_there = matches!(call, Call::Run(_) | Call::Spawn(_) | Call::WaitClean { .. });
         // Ctrl-C during a kill's grace stops the waiting there and KILLs nobody, as here: the
         // agent is told at once, and its answer (what was signalled, what still runs) is
         // still awaited, so the caller reports it as it would a kill on this machine.
@@ -617,8 +618,7 @@ impl Conn {
                     // (and any other call) ends here.
                     if late || (stop && !reports_interrupt) {
                         lock(&self.pending).remove(&id);
-                        if starts_job {
-                            // The job there must not outlive the call that started it.
+                        if stopped_there {
                             self.cancel(id);
                         }
                         if late {
