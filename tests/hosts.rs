@@ -1942,3 +1942,27 @@ fn a_wait_that_settles_longer_than_the_host_timeout_is_not_taken_for_a_hung_host
     ]);
     out.ok();
 }
+
+/// A remote wait that ended not clean was said three times: the agent's own warning (with a
+/// diagnosis it ran for it), echoed, then the client's, which said "after Ns" whatever ended
+/// the wait. It is said once, by the client, with what ended it.
+#[test]
+fn a_remote_wait_that_ends_not_clean_is_said_once_with_its_reason() {
+    let c = Cluster::new(&[("wo", "1x8G")], &[]);
+    let holder = c.sim("wo").hold(&["--gpu", "0", "--mib", "16"])[0];
+    let file = c.script("w.rhai", "print(wait_clean(0, #{timeout: 0.3}));");
+    let out = c.run(&["--host", "wo", "run", &file]);
+    let said: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("not clean"))
+        .collect();
+    assert_eq!(
+        said,
+        ["warning: wo: GPUs not clean after 0.3s"],
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.contains("false"), "{}", out.stdout);
+    sigkill(holder);
+}

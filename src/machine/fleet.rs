@@ -5,7 +5,7 @@
 
 use super::kill::{merge_kills, unreachable_report, Kill, KillHolders};
 use super::ops::{gpus_used, Diagnose, Gpus, Holders, HoldersReport};
-use super::wait::{combine, Clean, CleanReport, WaitClean};
+use super::wait::{combine, why_not_clean, Clean, CleanReport, WaitClean};
 use super::{ActionError, Local, Machine, Op, Received, Remote};
 use crate::gpu::{Gpu, GpuError};
 use crate::hosts::{HostError, HostSel, LOCAL};
@@ -496,17 +496,10 @@ impl<'a> Fleet<'a> {
             quiet,
         })?;
         let outcomes = self.answered(parts)?;
-        let remote_dirty: Vec<&str> = outcomes
-            .iter()
-            .filter(|(h, o)| h != LOCAL && !o.is_clean())
-            .map(|(h, _)| h.as_str())
-            .collect();
-        if !remote_dirty.is_empty() && !opts.timeout.is_zero() && !quiet {
-            crate::errln!(
-                "warning: not clean after {:.1}s on {}",
-                opts.timeout.as_secs_f64(),
-                remote_dirty.join(", ")
-            );
+        for (h, o) in outcomes.iter().filter(|(h, _)| h != LOCAL && !quiet) {
+            if let Some(why) = why_not_clean(o, opts) {
+                crate::errln!("warning: {h}: GPUs {why}");
+            }
         }
         Ok(combine(outcomes.into_iter().map(|(_, o)| o)))
     }

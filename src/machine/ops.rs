@@ -77,10 +77,11 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
             Err(b) => b,
         },
         Call::WaitClean { sel, wait } => {
+            // The client says what it waited for: a warning here would reach it as well.
             let op = WaitClean {
                 sel: sel.clone(),
                 opts: (*wait).into(),
-                quiet: false,
+                quiet: true,
             };
             reply(m, &op)
         }
