@@ -278,7 +278,16 @@ fn warn_once(e: &JournalError) {
 }
 
 fn record(ctx: &Context, event: Event, served: Option<&Served>) -> Record {
-    let uid = rustix::process::geteuid().as_raw();
+    // Looked up once: a user database lookup (NSS, LDAP) between two signals holds the second
+    // back.
+    static INVOKER: std::sync::OnceLock<Invoker> = std::sync::OnceLock::new();
+    let user = INVOKER.get_or_init(|| {
+        let uid = rustix::process::geteuid().as_raw();
+        Invoker {
+            uid,
+            name: crate::process::user_name(uid),
+        }
+    });
     let (front_end, mut call) = match served {
         Some(s) => (s.front_end, Some(Value::clone(&s.call))),
         None => (ctx.front_end, None),
@@ -289,10 +298,7 @@ fn record(ctx: &Context, event: Event, served: Option<&Served>) -> Record {
     Record {
         time: now_utc(),
         host: host().to_string(),
-        user: Invoker {
-            uid,
-            name: crate::process::user_name(uid),
-        },
+        user: user.clone(),
         front_end,
         argv: ctx.argv.clone(),
         call,

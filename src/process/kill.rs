@@ -650,19 +650,13 @@ fn kill_in(
         resolve.target(&mut report, t);
     }
     resolve.restarters(&mut report);
-    let chosen: HashSet<usize> = resolve.chosen.iter().copied().collect();
     // Parents before their children: a restarter signalled after the holder it restarts can
     // start a new one in between (a shell loop's `wait` returns as soon as the holder exits).
     let mut order = resolve.chosen;
     order.sort_by_cached_key(|&i| tree.ancestry(resolve.pins[i].info.pid).count());
     let why = resolve.why;
     let why = |pid: i32| why.get(&pid).map_or("", String::as_str);
-    let mut pins: Vec<Option<Pinned>> = resolve
-        .pins
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| chosen.contains(&i).then_some(p))
-        .collect();
+    let mut pins: Vec<Option<Pinned>> = resolve.pins.into_iter().map(Some).collect();
     let pinned: Vec<Pinned> = order.iter().filter_map(|&i| pins[i].take()).collect();
 
     let escalates = opts.signal != Signal::SIGKILL && opts.grace != NEVER;
@@ -672,8 +666,12 @@ fn kill_in(
         .iter()
         .map(|p| escalates.then(|| futile_signal(p, opts.signal)).flatten())
         .collect();
-    // Names are read before any signal: a process that has exited has no command line.
-    let name = |p: &Pinned| super::display_name(&p.info.comm, &p.dir.cmdline());
+    // Names are read before any signal: a process that has exited has no command line, and
+    // reading one between two signals would hold the second back.
+    let names: Vec<String> = pinned
+        .iter()
+        .map(|p| super::display_name(&p.info.comm, &p.dir.cmdline()))
+        .collect();
     let stopped =
         |p: &Pinned, name: String, sent: Signal, ended_by: Option<&str>, exit_ms: Option<i64>| {
             Stopped {
@@ -691,10 +689,10 @@ fn kill_in(
     };
     if opts.dry_run {
         report.would_signal = pinned.iter().map(|p| p.info.pid.into()).collect();
-        for (p, why) in pinned.iter().zip(&futile) {
+        for ((p, why), shown) in pinned.iter().zip(&futile).zip(&names) {
             report
                 .targets
-                .push(stopped(p, name(p), first_of(why), None, None));
+                .push(stopped(p, shown.clone(), first_of(why), None, None));
             if let Some(why) = why {
                 report.killed_at_once.push(Skipped {
                     pid: p.info.pid.into(),
@@ -711,10 +709,9 @@ fn kill_in(
     // from now on is out of reach.
     let signalled_at = Instant::now();
     let mut victims = Vec::new();
-    for (p, futile) in pinned.into_iter().zip(futile) {
+    for ((p, futile), shown) in pinned.into_iter().zip(futile).zip(names) {
         let pid = p.info.pid;
         let sig = first_of(&futile);
-        let shown = name(&p);
         match send(&p, sig, why(pid), opts.served.as_ref()) {
             Ok(()) => {
                 tracing::debug!("kill: {} -> pid {pid}", signal_name(sig));
