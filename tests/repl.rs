@@ -1,7 +1,7 @@
 //! The REPL in a real terminal: tmux runs `gpuloop repl`, the tests type into it and read the
 //! screen, waiting (with a deadline) for what should appear.
 
-use crate::support::{bin, Sim};
+use crate::support::{alive, bin, Sim};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -668,4 +668,37 @@ fn nested_records_print_as_a_table() {
     for pid in &pids[1..] {
         assert!(s.contains(&format!("vllm({pid})")), "{pid}:\n{s}");
     }
+}
+
+/// `gpuloop repl < file` is a script read line by line, yet a Ctrl-C during a call only
+/// stopped that call: the next line ran, though it might be a kill. It ends the run (130).
+#[test]
+fn piped_a_ctrl_c_during_a_call_ends_the_run_before_the_next_line() {
+    use std::io::{BufRead, BufReader, Write};
+    let sim = Sim::new("1x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "16"])[0];
+    let mut repl = sim
+        .std_cmd()
+        .arg("repl")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gpuloop repl");
+    sim.adopt(repl.id() as i32);
+    let mut stdin = repl.stdin.take().unwrap();
+    stdin
+        .write_all(b"print(\"waiting\"); wait_clean(0, #{timeout: 120})\nkill(holders(0))\n")
+        .unwrap();
+    drop(stdin);
+    let mut line = String::new();
+    BufReader::new(repl.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "waiting");
+    // Ctrl-C to the gpuloop this test started, by pid.
+    unsafe { libc::kill(repl.id() as i32, libc::SIGINT) };
+    let status = repl.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(alive(holder), "the line after the Ctrl-C ran its kill");
 }

@@ -140,7 +140,7 @@ impl Repl {
     fn run(&mut self) -> Result<i32, Error> {
         // Piped input is a script read line by line (`gpuloop repl < file`, like
         // `python3 < file`): no banner, and the first error ends it with that error's code.
-        let batch = !std::io::stdin().is_terminal();
+        let batch = self.piped.is_some();
         if !batch {
             crate::outln!(
                 "gpuloop {} REPL: :help lists the functions, :quit or Ctrl-D leaves.",
@@ -314,8 +314,13 @@ impl Repl {
         self.lines += input.split('\n').count();
 
         crate::script::errors::remember(&self.engine, SOURCE, &self.transcript);
-        // A Ctrl-C that arrived after the previous run ended must not cancel this one.
-        crate::interrupt::clear();
+        // At a prompt, a Ctrl-C that arrived after the previous run ended must not cancel this
+        // one; piped, it ends the script before its next line.
+        if self.piped.is_none() {
+            crate::interrupt::clear();
+        } else if crate::interrupt::is_set() {
+            return Some(130);
+        }
         let mut ast = match self.engine.compile_with_scope(&self.scope, &source) {
             Ok(ast) => ast,
             Err(e) => {
@@ -345,7 +350,12 @@ impl Repl {
             Err(e) => {
                 let hint = self.did_you_mean(&e);
                 match errors::from_eval(*e, SOURCE, &self.transcript) {
-                    ScriptError::Interrupted if crate::interrupt::terminated() => Some(130),
+                    // Piped, the next lines (a kill among them) must not run after a Ctrl-C.
+                    ScriptError::Interrupted
+                        if crate::interrupt::terminated() || self.piped.is_some() =>
+                    {
+                        Some(130)
+                    }
                     ScriptError::Interrupted => {
                         // The terminal may have echoed "^C" on the line: say it on a clean one.
                         if std::io::stderr().is_terminal() {
