@@ -207,3 +207,29 @@ fn a_scripts_kill_with_mine_signals_nobodys_child_and_group_member_never() {
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("a report");
     assert_only_the_holder_stopped(&r, (holder, child, member), "--user root");
 }
+
+/// `--user nobody` took the owner of /proc/PID for the process's owner: that is its
+/// effective uid. A process of nobody's effective uid that keeps root as its saved uid (it
+/// can become root again) was signalled. Inside the bound is a process wholly that user's.
+#[test]
+fn kill_user_nobody_signals_no_process_that_keeps_another_uid() {
+    if !root() {
+        return;
+    }
+    let sim = Sim::new("1x8G");
+    let mut c = std::process::Command::new("python3");
+    c.args([
+        "-c",
+        "import os, sys, time; os.setresuid(65534, 65534, 0); print(os.getpid(), flush=True); time.sleep(120)",
+    ]);
+    let p = started_pid(&sim, c);
+    let r = sim.eval_json(&format!("kill({p}, #{{user: \"nobody\"}})"));
+    assert_eq!(r["signalled"], serde_json::json!([]), "{r}");
+    assert!(
+        r["skipped"][0]["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("owned by root, outside --user nobody")),
+        "{r}"
+    );
+    assert!(alive(p));
+}

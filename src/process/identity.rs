@@ -70,9 +70,22 @@ impl ProcDir {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
     }
 
-    /// The owner of the process (its real uid).
+    /// The owner of the process as `ps` shows it: its effective uid, which owns /proc/PID.
     pub fn uid(&self) -> io::Result<u32> {
         Ok(rustix::fs::fstat(&self.fd)?.st_uid)
+    }
+
+    /// Its real, effective and saved uids (the `Uid:` line of its status).
+    pub(crate) fn uids(&self) -> io::Result<[u32; 3]> {
+        let status = self.status()?;
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "no Uid: line in status");
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .ok_or_else(bad)?;
+        let mut ids = line.split_whitespace().map(|v| v.parse::<u32>());
+        let mut next = || ids.next().and_then(Result::ok).ok_or_else(bad);
+        Ok([next()?, next()?, next()?])
     }
 
     /// The command line with NULs as spaces; empty for kernel threads and the unreadable.

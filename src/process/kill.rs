@@ -75,16 +75,20 @@ pub struct Owner {
 }
 
 impl Owner {
-    /// Why `p` is outside the bound, if it is: "owned by root, outside --user nobody". A
-    /// process whose owner cannot be read is outside it too.
+    /// Why `p` is outside the bound, if it is: "owned by root, outside --user nobody". Inside
+    /// it is a process wholly that user's: its real, effective and saved uids all are (one
+    /// that changed its effective uid, or a setuid program, is someone else's too). A process
+    /// whose owner cannot be read is outside it.
     fn excludes(&self, p: &Pinned) -> Option<String> {
-        match p.dir.uid() {
-            Ok(uid) if uid == self.uid => None,
-            Ok(uid) => Some(format!(
-                "owned by {}, outside {}",
-                super::user_name(uid),
-                self.said
-            )),
+        match p.dir.uids() {
+            Ok(ids) => {
+                let other = ids.into_iter().find(|&u| u != self.uid)?;
+                Some(format!(
+                    "owned by {}, outside {}",
+                    super::user_name(other),
+                    self.said
+                ))
+            }
             Err(e) => Some(format!("owner unreadable ({e}), outside {}", self.said)),
         }
     }

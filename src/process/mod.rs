@@ -144,7 +144,7 @@ pub(crate) fn process_table() -> Vec<ProcInfo> {
         .collect()
 }
 
-/// The real uid of a process (the owner of its /proc directory).
+/// The owner of a process as `ps` shows it: its effective uid, which owns its /proc directory.
 pub fn uid(pid: i32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(format!("/proc/{pid}"))
