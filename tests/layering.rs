@@ -9,7 +9,14 @@ const RULES: &[(&str, &[&str])] = &[
     // Process facts know no hosts, no verdicts, no scripts.
     (
         "process",
-        &["hosts", "inspect", "machine", "script", "cli", "mcp"],
+        &[
+            "hosts", "inspect", "machine", "slurm", "script", "cli", "mcp",
+        ],
+    ),
+    // The join of the driver and the scan: one machine's facts, whoever asks.
+    (
+        "inspect",
+        &["hosts", "machine", "slurm", "script", "cli", "mcp"],
     ),
     // A backend knows no signals and no hosts.
     (
@@ -21,7 +28,7 @@ const RULES: &[(&str, &[&str])] = &[
     // The host set and its wire carry calls; they do not make them.
     (
         "hosts",
-        &["machine", "agent", "script", "cli", "mcp", "repl"],
+        &["machine", "agent", "slurm", "script", "cli", "mcp", "repl"],
     ),
     // An operation is the same whoever asks: no front end inside it.
     (

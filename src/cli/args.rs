@@ -416,7 +416,7 @@ pub struct Owner {
 
 /// `--job`: a positive decimal Slurm job id.
 fn job_id(s: &str) -> Result<i64, String> {
-    crate::slurm::job_id(s)
+    crate::process::origin::job_id(s)
         .ok_or_else(|| format!("{s:?} is not a Slurm job id (a positive decimal number, as 812)"))
 }
 

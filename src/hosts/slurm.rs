@@ -38,7 +38,7 @@ impl SlurmSource {
 /// followed by digits.
 pub(crate) fn is_job_id(s: &str) -> bool {
     let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
-    let job = |p: &str| p == p.trim() && crate::slurm::job_id(p).is_some();
+    let job = |p: &str| p == p.trim() && crate::process::origin::job_id(p).is_some();
     match s.split_once(['_', '+']) {
         Some((j, part)) => job(j) && digits(part),
         None => job(s),

@@ -227,7 +227,7 @@ pub struct FootprintOf {
     /// The GPUs it computes on.
     pub gpus: Vec<i64>,
     /// The host it runs on, as the diagnosis's.
-    #[serde(default = "crate::hosts::local")]
+    #[serde(default = "crate::local::local")]
     pub host: String,
 }
 

@@ -132,7 +132,7 @@ pub(crate) fn origin(p: &ProcInfo) -> Origin {
         service,
         job: cg
             .job
-            .or_else(|| env_var(p.pid, "SLURM_JOB_ID").and_then(|j| crate::slurm::job_id(&j))),
+            .or_else(|| env_var(p.pid, "SLURM_JOB_ID").and_then(|j| job_id(&j))),
         container: cg.container,
         cgroup: cg.path,
         service_main,
@@ -265,7 +265,7 @@ pub(crate) fn parse_cgroup(text: &str) -> Cgroup {
             _ => any = any.or(Some(path)),
         }
         for comp in path.split('/') {
-            if let Some(n) = comp.strip_prefix("job_").and_then(|n| n.parse().ok()) {
+            if let Some(n) = comp.strip_prefix("job_").and_then(job_id) {
                 job = job.or(Some(n));
             }
         }
@@ -336,6 +336,16 @@ fn container_of(path: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// A Slurm job id: a positive decimal number, as Slurm prints it (`812`; not `+812`, `0`,
+/// `-1`, nor `0x32c`).
+pub(crate) fn job_id(s: &str) -> Option<i64> {
+    let s = s.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok().filter(|&n: &i64| n > 0)
 }
 
 #[cfg(test)]

@@ -142,7 +142,7 @@ impl<'a> Opts<'a> {
                 .clone()
                 .into_string()
                 .ok()
-                .and_then(|s| crate::slurm::job_id(&s)),
+                .and_then(|s| crate::process::origin::job_id(&s)),
         };
         id.map(Some).ok_or_else(|| {
             script_err(format!(

@@ -11,6 +11,7 @@ use crate::inspect::wait::{self, WaitOpts, WaitOutcome};
 use crate::machine::ops::{self, Diagnose};
 use crate::machine::{self, ActionError, Local, Machine};
 use crate::process::kill::KillOpts;
+use crate::process::origin::job_id;
 use crate::session::Session;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -100,16 +101,6 @@ impl JobEnv {
             node,
         })
     }
-}
-
-/// A Slurm job id: a positive decimal number, as Slurm prints it (`812`; not `+812`, `0`,
-/// `-1`, nor `0x32c`).
-pub(crate) fn job_id(s: &str) -> Option<i64> {
-    let s = s.trim();
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok().filter(|&n: &i64| n > 0)
 }
 
 /// One node's name, as slurm.conf's NodeName gives it: letters, digits, `-` and `_`,
