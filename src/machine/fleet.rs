@@ -124,7 +124,7 @@ impl<'a> Fleet<'a> {
                 theirs.push((h.clone(), op.call()));
             }
         }
-        let deadline = takes.and_then(|t| t.checked_add(pool.config.call_timeout));
+        let deadline = super::deadline(pool, takes);
         let named = {
             let then = then.clone();
             move |h: &str, mut r: O::Reply| {

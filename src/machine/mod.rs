@@ -194,18 +194,18 @@ pub(crate) struct Remote<'a> {
 impl Remote<'_> {
     /// Any call the agent answers (a job's wait or stop as well as an operation).
     pub(crate) fn call<A: Ask>(&self, a: &A) -> Result<A::Reply, ActionError> {
-        let deadline = self.deadline(a.takes());
+        let deadline = deadline(self.pool, a.takes());
         let mut r: A::Reply = self
             .pool
             .call(self.host, a.call(), deadline, self.interrupted)?;
         r.received_from(self.host);
         Ok(r)
     }
+}
 
-    /// A call's deadline: what it takes by design, and the host's call timeout on top.
-    pub(crate) fn deadline(&self, takes: Option<Duration>) -> Option<Duration> {
-        takes?.checked_add(self.pool.config.call_timeout)
-    }
+/// A remote call's deadline: what it takes by design, and the host's call timeout on top.
+pub(crate) fn deadline(pool: &Pool, takes: Option<Duration>) -> Option<Duration> {
+    takes?.checked_add(pool.config.call_timeout)
 }
 
 impl Machine for Remote<'_> {
