@@ -508,3 +508,42 @@ fn the_agent_finds_a_job_killed_right_after_its_spawn_and_refuses_a_duplicate_id
     let out = finish(agent, "the agent after its stdin closed");
     assert_eq!(out.code, 0);
 }
+
+/// The epilog waited with its own loop, not the machine's: a job's launcher that started its
+/// holder again after the epilog's kill was not seen restarting it (the wait ran to its
+/// timeout), nor remembered for a later diagnose. It waits as every front end does now.
+#[test]
+fn the_epilog_sees_a_restarter_start_its_holder_again_and_remembers_it() {
+    let sim = Sim::new("1x8G");
+    let bin = fake_slurm(sim.path());
+    let pids = sim.hold_with(
+        &["--gpu", "0", "--mib", "100", "--supervise"],
+        &[("SLURM_JOB_ID", "812")],
+    );
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    let child = sim
+        .std_cmd()
+        .args(["epilog", "--timeout", "30"])
+        .env("SLURM_JOB_ID", "812")
+        .env("SLURMD_NODENAME", "gpu07")
+        .env("SLURM_JOB_GPUS", "0")
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gpuloop");
+    let out = finish(child, "epilog");
+    let seen = std::fs::read_to_string(sim.path().join("state-home/gpuloop/restarters.json"))
+        .unwrap_or_default();
+    assert!(
+        seen.contains(&format!("\"pid\":{}", pids[0])),
+        "the launcher {} was not remembered: {seen}\n{}\n{}",
+        pids[0],
+        out.stdout,
+        out.stderr
+    );
+    // The launcher and the holder it started last.
+    sim.run(&["sim", "stop"]).ok();
+    assert!(gone_within(pids[0], 10));
+}

@@ -7,7 +7,7 @@ pub(crate) mod scontrol;
 use crate::gpu::{GpuError, MIB};
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
-use crate::inspect::wait::{self, WaitOpts, WaitOutcome};
+use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::machine::ops::{self, Diagnose};
 use crate::machine::{self, ActionError, Local, Machine};
 use crate::process::kill::KillOpts;
@@ -301,15 +301,9 @@ pub(crate) fn run(
     let outcome = if sel.is_empty() {
         WaitOutcome::Clean
     } else {
-        let backend = s.backend()?;
-        wait::wait_clean(
-            backend,
-            &Some(sel.clone()),
-            &wopts,
-            s.protected(),
-            s.interrupted(),
-            |_, _| {},
-        )?
+        // Through the machine's wait, as any front end's: a holder that a restarter its kill
+        // found starts again ends the wait (respawning) instead of running it to the timeout.
+        Local::on_terminal(s, |m| m.wait(&Some(sel.clone()), &wopts))?
     };
     if outcome == WaitOutcome::Clean && stubborn.is_empty() {
         if sel.is_empty() {
