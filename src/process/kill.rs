@@ -118,6 +118,13 @@ pub struct Skipped {
     pub reason: String,
 }
 
+impl Skipped {
+    /// The process had exited before it could be signalled.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.reason == GONE
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct KillError {
     pub pid: i64,
@@ -923,7 +930,7 @@ fn send(
     }
     let outcome = match r {
         Ok(()) => "delivered".to_string(),
-        Err(rustix::io::Errno::SRCH) => "already gone".to_string(),
+        Err(rustix::io::Errno::SRCH) => GONE.to_string(),
         Err(e) => format!("error: {}", describe_errno(e, sig)),
     };
     crate::journal::signal(

@@ -264,11 +264,7 @@ pub(crate) fn run(
             r.survivors.len(),
             r.elapsed_ms
         ));
-        for sk in r
-            .skipped
-            .iter()
-            .filter(|sk| sk.reason != crate::process::kill::GONE)
-        {
+        for sk in r.skipped.iter().filter(|sk| !sk.is_gone()) {
             log.line(&format!("skipped pid {}: {}", sk.pid, sk.reason));
         }
         for e in &r.errors {

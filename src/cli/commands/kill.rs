@@ -9,7 +9,7 @@ use crate::hosts::HostSel;
 use crate::inspect::wait::WaitOpts;
 use crate::inspect::Filter;
 use crate::machine::{self, Fleet};
-use crate::process::kill::{self, KillOpts, KillReport, Target};
+use crate::process::kill::{KillOpts, KillReport, Target};
 use crate::render::{self, HostState, Style};
 
 /// `gpuloop kill` of the selected GPUs' holders: exit 0 when every target is gone, 1 with
@@ -83,7 +83,7 @@ pub(super) fn pids(cfg: &Config, pids: &[i32], opts: &KillOpts) -> Result<i32, E
     let missing: Vec<String> = report
         .skipped
         .iter()
-        .filter(|s| s.reason == kill::GONE && pids.iter().any(|&p| i64::from(p) == s.pid))
+        .filter(|s| s.is_gone() && pids.iter().any(|&p| i64::from(p) == s.pid))
         .map(|s| s.pid.to_string())
         .collect();
     if missing.is_empty() {
