@@ -1246,3 +1246,48 @@ p.wait()"#;
     sim.run(&["clean", "--gpu", "1", "--parents"]).ok();
     assert!(gone_within(worker, 10));
 }
+
+/// A defunct thread-group leader whose other threads live on (`python <defunct>` holding a
+/// GPU) is a live process for `kill PID` and for a scan, yet a tree walk from its parent
+/// dropped it, and what it forked, without a word: every zombie was taken to hold nothing.
+#[test]
+fn a_tree_walk_takes_a_defunct_leader_whose_threads_live_on() {
+    let sim = Sim::new("1x8G");
+    let script = "import ctypes, os, threading, time\n\
+                  threading.Thread(target=lambda: time.sleep(1000), daemon=False).start()\n\
+                  nr = {'x86_64': 60, 'aarch64': 93}[os.uname().machine]\n\
+                  ctypes.CDLL(None).syscall(nr, 0)";
+    let mut c = std::process::Command::new("bash");
+    c.args(["-c", "python3 -c \"$0\" & echo $$; wait", script]);
+    let parent = started_pid(&sim, c);
+    let children = |p: i32| -> Vec<i32> {
+        let text =
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        text.split_whitespace()
+            .filter_map(|s| s.parse().ok())
+            .collect()
+    };
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let leader = loop {
+        if let Some(&c) = children(parent).iter().find(|&&c| state_of(c) == Some('Z')) {
+            break c;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "no defunct leader under {parent}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    sim.adopt(leader);
+    let r = sim
+        .run(&["--json", "kill", "--dry-run", &parent.to_string()])
+        .ok()
+        .json();
+    assert_eq!(
+        r["would_signal"],
+        serde_json::json!([parent, leader]),
+        "{r}"
+    );
+    sigkill(leader);
+    sigkill(parent);
+}

@@ -503,10 +503,11 @@ impl Resolve<'_> {
         let mut visited = HashSet::from([root_pid]);
         let mut queue = VecDeque::from([root]);
         while let Some(n) = queue.pop_front() {
+            // Zombies too: `member` tells through the pin a true one (skipped) from a defunct
+            // leader whose threads live on (taken).
             let kids: Vec<i32> = self
                 .tree
                 .children(self.pins[n].info.pid)
-                .filter(|c| !c.is_zombie())
                 .map(|c| c.pid)
                 .collect();
             for c in kids {
@@ -552,8 +553,9 @@ impl Resolve<'_> {
                 return None;
             }
         };
-        // Zombies hold nothing; their parent reaps them.
-        if p.info.is_zombie() {
+        // Zombies hold nothing and their parent reaps them; a defunct leader whose other
+        // threads live on is a live process.
+        if p.info.is_zombie() && crate::process::scan::live_thread(&p.dir).is_none() {
             return None;
         }
         let a = &self.pins[anchor];
