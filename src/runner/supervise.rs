@@ -41,13 +41,22 @@ const ROUNDS: usize = 5;
 /// double fork an instant before gpuloop was SIGKILLed).
 pub(crate) const JOB_MARK: &str = "GPULOOP_JOB_OF";
 
-/// This gpuloop's value of `JOB_MARK`: its pid and start time, which no other process has.
+/// This gpuloop's value of `JOB_MARK`: its pid and start time, and 128 random bits. The pid
+/// and start time alone are not unique: a gpuloop in a container's PID namespace can have the
+/// pid of one on the host, started in the same clock tick, and a host guard sees both.
 pub(crate) fn job_mark() -> &'static str {
+    use std::hash::{BuildHasher, Hasher};
     static MARK: OnceLock<String> = OnceLock::new();
     MARK.get_or_init(|| {
         let pid = std::process::id() as i32;
         let start = crate::process::read_stat(pid).map_or(0, |p| p.start);
-        format!("{pid}.{start}")
+        // std seeds each RandomState from the operating system's random source.
+        let random = || {
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        format!("{pid}.{start}.{:016x}{:016x}", random(), random())
     })
 }
 
