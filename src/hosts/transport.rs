@@ -393,12 +393,18 @@ pub(crate) fn sets_control_path(shown: &str) -> bool {
 /// `/tmp/gpuloop-ssh-UID`; created with mode 0700, and used only if it is a directory (not a
 /// link) of this user that no one else may enter; otherwise why not.
 pub(crate) fn reuse_dir() -> Result<PathBuf, String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let uid = rustix::process::geteuid().as_raw();
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d).join("gpuloop"),
         None => PathBuf::from(format!("/tmp/gpuloop-ssh-{uid}")),
     };
+    private_dir(dir, uid)
+}
+
+/// `dir`, created 0700 if missing, if it is a directory (not a link) of `uid` that no one
+/// else may enter.
+fn private_dir(dir: PathBuf, uid: u32) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         if e.kind() != std::io::ErrorKind::AlreadyExists {
             return Err(format!("cannot create {}: {e}", dir.display()));
@@ -459,6 +465,32 @@ fn split_port(dest: &str) -> (String, Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Kept connections' sockets live in a directory only this user may enter: one that is
+    /// open to others, a link, or another user's is refused (someone could plant the
+    /// ControlPath there); a missing one is made 0700.
+    #[test]
+    fn the_kept_connections_directory_is_this_users_and_closed_or_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let uid = rustix::process::geteuid().as_raw();
+        let made = private_dir(t.path().join("new"), uid).unwrap();
+        let mode = std::fs::metadata(&made).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = private_dir(open, uid).unwrap_err();
+        assert!(e.contains("closed to others"), "{e}");
+
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&made, &link).unwrap();
+        assert!(private_dir(link, uid).is_err());
+
+        // Another user's: the same directory judged for a uid that does not own it.
+        assert!(private_dir(made, uid + 1).is_err());
+    }
 
     /// `--host localhost:22` once reached ssh whole ("Could not resolve hostname
     /// localhost:22"), though docs/cluster.md gives `host:port` as a destination.
