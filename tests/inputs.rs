@@ -134,6 +134,10 @@ fn endless_and_huge_inputs_are_refused_naming_the_file_and_the_limit() {
     let out = run(&sim, &["eval", "1"]).code(2);
     has(&out, &["config file", "config.toml", "a character device"]);
     std::fs::remove_file(conf.join("config.toml")).unwrap();
+    sparse(&conf.join("config.toml"), (1 << 20) + 1);
+    let out = run(&sim, &["eval", "1"]).code(2);
+    has(&out, &["config.toml", "larger than 1 MiB"]);
+    std::fs::remove_file(conf.join("config.toml")).unwrap();
     // read_file reads no more than a string may hold.
     let out = run(
         &sim,
