@@ -101,8 +101,9 @@ pub enum Cmd {
         /// Rhai code, e.g. 'holders().len()'.
         code: String,
     },
-    /// Compile scripts without running them (the modules they import are loaded: their top
-    /// level runs, as an import does).
+    /// Compile scripts without running them.
+    ///
+    /// The modules they import are loaded, which runs their top level, as an import does.
     Check {
         /// Script files (or names of built-in recipes) to compile, with the modules they import.
         #[arg(required = true)]
