@@ -456,6 +456,16 @@ fn resource_limits_are_errors_never_an_abort() {
         assert!(out.stderr.contains(want), "{code}: {}", out.stderr);
         assert!(out.stderr.contains("--limit"), "{code}: {}", out.stderr);
     }
+    // The REPL prints through the same check (it walked any value it was handed).
+    let out = sim
+        .cmd()
+        .args(["--limit", "depth=5", "repl"])
+        .write_stdin("[[[[[[[1]]]]]]]\n")
+        .output()
+        .expect("gpuloop repl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("more than 5 deep"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     // Within the limits all is as before, and config.toml sets them too.
     assert_eq!(sim.eval("[[[[[[[1]]]]]]].len()"), "1");
     let cfg = sim.path().join("config/gpuloop");

@@ -53,6 +53,8 @@ struct Repl {
     history: Option<PathBuf>,
     json: bool,
     style: Style,
+    /// The engine's depth limit: a value nested deeper is not printed.
+    depth: usize,
     /// The exit code of the last input's error (0: none).
     failed: i32,
 }
@@ -77,6 +79,7 @@ impl Repl {
     fn new(session: Arc<Session>, json: bool) -> Result<Repl, Error> {
         let dir = std::env::current_dir().ok();
         let domains = help::Domains::new(&session);
+        let depth = session.config.limits.depth;
         let engine = build_engine(
             session,
             &EngineOpts {
@@ -131,6 +134,7 @@ impl Repl {
             history,
             json,
             style,
+            depth,
             failed: 0,
         };
         repl.refresh_names();
@@ -397,17 +401,17 @@ impl Repl {
         }
     }
 
-    fn print(&self, v: &Dynamic) {
+    fn print(&mut self, v: &Dynamic) {
         if v.is_unit() {
             return;
         }
-        if self.json {
-            crate::outln!(
-                "{}",
-                serde_json::to_string_pretty(&display::json(v)).unwrap_or_default()
-            );
-        } else {
-            crate::outln!("{}", display::value(v, self.style));
+        match display::show(v, self.json, self.style, self.depth) {
+            Ok(Some(text)) => crate::outln!("{text}"),
+            Ok(None) => {}
+            Err(e) => {
+                crate::errln!("{e}");
+                self.failed = 1;
+            }
         }
     }
 

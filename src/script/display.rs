@@ -13,6 +13,30 @@ use crate::runner::Outcome;
 use rhai::{Array, Blob, Dynamic, ImmutableString, Map};
 use serde::de::DeserializeOwned;
 
+/// What `eval` and the REPL print for a script's value: nothing for `()`, else a table or
+/// text for people, or JSON; an error when the value is nested deeper than `depth`, the
+/// engine's limit (walking it to print could overflow the stack).
+pub(crate) fn show(
+    v: &Dynamic,
+    as_json: bool,
+    style: Style,
+    depth: usize,
+) -> Result<Option<String>, String> {
+    if let Err(e) = super::convert::check_depth(v, "print", depth) {
+        return Err(e
+            .to_string()
+            .trim_start_matches("Runtime error: ")
+            .to_string());
+    }
+    Ok(if as_json {
+        Some(serde_json::to_string_pretty(&json(v)).unwrap_or_default())
+    } else if v.is_unit() {
+        None
+    } else {
+        Some(value(v, style))
+    })
+}
+
 /// A script value for people: arrays of GPU or holder maps as tables, diagnoses, kill and run
 /// reports as short summaries, arrays of maps that carry such records (`workers::jobs()`) as
 /// tables, a string as its text, anything else in Rhai's literal form.

@@ -122,21 +122,11 @@ pub(super) fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     );
     let mut scope = new_scope(&[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
-    if let Err(e) = crate::script::convert::check_depth(&v, "eval", cfg.session.config.limits.depth)
+    let depth = cfg.session.config.limits.depth;
+    if let Some(text) =
+        crate::script::display::show(&v, cfg.json, Style::stdout(), depth).map_err(Error::Other)?
     {
-        return Err(Error::Other(
-            e.to_string()
-                .trim_start_matches("Runtime error: ")
-                .to_string(),
-        ));
-    }
-    if cfg.json {
-        crate::outln!(
-            "{}",
-            serde_json::to_string_pretty(&crate::script::display::json(&v)).unwrap_or_default()
-        );
-    } else if !v.is_unit() {
-        crate::outln!("{}", crate::script::display::value(&v, Style::stdout()));
+        crate::outln!("{text}");
     }
     Ok(0)
 }
