@@ -426,8 +426,9 @@ fn handle(
             signal,
             grace_ms,
         } => {
-            let Some(sig) = parse_signal(&signal) else {
-                return error(ErrorKind::BadParams, format!("unknown signal {signal:?}"));
+            let sig = match parse_signal(&signal) {
+                Ok(sig) => sig,
+                Err(why) => return error(ErrorKind::BadParams, why),
             };
             match jobs.spawned(job) {
                 Ok(j) => match j.stop_for(

@@ -387,12 +387,7 @@ impl TryFrom<&KillFlags> for KillOpts {
 
     fn try_from(k: &KillFlags) -> Result<KillOpts, Error> {
         Ok(KillOpts {
-            signal: parse_signal(&k.signal).ok_or_else(|| {
-                Error::Usage(format!(
-                    "unknown signal {:?} (use TERM, INT, KILL, HUP, …)",
-                    k.signal
-                ))
-            })?,
+            signal: parse_signal(&k.signal).map_err(Error::Usage)?,
             grace: grace(k.grace)?,
             tree: true,
             dry_run: k.dry_run,

@@ -267,8 +267,7 @@ impl TryFrom<&KillOpts> for kill::KillOpts {
     type Error = String;
     fn try_from(o: &KillOpts) -> Result<Self, String> {
         Ok(kill::KillOpts {
-            signal: kill::parse_signal(&o.signal)
-                .ok_or_else(|| format!("unknown signal {:?}", o.signal))?,
+            signal: kill::parse_signal(&o.signal)?,
             grace: kill::grace_of_ms(o.grace_ms),
             tree: o.tree,
             dry_run: o.dry_run,

@@ -266,11 +266,7 @@ fn seconds(tool: &str, what: &str, v: f64) -> Result<Duration, CallError> {
 }
 
 fn signal(tool: &str, name: &str) -> Result<Signal, CallError> {
-    parse_signal(name).ok_or_else(|| {
-        CallError::BadArguments(format!(
-            "{tool}: unknown signal {name:?} (use TERM, INT, KILL, HUP, …)"
-        ))
-    })
+    parse_signal(name).map_err(|e| CallError::BadArguments(format!("{tool}: {e}")))
 }
 
 /// A call's progress: seconds since it started, out of its longest possible time, sent at

@@ -252,19 +252,22 @@ pub(crate) fn grace_of_ms(ms: u64) -> Duration {
     }
 }
 
-/// Parses "TERM", "SIGTERM", "term" or a number.
-pub(crate) fn parse_signal(s: &str) -> Option<Signal> {
-    let s = s.trim();
-    if let Ok(n) = s.parse::<i32>() {
-        return Signal::try_from(n).ok();
-    }
-    let up = s.to_ascii_uppercase();
-    let name = if up.starts_with("SIG") {
-        up
+/// Parses "TERM", "SIGTERM", "term" or a number; the error is the one message every front
+/// end gives, after its own context.
+pub(crate) fn parse_signal(given: &str) -> Result<Signal, String> {
+    let s = given.trim();
+    let sig = if let Ok(n) = s.parse::<i32>() {
+        Signal::try_from(n).ok()
     } else {
-        format!("SIG{up}")
+        let up = s.to_ascii_uppercase();
+        let name = if up.starts_with("SIG") {
+            up
+        } else {
+            format!("SIG{up}")
+        };
+        Signal::from_str(&name).ok()
     };
-    Signal::from_str(&name).ok()
+    sig.ok_or_else(|| format!("unknown signal {given:?} (use TERM, INT, KILL, HUP, … or a number)"))
 }
 
 /// Short signal name without "SIG": "TERM", "KILL".
@@ -1046,11 +1049,13 @@ mod tests {
 
     #[test]
     fn parses_signals() {
-        assert_eq!(parse_signal("TERM"), Some(Signal::SIGTERM));
-        assert_eq!(parse_signal("sigkill"), Some(Signal::SIGKILL));
-        assert_eq!(parse_signal("int"), Some(Signal::SIGINT));
-        assert_eq!(parse_signal("9"), Some(Signal::SIGKILL));
-        assert_eq!(parse_signal("NOPE"), None);
+        assert_eq!(parse_signal("TERM"), Ok(Signal::SIGTERM));
+        assert_eq!(parse_signal("sigkill"), Ok(Signal::SIGKILL));
+        assert_eq!(parse_signal("int"), Ok(Signal::SIGINT));
+        assert_eq!(parse_signal("9"), Ok(Signal::SIGKILL));
+        assert!(parse_signal("NOPE")
+            .unwrap_err()
+            .contains("unknown signal \"NOPE\""));
         assert_eq!(signal_name(Signal::SIGTERM), "TERM");
     }
 

@@ -110,11 +110,7 @@ impl TryFrom<&Map> for KillOpts {
         let d = KillOpts::default();
         let signal = match o.string("signal")? {
             None => d.signal,
-            Some(name) => parse_signal(&name).ok_or_else(|| {
-                script_err(format!(
-                    "kill: unknown signal {name:?} (use a name like TERM, INT, KILL, HUP)"
-                ))
-            })?,
+            Some(name) => parse_signal(&name).map_err(|e| script_err(format!("kill: {e}")))?,
         };
         Ok(KillOpts {
             signal,

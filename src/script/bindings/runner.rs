@@ -160,11 +160,7 @@ fn stop(h: &JobHandle, opts: &Map) -> RhaiResult<Dynamic> {
     let o = Opts::new(opts, "kill", &["signal", "grace"])?;
     let signal = match o.string("signal")? {
         None => Signal::SIGTERM,
-        Some(name) => parse_signal(&name).ok_or_else(|| {
-            script_err(format!(
-                "kill: unknown signal {name:?} (use a name like TERM, INT, KILL)"
-            ))
-        })?,
+        Some(name) => parse_signal(&name).map_err(|e| script_err(format!("kill: {e}")))?,
     };
     let grace = match o.raw("grace") {
         Some(_) => Some(o.grace("grace", Duration::ZERO)?),
