@@ -325,7 +325,7 @@ impl<'a> Fleet<'a> {
     /// On this machine alone, a filter naming no user here fails at once, before anything
     /// is looked at; with a host set each host answers for its own user database.
     pub(crate) fn check_filter(&self, filter: &Filter) -> Result<(), ActionError> {
-        if self.s.host_names() == [LOCAL] {
+        if self.s.is_local() {
             filter.resolve()?;
         }
         Ok(())

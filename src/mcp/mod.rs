@@ -52,10 +52,10 @@ pub(crate) struct Server {
 impl Server {
     /// What the instructions add when the server was started with `--host`.
     fn over_hosts(&self) -> String {
-        let hosts = self.session.host_names();
-        if hosts == [crate::hosts::LOCAL] {
+        if self.session.is_local() {
             return String::new();
         }
+        let hosts = self.session.host_names();
         format!(
             " This server reads several hosts ({}): gpus, holders and diagnose gather from \
              all of them, each record with its `host`; {} are refused here (they act on one \

@@ -596,13 +596,12 @@ pub(crate) fn list() -> Vec<Tool> {
 /// Runs one tool call to its end (blocking: the server calls it off the async runtime).
 pub(crate) fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Reply, CallError> {
     let s = ctx.session;
-    let hosts = s.host_names();
     // kill, clean, wait_clean and run act on this machine: with a host set they would act
     // where the records the model holds do not come from.
-    if hosts != [crate::hosts::LOCAL] && ONE_MACHINE.contains(&name) {
+    if !s.is_local() && ONE_MACHINE.contains(&name) {
         return Err(CallError::NotOverHosts {
             tool: name.to_string(),
-            hosts: hosts.join(","),
+            hosts: s.host_names().join(","),
         });
     }
     match name {

@@ -27,7 +27,7 @@ pub(super) fn journal(
     filter: &crate::journal::Filter,
 ) -> Result<i32, Error> {
     use crate::journal;
-    if cfg.session.host_names() != [crate::hosts::LOCAL] {
+    if !cfg.session.is_local() {
         return journal_of_hosts(cfg, last, filter);
     }
     let err = |e: journal::JournalError| Error::Other(e.to_string());

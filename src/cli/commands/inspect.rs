@@ -67,7 +67,7 @@ pub(super) fn holders(
     owner: &Filter,
     all: bool,
 ) -> Result<i32, Error> {
-    if cfg.session.host_names() == [crate::hosts::LOCAL] {
+    if cfg.session.is_local() {
         holders_here(cfg, sel, owner, all)
     } else {
         holders_per_host(cfg, sel, owner, all)

@@ -58,7 +58,7 @@ pub(crate) fn dispatch(hi: &HiArgs) -> Result<i32, Error> {
 /// The one-shots refuse to read GPUs without a driver, on this machine alone; with a host
 /// set each host answers for its own driver.
 fn require_local_driver(s: &Session) -> Result<(), Error> {
-    if s.host_names() == [crate::hosts::LOCAL] {
+    if s.is_local() {
         s.require_driver()?;
     }
     Ok(())

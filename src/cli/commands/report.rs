@@ -29,7 +29,7 @@ pub(super) fn fold_rows<T: Clone>(
     what: &str,
     host: impl Fn(&T) -> &String,
 ) -> (Vec<T>, Option<String>) {
-    let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    let several = !cfg.session.is_local();
     if !several || quiet.is_empty() || crate::output::wide() {
         return (items.to_vec(), None);
     }
@@ -99,7 +99,7 @@ pub(super) fn per_host<T>(
     cfg: &Config,
     parts: machine::PerHost<T>,
 ) -> Result<(Vec<(String, T)>, Vec<render::HostRow>), Error> {
-    let several = cfg.session.host_names() != [crate::hosts::LOCAL];
+    let several = !cfg.session.is_local();
     let skip = cfg.session.skip_unreachable();
     let mut ok = Vec::new();
     let mut rows = Vec::new();
@@ -157,10 +157,10 @@ pub(super) fn summary(
     mut rows: Vec<render::HostRow>,
     show: bool,
 ) -> Result<i32, Error> {
-    let names = cfg.session.host_names();
-    if names == [crate::hosts::LOCAL] {
+    if cfg.session.is_local() {
         return Ok(0);
     }
+    let names = cfg.session.host_names();
     rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
     let answered = rows.iter().any(|r| r.error.is_none());
     let failed: Vec<&str> = rows.iter().filter_map(|r| r.error.as_deref()).collect();
@@ -206,10 +206,10 @@ pub(super) fn emit_hosts<T: Serialize>(
     rows: &[render::HostRow],
     table: impl FnOnce() -> String,
 ) -> Result<i32, Error> {
-    let names = cfg.session.host_names();
-    if names == [crate::hosts::LOCAL] {
+    if cfg.session.is_local() {
         return emit(cfg, v, table);
     }
+    let names = cfg.session.host_names();
     if !cfg.json {
         if rows.iter().any(|r| r.error.is_none()) {
             crate::outln!("{}", table());
