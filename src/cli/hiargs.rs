@@ -104,7 +104,6 @@ pub(crate) enum Command {
     },
     Agent,
     Sim(SimCommand),
-    Guard,
 }
 
 /// What `gpuloop kill` stops: the selected GPUs' holders, or processes named by pid.
@@ -251,13 +250,14 @@ impl Command {
             Cmd::Man { dir } => Command::Man { dir: dir.clone() },
             Cmd::Agent => Command::Agent,
             Cmd::Sim(cmd) => Command::Sim(SimCommand::new(cmd)?),
-            Cmd::Guard => Command::Guard,
+            // Run by `cli::main` before a config is built.
+            Cmd::Guard => return Err(Error::Other("the guard is internal".into())),
         })
     }
 }
 
 impl SimCommand {
-    fn new(cmd: &SimCmd) -> Result<SimCommand, Error> {
+    pub(crate) fn new(cmd: &SimCmd) -> Result<SimCommand, Error> {
         Ok(match cmd {
             SimCmd::Hold { mib, workers, .. } => {
                 if *mib < 0 {

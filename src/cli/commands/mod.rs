@@ -50,8 +50,6 @@ pub(crate) fn dispatch(hi: &HiArgs) -> Result<i32, Error> {
         Command::Completions { shell } => admin::completions(*shell),
         Command::Man { dir } => admin::man(dir.as_deref()),
         Command::Sim(cmd) => sim::run(cfg, cmd),
-        // Handled in `cli::main` before anything starts; kept for a complete match.
-        Command::Guard => Ok(crate::runner::guard::main()),
     }
 }
 

@@ -125,17 +125,12 @@ pub(crate) fn internal(args: &Args) -> Result<i32, Error> {
             crate::gpu::sim::watch(&sim, alloc, sim.spec.release_ms)?;
             Ok(0)
         }
-        Cmd::Sim(cmd) => {
-            let opts = crate::cli::hiargs::hold_opts(cmd);
-            if opts.mib < 0 {
-                return Err(Error::Usage("--mib must not be negative".into()));
-            }
-            if opts.foreground {
-                hold::run_foreground(&sim, &opts)
-            } else {
-                hold::run_holder(&sim, &opts)
-            }
-        }
+        // The holder: `sim hold`'s flags, checked as the command checks them.
+        Cmd::Sim(cmd) => match SimCommand::new(cmd)? {
+            SimCommand::Hold(opts) if opts.foreground => hold::run_foreground(&sim, &opts),
+            SimCommand::Hold(opts) => hold::run_holder(&sim, &opts),
+            _ => Ok(2),
+        },
         _ => Ok(2),
     }
 }
