@@ -47,7 +47,6 @@ const VARYING: &[&str] = &[
     "cmdline",
     // Other users' processes, which only root may inspect.
     "unreadable",
-    "sid",
 ];
 
 /// `v` with every varying value replaced by `<field: type>`; pids named inside a text (an

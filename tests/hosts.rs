@@ -1513,7 +1513,6 @@ impl Relay {
 fn a_kept_connection_whose_host_went_away_is_bounded_by_host_timeout() {
     let c = Cluster::new(&[("ok1", "1x8G")], &[]);
     let relay = Relay::start(sshd().port);
-    let ok1 = c.sim("ok1");
     let text = std::fs::read_to_string(&c.config).unwrap();
     let block = text.split("Host ").find(|b| b.starts_with("ok1")).unwrap();
     let port_line = format!("  Port {}\n", sshd().port);
@@ -1523,7 +1522,6 @@ fn a_kept_connection_whose_host_went_away_is_bounded_by_host_timeout() {
             .trim_start_matches("ok1\n")
             .replace(&port_line, &format!("  Port {}\n", relay.port))
     ));
-    let _ = ok1;
     c.run(&["--host", "gone,ok1", "gpus"]).ok();
     assert_eq!(c.kept().len(), 2, "{:?}", c.kept());
     relay.freeze(true);
