@@ -392,6 +392,23 @@ fn fake_slurm(dir: &Path) -> std::path::PathBuf {
     bin
 }
 
+/// `gpuloop HOOK --timeout SECS` on GPU 0 as Slurm would run it, with `vars` and the fake
+/// Slurm tools in `bin` first on its PATH.
+fn slurm_hook(sim: &Sim, bin: &Path, hook: &str, secs: &str, vars: &[(&str, &str)]) -> Out {
+    let child = sim
+        .std_cmd()
+        .args([hook, "--timeout", secs])
+        .envs(vars.iter().copied())
+        .env("SLURM_JOB_GPUS", "0")
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gpuloop");
+    finish(child, hook)
+}
+
 /// Issue: `SLURMD_NODENAME='n[1-100]'` reached `scontrol update nodename=n[1-100]
 /// state=drain`, which drains a hundred nodes; `SLURM_JOB_ID` of -1, 0 or +812 was taken.
 /// The hooks refuse both (exit 2) and call no Slurm command.
@@ -402,20 +419,7 @@ fn slurm_hooks_drain_only_their_own_node_and_take_only_a_real_job_id() {
     let log = sim.path().join("slurm-calls");
     // Memory nobody holds: the epilog would drain the node.
     run(&sim, &["sim", "leak", "--gpu", "0", "--mib", "500"]).ok();
-    let hook = |hook: &str, vars: &[(&str, &str)]| {
-        let child = sim
-            .std_cmd()
-            .args([hook, "--timeout", "1"])
-            .envs(vars.iter().copied())
-            .env("SLURM_JOB_GPUS", "0")
-            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start gpuloop");
-        finish(child, hook)
-    };
+    let hook = |hook: &str, vars: &[(&str, &str)]| slurm_hook(&sim, &bin, hook, "1", vars);
     for node in ["n[1-100]", "a,b", "n 1"] {
         for h in ["epilog", "prolog"] {
             let out = hook(h, &[("SLURM_JOB_ID", "812"), ("SLURMD_NODENAME", node)]).code(2);
@@ -525,19 +529,8 @@ fn the_epilog_sees_a_restarter_start_its_holder_again_and_remembers_it() {
         &[("SLURM_JOB_ID", "812")],
     );
     assert_eq!(pids.len(), 2, "{pids:?}");
-    let child = sim
-        .std_cmd()
-        .args(["epilog", "--timeout", "30"])
-        .env("SLURM_JOB_ID", "812")
-        .env("SLURMD_NODENAME", "gpu07")
-        .env("SLURM_JOB_GPUS", "0")
-        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start gpuloop");
-    let out = finish(child, "epilog");
+    let vars = [("SLURM_JOB_ID", "812"), ("SLURMD_NODENAME", "gpu07")];
+    let out = slurm_hook(&sim, &bin, "epilog", "30", &vars);
     let seen = std::fs::read_to_string(sim.path().join("state-home/gpuloop/restarters.json"))
         .unwrap_or_default();
     assert!(
