@@ -155,7 +155,6 @@ impl Session {
         )
     }
 
-    /// The host names, in order: `["local"]` without a host set.
     /// This machine alone: no host set, or one that names only `local`.
     pub(crate) fn is_local(&self) -> bool {
         self.hosts
@@ -163,6 +162,7 @@ impl Session {
             .is_none_or(|h| h.hosts.len() == 1 && h.hosts[0] == crate::hosts::LOCAL)
     }
 
+    /// The host names, in order: `["local"]` without a host set.
     pub(crate) fn host_names(&self) -> Vec<String> {
         match &self.hosts {
             Some(h) => h.hosts.clone(),

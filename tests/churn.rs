@@ -296,7 +296,10 @@ print(`rounds=${{rounds}} signalled=${{signalled}} errors=${{errors.len()}} ${{e
         wrong.is_empty(),
         "signals to non-targets: {wrong:?}\n{figures}"
     );
-    // The run did what it claims: real churn, and holders really were killed.
-    assert!(forked as f64 / elapsed > 300.0, "{figures}");
+    // The run did what it claims: real churn, and holders really were killed. How fast the
+    // machine forks is a figure (printed above), not something a test may require.
+    assert!(forked > 0, "{figures}");
+    assert!(gpu_forked.load(Ordering::Relaxed) > 0, "{figures}");
+    assert!(sim_holders.load(Ordering::Relaxed) > 0, "{figures}");
     assert!(text.lines().count() > 0, "{figures}");
 }

@@ -566,14 +566,14 @@ impl Drop for UnitCgroup {
 /// `systemctl` saying `Restart=always` (a fake on PATH), diagnose names the unit to stop;
 /// with `Restart=no`, or no systemd, it claims nothing.
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn a_holder_in_a_unit_that_restarts_it_names_the_unit_to_stop() {
+    require_root("to put a holder in a cgroup of its own");
     let sim = Sim::new("2x8G");
     let holder = sim.hold(&["--gpu", "1", "--mib", "100"])[0];
     let unit = format!("gpuloop-test-{holder}.service");
-    let Some(_cgroup) = UnitCgroup::enter(&unit, holder) else {
-        eprintln!("skipped: no cgroup of our own to put a holder in");
-        return;
-    };
+    let _cgroup = UnitCgroup::enter(&unit, holder)
+        .expect("a cgroup of the test's own, under /sys/fs/cgroup, for the holder");
     let bin = sim.path().join("fake-systemd");
     std::fs::create_dir_all(&bin).unwrap();
     let restart = sim.path().join("restart-setting");
@@ -659,10 +659,9 @@ echo "first=$first second=$second"
 /// A process that got a remembered restarter's pid later is not that restarter: with the pid
 /// reused by another loop, diagnose makes no claim about the loop gpuloop saw before.
 #[test]
+#[ignore = "needs root for a private PID namespace: bash .ci/run runs it as root (--include-ignored)"]
 fn a_loop_that_reuses_a_remembered_restarters_pid_is_not_named() {
-    if !pid_reuse_can_be_forced() {
-        return;
-    }
+    require_pid_reuse();
     let sim = Sim::new("2x8G");
     let tmp = sim.path().to_path_buf();
     let t = forced_reuse(&sim, "loop.sh", LOOP_REUSE, 1, 1);

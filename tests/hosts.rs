@@ -504,13 +504,11 @@ fn host_connections_are_killed_as_a_local_jobs_leftovers_never() {
 }
 
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn holders_over_several_hosts_say_per_host_how_many_processes_were_not_inspected() {
     // The agent of "nb" runs as nobody: root's processes there cannot be inspected. Needs
     // root to set that up (as diagnose's permission test).
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to run an agent as nobody");
-        return;
-    }
+    require_root("to run an agent as nobody");
     let c = Cluster::new(&[("na", "1x8G"), ("nb", "1x8G")], &[]);
     c.sim("na").hold(&["--gpu", "0", "--mib", "64"]);
     // Root's holder on nb: the simulated driver still names it; its fds cannot be read.
@@ -1020,11 +1018,9 @@ fn serving(pid: i32) -> bool {
 /// each host looks it up in its own user database. Needs root (a private /etc/passwd for the
 /// agent, through a mount namespace of its own).
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn user_and_mine_over_hosts_are_looked_up_on_each_host_not_here() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to give the agent a user database of its own");
-        return;
-    }
+    require_root("to give the agent a user database of its own");
     let c = Cluster::new(&[("wa", "1x8G")], &[]);
     let p = c.sim("wa").hold(&["--gpu", "0", "--mib", "64"])[0];
     // On wa, "root" is uid 4242 and uid 0 (the holder's owner) is "gpuadmin"; here, root is

@@ -125,14 +125,15 @@ fn a_namespace_init_without_a_term_handler_is_killed_at_once() {
 /// Issue 10, defect 5: `kill(2)` signalled kthreadd and its kernel threads. Kernel threads are
 /// refused like pid 1 (shown with dry_run, so nothing is signalled even if that broke).
 #[test]
+#[ignore = "needs the host's PID namespace (kthreadd at pid 2), not a container's: bash .ci/run runs it as root (--include-ignored)"]
 fn kernel_threads_are_refused_like_pid_one() {
+    // In a PID namespace of its own (a container) the host's kernel threads are not visible at
+    // all: nothing to refuse, and pid 2 is an ordinary process.
     let is_kthreadd = std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd");
-    if !is_kthreadd {
-        // In a PID namespace of its own (a container) the host's kernel threads are not
-        // visible at all: nothing to refuse, and pid 2 is an ordinary process.
-        eprintln!("skipped: no kthreadd at pid 2 here");
-        return;
-    }
+    assert!(
+        is_kthreadd,
+        "needs the host's PID namespace: pid 2 here is not kthreadd"
+    );
     let sim = Sim::new("1x8G");
     let r = sim.eval_json("kill(2, #{dry_run: true})");
     assert_eq!(r["signalled"], serde_json::json!([]), "{r}");

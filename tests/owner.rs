@@ -10,12 +10,8 @@ use std::path::Path;
 
 const AS_NOBODY: &str = "setpriv --reuid=65534 --regid=65534 --clear-groups";
 
-fn root() -> bool {
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        eprintln!("skipped: needs root to start processes of another user");
-    }
-    root
+fn root() {
+    require_root("to start processes of another user");
 }
 
 /// Waits (bounded) for a file the test's processes write their pid to.
@@ -98,10 +94,9 @@ fn assert_only_the_holder_stopped(
 /// `kill --mine` as root took the holder's child and its group member, both `nobody`'s,
 /// through the tree walk.
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn kill_mine_as_root_signals_nobodys_child_and_group_member_never() {
-    if !root() {
-        return;
-    }
+    root();
     let sim = Sim::new("1x8G");
     let (holder, child, member) = root_holder_with_nobodys_processes(&sim);
     let out = sim
@@ -125,10 +120,9 @@ fn open_to_everyone(dir: &Path) {
 
 /// `clean --user nobody --parents` stopped the root-owned parent of nobody's holder.
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn clean_user_nobody_with_parents_signals_a_root_parent_never() {
-    if !root() {
-        return;
-    }
+    root();
     let sim = Sim::new("1x8G");
     sim.gpus();
     open_to_everyone(sim.path());
@@ -162,10 +156,9 @@ fn clean_user_nobody_with_parents_signals_a_root_parent_never() {
 
 /// The same bound over a host: the agent resolves `--mine` there and bounds its kill.
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn kill_mine_over_a_host_signals_another_users_tree_member_never() {
-    if !root() {
-        return;
-    }
+    root();
     let c = Cluster::new(&[("wa", "1x8G")], &[]);
     let (holder, child, member) = root_holder_with_nobodys_processes(c.sim("wa"));
     let out = c
@@ -179,10 +172,9 @@ fn kill_mine_over_a_host_signals_another_users_tree_member_never() {
 /// walked their trees and groups unbounded: `kill()` takes the same bound (`user`, `mine`),
 /// here and on each target's host.
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn a_scripts_kill_with_mine_signals_nobodys_child_and_group_member_never() {
-    if !root() {
-        return;
-    }
+    root();
     let sim = Sim::new("1x8G");
     let (holder, child, member) = root_holder_with_nobodys_processes(&sim);
     let out = sim
@@ -212,10 +204,9 @@ fn a_scripts_kill_with_mine_signals_nobodys_child_and_group_member_never() {
 /// effective uid. A process of nobody's effective uid that keeps root as its saved uid (it
 /// can become root again) was signalled. Inside the bound is a process wholly that user's.
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn kill_user_nobody_signals_no_process_that_keeps_another_uid() {
-    if !root() {
-        return;
-    }
+    root();
     let sim = Sim::new("1x8G");
     let mut c = std::process::Command::new("python3");
     c.args([

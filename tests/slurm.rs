@@ -328,16 +328,9 @@ fn gpus_of(slurm: &Slurm, job: i64) -> Vec<i64> {
 
 /// The cases of issue 14, against one Slurm.
 #[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn epilog_prolog_and_srun_against_a_real_slurm() {
-    if unsafe { libc::geteuid() } != 0 {
-        if std::env::var_os("GPULOOP_SKIP_SLURM").is_some() {
-            eprintln!(
-                "SKIPPED: the Slurm tests need root (mknod, slurmd); GPULOOP_SKIP_SLURM is set"
-            );
-            return;
-        }
-        panic!("the Slurm tests need root (mknod, slurmd as SlurmUser=root); run .ci/run as root, or set GPULOOP_SKIP_SLURM=1 to skip them");
-    }
+    require_root("mknod for the fake GPUs, slurmd as SlurmUser=root");
     let sim = Sim::new("4x16G");
     sim.gpus();
     let slurm = Slurm::start(&sim);

@@ -279,9 +279,20 @@ pub fn forced_reuse(sim: &Sim, name: &str, script: &str, n: usize, rounds: usize
     }
 }
 
-/// True if the tests may make a PID namespace and set its next pid (root, or a container that
-/// allows it); where they may not, says that the calling test is skipped.
-pub fn pid_reuse_can_be_forced() -> bool {
+/// Fails the calling test, saying what it needs, unless gpuloop's tests run as root here. A
+/// test that calls it is `#[ignore]`d with that reason, so that elsewhere the test runner lists
+/// it as ignored (never as passed); `bash .ci/run` runs it as root with `--include-ignored`.
+pub fn require_root(what: &str) {
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "this test needs root ({what}): run it as root, as bash .ci/run does"
+    );
+}
+
+/// Fails the calling test unless it may make a PID namespace and set its next pid (root, or
+/// a container that allows it); such a test is `#[ignore]`d with that reason (see
+/// `require_root`).
+pub fn require_pid_reuse() {
     static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let can = *CAN.get_or_init(|| {
         std::process::Command::new("unshare")
@@ -292,10 +303,10 @@ pub fn pid_reuse_can_be_forced() -> bool {
             .status()
             .is_ok_and(|s| s.success())
     });
-    if !can {
-        eprintln!("skipped: no PID namespace of our own here (unshare --pid, ns_last_pid)");
-    }
-    can
+    assert!(
+        can,
+        "this test forces pid reuse in a private PID namespace (unshare --pid, ns_last_pid), which needs root: run it as root, as bash .ci/run does"
+    );
 }
 
 /// True if the process exists and is not a zombie.

@@ -973,13 +973,13 @@ async fn connect_once(
     })
 }
 
-/// A short command's stdout, or `None` if it failed or outlived `within` (then it is killed).
 /// Returns once the opening of the hosts is to stop (`stop` closed on an interrupt).
 async fn stopped(stop: &Semaphore) {
     // No permit is ever added: the wait ends only when the semaphore is closed.
     let _ = stop.acquire().await;
 }
 
+/// A short command's stdout, or `None` if it failed or outlived `within` (then it is killed).
 async fn output_of(l: &super::transport::Launch, within: Duration) -> Option<String> {
     let mut cmd = tokio::process::Command::new(&l.program);
     cmd.args(&l.args)

@@ -2,8 +2,8 @@
 //! transports), the wire protocol the agent and the client share, and the client that keeps
 //! one agent per host open for a whole session.
 //!
-//! Async (tokio) stays inside this room: `Pool` offers a blocking API to `actions`, which
-//! does the fan-out, so the CLI and the bindings never branch on "remote".
+//! Async (tokio) stays inside this room: `Pool` offers a blocking API to `machine::Fleet`,
+//! which does the fan-out, so the CLI and the bindings never branch on "remote".
 
 pub(crate) mod client;
 pub(crate) mod fold;

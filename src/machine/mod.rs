@@ -10,8 +10,9 @@
 //! ones that act, `jobs` the commands run on a machine.
 //!
 //! Adding a read-only operation: an `Op` in `ops.rs` (its work here and its `Call`), its
-//! variant in `hosts/protocol.rs` with one line in `agent.rs` that answers it, a front end
-//! that asks the fleet for it, and a test.
+//! variant in `hosts/protocol.rs` (with its name in `METHODS` and `Call::method`), its arm in
+//! `ops::answer` (what the agent runs for it), whether `agent::cancellable` may stop it, a
+//! front end that asks the fleet for it, and a test.
 
 pub(crate) mod fleet;
 pub(crate) mod jobs;
