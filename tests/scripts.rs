@@ -322,6 +322,43 @@ fn check_and_run_resolve_imports_and_say_where_they_looked() {
     sim.run(&["check", p.to_str().unwrap()]).ok();
 }
 
+/// Issue 38, item 3: `gpuloop check` passed a script that called `holdrs([0,1])` and a
+/// module's misspelt function, and neither the run's error nor an option's said what was meant.
+#[test]
+fn check_names_calls_nothing_defines_and_errors_say_what_was_meant() {
+    let sim = Sim::new("2x8G");
+    let p = sim.path().join("typo.rhai");
+    std::fs::write(
+        &p,
+        "import \"report\" as report;\nfn tidy(f) { f(1) }\nlet h = holdrs([0, 1]);\nprint(report::sumary(h));\n",
+    )
+    .unwrap();
+    let out = sim.run(&["check", p.to_str().unwrap()]).code(2);
+    for want in [
+        "no function `holdrs` is defined",
+        "did you mean `holders`?",
+        "typo.rhai:3:9",
+        "no function `report::sumary` is defined",
+        "did you mean `report::summary`?",
+    ] {
+        assert!(out.stderr.contains(want), "{want}\n{}", out.stderr);
+    }
+    // What the script defines, binds or imports is never reported.
+    assert!(
+        !out.stderr.contains("`f`") && !out.stderr.contains("tidy"),
+        "{}",
+        out.stderr
+    );
+    let out = sim.run(&["run", p.to_str().unwrap()]).code(1);
+    assert!(
+        out.stderr.contains("help: did you mean `holders`?"),
+        "{}",
+        out.stderr
+    );
+    let out = sim.run(&["eval", "holders(#{al: true})"]).code(1);
+    assert!(out.stderr.contains("did you mean `all`?"), "{}", out.stderr);
+}
+
 /// Defect 4: script mistakes were runtime errors. `run clean-node -- --gpus 99` printed the
 /// "before:" table, then `no GPU with index 99`, rc 1; `--timeout abc` a raw float-parsing
 /// error, rc 1; a missing module rc 1 from `run` (after the lines above the import had run)

@@ -96,8 +96,11 @@ impl<'a> Opts<'a> {
     pub(crate) fn new(map: &'a Map, func: &'a str, known: &[&str]) -> RhaiResult<Opts<'a>> {
         for k in map.keys() {
             if !known.contains(&k.as_str()) {
+                let hint = super::fields::closest(k, known.iter().copied())
+                    .map(|c| format!("did you mean `{c}`? "))
+                    .unwrap_or_default();
                 return Err(script_err(format!(
-                    "{func}: unknown option {k:?} (known: {})",
+                    "{func}: unknown option {k:?}: {hint}(known: {})",
                     known.join(", ")
                 )));
             }

@@ -161,7 +161,10 @@ pub(crate) fn run_source(
     check_imports(engine, &ast, file, source)?;
     engine
         .eval_ast_with_scope::<Dynamic>(scope, &ast)
-        .map_err(|e| errors::from_eval(*e, file, source))
+        .map_err(|e| {
+            let hint = super::calls::did_you_mean(engine, &ast, &e);
+            errors::from_eval(*e, file, source).with_help(hint)
+        })
 }
 
 /// The `import "path" as alias;` statements at a script's top level: (path, alias or "",
@@ -215,6 +218,49 @@ pub(crate) fn check_imports(
             })?;
     }
     Ok(())
+}
+
+/// `gpuloop check`: every call of a function that nothing defines (not the engine, rhai's
+/// standard library, the script's own functions, nor the module a top-level `import … as
+/// alias` names), each with the nearest name that exists; a compile error (exit 2).
+pub(crate) fn check_calls(
+    engine: &Engine,
+    ast: &AST,
+    file: &str,
+    source: &str,
+) -> Result<(), ScriptError> {
+    let mut modules = std::collections::BTreeMap::new();
+    for (path, alias, pos) in imports(ast) {
+        if alias.is_empty() {
+            continue;
+        }
+        if let Ok(m) = engine
+            .module_resolver()
+            .resolve(engine, Some(file), &path, pos)
+        {
+            modules.insert(alias, super::calls::module_names(&m));
+        }
+    }
+    let unknown = super::calls::unknown(engine, ast, &modules);
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let said: Vec<String> = unknown
+        .iter()
+        .map(|u| {
+            let help = u
+                .nearest
+                .as_ref()
+                .map(|n| format!("\n  help: did you mean `{n}`?"))
+                .unwrap_or_default();
+            let msg = format!(
+                "no function `{}` is defined (gpuloop doc lists them)",
+                u.name
+            );
+            format!("{}{help}", errors::render(&msg, u.pos, file, source))
+        })
+        .collect();
+    Err(ScriptError::Compile(said.join("\n")))
 }
 
 #[cfg(test)]

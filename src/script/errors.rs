@@ -21,6 +21,14 @@ pub enum ScriptError {
 }
 
 impl ScriptError {
+    /// The error with "help: HINT" under it, where there is one (a run's error only).
+    pub(crate) fn with_help(self, hint: Option<String>) -> ScriptError {
+        match (self, hint) {
+            (ScriptError::Runtime(m), Some(h)) => ScriptError::Runtime(format!("{m}\n  help: {h}")),
+            (e, _) => e,
+        }
+    }
+
     pub fn code(&self) -> i32 {
         match self {
             ScriptError::Compile(_) => 2,

@@ -1,6 +1,7 @@
 //! The Rhai layer: one place builds the engine, thin bindings, module resolution, errors.
 
 pub(crate) mod bindings;
+pub(crate) mod calls;
 pub mod convert;
 pub mod display;
 pub mod doc;

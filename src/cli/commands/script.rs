@@ -131,7 +131,8 @@ pub(super) fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     Ok(0)
 }
 
-/// `gpuloop check`: compiles each script and finds the modules it imports, as `run` would.
+/// `gpuloop check`: compiles each script, finds the modules it imports, as `run` would, and
+/// the calls of functions that nothing defines.
 pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<i32, Error> {
     let mut failed = 0;
     for p in scripts {
@@ -151,8 +152,10 @@ pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<i32, Error> {
                 json: cfg.json,
             },
         );
-        let checked = crate::script::engine::compile(&engine, &file, &src)
-            .and_then(|ast| crate::script::engine::check_imports(&engine, &ast, &file, &src));
+        let checked = crate::script::engine::compile(&engine, &file, &src).and_then(|ast| {
+            crate::script::engine::check_imports(&engine, &ast, &file, &src)?;
+            crate::script::engine::check_calls(&engine, &ast, &file, &src)
+        });
         match checked {
             Ok(()) => crate::outln!("ok: {file}"),
             Err(e) => {
