@@ -73,6 +73,37 @@ pub(crate) fn width() -> Option<usize> {
     std::env::var("COLUMNS").ok()?.parse().ok()
 }
 
+/// Writes `text` and a newline to stdout, through a pager when it would not fit on the
+/// terminal (as git does): `$GPULOOP_PAGER`, else `$PAGER`, else `less -FRX`; an empty one, or
+/// `cat`, or stdout that is not a terminal, writes it directly, as does a pager that fails to
+/// start.
+pub(crate) fn paged(text: &str) {
+    let rows = rustix::termios::tcgetwinsize(std::io::stdout())
+        .ok()
+        .map(|ws| usize::from(ws.ws_row))
+        .filter(|&r| r > 0);
+    let fits = rows.is_none_or(|r| text.lines().count() < r.saturating_sub(1));
+    let pager = std::env::var("GPULOOP_PAGER")
+        .or_else(|_| std::env::var("PAGER"))
+        .unwrap_or_else(|_| "less -FRX".to_string());
+    let words: Vec<&str> = pager.split_whitespace().collect();
+    if fits || !std::io::stdout().is_terminal() || words.is_empty() || words == ["cat"] {
+        return line(text);
+    }
+    let child = std::process::Command::new(words[0])
+        .args(&words[1..])
+        .stdin(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        return line(text);
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        // The reader may quit (q) before reading it all: a broken pipe is not an error.
+        let _ = writeln!(stdin, "{text}");
+    }
+    let _ = child.wait();
+}
+
 /// Writes `text` and a newline to stdout.
 pub(crate) fn line(text: &str) {
     write(format_args!("{text}\n"));

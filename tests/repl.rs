@@ -30,6 +30,17 @@ impl Term {
     /// Runs `gpuloop ARGS` on the test's simulator in a pane `columns` wide (40 rows); the
     /// pane stays after it exits, with its output on the screen.
     fn launch(sim: &Sim, state: &Path, columns: u16, gpuloop_args: &[&str]) -> Term {
+        // Long output (`:help`) is paged on a terminal: these tests read it whole.
+        Term::launch_with(sim, state, columns, gpuloop_args, "GPULOOP_PAGER=cat")
+    }
+
+    fn launch_with(
+        sim: &Sim,
+        state: &Path,
+        columns: u16,
+        gpuloop_args: &[&str],
+        pager: &str,
+    ) -> Term {
         let n = SERVERS.fetch_add(1, Ordering::SeqCst);
         let conf = sim.path().join(format!("tmux-{n}.conf"));
         // remain-on-exit keeps the pane (and its exit status) after the REPL ends.
@@ -48,6 +59,7 @@ impl Term {
             format!("XDG_STATE_HOME={}", state.display()),
             format!("HOME={}", sim.path().display()),
             "GPULOOP_PATH=".to_string(),
+            pager.to_string(),
         ];
         let dir = sim.path().display().to_string();
         let mut args: Vec<String> = ["-f", &conf.display().to_string(), "new-session", "-d"]
@@ -609,6 +621,48 @@ fn tab_after_a_dot_completes_the_fields_of_gpu_holder_and_diagnosis_records() {
         t.wait_line(value);
         t.wait_idle();
     }
+}
+
+/// Issue 38, item 4: `report::summary()` failed with "Module not found: report" and no word
+/// of the import; nothing completed after `gpu(0).`; `:help` dumped its 60 lines at once.
+#[test]
+fn an_unimported_module_says_the_import_calls_complete_their_records_and_help_is_paged() {
+    let sim = Sim::new("2x8G");
+    sim.hold(&["--gpu", "1", "--mib", "100"]);
+    let t = Term::launch_with(
+        &sim,
+        &state_dir(&sim),
+        120,
+        &["repl"],
+        "GPULOOP_PAGER=less -FRX",
+    );
+    t.wait_for("the banner", |s| s.contains(":help lists the functions"));
+    t.wait_idle();
+    t.line("report::summary()");
+    t.wait_line("help: import it first: import \"report\" as report;");
+    t.wait_idle();
+    for (typed, completed, value) in [
+        ("gpu(1).mem_used_", "gpu(1).mem_used_mib", "100"),
+        ("holders()[0].mem_m", "holders()[0].mem_mib", "100"),
+    ] {
+        t.type_text(typed);
+        t.keys(&["Tab"]);
+        t.wait_for(&format!("{typed} completed"), |s| {
+            s.contains(&format!("gpuloop> {completed}"))
+        });
+        t.keys(&["Enter"]);
+        t.wait_line(value);
+        t.wait_idle();
+    }
+    t.keys(&["C-l"]);
+    t.line(":help");
+    // More than the 40 rows: the pager holds it at the first page, its prompt on the last row.
+    let s = t.wait_for("the pager's prompt", |s| s.trim_end().ends_with("\n:"));
+    assert!(!s.contains("Standard library modules"), "not paged:\n{s}");
+    t.keys(&["q"]);
+    t.wait_for("the prompt again", |s| s.trim_end().ends_with("gpuloop>"));
+    t.line("1 + 1");
+    t.wait_line("2");
 }
 
 /// A new user's report: `:help` cut its one-liners mid-sentence ("…"), and folded exit()'s

@@ -64,8 +64,9 @@ fn word_start(before: &str) -> usize {
     }
 }
 
-/// The variable whose field is being named in `head` (the text before the word, ending in a
-/// dot): `g.` gives `g`, `hs[0].` gives `hs[]`.
+/// The variable or call whose field is being named in `head` (the text before the word,
+/// ending in a dot): `g.` gives `g`, `hs[0].` gives `hs[]`, `gpu(0).` gives `gpu()` and
+/// `holders()[1].` gives `holders()[]`.
 fn receiver(head: &str) -> Option<String> {
     let mut rest = head.strip_suffix('.')?;
     let mut indexed = false;
@@ -73,7 +74,24 @@ fn receiver(head: &str) -> Option<String> {
         rest = &rest[..open];
         indexed = true;
     }
+    let mut call = "";
+    if let Some(args) = rest.strip_suffix(')') {
+        // The `(` that opens this call's arguments.
+        let mut depth = 0;
+        let open = args.char_indices().rev().find(|&(_, c)| {
+            match c {
+                ')' => depth += 1,
+                '(' if depth == 0 => return true,
+                '(' => depth -= 1,
+                _ => {}
+            }
+            false
+        })?;
+        rest = &args[..open.0];
+        call = "()";
+    }
     let name = &rest[word_start(rest)..];
+    let name = &format!("{name}{call}");
     if name.is_empty() || name.contains("::") || name.starts_with(|c: char| c.is_ascii_digit()) {
         return None;
     }
@@ -329,6 +347,26 @@ mod tests {
         // Not a field of it: the methods, as before.
         assert_eq!(n.complete("g.le"), (2, vec!["len".into()]));
         assert_eq!(n.complete("held.mem"), (5, vec![]));
+    }
+
+    #[test]
+    fn completes_the_fields_of_a_record_a_call_returns() {
+        let mut names = Names::default();
+        let gpu: BTreeSet<String> = ["index", "mem_used"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        names.fields.insert("gpu()".into(), gpu.clone());
+        names.fields.insert("gpu()[]".into(), gpu);
+        assert_eq!(
+            names.complete("gpu(0).me"),
+            (7, vec!["mem_used".to_string()])
+        );
+        assert_eq!(
+            names.complete("x = gpu(f(1), [2]).in"),
+            (19, vec!["index".to_string()])
+        );
+        assert_eq!(names.complete("gpu()[0].i"), (9, vec!["index".to_string()]));
     }
 
     #[test]

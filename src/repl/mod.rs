@@ -176,18 +176,18 @@ impl Repl {
                 let (name, arg) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));
                 match (name, arg.trim()) {
                     ("q" | "quit" | "exit", _) => return Ok(0),
-                    ("help" | "h", "") => {
-                        crate::outln!(
-                            "{}",
-                            help::overview(&self.engine, &self.ast, &self.domains, self.style)
-                        )
-                    }
-                    ("help" | "h", topic) => {
-                        crate::outln!(
-                            "{}",
-                            help::topic(&self.engine, &self.ast, topic, self.style)
-                        )
-                    }
+                    ("help" | "h", "") => crate::output::paged(&help::overview(
+                        &self.engine,
+                        &self.ast,
+                        &self.domains,
+                        self.style,
+                    )),
+                    ("help" | "h", topic) => crate::output::paged(&help::topic(
+                        &self.engine,
+                        &self.ast,
+                        topic,
+                        self.style,
+                    )),
                     ("vars", _) => self.print_vars(),
                     _ => crate::errln!("unknown command :{name} (:help lists the commands)"),
                 }
@@ -384,21 +384,12 @@ impl Repl {
         }
     }
 
-    /// "  help: did you mean `holders`?" for a call of a function that does not exist.
+    /// "  help: did you mean `holders`?" for a call of a function that does not exist, or the
+    /// import a standard library module needs.
     fn did_you_mean(&self, e: &rhai::EvalAltResult) -> String {
-        let mut e = e;
-        while let rhai::EvalAltResult::ErrorInFunctionCall(_, _, inner, _) = e {
-            e = inner;
-        }
-        let rhai::EvalAltResult::ErrorFunctionNotFound(sig, _) = e else {
-            return String::new();
-        };
-        let name = sig.split('(').next().unwrap_or("").trim();
-        let known = self.builtin.functions.iter().map(String::as_str);
-        match crate::script::fields::closest(name, known) {
-            Some(c) => format!("\n  help: did you mean `{c}`?"),
-            None => String::new(),
-        }
+        crate::script::calls::did_you_mean(&self.engine, &self.ast, e)
+            .map(|h| format!("\n  help: {h}"))
+            .unwrap_or_default()
     }
 
     fn print(&mut self, v: &Dynamic) {
@@ -471,6 +462,14 @@ impl Repl {
                 .filter_map(|(n, _, v)| record_fields(n, v))
                 .collect(),
         };
+        // After `gpu(0).` or `holders()[0].`: the fields of the record that function returns.
+        for kind in crate::script::fields::Kind::ALL {
+            let fields: std::collections::BTreeSet<String> = kind.fields().into_iter().collect();
+            for f in kind.returned_by() {
+                names.fields.insert(format!("{f}()"), fields.clone());
+                names.fields.insert(format!("{f}()[]"), fields.clone());
+            }
+        }
         for f in &here.functions {
             names.functions.insert(f.name.clone());
             add_signature(&mut names, f);

@@ -103,7 +103,7 @@ impl Default for JobOpts {
 }
 
 /// How a job ended: the result map scripts get.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Outcome {
     /// Exit code, or `None` when a signal ended it.
     pub code: Option<i64>,

@@ -138,11 +138,19 @@ fn nearest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Opt
 }
 
 /// For a run that failed on a call of a function that does not exist: "did you mean `x`?",
-/// from the engine's functions and the script's own.
+/// from the engine's functions and the script's own; for a standard library module used
+/// without its import, the import.
 pub(crate) fn did_you_mean(engine: &Engine, ast: &AST, err: &EvalAltResult) -> Option<String> {
     let mut e = err;
     while let EvalAltResult::ErrorInFunctionCall(_, _, inner, _) = e {
         e = inner;
+    }
+    // `report::summary()` without its import: say the import.
+    if let EvalAltResult::ErrorModuleNotFound(module, _) = e {
+        return super::modules::STDLIB
+            .iter()
+            .any(|(name, _)| name == module)
+            .then(|| format!("import it first: import \"{module}\" as {module};"));
     }
     let EvalAltResult::ErrorFunctionNotFound(sig, _) = e else {
         return None;

@@ -25,7 +25,7 @@ pub(crate) enum Kind {
 
 impl Kind {
     /// In the order a map is tested against them.
-    const ALL: [Kind; 6] = [
+    pub(crate) const ALL: [Kind; 6] = [
         Kind::Gpu,
         Kind::Holder,
         Kind::Diagnosis,
@@ -44,6 +44,37 @@ impl Kind {
             Kind::KillTarget => "kill target",
             Kind::RunResult => "run result",
         }
+    }
+
+    /// The functions that return this record, or an array of them, for the REPL's completion
+    /// after `gpu(0).` or `holders()[0].`.
+    pub(crate) fn returned_by(self) -> &'static [&'static str] {
+        match self {
+            Kind::Gpu => &["gpu"],
+            Kind::Holder => &["holders"],
+            Kind::Diagnosis => &["diagnose"],
+            Kind::KillReport => &["kill"],
+            Kind::KillTarget => &[],
+            Kind::RunResult => &["run", "wait"],
+        }
+    }
+
+    /// Every field of the record, from its serde struct (through the schema MCP publishes
+    /// for it, which follows `flatten` and `skip`).
+    pub(crate) fn fields(self) -> Vec<String> {
+        let schema = match self {
+            Kind::Gpu => schemars::schema_for!(crate::gpu::Gpu),
+            Kind::Holder => schemars::schema_for!(crate::inspect::holders::Holder),
+            Kind::Diagnosis => schemars::schema_for!(crate::inspect::diagnose::Diagnosis),
+            Kind::KillReport => schemars::schema_for!(crate::process::kill::KillReport),
+            Kind::KillTarget => schemars::schema_for!(crate::process::kill::Stopped),
+            Kind::RunResult => schemars::schema_for!(crate::runner::Outcome),
+        };
+        schema
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Fields only this record has, all of them always there.
@@ -100,6 +131,22 @@ pub(crate) fn closest<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every record's fields come from its struct, `flatten`ed ones included, and the marks
+    /// that tell it apart are among them.
+    #[test]
+    fn each_records_fields_include_its_marks() {
+        for kind in Kind::ALL {
+            let fields = kind.fields();
+            for mark in kind.marks() {
+                assert!(
+                    fields.iter().any(|f| f == mark),
+                    "{kind:?}: {mark} in {fields:?}"
+                );
+            }
+        }
+        assert!(Kind::Holder.fields().iter().any(|f| f == "launcher"));
+    }
 
     #[test]
     fn typos_find_their_field() {
