@@ -125,6 +125,19 @@ impl Term {
     }
 
     /// The whole pane, scrollback included, wrapped lines joined.
+    /// Types `typed`, presses Tab, waits for the line to read `completed`, runs it and waits
+    /// for `value`.
+    fn complete_and_run(&self, typed: &str, completed: &str, value: &str) {
+        self.type_text(typed);
+        self.keys(&["Tab"]);
+        self.wait_for(&format!("{typed} completed"), |s| {
+            s.contains(&format!("gpuloop> {completed}"))
+        });
+        self.keys(&["Enter"]);
+        self.wait_line(value);
+        self.wait_idle();
+    }
+
     fn screen(&self) -> String {
         self.tmux(&["capture-pane", "-p", "-J", "-t", "repl", "-S", "-10000"])
     }
@@ -612,14 +625,7 @@ fn tab_after_a_dot_completes_the_fields_of_gpu_holder_and_diagnosis_records() {
         ("hs[0].mem_m", "hs[0].mem_mib", "100"),
         ("d.verd", "d.verdict", "held"),
     ] {
-        t.type_text(typed);
-        t.keys(&["Tab"]);
-        t.wait_for(&format!("{typed} completed"), |s| {
-            s.contains(&format!("gpuloop> {completed}"))
-        });
-        t.keys(&["Enter"]);
-        t.wait_line(value);
-        t.wait_idle();
+        t.complete_and_run(typed, completed, value);
     }
 }
 
@@ -645,14 +651,7 @@ fn an_unimported_module_says_the_import_calls_complete_their_records_and_help_is
         ("gpu(1).mem_used_", "gpu(1).mem_used_mib", "100"),
         ("holders()[0].mem_m", "holders()[0].mem_mib", "100"),
     ] {
-        t.type_text(typed);
-        t.keys(&["Tab"]);
-        t.wait_for(&format!("{typed} completed"), |s| {
-            s.contains(&format!("gpuloop> {completed}"))
-        });
-        t.keys(&["Enter"]);
-        t.wait_line(value);
-        t.wait_idle();
+        t.complete_and_run(typed, completed, value);
     }
     t.keys(&["C-l"]);
     t.line(":help");
