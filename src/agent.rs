@@ -248,7 +248,11 @@ pub(crate) fn serve(session: Arc<Session>) -> i32 {
         }
         // A call a cancel can stop gets its flag here, before the next line is read: a
         // cancel right behind it (Ctrl-C at once) finds it, whenever its worker starts.
-        let cancel = cancellable(&req.call).then(|| jobs.cancel_flag(req.id));
+        let cancel = req
+            .call
+            .handling()
+            .cancellable
+            .then(|| jobs.cancel_flag(req.id));
         let (id, is_spawn) = (req.id, matches!(req.call, Call::Spawn(_)));
         let (s, o, j) = (session.clone(), out.clone(), jobs.clone());
         let spawned = workers.run(Box::new(move || {
@@ -368,20 +372,6 @@ fn next_line(
             return Ok(Some(if over { Err(TooLarge) } else { Ok(line) }));
         }
     }
-}
-
-/// The calls that a `cancel` stops: a kill's (or clean's) grace ends, KILLing nobody, and
-/// the answer says what was signalled and what still runs; a job stops; a wait ends.
-fn cancellable(call: &Call) -> bool {
-    matches!(
-        call,
-        Call::Kill { .. }
-            | Call::KillHolders { .. }
-            | Call::Clean { .. }
-            | Call::WaitClean { .. }
-            | Call::Run(_)
-            | Call::JobWait { .. }
-    )
 }
 
 fn handle(

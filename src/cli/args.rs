@@ -75,7 +75,15 @@ pub struct Args {
     pub cmd: Cmd,
 }
 
-#[derive(Debug, Subcommand)]
+/// Each command's kind, `CmdKind`, is derived from this enum (named as on the command line,
+/// `CmdKind::from_str("gpus")`), and `CmdKind::needs` says, in one exhaustive match, what each
+/// needs before it runs.
+#[derive(Debug, Subcommand, strum::EnumDiscriminants)]
+#[strum_discriminants(
+    name(CmdKind),
+    derive(strum::EnumString, strum::IntoStaticStr),
+    strum(serialize_all = "kebab-case")
+)]
 pub enum Cmd {
     /// Run a Rhai script (`-` reads it from stdin); everything after SCRIPT is in its ARGS.
     ///
@@ -258,6 +266,7 @@ pub enum Cmd {
     Sim(SimCmd),
     /// The guard process that stops a killed gpuloop's jobs (started by gpuloop itself).
     #[command(hide = true, name = crate::runner::guard::SUBCOMMAND)]
+    #[strum_discriminants(strum(serialize = "__guard"))]
     Guard,
 }
 

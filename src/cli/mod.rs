@@ -7,7 +7,7 @@ mod hiargs;
 
 use crate::error::Error;
 use crate::session::{BackendChoice, Session};
-use args::{Args, Cmd, SimCmd};
+use args::{Args, Cmd, CmdKind, SimCmd};
 use std::sync::Arc;
 
 /// Validated settings every command needs.
@@ -181,25 +181,63 @@ fn hosts_config(
     Ok(Some(cfg))
 }
 
-/// The commands that run once and end: their connections may serve the next run.
-fn one_shot(cmd: &Cmd) -> bool {
-    matches!(
-        cmd,
-        Cmd::Gpus { .. }
-            | Cmd::Holders { .. }
-            | Cmd::Diagnose { .. }
-            | Cmd::Kill { .. }
-            | Cmd::Clean { .. }
-            | Cmd::Wait { .. }
-    )
+/// What a command needs before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Needs {
+    /// It runs once and ends: its connections to the hosts may serve the next run. Scripts,
+    /// the REPL and the MCP server hold theirs for their whole life.
+    one_shot: bool,
+    /// How soon it reads this machine's driver.
+    driver: Driver,
 }
 
-/// The one-shots that read this machine's driver as their first real work.
-const DRIVER_FIRST: &[&str] = &[
-    "gpus", "holders", "diagnose", "clean", "wait", "epilog", "prolog",
-];
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// As its first real work, whatever its arguments: NVML starts loading before clap
+    /// parses the command line.
+    First,
+    /// First thing only when no pids are named (`kill` of the holders): known after parsing.
+    FirstWithoutPids,
+    /// Later, or never.
+    Later,
+}
 
-/// Whether the raw command line is `gpuloop [FLAGS] ONE-SHOT …` (`DRIVER_FIRST`, after
+impl CmdKind {
+    /// The one place that says what each command needs; a new command is a compile error
+    /// here until it says.
+    fn needs(self) -> Needs {
+        let (one_shot, driver) = match self {
+            CmdKind::Gpus
+            | CmdKind::Holders
+            | CmdKind::Diagnose
+            | CmdKind::Clean
+            | CmdKind::Wait => (true, Driver::First),
+            CmdKind::Kill => (true, Driver::FirstWithoutPids),
+            CmdKind::Epilog | CmdKind::Prolog => (false, Driver::First),
+            CmdKind::Run
+            | CmdKind::Eval
+            | CmdKind::Check
+            | CmdKind::Recipes
+            | CmdKind::Repl
+            | CmdKind::Doc
+            | CmdKind::Mcp
+            | CmdKind::Journal
+            | CmdKind::Completions
+            | CmdKind::Man
+            | CmdKind::Agent
+            | CmdKind::Sim
+            | CmdKind::Guard => (false, Driver::Later),
+        };
+        Needs { one_shot, driver }
+    }
+}
+
+/// The commands that run once and end: their connections may serve the next run.
+fn one_shot(cmd: &Cmd) -> bool {
+    CmdKind::from(cmd).needs().one_shot
+}
+
+/// Whether the raw command line is `gpuloop [FLAGS] ONE-SHOT …` (`Driver::First`, after
 /// only global flags that take no value) on this machine's driver: no simulator, no host set.
 /// Read before clap parses (~1 ms on the H200 machine: the load began 1.1-1.3 ms after `main`
 /// when it waited for clap, 0.2-0.3 ms with this), so that NVML starts loading at
@@ -216,7 +254,8 @@ fn driver_first(argv: &[std::ffi::OsString], sim: bool) -> bool {
         .skip(1)
         .find(|a| a.to_str().is_none_or(|a| !valueless(a)))
         .and_then(|a| a.to_str());
-    !sim && first.is_some_and(|a| DRIVER_FIRST.contains(&a))
+    let kind = first.and_then(|a| a.parse::<CmdKind>().ok());
+    !sim && kind.is_some_and(|k| k.needs().driver == Driver::First)
         && !argv.iter().any(|a| {
             let a = a.as_encoded_bytes();
             a.starts_with(b"--sim") || a.starts_with(b"--host")
@@ -227,16 +266,12 @@ fn driver_first(argv: &[std::ffi::OsString], sim: bool) -> bool {
 fn wants_driver(args: &Args) -> bool {
     let local = args.hosts.sources().is_empty();
     let sim = args.sim.as_ref().is_some_and(|s| !s.trim().is_empty());
-    let one_shot = match &args.cmd {
-        Cmd::Kill { pids, .. } => pids.is_empty(),
-        Cmd::Gpus { .. }
-        | Cmd::Holders { .. }
-        | Cmd::Diagnose { .. }
-        | Cmd::Clean { .. }
-        | Cmd::Wait { .. }
-        | Cmd::Epilog { .. }
-        | Cmd::Prolog { .. } => true,
-        _ => false,
+    let one_shot = match CmdKind::from(&args.cmd).needs().driver {
+        Driver::First => true,
+        Driver::FirstWithoutPids => {
+            !matches!(&args.cmd, Cmd::Kill { pids, .. } if !pids.is_empty())
+        }
+        Driver::Later => false,
     };
     local && !sim && one_shot
 }
@@ -426,6 +461,18 @@ mod tests {
             .map(std::env::var_os)
             .into();
         assert_eq!(before, after);
+    }
+
+    #[test]
+    fn every_subcommand_clap_knows_is_a_command_kind_by_its_name() {
+        use clap::CommandFactory;
+        for sub in Args::command().get_subcommands() {
+            let kind: CmdKind = sub
+                .get_name()
+                .parse()
+                .unwrap_or_else(|_| panic!("{}", sub.get_name()));
+            assert_eq!(<&str>::from(kind), sub.get_name());
+        }
     }
 
     #[test]

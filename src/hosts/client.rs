@@ -535,16 +535,11 @@ impl Conn {
     ) -> Result<Answered, HostError> {
         let method = call.method().to_string();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        // A job started by this call must not outlive it if it fails here, nor a wait go on
-        // polling there.
-        let stopped_there = matches!(call, Call::Run(_) | Call::Spawn(_) | Call::WaitClean { .. });
-        // Ctrl-C during a kill's grace stops the waiting there and KILLs nobody, as here: the
-        // agent is told at once, and its answer (what was signalled, what still runs) is
-        // still awaited, so the caller reports it as it would a kill on this machine.
-        let reports_interrupt = matches!(
-            call,
-            Call::Kill { .. } | Call::KillHolders { .. } | Call::Clean { .. }
-        );
+        let crate::hosts::protocol::Handling {
+            stopped_there,
+            reports_interrupt,
+            ..
+        } = call.handling();
         let mut cancelled = false;
         if matches!(call, Call::Spawn(_)) {
             lock(&self.partial).spawned.insert(id);

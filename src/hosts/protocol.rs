@@ -22,6 +22,7 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::time::Duration;
+use strum::VariantNames;
 
 /// Bumped on any change a peer of the other version could misread. 5: a `grace_ms` of 0 is
 /// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL.
@@ -54,8 +55,15 @@ pub struct Request {
 /// A GPU selection on one host: `None` is every GPU.
 pub(crate) type Sel = Option<Vec<i64>>;
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// A call, as it crosses the wire. Its name there (`method`) is the variant's, in snake case,
+/// for serde and strum alike (`Call::VARIANTS` lists them); what the agent and the client
+/// do with it comes from `Call::handling`, one exhaustive match; the agent answers an
+/// operation in `machine::ops::answer`, another exhaustive match.
+#[derive(
+    Debug, Clone, Serialize, Deserialize, PartialEq, strum::IntoStaticStr, strum::VariantNames,
+)]
 #[serde(tag = "method", content = "params", rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Call {
     Gpus,
     Holders {
@@ -153,47 +161,52 @@ pub enum Call {
     },
 }
 
-/// The methods an agent knows, as they are named on the wire.
-pub(crate) const METHODS: &[&str] = &[
-    "gpus",
-    "holders",
-    "holders_report",
-    "diagnose",
-    "kill",
-    "kill_holders",
-    "wait_clean",
-    "clean",
-    "run",
-    "cancel",
-    "spawn",
-    "job_wait",
-    "job_kill",
-    "job_status",
-    "journal",
-    "ping",
-    "reached_as",
-];
+/// How the agent and the client handle a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Handling {
+    /// A `cancel` for it stops it there: a kill's (or clean's) grace ends, KILLing nobody,
+    /// and the answer says what was signalled and what still runs; a job stops; a wait ends.
+    pub cancellable: bool,
+    /// Ctrl-C here (or a call timed out) is passed on as a `cancel`, and the caller goes on
+    /// without the answer: a job started by this call must not outlive it, nor a wait go on
+    /// polling there.
+    pub stopped_there: bool,
+    /// Ctrl-C here is passed on as a `cancel`, and its answer (what was signalled, what still
+    /// runs) is still awaited, so the caller reports it as it would a kill on this machine.
+    pub reports_interrupt: bool,
+}
 
 impl Call {
+    /// The method's name on the wire.
     pub fn method(&self) -> &'static str {
-        match self {
-            Call::Gpus => "gpus",
-            Call::Holders { .. } => "holders",
-            Call::HoldersReport { .. } => "holders_report",
-            Call::Diagnose { .. } => "diagnose",
-            Call::Kill { .. } => "kill",
-            Call::KillHolders { .. } => "kill_holders",
-            Call::WaitClean { .. } => "wait_clean",
-            Call::Clean { .. } => "clean",
-            Call::Run(_) => "run",
-            Call::Cancel { .. } => "cancel",
-            Call::Spawn(_) => "spawn",
-            Call::JobWait { .. } => "job_wait",
-            Call::JobKill { .. } => "job_kill",
-            Call::JobStatus { .. } => "job_status",
-            Call::Journal { .. } => "journal",
-            Call::Ping => "ping",
-            Call::ReachedAs { .. } => "reached_as",
+        self.into()
+    }
+
+    /// The one place that says how each call is handled; a new call is a compile error here
+    /// until it says.
+    pub(crate) fn handling(&self) -> Handling {
+        let (cancellable, stopped_there, reports_interrupt) = match self {
+            Call::Kill { .. } | Call::KillHolders { .. } | Call::Clean { .. } => {
+                (true, false, true)
+            }
+            Call::WaitClean { .. } | Call::Run(_) => (true, true, false),
+            Call::Spawn(_) => (false, true, false),
+            Call::JobWait { .. } => (true, false, false),
+            Call::Gpus
+            | Call::Holders { .. }
+            | Call::HoldersReport { .. }
+            | Call::Diagnose { .. }
+            | Call::Cancel { .. }
+            | Call::JobKill { .. }
+            | Call::JobStatus { .. }
+            | Call::Journal { .. }
+            | Call::Ping
+            | Call::ReachedAs { .. } => (false, false, false),
+        };
+        Handling {
+            cancellable,
+            stopped_there,
+            reports_interrupt,
         }
     }
 }
@@ -586,7 +599,7 @@ pub fn parse_request(line: &str) -> Result<Request, Message> {
         }
     };
     serde_json::from_value::<Request>(value).map_err(|e| {
-        if METHODS.contains(&method.as_str()) {
+        if Call::VARIANTS.contains(&method.as_str()) {
             fail(
                 ErrorKind::BadParams,
                 format!("bad params for {method} (request {id_value}): {e}"),
@@ -594,7 +607,10 @@ pub fn parse_request(line: &str) -> Result<Request, Message> {
         } else {
             fail(
                 ErrorKind::UnknownMethod,
-                format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
+                format!(
+                    "unknown method {method:?} (known: {})",
+                    Call::VARIANTS.join(", ")
+                ),
             )
         }
     })
@@ -771,7 +787,63 @@ mod tests {
 
     #[test]
     fn every_call_is_known_by_its_wire_name() {
+        let kill = KillOpts {
+            signal: "TERM".into(),
+            grace_ms: 100,
+            tree: false,
+            dry_run: true,
+            force: false,
+            parents: false,
+            user: None,
+        };
+        let wait = WaitWire {
+            timeout_ms: 1000,
+            max_used_mib: 0,
+            poll_ms: 50,
+            more: WaitMore::default(),
+        };
+        let run = RunCall {
+            shell: Some("true".into()),
+            argv: None,
+            timeout_ms: None,
+            cwd: None,
+            env: vec![],
+            grace_ms: 5000,
+            echo: false,
+            keep_children: false,
+        };
         let calls = [
+            Call::Gpus,
+            Call::Holders {
+                sel: None,
+                all: false,
+                filter: Filter::default(),
+            },
+            Call::Diagnose {
+                sel: Some(vec![1]),
+                filter: Filter::default(),
+            },
+            Call::Kill {
+                targets: vec![KillTarget {
+                    pid: 42,
+                    start: Some(7),
+                    ino: None,
+                }],
+                opts: kill.clone(),
+            },
+            Call::KillHolders {
+                sel: None,
+                filter: Filter::default(),
+                opts: kill.clone(),
+            },
+            Call::WaitClean { sel: None, wait },
+            Call::Clean {
+                sel: None,
+                filter: Filter::default(),
+                kill,
+                wait,
+            },
+            Call::Run(run),
             Call::Spawn(RunCall {
                 shell: Some("sleep 1".into()),
                 argv: None,
@@ -811,8 +883,14 @@ mod tests {
                 gpuloop: "gpuloop --host gpu02".into(),
             },
         ];
+        // Every call is here, and its name on the wire (serde's) is strum's.
+        let mut named: Vec<&str> = calls.iter().map(Call::method).collect();
+        named.sort_unstable();
+        named.dedup();
+        let mut all = Call::VARIANTS.to_vec();
+        all.sort_unstable();
+        assert_eq!(named, all);
         for (n, call) in calls.into_iter().enumerate() {
-            assert!(METHODS.contains(&call.method()), "{}", call.method());
             let r = Request { id: n as u64, call };
             let line = serde_json::to_string(&r).unwrap();
             assert!(

@@ -10,9 +10,10 @@
 //! ones that act, `jobs` the commands run on a machine.
 //!
 //! Adding a read-only operation: an `Op` in `ops.rs` (its work here and its `Call`), its
-//! variant in `hosts/protocol.rs` (with its name in `METHODS` and `Call::method`), its arm in
-//! `ops::answer` (what the agent runs for it), whether `agent::cancellable` may stop it, a
-//! front end that asks the fleet for it, and a test.
+//! variant in `hosts/protocol.rs` (its wire name comes from the variant's, and
+//! `Call::handling` must say how it is handled: an exhaustive match), its arm in
+//! `ops::answer` (what the agent runs for it: exhaustive too), a front end that asks the
+//! fleet for it, and a test. Forgetting the handling or the answer does not compile.
 
 pub(crate) mod fleet;
 pub(crate) mod jobs;

@@ -123,7 +123,15 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
                 },
             )
         }
-        _ => return None,
+        // A job's call, or the connection's: the agent's job table answers it.
+        Call::Run(_)
+        | Call::Cancel { .. }
+        | Call::Spawn(_)
+        | Call::JobWait { .. }
+        | Call::JobKill { .. }
+        | Call::JobStatus { .. }
+        | Call::Ping
+        | Call::ReachedAs { .. } => return None,
     })
 }
 
