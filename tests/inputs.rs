@@ -544,3 +544,25 @@ fn the_epilog_sees_a_restarter_start_its_holder_again_and_remembers_it() {
     sim.run(&["sim", "stop"]).ok();
     assert!(gone_within(pids[0], 10));
 }
+
+/// Issue 33, item 4: `--limit calls=1M` aborted with a stack overflow (exit 134): its stack
+/// (64 GiB) could not be had and the script ran on the main thread with the limit in force.
+/// It is a usage error naming the largest value that works, and that value works.
+#[test]
+fn a_calls_limit_whose_stack_cannot_be_had_is_a_usage_error_naming_the_largest() {
+    let sim = Sim::new("1x8G");
+    let deep = "fn f(n) { if n == 0 { 0 } else { 1 + f(n - 1) } } f(20000)";
+    let out = sim.run(&["--limit", "calls=1M", "eval", deep]).code(2);
+    let largest: usize = out
+        .stderr
+        .split("the largest calls limit that works is ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", out.stderr));
+    assert!(largest > 20_000, "{}", out.stderr);
+    let out = sim
+        .run(&["--limit", &format!("calls={largest}"), "eval", deep])
+        .ok();
+    assert_eq!(out.stdout.trim(), "20000");
+}

@@ -39,6 +39,7 @@ impl Config {
         for item in &args.limits {
             config.limits.set(item).map_err(Error::Usage)?;
         }
+        crate::script::engine::check_stack(&config.limits).map_err(Error::Usage)?;
         let mut session = Session::new(choice, config, args.verbose);
         if let Some(mut hosts) = hosts_config(&args.hosts, one_shot(&args.cmd))? {
             // Progress goes to a person: a terminal, and not under --json.
@@ -397,8 +398,12 @@ fn on_script_thread(hi: &hiargs::HiArgs) -> Result<i32, Error> {
                     "internal error (a panic); please report it".into(),
                 ))
             }),
-            // No memory for that stack: run here, with the limits still in force.
-            Err(_) => commands::dispatch(hi),
+            // Never a smaller stack (the main thread's) with the limits still in force: that
+            // overflows where the limits promised an error.
+            Err(e) => Err(Error::Other(format!(
+                "cannot reserve the script's stack of {} MiB ({e}): lower --limit calls or depth",
+                stack >> 20
+            ))),
         }
     })
 }

@@ -53,12 +53,50 @@ const STACK_PER_LEVEL: usize = if cfg!(debug_assertions) {
 /// Stack for everything else a script does.
 const STACK_BASE: usize = 64 << 20;
 
-/// The script thread's stack for these limits.
+/// Stack bytes per script-function call nested in another.
+const STACK_PER_CALL: usize = 64 << 10;
+/// The largest stack gpuloop reserves for a script (address space: only what a script
+/// really nests is ever touched). Past it a limit is refused, never met with a smaller stack.
+pub(crate) const MAX_STACK: usize = 8 << 30;
+
+/// The script thread's stack for these limits (saturating: `check_stack` refuses the ones
+/// that would pass `MAX_STACK`).
 pub(crate) fn stack_size(limits: &Limits) -> usize {
-    let calls = limits.calls.saturating_mul(64 << 10);
     STACK_BASE
         .saturating_add(limits.depth.saturating_mul(STACK_PER_LEVEL))
-        .saturating_add(calls)
+        .saturating_add(limits.calls.saturating_mul(STACK_PER_CALL))
+}
+
+/// Refuses the `calls` and `depth` limits whose stack would pass `MAX_STACK`, naming the
+/// largest value that works of the one that can give way.
+pub(crate) fn check_stack(limits: &Limits) -> Result<(), String> {
+    if stack_size(limits) <= MAX_STACK {
+        return Ok(());
+    }
+    let room = MAX_STACK - STACK_BASE;
+    let calls_room = room.saturating_sub(limits.depth.saturating_mul(STACK_PER_LEVEL));
+    let depth_room = room.saturating_sub(limits.calls.saturating_mul(STACK_PER_CALL));
+    // Name calls when the depth leaves room for some, else depth.
+    let largest = if calls_room >= STACK_PER_CALL {
+        format!(
+            "the largest calls limit that works is {} (with depth={})",
+            calls_room / STACK_PER_CALL,
+            limits.depth
+        )
+    } else {
+        format!(
+            "the largest depth limit that works is {} (with calls={})",
+            depth_room / STACK_PER_LEVEL,
+            limits.calls
+        )
+    };
+    Err(format!(
+        "--limit calls={} with depth={} needs a script stack of {} MiB, more than the {} MiB gpuloop reserves: {largest}",
+        limits.calls,
+        limits.depth,
+        stack_size(limits) >> 20,
+        MAX_STACK >> 20,
+    ))
 }
 
 /// The engine with every gpuloop function, the module resolvers, and Ctrl-C checks.
@@ -283,6 +321,33 @@ mod tests {
                 ("a".to_string(), String::new())
             ]
         );
+    }
+
+    /// Issue 33, item 4: `--limit calls=1M` wanted a 64 GiB stack, its thread could not be
+    /// had, and the script ran on the main thread's 8 MiB with the limit in force: an abort.
+    #[test]
+    fn a_limit_whose_stack_cannot_be_had_is_refused_naming_the_largest_that_works() {
+        let mut limits = Limits::default();
+        assert_eq!(check_stack(&limits), Ok(()));
+        limits.calls = 1 << 20;
+        let why = check_stack(&limits).unwrap_err();
+        let largest: usize = why
+            .split("the largest calls limit that works is ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{why}"));
+        limits.calls = largest;
+        assert_eq!(check_stack(&limits), Ok(()), "{why}");
+        limits.calls = largest + 1;
+        assert!(check_stack(&limits).is_err());
+        limits.calls = usize::MAX;
+        assert!(check_stack(&limits).is_err());
+        limits.calls = 256;
+        limits.depth = usize::MAX / 2;
+        assert!(check_stack(&limits)
+            .unwrap_err()
+            .contains("the largest depth limit that works is"));
     }
 
     /// The bug: 100,000 nested arrays or maps aborted with a stack overflow.
