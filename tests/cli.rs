@@ -347,18 +347,54 @@ fn help_says_the_default_sim_dir_is_shared_and_how_to_have_one_of_ones_own() {
 /// Defect 1: the word after SCRIPT was parsed by gpuloop when it spelled one of its flags:
 /// `run a.rhai --json` gave the script no ARGS, `-v x` turned on gpuloop's logs, `--help`
 /// printed gpuloop's help, and `--host X` would have sent the script to another host.
+/// Issue 33, item 7: handing them to the script silently was no better: `run fix.rhai --sim
+/// 4x80G` ran on the real driver. A gpuloop option before `--` is a usage error, and nothing
+/// runs; after `--` it is the script's.
 #[test]
 fn every_word_after_the_script_is_the_scripts_own() {
     let sim = Sim::new("1x8G");
     let p = sim.path().join("args.rhai");
-    std::fs::write(&p, "print(to_json(ARGS));").unwrap();
+    let ran = sim.path().join("ran");
+    std::fs::write(
+        &p,
+        format!(
+            "write_file({:?}, \"x\"); print(to_json(ARGS));",
+            ran.display()
+        ),
+    )
+    .unwrap();
     let script = p.to_str().unwrap();
+    for args in [
+        &["--json"][..],
+        &["-v", "x"],
+        &["x", "-vv"],
+        &["--host", "elsewhere"],
+        &["--host=elsewhere"],
+        &["--sim", "1x1G", "-h"],
+        &["--limit", "calls=10"],
+        &["--hosts-file", "f", "--", "y"],
+        &["--all-rows"],
+    ] {
+        let out = sim.run(&[&["run", script], args].concat()).code(2);
+        assert!(
+            out.stderr.contains("is gpuloop's own option") && out.stderr.contains("after --"),
+            "{args:?}: {}",
+            out.stderr
+        );
+        assert!(!ran.exists(), "{args:?}: the script ran");
+    }
     for (args, want) in [
-        (&["--json"][..], r#"["--json"]"#),
-        (&["-v", "x"], r#"["-v","x"]"#),
-        (&["--help"], r#"["--help"]"#),
-        (&["--host", "elsewhere"], r#"["--host","elsewhere"]"#),
-        (&["--sim", "1x1G", "-h"], r#"["--sim","1x1G","-h"]"#),
+        (&["--help"][..], r#"["--help"]"#),
+        (&["--", "--json"], r#"["--json"]"#),
+        (&["--", "--host", "elsewhere"], r#"["--host","elsewhere"]"#),
+        (
+            &["x", "--", "--sim", "1x1G"],
+            r#"["x","--","--sim","1x1G"]"#,
+        ),
+        (
+            &["--gpu", "0", "--timeout", "1"],
+            r#"["--gpu","0","--timeout","1"]"#,
+        ),
         // The older spelling: a `--` right after SCRIPT is dropped, a later one kept.
         (&["--", "-v", "x"], r#"["-v","x"]"#),
         (&["--", "--", "x"], r#"["--","x"]"#),

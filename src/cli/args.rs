@@ -87,9 +87,11 @@ pub struct Args {
 pub enum Cmd {
     /// Run a Rhai script (`-` reads it from stdin); everything after SCRIPT is in its ARGS.
     ///
-    /// gpuloop's own options go before SCRIPT: after it, `--json`, `-v`, `--host X` or
-    /// `--help` are the script's arguments, never gpuloop's (a script must not run on other
-    /// hosts than the ones named before it). A `--` right after SCRIPT is accepted and dropped.
+    /// gpuloop's own options go before SCRIPT. After it, one of them (`--sim`, `--host`,
+    /// `--json`, `-v`, `--limit`, …) before a `--` is a usage error, never applied (a rehearsal
+    /// must not go live, nor a script run on other hosts than the ones named before it);
+    /// after `--` it is the script's. `--help` and a recipe's own flags are the script's. A
+    /// `--` right after SCRIPT is accepted and dropped.
     Run {
         /// SCRIPT (a file's path: it has a `/` or ends in `.rhai`; `-` for stdin; any other
         /// word is a built-in recipe: gpuloop recipes), then the script's arguments,

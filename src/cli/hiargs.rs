@@ -135,7 +135,10 @@ impl Command {
                 // argument.
                 let args = match args.split_first() {
                     Some((first, rest)) if first == "--" => rest,
-                    _ => args,
+                    _ => {
+                        refuse_global_options(script, args)?;
+                        args
+                    }
                 };
                 Command::Run {
                     script: Script::named(script)?,
@@ -437,6 +440,44 @@ fn seconds(v: f64, what: &str) -> Result<Duration, Error> {
 /// `--grace SECS`, or `--grace inf` for never sending KILL.
 fn grace(v: f64) -> Result<Duration, Error> {
     kill::grace_seconds(v).map_err(|why| Error::Usage(format!("--grace {why}")))
+}
+
+/// `run SCRIPT ARGS…`: a gpuloop global option among ARGS before a `--` is a usage error.
+/// `gpuloop run fix.rhai --sim 4x80G` ran the script on the real driver, with the simulator's
+/// spec in its ARGS: a rehearsal that went live. The options are clap's global ones, so this
+/// stays true as options are added; a recipe's own flags (`--gpu`, `--timeout`) are none.
+fn refuse_global_options(script: &str, args: &[String]) -> Result<(), Error> {
+    use clap::CommandFactory;
+    let command = super::args::Args::command();
+    let globals: Vec<&clap::Arg> = command
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .collect();
+    let is_global = |word: &str| {
+        globals.iter().any(|a| {
+            let longs = a.get_long_and_visible_aliases().unwrap_or_default();
+            let long = word.strip_prefix("--").is_some_and(|w| {
+                let name = w.split_once('=').map_or(w, |(n, _)| n);
+                longs.contains(&name)
+            });
+            let short = a.get_short().is_some_and(|c| {
+                word.strip_prefix('-').is_some_and(|w| {
+                    !w.is_empty() && !w.starts_with('-') && w.chars().all(|x| x == c)
+                })
+            });
+            long || short
+        })
+    };
+    let before_dash = args.iter().take_while(|a| *a != "--");
+    match before_dash.map(String::as_str).find(|w| is_global(w)) {
+        None => Ok(()),
+        Some(word) => {
+            let flag = word.split_once('=').map_or(word, |(f, _)| f);
+            Err(Error::Usage(format!(
+                "run {script}: {flag} is gpuloop's own option, not the script's: put it before SCRIPT (gpuloop {word} … run {script}), or after -- to hand it to the script (gpuloop run {script} -- {word} …)"
+            )))
+        }
+    }
 }
 
 #[cfg(test)]
