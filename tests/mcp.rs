@@ -327,7 +327,7 @@ fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
 /// A line that is not JSON gets no reply: rmcp's stdio transport drops it on purpose (see
 /// RELIABILITY.md), so the server must go on serving the lines after it. Well-formed JSON
 /// that is no JSON-RPC message is answered "Invalid request" with no id, and a `tools/call`
-/// whose arguments are not an object stays a protocol error (not a tool result).
+/// whose params are malformed stays a protocol error (not a tool result): invalid params.
 #[test]
 fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
     let sim = Sim::new("1x8G");
@@ -339,6 +339,9 @@ fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
         r#"{"hello":"world"}"#,
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"gpus","arguments":"x"}}"#,
         r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"gpus","name":"kill"}}"#,
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"gpus","arguments":[1]}}"#,
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"gpus"}}"#,
     ];
     let out = sim
         .cmd()
@@ -354,9 +357,20 @@ fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
         .collect();
     let mut ids: Vec<String> = replies.iter().map(|r| r["id"].to_string()).collect();
     ids.sort();
-    assert_eq!(ids, ["1", "3", "4", "null"], "{replies:?}");
+    assert_eq!(ids, ["1", "3", "4", "5", "6", "7", "null"], "{replies:?}");
     let to = |id: Value| replies.iter().find(|r| r["id"] == id).expect("a reply");
     assert_eq!(to(Value::Null)["error"]["code"], -32600, "{replies:?}");
-    assert!(to(json!(3))["error"]["code"].is_i64(), "{replies:?}");
+    // Issue 33, item 9: malformed tools/call params were -32601 "tools/call" (method not
+    // found); JSON-RPC says -32602, invalid params, and the message says what is wrong.
+    for (id, why) in [
+        (3, "arguments must be an object, not a string"),
+        (5, "the key \"name\" twice"),
+        (6, "arguments must be an object, not an array"),
+    ] {
+        let e = &to(json!(id))["error"];
+        assert_eq!(e["code"], -32602, "{id}: {replies:?}");
+        assert!(e["message"].as_str().unwrap().contains(why), "{id}: {e}");
+    }
     assert_eq!(to(json!(4))["result"], json!({}), "{replies:?}");
+    assert!(to(json!(7))["result"]["content"].is_array(), "{replies:?}");
 }

@@ -8,6 +8,7 @@
 //! set when the client cancels it, so a cancelled call stops what it started.
 
 pub(crate) mod policy;
+mod stdio;
 mod summary;
 pub(crate) mod tools;
 
@@ -285,8 +286,9 @@ pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpSer
     let ending = server.ending.clone();
     let in_flight = server.in_flight.clone();
     let result = runtime.block_on(async move {
+        let (input, output, written) = stdio::transport();
         let running = server
-            .serve(rmcp::transport::stdio())
+            .serve((input, output))
             .await
             .map_err(|e| McpServeError::Serve(e.to_string()))?;
         let cancel = running.cancellation_token();
@@ -298,6 +300,8 @@ pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpSer
         });
         let quit = running.waiting().await;
         watch.abort();
+        // Every reply rmcp wrote is on stdout before the server says it ended.
+        let _ = tokio::time::timeout(Duration::from_secs(5), written).await;
         tracing::debug!("mcp: server ended: {quit:?}");
         Ok::<(), McpServeError>(())
     });
