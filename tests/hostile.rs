@@ -258,6 +258,27 @@ fn table() -> BTreeMap<&'static str, Vec<(&'static str, Want)>> {
     );
     t.insert("usage", vec![("usage(5)", Err), ("usage(())", Err)]);
     t.insert(
+        "pad",
+        vec![
+            ("[].pad(1 << 40, 0)", Err),
+            ("[].pad(-5, 0)", Any),
+            ("[].pad(\"x\", 0)", Err),
+            ("blob(1).pad(1 << 40, 0)", Err),
+            ("\"\".pad(1 << 40, \"x\")", Err),
+            ("\"\".pad(1 << 40, 'x')", Err),
+            ("\"\".pad(3, \"\")", Any),
+        ],
+    );
+    t.insert(
+        "blob",
+        vec![
+            ("blob(1 << 40)", Err),
+            ("blob(-1)", Any),
+            ("blob(1 << 40, 7)", Err),
+            ("blob(\"x\")", Err),
+        ],
+    );
+    t.insert(
         "retry",
         vec![
             ("retry(0, || 1)", Err),

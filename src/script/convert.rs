@@ -30,6 +30,106 @@ pub(crate) fn check_depth(v: &Dynamic, what: &str, max: usize) -> RhaiResult<()>
     Ok(())
 }
 
+/// What a read of a variable found over a limit.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum OverLimit {
+    Depth(usize),
+    Array(usize),
+    Map(usize),
+    String(usize),
+}
+
+impl std::fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, name, n) = match self {
+            OverLimit::Depth(n) => ("is nested deeper than", "depth", n),
+            OverLimit::Array(n) => ("holds more array elements than", "array", n),
+            OverLimit::Map(n) => ("holds more map entries than", "map", n),
+            OverLimit::String(n) => ("holds a string longer than", "string", n),
+        };
+        write!(
+            f,
+            "{what} {n}, the {name} limit (raise it with --limit {name}=N or [limits] in config.toml)"
+        )
+    }
+}
+
+/// Checks a value as a script reads it (rhai's `on_var`), in at most `depth + BUDGET` steps
+/// however large the value is: its nesting against `depth`, and its arrays' elements, maps'
+/// entries and strings' bytes against their limits, as far as those steps reach (the top
+/// level always). Every step that builds a value reads the one it builds on, so a value can
+/// grow past a limit by one step only: nesting is bounded as it is built, and no step pays
+/// for the whole of a large value (rhai's own size checks did, after every change: nesting
+/// N deep cost N² and pushing N elements N²).
+pub(crate) fn check_read(v: &Dynamic, limits: &crate::config::Limits) -> Result<(), OverLimit> {
+    /// Steps past the depth limit's: enough to see through a few thousand elements.
+    const BUDGET: usize = 1024;
+    struct Walk<'a> {
+        steps: usize,
+        arrays: usize,
+        maps: usize,
+        limits: &'a crate::config::Limits,
+    }
+    fn visit(w: &mut Walk, v: &Dynamic, left: usize) -> Result<(), OverLimit> {
+        if w.steps == 0 {
+            return Ok(());
+        }
+        w.steps -= 1;
+        if let Ok(a) = v.as_array_ref() {
+            w.arrays = w.arrays.saturating_add(a.len());
+            if w.arrays > w.limits.array {
+                return Err(OverLimit::Array(w.limits.array));
+            }
+            items(w, a.iter(), left)
+        } else if let Ok(m) = v.as_map_ref() {
+            w.maps = w.maps.saturating_add(m.len());
+            if w.maps > w.limits.map {
+                return Err(OverLimit::Map(w.limits.map));
+            }
+            items(w, m.values(), left)
+        } else if let Ok(s) = v.as_immutable_string_ref() {
+            if s.len() > w.limits.string {
+                return Err(OverLimit::String(w.limits.string));
+            }
+            Ok(())
+        } else {
+            Ok(())
+        }
+    }
+    /// The items of an array or a map `left` levels above the depth limit.
+    fn items<'v>(
+        w: &mut Walk,
+        mut items: impl Iterator<Item = &'v Dynamic>,
+        left: usize,
+    ) -> Result<(), OverLimit> {
+        let Some(first) = items.next() else {
+            return Ok(());
+        };
+        if left == 0 {
+            return Err(OverLimit::Depth(w.limits.depth));
+        }
+        for x in std::iter::once(first).chain(items) {
+            if w.steps == 0 {
+                break;
+            }
+            if x.is_array() || x.is_map() || x.is_string() {
+                visit(w, x, left - 1)?;
+            } else {
+                // A scalar: a step, and nothing to look into.
+                w.steps -= 1;
+            }
+        }
+        Ok(())
+    }
+    let mut w = Walk {
+        steps: limits.depth.saturating_add(BUDGET),
+        arrays: 0,
+        maps: 0,
+        limits,
+    };
+    visit(&mut w, v, limits.depth)
+}
+
 /// A script-facing error at no particular position (rhai fills in the call site).
 pub(crate) fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
     Box::new(EvalAltResult::ErrorRuntime(

@@ -106,9 +106,23 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     let limits = session.config.limits;
     engine.set_max_expr_depths(limits.expr_depth, limits.expr_depth);
     engine.set_max_call_levels(limits.calls);
-    engine.set_max_array_size(limits.array);
-    engine.set_max_string_size(limits.string);
-    engine.set_max_map_size(limits.map);
+    // Not rhai's size limits: it measures the whole value after each change, which made
+    // nesting N deep, or pushing N elements, cost N² (a one-line script ran for an hour).
+    // The `array`, `map`, `string` and `depth` limits are checked as a variable is read
+    // (`convert::check_read`, bounded steps), and `memory` bounds what is built.
+    #[allow(deprecated)] // rhai marks this hook "volatile", not deprecated
+    engine.on_var(move |name, _, ctx| {
+        match ctx
+            .scope()
+            .get(name)
+            .map(|v| super::convert::check_read(v, &limits))
+        {
+            Some(Err(over)) => Err(super::convert::script_err(format!(
+                "the value of `{name}` {over}"
+            ))),
+            _ => Ok(None),
+        }
+    });
     // Long loops notice Ctrl-C between statements.
     // A closed stdout (`gpuloop run s.rhai | head`) ends the script quietly, as exit(0).
     // Memory past the `memory` limit ends it with an error (one load of the allocator's count).
@@ -367,7 +381,8 @@ mod tests {
             .spawn(move || {
                 let engine = build_engine(session, &EngineOpts::default());
                 let mut v = Dynamic::from(1_i64);
-                for i in 0..DEPTH {
+                // One level short: `[a]` below is DEPTH deep, what the limit allows.
+                for i in 0..DEPTH - 1 {
                     v = if i % 2 == 0 {
                         Dynamic::from(vec![v])
                     } else {

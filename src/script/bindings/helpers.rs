@@ -24,17 +24,112 @@ fn log_line(start: Instant, msg: &Dynamic) {
     crate::errln!("[{:>7.2}s] {msg}", start.elapsed().as_secs_f64());
 }
 
+/// rhai's functions that allocate as much as an argument asks, checked first against the
+/// limits (rhai's own versions check its size limits, which gpuloop does not set: see
+/// `engine::build_engine`). Without this, `blob(100000000000)` is one allocation that fails
+/// and aborts before any step could see the memory limit.
+fn register_sized(engine: &mut Engine, limits: &Limits) {
+    // `limit`: the limit's name, for the message.
+    let size = |what: &'static str,
+                limit: &'static str,
+                len: i64,
+                max: usize|
+     -> RhaiResult<usize> {
+        match usize::try_from(len) {
+            Ok(n) if n <= max => Ok(n),
+            Ok(_) => Err(script_err(format!(
+                "{what}: {len} is more than the {limit} limit of {max} (raise it with --limit {limit}=N or [limits] in config.toml)"
+            ))),
+            Err(_) => Ok(0),
+        }
+    };
+    let max = limits.array;
+    def(
+        engine,
+        "pad",
+        &["array: &mut Array", "len: i64", "item: ?", "()"],
+        "Pads the array to at least len elements with copies of item (at most the array limit).",
+        move |a: &mut rhai::Array, len: i64, item: Dynamic| -> RhaiResult<()> {
+            let n = size("pad", "array", len, max)?;
+            if n > a.len() {
+                a.resize(n, item);
+            }
+            Ok(())
+        },
+    );
+    def(
+        engine,
+        "pad",
+        &["blob: &mut Blob", "len: i64", "value: i64", "()"],
+        "Pads the BLOB to at least len bytes with the byte value (at most the array limit).",
+        move |b: &mut rhai::Blob, len: i64, value: i64| -> RhaiResult<()> {
+            let n = size("pad", "array", len, max)?;
+            if n > b.len() {
+                b.resize(n, (value & 0xff) as u8);
+            }
+            Ok(())
+        },
+    );
+    def(
+        engine,
+        "blob",
+        &["len: i64", "Blob"],
+        "A BLOB of len zero bytes (at most the array limit).",
+        move |len: i64| -> RhaiResult<rhai::Blob> { Ok(vec![0; size("blob", "array", len, max)?]) },
+    );
+    def(
+        engine,
+        "blob",
+        &["len: i64", "value: i64", "Blob"],
+        "A BLOB of len bytes, each the byte value (at most the array limit).",
+        move |len: i64, value: i64| -> RhaiResult<rhai::Blob> {
+            Ok(vec![(value & 0xff) as u8; size("blob", "array", len, max)?])
+        },
+    );
+    let max = limits.string;
+    def(
+        engine,
+        "pad",
+        &["string: &mut String", "len: i64", "character: char", "()"],
+        "Pads the string to at least len characters with the character (at most the string limit).",
+        move |s: &mut rhai::ImmutableString, len: i64, c: char| -> RhaiResult<()> {
+            let n = size("pad", "string", len, max)?;
+            let have = s.chars().count();
+            if n > have {
+                let mut t = s.to_string();
+                t.extend(std::iter::repeat_n(c, n - have));
+                *s = t.into();
+            }
+            Ok(())
+        },
+    );
+    def(
+        engine,
+        "pad",
+        &["string: &mut String", "len: i64", "padding: &str", "()"],
+        "Pads the string to at least len characters with copies of padding (at most the string limit).",
+        move |s: &mut rhai::ImmutableString, len: i64, pad: &str| -> RhaiResult<()> {
+            let n = size("pad", "string", len, max)?;
+            let mut t = s.to_string();
+            let missing = n.saturating_sub(t.chars().count());
+            if !pad.is_empty() {
+                t.extend(pad.chars().cycle().take(missing));
+            }
+            *s = t.into();
+            Ok(())
+        },
+    );
+}
+
 fn truthy(v: &Dynamic) -> bool {
     v.as_bool().unwrap_or(!v.is_unit())
 }
 
 /// The helpers, for an engine built under `limits`; `log()` counts from now.
 pub(crate) fn register(engine: &mut Engine, limits: &Limits) {
-    let max_file = match engine.max_string_size() {
-        0 => usize::MAX,
-        n => n,
-    };
+    let max_file = limits.string;
     let max_depth = limits.depth;
+    register_sized(engine, limits);
     let start = Instant::now();
     // Typed overloads: they replace rhai's own sleep(), which Ctrl-C cannot interrupt.
     def(
