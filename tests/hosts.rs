@@ -1605,9 +1605,15 @@ fn on_a_terminal_hosts_are_counted_in_and_each_is_said_as_it_happens() {
 /// sets a PATH without gpuloop (and whatever `more` says), and its cache is in the test's
 /// directory. Returns that cache directory.
 fn bare_host(c: &Cluster, alias: &str, more: &str) -> std::path::PathBuf {
+    let cache = c.dir.path().join(format!("{alias}-cache"));
+    bare_host_at(c, alias, &cache, more);
+    cache
+}
+
+/// `bare_host`, with its cache in `cache`.
+fn bare_host_at(c: &Cluster, alias: &str, cache: &std::path::Path, more: &str) {
     let env = c.dir.path().join(format!("{alias}-env.sh"));
     std::fs::write(&env, format!("export PATH=/usr/bin:/bin\n{more}\n")).unwrap();
-    let cache = c.dir.path().join(format!("{alias}-cache"));
     c.set_env(
         alias,
         &format!(
@@ -1616,7 +1622,14 @@ fn bare_host(c: &Cluster, alias: &str, more: &str) -> std::path::PathBuf {
             cache.display()
         ),
     );
-    cache
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The processes running the copies of gpuloop in `cache`.
@@ -1641,12 +1654,24 @@ fn a_host_without_gpuloop_receives_this_one_and_cleans() {
     let out = run(&["--host", "pa", "clean", "--timeout", "20"]).ok();
     assert!(out.stdout.contains(&format!("{held} (")), "{}", out.stdout);
     assert!(!alive(held));
-    let stored: Vec<_> = std::fs::read_dir(cache.join("gpuloop"))
+    let mut stored: Vec<_> = std::fs::read_dir(cache.join("gpuloop"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .collect();
-    assert_eq!(stored.len(), 1, "one file, no temporary left: {stored:?}");
+    stored.sort();
+    // The copy and its sidecar (inode, size, mtime and hash, recorded once it was checked),
+    // no temporary left.
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    let id = format!("{}.id", stored[0].display());
+    assert_eq!(stored[1].display().to_string(), id, "{stored:?}");
+    let recorded = std::fs::read_to_string(&id).unwrap();
+    assert!(
+        recorded
+            .trim_end()
+            .ends_with(&sha256_hex(&std::fs::read(bin()).unwrap())),
+        "{recorded}"
+    );
     let name = stored[0]
         .file_name()
         .unwrap()
@@ -1959,4 +1984,160 @@ fn a_remote_wait_that_ends_not_clean_is_said_once_with_its_reason() {
     );
     assert!(out.stdout.contains("false"), "{}", out.stdout);
     sigkill(holder);
+}
+
+/// A fake `sha256sum` for `bare_host`'s PATH: while the copy in `dir` is being hashed, an
+/// attacker (nobody) swaps it for a link to `evil`, as another account could in a cache
+/// directory it prepared. Returns the directory to put first on the PATH.
+fn swapping_sha256sum(
+    c: &Cluster,
+    name: &str,
+    dir: &std::path::Path,
+    evil: &std::path::Path,
+) -> std::path::PathBuf {
+    let bin = c.dir.path().join(format!("{name}-bin"));
+    std::fs::create_dir(&bin).unwrap();
+    let fake = bin.join("sha256sum");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nfor f in {d}/gpuloop-*; do case \"$f\" in *.id) ;; *) setpriv --reuid=65534 --regid=65534 --clear-groups ln -sfn {e} \"$f\" 2>/dev/null;; esac; done\nexec /usr/bin/sha256sum \"$@\"\n",
+            d = dir.display(),
+            e = evil.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// Issue 33, item 2: self-push wrote through a cache directory another account had made (a
+/// shared XDG_CACHE_HOME, `sudo -E`), and root then ran what that account left at the final
+/// name. The race is forced: while the copy is hashed, nobody swaps it for a link to its own
+/// program. A cache anyone else can write to, or reached through a link, is refused, saying
+/// which component and why; in one that is safe, a link at the final name is replaced, never
+/// run, and the swap cannot happen.
+#[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
+fn a_pushed_copy_never_goes_through_nor_runs_from_what_another_account_controls() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    require_root("to prepare a cache as another account (nobody)");
+    let c = Cluster::new(
+        &[
+            ("pn", "1x8G"),
+            ("pw", "1x8G"),
+            ("pl", "1x8G"),
+            ("ps", "1x8G"),
+        ],
+        &[],
+    );
+    let marker = c.dir.path().join("evil-ran");
+    let evil = c.dir.path().join("evil.sh");
+    std::fs::write(&evil, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let chown = |p: &std::path::Path| {
+        let path = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(
+            unsafe { libc::lchown(path.as_ptr(), 65534, 65534) },
+            0,
+            "{p:?}"
+        );
+    };
+    // pn: nobody made the cache directory, and will swap the copy while it is hashed.
+    let pn = c.dir.path().join("pn-cache");
+    let pn_dir = pn.join("gpuloop");
+    std::fs::create_dir_all(&pn_dir).unwrap();
+    std::fs::set_permissions(&pn, std::fs::Permissions::from_mode(0o755)).unwrap();
+    chown(&pn_dir);
+    let pn_bin = swapping_sha256sum(&c, "pn", &pn_dir, &evil);
+    bare_host_at(
+        &c,
+        "pn",
+        &pn,
+        &format!("export PATH={}:$PATH", pn_bin.display()),
+    );
+    // pw: root's, but anyone may write to it.
+    let pw = c.dir.path().join("pw-cache");
+    std::fs::create_dir_all(pw.join("gpuloop")).unwrap();
+    std::fs::set_permissions(pw.join("gpuloop"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    bare_host_at(&c, "pw", &pw, "");
+    // pl: the cache is a link to a directory nobody owns.
+    let pl = c.dir.path().join("pl-cache");
+    std::fs::create_dir_all(&pl).unwrap();
+    symlink(&pn_dir, pl.join("gpuloop")).unwrap();
+    bare_host_at(&c, "pl", &pl, "");
+    // ps: a safe cache (root's, 0700), with a link to the attacker's program at the final
+    // name, and the same attacker trying the same swap.
+    let ps = c.dir.path().join("ps-cache");
+    let ps_dir = ps.join("gpuloop");
+    std::fs::create_dir_all(&ps_dir).unwrap();
+    std::fs::set_permissions(&ps_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let hash = sha256_hex(&std::fs::read(bin()).unwrap());
+    let final_name = ps_dir.join(format!(
+        "gpuloop-{}-{}",
+        env!("CARGO_PKG_VERSION"),
+        &hash[..16]
+    ));
+    symlink(&evil, &final_name).unwrap();
+    let ps_bin = swapping_sha256sum(&c, "ps", &ps_dir, &evil);
+    bare_host_at(
+        &c,
+        "ps",
+        &ps,
+        &format!("export PATH={}:$PATH", ps_bin.display()),
+    );
+
+    let out = out_of(
+        c.bare_cmd()
+            .args(["--host", "pn,pw,pl,ps", "--no-reuse", "gpus"])
+            .output()
+            .expect("gpuloop"),
+    );
+    assert!(
+        !marker.exists(),
+        "the attacker's program ran: {}",
+        out.stderr
+    );
+    for (host, why) in [
+        (
+            "pn",
+            format!(
+                "{}: it belongs to uid 65534, not to uid 0 or root",
+                pn_dir.display()
+            ),
+        ),
+        (
+            "pw",
+            format!(
+                "{}: others may write to it (mode 777)",
+                pw.join("gpuloop").display()
+            ),
+        ),
+        (
+            "pl",
+            format!("{}: it is a symbolic link", pl.join("gpuloop").display()),
+        ),
+    ] {
+        assert!(
+            out.stderr.contains(&format!("host {host}: ")) && out.stderr.contains(&why),
+            "{host}: {why}\n{}",
+            out.stderr
+        );
+    }
+    // Nothing was written where nobody, or anyone, could have put it.
+    assert_eq!(std::fs::read_dir(&pn_dir).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(pw.join("gpuloop")).unwrap().count(), 0);
+    // ps answered, from a regular file of root's that is this binary.
+    assert!(
+        out.stdout.contains(" ps "),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let meta = std::fs::symlink_metadata(&final_name).unwrap();
+    assert!(meta.file_type().is_file(), "the link is still there");
+    assert_eq!(
+        std::fs::read(&final_name).unwrap(),
+        std::fs::read(bin()).unwrap()
+    );
 }

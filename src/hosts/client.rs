@@ -743,10 +743,14 @@ fn push_answer(line: &str) -> Option<Result<Vec<u8>, String>> {
             }),
         );
     }
-    if line == push::SEND {
+    if let Some(how) = line.strip_prefix(push::SEND) {
         return Some(push::exe().map(|exe| {
-            let mut b = format!("{}\n", exe.bytes.len()).into_bytes();
-            b.extend_from_slice(&exe.bytes);
+            let body = match how.trim() {
+                "gz" => exe.gzipped(),
+                _ => &exe.bytes[..],
+            };
+            let mut b = format!("{}\n", body.len()).into_bytes();
+            b.extend_from_slice(body);
             b
         }));
     }

@@ -15,7 +15,8 @@ use std::sync::{Arc, OnceLock};
 
 /// What a host says before it is sent anything.
 pub(crate) const ASK: &str = "gpuloop-push ";
-/// The remote has no copy of this binary: send it.
+/// The remote has no copy of this binary: send it (followed by ` gz` where the host can
+/// gunzip it).
 pub(crate) const SEND: &str = "gpuloop-send";
 /// The script's exit code where the cache refused the copy (EX_CANTCREAT's neighbour,
 /// EX_TEMPFAIL: sysexits.h).
@@ -24,6 +25,16 @@ pub(crate) const CANNOT_STORE: i32 = 75;
 /// The remote command: a POSIX sh script in one line, with no `!` and no newline (a csh or
 /// fish login shell passes it to sh untouched). `skip_path`: the gpuloop on the PATH spoke
 /// another protocol, so only this binary's copy will do.
+///
+/// The cache is trusted only as sudo and ssh trust a directory: every component of its path,
+/// up to `/`, is no link, belongs to the remote user or root, and is writable by no one else
+/// (a root-owned sticky directory such as /tmp excepted: others cannot rename or remove what
+/// is in it). Otherwise nothing is kept, written or run there (exit 75, saying which
+/// component and why). The copy arrives in a file `mktemp` creates exclusively, under a new
+/// name, and what runs is a regular file of the remote user's whose SHA-256 was checked at
+/// that file: hashed once, when it was stored, and trusted after that while its inode, size
+/// and mtime are the ones its sidecar (`F.id`, checked by the same rules) recorded with the
+/// hash. It comes gzipped where the host has gzip.
 pub(crate) fn script(skip_path: bool) -> String {
     let version = env!("CARGO_PKG_VERSION");
     let mut s = String::new();
@@ -31,20 +42,32 @@ pub(crate) fn script(skip_path: bool) -> String {
         s.push_str("command -v gpuloop >/dev/null 2>&1 && exec gpuloop agent; ");
     }
     s.push_str(&format!(
-        "D=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/gpuloop\"; \
+        "D=\"${{XDG_CACHE_HOME:-$HOME/.cache}}/gpuloop\"; u=$(id -u); \
          echo \"{ASK}$(uname -m) $(getconf GNU_LIBC_VERSION 2>/dev/null)\"; \
          read -r H || exit 0; \
          case \"$H\" in *[a-f0-9]*) ;; *) exit 0;; esac; \
          F=\"$D/gpuloop-{version}-$(printf %s \"$H\" | cut -c1-16)\"; \
-         ok() {{ [ -x \"$F\" ] && [ \"$(sha256sum < \"$F\")\" = \"$H  -\" ]; }}; \
-         ok && exec \"$F\" agent; \
-         echo {SEND}; \
+         bad() {{ echo \"gpuloop: not keeping or running a copy of gpuloop under $1: $2\" >&2; exit 75; }}; \
+         safe() {{ p=$1; while :; do \
+           [ -L \"$p\" ] && bad \"$p\" \"it is a symbolic link\"; \
+           s=$(stat -c \"%u %a\" \"$p\") || bad \"$p\" \"cannot read its owner\"; o=${{s% *}}; m=${{s#* }}; \
+           [ \"$o\" = \"$u\" ] || [ \"$o\" = 0 ] || bad \"$p\" \"it belongs to uid $o, not to uid $u or root\"; \
+           if [ $((0$m & 022)) -ne 0 ]; then [ \"$o\" = 0 ] && [ $((0$m & 01000)) -ne 0 ] || bad \"$p\" \"others may write to it (mode $m)\"; fi; \
+           [ \"$p\" = / ] && return 0; p=$(dirname \"$p\"); done; }}; \
+         mine() {{ [ -L \"$1\" ] && return 1; [ -f \"$1\" ] && [ \"$(stat -c %u \"$1\")\" = \"$u\" ]; }}; \
+         ok() {{ mine \"$F\" || return 1; I=$(stat -c \"%i %s %Y\" \"$F\") || return 1; \
+           mine \"$F.id\" && [ \"$(cat \"$F.id\")\" = \"$I $H\" ] && return 0; \
+           [ \"$(sha256sum < \"$F\")\" = \"$H  -\" ] || return 1; \
+           S=$(mktemp \"$D/.id-XXXXXX\") && printf \"%s\\n\" \"$I $H\" > \"$S\" && mv -f \"$S\" \"$F.id\"; return 0; }}; \
+         if [ -e \"$D\" ] || [ -L \"$D\" ]; then safe \"$D\"; ok && exec \"$F\" agent; fi; \
+         Z=; type gzip >/dev/null 2>&1 && Z=\" gz\"; echo \"{SEND}$Z\"; \
          read -r N || exit 0; \
-         umask 077; mkdir -p \"$D\" || exit 75; T=\"$D/.gpuloop-$$\"; \
-         head -c \"$N\" > \"$T\" || {{ rm -f \"$T\"; exit 75; }}; \
-         chmod 700 \"$T\" && mv -f \"$T\" \"$F\" || {{ rm -f \"$T\"; exit 75; }}; \
+         umask 077; mkdir -p \"$D\" || exit 75; safe \"$D\"; \
+         T=$(mktemp \"$D/.gpuloop-XXXXXX\") || exit 75; \
+         if [ -n \"$Z\" ]; then head -c \"$N\" | gzip -dc > \"$T\"; else head -c \"$N\" > \"$T\"; fi || {{ rm -f \"$T\"; exit 75; }}; \
+         chmod 700 \"$T\" && rm -f \"$F.id\" && mv -f \"$T\" \"$F\" || {{ rm -f \"$T\"; exit 75; }}; \
          ok && exec \"$F\" agent; \
-         echo \"gpuloop: the copy received in $F does not match its SHA-256\" >&2; rm -f \"$F\"; exit 75"
+         echo \"gpuloop: the copy received in $F does not match its SHA-256\" >&2; rm -f \"$F\" \"$F.id\"; exit 75"
     ));
     format!("sh -c '{s}'")
 }
@@ -57,6 +80,20 @@ pub(crate) struct Exe {
     /// The oldest glibc it runs on (`GLIBC_2.x` symbol versions it needs); `None` for one
     /// that needs none (static).
     pub glibc: Option<(u32, u32)>,
+    gz: OnceLock<Vec<u8>>,
+}
+
+impl Exe {
+    /// The bytes gzipped, as a host with gzip receives them (made once per run).
+    pub(crate) fn gzipped(&self) -> &[u8] {
+        self.gz.get_or_init(|| {
+            use std::io::Write;
+            let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            // Writing to a Vec fails only where allocating does.
+            let _ = z.write_all(&self.bytes);
+            z.finish().unwrap_or_default()
+        })
+    }
 }
 
 pub(crate) fn exe() -> Result<Arc<Exe>, String> {
@@ -70,7 +107,12 @@ pub(crate) fn exe() -> Result<Arc<Exe>, String> {
             .map(|b| format!("{b:02x}"))
             .collect();
         let glibc = glibc_needed(&bytes);
-        Ok(Arc::new(Exe { bytes, hash, glibc }))
+        Ok(Arc::new(Exe {
+            bytes,
+            hash,
+            glibc,
+            gz: OnceLock::new(),
+        }))
     })
     .clone()
 }
@@ -197,6 +239,7 @@ mod tests {
             bytes: Vec::new(),
             hash: String::new(),
             glibc: Some((2, 34)),
+            gz: OnceLock::new(),
         };
         let arch = std::env::consts::ARCH;
         assert_eq!(cannot_run(&format!("{arch} glibc 2.36"), &exe), None);

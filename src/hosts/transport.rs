@@ -401,10 +401,43 @@ pub(crate) fn reuse_dir() -> Result<PathBuf, String> {
     private_dir(dir, uid)
 }
 
+/// Whether `dir` and every directory above it, up to `/`, is safe to keep something of
+/// `uid`'s under, as sudo and ssh judge it: no link, owned by `uid` or root, writable by no
+/// one else (a root-owned sticky directory such as /tmp excepted: others cannot rename or
+/// remove what is in it). The same rule as the pushed copy's cache (`push::script`).
+pub(crate) fn safe_path(dir: &std::path::Path, uid: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    for p in dir.ancestors() {
+        let m = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let why = if m.file_type().is_symlink() {
+            Some("it is a symbolic link".to_string())
+        } else if m.uid() != uid && m.uid() != 0 {
+            Some(format!(
+                "it belongs to uid {}, not to uid {uid} or root",
+                m.uid()
+            ))
+        } else if m.mode() & 0o022 != 0 && !(m.uid() == 0 && m.mode() & 0o1000 != 0) {
+            Some(format!(
+                "others may write to it (mode {:o})",
+                m.mode() & 0o7777
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(format!("{}: {why}", p.display()));
+        }
+    }
+    Ok(())
+}
+
 /// `dir`, created 0700 if missing, if it is a directory (not a link) of `uid` that no one
-/// else may enter.
+/// else may enter, under directories that are safe (`safe_path`).
 fn private_dir(dir: PathBuf, uid: u32) -> Result<PathBuf, String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if let Some(parent) = dir.parent() {
+        safe_path(parent, uid)?;
+    }
     if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         if e.kind() != std::io::ErrorKind::AlreadyExists {
             return Err(format!("cannot create {}: {e}", dir.display()));
@@ -490,6 +523,25 @@ mod tests {
 
         // Another user's: the same directory judged for a uid that does not own it.
         assert!(private_dir(made, uid + 1).is_err());
+
+        // Issue 33, item 2: its parent is judged too. One anyone may write to (not a
+        // root-owned sticky one) lets another account replace the socket directory itself.
+        let shared = t.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(shared.join("gpuloop"), uid).unwrap_err();
+        assert!(e.contains("others may write to it (mode 777)"), "{e}");
+        assert!(
+            !shared.join("gpuloop").exists(),
+            "made under an unsafe parent"
+        );
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let sticky = private_dir(shared.join("gpuloop"), uid);
+        assert_eq!(sticky.is_ok(), uid == 0, "{sticky:?}");
+        let linked = t.path().join("linked");
+        std::os::unix::fs::symlink(t.path().join("new"), &linked).unwrap();
+        let e = private_dir(linked.join("sub"), uid).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
     }
 
     /// `--host localhost:22` once reached ssh whole ("Could not resolve hostname
