@@ -1820,7 +1820,8 @@ fn a_host_whose_gpuloop_speaks_another_protocol_receives_this_one() {
     );
     let out = run(&["--host", "pv", "--no-reuse", "--json", "gpus"]).ok();
     assert_eq!(out.json().as_array().unwrap().len(), 1, "{}", out.stdout);
-    assert_eq!(std::fs::read_dir(cache.join("gpuloop")).unwrap().count(), 1);
+    // The copy and its sidecar.
+    assert_eq!(std::fs::read_dir(cache.join("gpuloop")).unwrap().count(), 2);
     assert!(
         within(10, || running_from(&cache).is_empty()),
         "an agent was left"
