@@ -123,7 +123,9 @@ fn open_to_everyone(dir: &Path) {
     }
 }
 
-/// `clean --user nobody --parents` stopped the root-owned parent of nobody's holder.
+/// `clean --user nobody --parents` stopped the root-owned parent of nobody's holder. The
+/// parent names itself as torchrun's agent does, so that `--parents` would stop it were it
+/// nobody's.
 #[test]
 fn clean_user_nobody_with_parents_signals_a_root_parent_never() {
     if !root() {
@@ -134,6 +136,7 @@ fn clean_user_nobody_with_parents_signals_a_root_parent_never() {
     open_to_everyone(sim.path());
     let script = format!(
         r#"echo $$ > "$D/parent"
+           printf pt_elastic > /proc/$$/comm
            {AS_NOBODY} "$1" sim hold --foreground --gpu 0 --mib 64 &
            wait
            exec sleep 1000"#
