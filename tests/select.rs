@@ -244,3 +244,31 @@ fn a_selector_naming_an_unknown_host_is_a_usage_error_not_an_empty_selection() {
     assert!(out.stderr.contains(r#"no host "gpu02""#), "{}", out.stderr);
     assert!(alive(p), "nothing was signalled");
 }
+
+/// Issue 33, item 10: `--gpu -0` selected GPU 0 while `--gpu -1` was refused as negative, and
+/// `--gpu 99999999999999999999` was looked up as a UUID. Both are bad indices, said as such,
+/// on the command line and in scripts, before anything runs.
+#[test]
+fn minus_zero_and_an_index_past_any_machine_are_bad_indices() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    for cmd in ["holders", "kill", "clean"] {
+        let out = sim.run(&[cmd, "--gpu", "-0"]).code(2);
+        assert!(
+            out.stderr.contains("GPU indices are not negative"),
+            "{cmd}: {}",
+            out.stderr
+        );
+        let out = sim.run(&[cmd, "--gpu", "99999999999999999999"]).code(2);
+        assert!(
+            out.stderr
+                .contains("no GPU with index 99999999999999999999")
+                && !out.stderr.contains("UUID"),
+            "{cmd}: {}",
+            out.stderr
+        );
+    }
+    let out = sim.run(&["eval", r#"holders("-0")"#]).code(1);
+    assert!(out.stderr.contains("not negative"), "{}", out.stderr);
+    assert!(alive(p), "a refused selection signalled the holder");
+}

@@ -19,11 +19,17 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Selector>, GpuError> {
         if part.is_empty() {
             return Err(bad("an empty item"));
         }
-        if let Ok(i) = part.parse::<i64>() {
-            if i < 0 {
+        // A number, whatever its size or sign, is an index: `-0` is as negative as `-1`, and
+        // an index too large for any machine is no UUID.
+        let digits = part.strip_prefix(['-', '+']).unwrap_or(part);
+        if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+            if part.starts_with('-') {
                 return Err(bad("GPU indices are not negative"));
             }
-            out.push(Selector::Index(i));
+            match digits.parse::<i64>() {
+                Ok(i) => out.push(Selector::Index(i)),
+                Err(_) => return Err(bad(&format!("no GPU with index {digits}"))),
+            }
         } else if let Some((a, b)) = part
             .split_once('-')
             .and_then(|(a, b)| Some((a.parse::<i64>().ok()?, b.parse::<i64>().ok()?)))
@@ -158,6 +164,13 @@ mod tests {
         assert!(sel("0,,1").unwrap_err().contains("empty"));
         assert!(sel("3-1").unwrap_err().contains("backwards"));
         assert!(sel("-1").unwrap_err().contains("not negative"));
+        // Issue 33, item 10: `-0` was index 0, and a 20-digit index a UUID.
+        assert!(sel("-0").unwrap_err().contains("not negative"));
+        assert!(sel("0,-0").unwrap_err().contains("not negative"));
+        assert!(sel("99999999999999999999")
+            .unwrap_err()
+            .contains("no GPU with index 99999999999999999999"));
+        assert_eq!(parse("+1").unwrap(), vec![Selector::Index(1)]);
         assert!(sel("GPU-").unwrap_err().contains("matches 4 GPUs"));
         assert!(sel("GPU-ffff")
             .unwrap_err()
