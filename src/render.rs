@@ -375,7 +375,9 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
         let text = one_kill_report(&part, style);
         let mut lines: Vec<&str> = text.lines().collect();
         // Its own time: the whole report's comes once, at the end.
-        lines.pop();
+        if took(&part).is_some() {
+            lines.pop();
+        }
         for l in lines.into_iter().filter(|l| *l != "signalled: none") {
             out.push(format!("{host}: {l}"));
         }
@@ -386,7 +388,7 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
     if r.interrupted {
         out.push(interrupted_line(r, style));
     }
-    out.push(format!("({} ms)", r.elapsed_ms));
+    out.extend(took(r));
     out.join("\n")
 }
 
@@ -451,8 +453,10 @@ fn one_kill_report(r: &KillReport, style: Style) -> String {
             Some(sig) if sig == t.signal => {
                 style.green(&format!("{who} exited on {sig} after {}", secs(t.exit_ms)))
             }
+            // It outlived the grace: it may handle the signal and be on its way out, or
+            // block it; what it did with it is not known here, so it is not said.
             Some(sig) => format!(
-                "{who} ignored {}, got {sig} after {}",
+                "{who} still running when the grace after {} ran out, got {sig}, gone after {}",
                 t.signal,
                 secs(t.exit_ms)
             ),
@@ -484,8 +488,14 @@ fn one_kill_report(r: &KillReport, style: Style) -> String {
     for e in &r.errors {
         out.push(style.red(&format!("error {}: {}", e.pid, e.error)));
     }
-    out.push(format!("({} ms)", r.elapsed_ms));
+    out.extend(took(r));
     out.join("\n")
+}
+
+/// How long the signals took to act, when something was signalled (a lone "(0 ms)" under
+/// "signalled: none" says nothing).
+fn took(r: &KillReport) -> Option<String> {
+    (!r.targets.is_empty() || !r.signalled.is_empty()).then(|| format!("({} ms)", r.elapsed_ms))
 }
 
 /// `gpuloop recipes`: each recipe's name, what it is for, and how to run it, under it; the name

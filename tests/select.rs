@@ -135,9 +135,10 @@ fn wait_and_diagnose_take_user_mine_and_job() {
 fn kill_takes_plain_pids_under_the_same_rules() {
     let sim = Sim::new("1x8G");
     let p = sim.hold(&["--gpu", "0", "--mib", "8"])[0];
+    // pid 1 is refused, so the kill fails as kill(1) would (exit 1), having stopped `p`.
     let r = sim
         .run(&["--json", "kill", &p.to_string(), "1", "--grace", "5"])
-        .ok()
+        .code(1)
         .json();
     assert_eq!(r["exited"], serde_json::json!([p]));
     assert_eq!(r["skipped"][0]["pid"], 1);

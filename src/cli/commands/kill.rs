@@ -74,23 +74,18 @@ fn kill_holders(
     Ok(summary(cfg, rows, true)?.max(kill_code(&report)))
 }
 
-/// `gpuloop kill PID…`: bare pids, resolved now, under the same rules as holders.
+/// `gpuloop kill PID…`: bare pids, resolved now, under the same rules as holders. As kill(1),
+/// a pid named and not signalled (no such process, pid 1, another user's) fails the command
+/// (exit 1); the report's "skipped" line says why, once.
 pub(super) fn pids(cfg: &Config, pids: &[i32], opts: &KillOpts) -> Result<i32, Error> {
     let targets: Vec<_> = pids.iter().map(|&pid| (None, Target::Pid(pid))).collect();
     let report = Fleet::of(&cfg.session).kill(&targets, opts, None)?;
     let code = kill_done(cfg, &report)?;
-    // As kill(1): a pid named that is no process is a failure, not a quiet success.
-    let missing: Vec<String> = report
+    let refused = report
         .skipped
         .iter()
-        .filter(|s| s.is_gone() && pids.iter().any(|&p| i64::from(p) == s.pid))
-        .map(|s| s.pid.to_string())
-        .collect();
-    if missing.is_empty() {
-        return Ok(code);
-    }
-    crate::errln!("gpuloop: kill: no such process: {}", missing.join(", "));
-    Ok(code.max(1))
+        .any(|s| pids.iter().any(|&p| i64::from(p) == s.pid));
+    Ok(if refused { code.max(1) } else { code })
 }
 
 pub(super) fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
