@@ -8,7 +8,7 @@ use crate::gpu::sim::SimBackend;
 use crate::gpu::{Backend, DeviceNodes, GpuError, NoDriver};
 use crate::hosts::{HostsConfig, Pool};
 use crate::inspect::diagnose::Reach;
-use crate::process::restart::Restarter;
+use crate::process::restart::{Restarter, Seen};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +38,8 @@ pub struct Session {
     warned_no_driver: AtomicBool,
     /// Parents that outlived holders this session stopped, and may start them again.
     restarters: Mutex<Vec<Restarter>>,
+    /// Parents this session saw start a holder again after one was stopped.
+    restarted: Mutex<Vec<Seen>>,
     /// How the person reading this session's advice reaches this machine: set once by the
     /// client of `gpuloop agent`; unset, they read it here.
     reach: OnceLock<Reach>,
@@ -55,6 +57,7 @@ impl Session {
             verbose,
             warned_no_driver: AtomicBool::new(false),
             restarters: Mutex::new(Vec::new()),
+            restarted: Mutex::new(Vec::new()),
             reach: OnceLock::new(),
         }
     }
@@ -132,6 +135,25 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Notes a parent seen starting a holder again (as it is also remembered on the
+    /// machine): in this run it has shown it restarts, whether or not the machine remembers.
+    pub(crate) fn note_restarted(&self, seen: Seen) {
+        if let Ok(mut rs) = self.restarted.lock() {
+            rs.retain(|s| (s.pid, s.start) != (seen.pid, seen.start));
+            rs.push(seen);
+        }
+    }
+
+    /// The parents seen restarting a holder: in this run, and as remembered on this machine
+    /// (those that still run).
+    pub(crate) fn restarted(&self) -> Vec<Seen> {
+        let mut all = crate::process::restart::seen_before();
+        if let Ok(rs) = self.restarted.lock() {
+            all.extend(rs.iter().cloned());
+        }
+        all
     }
 
     /// The restarters noted so far that are still alive.

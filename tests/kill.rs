@@ -1129,6 +1129,51 @@ fn grace_zero_kills_at_once_and_inf_waits_for_the_same_holder_without_calling_it
     assert!(out.stderr.contains("or inf"), "{}", out.stderr);
 }
 
+/// A GPU holder (a Python that maps the GPU's node, as a CUDA context does) whose TERM handler
+/// takes `secs` to exit; returns its pid.
+fn slow_term_holder(sim: &Sim, secs: f64) -> i32 {
+    sim.gpus();
+    let node = sim.path().join("state/dev/nvidia0");
+    let script = format!(
+        "import mmap, os, signal, time\n\
+         f = open({node:?}, 'r+b'); m = mmap.mmap(f.fileno(), 4096)\n\
+         def term(*_): time.sleep({secs}); os._exit(0)\n\
+         signal.signal(signal.SIGTERM, term)\n\
+         print(os.getpid(), flush=True)\n\
+         while True: time.sleep(1)"
+    );
+    let mut c = std::process::Command::new("python3");
+    c.args(["-c", &script]);
+    started_pid(sim, c)
+}
+
+/// Issue 33, item 8: a holder that catches TERM and exits later is no holder that "ignored
+/// TERM": within the grace it exited on TERM; past it, it was still running when the grace
+/// ran out, which is all that is known.
+#[test]
+fn a_holder_that_handles_term_slowly_is_never_said_to_have_ignored_it() {
+    let sim = Sim::new("1x8G");
+    let p = slow_term_holder(&sim, 0.5);
+    let out = sim.run(&["kill", "--gpu", "0", "--grace", "5"]).ok();
+    assert!(
+        out.stdout
+            .contains(&format!("{p} (python3) on GPU 0 exited on TERM after")),
+        "{}",
+        out.stdout
+    );
+    let p = slow_term_holder(&sim, 30.0);
+    let out = sim.run(&["kill", "--gpu", "0", "--grace", "0.3"]).ok();
+    assert!(!out.stdout.contains("ignored"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains(&format!(
+            "{p} (python3) on GPU 0 still running when the grace after TERM ran out, got KILL"
+        )),
+        "{}",
+        out.stdout
+    );
+    assert!(gone_within(p, 10));
+}
+
 /// A TERM-ignoring target was reported twice, the two lines contradicting each other
 /// ("ignored TERM, got KILL after 0.0 s", then "KILL at once … sent KILL at once"); its JSON
 /// `signal` said TERM while it was listed in `killed_at_once`; and `kill --dry-run` said it

@@ -21,6 +21,7 @@ mod layering;
 mod mcp;
 mod modules;
 mod owner;
+mod parents;
 mod patch;
 mod recipes;
 mod render;

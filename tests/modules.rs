@@ -260,8 +260,15 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
     assert_eq!(jobs[1]["mem_mib"], 70, "{jobs}");
     assert_eq!(jobs[2]["launcher"], sup[0], "{jobs}");
 
-    // Stopping the supervised job takes its supervisor too; the others run on, one of them on
-    // the same GPU (its memory stays: the job is done when the driver lists none of its own).
+    // Stopping the supervised job takes its supervisor too, once it has shown it restarts
+    // (a clean saw it start its holder again); the others run on, one of them on the same
+    // GPU (its memory stays: the job is done when the driver lists none of its own).
+    let out = sim
+        .run(&["clean", "--gpu", "1", "--grace", "2", "--settle", "5"])
+        .code(1);
+    assert!(out.stdout.contains("respawning"), "{}", out.stdout);
+    let again = sim.eval("until(60, || holders(1).len() > 0); holders(1)[0].ppid");
+    assert_eq!(again, sup[0].to_string());
     let beside = *sim
         .hold(&["--gpu", "1", "--mib", "20", "--setsid"])
         .last()

@@ -118,7 +118,9 @@ fn open_to_everyone(dir: &Path) {
     }
 }
 
-/// `clean --user nobody --parents` stopped the root-owned parent of nobody's holder.
+/// `clean --user nobody --parents` stopped the root-owned parent of nobody's holder. The
+/// parent names itself as torchrun's agent does, so that `--parents` would stop it were it
+/// nobody's.
 #[test]
 #[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
 fn clean_user_nobody_with_parents_signals_a_root_parent_never() {
@@ -128,6 +130,7 @@ fn clean_user_nobody_with_parents_signals_a_root_parent_never() {
     open_to_everyone(sim.path());
     let script = format!(
         r#"echo $$ > "$D/parent"
+           printf pt_elastic > /proc/$$/comm
            {AS_NOBODY} "$1" sim hold --foreground --gpu 0 --mib 64 &
            wait
            exec sleep 1000"#

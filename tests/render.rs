@@ -5,7 +5,7 @@ use gpuloop::gpu::{Gpu, MIB};
 use gpuloop::inspect::diagnose::Diagnosis;
 use gpuloop::inspect::holders::{Evidence, Holder, Role, State};
 use gpuloop::process::kill::{KillError, KillReport, Skipped, Stopped, Stuck};
-use gpuloop::process::restart::Restarter;
+use gpuloop::process::restart::{Restarter, Shown};
 use gpuloop::render::{self, Style};
 use gpuloop::script::display;
 use rhai::Dynamic;
@@ -170,13 +170,24 @@ fn kill_report() -> KillReport {
         elapsed_ms: 5012,
         dry_run: false,
         would_signal: vec![],
-        restarters: vec![Restarter {
-            pid: 4200,
-            name: "bash".into(),
-            holder: 4242,
-            identity: gpuloop::process::Identity::new(4200, 1),
-            holder_identity: gpuloop::process::Identity::new(4242, 2),
-        }],
+        restarters: vec![
+            Restarter {
+                pid: 4200,
+                name: "bash".into(),
+                holder: 4242,
+                shown: None,
+                identity: gpuloop::process::Identity::new(4200, 1),
+                holder_identity: gpuloop::process::Identity::new(4242, 2),
+            },
+            Restarter {
+                pid: 4201,
+                name: "torchrun agent (restarts its workers)".into(),
+                holder: 4243,
+                shown: Some(Shown::Launcher),
+                identity: gpuloop::process::Identity::new(4201, 1),
+                holder_identity: gpuloop::process::Identity::new(4243, 2),
+            },
+        ],
         by_host: Default::default(),
     }
 }

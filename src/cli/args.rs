@@ -489,9 +489,12 @@ pub struct KillFlags {
     /// those: stop the unit instead).
     #[arg(long)]
     pub force: bool,
-    /// Also stop the holders' restarters (live parents that would start them again; never
-    /// init, a login shell, nor a job step's or container's manager: slurmstepd, a
-    /// containerd shim, conmon, runc, tini, sshd, sudo, tmux, screen).
+    /// Also stop the holders' parents that have shown they restart them: torchrun's elastic
+    /// agent, or a parent gpuloop saw start a holder again (remembered on this machine, or in
+    /// this run: clean watches the other live parents 1 s for it). Any other live parent is
+    /// named and left alone; never init, a login or interactive shell, nor a job step's or
+    /// container's manager (slurmstepd, a containerd shim, conmon, runc, tini, sshd, sudo,
+    /// tmux, screen).
     #[arg(long)]
     pub parents: bool,
 }

@@ -674,7 +674,7 @@ fn verdict(
         let all: Vec<&Holder> = holders.iter().collect();
         let parents = holders
             .iter()
-            .map(|h| (h.pid, h.ppid, h.origin.ppid_comm.as_str()));
+            .map(|h| (h.pid, h.ppid, h.origin.ppid_name.as_str()));
         let parents_cmd = gpuloop(format!("clean --gpu {gpu} --parents"));
         if let Some(advice) = unit_restart_advice(holders, f.reach) {
             return (Verdict::Held, advice);
@@ -1019,6 +1019,7 @@ mod tests {
             pid: 1237,
             name: "bash".into(),
             holder: 1240,
+            shown: None,
             identity: crate::process::Identity::new(1237, 1),
             holder_identity: crate::process::Identity::new(1240, 2),
         };
@@ -1058,6 +1059,7 @@ mod tests {
             pid: 1237,
             name: "bash".into(),
             holder: 1240,
+            shown: None,
             identity: crate::process::Identity::new(1237, 1),
             holder_identity: crate::process::Identity::new(1240, 2),
         };

@@ -111,6 +111,8 @@ impl Local<'_> {
         let show = &mut self.watch.show;
         let opts = &KillOpts {
             served: opts.served.clone().or_else(|| self.served.clone()),
+            // What this run and this machine saw of restarts: the parents `parents` may stop.
+            restarted: self.s.restarted(),
             ..opts.clone()
         };
         let report = kill::kill_with_progress(

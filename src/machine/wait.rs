@@ -82,9 +82,16 @@ impl Ask for Clean {
         }
     }
     fn takes(&self) -> Option<Duration> {
+        // Each round of --parents is a kill of its own.
+        let kills = if self.kill.parents {
+            self.kill.grace.checked_mul(1 + RESTART_ROUNDS)?
+        } else {
+            self.kill.grace
+        };
         self.wait
             .longest()
-            .checked_add(self.kill.grace)?
+            .checked_add(kills)?
+            .checked_add(RESTART_WATCH)?
             .checked_add(Duration::from_secs(10))
     }
 }
@@ -108,19 +115,41 @@ impl Op for Clean {
             wait_forever: false,
             ..self.kill.clone()
         };
-        let kill = m.kill_holders(&sel, &self.filter, &kill_opts)?;
+        let mut kill = m.kill_holders(&sel, &self.filter, &kill_opts)?;
         let waited = std::time::Instant::now();
-        let mut wait_opts = self.wait.clone();
-        // What survived the kill may still be on its way out: no early stop while it lives.
-        wait_opts
-            .exiting
-            .extend(kill.survivors.iter().map(|&p| p as i32));
-        // Interrupted during the grace: stop here, the caller reports what was signalled.
-        // Otherwise what is left is in the report: no warning that says it a second time.
-        let outcome = if kill.interrupted {
-            WaitOutcome::Interrupted
-        } else {
-            m.wait(&sel, &wait_opts)?
+        // One timeout for the whole wait, however many rounds it takes.
+        let deadline = waited.checked_add(self.wait.timeout);
+        let mut rounds = 0;
+        let (outcome, wait_opts) = loop {
+            let mut wait_opts = self.wait.clone();
+            if let Some(deadline) = deadline {
+                wait_opts.timeout = deadline.saturating_duration_since(std::time::Instant::now());
+            }
+            // What survived the kill may still be on its way out: no early stop while it lives.
+            wait_opts
+                .exiting
+                .extend(kill.survivors.iter().map(|&p| p as i32));
+            // --parents stops the parents that have shown they restart; the others it left
+            // running are watched a while, so that one that does restart shows it now.
+            if self.kill.parents && kill.restarters.iter().any(|r| r.shown.is_none()) {
+                wait_opts.settle = wait_opts.settle.max(RESTART_WATCH);
+            }
+            // Interrupted during the grace: stop here, the caller reports what was signalled.
+            // Otherwise what is left is in the report: no warning that says it a second time.
+            if kill.interrupted {
+                break (WaitOutcome::Interrupted, wait_opts);
+            }
+            let outcome = m.wait(&sel, &wait_opts)?;
+            // A parent seen starting its holder again has shown it restarts: with --parents,
+            // stopped now with the holder it started, and the wait goes on.
+            if !(self.kill.parents
+                && rounds < RESTART_ROUNDS
+                && matches!(outcome, WaitOutcome::Respawned(_)))
+            {
+                break (outcome, wait_opts);
+            }
+            rounds += 1;
+            kill.then(m.kill_holders(&sel, &self.filter, &kill_opts)?);
         };
         let wait_ms = waited.elapsed().as_millis() as i64;
         let after = Diagnose {
@@ -140,6 +169,14 @@ impl Op for Clean {
         })
     }
 }
+
+/// How long `clean --parents` watches the live parents it left running (none has shown it
+/// restarts) for a holder started again: a shell loop, a supervisor or systemd
+/// (`RestartSec=100ms`) restarts within it, and one that does is then stopped.
+pub(crate) const RESTART_WATCH: Duration = Duration::from_secs(1);
+
+/// How many times `clean --parents` stops a parent seen restarting and waits again.
+const RESTART_ROUNDS: u32 = 3;
 
 /// `gpuloop clean` and `cleanup`'s first rung: holders → kill → wait_clean → diagnose.
 /// Its JSON (`clean --json`, the MCP tool `clean`, the agent's reply) is
@@ -209,7 +246,7 @@ impl Local<'_> {
         match &outcome {
             Ok(WaitOutcome::NoDriver(_)) => s.warn_no_driver(),
             // Remembered on this machine, so a later gpuloop's diagnose still names it.
-            Ok(WaitOutcome::Respawned(r)) => crate::process::restart::remember(r),
+            Ok(WaitOutcome::Respawned(r)) => s.note_restarted(crate::process::restart::remember(r)),
             _ => {}
         }
         Ok(outcome?)

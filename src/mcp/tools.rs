@@ -397,9 +397,11 @@ pub struct KillArgs {
     /// Also stop each target's descendants and job process group (default true).
     #[serde(default = "d_true")]
     pub tree: bool,
-    /// Also stop the targets' restarters: live parents that would start them again
-    /// (diagnose says "respawning"); never init, a login shell, nor a job step's or
-    /// container's manager (slurmstepd, a containerd shim, sshd, tmux, …). Default false.
+    /// Also stop the targets' parents that have shown they restart them: torchrun's elastic
+    /// agent, or a parent gpuloop saw start a holder again (diagnose says "respawning"). Any
+    /// other live parent is named in the report and left alone; never init, a login or
+    /// interactive shell, nor a job step's or container's manager (slurmstepd, a containerd
+    /// shim, sshd, tmux, …). Default false.
     #[serde(default)]
     pub parents: bool,
     /// Report what would be signalled and signal nothing (default false; always allowed).
@@ -423,9 +425,11 @@ pub(crate) struct CleanArgs {
     /// Seconds between TERM and KILL (default 5; 0: TERM then KILL at once).
     #[serde(default = "d5")]
     pub grace: f64,
-    /// Also stop the holders' restarters: live parents that would start them again
-    /// (diagnose says "respawning"); never init, a login shell, nor a job step's or
-    /// container's manager (slurmstepd, a containerd shim, sshd, tmux, …). Default false.
+    /// Also stop the holders' parents that have shown they restart them: torchrun's elastic
+    /// agent, or a parent gpuloop saw start a holder again (diagnose says "respawning"; the
+    /// clean watches the other live parents 1 s for it). Any other live parent is named in
+    /// the report and left alone; never init, a login or interactive shell, nor a job step's
+    /// or container's manager (slurmstepd, a containerd shim, sshd, tmux, …). Default false.
     #[serde(default)]
     pub parents: bool,
     /// Report what would be stopped and stop nothing (default false; always allowed).

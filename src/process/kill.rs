@@ -1,7 +1,7 @@
 //! Identity-safe signalling: pidfds, one shared grace, escalation to SIGKILL, exits awaited.
 
 use super::identity::{self, Pinned};
-use super::restart::{self, Restarter};
+use super::restart::{self, Restarter, Seen};
 use super::tree::Tree;
 use super::Identity;
 use nix::sys::signal::Signal;
@@ -47,8 +47,13 @@ pub struct KillOpts {
     pub dry_run: bool,
     /// Allow protected processes (GPU daemons).
     pub force: bool,
-    /// Also the targets' restarters: live parents that may start them again.
+    /// Also the targets' restarters that have shown they restart them (`restart::Shown`):
+    /// a known launcher, or one in `restarted`. Any other live parent is named in the
+    /// report's `restarters` and left alone.
     pub parents: bool,
+    /// Parents gpuloop saw start a holder again after one was stopped: in this run, and as
+    /// remembered on this machine (filled in where the kill runs, `machine::Local::kill`).
+    pub(crate) restarted: Vec<Seen>,
     /// What an interrupt during the grace does.
     pub on_interrupt: OnInterrupt,
     /// Why each target (by pid) was chosen, for the audit journal: "holder of GPU 0". A
@@ -103,6 +108,7 @@ impl Default for KillOpts {
             dry_run: false,
             force: false,
             parents: false,
+            restarted: Vec::new(),
             on_interrupt: OnInterrupt::StopWaiting,
             why: HashMap::new(),
             wait_forever: true,
@@ -180,6 +186,27 @@ impl KillReport {
     /// Every target is gone: none survived, none is stuck, no signal failed.
     pub(crate) fn all_gone(&self) -> bool {
         self.survivors.is_empty() && self.stuck.is_empty() && self.errors.is_empty()
+    }
+
+    /// This report followed by a `later` kill of the same call (clean's next round): every
+    /// list is both's, and the restarters are those still left running after it.
+    pub(crate) fn then(&mut self, later: KillReport) {
+        self.restarters.retain(|r| {
+            !later.signalled.contains(&r.pid)
+                && !later.restarters.iter().any(|l| l.identity == r.identity)
+        });
+        self.restarters.extend(later.restarters);
+        self.signalled.extend(later.signalled);
+        self.would_signal.extend(later.would_signal);
+        self.exited.extend(later.exited);
+        self.survivors.extend(later.survivors);
+        self.skipped.extend(later.skipped);
+        self.errors.extend(later.errors);
+        self.targets.extend(later.targets);
+        self.killed_at_once.extend(later.killed_at_once);
+        self.stuck.extend(later.stuck);
+        self.interrupted |= later.interrupted;
+        self.elapsed_ms += later.elapsed_ms;
     }
 }
 
@@ -592,17 +619,26 @@ impl Resolve<'_> {
         taken.then_some(i)
     }
 
-    /// Parents that would start the targets again: stopped with `parents` (same rules as any
-    /// target, and only if, through the pins, it is still the holder's parent), reported
-    /// otherwise.
+    /// Parents that would start the targets again: with `parents`, those that have shown they
+    /// restart them are stopped (same rules as any target, and only if, through the pins, it
+    /// is still the holder's parent); every other one is reported and left alone. Outliving a
+    /// child is no evidence of a restart: an interactive shell, or a parent that has exec'd
+    /// another program, outlives the holder it started and restarts nothing.
     fn restarters(&mut self, report: &mut KillReport) {
-        for r in restart::find(self.tree, &self.taken, &self.guard.never) {
+        let found = restart::find(
+            self.tree,
+            &self.taken,
+            &self.guard.never,
+            &self.opts.restarted,
+        );
+        for r in found {
             let same =
                 |p: &Pinned| p.info.pid == r.identity.pid && p.info.start == r.identity.start;
             if self.chosen.iter().any(|&i| same(&self.pins[i])) {
                 continue; // already stopped as part of a target's tree
             }
-            if !(self.opts.parents && self.take_parent(report, &r)) {
+            let stop = self.opts.parents && r.shown.is_some();
+            if !(stop && self.take_parent(report, &r)) {
                 report.restarters.push(r);
             }
         }
@@ -625,8 +661,9 @@ impl Resolve<'_> {
             return false;
         }
         let why = format!(
-            "parent of pid {}, which may start it again",
-            self.pins[holder].info.pid
+            "parent of pid {}, which would start it again: {}",
+            self.pins[holder].info.pid,
+            r.shown.map_or("", restart::Shown::says)
         );
         self.consider(report, parent, why).1
     }

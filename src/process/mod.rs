@@ -186,7 +186,7 @@ pub(crate) fn user_name(uid: u32) -> String {
 /// `nvidia-persiste`), the full name from the command line: argv[0]'s base name, or the
 /// process title the program set; otherwise its comm.
 pub(crate) fn display_name(comm: &str, cmdline: &str) -> String {
-    if let Some(known) = restart::known(comm) {
+    if let Some(known) = restart::launcher(comm, cmdline) {
         return known.to_string();
     }
     let first = cmdline.split(' ').next().unwrap_or("");

@@ -170,8 +170,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          for it) gets SIGKILL at once. Returns a map: signalled, exited, survivors (pids),
          skipped (#{pid, reason}), errors (#{pid, error}), killed_at_once (#{pid, reason}),
          stuck (#{pid, name, wchan}: KILLed but asleep in the driver, D state), restarters
-         (#{pid, name, holder}: live parents of the targets that may start them again, e.g. a
-         shell loop or torchrun's agent; later waits and diagnoses watch for them), elapsed_ms.
+         (#{pid, name, holder, shown}: live parents of the targets that may start them again,
+         e.g. a shell loop or torchrun's agent, left running; shown is \"launcher\" (a launcher
+         known to restart its workers), \"restarted\" (gpuloop saw it restart a holder) or ();
+         later waits and diagnoses watch for them), elapsed_ms.
          Ctrl-C during the grace stops the waiting and KILLs nobody: the script ends (130)
          saying what was signalled and what still runs.",
         move |target: Dynamic| -> RhaiResult<Dynamic> {
@@ -188,9 +190,12 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          -t 0; \"inf\" = never KILL: it waits for them to exit, Ctrl-C stops the waiting),
          tree (default true:
          descendants too), dry_run (report, signal nothing), force (allow protected daemons),
-         parents (default false: also stop the targets' restarters, under the same identity and
-         protection rules; never init, a login shell, nor a job step's or container's manager
-         such as slurmstepd, a containerd shim, conmon, tini, sshd, sudo or tmux),
+         parents (default false: also stop the targets' parents that have shown they restart
+         them, under the same identity and protection rules: torchrun's elastic agent, or a
+         parent gpuloop saw start a holder again, in this run (a wait_clean that saw it) or
+         remembered on this machine; any other live parent is left running and listed in
+         restarters; never init, a login or interactive shell, nor a job step's or container's
+         manager such as slurmstepd, a containerd shim, conmon, tini, sshd, sudo or tmux),
          on_error (\"skip\": go on without hosts that cannot be reached; each target of such a
          host is in skipped, with what ssh said), user (a name or a uid) or mine: true (only
          that user's processes are signalled, looked up on each target's host: the targets,
