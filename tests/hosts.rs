@@ -2142,3 +2142,49 @@ fn a_pushed_copy_never_goes_through_nor_runs_from_what_another_account_controls(
         std::fs::read(bin()).unwrap()
     );
 }
+
+/// Issue 33, item 6: `--host 'gpu[1-256]' holders --gpu zz:1` printed its usage error at once,
+/// then took 41 s to exit (over 60 s with 1,024 hosts): the hosts were connected before the
+/// arguments were checked. What the arguments alone decide is decided before any host is
+/// contacted: an `ssh` that records each start (and would hang) is never started.
+#[test]
+fn a_usage_error_over_a_large_host_set_contacts_no_host() {
+    let sim = Sim::new("1x8G");
+    let bin = sim.path().join("fake-ssh");
+    std::fs::create_dir(&bin).unwrap();
+    let log = sim.path().join("ssh.log");
+    let ssh = bin.join("ssh");
+    std::fs::write(
+        &ssh,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\nexec sleep 60\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&ssh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for cmd in ["gpus", "holders", "diagnose", "kill", "clean", "wait"] {
+        let out = sim
+            .run_with(&["--host", "gpu[1-1024]", cmd, "--gpu", "zz:1"], |c| {
+                c.env("PATH", &path);
+            })
+            .code(2);
+        assert!(
+            out.stderr
+                .contains("no host \"zz\" in the host set (gpu1, gpu2")
+                && out.stderr.contains("… and 1016 more)"),
+            "{cmd}: {}",
+            out.stderr
+        );
+        assert!(
+            !log.exists(),
+            "{cmd}: ssh was started: {:?}",
+            std::fs::read_to_string(&log)
+        );
+    }
+}

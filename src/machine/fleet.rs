@@ -568,7 +568,7 @@ impl<'a> Fleet<'a> {
         };
         let names = self.s.host_names();
         if !names.iter().any(|n| n == host) {
-            return Err(format!("not in the host set ({})", names.join(", ")));
+            return Err(format!("not in the host set ({})", set_of(&names)));
         }
         let pool = self.s.pool().ok_or("no host set")?;
         Ok(Some(Remote {
@@ -592,6 +592,16 @@ pub(crate) struct HostInfo {
     pub error: Option<String>,
 }
 
+/// The host set in a message: its first names, and how many more (a set of 65,536 hosts
+/// listed whole was a message of a megabyte).
+fn set_of(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    match names.len().checked_sub(SHOWN) {
+        Some(more) if more > 0 => format!("{}, … and {more} more", names[..SHOWN].join(", ")),
+        _ => names.join(", "),
+    }
+}
+
 /// A `"dest:index"` naming a host outside the set is a usage error that names the host and
 /// the set, never an empty selection. Names match exactly, as the host set itself is built
 /// and matched (`kill` routing, `run(…, #{host})`): they are ssh destinations as given.
@@ -608,7 +618,7 @@ fn check_named_hosts(names: &[String], at: &BTreeMap<String, Vec<i64>>) -> Resul
         return Err(GpuError::BadSelector(format!(
             "\"{h}:{}\": no host {h:?} in the host set ({}){like}",
             ix.first().copied().unwrap_or_default(),
-            names.join(", ")
+            set_of(names)
         )));
     }
     Ok(())

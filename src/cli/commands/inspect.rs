@@ -127,11 +127,13 @@ fn holders_per_host(
     all: bool,
 ) -> Result<i32, Error> {
     let s = &cfg.session;
+    // What the arguments alone decide is decided before any host is contacted: a usage
+    // error over 256 hosts used to wait for all of them to connect first.
+    let sel = sel.on(s)?;
+    check_owner(s, owner)?;
     if let Some(pool) = s.pool() {
         pool.say_each(|h, part: &machine::HoldersReport| Some(holders_row(h, part).line()));
     }
-    let sel = sel.on(s)?;
-    check_owner(s, owner)?;
     let parts = Fleet::of(s).holders_per_host(&sel, all, owner)?;
     let (parts, mut rows) = per_host(cfg, parts)?;
     let mut hs = Vec::new();
