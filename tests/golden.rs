@@ -323,6 +323,8 @@ fn golden_agent_wire() {
         force: false,
         parents: false,
         user: None,
+        pod: None,
+        container: None,
     };
     let wait = WaitWire {
         timeout_ms: 10_000,
@@ -406,6 +408,11 @@ fn golden_agent_wire() {
             "wait_clean",
             Call::WaitClean {
                 sel: Some(vec![0]),
+                // A pod no process here is in: the wait is for nothing, clean at once.
+                filter: Filter {
+                    pod: Some("ml/trainer-0".into()),
+                    ..Filter::default()
+                },
                 wait,
             },
         ),

@@ -77,7 +77,7 @@ fn kill_holders(
 /// `gpuloop kill PID…`: bare pids, resolved now, under the same rules as holders.
 pub(super) fn pids(cfg: &Config, pids: &[i32], opts: &KillOpts) -> Result<i32, Error> {
     let targets: Vec<_> = pids.iter().map(|&pid| (None, Target::Pid(pid))).collect();
-    let report = Fleet::of(&cfg.session).kill(&targets, opts, None)?;
+    let report = Fleet::of(&cfg.session).kill(&targets, opts, &Default::default())?;
     let code = kill_done(cfg, &report)?;
     // As kill(1): a pid named that is no process is a failure, not a quiet success.
     let missing: Vec<String> = report
