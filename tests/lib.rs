@@ -5,6 +5,7 @@ mod support;
 
 mod churn;
 mod cli;
+mod containers;
 mod diagnose;
 mod doc;
 mod driver_faults;

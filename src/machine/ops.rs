@@ -192,7 +192,7 @@ impl Op for Holders {
 impl Holders {
     /// The report of an inventory taken already (`look`).
     pub(crate) fn of(&self, inv: Inventory) -> Result<HoldersReport, ActionError> {
-        let filter = self.filter.resolve()?;
+        let filter = self.filter.resolve_in(&inv.holders)?;
         check_selection(&self.sel, &inv.gpus)?;
         let mut holders = inv.holders(&self.sel, self.all);
         holders.retain(|h| filter.matches(h));
@@ -251,7 +251,7 @@ impl Op for Diagnose {
             return Ok(diagnose::no_driver(&self.sel, why));
         }
         check_selection(&self.sel, &inv.gpus)?;
-        let sel = narrowed(&inv, &self.sel, &self.filter.resolve()?);
+        let sel = narrowed(&inv, &self.sel, &self.filter.resolve_in(&inv.holders)?);
         let restarters = s.restarters();
         let seen = crate::process::restart::seen_before();
         let ctx = diagnose::Context {

@@ -112,7 +112,11 @@ impl Place {
     /// "container 3839ae72c1f0"; `None` outside any container.
     pub fn describe(&self) -> Option<String> {
         if let Some(p) = &self.pod {
-            let deleted = if p.deleted { " (deleted)" } else { "" };
+            let deleted = match (p.deleted, self.container_deleted) {
+                (true, _) => " (deleted)",
+                (false, true) => " (container deleted)",
+                (false, false) => "",
+            };
             return Some(format!("pod {}{deleted}", p.label()));
         }
         let deleted = if self.container_deleted {
