@@ -553,6 +553,48 @@ fn two_pods_on_one_gpu_one_deleted_clean_stops_that_pod_alone() {
     assert_eq!(r["gpus"][0]["verdict"], "held", "{r}");
     let advice = r["gpus"][0]["advice"].as_str().unwrap();
     assert!(advice.contains("pod default/infer"), "{advice}");
+
+    // `wait --pod` waits for that pod's memory alone: another pod on the GPU (c) does not
+    // keep it waiting, and it kills nothing.
+    let c = Pod::new("default", "other", "x", "eeee1111");
+    node.knows(&c);
+    let cc = Ctr::holding(&sim, Some(&c), 200);
+    let out = sim
+        .run(&["--json", "wait", "--pod", "infer", "--timeout", "0.3"])
+        .code(1);
+    assert_eq!(out.json()["clean"], false);
+    assert!(alive(cb.pid));
+    let mut w = sim.std_cmd();
+    w.args([
+        "-v",
+        "--json",
+        "wait",
+        "--pod",
+        "default/infer",
+        "--timeout",
+        "120",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut waiting = w.spawn().expect("wait");
+    sim.adopt(waiting.id() as i32);
+    // Its second look (-v says each) fixes what the pod holds: the kill comes after it.
+    let log = std::io::BufReader::new(waiting.stderr.take().expect("stderr"));
+    let mut lines = std::io::BufRead::lines(log);
+    let mut looks = 0;
+    while looks < 2 {
+        let line = lines.next().expect("the wait's log").expect("read");
+        looks += usize::from(line.contains("inventory:"));
+    }
+    sim.run(&["kill", "--pod", "default/infer", "--grace", "0"])
+        .ok();
+    std::thread::spawn(move || lines.for_each(drop));
+    let out = waiting.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{out:?}");
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(r["clean"], true, "{r}");
+    assert!(alive(cc.pid));
+    assert_eq!(sim.used_mib(0), 200);
 }
 
 /// Every signal stays inside the scope, trees included: a forked child of a pod's holder that

@@ -18,6 +18,7 @@ mod identity;
 mod inputs;
 mod journal;
 mod kill;
+mod kubernetes;
 mod layering;
 mod mcp;
 mod modules;

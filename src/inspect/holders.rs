@@ -316,7 +316,8 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], roots: &Roots) -
         found.push((user, own));
     }
     let mut places = Resolver::new(roots);
-    let holders = found
+    let lineage = std::time::Instant::now();
+    let holders: Vec<Holder> = found
         .iter()
         .map(|(user, own)| {
             let stat = &user.info;
@@ -336,6 +337,16 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], roots: &Roots) -
             )
         })
         .collect();
+    tracing::debug!(
+        "lineage of {} holder(s), {} in containers ({} container(s) and pod(s) read), in {:.1} ms",
+        holders.len(),
+        holders
+            .iter()
+            .filter(|h| !h.origin.place.is_empty())
+            .count(),
+        places.resolved(),
+        lineage.elapsed().as_secs_f64() * 1e3
+    );
     Inventory {
         gpus,
         holders,

@@ -383,6 +383,11 @@ impl<'a> Resolver<'a> {
         }
     }
 
+    /// How many places were resolved (each read once).
+    pub(crate) fn resolved(&self) -> usize {
+        self.places.len()
+    }
+
     /// The place a cgroup path's ids stand for; empty ids read nothing.
     pub(crate) fn place(&mut self, ids: &Ids) -> Place {
         if ids.is_empty() {
