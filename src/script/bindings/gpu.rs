@@ -156,7 +156,11 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          own parent is gone), launcher (#{pid, start, name, host} of the nearest live ancestor
          that is not a shell, init or subreaper, or ()), service (the systemd unit from its
          cgroup, or ()); attribution: job (Slurm job id from its environment or cgroup, or ()), container
-         (docker/containerd id or Kubernetes pod uid, or ()), cgroup (its cgroup path, or ()).",
+         (the container's id, from its cgroup, or ()), container_name, runtime (\"docker\",
+         \"containerd\", \"cri-o\", \"podman\"), container_deleted (its runtime no longer
+         knows it), pod (#{namespace, name, uid, container, deleted} when Kubernetes started
+         it, read from the node: the runtime's state and the kubelet's directories; deleted:
+         the kubelet no longer knows the pod), cgroup (its cgroup path, or ()).",
         move || -> RhaiResult<Array> {
             to_array(&Fleet::of(&s).holders(&HostSel::all(), false, &Filter::default()).map_err(to_script)?)
         },
