@@ -38,7 +38,8 @@ fn benches(c: &mut Criterion) {
     let nodes = DeviceNodes::new(dir.path().join("dev"));
     let maps = cuda_like_maps();
     let real = DeviceNodes::new("/dev");
-    let protected = gpuloop::config::UserConfig::default().protected;
+    let config = gpuloop::config::UserConfig::default();
+    let (protected, roots) = (config.protected, config.containers);
 
     c.bench_function("scan /proc (all processes, fds)", |b| {
         b.iter(|| black_box(scan::scan(&nodes)))
@@ -48,7 +49,7 @@ fn benches(c: &mut Criterion) {
     });
     c.bench_function("sim gpu() 8 GPUs", |b| b.iter(|| black_box(sim.gpus())));
     c.bench_function("holders() inventory, sim 8 GPUs", |b| {
-        b.iter(|| black_box(Inventory::take(&sim, &protected)))
+        b.iter(|| black_box(Inventory::take(&sim, &protected, &roots)))
     });
     // One host's reply to `gpus` as the agent writes it, and what the client does with it.
     let reply = serde_json::to_string(&sim.gpus().expect("sim gpus")).expect("json");

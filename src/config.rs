@@ -1,5 +1,5 @@
 //! The user's configuration file (`~/.config/gpuloop/config.toml`): which processes are
-//! protected, and what the MCP server may do.
+//! protected, what the MCP server may do, and where the container runtimes keep their state.
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -33,6 +33,8 @@ struct File {
     limits: Option<Limits>,
     /// `[mcp]`: the MCP server's policy.
     mcp: Option<McpTable>,
+    /// `[containers]`: where the runtimes and the kubelet keep their state on this node.
+    containers: Option<crate::process::container::Roots>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -154,6 +156,8 @@ pub struct UserConfig {
     pub limits: Limits,
     /// `[mcp] allow = [...]`, added to `gpuloop mcp --allow`.
     pub mcp_allow: Vec<String>,
+    /// `[containers]`: the runtimes' and the kubelet's state directories.
+    pub containers: crate::process::container::Roots,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +178,7 @@ impl Default for UserConfig {
             protected: DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
             limits: Limits::default(),
             mcp_allow: Vec::new(),
+            containers: Default::default(),
         }
     }
 }
@@ -210,6 +215,7 @@ impl UserConfig {
         cfg.protected.extend(f.protected_add.unwrap_or_default());
         cfg.limits = f.limits.unwrap_or_default();
         cfg.mcp_allow = f.mcp.and_then(|m| m.allow).unwrap_or_default();
+        cfg.containers = f.containers.unwrap_or_default();
         Ok(cfg)
     }
 }
@@ -233,6 +239,13 @@ mod tests {
         );
         std::fs::write(&p, "[mcp]\nallow = [\"clean\"]\n").unwrap();
         assert_eq!(UserConfig::from_file(&p).unwrap().mcp_allow, vec!["clean"]);
+        std::fs::write(&p, "[containers]\nkubelet = \"/tmp/k\"\n").unwrap();
+        let c = UserConfig::from_file(&p).unwrap().containers;
+        assert_eq!(c.kubelet, Path::new("/tmp/k"));
+        // The roots not given keep their defaults.
+        assert_eq!(c.docker, crate::process::container::Roots::default().docker);
+        std::fs::write(&p, "[containers]\ncontainerd = \"/run/x\"\n").unwrap();
+        assert!(UserConfig::from_file(&p).is_err());
         std::fs::write(&p, "protectd = []\n").unwrap();
         assert!(UserConfig::from_file(&p)
             .unwrap_err()

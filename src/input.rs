@@ -1,5 +1,6 @@
-//! Reading what gpuloop is handed (scripts, modules, hosts files, the config, stdin): regular
-//! files only, each kind with a size limit, and stdin read so that Ctrl-C ends the wait.
+//! Reading what gpuloop is handed (scripts, modules, hosts files, the config, stdin) and the
+//! container runtimes' state it reads on a node: regular files only, each kind with a size
+//! limit, and stdin read so that Ctrl-C ends the wait.
 //!
 //! A path may name `/dev/zero` (endless), a FIFO (blocks until a writer comes, where no
 //! signal reaches a plain `read`) or a huge file; each is an error that names the file and
@@ -37,6 +38,13 @@ pub(crate) const HOSTS_FILE: Kind = Kind {
 pub(crate) const CONFIG: Kind = Kind {
     what: "config file",
     limit: 1 << 20,
+};
+/// A container runtime's state file (an OCI bundle's config.json, docker's config.v2.json,
+/// containers/storage's containers.json): a bundle is tens of KiB, a list of thousands of
+/// containers a few MiB.
+pub(crate) const RUNTIME_STATE: Kind = Kind {
+    what: "container runtime state file",
+    limit: 16 << 20,
 };
 /// One line typed or piped into the REPL.
 pub(crate) const REPL_LINE: Kind = Kind {

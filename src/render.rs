@@ -16,20 +16,24 @@ pub struct Style {
     pub color: bool,
     /// The line width to fit (a terminal's); `None`: no limit.
     pub width: Option<usize>,
+    /// Whole ids where a table has them (`--wide`): containers' and pods'.
+    pub ids: bool,
 }
 
 impl Style {
     pub const PLAIN: Style = Style {
         color: false,
         width: None,
+        ids: false,
     };
 
     /// Colour as `--color` says (by default only on a terminal, unless `NO_COLOR` is set);
-    /// the terminal's width unless `--wide`.
+    /// the terminal's width and no ids unless `--wide`.
     pub fn stdout() -> Style {
         Style {
             color: crate::output::color_stdout(),
             width: crate::output::width(),
+            ids: crate::output::wide(),
         }
     }
 
@@ -181,24 +185,36 @@ pub fn holders(hs: &[Holder], style: Style) -> String {
     if hs.is_empty() {
         return "no holders".into();
     }
-    let hosts = multi_host(hs.iter().map(|h| h.host.as_str()));
-    let jobs = hs.iter().any(|h| h.origin.job.is_some());
-    let mut header = vec![
-        "PID", "PARENT", "USER", "NAME", "GPUS", "MiB", "STATE", "ROLE", "EVIDENCE", "COMMAND",
-    ];
-    if jobs {
-        header.insert(3, "JOB");
+    let cols = Columns {
+        hosts: multi_host(hs.iter().map(|h| h.host.as_str())),
+        jobs: hs.iter().any(|h| h.origin.job.is_some()),
+        places: hs.iter().any(|h| !h.origin.place.is_empty()),
+        ids: style.ids,
+    };
+    let mut header = vec!["PID", "PARENT", "USER"];
+    if cols.jobs {
+        header.push("JOB");
     }
-    if hosts {
+    if cols.places {
+        header.push("CONTAINER/POD");
+        if cols.ids {
+            header.extend(["CONTAINER ID", "POD UID"]);
+        }
+    }
+    header.extend([
+        "NAME", "GPUS", "MiB", "STATE", "ROLE", "EVIDENCE", "COMMAND",
+    ]);
+    if cols.hosts {
         header.insert(0, "HOST");
     }
+    let pid_at = usize::from(cols.hosts);
+    let mib_at = header.iter().position(|h| *h == "MiB").unwrap_or(0);
     let rows = |cmd: &dyn Fn(&str) -> String| {
         let mut t = table(&header, style);
         for h in hs {
-            t.add_row(holder_row(h, cmd(&h.cmdline), hosts, jobs, style));
+            t.add_row(holder_row(h, cmd(&h.cmdline), cols, style));
         }
-        let shift = usize::from(hosts);
-        right(&mut t, &[0, 5 + usize::from(jobs)].map(|c| c + shift));
+        right(&mut t, &[pid_at, mib_at]);
         trimmed(t)
     };
     let Some(width) = style.width else {
@@ -215,6 +231,41 @@ pub fn holders(hs: &[Holder], style: Style) -> String {
     rows(&|c| cut(c, room))
 }
 
+/// Which optional columns a holder table has.
+#[derive(Clone, Copy)]
+struct Columns {
+    hosts: bool,
+    jobs: bool,
+    /// CONTAINER/POD: some holder runs in a container.
+    places: bool,
+    /// CONTAINER ID and POD UID too (`--wide`).
+    ids: bool,
+}
+
+/// The CONTAINER/POD cell: "ml/trainer-0 (trainer)", "ml/trainer-0 (trainer, deleted)",
+/// "vllm", "3839ae72c1f0"; empty outside any container.
+fn place_cell(p: &crate::process::container::Place) -> String {
+    match &p.pod {
+        Some(pod) => {
+            let mut notes: Vec<&str> = pod.container.iter().map(String::as_str).collect();
+            if pod.deleted {
+                notes.push("deleted");
+            }
+            match notes.is_empty() {
+                true => pod.label(),
+                false => format!("{} ({})", pod.label(), notes.join(", ")),
+            }
+        }
+        None => {
+            let name = p.short_name().unwrap_or_default();
+            match p.container_deleted {
+                true => format!("{name} (deleted)"),
+                false => name,
+            }
+        }
+    }
+}
+
 /// `text` in at most `room` characters, with "…" where it was cut.
 fn cut(text: &str, room: usize) -> String {
     if text.chars().count() <= room {
@@ -226,11 +277,31 @@ fn cut(text: &str, room: usize) -> String {
         + "…"
 }
 
-fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) -> Vec<Cell> {
-    let mut row = vec![
-        Cell::new(h.pid),
-        Cell::new(parent(h)),
-        Cell::new(&h.user),
+fn holder_row(h: &Holder, cmd: String, cols: Columns, style: Style) -> Vec<Cell> {
+    let mut row = Vec::new();
+    if cols.hosts {
+        row.push(Cell::new(&h.host));
+    }
+    row.extend([Cell::new(h.pid), Cell::new(parent(h)), Cell::new(&h.user)]);
+    if cols.jobs {
+        row.push(Cell::new(
+            h.origin.job.map(|j| j.to_string()).unwrap_or_default(),
+        ));
+    }
+    if cols.places {
+        let p = &h.origin.place;
+        row.push(Cell::new(place_cell(p)));
+        if cols.ids {
+            row.push(Cell::new(p.container.as_deref().unwrap_or_default()));
+            row.push(Cell::new(
+                p.pod
+                    .as_ref()
+                    .and_then(|p| p.uid.as_deref())
+                    .unwrap_or_default(),
+            ));
+        }
+    }
+    row.extend([
         Cell::new(crate::process::display_name(&h.name, &h.cmdline)),
         Cell::new(join(&h.gpus)),
         Cell::new(h.mem_mib),
@@ -238,16 +309,7 @@ fn holder_row(h: &Holder, cmd: String, hosts: bool, jobs: bool, style: Style) ->
         Cell::new(h.role),
         Cell::new(Evidence::joined(&h.evidence)),
         Cell::new(cmd),
-    ];
-    if jobs {
-        row.insert(
-            3,
-            Cell::new(h.origin.job.map(|j| j.to_string()).unwrap_or_default()),
-        );
-    }
-    if hosts {
-        row.insert(0, Cell::new(&h.host));
-    }
+    ]);
     row
 }
 

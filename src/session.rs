@@ -217,6 +217,11 @@ impl Session {
         &self.config.protected
     }
 
+    /// Where the container runtimes and the kubelet keep their state (`[containers]`).
+    pub(crate) fn container_roots(&self) -> &crate::process::container::Roots {
+        &self.config.containers
+    }
+
     /// Where advice is read (see `Reach`): here, unless the client of an agent said how it
     /// reaches this machine.
     pub fn reach(&self) -> &Reach {

@@ -101,7 +101,7 @@ fn a_hung_driver_call_is_given_up_after_the_deadline_and_blocks_nothing_after() 
     let e = bounded.mem_used(&[0]).unwrap_err().to_string();
     assert!(e.contains("earlier driver call has not returned"), "{e}");
     // Inventory (what holders/diagnose/wait_clean use) reports it as an error, no panic.
-    assert!(Inventory::take(&bounded, &[]).is_err());
+    assert!(Inventory::take(&bounded, &[], &Default::default()).is_err());
     // The driver comes back: so does gpuloop.
     release.send(()).unwrap();
     let end = std::time::Instant::now() + Duration::from_secs(30);
@@ -122,7 +122,10 @@ fn a_driver_error_is_an_error_not_a_panic_nor_an_empty_clean_answer() {
     let faulty = Arc::new(Faulty::new(vec![]));
     *faulty.fault.lock().unwrap() = Fault::Error("GPU is lost");
     let bounded = Deadline::new(faulty, Duration::from_secs(10));
-    let e = Inventory::take(&bounded, &[]).err().unwrap().to_string();
+    let e = Inventory::take(&bounded, &[], &Default::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("GPU is lost"), "{e}");
 }
 
@@ -138,7 +141,7 @@ fn garbage_pids_from_the_driver_never_become_holders() {
     let me = std::process::id() as i32;
     let faulty = Arc::new(Faulty::new(vec![0, -5, 1, i32::MAX, 4_194_304, me, by]));
     let bounded = Deadline::new(faulty, Duration::from_secs(10));
-    let inv = Inventory::take(&bounded, &[]).unwrap();
+    let inv = Inventory::take(&bounded, &[], &Default::default()).unwrap();
     assert!(
         inv.holders.is_empty(),
         "{:?}",

@@ -45,6 +45,9 @@ const VARYING: &[&str] = &[
     "version",
     "cgroup",
     "cmdline",
+    // A container's id and name, and its name in its pod (tests/containers.rs).
+    "container",
+    "container_name",
     // Other users' processes, which only root may inspect.
     "unreadable",
 ];
@@ -169,7 +172,7 @@ fn without_pids(s: &str, pids: &BTreeSet<i64>) -> String {
     out
 }
 
-fn golden(name: &str, v: &Value) {
+pub(crate) fn golden(name: &str, v: &Value) {
     let text = serde_json::to_string_pretty(&normalise(v)).expect("JSON");
     insta::assert_snapshot!(name, text);
 }
@@ -323,6 +326,8 @@ fn golden_agent_wire() {
         force: false,
         parents: false,
         user: None,
+        pod: None,
+        container: None,
     };
     let wait = WaitWire {
         timeout_ms: 10_000,
@@ -406,6 +411,11 @@ fn golden_agent_wire() {
             "wait_clean",
             Call::WaitClean {
                 sel: Some(vec![0]),
+                // A pod no process here is in: the wait is for nothing, clean at once.
+                filter: Filter {
+                    pod: Some("ml/trainer-0".into()),
+                    ..Filter::default()
+                },
                 wait,
             },
         ),

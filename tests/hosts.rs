@@ -926,7 +926,7 @@ fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() 
     let hello = next();
     assert_eq!(hello["type"], "hello");
     assert_eq!(hello["gpus"], 1);
-    assert_eq!(hello["protocol"], 5);
+    assert_eq!(hello["protocol"], 6);
     let mut send = |s: &str| {
         stdin.write_all(s.as_bytes()).unwrap();
         stdin.write_all(b"\n").unwrap();

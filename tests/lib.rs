@@ -5,6 +5,7 @@ mod support;
 
 mod churn;
 mod cli;
+mod containers;
 mod diagnose;
 mod doc;
 mod driver_faults;
@@ -17,6 +18,7 @@ mod identity;
 mod inputs;
 mod journal;
 mod kill;
+mod kubernetes;
 mod layering;
 mod mcp;
 mod modules;

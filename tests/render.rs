@@ -13,6 +13,7 @@ use rhai::Dynamic;
 const COLOR: Style = Style {
     color: true,
     width: None,
+    ids: false,
 };
 
 fn gpu(index: i64, used_mib: i64, util: Option<i64>) -> Gpu {
@@ -340,6 +341,7 @@ fn json_of_script_values() {
 const NARROW: Style = Style {
     color: false,
     width: Some(130),
+    ids: false,
 };
 
 #[test]

@@ -88,7 +88,7 @@ fn start() -> Sshd {
              AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n\
              KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
              PermitRootLogin prohibit-password\nUsePAM no\n\
-             AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR XDG_CACHE_HOME XDG_STATE_HOME BASH_ENV\n\
+             AcceptEnv GPULOOP_SIM GPULOOP_SIM_DIR XDG_CACHE_HOME XDG_STATE_HOME XDG_CONFIG_HOME BASH_ENV\n\
              MaxStartups 256\nMaxSessions 256\nPrintMotd no\nLogLevel ERROR\n"
         ),
     )

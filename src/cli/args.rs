@@ -425,6 +425,24 @@ pub struct Owner {
     /// Only processes of this Slurm job (from their environment or cgroup), as --user.
     #[arg(long, value_name = "JOBID", value_parser = job_id)]
     pub job: Option<i64>,
+    /// Only processes of this Kubernetes pod: NAMESPACE/NAME, NAME (in namespace default), or
+    /// its uid (or a unique prefix), as the node tells it (cgroups, the runtime's state, the
+    /// kubelet's directories; no API server). Every signal stays inside it, trees and parents
+    /// included; wait and clean wait for the memory its processes held.
+    #[arg(long, value_name = "POD", value_parser = scope_text)]
+    pub pod: Option<String>,
+    /// Only processes of this container: its name (docker's, podman's, or its name in its
+    /// pod) or its id (or a unique prefix), as --pod.
+    #[arg(long, value_name = "CONTAINER", value_parser = scope_text)]
+    pub container: Option<String>,
+}
+
+/// `--pod`, `--container`: not empty.
+fn scope_text(s: &str) -> Result<String, String> {
+    match s.trim() {
+        "" => Err("give a name, or an id or a prefix of one".into()),
+        t => Ok(t.to_string()),
+    }
 }
 
 /// `--job`: a positive decimal Slurm job id.

@@ -77,7 +77,9 @@ pub(crate) enum Command {
         sel: Selection,
         owner: Filter,
         wait: WaitOpts,
-        kill: KillOpts,
+        /// Boxed: the kill's and the wait's options together would make every command as
+        /// large as this one.
+        kill: Box<KillOpts>,
     },
     Wait {
         sel: Selection,
@@ -179,13 +181,10 @@ impl Command {
                         sel: Selection::parse(sel)?,
                         owner: owner.into(),
                     }
-                } else if !sel.gpus.is_empty()
-                    || owner.user.is_some()
-                    || owner.mine
-                    || owner.job.is_some()
-                {
+                } else if !sel.gpus.is_empty() || !Filter::from(owner).is_empty() {
                     return Err(Error::Usage(
-                        "kill: give PIDs or --gpu/--user/--mine/--job, not both".into(),
+                        "kill: give PIDs or --gpu/--user/--mine/--job/--pod/--container, not both"
+                            .into(),
                     ));
                 } else {
                     KillTargets::Pids(pids.iter().map(|&p| pid(p)).collect::<Result<_, _>>()?)
@@ -202,7 +201,7 @@ impl Command {
                 wait: wait_opts(*timeout, wait)?,
                 sel: Selection::parse(sel)?,
                 owner: owner.into(),
-                kill: KillOpts::try_from(kill)?,
+                kill: Box::new(KillOpts::try_from(kill)?),
             },
             Cmd::Wait {
                 sel,
@@ -367,8 +366,9 @@ impl Selection {
     }
 }
 
-/// `--user U` or `--mine`, and `--job N`, as a holder filter. The user stays as given (a name
-/// stays a name): it is looked up where the processes are (`commands::check_owner`).
+/// `--user U` or `--mine`, `--job N`, `--pod`, `--container`, as a holder filter. Each stays as
+/// given (a name stays a name): the user is looked up, the pod and container found, where the
+/// processes are (`commands::check_owner`).
 impl From<&Owner> for Filter {
     fn from(owner: &Owner) -> Filter {
         let user = match (&owner.user, owner.mine) {
@@ -379,6 +379,8 @@ impl From<&Owner> for Filter {
         Filter {
             user,
             job: owner.job,
+            pod: owner.pod.clone(),
+            container: owner.container.clone(),
         }
     }
 }
@@ -503,7 +505,11 @@ mod tests {
     fn argument_mistakes_are_usage_errors_before_anything_runs() {
         assert_eq!(
             usage("gpuloop kill 12 --gpu 0"),
-            "kill: give PIDs or --gpu/--user/--mine/--job, not both"
+            "kill: give PIDs or --gpu/--user/--mine/--job/--pod/--container, not both"
+        );
+        assert_eq!(
+            usage("gpuloop kill 12 --pod ml/trainer-0"),
+            "kill: give PIDs or --gpu/--user/--mine/--job/--pod/--container, not both"
         );
         assert_eq!(usage("gpuloop kill 0"), "kill: 0 is not a process id");
         assert_eq!(

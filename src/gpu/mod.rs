@@ -137,6 +137,10 @@ pub enum GpuError {
     /// `--user`/`#{user}` names no user in this machine's user database.
     #[error("no user {user:?} on this machine")]
     NoUser { user: String },
+    /// `--pod`/`--container` (or a script's or a tool's `pod`, `container`) that is empty, or
+    /// a prefix that fits several pods or containers here.
+    #[error("{0}")]
+    BadScope(String),
 }
 
 impl GpuError {
@@ -148,6 +152,7 @@ impl GpuError {
                 | GpuError::NoSuchGpuId { .. }
                 | GpuError::BadSelector(_)
                 | GpuError::NoUser { .. }
+                | GpuError::BadScope(_)
                 | GpuError::BadSimSpec { .. }
         )
     }

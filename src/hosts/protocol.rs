@@ -25,8 +25,10 @@ use std::time::Duration;
 use strum::VariantNames;
 
 /// Bumped on any change a peer of the other version could misread. 5: a `grace_ms` of 0 is
-/// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL.
-pub(crate) const PROTOCOL: u32 = 5;
+/// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL. 6: a
+/// filter's `pod` and `container`, `wait_clean`'s `filter` (5 would wait for whole GPUs),
+/// the kill options' `pod` and `container`; holders carry their container and pod.
+pub(crate) const PROTOCOL: u32 = 6;
 /// The longest request line the agent reads; longer ones get a `too_large` error.
 pub(crate) const MAX_REQUEST: usize = 1024 * 1024;
 /// The longest reply line the client reads (holders of a busy node fit many times over).
@@ -100,6 +102,9 @@ pub enum Call {
     },
     WaitClean {
         sel: Sel,
+        /// A pod or a container (`wait --pod`): the wait is for its memory alone.
+        #[serde(default, skip_serializing_if = "Filter::is_empty")]
+        filter: Filter,
         #[serde(flatten)]
         wait: WaitWire,
     },
@@ -256,10 +261,18 @@ pub struct KillOpts {
     /// looked up on that host: targets, their trees, groups and parents alike.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<crate::inspect::User>,
+    /// The one pod whose processes may be signalled, as given (`kill(…, #{pod})`), found
+    /// among that host's processes: targets, trees, groups and parents alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The one container, as `pod`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
-/// The wire's kill options from the domain's (`user` is the caller's to add: the domain
-/// holds an owner already looked up on this machine, which means nothing on another).
+/// The wire's kill options from the domain's (`user`, `pod` and `container` are the caller's to
+/// add: the domain holds an owner and a scope already resolved on this machine, which mean
+/// nothing on another).
 impl From<&kill::KillOpts> for KillOpts {
     fn from(o: &kill::KillOpts) -> Self {
         KillOpts {
@@ -270,6 +283,8 @@ impl From<&kill::KillOpts> for KillOpts {
             force: o.force,
             parents: o.parents,
             user: None,
+            pod: None,
+            container: None,
         }
     }
 }
@@ -666,6 +681,7 @@ mod tests {
     fn wait_options_sit_beside_the_selection_on_the_wire() {
         let call = Call::WaitClean {
             sel: Some(vec![1]),
+            filter: Filter::default(),
             wait: WaitWire {
                 timeout_ms: 30_000,
                 max_used_mib: 0,
@@ -728,7 +744,7 @@ mod tests {
                     sel: None,
                     filter: Filter {
                         user: Some(user),
-                        job: None,
+                        ..Filter::default()
                     },
                     opts: KillOpts {
                         signal: "TERM".into(),
@@ -738,6 +754,8 @@ mod tests {
                         force: false,
                         parents: false,
                         user: None,
+                        pod: None,
+                        container: None,
                     },
                 },
             };

@@ -229,6 +229,9 @@ pub struct FootprintOf {
     /// The host it runs on, as the diagnosis's.
     #[serde(default = "crate::local::local")]
     pub host: String,
+    /// The container and pod it runs in.
+    #[serde(flatten)]
+    pub place: crate::process::container::Place,
 }
 
 impl FootprintOf {
@@ -238,6 +241,7 @@ impl FootprintOf {
             name: h.name.clone(),
             gpus: h.gpus.clone(),
             host: h.host.clone(),
+            place: h.origin.place.clone(),
         }
     }
 }
@@ -464,19 +468,76 @@ pub(crate) fn mps_part(h: &Holder) -> Option<&'static str> {
     })
 }
 
-/// "4711 (python3)", with the Slurm job and user, or the container, when known.
+/// "4711 (python3)", with the Slurm job and user, or the pod or container, when known:
+/// "4711 (python3, pod ml/trainer-0 (deleted))".
 fn pids(hs: &[&Holder]) -> String {
     hs.iter()
         .map(|h| (h, crate::process::display_name(&h.name, &h.cmdline)))
-        .map(|(h, name)| match (&h.origin.job, &h.origin.container) {
-            (Some(job), _) => format!("{} ({name}, Slurm job {job} of {})", h.pid, h.user),
-            (None, Some(c)) => {
-                format!("{} ({name}, container {})", h.pid, c.get(..12).unwrap_or(c))
-            }
-            (None, None) => format!("{} ({name})", h.pid),
-        })
+        .map(
+            |(h, name)| match (&h.origin.job, h.origin.place.describe()) {
+                (Some(job), _) => format!("{} ({name}, Slurm job {job} of {})", h.pid, h.user),
+                (None, Some(place)) => format!("{} ({name}, {place})", h.pid),
+                (None, None) => format!("{} ({name})", h.pid),
+            },
+        )
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Advice for holders whose pod or container is gone while they live on: the kubelet (or the
+/// runtime) will not stop them any more, so they are leftovers to clean, by their pod.
+fn gone_advice(gpu: i64, gone: &[&Holder], reach: &Reach) -> String {
+    let mut places: Vec<String> = gone
+        .iter()
+        .filter_map(|h| h.origin.place.describe())
+        .collect();
+    places.dedup();
+    let by = gone.iter().find_map(|h| {
+        let p = &h.origin.place;
+        match &p.pod {
+            Some(pod) => match (&pod.namespace, &pod.name, &pod.uid) {
+                (Some(ns), Some(name), _) => Some(format!("--pod {ns}/{name}")),
+                (_, _, Some(uid)) => Some(format!("--pod {uid}")),
+                _ => None,
+            },
+            None => p.container.as_deref().map(|c| format!("--container {c}")),
+        }
+    });
+    let cmd = match by {
+        Some(by) if places.len() == 1 => format!("clean --gpu {gpu} {by}"),
+        _ => format!("clean --gpu {gpu}"),
+    };
+    let who = gone
+        .iter()
+        .map(|h| {
+            format!(
+                "{} ({})",
+                h.pid,
+                crate::process::display_name(&h.name, &h.cmdline)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "{}: its processes {who} live on and hold GPU {gpu}; nothing will stop them now: {}",
+        places.join(", "),
+        reach.gpuloop(&cmd)
+    )
+}
+
+/// How to look at the GPUs from the node when gpuloop runs in a container without its PID
+/// namespace (the driver then lists nothing here).
+fn from_the_node(reach: &Reach) -> String {
+    let node = std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "NODE".into());
+    format!(
+        "look from the node: {}, a pod with hostPID: true (docs/kubernetes.md), or docker run --pid=host",
+        reach.there(&format!(
+            "kubectl debug node/{node} --profile=sysadmin -it --image=IMAGE -- gpuloop diagnose"
+        ))
+    )
 }
 
 fn list(ps: &[i64]) -> String {
@@ -660,6 +721,11 @@ fn verdict(
         if !units.is_empty() {
             return (Verdict::Service, service_advice(gpu, &units, f.reach));
         }
+        // A deleted pod's (or a forgotten container's) processes: orphans, named by it.
+        let gone: Vec<&Holder> = holders.iter().filter(|h| h.origin.place.gone()).collect();
+        if !gone.is_empty() {
+            return (Verdict::Orphaned, gone_advice(gpu, &gone, f.reach));
+        }
         let orphans: Vec<&Holder> = holders.iter().filter(|h| orphaned(h)).collect();
         if !orphans.is_empty() {
             return (
@@ -767,7 +833,8 @@ fn verdict(
         return (
             Verdict::OtherNamespace,
             format!(
-                "{used_mib} MiB used and the driver names nobody: gpuloop runs in a container without --pid=host; run it on the host"
+                "{used_mib} MiB used and the driver names nobody: gpuloop runs in a container without the host's PID namespace; {}",
+                from_the_node(f.reach)
             ),
         );
     }
@@ -793,8 +860,9 @@ fn verdict(
         return (
             Verdict::OtherNamespace,
             format!(
-                "{used_mib} MiB used by pid(s) {} that do not exist here: they run in another PID namespace (a container); run gpuloop there or on the host",
-                list(&absent)
+                "{used_mib} MiB used by pid(s) {} that do not exist here: they run in another PID namespace (a container); {}",
+                list(&absent),
+                from_the_node(f.reach)
             ),
         );
     }

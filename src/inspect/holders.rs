@@ -5,6 +5,7 @@ pub(crate) use super::kinds::RunState;
 pub use super::kinds::{Evidence, Role, State};
 use super::Selection;
 use crate::gpu::{Backend, DeviceNodes, Gpu, GpuError};
+use crate::process::container::{Resolver, Roots};
 use crate::process::identity::{self, ProcDir};
 use crate::process::origin::{self, Origin};
 use crate::process::scan::{self, NodeSet, NodeUser};
@@ -38,7 +39,7 @@ pub struct Holder {
     pub protected: bool,
     pub host: String,
     /// Lineage (ppid_comm, reparented, launcher, service) and attribution (job, container,
-    /// cgroup).
+    /// container_name, runtime, pod, cgroup).
     #[serde(flatten)]
     pub origin: Origin,
     /// GPUs whose device node it maps: a CUDA context maps every GPU it can see, and keeps
@@ -75,9 +76,13 @@ pub struct Inventory {
 }
 
 impl Inventory {
-    /// Looks at the driver and /proc once.
-    pub fn take(backend: &dyn Backend, protected: &[String]) -> Result<Inventory, GpuError> {
-        Inventory::take_while_loading(backend.nodes(), || Ok(backend), protected)
+    /// Looks at the driver and /proc once; containers' state is looked for under `roots`.
+    pub fn take(
+        backend: &dyn Backend,
+        protected: &[String],
+        roots: &Roots,
+    ) -> Result<Inventory, GpuError> {
+        Inventory::take_while_loading(backend.nodes(), || Ok(backend), protected, roots)
     }
 
     /// Looks at the driver and /proc once, the /proc scan on its own thread while the
@@ -86,6 +91,7 @@ impl Inventory {
         nodes: &DeviceNodes,
         backend: impl FnOnce() -> Result<&'b dyn Backend, GpuError>,
         protected: &[String],
+        roots: &Roots,
     ) -> Result<Inventory, GpuError> {
         let started = std::time::Instant::now();
         let (gpus, scan, driver_ms, kind) = std::thread::scope(|sc| {
@@ -112,7 +118,7 @@ impl Inventory {
             started.elapsed().as_secs_f64() * 1e3,
             crate::timeline::ms()
         );
-        Ok(join(gpus, scan, protected))
+        Ok(join(gpus, scan, protected, roots))
     }
 
     /// The holders on the selection (every role with `all`, else only compute holders).
@@ -215,8 +221,9 @@ impl OnGpu<'_> {
     }
 }
 
-/// Joins the driver lists with the scan. Pure apart from reading stat/cmdline of the users.
-fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
+/// Joins the driver lists with the scan. Pure apart from reading the users' lineage, cgroups
+/// and, for those in containers, the runtimes' state under `roots` (once per container).
+fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], roots: &Roots) -> Inventory {
     let index_of_minor = |minor: u32| -> i64 {
         gpus.iter()
             .find(|g| g.minor == i64::from(minor))
@@ -308,7 +315,9 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
         }
         found.push((user, own));
     }
-    let holders = found
+    let mut places = Resolver::new(roots);
+    let lineage = std::time::Instant::now();
+    let holders: Vec<Holder> = found
         .iter()
         .map(|(user, own)| {
             let stat = &user.info;
@@ -318,9 +327,26 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String]) -> Inventory {
             let inherited = [stat.pgid, stat.sid, stat.ppid]
                 .iter()
                 .find_map(|p| ghost_gpus.get(&i64::from(*p)));
-            make_holder(user, own, inherited, &index_of_minor, protected)
+            make_holder(
+                user,
+                own,
+                inherited,
+                &index_of_minor,
+                protected,
+                &mut places,
+            )
         })
         .collect();
+    tracing::debug!(
+        "lineage of {} holder(s), {} in containers ({} container(s) and pod(s) read), in {:.1} ms",
+        holders.len(),
+        holders
+            .iter()
+            .filter(|h| !h.origin.place.is_empty())
+            .count(),
+        places.resolved(),
+        lineage.elapsed().as_secs_f64() * 1e3
+    );
     Inventory {
         gpus,
         holders,
@@ -391,6 +417,7 @@ fn make_holder(
     inherited: Option<&BTreeSet<i64>>,
     index_of_minor: &dyn Fn(u32) -> i64,
     protected: &[String],
+    places: &mut Resolver,
 ) -> Holder {
     let stat = &user.info;
     let cmdline = user.cmdline.clone();
@@ -456,6 +483,6 @@ fn make_holder(
         evidence,
         protected: is_daemon,
         host: "local".into(),
-        origin: origin::origin(stat),
+        origin: origin::origin(stat, places),
     }
 }

@@ -7,6 +7,7 @@ pub(crate) mod select;
 pub(crate) mod wait;
 
 use crate::gpu::GpuError;
+use crate::process::container::{self, Within};
 
 /// A GPU selection: `None` is every GPU.
 pub(crate) type Selection = Option<Vec<i64>>;
@@ -29,14 +30,37 @@ pub fn selected(sel: &Selection, index: i64) -> bool {
 }
 
 /// Which holders a caller wants besides the GPU selection: `#{user: "alice"}`, `#{job: 812}`,
-/// `--user U`, `--mine`, `--job N`. It crosses the wire as given and each host reads it with its
-/// own user database (`resolve`): uids differ between machines, so a name resolved here and
-/// sent as a number would pick another user's processes there.
+/// `#{pod: "ml/trainer-0"}`, `#{container: "vllm"}`, `--user U`, `--mine`, `--job N`, `--pod`,
+/// `--container`. It crosses the wire as given and each host reads it with its own user
+/// database and its own containers (`resolve_in`): uids differ between machines, so a name
+/// resolved here and sent as a number would pick another user's processes there.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Filter {
     pub user: Option<User>,
     pub job: Option<i64>,
+    /// A pod as given: `NAMESPACE/NAME`, `NAME` (namespace default), a uid or a unique prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// A container as given: its name, its id or a unique prefix of one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
+/// Whose processes alone a kill may signal, as given (`kill(…, #{user, pod, container})`,
+/// `gpuloop kill PID --pod …`): read on the machine that signals, like a filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bound {
+    pub user: Option<User>,
+    pub pod: Option<String>,
+    pub container: Option<String>,
+}
+
+impl Bound {
+    /// No bound at all.
+    pub fn is_empty(&self) -> bool {
+        self.user.is_none() && self.pod.is_none() && self.container.is_none()
+    }
 }
 
 /// Whose processes, as the user named them.
@@ -85,33 +109,74 @@ impl User {
 impl Filter {
     /// No filter at all: every holder.
     pub fn is_empty(&self) -> bool {
-        self.user.is_none() && self.job.is_none()
+        self.user.is_none() && self.job.is_none() && !self.is_scoped()
     }
 
-    /// The filter as this machine reads it; an unknown user name is an error.
+    /// It names a pod or a container: waits and cleans then wait for what that scope held,
+    /// not for whole GPUs.
+    pub fn is_scoped(&self) -> bool {
+        self.pod.is_some() || self.container.is_some()
+    }
+
+    /// The filter as this machine reads it, its pod and container not yet resolved (that
+    /// needs the processes: `resolve_in`); an unknown user name is an error.
     pub fn resolve(&self) -> Result<Resolved, GpuError> {
         Ok(Resolved {
             uid: self.user.as_ref().map(User::uid).transpose()?,
             job: self.job,
+            within: None,
         })
+    }
+
+    /// The filter as this machine reads it, its pod and container resolved among `holders`
+    /// (every role: the places of this machine's GPU processes); an empty one, or a prefix
+    /// that fits several, is an error.
+    pub fn resolve_in(&self, holders: &[holders::Holder]) -> Result<Resolved, GpuError> {
+        let mut r = self.resolve()?;
+        r.within = scope(self.pod.as_deref(), self.container.as_deref(), holders)?;
+        Ok(r)
+    }
+
+    /// The bound a kill of this filter's holders keeps to: its user, pod and container.
+    pub fn bound(&self) -> Bound {
+        Bound {
+            user: self.user.clone(),
+            pod: self.pod.clone(),
+            container: self.container.clone(),
+        }
     }
 }
 
-/// A filter with its user resolved on this machine.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A pod and a container as given, resolved among `holders`' places.
+pub(crate) fn scope(
+    pod: Option<&str>,
+    container: Option<&str>,
+    holders: &[holders::Holder],
+) -> Result<Option<Within>, GpuError> {
+    container::within(pod, container, holders.iter().map(|h| &h.origin.place))
+        .map_err(GpuError::BadScope)
+}
+
+/// A filter with its user (and, where asked, its pod and container) resolved on this machine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Resolved {
     pub uid: Option<u32>,
     pub job: Option<i64>,
+    pub within: Option<Within>,
 }
 
 impl Resolved {
     /// No filter at all: every holder.
     pub fn is_empty(&self) -> bool {
-        self.uid.is_none() && self.job.is_none()
+        self.uid.is_none() && self.job.is_none() && self.within.is_none()
     }
 
     pub fn matches(&self, h: &holders::Holder) -> bool {
         self.uid.is_none_or(|u| h.uid == i64::from(u))
             && self.job.is_none_or(|j| h.origin.job == Some(j))
+            && self
+                .within
+                .as_ref()
+                .is_none_or(|w| w.holds_place(&h.origin.place))
     }
 }

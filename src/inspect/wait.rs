@@ -5,7 +5,9 @@ use super::diagnose::Demand;
 use super::holders::Inventory;
 use super::Selection;
 use crate::gpu::{Backend, GpuError, MIB};
+use crate::process::container::Within;
 use crate::process::restart::{self, Restarter};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -28,8 +30,48 @@ pub(crate) struct WaitOpts {
     pub exiting: Vec<i32>,
     /// Parents known to restart holders (from the last kill): a holder they start ends the wait.
     pub restarters: Vec<Restarter>,
+    /// A pod's or a container's wait (`--pod`, `--container`): for its processes to leave the
+    /// GPUs and the memory they held to come back, whatever else uses those GPUs.
+    pub scoped: Option<Scoped>,
 }
 
+/// What the wait of a pod or a container waits for: none of its processes left on the GPUs,
+/// and each GPU's memory down by what the driver attributed to them when the wait began.
+/// What else uses those GPUs (another pod) is left to be, and does not make them dirty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Scoped {
+    pub within: Within,
+    /// Per GPU: the MiB used once the scope's memory is back (what was used less what the
+    /// driver attributed to the scope's processes).
+    pub floor_mib: BTreeMap<i64, i64>,
+}
+
+impl Scoped {
+    /// The scope's share of the selected GPUs, from the inventory taken before anything was
+    /// stopped.
+    pub(crate) fn of(inv: &Inventory, sel: &Selection, within: Within) -> Scoped {
+        let floor_mib = inv
+            .gpus
+            .iter()
+            .filter(|g| super::selected(sel, g.index))
+            .map(|g| {
+                let held: i64 = inv
+                    .holders(&Some(vec![g.index]), false)
+                    .iter()
+                    .filter(|h| within.holds_place(&h.origin.place))
+                    .map(|h| h.mem_mib)
+                    .sum();
+                (g.index, (g.mem_used_mib - held).max(0))
+            })
+            .collect();
+        Scoped { within, floor_mib }
+    }
+
+    /// The most a GPU may use and count as clean for the scope.
+    fn allows(&self, gpu: i64, max_used_mib: i64) -> i64 {
+        self.floor_mib.get(&gpu).copied().unwrap_or(0) + max_used_mib
+    }
+}
 impl WaitOpts {
     /// The longest a wait with these options runs: its timeout, then a settle watch begun just
     /// before it, and one poll.
@@ -59,6 +101,7 @@ impl Default for WaitOpts {
             stall: Duration::from_secs(1),
             exiting: Vec::new(),
             restarters: Vec::new(),
+            scoped: None,
         }
     }
 }
@@ -111,6 +154,19 @@ fn judge(inv: &Inventory, indices: &[i64], opts: &WaitOpts) -> Judgement {
                 .find_map(|h| restart::started_by(h.pid as i32, &opts.restarters))
                 .cloned();
         }
+        if let Some(sc) = &opts.scoped {
+            // A scope's wait: its own processes and memory only.
+            let inside = on
+                .holders
+                .iter()
+                .filter(|h| sc.within.holds_place(&h.origin.place))
+                .count();
+            let used = g.mem_used_mib > sc.allows(g.index, opts.max_used_mib);
+            if !on.memory_known || inside > 0 || used {
+                dirty.push((g.index, g.mem_used_mib, inside));
+            }
+            continue;
+        }
         // The same judgement as diagnose()'s (a GPU the driver could not read is never clean).
         if !on.usage().is_clean(&demand) {
             dirty.push((g.index, g.mem_used_mib, on.holders.len()));
@@ -126,6 +182,7 @@ pub(crate) fn wait_clean(
     sel: &Selection,
     opts: &WaitOpts,
     protected: &[String],
+    roots: &crate::process::container::Roots,
     interrupted: &AtomicBool,
     mut progress: impl FnMut(&Dirty, Duration),
 ) -> Result<WaitOutcome, GpuError> {
@@ -155,7 +212,13 @@ pub(crate) fn wait_clean(
             moved_at = now;
             last_used = Some(used.clone());
         }
-        let mem_dirty = used.iter().any(|(_, b)| b / MIB > opts.max_used_mib);
+        let mem_dirty = used.iter().any(|&(g, b)| {
+            let allowed = match &opts.scoped {
+                Some(sc) => sc.allows(g, opts.max_used_mib),
+                None => opts.max_used_mib,
+            };
+            b / MIB > allowed
+        });
         // Memory reading clean is confirmed at once; while settling it is re-checked as when
         // dirty: at once when memory moves, else every RESCAN.
         let rescan = (!mem_dirty && clean_since.is_none())
@@ -164,7 +227,7 @@ pub(crate) fn wait_clean(
                 .as_ref()
                 .is_none_or(|(at, _)| now.duration_since(*at) >= RESCAN);
         if rescan {
-            let inv = Inventory::take(backend, protected)?;
+            let inv = Inventory::take(backend, protected, roots)?;
             scanned = Some((now, judge(&inv, &indices, opts)));
         }
         let Some((_, j)) = scanned.as_ref() else {

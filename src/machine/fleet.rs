@@ -13,7 +13,7 @@ use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
 use crate::inspect::select::{self, Selector};
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
-use crate::inspect::{Filter, Selection, User};
+use crate::inspect::{Bound, Filter, Selection};
 use crate::process::kill::{KillOpts, KillReport, Target};
 use crate::session::Session;
 use serde::Serialize;
@@ -396,14 +396,14 @@ impl<'a> Fleet<'a> {
     }
 
     /// Kills each target on its own host (`None`: the only host there is); identities are
-    /// checked on that host. With `user`, only that user's processes (looked up on each
-    /// host) are signalled. A host skipped for being unreachable still answers for its
+    /// checked on that host. With a bound, only that user's, pod's or container's processes
+    /// (read on each host) are signalled. A host skipped for being unreachable still answers for its
     /// targets: each is `skipped` in the report, with why.
     pub(crate) fn kill(
         &self,
         targets: &[(Option<String>, Target)],
         opts: &KillOpts,
-        user: Option<&User>,
+        bound: &Bound,
     ) -> Result<KillReport, ActionError> {
         let names = self.s.host_names();
         let mut by_host: BTreeMap<String, Vec<Target>> = BTreeMap::new();
@@ -434,7 +434,7 @@ impl<'a> Fleet<'a> {
                 let op = Kill {
                     targets: ts.clone(),
                     opts: opts.clone(),
-                    user: user.cloned(),
+                    bound: bound.clone(),
                 };
                 (h.clone(), op)
             })
@@ -483,10 +483,12 @@ impl<'a> Fleet<'a> {
     }
 
     /// wait_clean on every selected host at once: clean when all are. `quiet`: no warning
-    /// at the timeout, for commands that report what is left themselves.
+    /// at the timeout, for commands that report what is left themselves. A pod or a
+    /// container in `filter` makes it that scope's wait on each host (`WaitClean`).
     pub(crate) fn wait(
         &self,
         sel: &HostSel,
+        filter: &Filter,
         opts: &WaitOpts,
         quiet: bool,
     ) -> Result<WaitOutcome, ActionError> {
@@ -494,6 +496,7 @@ impl<'a> Fleet<'a> {
             sel,
             opts: opts.clone(),
             quiet,
+            filter: filter.clone(),
         })?;
         let outcomes = self.answered(parts)?;
         for (h, o) in outcomes.iter().filter(|(h, _)| h != LOCAL && !quiet) {

@@ -6,7 +6,7 @@ use super::{ActionError, Ask, Local, Op, Received};
 use crate::hosts::protocol::{self, Call};
 use crate::hosts::{HostError, LOCAL};
 use crate::inspect::holders::Holder;
-use crate::inspect::{Filter, Selection, User};
+use crate::inspect::{Bound, Filter, Selection};
 use crate::process::kill::{self, KillOpts, KillReport, Owner, Skipped, Target};
 use std::time::Duration;
 
@@ -14,13 +14,13 @@ use std::time::Duration;
 /// (the one-shots, here or through an agent); MCP, which never stops one, replaces it.
 pub(crate) const FORCE_HINT: &str = "--force stops it";
 
-/// Signals given targets; with `user`, only that user's processes (looked up on the machine
-/// that signals: uids differ between machines).
+/// Signals given targets; with a bound, only that user's, pod's or container's processes
+/// (read on the machine that signals: uids and containers differ between machines).
 #[derive(Debug, Clone)]
 pub(crate) struct Kill {
     pub targets: Vec<Target>,
     pub opts: KillOpts,
-    pub user: Option<User>,
+    pub bound: Bound,
 }
 
 /// A kill's grace, the wait for SIGKILLed processes, and slack: how long it takes by design.
@@ -38,7 +38,9 @@ impl Ask for Kill {
                 .map(protocol::KillTarget::from)
                 .collect(),
             opts: protocol::KillOpts {
-                user: self.user.clone(),
+                user: self.bound.user.clone(),
+                pod: self.bound.pod.clone(),
+                container: self.bound.container.clone(),
                 ..protocol::KillOpts::from(&self.opts)
             },
         }
@@ -50,7 +52,16 @@ impl Ask for Kill {
 
 impl Op for Kill {
     fn here(&self, m: &mut Local) -> Result<KillReport, ActionError> {
-        let opts = bounded_to(&self.opts, self.user.as_ref())?;
+        // A pod or a container is found among this machine's GPU processes (one look).
+        let within = match self.bound.pod.is_some() || self.bound.container.is_some() {
+            true => crate::inspect::scope(
+                self.bound.pod.as_deref(),
+                self.bound.container.as_deref(),
+                &super::ops::look(m.s)?.holders,
+            )?,
+            false => None,
+        };
+        let opts = bounded_to(&self.opts, self.bound.user.as_ref(), within)?;
         Ok(m.kill(&self.targets, &opts))
     }
 }
@@ -90,17 +101,24 @@ impl Received for KillReport {
     fn received_from(&mut self, _: &str) {}
 }
 
-/// `opts` bounded to `user`'s processes as this machine knows that user: every process the
-/// kill signals (targets, trees, groups, parents) is theirs, or left alone and said.
-pub(crate) fn bounded_to(opts: &KillOpts, user: Option<&User>) -> Result<KillOpts, ActionError> {
-    let Some(user) = user else {
-        return Ok(opts.clone());
-    };
-    Ok(KillOpts {
-        owner: Some(Owner {
+/// `opts` bounded to `user`'s processes as this machine knows that user, and to a pod or a
+/// container found here: every process the kill signals (targets, trees, groups, parents) is
+/// inside both, or left alone and said.
+pub(crate) fn bounded_to(
+    opts: &KillOpts,
+    user: Option<&crate::inspect::User>,
+    within: Option<crate::process::container::Within>,
+) -> Result<KillOpts, ActionError> {
+    let owner = match user {
+        Some(user) => Some(Owner {
             uid: user.uid()?,
             said: user.flag(),
         }),
+        None => opts.owner.clone(),
+    };
+    Ok(KillOpts {
+        owner,
+        within: within.or_else(|| opts.within.clone()),
         ..opts.clone()
     })
 }
@@ -151,18 +169,20 @@ impl Local<'_> {
         opts: &KillOpts,
     ) -> Result<KillReport, ActionError> {
         let s = self.s;
+        let inv = super::ops::inventory(s, sel)?;
+        let within = filter.resolve_in(&inv.holders)?.within;
         let mut hs = super::ops::Holders {
             sel: sel.clone(),
             all: true,
             filter: filter.clone(),
         }
-        .here(self)?
+        .of(inv)?
         .holders;
         hs.retain(|h| h.is_compute() || h.protected);
-        // The user filter bounds every process signalled, not only the holders it picked:
-        // their trees, groups and parents are that user's or left alone (read on this host,
-        // as the holders were).
-        let opts = bounded_to(opts, filter.user.as_ref())?;
+        // The filter's user, pod and container bound every process signalled, not only the
+        // holders they picked: their trees, groups and parents are inside or left alone (read
+        // on this host, as the holders were).
+        let opts = bounded_to(opts, filter.user.as_ref(), within)?;
         let (daemons, hs): (Vec<Holder>, Vec<Holder>) =
             hs.into_iter().partition(|h| h.protected && !opts.force);
         let (units, hs): (Vec<Holder>, Vec<Holder>) = hs

@@ -35,7 +35,7 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
     // here: uids differ between machines) whatever the call; an unknown signal refuses it.
     let kill_opts = |o: &protocol::KillOpts| {
         let opts = KillOpts::try_from(o).map_err(|why| Body::error(ErrorKind::BadParams, why))?;
-        bounded_to(&opts, o.user.as_ref()).map_err(failed)
+        bounded_to(&opts, o.user.as_ref(), None).map_err(failed)
     };
     let holders = |sel: &Selection, all: &bool, filter: &Filter| Holders {
         sel: sel.clone(),
@@ -58,8 +58,13 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
                 let op = Kill {
                     targets: targets.iter().map(Target::from).collect(),
                     opts: o,
-                    // Bounded by `kill_opts` already.
-                    user: None,
+                    // The user is bounded by `kill_opts` already; the pod and container are
+                    // found among this machine's processes.
+                    bound: crate::inspect::Bound {
+                        user: None,
+                        pod: opts.pod.clone(),
+                        container: opts.container.clone(),
+                    },
                 };
                 reply(m, &op)
             }
@@ -76,12 +81,13 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
             }
             Err(b) => b,
         },
-        Call::WaitClean { sel, wait } => {
+        Call::WaitClean { sel, filter, wait } => {
             // The client says what it waited for: a warning here would reach it as well.
             let op = WaitClean {
                 sel: sel.clone(),
                 opts: (*wait).into(),
                 quiet: true,
+                filter: filter.clone(),
             };
             reply(m, &op)
         }
@@ -194,7 +200,7 @@ impl Op for Holders {
 impl Holders {
     /// The report of an inventory taken already (`look`).
     pub(crate) fn of(&self, inv: Inventory) -> Result<HoldersReport, ActionError> {
-        let filter = self.filter.resolve()?;
+        let filter = self.filter.resolve_in(&inv.holders)?;
         check_selection(&self.sel, &inv.gpus)?;
         let mut holders = inv.holders(&self.sel, self.all);
         holders.retain(|h| filter.matches(h));
@@ -253,7 +259,7 @@ impl Op for Diagnose {
             return Ok(diagnose::no_driver(&self.sel, why));
         }
         check_selection(&self.sel, &inv.gpus)?;
-        let sel = narrowed(&inv, &self.sel, &self.filter.resolve()?);
+        let sel = narrowed(&inv, &self.sel, &self.filter.resolve_in(&inv.holders)?);
         let restarters = s.restarters();
         let seen = crate::process::restart::seen_before();
         let ctx = diagnose::Context {
@@ -331,7 +337,12 @@ pub(crate) fn inventory(s: &Session, sel: &Selection) -> Result<Inventory, GpuEr
 /// while the driver loads: a one-shot pays for the slower, not both. So a caller asks the
 /// backend anything (even whether there is a driver) only after this.
 pub(crate) fn look(s: &Session) -> Result<Inventory, GpuError> {
-    Inventory::take_while_loading(&s.device_nodes(), || s.backend(), s.protected())
+    Inventory::take_while_loading(
+        &s.device_nodes(),
+        || s.backend(),
+        s.protected(),
+        s.container_roots(),
+    )
 }
 
 /// The selection cut down to the GPUs that the filtered holders use (diagnose --user/--job).

@@ -11,13 +11,16 @@ use crate::process::kill::{KillOpts, KillReport};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// Waits until the selected GPUs are clean, or the options say to stop.
+/// Waits until the selected GPUs are clean, or the options say to stop. With a pod or a
+/// container in `filter`, until that scope's processes are gone from them and the memory they
+/// held is back (`wait::Scoped`, found here when the wait begins).
 #[derive(Debug, Clone)]
 pub(crate) struct WaitClean {
     pub sel: Selection,
     pub opts: WaitOpts,
     /// No warning at the timeout: for commands that report what is left themselves.
     pub quiet: bool,
+    pub filter: Filter,
 }
 
 impl Ask for WaitClean {
@@ -25,6 +28,7 @@ impl Ask for WaitClean {
     fn call(&self) -> Call {
         Call::WaitClean {
             sel: self.sel.clone(),
+            filter: self.filter.clone(),
             wait: WaitWire::from(&self.opts),
         }
     }
@@ -35,7 +39,11 @@ impl Ask for WaitClean {
 
 impl Op for WaitClean {
     fn here(&self, m: &mut Local) -> Result<WaitOutcome, ActionError> {
-        let outcome = m.wait(&self.sel, &self.opts)?;
+        let (sel, opts) = match self.filter.is_scoped() {
+            false => (self.sel.clone(), self.opts.clone()),
+            true => scoped(m.s, &self.sel, &self.filter, &self.opts)?,
+        };
+        let outcome = m.wait(&sel, &opts)?;
         if self.quiet {
             return Ok(outcome);
         }
@@ -44,7 +52,7 @@ impl Op for WaitClean {
         };
         crate::errln!("warning: GPUs {why}:");
         let all = Diagnose {
-            sel: self.sel.clone(),
+            sel,
             filter: Filter::default(),
         };
         if let Ok(ds) = all.here(m) {
@@ -54,6 +62,24 @@ impl Op for WaitClean {
         }
         Ok(outcome)
     }
+}
+
+/// A pod's or a container's wait: the GPUs of the selection its processes use, and the wait
+/// for them (`wait::Scoped`), from one look taken now, before anything of it is gone.
+fn scoped(
+    s: &crate::session::Session,
+    sel: &Selection,
+    filter: &Filter,
+    opts: &WaitOpts,
+) -> Result<(Selection, WaitOpts), ActionError> {
+    let inv = inventory(s, sel)?;
+    let resolved = filter.resolve_in(&inv.holders)?;
+    let sel = narrowed(&inv, sel, &resolved);
+    let opts = WaitOpts {
+        scoped: resolved.within.map(|w| wait::Scoped::of(&inv, &sel, w)),
+        ..opts.clone()
+    };
+    Ok((sel, opts))
 }
 
 impl Received for WaitOutcome {
@@ -104,12 +130,19 @@ impl Op for Clean {
         }
         // Like diagnose and wait: with --user, --mine or --job, the GPUs verified are those
         // the filtered holders use (what else holds them is reported, and keeps them not
-        // clean).
-        let sel = narrowed(
-            &inventory(s, &self.sel)?,
-            &self.sel,
-            &self.filter.resolve()?,
-        );
+        // clean). With --pod or --container, what is waited for is that scope's memory:
+        // another pod on the same GPU is reported and left alone.
+        let (sel, scoped) = match self.filter.is_scoped() {
+            true => scoped(s, &self.sel, &self.filter, &self.wait)?,
+            false => (
+                narrowed(
+                    &inventory(s, &self.sel)?,
+                    &self.sel,
+                    &self.filter.resolve()?,
+                ),
+                self.wait.clone(),
+            ),
+        };
         // With no KILL ever, the wait below is the one that waits for them, until its timeout.
         let kill_opts = KillOpts {
             wait_forever: false,
@@ -121,7 +154,7 @@ impl Op for Clean {
         let deadline = waited.checked_add(self.wait.timeout);
         let mut rounds = 0;
         let (outcome, wait_opts) = loop {
-            let mut wait_opts = self.wait.clone();
+            let mut wait_opts = scoped.clone();
             if let Some(deadline) = deadline {
                 wait_opts.timeout = deadline.saturating_duration_since(std::time::Instant::now());
             }
@@ -234,6 +267,7 @@ impl Local<'_> {
             sel,
             &opts,
             s.protected(),
+            s.container_roots(),
             self.watch.stop,
             |dirty: &Dirty, elapsed: Duration| {
                 show(&format!(

@@ -52,8 +52,14 @@ pub(super) fn holders(hs: &[Holder], all: bool) -> String {
         .iter()
         .take(8)
         .map(|h| {
+            let place = h
+                .origin
+                .place
+                .describe()
+                .map(|p| format!(", {p}"))
+                .unwrap_or_default();
             format!(
-                "pid {} {} ({}, GPU {}, {} MiB)",
+                "pid {} {} ({}, GPU {}, {} MiB{place})",
                 h.pid,
                 h.name,
                 h.role,

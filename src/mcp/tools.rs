@@ -9,7 +9,8 @@ use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, Selection};
-use crate::machine::wait::Clean;
+use crate::machine::kill::Kill;
+use crate::machine::wait::{Clean, WaitClean};
 use crate::machine::{why_not_clean, CleanReport, Fleet, Local, Machine, Watch, FORCE_HINT};
 use crate::process::kill::KillReport;
 use crate::process::kill::{parse_signal, KillOpts, Target};
@@ -317,6 +318,13 @@ pub(crate) struct HoldersArgs {
     /// protected GPU daemons. Default false: only compute holders, which hold memory.
     #[serde(default)]
     pub all: bool,
+    /// Only this Kubernetes pod's processes: NAMESPACE/NAME, NAME (namespace default), or its
+    /// uid (or a unique prefix), as the node tells it.
+    #[serde(default)]
+    pub pod: Option<String>,
+    /// Only this container's processes: its name, or its id (or a unique prefix).
+    #[serde(default)]
+    pub container: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -325,6 +333,32 @@ pub(crate) struct SelArgs {
     /// GPU indices to look at (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
+    /// Only the GPUs this Kubernetes pod's processes use (NAMESPACE/NAME, NAME, or a uid or a
+    /// unique prefix), each with all its holders.
+    #[serde(default)]
+    pub pod: Option<String>,
+    /// Only the GPUs this container's processes use (a name, or an id or a unique prefix).
+    #[serde(default)]
+    pub container: Option<String>,
+}
+
+/// A pod and a container a tool was given, as a filter; an empty one is a bad argument.
+fn scope_filter(
+    tool: &str,
+    pod: &Option<String>,
+    container: &Option<String>,
+) -> Result<Filter, CallError> {
+    let check = |key: &str, v: &Option<String>| match v.as_deref().map(str::trim) {
+        Some("") => Err(CallError::BadArguments(format!(
+            "{tool}: {key} is empty: give a name, or an id or a prefix of one"
+        ))),
+        t => Ok(t.map(str::to_string)),
+    };
+    Ok(Filter {
+        pod: check("pod", pod)?,
+        container: check("container", container)?,
+        ..Filter::default()
+    })
 }
 
 fn d30() -> f64 {
@@ -360,6 +394,14 @@ pub(crate) struct WaitArgs {
     /// false: that footprint does not make a selected GPU dirty).
     #[serde(default)]
     pub strict: bool,
+    /// Wait for this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or a unique
+    /// prefix) to leave their GPUs and their memory to come back; another pod there does not
+    /// make them dirty.
+    #[serde(default)]
+    pub pod: Option<String>,
+    /// The same for a container (a name, or an id or a unique prefix).
+    #[serde(default)]
+    pub container: Option<String>,
 }
 
 /// A process to stop: a holder record as `holders` returned it (its `pid` and `start` are
@@ -411,6 +453,13 @@ pub struct KillArgs {
     /// signalled through MCP. A person can run `gpuloop kill --force` themselves.
     #[serde(default)]
     pub force: bool,
+    /// Signal only this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or a
+    /// unique prefix): targets, descendants and parents outside it are left alone.
+    #[serde(default)]
+    pub pod: Option<String>,
+    /// Signal only this container's processes (a name, or an id or a unique prefix).
+    #[serde(default)]
+    pub container: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -435,6 +484,14 @@ pub(crate) struct CleanArgs {
     /// Report what would be stopped and stop nothing (default false; always allowed).
     #[serde(default)]
     pub dry_run: bool,
+    /// Stop only this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or a unique
+    /// prefix) and wait for the memory they held; another pod on the same GPUs is reported
+    /// and left alone.
+    #[serde(default)]
+    pub pod: Option<String>,
+    /// The same for a container (a name, or an id or a unique prefix).
+    #[serde(default)]
+    pub container: Option<String>,
 }
 
 /// A shell command line (run by `sh -c`) or an argv array (no shell).
@@ -618,8 +675,9 @@ pub(crate) fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Rep
         }
         "holders" => {
             let a: HoldersArgs = args(name, raw)?;
+            let filter = scope_filter(name, &a.pod, &a.container)?;
             Ok(
-                match Fleet::of(s).holders(&HostSel::from(&a.gpus), a.all, &Filter::default()) {
+                match Fleet::of(s).holders(&HostSel::from(&a.gpus), a.all, &filter) {
                     Ok(hs) => Reply::ok(summary::holders(&hs, a.all), HoldersOut { holders: hs }),
                     Err(e) => Reply::failed(e),
                 },
@@ -627,8 +685,9 @@ pub(crate) fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Rep
         }
         "diagnose" => {
             let a: SelArgs = args(name, raw)?;
+            let filter = scope_filter(name, &a.pod, &a.container)?;
             Ok(
-                match Fleet::of(s).diagnoses(&HostSel::from(&a.gpus), &Filter::default()) {
+                match Fleet::of(s).diagnoses(&HostSel::from(&a.gpus), &filter) {
                     Ok(ds) => Reply::ok(summary::diagnoses(&ds), DiagnoseOut::of(ds)),
                     Err(e) => Reply::failed(e),
                 },
@@ -664,8 +723,15 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
         ..WaitOpts::default()
     };
     let sel: Selection = a.gpus;
+    let filter = scope_filter("wait_clean", &a.pod, &a.container)?;
     let started = Instant::now();
     let mut progress = Reporter::new(ctx, Some(opts.longest()));
+    let wait = WaitClean {
+        sel: sel.clone(),
+        opts: opts.clone(),
+        quiet: true,
+        filter,
+    };
     let outcome = Local::new(
         ctx.session,
         Watch {
@@ -674,7 +740,7 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
         },
     )
     .serving(ctx.served.clone())
-    .wait(&sel, &opts);
+    .ask(&wait);
     let outcome = match outcome {
         Ok(WaitOutcome::NoDriver(why)) => return Ok(Reply::failed(why)),
         Ok(o) => o,
@@ -760,7 +826,13 @@ fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
         })
         .collect::<Result<Vec<_>, CallError>>()?;
     let opts = KillOpts::try_from(&a)?;
+    let scope = scope_filter("kill", &a.pod, &a.container)?;
     let mut progress = Reporter::new(ctx, Some(opts.grace));
+    let kill = Kill {
+        targets,
+        opts,
+        bound: scope.bound(),
+    };
     let report = Local::new(
         ctx.session,
         Watch {
@@ -769,8 +841,11 @@ fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
         },
     )
     .serving(ctx.served.clone())
-    .kill(&targets, &opts);
-    let mut report = report;
+    .ask(&kill);
+    let mut report = match report {
+        Ok(r) => r,
+        Err(e) => return Ok(Reply::failed(e)),
+    };
     no_force_here(&mut report);
     let mut line = summary::kill(&report);
     if a.force {
@@ -794,14 +869,11 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
         ..WaitOpts::default()
     };
     let sel: Selection = a.gpus;
+    let filter = scope_filter("clean", &a.pod, &a.container)?;
     if a.dry_run {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
         return Ok(
-            match Fleet::of(ctx.session).kill_holders(
-                &HostSel::from(&sel),
-                &Filter::default(),
-                &kill_opts,
-            ) {
+            match Fleet::of(ctx.session).kill_holders(&HostSel::from(&sel), &filter, &kill_opts) {
                 Ok(mut report) => {
                     no_force_here(&mut report);
                     Reply::ok(summary::kill(&report), CleanOut::DryRun(report))
@@ -814,7 +886,7 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
     progress.send("stopping the compute holders");
     let clean = Clean {
         sel,
-        filter: Filter::default(),
+        filter,
         kill: kill_opts,
         wait,
     };

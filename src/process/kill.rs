@@ -66,6 +66,10 @@ pub struct KillOpts {
     /// The one user whose processes may be signalled (`--user`, `--mine`): targets, their
     /// trees, their groups and their parents alike. Anyone else's is left alone, and said.
     pub owner: Option<Owner>,
+    /// The one pod or container whose processes may be signalled (`--pod`, `--container`):
+    /// targets, their trees, their groups and their parents alike, each read through its
+    /// pin. Anything outside it is left alone, and said.
+    pub within: Option<super::container::Within>,
     /// The server call this kill is carried out for (an MCP tool call, a remote client's
     /// request), journaled with each signal.
     pub(crate) served: Option<crate::journal::Served>,
@@ -113,6 +117,7 @@ impl Default for KillOpts {
             why: HashMap::new(),
             wait_forever: true,
             owner: None,
+            within: None,
             served: None,
         }
     }
@@ -476,10 +481,12 @@ impl Resolve<'_> {
             return (i, false);
         }
         let p = &self.pins[i];
-        let refused = self.guard.refuse(p, self.opts.force).or_else(|| {
-            let owner = self.opts.owner.as_ref()?;
-            owner.excludes(p)
-        });
+        let refused = self
+            .guard
+            .refuse(p, self.opts.force)
+            .or_else(|| self.opts.owner.as_ref()?.excludes(p))
+            // The cgroup read through the pin: a process at a reused pid is read as itself.
+            .or_else(|| self.opts.within.as_ref()?.excludes(p.dir.read("cgroup")));
         match refused {
             Some(reason) => {
                 skip(report, pid, reason);

@@ -1,5 +1,6 @@
 //! Processes as /proc shows them: stat fields, identity `(pid, start, pidfs inode)`, users, command lines.
 
+pub mod container;
 pub(crate) mod helpers;
 pub(crate) mod identity;
 pub mod kill;

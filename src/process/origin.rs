@@ -1,6 +1,7 @@
 //! Where a process comes from: its lineage (parent, launcher, reparenting), and, from one
 //! cgroup reader plus its environment, the systemd unit, Slurm job and container it runs in.
 
+use super::container::{self, Ids, Place, Resolver};
 use super::{read_stat, ProcInfo};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -17,6 +18,9 @@ pub struct Launcher {
     /// The host it runs on, as its holder's (`kill(h.launcher)` goes there).
     #[serde(default = "crate::local::local")]
     pub host: String,
+    /// The container and pod it runs in.
+    #[serde(flatten)]
+    pub place: Place,
 }
 
 /// Lineage and attribution of one process, as holder maps carry them.
@@ -35,8 +39,9 @@ pub struct Origin {
     pub service: Option<String>,
     /// The Slurm job id, from the job's cgroup or the process's environment.
     pub job: Option<i64>,
-    /// A docker/containerd/podman container id, or a Kubernetes pod uid.
-    pub container: Option<String>,
+    /// The container (its id, name and runtime) and the Kubernetes pod it runs in.
+    #[serde(flatten)]
+    pub place: Place,
     pub cgroup: Option<String>,
     /// True if the process is its unit's main process (killing it makes systemd act).
     #[serde(skip)]
@@ -99,8 +104,9 @@ fn ns_pid(pid: i32) -> Option<i32> {
     line.split_whitespace().last()?.parse().ok()
 }
 
-/// Reads the origin of `p` from /proc (its ancestors, cgroup and environment).
-pub(crate) fn origin(p: &ProcInfo) -> Origin {
+/// Reads the origin of `p` from /proc (its ancestors, cgroup and environment); its container
+/// and pod through `places`, the scan's resolver.
+pub(crate) fn origin(p: &ProcInfo, places: &mut Resolver) -> Origin {
     let parent = (p.ppid > 0).then(|| read_stat(p.ppid).ok()).flatten();
     let own_init = p.pid > 1 && ns_pid(p.pid) == Some(1);
     let reparented = match &parent {
@@ -121,6 +127,10 @@ pub(crate) fn origin(p: &ProcInfo) -> Origin {
         (Some(_), true) => parent.as_ref().is_some_and(|q| q.comm == "systemd"),
         (Some(_), false) => unit.main_pid == Some(p.pid),
     };
+    let place = places.place(&cg.ids);
+    // A launcher outside the holder's container would be an ancestor outside it, which the
+    // container's shim (a reaper) stops the walk at: only a contained holder's is looked at.
+    let contained = !cg.ids.is_empty();
     Origin {
         ppid_comm: parent.as_ref().map(|q| q.comm.clone()).unwrap_or_default(),
         ppid_name: parent
@@ -128,20 +138,21 @@ pub(crate) fn origin(p: &ProcInfo) -> Origin {
             .map(|q| super::display_name(&q.comm, &super::cmdline(q.pid)))
             .unwrap_or_default(),
         reparented,
-        launcher: launcher(p),
+        launcher: launcher(p, contained.then_some(places)),
         service,
         job: cg
             .job
             .or_else(|| env_var(p.pid, "SLURM_JOB_ID").and_then(|j| job_id(&j))),
-        container: cg.container,
+        place,
         cgroup: cg.path,
         service_main,
         service_restart: unit.restart,
     }
 }
 
-/// The nearest live ancestor that is not a shell, init or subreaper.
-fn launcher(p: &ProcInfo) -> Option<Launcher> {
+/// The nearest live ancestor that is not a shell, init or subreaper; its place through
+/// `places` where there is one to find.
+fn launcher(p: &ProcInfo, places: Option<&mut Resolver>) -> Option<Launcher> {
     let mut pid = p.ppid;
     for _ in 0..64 {
         let a = read_stat(pid).ok()?;
@@ -149,11 +160,16 @@ fn launcher(p: &ProcInfo) -> Option<Launcher> {
             return None;
         }
         if !is_shell(&a.comm) {
+            let place = match places {
+                Some(r) => r.place(&read_cgroup(a.pid).ids),
+                None => Place::default(),
+            };
             return Some(Launcher {
                 pid: a.pid.into(),
                 start: a.start as i64,
                 name: a.comm,
                 host: crate::local::local(),
+                place,
             });
         }
         pid = a.ppid;
@@ -233,7 +249,8 @@ pub(crate) struct Cgroup {
     /// The service runs under a user manager (user@UID.service).
     pub user_unit: bool,
     pub job: Option<i64>,
-    pub container: Option<String>,
+    /// The container and pod the path names.
+    pub ids: Ids,
 }
 
 /// Reads /proc/PID/cgroup; the one cgroup reader for units, jobs and containers.
@@ -250,7 +267,7 @@ pub(crate) fn parse_cgroup(text: &str) -> Cgroup {
     let mut systemd = None;
     let mut any = None;
     let mut job = None;
-    let mut container = None;
+    let mut ids = Ids::default();
     for line in text.lines() {
         let mut f = line.splitn(3, ':');
         let (Some(_), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
@@ -269,7 +286,9 @@ pub(crate) fn parse_cgroup(text: &str) -> Cgroup {
                 job = job.or(Some(n));
             }
         }
-        container = container.or_else(|| container_of(path));
+        if ids.is_empty() {
+            ids = container::ids_of(path);
+        }
     }
     let unit_path = unified.or(systemd);
     let (service, user_unit) = unit_path.map(service_of).unwrap_or((None, false));
@@ -278,7 +297,7 @@ pub(crate) fn parse_cgroup(text: &str) -> Cgroup {
         service,
         user_unit,
         job,
-        container,
+        ids,
     }
 }
 
@@ -299,43 +318,6 @@ fn service_of(path: &str) -> (Option<String>, bool) {
         return (None, false);
     }
     (Some(unit.to_string()), under_user)
-}
-
-/// A container id or pod uid named by a cgroup path (docker, containerd, CRI-O, podman,
-/// Kubernetes with either cgroup driver).
-fn container_of(path: &str) -> Option<String> {
-    let is_id = |s: &str| s.len() >= 12 && s.bytes().all(|b| b.is_ascii_hexdigit());
-    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-    // A Kubernetes pod: "pod<uid>" (cgroupfs) or "kubepods-burstable-pod<uid_>.slice" (systemd).
-    if comps.iter().any(|c| c.starts_with("kubepods")) {
-        for c in &comps {
-            let c = c.trim_end_matches(".slice");
-            let uid = match c.rfind("-pod") {
-                Some(at) if c.starts_with("kubepods") => &c[at + 4..],
-                _ => match c.strip_prefix("pod") {
-                    Some(uid) => uid,
-                    None => continue,
-                },
-            };
-            if uid.len() >= 32 {
-                return Some(uid.replace('_', "-"));
-            }
-        }
-    }
-    for (i, c) in comps.iter().enumerate() {
-        let c = c.trim_end_matches(".scope");
-        for prefix in ["docker-", "cri-containerd-", "crio-", "libpod-"] {
-            if let Some(id) = c.strip_prefix(prefix) {
-                if is_id(id) {
-                    return Some(id.to_string());
-                }
-            }
-        }
-        if i > 0 && matches!(comps[i - 1], "docker" | "libpod_parent") && is_id(c) {
-            return Some(c.to_string());
-        }
-    }
-    None
 }
 
 /// A Slurm job id: a positive decimal number, as Slurm prints it (`812`; not `+812`, `0`,
@@ -386,25 +368,19 @@ mod tests {
     }
 
     #[test]
-    fn containers_and_pods() {
+    fn containers_and_pods_from_any_line() {
         let id = "4f3c2a1b0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a";
         let c = parse_cgroup(&format!("0::/system.slice/docker-{id}.scope\n"));
-        assert_eq!((c.container.as_deref(), c.service), (Some(id), None));
-        let c = parse_cgroup(&format!("4:pids:/docker/{id}\n"));
-        assert_eq!(c.container.as_deref(), Some(id));
+        assert_eq!((c.ids.id.as_deref(), c.service), (Some(id), None));
+        // cgroup v1: the first line that names a container.
+        let c = parse_cgroup(&format!("5:devices:/\n4:pids:/docker/{id}\n"));
+        assert_eq!(c.ids.id.as_deref(), Some(id));
         let c = parse_cgroup(&format!(
             "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_5e6f_7a8b_9c0d_1e2f3a4b5c6d.slice/cri-containerd-{id}.scope\n"
         ));
         assert_eq!(
-            c.container.as_deref(),
-            Some("1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d")
-        );
-        let c = parse_cgroup(&format!(
-            "0::/kubepods/besteffort/pod1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d/{id}\n"
-        ));
-        assert_eq!(
-            c.container.as_deref(),
-            Some("1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d")
+            (c.ids.id.as_deref(), c.ids.pod_uid.as_deref()),
+            (Some(id), Some("1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"))
         );
     }
 
@@ -424,7 +400,8 @@ mod tests {
     #[test]
     fn own_origin_is_read() {
         let me = read_stat(std::process::id() as i32).unwrap();
-        let o = origin(&me);
+        let roots = container::Roots::default();
+        let o = origin(&me, &mut Resolver::new(&roots));
         assert!(!o.ppid_comm.is_empty());
         // The test's own environment is readable: a job id set there is found.
         assert_eq!(

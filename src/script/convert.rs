@@ -302,6 +302,17 @@ impl<'a> Opts<'a> {
         }
     }
 
+    /// A pod or a container as a person names it (`pod`, `container`): a string, not empty.
+    pub(crate) fn scope(&self, key: &str) -> RhaiResult<Option<String>> {
+        match self.string(key)? {
+            Some(t) if t.trim().is_empty() => Err(script_err(format!(
+                "{}: option {key} is empty: give a name, or an id or a prefix of one",
+                self.func
+            ))),
+            t => Ok(t.map(|t| t.trim().to_string())),
+        }
+    }
+
     /// `on_error`: "fail" (the default: a host that cannot be reached is an error naming
     /// it) or "skip" (go on with the others; the skipped host is reported once).
     pub(crate) fn on_error(&self) -> RhaiResult<bool> {

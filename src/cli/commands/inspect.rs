@@ -195,7 +195,8 @@ pub(super) fn diagnose(
 }
 
 /// `gpuloop wait`: wait_clean, then the report (which says what is left: the wait is quiet);
-/// kills nothing. With a filter it waits for the GPUs the filtered processes hold now.
+/// kills nothing. With a filter it waits for the GPUs the filtered processes hold now; with a
+/// pod or a container, for that scope's processes to leave them and its memory to come back.
 pub(super) fn wait(
     cfg: &Config,
     sel: &Selection,
@@ -211,7 +212,7 @@ pub(super) fn wait(
         let Some(held) = Fleet::of(&cfg.session).held_by(sel, filter)? else {
             // Nothing was verified: never "clean" (their memory may still be on its way back,
             // after a kill); `gpuloop wait` without the filter checks the GPUs.
-            crate::errln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job holds a selected GPU (their memory is not checked; gpuloop wait without it checks the GPUs)");
+            crate::errln!("gpuloop: wait: nothing to wait for: no process of that --user/--mine/--job/--pod/--container holds a selected GPU (their memory is not checked; gpuloop wait without it checks the GPUs)");
             return emit(
                 cfg,
                 &serde_json::json!({"clean": null, "nothing_to_wait_for": true, "gpus": []}),
@@ -221,7 +222,7 @@ pub(super) fn wait(
         Some(held)
     };
     let sel = held.as_ref().unwrap_or(sel);
-    let outcome = Fleet::of(&cfg.session).wait(sel, opts, true)?;
+    let outcome = Fleet::of(&cfg.session).wait(sel, filter, opts, true)?;
     let clean = match outcome {
         WaitOutcome::Interrupted => return Ok(130),
         o => o.is_clean(),

@@ -79,7 +79,7 @@ fn kill_holders(
 /// (exit 1); the report's "skipped" line says why, once.
 pub(super) fn pids(cfg: &Config, pids: &[i32], opts: &KillOpts) -> Result<i32, Error> {
     let targets: Vec<_> = pids.iter().map(|&pid| (None, Target::Pid(pid))).collect();
-    let report = Fleet::of(&cfg.session).kill(&targets, opts, None)?;
+    let report = Fleet::of(&cfg.session).kill(&targets, opts, &Default::default())?;
     let code = kill_done(cfg, &report)?;
     let refused = report
         .skipped
@@ -130,6 +130,11 @@ pub(super) fn clean(
         if !c.clean && r.good() {
             r.state = HostState::NotClean;
         }
+        // A pod's or a container's clean is its own memory back: what else holds those GPUs
+        // (another pod) is said in the row and left alone.
+        if c.clean && filter.is_scoped() {
+            r.state = HostState::Clean;
+        }
         rows.push(r);
     }
     let r = machine::wait::merge_clean(parts, kill_opts.dry_run);
@@ -152,10 +157,17 @@ pub(super) fn clean(
             } else if r.clean {
                 // The release and the settle watch are two times, said apart.
                 let back = r.released_ms.unwrap_or(r.wait_ms) as f64 / 1000.0;
+                let whose = match filter.is_scoped() {
+                    true => "its memory",
+                    false => "memory",
+                };
                 match r.settle_ms {
-                    0 => format!("clean: memory back {back:.1} s after the kill"),
+                    0 if filter.is_scoped() => format!(
+                        "clean: {whose} back {back:.1} s after the kill; what else holds those GPUs is left alone"
+                    ),
+                    0 => format!("clean: {whose} back {back:.1} s after the kill"),
                     settle => format!(
-                        "clean: memory back {back:.1} s after the kill, still clean {:.1} s later",
+                        "clean: {whose} back {back:.1} s after the kill, still clean {:.1} s later",
                         settle as f64 / 1000.0
                     ),
                 }

@@ -401,6 +401,7 @@ impl SimBackend {
         // and memory nobody holds keep it idle, as on a real GPU.
         let mut busy = vec![false; self.spec.count];
         let mut procs: Vec<BTreeMap<i32, i64>> = vec![BTreeMap::new(); self.spec.count];
+        let mut host_pids = None;
         for (_, a) in self.live_allocations()? {
             let Some(i) = usize::try_from(a.gpu).ok().filter(|&i| i < self.spec.count) else {
                 continue;
@@ -409,9 +410,24 @@ impl SimBackend {
             let bytes = a.mib.saturating_mul(MIB);
             used[i] = used[i].saturating_add(bytes);
             busy[i] |= !a.leaked && !a.footprint;
-            // The driver names pids of another namespace only in `raw` mode.
-            if !a.leaked && !a.footprint && (a.ns == self.own_ns || self.spec.foreign_pids_raw) {
-                let mem = procs[i].entry(a.creator).or_default();
+            if a.leaked || a.footprint {
+                continue;
+            }
+            // The driver names every process by its pid in the host's namespace: a
+            // container's, made in a namespace of its own, by its host pid, where this reader
+            // sees the host's. A reader in another namespace gets the pids of its own, and
+            // another namespace's only in `raw` mode.
+            let pid = if a.ns == self.own_ns {
+                Some(a.creator)
+            } else if self.own_ns == self.host_ns {
+                host_pids
+                    .get_or_insert_with(|| HostPids::new(self.own_ns))
+                    .of(a.ns, a.creator)
+            } else {
+                self.spec.foreign_pids_raw.then_some(a.creator)
+            };
+            if let Some(pid) = pid {
+                let mem = procs[i].entry(pid).or_default();
                 *mem = mem.saturating_add(bytes);
             }
         }
@@ -505,6 +521,48 @@ impl SimBackend {
         let path = self.alloc_dir().join(name);
         fs::rename(&tmp, &path).map_err(|e| state_err(&self.dir, e))?;
         Ok((path, lock))
+    }
+}
+
+/// The host pids of processes of other PID namespaces, as a real driver reports a
+/// containerized process: (namespace inode, pid there) → pid here, from one pass over
+/// /proc, taken only when an allocation was made in another namespace.
+struct HostPids {
+    /// Every process here with its PID namespace's inode.
+    procs: Vec<(i32, u64)>,
+}
+
+impl HostPids {
+    fn new(own_ns: u64) -> HostPids {
+        use std::os::unix::fs::MetadataExt;
+        let procs = fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter_map(|pid| {
+                let ns = fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino();
+                (ns != own_ns).then_some((pid, ns))
+            })
+            .collect();
+        HostPids { procs }
+    }
+
+    /// The pid here of the process that is `inner` in namespace `ns`.
+    fn of(&self, ns: u64, inner: i32) -> Option<i32> {
+        self.procs
+            .iter()
+            .filter(|&&(_, n)| n == ns)
+            .find(|&&(pid, _)| {
+                fs::read_to_string(format!("/proc/{pid}/status"))
+                    .ok()
+                    .and_then(|st| {
+                        let line = st.lines().find(|l| l.starts_with("NSpid:"))?;
+                        line.split_whitespace().last()?.parse::<i32>().ok()
+                    })
+                    == Some(inner)
+            })
+            .map(|&(pid, _)| pid)
     }
 }
 

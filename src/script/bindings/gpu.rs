@@ -113,14 +113,15 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         move || -> RhaiResult<Array> { to_array(&Fleet::of(&s).hosts()) },
     );
     let diagnose = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-        let o = Opts::new(&opts, "diagnose", &["on_error"])?;
+        let o = Opts::new(&opts, "diagnose", &["pod", "container", "on_error"])?;
         let sel = selection(s, &sel)?;
         let fleet = Fleet::of(s).skipping(o.on_error()?);
-        to_array(
-            &fleet
-                .diagnoses(&sel, &Filter::default())
-                .map_err(to_script)?,
-        )
+        let filter = Filter {
+            pod: o.scope("pod")?,
+            container: o.scope("container")?,
+            ..Filter::default()
+        };
+        to_array(&fleet.diagnoses(&sel, &filter).map_err(to_script)?)
     };
     let s = session.clone();
     def(
@@ -128,7 +129,8 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         "diagnose",
         &["sel: i64 | String | Array | ()", "opts: Map", "Array"],
         "diagnose() with options: on_error: \"skip\" goes on without hosts that cannot be
-         reached (reported once).",
+         reached (reported once); pod or container (as holders() takes them): only the GPUs
+         that pod's or container's processes use, each with all its holders.",
         move |sel: Dynamic, opts: Map| diagnose(&s, sel, opts),
     );
     let s = session.clone();
@@ -154,7 +156,11 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          own parent is gone), launcher (#{pid, start, name, host} of the nearest live ancestor
          that is not a shell, init or subreaper, or ()), service (the systemd unit from its
          cgroup, or ()); attribution: job (Slurm job id from its environment or cgroup, or ()), container
-         (docker/containerd id or Kubernetes pod uid, or ()), cgroup (its cgroup path, or ()).",
+         (the container's id, from its cgroup, or ()), container_name, runtime (\"docker\",
+         \"containerd\", \"cri-o\", \"podman\"), container_deleted (its runtime no longer
+         knows it), pod (#{namespace, name, uid, container, deleted} when Kubernetes started
+         it, read from the node: the runtime's state and the kubelet's directories; deleted:
+         the kubelet no longer knows the pod), cgroup (its cgroup path, or ()).",
         move || -> RhaiResult<Array> {
             to_array(&Fleet::of(&s).holders(&HostSel::all(), false, &Filter::default()).map_err(to_script)?)
         },
@@ -175,7 +181,11 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         },
     );
     let holders = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
-        let o = Opts::new(&opts, "holders", &["all", "user", "job", "on_error"])?;
+        let o = Opts::new(
+            &opts,
+            "holders",
+            &["all", "user", "job", "pod", "container", "on_error"],
+        )?;
         let all = o.bool("all", false)?;
         // The user goes to each host as given, and each looks it up in its own user
         // database: uids differ between machines.
@@ -192,6 +202,8 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         let filter = Filter {
             user,
             job: o.job_id("job")?,
+            pod: o.scope("pod")?,
+            container: o.scope("container")?,
         };
         Fleet::of(s)
             .check_filter(&filter)
@@ -213,7 +225,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          #{user: \"alice\"} (a name or a uid) only that user's processes, the name looked
          up on each host in its own user database (an unknown name is that host's error);
          #{job: 812} only that Slurm job's (a string of digits too: #{job:
-         env(\"SLURM_JOB_ID\")}).",
+         env(\"SLURM_JOB_ID\")}); #{pod: \"ml/trainer-0\"} only that Kubernetes pod's
+         (NAMESPACE/NAME, NAME in namespace default, or a uid or a unique prefix of one);
+         #{container: \"vllm\"} only that container's (its name, or its id or a unique
+         prefix), each read on each host from its own node.",
         move |sel: Dynamic, opts: Map| holders(&s, sel, opts),
     );
     let s = session.clone();
@@ -279,6 +294,8 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
                 "settle",
                 "stall",
                 "quiet",
+                "pod",
+                "container",
                 "on_error",
             ],
         )?;
@@ -297,7 +314,14 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         };
         let quiet = o.bool("quiet", false)?;
         let sel = selection(s, &sel)?;
-        let outcome = Fleet::of(s).skipping(o.on_error()?).wait(&sel, &w, quiet);
+        let filter = Filter {
+            pod: o.scope("pod")?,
+            container: o.scope("container")?,
+            ..Filter::default()
+        };
+        let outcome = Fleet::of(s)
+            .skipping(o.on_error()?)
+            .wait(&sel, &filter, &w, quiet);
         match outcome.map_err(to_script)? {
             WaitOutcome::Clean => Ok(true),
             WaitOutcome::Interrupted => Err(super::interrupted()),
@@ -346,7 +370,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          keep watching after it reads clean: a compute holder coming back makes it false),
          stall (seconds, default 1: stop early once nothing holds the memory left and it has not
          moved this long; 0 waits the whole timeout), quiet (default false: true skips the
-         warning). On a terminal it shows progress; when not clean it warns once with what
+         warning), pod or container (as holders() takes them): waits for that pod's or
+         container's processes, as they are when it begins, to leave the GPUs they use and for
+         the memory they held to come back; what else uses those GPUs (another pod) does not
+         make them dirty. On a terminal it shows progress; when not clean it warns once with what
          diagnose() says is left.",
         move |sel: Dynamic, opts: Map| wait(&s, sel, opts),
     );

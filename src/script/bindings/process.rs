@@ -1,6 +1,6 @@
 //! kill(): targets and options from script values into the identity-safe kill.
 
-use crate::inspect::User;
+use crate::inspect::{Bound, User};
 use crate::machine::Fleet;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
@@ -78,10 +78,31 @@ fn pid_of(pid: i64) -> RhaiResult<i32> {
 
 /// The options kill() takes.
 const KILL_OPTS: &[&str] = &[
-    "signal", "grace", "tree", "dry_run", "force", "parents", "on_error", "user", "mine",
+    "signal",
+    "grace",
+    "tree",
+    "dry_run",
+    "force",
+    "parents",
+    "on_error",
+    "user",
+    "mine",
+    "pod",
+    "container",
 ];
 
-/// kill()'s `user` (a name or a uid) or `mine: true`: whose processes alone it may signal.
+/// kill()'s `user` (a name or a uid) or `mine: true`, `pod` and `container`: whose processes
+/// alone it may signal.
+fn kill_bound(opts: &Map) -> RhaiResult<Bound> {
+    let o = Opts::new(opts, "kill", KILL_OPTS)?;
+    Ok(Bound {
+        user: kill_user(opts)?,
+        pod: o.scope("pod")?,
+        container: o.scope("container")?,
+    })
+}
+
+/// kill()'s `user` (a name or a uid) or `mine: true`.
 fn kill_user(opts: &Map) -> RhaiResult<Option<User>> {
     let o = Opts::new(opts, "kill", KILL_OPTS)?;
     let user = match o.raw("user") {
@@ -135,13 +156,13 @@ fn run_kill(
     s: &Session,
     target: &Dynamic,
     opts: &KillOpts,
-    user: Option<&User>,
+    bound: &Bound,
     skip: bool,
 ) -> RhaiResult<Dynamic> {
     let targets = targets(target)?;
     let report = Fleet::of(s)
         .skipping(skip)
-        .kill(&targets, opts, user)
+        .kill(&targets, opts, bound)
         .map_err(to_script)?;
     if report.interrupted {
         crate::errln!(
@@ -177,7 +198,7 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          Ctrl-C during the grace stops the waiting and KILLs nobody: the script ends (130)
          saying what was signalled and what still runs.",
         move |target: Dynamic| -> RhaiResult<Dynamic> {
-            run_kill(&s, &target, &KillOpts::default(), None, false)
+            run_kill(&s, &target, &KillOpts::default(), &Bound::default(), false)
         },
     );
     let s = session.clone();
@@ -199,7 +220,11 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          on_error (\"skip\": go on without hosts that cannot be reached; each target of such a
          host is in skipped, with what ssh said), user (a name or a uid) or mine: true (only
          that user's processes are signalled, looked up on each target's host: the targets,
-         their trees, groups and parents; anyone else's is in skipped, with why).
+         their trees, groups and parents; anyone else's is in skipped, with why), pod
+         (NAMESPACE/NAME, NAME in namespace default, or a uid or a unique prefix) and
+         container (a name, or an id or a unique prefix): only that pod's or container's
+         processes are signalled, each read through its pidfd (a process at a reused pid is
+         outside), trees, groups and parents alike.
          With several hosts each holder map is killed on its own host, where its identity is
          checked (by_host holds each host's report); a bare pid is then ambiguous.",
         move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
@@ -208,7 +233,7 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
                 &s,
                 &target,
                 &KillOpts::try_from(&opts)?,
-                kill_user(&opts)?.as_ref(),
+                &kill_bound(&opts)?,
                 skip,
             )
         },

@@ -1,0 +1,1199 @@
+//! Which container, and which Kubernetes pod, a process runs in, from the node alone: its
+//! cgroup path names the runtime, the container's id and the pod's uid; what the runtimes and
+//! the kubelet keep on disk (the OCI bundle's annotations, docker's `config.v2.json`,
+//! containers/storage's list, the kubelet's pod and log directories) names them. No API
+//! server is asked, and a process outside any container costs no read at all.
+//!
+//! Where the runtimes keep their state, as their sources write it:
+//! - containerd (and k3s, RKE2 under /run/k3s): the task's bundle
+//!   `<state>/io.containerd.runtime.v2.task/<namespace>/<id>/config.json` (runtime v2's
+//!   `NewBundle`), with the CRI plugin's annotations `io.kubernetes.cri.sandbox-name`,
+//!   `-namespace`, `-uid` and `io.kubernetes.cri.container-name`;
+//! - CRI-O and podman (containers/storage): `<runroot or graphroot>/<driver>-containers/<id>/
+//!   userdata/config.json` (CRI-O saves it in both; podman as root in the graph root), with
+//!   `io.kubernetes.pod.name`, `.namespace`, `.uid` and `io.kubernetes.container.name`;
+//!   `io.container.manager: libpod` marks podman's; the names are in the graph root's
+//!   `<driver>-containers/containers.json`;
+//! - docker: `<root>/containers/<id>/config.v2.json` (`Name`, and `Config.Labels`, where
+//!   dockershim and cri-dockerd put the same `io.kubernetes.*` keys);
+//! - the kubelet: `<root>/pods/<uid>` while it knows the pod, and
+//!   `/var/log/pods/<namespace>_<name>_<uid>/<container>/`.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// The container runtime that started a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum Runtime {
+    #[serde(rename = "docker")]
+    Docker,
+    #[serde(rename = "containerd")]
+    Containerd,
+    #[serde(rename = "cri-o")]
+    CriO,
+    #[serde(rename = "podman")]
+    Podman,
+}
+
+impl Runtime {
+    /// The name JSON, scripts and tables use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Docker => "docker",
+            Runtime::Containerd => "containerd",
+            Runtime::CriO => "cri-o",
+            Runtime::Podman => "podman",
+        }
+    }
+}
+
+impl std::fmt::Display for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// The Kubernetes pod a process runs in, as the node knows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default)]
+pub struct Pod {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub uid: Option<String>,
+    /// The container's name in the pod.
+    pub container: Option<String>,
+    /// The kubelet no longer knows the pod (no `pods/<uid>` in its directory): its
+    /// processes outlived it.
+    pub deleted: bool,
+}
+
+impl Pod {
+    /// "ml/trainer-0", or, where the node does not tell the name, "uid 1a2b3c4d".
+    pub fn label(&self) -> String {
+        match (&self.namespace, &self.name, &self.uid) {
+            (Some(ns), Some(name), _) => format!("{ns}/{name}"),
+            (None, Some(name), _) => name.clone(),
+            (_, None, Some(uid)) => format!("uid {}", short(uid, 8)),
+            (_, None, None) => "unknown".into(),
+        }
+    }
+}
+
+/// The container a process runs in, and its pod: part of every record that carries a pid.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default)]
+pub struct Place {
+    /// The container's id (docker, containerd, CRI-O, podman), from the cgroup path.
+    pub container: Option<String>,
+    /// The container's own name where the runtime keeps one (docker's, podman's, CRI-O's,
+    /// nerdctl's).
+    pub container_name: Option<String>,
+    /// "docker", "containerd", "cri-o" or "podman".
+    pub runtime: Option<Runtime>,
+    /// The runtime no longer knows the container (no state of it on disk) while its
+    /// processes live on: a shim that died, a runtime restarted without them.
+    pub container_deleted: bool,
+    pub pod: Option<Pod>,
+}
+
+impl Place {
+    /// Not in a container, as far as the node tells.
+    pub fn is_empty(&self) -> bool {
+        self.container.is_none() && self.pod.is_none()
+    }
+
+    /// The processes outlived their pod or their container.
+    pub fn gone(&self) -> bool {
+        self.container_deleted || self.pod.as_ref().is_some_and(|p| p.deleted)
+    }
+
+    /// How a person is told where it runs: "pod ml/trainer-0 (deleted)", "container vllm",
+    /// "container 3839ae72c1f0"; `None` outside any container.
+    pub fn describe(&self) -> Option<String> {
+        if let Some(p) = &self.pod {
+            let deleted = match (p.deleted, self.container_deleted) {
+                (true, _) => " (deleted)",
+                (false, true) => " (container deleted)",
+                (false, false) => "",
+            };
+            return Some(format!("pod {}{deleted}", p.label()));
+        }
+        let deleted = if self.container_deleted {
+            " (deleted)"
+        } else {
+            ""
+        };
+        Some(format!("container {}{deleted}", self.short_name()?))
+    }
+
+    /// The container's name, else its id's first 12 characters.
+    pub fn short_name(&self) -> Option<String> {
+        self.container_name
+            .clone()
+            .or_else(|| self.container.as_deref().map(|c| short(c, 12)))
+    }
+}
+
+/// The first `n` characters of an id.
+pub(crate) fn short(id: &str, n: usize) -> String {
+    id.chars().take(n).collect()
+}
+
+/// What a cgroup path alone says: the runtime (from the scope's prefix), the container's id,
+/// the pod's uid.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Ids {
+    pub runtime: Option<Runtime>,
+    pub id: Option<String>,
+    pub pod_uid: Option<String>,
+}
+
+impl Ids {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.id.is_none() && self.pod_uid.is_none()
+    }
+}
+
+/// The scope prefixes the runtimes name a container's cgroup with (systemd driver:
+/// `docker-<id>.scope`; CRI-O's cgroupfs driver keeps the prefix too: `crio-<id>`).
+const PREFIXES: &[(&str, Runtime)] = &[
+    ("docker-", Runtime::Docker),
+    ("cri-containerd-", Runtime::Containerd),
+    ("nerdctl-", Runtime::Containerd),
+    ("crio-", Runtime::CriO),
+    ("libpod-", Runtime::Podman),
+];
+
+/// A container id after a runtime's prefix: hex, 12 characters at least (64 in practice).
+fn is_id(s: &str) -> bool {
+    s.len() >= 12 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A bare path component that is a container id: 64 hex characters, nothing less (a
+/// directory of another name under a pod is not taken for one).
+fn is_full_id(s: &str) -> bool {
+    s.len() == 64 && is_id(s)
+}
+
+/// A pod uid: 36 characters with dashes, or 32 hex digits (a static pod's, from the hash of
+/// its manifest).
+fn is_uid(s: &str) -> bool {
+    (s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        || (s.len() == 36
+            && s.bytes().enumerate().all(|(i, b)| {
+                matches!(i, 8 | 13 | 18 | 23) == (b == b'-') && (b == b'-' || b.is_ascii_hexdigit())
+            }))
+}
+
+/// The pod uid a component names: `pod<uid>` (cgroupfs driver) or
+/// `kubepods[-QOS]-pod<uid with _ for ->.slice` (systemd driver).
+fn pod_uid_of(comp: &str) -> Option<String> {
+    let uid = match comp.strip_suffix(".slice") {
+        Some(slice) => slice
+            .rfind("-pod")
+            .map(|at| &slice[at + 4..])?
+            .replace('_', "-"),
+        None => comp.strip_prefix("pod")?.to_string(),
+    };
+    is_uid(&uid).then_some(uid)
+}
+
+/// What one cgroup path says of the container and pod: `kubepods-burstable-pod<uid>.slice/
+/// cri-containerd-<id>.scope`, `/kubepods/burstable/pod<uid>/<id>`, `crio-<id>.scope`,
+/// `docker-<id>.scope`, `/docker/<id>`, `libpod-<id>.scope`, …
+pub(crate) fn ids_of(path: &str) -> Ids {
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let kube = comps.iter().any(|c| c.contains("kubepods"));
+    let mut ids = Ids::default();
+    let mut pod_at = None;
+    for (i, c) in comps.iter().enumerate() {
+        if kube && ids.pod_uid.is_none() {
+            if let Some(uid) = pod_uid_of(c) {
+                ids.pod_uid = Some(uid);
+                pod_at = Some(i);
+                continue;
+            }
+        }
+        if ids.id.is_some() {
+            continue;
+        }
+        let base = c.strip_suffix(".scope").unwrap_or(c);
+        if let Some((id, rt)) = PREFIXES.iter().find_map(|(p, rt)| {
+            base.strip_prefix(p)
+                .filter(|id| is_id(id))
+                .map(|id| (id, *rt))
+        }) {
+            ids.id = Some(id.to_string());
+            ids.runtime = Some(rt);
+            continue;
+        }
+        if i > 0 && is_full_id(c) {
+            let runtime = match comps[i - 1] {
+                "docker" => Some(Runtime::Docker),
+                "libpod_parent" => Some(Runtime::Podman),
+                // The kubelet's cgroupfs driver names the container by its bare id; which
+                // runtime made it is for its state on disk to say.
+                _ if pod_at == Some(i - 1) => None,
+                _ => continue,
+            };
+            ids.id = Some(c.to_string());
+            ids.runtime = runtime;
+        }
+    }
+    ids
+}
+
+/// Where the runtimes and the kubelet keep their state on this node: `[containers]` in
+/// config.toml.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Roots {
+    /// containerd's task state directories (`<dir>/<namespace>/<id>/config.json`).
+    pub containerd: Vec<PathBuf>,
+    /// containers/storage roots, run and graph (CRI-O, podman):
+    /// `<root>/<driver>-containers/<id>/userdata/config.json`.
+    pub storage: Vec<PathBuf>,
+    /// docker's data roots (`<root>/containers/<id>/config.v2.json`).
+    pub docker: Vec<PathBuf>,
+    /// The kubelet's root directory (`<root>/pods/<uid>` while it knows the pod).
+    pub kubelet: PathBuf,
+    /// The kubelet's pod log directory (`<dir>/<namespace>_<name>_<uid>/<container>/`).
+    pub pod_logs: PathBuf,
+}
+
+impl Default for Roots {
+    fn default() -> Roots {
+        Roots {
+            containerd: vec![
+                "/run/containerd/io.containerd.runtime.v2.task".into(),
+                "/run/k3s/containerd/io.containerd.runtime.v2.task".into(),
+            ],
+            storage: vec![
+                "/run/containers/storage".into(),
+                "/var/lib/containers/storage".into(),
+            ],
+            docker: vec!["/var/lib/docker".into()],
+            kubelet: "/var/lib/kubelet".into(),
+            pod_logs: "/var/log/pods".into(),
+        }
+    }
+}
+
+/// An OCI bundle's `config.json`, as far as gpuloop reads it.
+#[derive(Debug, Default, Deserialize)]
+struct Bundle {
+    #[serde(default)]
+    annotations: Option<HashMap<String, String>>,
+}
+
+/// docker's `config.v2.json`, as far as gpuloop reads it.
+#[derive(Debug, Default, Deserialize)]
+struct DockerConfig {
+    #[serde(rename = "Name", default)]
+    name: Option<String>,
+    #[serde(rename = "Config", default)]
+    config: Option<DockerInner>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct DockerInner {
+    #[serde(rename = "Labels", default)]
+    labels: Option<HashMap<String, String>>,
+}
+
+/// One entry of containers/storage's `containers.json`.
+#[derive(Debug, Deserialize)]
+struct Stored {
+    id: String,
+    #[serde(default)]
+    names: Option<Vec<String>>,
+}
+
+/// A container's state found on disk.
+struct Found {
+    runtime: Runtime,
+    /// The bundle's annotations, or docker's labels.
+    keys: HashMap<String, String>,
+    name: Option<String>,
+}
+
+/// The first of `keys` that `map` has, not empty.
+fn first(map: &HashMap<String, String>, keys: &[&str]) -> Option<String> {
+    keys.iter()
+        .find_map(|k| map.get(*k).filter(|v| !v.is_empty()).cloned())
+}
+
+/// A file of the runtime's state, through the one bounded reader; `None` when it is not
+/// there (or not readable: another runtime's, a file being rewritten).
+fn read_state(path: &Path) -> Option<Vec<u8>> {
+    match crate::input::file(path, crate::input::RUNTIME_STATE) {
+        Ok(bytes) => Some(bytes),
+        Err(crate::input::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::debug!("container state {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+/// The directories in `dir` (none when it is not there).
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// A pod as its log directory names it: (namespace, name, the containers it logged).
+type Logged = (String, String, Vec<String>);
+
+/// Resolves the places of the processes of one scan: each container's and pod's state is
+/// read once (cached by what the cgroup said), each runtime's directories listed once, and
+/// nothing at all is read for a process outside any container.
+pub(crate) struct Resolver<'a> {
+    roots: &'a Roots,
+    places: HashMap<Ids, Place>,
+    /// containerd's `<root>/<namespace>` directories.
+    namespaces: Option<Vec<PathBuf>>,
+    /// containers/storage's `<root>/<driver>-containers` directories.
+    stores: Option<Vec<PathBuf>>,
+    /// containers/storage's names, by id.
+    names: Option<HashMap<String, String>>,
+    /// The kubelet's pod log directories, by pod uid.
+    logged: Option<HashMap<String, Logged>>,
+    /// The kubelet's `pods` directory is there (else no pod can be told deleted).
+    kubelet_known: Option<bool>,
+}
+
+impl<'a> Resolver<'a> {
+    pub(crate) fn new(roots: &'a Roots) -> Resolver<'a> {
+        Resolver {
+            roots,
+            places: HashMap::new(),
+            namespaces: None,
+            stores: None,
+            names: None,
+            logged: None,
+            kubelet_known: None,
+        }
+    }
+
+    /// How many places were resolved (each read once).
+    pub(crate) fn resolved(&self) -> usize {
+        self.places.len()
+    }
+
+    /// The place a cgroup path's ids stand for; empty ids read nothing.
+    pub(crate) fn place(&mut self, ids: &Ids) -> Place {
+        if ids.is_empty() {
+            return Place::default();
+        }
+        if let Some(p) = self.places.get(ids) {
+            return p.clone();
+        }
+        let p = self.resolve(ids);
+        self.places.insert(ids.clone(), p.clone());
+        p
+    }
+
+    fn resolve(&mut self, ids: &Ids) -> Place {
+        let (found, known) = match &ids.id {
+            Some(id) => self.find(ids.runtime, id),
+            None => (None, false),
+        };
+        let keys = found.as_ref().map(|f| &f.keys);
+        let get = |names: &[&str]| keys.and_then(|k| first(k, names));
+        let uid = ids
+            .pod_uid
+            .clone()
+            .or_else(|| get(&["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"]));
+        let namespace = get(&[
+            "io.kubernetes.cri.sandbox-namespace",
+            "io.kubernetes.pod.namespace",
+        ]);
+        let name = get(&["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"]);
+        let in_pod = get(&[
+            "io.kubernetes.cri.container-name",
+            "io.kubernetes.container.name",
+        ]);
+        let pod = (uid.is_some() || name.is_some()).then(|| self.pod(uid, namespace, name, in_pod));
+        Place {
+            container: ids.id.clone(),
+            container_name: found.as_ref().and_then(|f| f.name.clone()),
+            runtime: found.as_ref().map(|f| f.runtime).or(ids.runtime),
+            // Only where the runtime is known and its state is there to look in: a runtime
+            // of another root, or a node whose state is not mounted, tells nothing.
+            container_deleted: found.is_none() && known,
+            pod,
+        }
+    }
+
+    /// The pod, completed from the kubelet's log directory where the runtime's state did not
+    /// name it, and told deleted when the kubelet no longer knows its uid.
+    fn pod(
+        &mut self,
+        uid: Option<String>,
+        mut namespace: Option<String>,
+        mut name: Option<String>,
+        mut container: Option<String>,
+    ) -> Pod {
+        if let Some(u) = &uid {
+            if name.is_none() || namespace.is_none() || container.is_none() {
+                if let Some((ns, n, logged)) = self.logged().get(u) {
+                    namespace = namespace.or_else(|| Some(ns.clone()));
+                    name = name.or_else(|| Some(n.clone()));
+                    // Only a pod of one container says which one this is.
+                    if let [one] = logged.as_slice() {
+                        container = container.or_else(|| Some(one.clone()));
+                    }
+                }
+            }
+        }
+        let deleted = match &uid {
+            Some(u) => self.kubelet_known() && !self.roots.kubelet.join("pods").join(u).exists(),
+            None => false,
+        };
+        Pod {
+            namespace,
+            name,
+            uid,
+            container,
+            deleted,
+        }
+    }
+
+    fn kubelet_known(&mut self) -> bool {
+        *self
+            .kubelet_known
+            .get_or_insert_with(|| self.roots.kubelet.join("pods").is_dir())
+    }
+
+    fn logged(&mut self) -> &HashMap<String, Logged> {
+        let dir = &self.roots.pod_logs;
+        self.logged.get_or_insert_with(|| {
+            subdirs(dir)
+                .into_iter()
+                .filter_map(|d| {
+                    let base = d.file_name()?.to_str()?.to_string();
+                    // `<namespace>_<name>_<uid>`: neither a namespace nor a pod name has a '_'.
+                    let mut parts = base.splitn(3, '_');
+                    let (ns, name, uid) = (parts.next()?, parts.next()?, parts.next()?);
+                    let containers = subdirs(&d)
+                        .iter()
+                        .filter_map(|c| Some(c.file_name()?.to_str()?.to_string()))
+                        .collect();
+                    Some((
+                        uid.to_string(),
+                        (ns.to_string(), name.to_string(), containers),
+                    ))
+                })
+                .collect()
+        })
+    }
+
+    /// The container's state on disk, and whether the runtime's state was there to look in
+    /// (a root of the runtime the cgroup named exists).
+    fn find(&mut self, runtime: Option<Runtime>, id: &str) -> (Option<Found>, bool) {
+        let mut known = false;
+        let order: &[Runtime] = match runtime {
+            Some(Runtime::Containerd) => &[Runtime::Containerd],
+            Some(Runtime::CriO) | Some(Runtime::Podman) => &[Runtime::CriO],
+            Some(Runtime::Docker) => &[Runtime::Docker],
+            None => &[Runtime::Containerd, Runtime::CriO, Runtime::Docker],
+        };
+        for rt in order {
+            let (found, there) = match rt {
+                Runtime::Containerd => self.containerd(id),
+                Runtime::Docker => self.docker(id),
+                _ => self.storage(id),
+            };
+            known |= there;
+            if found.is_some() {
+                return (found, true);
+            }
+        }
+        (None, known && runtime.is_some())
+    }
+
+    fn containerd(&mut self, id: &str) -> (Option<Found>, bool) {
+        let roots = &self.roots.containerd;
+        let namespaces = self
+            .namespaces
+            .get_or_insert_with(|| roots.iter().flat_map(|r| subdirs(r)).collect());
+        let there = roots.iter().any(|r| r.is_dir());
+        let found = namespaces.iter().find_map(|ns| {
+            let bundle: Bundle =
+                serde_json::from_slice(&read_state(&ns.join(id).join("config.json"))?)
+                    .unwrap_or_default();
+            let keys = bundle.annotations.unwrap_or_default();
+            Some(Found {
+                runtime: Runtime::Containerd,
+                name: first(&keys, &["nerdctl/name"]),
+                keys,
+            })
+        });
+        (found, there)
+    }
+
+    fn storage(&mut self, id: &str) -> (Option<Found>, bool) {
+        let roots = &self.roots.storage;
+        let stores = self.stores.get_or_insert_with(|| {
+            roots
+                .iter()
+                .flat_map(|r| subdirs(r))
+                .filter(|d| {
+                    d.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.ends_with("-containers"))
+                })
+                .collect()
+        });
+        let there = roots.iter().any(|r| r.is_dir());
+        let keys = stores.iter().find_map(|s| {
+            let path = s.join(id).join("userdata").join("config.json");
+            let bundle: Bundle = serde_json::from_slice(&read_state(&path)?).unwrap_or_default();
+            Some(bundle.annotations.unwrap_or_default())
+        });
+        let Some(keys) = keys else {
+            return (None, there);
+        };
+        let runtime = match keys.get("io.container.manager").map(String::as_str) {
+            Some("libpod") => Runtime::Podman,
+            _ => Runtime::CriO,
+        };
+        let name = self.stored_names().get(id).cloned();
+        (
+            Some(Found {
+                runtime,
+                keys,
+                name,
+            }),
+            true,
+        )
+    }
+
+    /// Every container's name that containers/storage keeps, read once.
+    fn stored_names(&mut self) -> &HashMap<String, String> {
+        let stores = self.stores.clone().unwrap_or_default();
+        self.names.get_or_insert_with(|| {
+            stores
+                .iter()
+                .filter_map(|s| read_state(&s.join("containers.json")))
+                .flat_map(|bytes| serde_json::from_slice::<Vec<Stored>>(&bytes).unwrap_or_default())
+                .filter_map(|c| Some((c.id, c.names?.into_iter().next()?)))
+                .collect()
+        })
+    }
+
+    fn docker(&mut self, id: &str) -> (Option<Found>, bool) {
+        let roots = &self.roots.docker;
+        let there = roots.iter().any(|r| r.join("containers").is_dir());
+        let found = roots.iter().find_map(|r| {
+            let path = r.join("containers").join(id).join("config.v2.json");
+            let c: DockerConfig = serde_json::from_slice(&read_state(&path)?).unwrap_or_default();
+            Some(Found {
+                runtime: Runtime::Docker,
+                name: c.name.map(|n| n.trim_start_matches('/').to_string()),
+                keys: c.config.and_then(|c| c.labels).unwrap_or_default(),
+            })
+        });
+        (found, there)
+    }
+}
+
+/// A pod or a container as a person named it (`--pod`, `--container`, a script's or an MCP
+/// tool's `pod`/`container`), resolved on the machine whose processes it picks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Within {
+    /// The uids of the pods picked (`None`: any pod or none).
+    pub pods: Option<BTreeSet<String>>,
+    /// The ids of the containers picked (`None`: any container or none).
+    pub containers: Option<BTreeSet<String>>,
+    /// How the caller named it ("--pod ml/trainer-0"), for the reason a process outside it
+    /// is left alone.
+    pub said: String,
+}
+
+impl Within {
+    /// Whether a process of these ids (its cgroup's) is inside: in one of the pods and one of
+    /// the containers picked.
+    pub(crate) fn holds(&self, ids: &Ids) -> bool {
+        let pod_ok = self
+            .pods
+            .as_ref()
+            .is_none_or(|ps| ids.pod_uid.as_ref().is_some_and(|u| ps.contains(u)));
+        let ctr_ok = self
+            .containers
+            .as_ref()
+            .is_none_or(|cs| ids.id.as_ref().is_some_and(|c| cs.contains(c)));
+        pod_ok && ctr_ok
+    }
+
+    /// Whether a place (a holder's) is inside.
+    pub fn holds_place(&self, p: &Place) -> bool {
+        let pod_ok = self.pods.as_ref().is_none_or(|ps| {
+            p.pod
+                .as_ref()
+                .and_then(|p| p.uid.as_ref())
+                .is_some_and(|u| ps.contains(u))
+        });
+        let ctr_ok = self
+            .containers
+            .as_ref()
+            .is_none_or(|cs| p.container.as_ref().is_some_and(|c| cs.contains(c)));
+        pod_ok && ctr_ok
+    }
+
+    /// Why a process whose cgroup reads `cgroup` is outside, if it is: "in no pod, outside
+    /// --pod ml/trainer-0". A process whose cgroup cannot be read is outside.
+    pub(crate) fn excludes(&self, cgroup: std::io::Result<Vec<u8>>) -> Option<String> {
+        let text = match cgroup {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(e) => return Some(format!("cgroup unreadable ({e}), outside {}", self.said)),
+        };
+        let ids = super::origin::parse_cgroup(&text).ids;
+        if self.holds(&ids) {
+            return None;
+        }
+        let where_ = match (&ids.pod_uid, &ids.id) {
+            (Some(u), _) if self.pods.is_some() => format!("in pod uid {}", short(u, 8)),
+            (_, Some(c)) => format!("in container {}", short(c, 12)),
+            (Some(u), None) => format!("in pod uid {}", short(u, 8)),
+            (None, None) => "in no container".into(),
+        };
+        Some(format!("{where_}, outside {}", self.said))
+    }
+}
+
+/// The pods and containers a `--pod`/`--container` text picks among the places of this
+/// machine's processes. `--pod NS/NAME`; `--pod NAME` in the default namespace; a uid or a
+/// unique prefix of one. `--container NAME` (its own name or its name in the pod) or an id
+/// or a unique prefix of one. A prefix that fits several is an error that lists them.
+pub fn within<'p>(
+    pod: Option<&str>,
+    container: Option<&str>,
+    places: impl Iterator<Item = &'p Place> + Clone,
+) -> Result<Option<Within>, String> {
+    if pod.is_none() && container.is_none() {
+        return Ok(None);
+    }
+    let mut said = Vec::new();
+    let pods = match pod {
+        None => None,
+        Some(text) => {
+            said.push(format!("--pod {text}"));
+            Some(pick_pods(text, places.clone())?)
+        }
+    };
+    let containers = match container {
+        None => None,
+        Some(text) => {
+            said.push(format!("--container {text}"));
+            Some(pick_containers(text, places)?)
+        }
+    };
+    Ok(Some(Within {
+        pods,
+        containers,
+        said: said.join(" "),
+    }))
+}
+
+/// Characters a uid (or a prefix of one) is made of.
+fn uid_like(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+fn pick_pods<'p>(
+    text: &str,
+    places: impl Iterator<Item = &'p Place>,
+) -> Result<BTreeSet<String>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("--pod: give NAMESPACE/NAME, NAME (in namespace default), or a pod uid".into());
+    }
+    let (ns, name) = match text.split_once('/') {
+        Some((ns, name)) => (ns, name),
+        None => ("default", text),
+    };
+    let pods: Vec<&Pod> = places.filter_map(|p| p.pod.as_ref()).collect();
+    let by_name: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| p.namespace.as_deref() == Some(ns) && p.name.as_deref() == Some(name))
+        .filter_map(|p| p.uid.clone())
+        .collect();
+    if text.contains('/') || !uid_like(text) {
+        return Ok(by_name);
+    }
+    let by_uid: BTreeSet<String> = pods
+        .iter()
+        .filter_map(|p| p.uid.clone())
+        .filter(|u| u.starts_with(&text.to_ascii_lowercase()))
+        .collect();
+    let all: BTreeSet<String> = by_name.union(&by_uid).cloned().collect();
+    if all.len() > 1 {
+        let named: Vec<String> = all
+            .iter()
+            .map(|u| {
+                let label = pods
+                    .iter()
+                    .find(|p| p.uid.as_ref() == Some(u))
+                    .map(|p| p.label())
+                    .unwrap_or_default();
+                format!("{label} (uid {u})")
+            })
+            .collect();
+        return Err(format!(
+            "--pod {text} fits {} pods: {}; give NAMESPACE/NAME or more of the uid",
+            all.len(),
+            named.join(", ")
+        ));
+    }
+    Ok(all)
+}
+
+fn pick_containers<'p>(
+    text: &str,
+    places: impl Iterator<Item = &'p Place>,
+) -> Result<BTreeSet<String>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(
+            "--container: give a container's name or id (or a unique prefix of one)".into(),
+        );
+    }
+    let places: Vec<&Place> = places.filter(|p| p.container.is_some()).collect();
+    let named = |p: &&&Place| {
+        p.container_name.as_deref() == Some(text)
+            || p.pod.as_ref().and_then(|q| q.container.as_deref()) == Some(text)
+    };
+    let by_name: BTreeSet<String> = places
+        .iter()
+        .filter(named)
+        .filter_map(|p| p.container.clone())
+        .collect();
+    if !by_name.is_empty() || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(by_name);
+    }
+    let by_id: BTreeSet<String> = places
+        .iter()
+        .filter_map(|p| p.container.clone())
+        .filter(|c| c.starts_with(&text.to_ascii_lowercase()))
+        .collect();
+    if by_id.len() > 1 {
+        return Err(format!(
+            "--container {text} fits {} containers: {}; give more of the id",
+            by_id.len(),
+            by_id
+                .iter()
+                .map(|c| short(c, 12))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(by_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "4f3c2a1b0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a";
+    const UID: &str = "1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
+
+    fn ids(runtime: Option<Runtime>, id: Option<&str>, uid: Option<&str>) -> Ids {
+        Ids {
+            runtime,
+            id: id.map(str::to_string),
+            pod_uid: uid.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn every_cgroup_shape_the_runtimes_make() {
+        let uid_ = UID.replace('-', "_");
+        let cases = [
+            // systemd driver, cgroup v2 and v1 alike
+            (
+                format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{ID}.scope"),
+                ids(Some(Runtime::Containerd), Some(ID), Some(UID)),
+            ),
+            (
+                format!("/kubepods.slice/kubepods-pod{uid_}.slice/crio-{ID}.scope"),
+                ids(Some(Runtime::CriO), Some(ID), Some(UID)),
+            ),
+            (
+                format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/docker-{ID}.scope"),
+                ids(Some(Runtime::Docker), Some(ID), Some(UID)),
+            ),
+            // cgroupfs driver: a bare id under the pod, the runtime unknown
+            (
+                format!("/kubepods/burstable/pod{UID}/{ID}"),
+                ids(None, Some(ID), Some(UID)),
+            ),
+            (format!("/kubepods/pod{UID}/{ID}"), ids(None, Some(ID), Some(UID))),
+            // CRI-O's and podman's cgroupfs names keep their prefix
+            (
+                format!("/kubepods/besteffort/pod{UID}/crio-{ID}"),
+                ids(Some(Runtime::CriO), Some(ID), Some(UID)),
+            ),
+            (
+                format!("/kubepods/burstable/pod{UID}/libpod-{ID}"),
+                ids(Some(Runtime::Podman), Some(ID), Some(UID)),
+            ),
+            // no Kubernetes
+            (format!("/system.slice/docker-{ID}.scope"), ids(Some(Runtime::Docker), Some(ID), None)),
+            (format!("/docker/{ID}"), ids(Some(Runtime::Docker), Some(ID), None)),
+            (format!("/machine.slice/libpod-{ID}.scope"), ids(Some(Runtime::Podman), Some(ID), None)),
+            (format!("/libpod_parent/libpod-{ID}"), ids(Some(Runtime::Podman), Some(ID), None)),
+            (format!("/system.slice/crio-{ID}.scope"), ids(Some(Runtime::CriO), Some(ID), None)),
+            // k3s-in-docker and kind nest the kubelet's slices under another
+            (
+                format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{uid_}.slice/cri-containerd-{ID}.scope"),
+                ids(Some(Runtime::Containerd), Some(ID), Some(UID)),
+            ),
+            // a static pod's uid is 32 hex digits
+            (
+                format!("/kubepods/burstable/pod0123456789abcdef0123456789abcdef/{ID}"),
+                ids(None, Some(ID), Some("0123456789abcdef0123456789abcdef")),
+            ),
+            // a pod's own cgroup (its pause process with the systemd driver's conmon)
+            (format!("/kubepods/burstable/pod{UID}"), ids(None, None, Some(UID))),
+        ];
+        for (path, want) in cases {
+            assert_eq!(ids_of(&path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn what_is_no_container() {
+        for path in [
+            "/system.slice/sshd.service",
+            "/user.slice/user-1000.slice/session-3.scope",
+            "/process_api/c5d40451cb45e9265f9f7dcbf3b931b2",
+            // conmon's own scopes are not the container
+            &format!("/machine.slice/libpod-conmon-{ID}.scope"),
+            &format!("/system.slice/crio-conmon-{ID}.scope"),
+            // a short hex name under a pod is no container id, nor a pod without kubepods
+            &format!("/kubepods/burstable/pod{UID}/deadbeef"),
+            &format!("/pods/pod{UID}"),
+        ] {
+            let got = ids_of(path);
+            assert!(got.id.is_none(), "{path}: {got:?}");
+        }
+        assert_eq!(
+            ids_of(&format!("/kubepods/burstable/pod{UID}/deadbeef"))
+                .pod_uid
+                .as_deref(),
+            Some(UID)
+        );
+        assert!(ids_of(&format!("/pods/pod{UID}")).is_empty());
+    }
+
+    /// A node's state directories, as the runtimes and the kubelet lay them out.
+    struct Node {
+        dir: tempfile::TempDir,
+    }
+
+    impl Node {
+        fn new() -> Node {
+            Node {
+                dir: tempfile::tempdir().unwrap(),
+            }
+        }
+        fn roots(&self) -> Roots {
+            let d = self.dir.path();
+            Roots {
+                containerd: vec![d.join("run/containerd/io.containerd.runtime.v2.task")],
+                storage: vec![
+                    d.join("run/containers/storage"),
+                    d.join("var/lib/containers/storage"),
+                ],
+                docker: vec![d.join("var/lib/docker")],
+                kubelet: d.join("var/lib/kubelet"),
+                pod_logs: d.join("var/log/pods"),
+            }
+        }
+        fn write(&self, rel: &str, text: &str) {
+            let p = self.dir.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        fn mkdir(&self, rel: &str) {
+            std::fs::create_dir_all(self.dir.path().join(rel)).unwrap();
+        }
+    }
+
+    #[test]
+    fn containerd_task_bundles_name_the_pod() {
+        let node = Node::new();
+        node.write(
+            &format!("run/containerd/io.containerd.runtime.v2.task/k8s.io/{ID}/config.json"),
+            &serde_json::json!({
+                "ociVersion": "1.1.0",
+                "annotations": {
+                    "io.kubernetes.cri.container-type": "container",
+                    "io.kubernetes.cri.container-name": "trainer",
+                    "io.kubernetes.cri.sandbox-id": "9".repeat(64),
+                    "io.kubernetes.cri.sandbox-name": "trainer-0",
+                    "io.kubernetes.cri.sandbox-namespace": "ml",
+                    "io.kubernetes.cri.sandbox-uid": UID,
+                }
+            })
+            .to_string(),
+        );
+        node.mkdir(&format!("var/lib/kubelet/pods/{UID}"));
+        let roots = node.roots();
+        let mut r = Resolver::new(&roots);
+        // The cgroupfs driver's bare id: the runtime is found by its state.
+        let p = r.place(&ids_of(&format!("/kubepods/burstable/pod{UID}/{ID}")));
+        assert_eq!(p.runtime, Some(Runtime::Containerd));
+        assert_eq!(p.container.as_deref(), Some(ID));
+        assert!(!p.container_deleted);
+        let pod = p.pod.clone().unwrap();
+        assert_eq!(
+            (
+                pod.namespace.as_deref(),
+                pod.name.as_deref(),
+                pod.uid.as_deref(),
+                pod.container.as_deref(),
+                pod.deleted
+            ),
+            (
+                Some("ml"),
+                Some("trainer-0"),
+                Some(UID),
+                Some("trainer"),
+                false
+            )
+        );
+        assert_eq!(p.describe().as_deref(), Some("pod ml/trainer-0"));
+        // The kubelet forgets the pod: its processes are a deleted pod's (a new resolver, as a
+        // new scan).
+        std::fs::remove_dir(node.dir.path().join(format!("var/lib/kubelet/pods/{UID}"))).unwrap();
+        let p = Resolver::new(&roots).place(&ids_of(&format!("/kubepods/burstable/pod{UID}/{ID}")));
+        assert!(p.pod.as_ref().unwrap().deleted);
+        assert_eq!(p.describe().as_deref(), Some("pod ml/trainer-0 (deleted)"));
+        // The shim died and containerd removed the bundle: the runtime forgot the container.
+        std::fs::remove_dir_all(node.dir.path().join(format!(
+            "run/containerd/io.containerd.runtime.v2.task/k8s.io/{ID}"
+        )))
+        .unwrap();
+        let p = Resolver::new(&roots).place(&ids_of(&format!(
+            "/kubepods.slice/kubepods-pod{}.slice/cri-containerd-{ID}.scope",
+            UID.replace('-', "_")
+        )));
+        assert!(p.container_deleted && p.gone(), "{p:?}");
+    }
+
+    #[test]
+    fn docker_config_v2_names_the_container_and_dockershim_pods() {
+        let node = Node::new();
+        node.write(
+            &format!("var/lib/docker/containers/{ID}/config.v2.json"),
+            r#"{"ID":"4f3c","Name":"/vllm","State":{"Running":true,"Pid":1234},"Config":{"Image":"vllm/vllm-openai","Labels":null}}"#,
+        );
+        let roots = node.roots();
+        let p = Resolver::new(&roots).place(&ids_of(&format!("/system.slice/docker-{ID}.scope")));
+        assert_eq!(
+            (
+                p.runtime,
+                p.container_name.as_deref(),
+                p.pod.is_none(),
+                p.container_deleted
+            ),
+            (Some(Runtime::Docker), Some("vllm"), true, false)
+        );
+        assert_eq!(p.describe().as_deref(), Some("container vllm"));
+        node.write(
+            &format!("var/lib/docker/containers/{ID}/config.v2.json"),
+            &serde_json::json!({
+                "Name": "/k8s_trainer_trainer-0_ml_uid_0",
+                "Config": {"Labels": {
+                    "io.kubernetes.pod.name": "trainer-0",
+                    "io.kubernetes.pod.namespace": "ml",
+                    "io.kubernetes.pod.uid": UID,
+                    "io.kubernetes.container.name": "trainer"
+                }}
+            })
+            .to_string(),
+        );
+        let p =
+            Resolver::new(&roots).place(&ids_of(&format!("/kubepods/besteffort/pod{UID}/{ID}")));
+        assert_eq!(p.runtime, Some(Runtime::Docker));
+        let pod = p.pod.unwrap();
+        assert_eq!(
+            (pod.label(), pod.container.as_deref()),
+            ("ml/trainer-0".to_string(), Some("trainer"))
+        );
+        // No kubelet directory here: nothing is told deleted.
+        assert!(!pod.deleted);
+    }
+
+    #[test]
+    fn cri_o_and_podman_in_containers_storage() {
+        let node = Node::new();
+        let annotations = |manager: Option<&str>| {
+            let mut a = serde_json::json!({
+                "io.kubernetes.pod.name": "infer-1",
+                "io.kubernetes.pod.namespace": "serving",
+                "io.kubernetes.pod.uid": UID,
+                "io.kubernetes.container.name": "server",
+            });
+            if let Some(m) = manager {
+                a["io.container.manager"] = m.into();
+            }
+            serde_json::json!({ "annotations": a }).to_string()
+        };
+        node.write(
+            &format!("run/containers/storage/overlay-containers/{ID}/userdata/config.json"),
+            &annotations(None),
+        );
+        node.write(
+            "var/lib/containers/storage/overlay-containers/containers.json",
+            &serde_json::json!([{"id": ID, "names": ["k8s_server_infer-1_serving_x_0"]}])
+                .to_string(),
+        );
+        node.mkdir("var/lib/kubelet/pods");
+        let roots = node.roots();
+        let p = Resolver::new(&roots).place(&ids_of(&format!("/kubepods.slice/crio-{ID}.scope")));
+        assert_eq!(p.runtime, Some(Runtime::CriO));
+        assert_eq!(
+            p.container_name.as_deref(),
+            Some("k8s_server_infer-1_serving_x_0")
+        );
+        let pod = p.pod.clone().unwrap();
+        assert_eq!(
+            (pod.label(), pod.uid.as_deref()),
+            ("serving/infer-1".to_string(), Some(UID))
+        );
+        // The kubelet's pods directory is there and has no such uid.
+        assert!(pod.deleted);
+        node.write(
+            &format!("run/containers/storage/overlay-containers/{ID}/userdata/config.json"),
+            &annotations(Some("libpod")),
+        );
+        let p = Resolver::new(&roots).place(&ids_of(&format!("/machine.slice/libpod-{ID}.scope")));
+        assert_eq!(p.runtime, Some(Runtime::Podman));
+    }
+
+    #[test]
+    fn the_kubelet_log_directory_names_a_pod_the_runtime_does_not() {
+        let node = Node::new();
+        node.mkdir(&format!("var/log/pods/ml_trainer-0_{UID}/trainer"));
+        node.mkdir("var/lib/kubelet/pods");
+        let roots = node.roots();
+        let p = Resolver::new(&roots).place(&ids(None, None, Some(UID)));
+        let pod = p.pod.unwrap();
+        assert_eq!(
+            (pod.label(), pod.container.as_deref(), pod.deleted),
+            ("ml/trainer-0".to_string(), Some("trainer"), true)
+        );
+    }
+
+    #[test]
+    fn nothing_is_read_for_a_process_in_no_container() {
+        // Roots that cannot be read at all: an empty place, and no error.
+        let roots = Roots {
+            containerd: vec!["/proc/self/mem".into()],
+            storage: vec![],
+            docker: vec![],
+            kubelet: "/nonexistent".into(),
+            pod_logs: "/nonexistent".into(),
+        };
+        let mut r = Resolver::new(&roots);
+        assert_eq!(r.place(&Ids::default()), Place::default());
+        assert!(r.namespaces.is_none() && r.logged.is_none() && r.kubelet_known.is_none());
+    }
+
+    fn place(uid: &str, ns: &str, name: &str, id: &str, ctr: &str) -> Place {
+        Place {
+            container: Some(id.into()),
+            container_name: None,
+            runtime: Some(Runtime::Containerd),
+            container_deleted: false,
+            pod: Some(Pod {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+                container: Some(ctr.into()),
+                deleted: false,
+            }),
+        }
+    }
+
+    #[test]
+    fn scopes_by_name_uid_prefix_and_container() {
+        let a = place(UID, "ml", "trainer-0", ID, "trainer");
+        let b = place(
+            "1a2b9999-5e6f-7a8b-9c0d-1e2f3a4b5c6d",
+            "default",
+            "infer",
+            &"b".repeat(64),
+            "trainer",
+        );
+        let all = [a.clone(), b.clone()];
+        let pick = |pod: Option<&str>, ctr: Option<&str>| within(pod, ctr, all.iter());
+        let w = pick(Some("ml/trainer-0"), None).unwrap().unwrap();
+        assert!(w.holds_place(&a) && !w.holds_place(&b));
+        assert_eq!(w.said, "--pod ml/trainer-0");
+        // A bare name is in the default namespace.
+        let w = pick(Some("infer"), None).unwrap().unwrap();
+        assert!(w.holds_place(&b) && !w.holds_place(&a));
+        assert!(pick(Some("trainer-0"), None)
+            .unwrap()
+            .unwrap()
+            .pods
+            .unwrap()
+            .is_empty());
+        // A uid prefix must be unique.
+        assert!(pick(Some("1a2b3c"), None).unwrap().unwrap().holds_place(&a));
+        let e = pick(Some("1a2b"), None).unwrap_err();
+        assert!(
+            e.contains("fits 2 pods") && e.contains("ml/trainer-0"),
+            "{e}"
+        );
+        // Containers by id prefix, or by name (two pods' containers named alike are both).
+        assert!(pick(None, Some("4f3c2a")).unwrap().unwrap().holds_place(&a));
+        assert_eq!(
+            pick(None, Some("trainer"))
+                .unwrap()
+                .unwrap()
+                .containers
+                .unwrap()
+                .len(),
+            2
+        );
+        assert!(pick(None, None).unwrap().is_none());
+        assert!(pick(Some(" "), None).is_err());
+        // Both: inside the pod and the container.
+        let w = pick(Some("ml/trainer-0"), Some("trainer"))
+            .unwrap()
+            .unwrap();
+        assert!(w.holds_place(&a) && !w.holds_place(&b));
+        assert_eq!(w.said, "--pod ml/trainer-0 --container trainer");
+    }
+
+    #[test]
+    fn a_signal_bound_reads_the_cgroup() {
+        let w = Within {
+            pods: Some(BTreeSet::from([UID.to_string()])),
+            containers: None,
+            said: "--pod ml/trainer-0".into(),
+        };
+        let inside = format!("0::/kubepods/burstable/pod{UID}/{ID}\n");
+        assert_eq!(w.excludes(Ok(inside.into_bytes())), None);
+        let outside = "0::/user.slice/user-1000.slice/session-3.scope\n".to_string();
+        assert_eq!(
+            w.excludes(Ok(outside.into_bytes())).as_deref(),
+            Some("in no container, outside --pod ml/trainer-0")
+        );
+        let e = std::io::Error::new(std::io::ErrorKind::NotFound, "process is gone");
+        assert!(w.excludes(Err(e)).unwrap().starts_with("cgroup unreadable"));
+    }
+}
