@@ -524,7 +524,7 @@ mod tests {
         // Another user's: the same directory judged for a uid that does not own it.
         assert!(private_dir(made, uid + 1).is_err());
 
-        // Issue 33, item 2: its parent is judged too. One anyone may write to (not a
+        // Its parent is judged too. One anyone may write to (not a
         // root-owned sticky one) lets another account replace the socket directory itself.
         let shared = t.path().join("shared");
         std::fs::create_dir(&shared).unwrap();

@@ -164,7 +164,7 @@ mod tests {
         assert!(sel("0,,1").unwrap_err().contains("empty"));
         assert!(sel("3-1").unwrap_err().contains("backwards"));
         assert!(sel("-1").unwrap_err().contains("not negative"));
-        // Issue 33, item 10: `-0` was index 0, and a 20-digit index a UUID.
+        // The bug: `-0` was index 0, and a 20-digit index was looked up as a UUID.
         assert!(sel("-0").unwrap_err().contains("not negative"));
         assert!(sel("0,-0").unwrap_err().contains("not negative"));
         assert!(sel("99999999999999999999")

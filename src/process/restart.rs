@@ -484,7 +484,7 @@ mod tests {
         ));
         assert!(!is_interactive_shell(&bash, "bash run.sh"));
         assert!(!is_interactive_shell(&bash, "bash -lc python3 holder.py"));
-        // Issue 33, item 1: the values of options were taken for scripts.
+        // The bug: the values of options (`--init-file FILE`, `-O extglob`) were taken for scripts.
         for line in [
             "/bin/bash --init-file /tmp/vscode-shell-integration.sh -i",
             "bash --rcfile /home/a/.bashrc -i",
@@ -533,7 +533,7 @@ mod tests {
         assert!(find_with(&t, &ids, &HashSet::from([10]), &[], &cmdline).is_empty());
     }
 
-    /// Issue 33, item 1: only a parent that has shown it restarts is taken for one: a known
+    /// Only a parent that has shown it restarts is taken for one: a known
     /// launcher, or the very process gpuloop saw restart a holder, still running the same
     /// program.
     #[test]

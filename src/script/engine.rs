@@ -337,7 +337,7 @@ mod tests {
         );
     }
 
-    /// Issue 33, item 4: `--limit calls=1M` wanted a 64 GiB stack, its thread could not be
+    /// The bug: `--limit calls=1M` wanted a 64 GiB stack, its thread could not be
     /// had, and the script ran on the main thread's 8 MiB with the limit in force: an abort.
     #[test]
     fn a_limit_whose_stack_cannot_be_had_is_refused_naming_the_largest_that_works() {
