@@ -271,6 +271,8 @@ pub fn forced_reuse(sim: &Sim, name: &str, script: &str, n: usize, rounds: usize
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let last = stdout.lines().last().unwrap_or_default().to_string();
+    // The figures of the run (tries, reuses, hits), for the record of what was tried.
+    eprintln!("forced reuse {name}: {last}");
     Tally {
         ok: out.status.success(),
         stdout,
