@@ -277,7 +277,7 @@ impl<'a> Fleet<'a> {
                 index,
                 why: format!(
                     "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {index} is meant: reset it on that host itself (ssh HOST gpuloop run clean-node --gpu {index} --allow-reset)",
-                    names.join(", ")
+                    set_of(&names)
                 ),
             }
             .into());
@@ -422,7 +422,7 @@ impl<'a> Fleet<'a> {
             if !names.contains(&host) {
                 return Err(HostError::Unknown {
                     host,
-                    known: names.join(", "),
+                    known: set_of(&names),
                 }
                 .into());
             }

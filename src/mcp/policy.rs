@@ -55,14 +55,14 @@ pub(crate) struct Policy {
 /// A call the policy refuses: the tool, and the permission that would allow it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "refused: `{tool}` {what} is not allowed by this server's policy, which allows {allows}. The person who runs the server can allow it with `gpuloop mcp --allow {needs}` or `[mcp] allow = [\"{needs}\"]` in config.toml{hint}"
+    "refused: `{tool}` {what} is not allowed by this server's policy, which is {allows}. The person who runs the server can allow it with `gpuloop mcp --allow {needs}` or `[mcp] allow = [\"{needs}\"]` in config.toml{hint}"
 )]
 pub struct Refusal {
     pub tool: &'static str,
     pub what: &'static str,
     pub needs: Permission,
     pub hint: &'static str,
-    /// What this server allows: "reading only", or "reading, and kill, clean".
+    /// What this server allows (`Policy::describe`): "read-only", or "read-only + clean".
     pub allows: String,
 }
 
@@ -112,12 +112,7 @@ impl Policy {
             Permission::Run => ("(running a command)", "."),
             Permission::Recipes => ("(running a recipe)", "."),
         };
-        let allows = if self.allowed.is_empty() {
-            "reading only".to_string()
-        } else {
-            let names: Vec<&str> = self.allowed.iter().map(|p| p.name()).collect();
-            format!("reading, and {}", names.join(", "))
-        };
+        let allows = self.describe();
         Err(Refusal {
             tool,
             what,

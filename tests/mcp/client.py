@@ -131,10 +131,10 @@ async def tool_error(session, name, args, *says):
     return r
 
 
-async def refused(session, name, args, flag, allows="reading only"):
+async def refused(session, name, args, flag, allows="read-only"):
     """A refusal says what this server allows (issue 33, item 9: a server started with
     `--allow clean` said "(read-only by default)")."""
-    r = await tool_error(session, name, args, f"refused: `{name}`", f"`gpuloop mcp --allow {flag}`", f"which allows {allows}.")
+    r = await tool_error(session, name, args, f"refused: `{name}`", f"`gpuloop mcp --allow {flag}`", f"which is {allows}.")
     check("by default" not in r.content[0].text, f"{name}: {r.content[0].text}")
     want = {"refused": True, "tool": name, "allow": flag}
     check(r.structured_content == want, f"{name}: refusal structured content {r.structured_content}")
@@ -232,7 +232,7 @@ async def done_when():
             found = {h["pid"] for d in r.structured_content["gpus"] for h in d["holders"]}
             check(set(workers) <= found, f"orphaned workers {workers} not all found in {found}")
             check(r.structured_content["clean"] is False, "diagnose says clean")
-            await refused(s, "run", {"command": ["true"]}, "run", allows="reading, and clean")
+            await refused(s, "run", {"command": ["true"]}, "run", allows="read-only + clean")
 
             r = await call(s, "clean", {"timeout": 30, "grace": 2}, progress_callback=on_progress)
             c = r.structured_content
