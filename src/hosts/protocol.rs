@@ -813,6 +813,8 @@ mod tests {
             force: false,
             parents: false,
             user: None,
+            pod: None,
+            container: None,
         };
         let wait = WaitWire {
             timeout_ms: 1000,
@@ -854,7 +856,11 @@ mod tests {
                 filter: Filter::default(),
                 opts: kill.clone(),
             },
-            Call::WaitClean { sel: None, wait },
+            Call::WaitClean {
+                sel: None,
+                filter: Filter::default(),
+                wait,
+            },
             Call::Clean {
                 sel: None,
                 filter: Filter::default(),
