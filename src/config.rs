@@ -33,6 +33,8 @@ struct File {
     limits: Option<Limits>,
     /// `[mcp]`: the MCP server's policy.
     mcp: Option<McpTable>,
+    /// Where Xid events are read: the kernel log (`/dev/kmsg`), or a file of its records.
+    kernel_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -151,6 +153,9 @@ pub struct UserConfig {
     pub limits: Limits,
     /// `[mcp] allow = [...]`, added to `gpuloop mcp --allow`.
     pub mcp_allow: Vec<String>,
+    /// `kernel_log = "/dev/kmsg"`: where the driver's Xid events are read (the simulator
+    /// reads its own).
+    pub kernel_log: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +176,7 @@ impl Default for UserConfig {
             protected: DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
             limits: Limits::default(),
             mcp_allow: Vec::new(),
+            kernel_log: PathBuf::from(crate::gpu::kmsg::DEV_KMSG),
         }
     }
 }
@@ -207,6 +213,9 @@ impl UserConfig {
         cfg.protected.extend(f.protected_add.unwrap_or_default());
         cfg.limits = f.limits.unwrap_or_default();
         cfg.mcp_allow = f.mcp.and_then(|m| m.allow).unwrap_or_default();
+        if let Some(p) = f.kernel_log {
+            cfg.kernel_log = p;
+        }
         Ok(cfg)
     }
 }
@@ -230,6 +239,15 @@ mod tests {
         );
         std::fs::write(&p, "[mcp]\nallow = [\"clean\"]\n").unwrap();
         assert_eq!(UserConfig::from_file(&p).unwrap().mcp_allow, vec!["clean"]);
+        assert_eq!(
+            UserConfig::from_file(&p).unwrap().kernel_log,
+            Path::new("/dev/kmsg")
+        );
+        std::fs::write(&p, "kernel_log = \"/tmp/kmsg\"\n").unwrap();
+        assert_eq!(
+            UserConfig::from_file(&p).unwrap().kernel_log,
+            Path::new("/tmp/kmsg")
+        );
         std::fs::write(&p, "protectd = []\n").unwrap();
         assert!(UserConfig::from_file(&p)
             .unwrap_err()

@@ -928,7 +928,7 @@ fn the_agent_answers_broken_requests_and_leaves_nothing_when_its_stdin_closes() 
     let hello = next();
     assert_eq!(hello["type"], "hello");
     assert_eq!(hello["gpus"], 1);
-    assert_eq!(hello["protocol"], 5);
+    assert_eq!(hello["protocol"], 6);
     let mut send = |s: &str| {
         stdin.write_all(s.as_bytes()).unwrap();
         stdin.write_all(b"\n").unwrap();
@@ -1279,7 +1279,9 @@ fn advice_for_a_remote_gpu_names_its_host_never_a_bare_local_command() {
     );
     let reset = advice(2);
     assert!(
-        reset.contains("then on va: gpuloop run clean-node --gpu 2 --allow-reset (or, on va: gpuloop sim reset --gpu 2)"),
+        reset.contains(&format!(
+            "only a GPU reset frees it: {gpuloop} reset --gpu va:2 (or, on va: gpuloop sim reset --gpu 2)"
+        )),
         "{reset}"
     );
     // The one-shot's summary row quotes it too.
@@ -1301,6 +1303,48 @@ fn advice_for_a_remote_gpu_names_its_host_never_a_bare_local_command() {
         100,
         "nothing was reset on va either"
     );
+    // `reset` over a host set needs each GPU named with its host; then it runs there,
+    // through va's agent (issue 36).
+    let out = c
+        .run(&["--host", "va", "reset", "--gpu", "2", "--dry-run"])
+        .code(2);
+    assert!(
+        out.stderr.contains("name each GPU with its host"),
+        "{}",
+        out.stderr
+    );
+    let dry = c
+        .run(&[
+            "--host",
+            "va",
+            "--json",
+            "reset",
+            "--gpu",
+            "va:2",
+            "--dry-run",
+        ])
+        .ok()
+        .json();
+    assert_eq!(dry[0]["host"], "va", "{dry}");
+    assert_eq!(dry[0]["blockers"], serde_json::json!([]), "{dry}");
+    assert_eq!(
+        c.run(&[
+            "--host",
+            "va",
+            "eval",
+            "reset_gpu(\"va:2\", #{dry_run: true}).ok"
+        ])
+        .ok()
+        .stdout
+        .trim(),
+        "true"
+    );
+    let r = c
+        .run(&["--host", "va", "--json", "reset", "--gpu", "va:2"])
+        .ok()
+        .json();
+    assert_eq!(r[0]["verified"], true, "{r}");
+    assert_eq!(c.sim("va").used_mib(2), 0);
 }
 
 /// Defect 5: the README runs clean-node over `--host 'gpu[01-04]'`, but its tables had no

@@ -14,6 +14,9 @@
 //! sent a uid resolved on the client, which names another user where uids differ); a filter
 //! with a field it does not know is refused, never read as "no filter". And `reached_as`,
 //! which the client sends first: how it names the host, for the commands in advice.
+//! Protocol 6: GPU records carry `faults`, diagnoses `faults` and `blockers` and four more
+//! verdicts (`reset-needed`, `reboot-needed`, `remap-pending`, `fell-off-bus`), which a
+//! protocol-5 client cannot read; and `reset`.
 
 use crate::inspect::wait::WaitOpts;
 pub use crate::inspect::Filter;
@@ -24,8 +27,9 @@ use serde_json::value::RawValue;
 use std::time::Duration;
 
 /// Bumped on any change a peer of the other version could misread. 5: a `grace_ms` of 0 is
-/// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL.
-pub(crate) const PROTOCOL: u32 = 5;
+/// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL. 6: the
+/// GPUs' faults, the verdicts they give, and `reset`.
+pub(crate) const PROTOCOL: u32 = 6;
 /// The longest request line the agent reads; longer ones get a `too_large` error.
 pub(crate) const MAX_REQUEST: usize = 1024 * 1024;
 /// The longest reply line the client reads (holders of a busy node fit many times over).
@@ -151,6 +155,15 @@ pub enum Call {
         host: String,
         gpuloop: String,
     },
+    /// `gpuloop reset` of these GPUs there: what blocks it (`dry_run`), or stop, reset,
+    /// verify, restart.
+    Reset {
+        gpus: Vec<i64>,
+        dry_run: bool,
+        force: bool,
+        grace_ms: u64,
+        timeout_ms: u64,
+    },
 }
 
 /// The methods an agent knows, as they are named on the wire.
@@ -172,6 +185,7 @@ pub(crate) const METHODS: &[&str] = &[
     "journal",
     "ping",
     "reached_as",
+    "reset",
 ];
 
 impl Call {
@@ -194,6 +208,7 @@ impl Call {
             Call::Journal { .. } => "journal",
             Call::Ping => "ping",
             Call::ReachedAs { .. } => "reached_as",
+            Call::Reset { .. } => "reset",
         }
     }
 }
@@ -809,6 +824,13 @@ mod tests {
             Call::ReachedAs {
                 host: "gpu02".into(),
                 gpuloop: "gpuloop --host gpu02".into(),
+            },
+            Call::Reset {
+                gpus: vec![0],
+                dry_run: true,
+                force: false,
+                grace_ms: 5000,
+                timeout_ms: 30_000,
             },
         ];
         for (n, call) in calls.into_iter().enumerate() {
