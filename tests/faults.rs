@@ -127,6 +127,10 @@ fn ecc_counts_and_a_pending_remap_until_a_reset_applies_it() {
         .run(&["--json", "clean", "--gpu", "1", "--timeout", "1"])
         .code(1);
     assert_eq!(c.json()["clean"], false);
+    let w = sim
+        .run(&["--json", "wait", "--gpu", "1", "--timeout", "0"])
+        .code(1);
+    assert_eq!(w.json()["clean"], false);
     sim.run(&["diagnose", "--gpu", "0"]).ok();
     // The reset applies the remap and clears the volatile counts, as the driver's does.
     sim.run(&["sim", "reset", "--gpu", "1"]).ok();

@@ -49,7 +49,16 @@ pub(crate) const DEV_KMSG: &str = "/dev/kmsg";
 #[derive(Debug)]
 pub(crate) struct Kmsg {
     pub path: PathBuf,
-    open: Mutex<Option<Reader>>,
+    open: Mutex<State>,
+}
+
+/// A log not opened yet, open, or one that could not be opened: a session's permissions do
+/// not change, so it is not tried again (and the error not made again) on every read.
+#[derive(Debug)]
+enum State {
+    Closed,
+    Open(Reader),
+    Failed(LogError),
 }
 
 #[derive(Debug)]
@@ -62,23 +71,31 @@ impl Kmsg {
     pub(crate) fn new(path: impl Into<PathBuf>) -> Kmsg {
         Kmsg {
             path: path.into(),
-            open: Mutex::new(None),
+            open: Mutex::new(State::Closed),
         }
     }
 }
 
 impl KernelLog for Kmsg {
     fn records(&self) -> Result<Vec<Record>, LogError> {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        let reader = match &mut *open {
-            Some(r) => r,
-            None => open.insert(Reader {
-                fd: open_log(&self.path)?,
-                lines: Lines::default(),
-            }),
-        };
-        read_new(&self.path, reader)?;
-        Ok(reader.lines.records.iter().cloned().collect())
+        let mut state = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*state, State::Closed) {
+            *state = match open_log(&self.path) {
+                Ok(fd) => State::Open(Reader {
+                    fd,
+                    lines: Lines::default(),
+                }),
+                Err(e) => State::Failed(e),
+            };
+        }
+        match &mut *state {
+            State::Open(reader) => {
+                read_new(&self.path, reader)?;
+                Ok(reader.lines.records.iter().cloned().collect())
+            }
+            State::Failed(e) => Err(e.clone()),
+            State::Closed => Err(LogError("not opened".into())),
+        }
     }
 }
 
