@@ -297,6 +297,35 @@ mod tests {
         }
     }
 
+    /// Where dmesg would be refused, the reason is said plainly, with what to do.
+    #[test]
+    fn a_log_that_may_not_be_read_says_why() {
+        let e = denied(
+            Path::new("/dev/kmsg"),
+            io::Error::from(io::ErrorKind::PermissionDenied),
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with("the kernel log could not be read: /dev/kmsg: ")
+                && text.contains("run as root"),
+            "{text}"
+        );
+    }
+
+    /// However long the log, what is kept is bounded: the latest records.
+    #[test]
+    fn the_records_kept_are_bounded_to_the_latest() {
+        let mut l = Lines::default();
+        for i in 0..MAX_RECORDS as u64 + 10 {
+            l.feed(format!("4,{i},{i},-;NVRM: Xid (PCI:0000:18:00): 31, pid=1\n").as_bytes());
+        }
+        assert_eq!(l.records.len(), MAX_RECORDS);
+        assert_eq!(l.records.front().map(|r| r.boot_us), Some(10));
+        // A line longer than any record is dropped, not kept growing.
+        l.feed(&vec![b'x'; RECORD_BUF + 1]);
+        assert!(l.partial.is_empty());
+    }
+
     #[test]
     fn reading_a_file_stops_at_its_end_and_a_missing_one_says_so() {
         let dir = tempfile::tempdir().unwrap();
