@@ -58,6 +58,18 @@ fn an_xid_is_matched_to_its_gpu_and_names_the_holder_beside_it() {
         "{advice}"
     );
     assert_eq!(d["faults"]["xid"][0]["code"], 31);
+    // What the driver asks for still stands once the holder is stopped: said after it.
+    sim.run(&["sim", "fault", "--gpu", "1", "--recovery", "gpu-reset"])
+        .ok();
+    let d = diagnosis(&sim, 1);
+    assert_eq!(d["verdict"], "held", "{d}");
+    assert!(
+        d["advice"]
+            .as_str()
+            .unwrap()
+            .contains("the driver also asks for a GPU reset (recovery action gpu-reset): once they are stopped, gpuloop reset --gpu 1"),
+        "{d}"
+    );
     // What a patch-and-rerun loop asks after a run: the events since it started.
     let since = sim.eval_json(&format!(
         "xids({t}).map(|x| #{{gpu: x.gpu, code: x.code, host: x.host}})"

@@ -458,6 +458,13 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
             if let Some(note) = faults.and_then(|f| xid_note(f, &holders, verdict)) {
                 advice.push_str(&format!("; {note}"));
             }
+            // What the GPU asks for still stands once its holders are stopped.
+            if let Some(note) = faults
+                .filter(|_| !holders.is_empty())
+                .and_then(|f| still_needs(f, &reset_cmd(g.index, ctx.reach, false), ctx.reach))
+            {
+                advice.push_str(&format!("; {note}"));
+            }
             let shown = matches!(
                 verdict,
                 Verdict::Driver | Verdict::ResetNeeded | Verdict::RemapPending
@@ -478,6 +485,26 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
             }
         })
         .collect()
+}
+
+/// What the GPU's own faults ask for beyond stopping its holders: "then reset it".
+fn still_needs(f: &Faults, reset: &str, reach: &Reach) -> Option<String> {
+    let action = f.recovery_action.filter(|a| a.needs() > Needs::Nothing);
+    Some(match action.map(|a| (a, a.needs())) {
+        Some((a, Needs::Reboot)) => format!(
+            "the driver also asks for a node reboot (recovery action {}): once they are stopped, reboot ({})",
+            a.as_str(),
+            reach.there("reboot")
+        ),
+        Some((a, _)) => format!(
+            "the driver also asks for a GPU reset (recovery action {}): once they are stopped, {reset}",
+            a.as_str()
+        ),
+        None if f.remap_pending() => {
+            format!("a row remap is pending: once they are stopped, {reset} applies it")
+        }
+        None => return None,
+    })
 }
 
 /// "2026-12-03T14:05:12Z".
@@ -1441,13 +1468,26 @@ mod tests {
             ..facts(&[], &[], 80, true, false, 0)
         });
         assert_eq!(verdict, Verdict::ResetNeeded);
-        // Holders come first: they must be stopped before anything else.
+        // Holders come first: they must be stopped before anything else; the reset the
+        // driver asks for is said after them.
         let held = [h(5, &["driver", "fd", "map"])];
         let (verdict, _) = v(&Facts {
             faults: Some(&f),
             ..facts(&held, &[], 100, true, false, 0)
         });
         assert_eq!(verdict, Verdict::Held);
+        let note = still_needs(&f, "gpuloop reset --gpu 0", &Reach::default()).unwrap();
+        assert!(
+            note.contains("also asks for a GPU reset (recovery action gpu-reset): once they are stopped, gpuloop reset --gpu 0"),
+            "{note}"
+        );
+        assert!(still_needs(&rows(true, false), "R", &Reach::default())
+            .unwrap()
+            .contains("row remap is pending"));
+        assert_eq!(
+            still_needs(&Faults::default(), "R", &Reach::default()),
+            None
+        );
         for v in [
             Verdict::ResetNeeded,
             Verdict::RebootNeeded,
