@@ -11,6 +11,10 @@ fn diagnosis(sim: &Sim, gpu: i64) -> Value {
     out.json()[0].clone()
 }
 
+fn advice(d: &Value) -> &str {
+    d["advice"].as_str().unwrap_or_default()
+}
+
 fn faults(sim: &Sim, gpu: usize) -> Value {
     sim.gpus()[gpu]["faults"].clone()
 }
@@ -52,10 +56,10 @@ fn an_xid_is_matched_to_its_gpu_and_names_the_holder_beside_it() {
     // The holder it names is shown beside it.
     let d = diagnosis(&sim, 1);
     assert_eq!(d["verdict"], "held");
-    let advice = d["advice"].as_str().unwrap();
+    let a = advice(&d);
     assert!(
-        advice.contains(&format!("names holder {p} (python3), which still holds it")),
-        "{advice}"
+        a.contains(&format!("names holder {p} (python3), which still holds it")),
+        "{a}"
     );
     assert_eq!(d["faults"]["xid"][0]["code"], 31);
     // What the driver asks for still stands once the holder is stopped: said after it.
@@ -64,10 +68,7 @@ fn an_xid_is_matched_to_its_gpu_and_names_the_holder_beside_it() {
     let d = diagnosis(&sim, 1);
     assert_eq!(d["verdict"], "held", "{d}");
     assert!(
-        d["advice"]
-            .as_str()
-            .unwrap()
-            .contains("the driver also asks for a GPU reset (recovery action gpu-reset): once they are stopped, gpuloop reset --gpu 1"),
+        advice(&d).contains("the driver also asks for a GPU reset (recovery action gpu-reset): once they are stopped, gpuloop reset --gpu 1"),
         "{d}"
     );
     // What a patch-and-rerun loop asks after a run: the events since it started.
@@ -126,13 +127,7 @@ fn ecc_counts_and_a_pending_remap_until_a_reset_applies_it() {
     );
     let d = diagnosis(&sim, 1);
     assert_eq!(d["verdict"], "remap-pending", "{d}");
-    assert!(
-        d["advice"]
-            .as_str()
-            .unwrap()
-            .contains("gpuloop reset --gpu 1"),
-        "{d}"
-    );
+    assert!(advice(&d).contains("gpuloop reset --gpu 1"), "{d}");
     // Not clean for any front end: diagnose, clean and wait_clean's final word.
     sim.run(&["diagnose", "--gpu", "1"]).code(1);
     let c = sim
@@ -169,30 +164,18 @@ fn memory_nobody_holds_is_split_by_what_the_gpu_says() {
     let d = diagnosis(&sim, 0);
     assert_eq!(d["verdict"], "driver", "{d}");
     assert!(
-        d["advice"]
-            .as_str()
-            .unwrap()
-            .contains("the last Xid on this GPU: Xid 31"),
+        advice(&d).contains("the last Xid on this GPU: Xid 31"),
         "{d}"
     );
     sim.run(&["sim", "fault", "--gpu", "1", "--xid", "48"]).ok();
     let d = diagnosis(&sim, 1);
     assert_eq!(d["verdict"], "reset-needed", "{d}");
-    assert!(
-        d["advice"].as_str().unwrap().contains("after Xid 48"),
-        "{d}"
-    );
+    assert!(advice(&d).contains("after Xid 48"), "{d}");
     sim.run(&["sim", "fault", "--gpu", "2", "--recovery", "node-reboot"])
         .ok();
     let d = diagnosis(&sim, 2);
     assert_eq!(d["verdict"], "reboot-needed", "{d}");
-    assert!(
-        d["advice"]
-            .as_str()
-            .unwrap()
-            .contains("recovery action node-reboot"),
-        "{d}"
-    );
+    assert!(advice(&d).contains("recovery action node-reboot"), "{d}");
     // The driver's recovery action on a free GPU is a verdict too; a reset clears it.
     sim.run(&["sim", "reset", "--gpu", "1"]).ok();
     sim.run(&["sim", "fault", "--gpu", "1", "--recovery", "gpu-reset"])
@@ -221,10 +204,10 @@ fn a_gpu_off_the_bus_fails_its_reads_and_its_reset() {
     assert!(g[0]["error"].is_null());
     let d = diagnosis(&sim, 1);
     assert_eq!(d["verdict"], "fell-off-bus", "{d}");
-    let advice = d["advice"].as_str().unwrap();
+    let a = advice(&d);
     assert!(
-        advice.contains("Xid 79 (the GPU fell off the bus") && advice.contains("reboot the node"),
-        "{advice}"
+        a.contains("Xid 79 (the GPU fell off the bus") && a.contains("reboot the node"),
+        "{a}"
     );
     let failed = sim.run(&["sim", "reset", "--gpu", "1"]).code(1);
     assert!(failed.stderr.contains("is lost"), "{}", failed.stderr);
@@ -294,13 +277,13 @@ fn the_readiness_list_names_every_client_that_blocks_a_reset() {
     let d = diagnosis(&sim, 0);
     assert_eq!(d["verdict"], "driver", "{d}");
     assert_eq!(d["blockers"], bs2, "{d}");
-    let advice = d["advice"].as_str().unwrap();
+    let a = advice(&d);
     for pid in [smi, pd, caps, ctx] {
-        assert!(advice.contains(&format!("{pid} (")), "{pid}: {advice}");
+        assert!(a.contains(&format!("{pid} (")), "{pid}: {a}");
     }
     assert!(
-        advice.contains("nvidia_drm (module): modprobe -r nvidia_drm"),
-        "{advice}"
+        a.contains("nvidia_drm (module): modprobe -r nvidia_drm"),
+        "{a}"
     );
     let text = sim
         .run(&["reset", "--gpu", "0", "--dry-run"])
