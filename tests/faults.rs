@@ -362,6 +362,8 @@ fn a_reset_stops_what_blocks_it_resets_verifies_and_restarts_the_daemon() {
     assert_eq!(again.len(), 1, "{again:?}");
     assert_eq!(again[0]["kind"], "persistenced");
     assert_ne!(again[0]["pid"], pd as i64);
+    // The daemon reset restarted is the test's to stop, by pid, with the simulator.
+    sim.adopt(again[0]["pid"].as_i64().expect("the restarted daemon's pid") as i32);
     let text = out.stdout;
     for step in [
         format!("stop {smi} (nvidia-smi, observer): ok: exited"),
