@@ -35,6 +35,8 @@ struct File {
     mcp: Option<McpTable>,
     /// `[containers]`: where the runtimes and the kubelet keep their state on this node.
     containers: Option<crate::process::container::Roots>,
+    /// Where Xid events are read: the kernel log (`/dev/kmsg`), or a file of its records.
+    kernel_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -158,6 +160,9 @@ pub struct UserConfig {
     pub mcp_allow: Vec<String>,
     /// `[containers]`: the runtimes' and the kubelet's state directories.
     pub containers: crate::process::container::Roots,
+    /// `kernel_log = "/dev/kmsg"`: where the driver's Xid events are read (the simulator
+    /// reads its own).
+    pub kernel_log: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +184,7 @@ impl Default for UserConfig {
             limits: Limits::default(),
             mcp_allow: Vec::new(),
             containers: Default::default(),
+            kernel_log: PathBuf::from(crate::gpu::kmsg::DEV_KMSG),
         }
     }
 }
@@ -215,6 +221,9 @@ impl UserConfig {
         cfg.protected.extend(f.protected_add.unwrap_or_default());
         cfg.limits = f.limits.unwrap_or_default();
         cfg.mcp_allow = f.mcp.and_then(|m| m.allow).unwrap_or_default();
+        if let Some(p) = f.kernel_log {
+            cfg.kernel_log = p;
+        }
         cfg.containers = f.containers.unwrap_or_default();
         Ok(cfg)
     }
@@ -239,6 +248,15 @@ mod tests {
         );
         std::fs::write(&p, "[mcp]\nallow = [\"clean\"]\n").unwrap();
         assert_eq!(UserConfig::from_file(&p).unwrap().mcp_allow, vec!["clean"]);
+        assert_eq!(
+            UserConfig::from_file(&p).unwrap().kernel_log,
+            Path::new("/dev/kmsg")
+        );
+        std::fs::write(&p, "kernel_log = \"/tmp/kmsg\"\n").unwrap();
+        assert_eq!(
+            UserConfig::from_file(&p).unwrap().kernel_log,
+            Path::new("/tmp/kmsg")
+        );
         std::fs::write(&p, "[containers]\nkubelet = \"/tmp/k\"\n").unwrap();
         let c = UserConfig::from_file(&p).unwrap().containers;
         assert_eq!(c.kubelet, Path::new("/tmp/k"));

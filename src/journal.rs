@@ -803,6 +803,12 @@ pub(crate) fn now_utc() -> String {
     rfc3339(d.as_secs() as i64, d.subsec_millis())
 }
 
+/// Seconds since the epoch as "2026-11-30T09:41:07Z" (a kernel log event's time, in advice).
+pub(crate) fn utc(secs: f64) -> String {
+    let s = rfc3339(secs.floor() as i64, 0);
+    format!("{}Z", s.get(..19).unwrap_or(&s))
+}
+
 fn rfc3339(secs: i64, millis: u32) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
@@ -832,6 +838,7 @@ mod tests {
     #[test]
     fn formats_utc_times() {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(1_796_030_467.9), "2026-11-30T09:21:07Z");
         assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
         assert_eq!(rfc3339(1_796_030_467, 123), "2026-11-30T09:21:07.123Z");
     }

@@ -6,6 +6,7 @@ use crate::gpu::Gpu;
 use crate::inspect::diagnose::{Diagnosis, Verdict};
 use crate::inspect::holders::Holder;
 use crate::inspect::kinds::{Evidence, RunState, State};
+use crate::inspect::reset::{ResetReport, Stop};
 use crate::process::kill::KillReport;
 use crate::runner::Outcome;
 use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
@@ -170,6 +171,68 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
         }
     }
     out
+}
+
+/// Each GPU's reset: what blocks it (or blocked it), then the steps taken and the outcome.
+pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
+    let hosts = multi_host(rs.iter().map(|r| r.host.as_str()));
+    let mut out = Vec::new();
+    for r in rs {
+        let gpu = if hosts {
+            format!("GPU {}:{}", r.host, r.gpu)
+        } else {
+            format!("GPU {}", r.gpu)
+        };
+        let mut lines = Vec::new();
+        if r.blockers.is_empty() {
+            lines.push(format!("{gpu} ({}): nothing blocks a reset", r.uuid));
+        } else {
+            let verb = if r.dry_run { "block" } else { "blocked" };
+            lines.push(format!(
+                "{gpu} ({}): {} client(s) {verb} a reset",
+                r.uuid,
+                r.blockers.len()
+            ));
+            let mut t = table(&["KIND", "PID", "NAME", "USER", "STOPPED BY"], style);
+            for b in &r.blockers {
+                let how = if b.needs_force() && b.stop != Stop::Unload && !b.how.contains("--force")
+                {
+                    format!("{} (--force)", b.how)
+                } else {
+                    b.how.clone()
+                };
+                t.add_row(vec![
+                    Cell::new(b.kind),
+                    Cell::new(b.pid.map_or("-".into(), |p| p.to_string())),
+                    Cell::new(&b.name),
+                    Cell::new(&b.user),
+                    Cell::new(how),
+                ]);
+            }
+            right(&mut t, &[1]);
+            lines.extend(trimmed(t).lines().map(|l| format!("  {l}")));
+        }
+        for st in &r.steps {
+            let ok = if st.ok {
+                style.green("ok")
+            } else {
+                style.red("failed")
+            };
+            lines.push(format!(
+                "  {} {}: {ok}: {}",
+                st.action, st.target, st.detail
+            ));
+        }
+        if !r.dry_run {
+            lines.push(if r.ok {
+                style.green(&format!("{gpu} reset and verified"))
+            } else {
+                style.red(&format!("{gpu} NOT reset"))
+            });
+        }
+        out.push(lines.join("\n"));
+    }
+    out.join("\n")
 }
 
 fn state_color(state: State) -> Option<Color> {
@@ -378,6 +441,13 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             line.push_str(&format!(
                 "\n        driver lists dead/invisible pids: {}",
                 join(&d.ghost_pids)
+            ));
+        }
+        if !d.blockers.is_empty() {
+            let who: Vec<String> = d.blockers.iter().map(|b| b.label()).collect();
+            line.push_str(&format!(
+                "\n        a reset is blocked by: {}",
+                who.join(", ")
             ));
         }
         out.push(line.trim_end().to_string());

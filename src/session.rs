@@ -3,6 +3,7 @@
 
 use crate::config::UserConfig;
 use crate::gpu::deadline::{self, Deadline};
+use crate::gpu::kmsg::Kmsg;
 use crate::gpu::nvml::NvmlBackend;
 use crate::gpu::sim::SimBackend;
 use crate::gpu::{Backend, DeviceNodes, GpuError, NoDriver};
@@ -43,6 +44,8 @@ pub struct Session {
     /// How the person reading this session's advice reaches this machine: set once by the
     /// client of `gpuloop agent`; unset, they read it here.
     reach: OnceLock<Reach>,
+    /// The kernel log the Xid events are read from, open once read.
+    kernel_log: OnceLock<Kmsg>,
 }
 
 impl Session {
@@ -59,6 +62,7 @@ impl Session {
             restarters: Mutex::new(Vec::new()),
             restarted: Mutex::new(Vec::new()),
             reach: OnceLock::new(),
+            kernel_log: OnceLock::new(),
         }
     }
 
@@ -220,6 +224,15 @@ impl Session {
     /// Where the container runtimes and the kubelet keep their state (`[containers]`).
     pub(crate) fn container_roots(&self) -> &crate::process::container::Roots {
         &self.config.containers
+    }
+
+    /// The kernel log Xid events are read from: the simulator's own, or config.toml's
+    /// `kernel_log` (`/dev/kmsg` by default).
+    pub(crate) fn kernel_log(&self) -> &Kmsg {
+        self.kernel_log.get_or_init(|| match &self.choice {
+            BackendChoice::Sim { dir, .. } => Kmsg::new(dir.join("kmsg")),
+            BackendChoice::Auto => Kmsg::new(&self.config.kernel_log),
+        })
     }
 
     /// Where advice is read (see `Reach`): here, unless the client of an agent said how it

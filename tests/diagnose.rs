@@ -160,7 +160,7 @@ fn driver_when_nobody_holds_the_memory() {
     // the simulator, the simulator's reset.
     let advice = d["advice"].as_str().unwrap();
     assert!(
-        advice.contains("gpuloop run clean-node --gpu 0 --allow-reset")
+        advice.contains("only a GPU reset frees it: gpuloop reset --gpu 0")
             && advice.contains("(or gpuloop sim reset --gpu 0)")
             && !advice.contains("ensure_clean"),
         "{advice}"

@@ -76,14 +76,21 @@ fn no_reset_is_advised_while_a_driver_client_is_open() {
     // On the simulator the reset is the simulator's own.
     assert!(advice(&d).contains("gpuloop sim reset --gpu 0"), "{d}");
     assert!(!advice(&d).contains("clients are open"), "{d}");
-    // An NVML client on another GPU has the driver open: a reset would fail now.
-    let observer = sim.hold(&["--gpu", "1", "--observer", "--name", "nvtop"])[0];
+    // An NVML client of another GPU only does not block this one's reset (nvidia-smi -r
+    // refuses while applications use the devices it resets).
+    sim.hold(&["--gpu", "1", "--observer", "--name", "nvtop"]);
+    assert!(
+        !advice(&diagnosis(&sim, 0)).contains("a reset fails"),
+        "{d}"
+    );
+    // One with this GPU's node open does: a reset would fail now.
+    let observer = sim.hold(&["--gpu", "0", "--observer", "--name", "nvtop"])[0];
     let d = diagnosis(&sim, 0);
     assert_eq!(d["verdict"], "driver");
     let a = advice(&d);
     assert!(
-        a.contains("a reset fails while driver clients are open")
-            && a.contains(&format!("{observer} (nvtop)")),
+        a.contains("a reset fails while these have the GPU")
+            && a.contains(&format!("{observer} (nvtop, observer): kill {observer}")),
         "{a}"
     );
 }

@@ -144,9 +144,38 @@ fn redact(v: &Value, field: Option<&str>, pids: &BTreeSet<i64>) -> Value {
         }
         (_, Some(f)) if VARYING.contains(&f) => placeholder(f, v),
         (Value::String(s), _) if s.starts_with('/') => placeholder("path", v),
-        (Value::String(s), _) => Value::String(without_pids(s, pids)),
+        (Value::String(s), _) => Value::String(without_times(&without_pids(s, pids))),
         _ => v.clone(),
     }
+}
+
+/// `s` with each UTC time written into it ("at 2026-12-03T14:05:12Z", an Xid's in advice)
+/// replaced by `<time>`.
+fn without_times(s: &str) -> String {
+    const SHAPE: &[u8] = b"dddd-dd-ddTdd:dd:ddZ";
+    let b = s.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < b.len() {
+        let here = b.get(i..i + SHAPE.len()).is_some_and(|w| {
+            w.iter().zip(SHAPE).all(|(c, p)| {
+                if *p == b'd' {
+                    c.is_ascii_digit()
+                } else {
+                    c == p
+                }
+            })
+        });
+        if here {
+            out.push_str("<time>");
+            i += SHAPE.len();
+        } else {
+            let c = s[i..].chars().next().unwrap_or_default();
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
 }
 
 /// `s` with each run of digits that is one of `pids` replaced by `<pid>`.
@@ -204,6 +233,36 @@ fn golden_gpus_holders_and_diagnose() {
     golden("holders", &json_of(&sim, &["holders"]));
     golden("holders_all", &json_of(&sim, &["holders", "--all"]));
     golden("diagnose", &json_of(&sim, &["diagnose"]));
+}
+
+/// The GPUs' faults (an Xid naming a process, a pending remap), the verdicts they give with
+/// the clients in a reset's way, and `reset --dry-run`'s report.
+#[test]
+fn golden_faults_and_reset_readiness() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "64"]).ok();
+    let smi = sim.hold(&["--gpu", "0", "--observer", "--name", "nvidia-smi"])[0];
+    sim.run(&[
+        "sim",
+        "fault",
+        "--gpu",
+        "0",
+        "--xid",
+        "48",
+        "--pid",
+        &smi.to_string(),
+        "--name",
+        "nvidia-smi",
+    ])
+    .ok();
+    sim.run(&["sim", "fault", "--gpu", "1", "--remap-pending"])
+        .ok();
+    golden("gpus_faults", &json_of(&sim, &["gpus"]));
+    golden("diagnose_faults", &json_of(&sim, &["diagnose"]));
+    golden(
+        "reset_dry_run",
+        &json_of(&sim, &["reset", "--gpu", "0", "--dry-run"]),
+    );
 }
 
 #[test]
@@ -447,6 +506,16 @@ fn golden_agent_wire() {
             },
         ),
         ("cancel", Call::Cancel { id: 999 }),
+        (
+            "reset",
+            Call::Reset {
+                gpus: vec![1],
+                dry_run: true,
+                force: false,
+                grace_ms: 5_000,
+                timeout_ms: 30_000,
+            },
+        ),
         (
             "journal",
             Call::Journal {

@@ -93,7 +93,28 @@ fn table() -> BTreeMap<&'static str, Vec<(&'static str, Want)>> {
     t.insert("wait_clean", wait_clean);
     let mut reset = leak(sel_rows("reset_gpu"));
     reset.retain(|(c, _)| !c.contains("[-1, 0]"));
+    reset.extend([
+        ("reset_gpu(0, #{bogus: 1})", Err),
+        ("reset_gpu(0, #{grace: -1})", Err),
+        ("reset_gpu(0, #{timeout: \"x\"})", Err),
+        ("reset_gpu(0, #{force: 1})", Err),
+        ("reset_gpu(0, 5)", Err),
+    ]);
     t.insert("reset_gpu", reset);
+    let mut blockers = leak(sel_rows("reset_blockers"));
+    blockers.retain(|(c, _)| !c.contains("[-1, 0]"));
+    t.insert("reset_blockers", blockers);
+    t.insert(
+        "xids",
+        vec![
+            ("xids(\"x\")", Err),
+            ("xids(#{})", Err),
+            ("xids([1.5], 0)", Err),
+            ("xids(0, \"x\")", Err),
+            ("xids(\"zz\", 0)", Err),
+            ("xids(1e300)", Any),
+        ],
+    );
     t.insert(
         "kill",
         vec![

@@ -1275,7 +1275,9 @@ fn advice_for_a_remote_gpu_names_its_host_never_a_bare_local_command() {
     );
     let reset = advice(2);
     assert!(
-        reset.contains("then on va: gpuloop run clean-node --gpu 2 --allow-reset (or, on va: gpuloop sim reset --gpu 2)"),
+        reset.contains(&format!(
+            "only a GPU reset frees it: {gpuloop} reset --gpu va:2 (or, on va: gpuloop sim reset --gpu 2)"
+        )),
         "{reset}"
     );
     // The one-shot's summary row quotes it too.
@@ -1297,6 +1299,48 @@ fn advice_for_a_remote_gpu_names_its_host_never_a_bare_local_command() {
         100,
         "nothing was reset on va either"
     );
+    // `reset` over a host set needs each GPU named with its host; then it runs there,
+    // through va's agent (issue 36).
+    let out = c
+        .run(&["--host", "va", "reset", "--gpu", "2", "--dry-run"])
+        .code(2);
+    assert!(
+        out.stderr.contains("name each GPU with its host"),
+        "{}",
+        out.stderr
+    );
+    let dry = c
+        .run(&[
+            "--host",
+            "va",
+            "--json",
+            "reset",
+            "--gpu",
+            "va:2",
+            "--dry-run",
+        ])
+        .ok()
+        .json();
+    assert_eq!(dry[0]["host"], "va", "{dry}");
+    assert_eq!(dry[0]["blockers"], serde_json::json!([]), "{dry}");
+    assert_eq!(
+        c.run(&[
+            "--host",
+            "va",
+            "eval",
+            "reset_gpu(\"va:2\", #{dry_run: true}).ok"
+        ])
+        .ok()
+        .stdout
+        .trim(),
+        "true"
+    );
+    let r = c
+        .run(&["--host", "va", "--json", "reset", "--gpu", "va:2"])
+        .ok()
+        .json();
+    assert_eq!(r[0]["verified"], true, "{r}");
+    assert_eq!(c.sim("va").used_mib(2), 0);
 }
 
 /// Defect 5: the README runs clean-node over `--host 'gpu[01-04]'`, but its tables had no

@@ -10,6 +10,7 @@ mod diagnose;
 mod doc;
 mod driver_faults;
 mod edges;
+mod faults;
 mod golden;
 mod holders;
 mod hostile;

@@ -64,6 +64,8 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         host: "local".into(),
         origin: Default::default(),
         maps: gpus_clone,
+        opens: Vec::new(),
+        caps: false,
     }
 }
 
@@ -102,6 +104,8 @@ fn diagnoses() -> Vec<Diagnosis> {
             verdict: gpuloop::inspect::diagnose::Verdict::Clean,
             advice: "GPU 0 is free".into(),
             host: "local".into(),
+            faults: None,
+            blockers: Vec::new(),
         },
         Diagnosis {
             gpu: Some(1),
@@ -115,6 +119,8 @@ fn diagnoses() -> Vec<Diagnosis> {
             advice: "the job that started these workers is gone: kill them (gpuloop kill --gpu 1)"
                 .into(),
             host: "local".into(),
+            faults: None,
+            blockers: Vec::new(),
         },
     ]
 }

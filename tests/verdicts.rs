@@ -179,8 +179,10 @@ fn one_meaning_of_clean_every_verdict_through_every_front_end() {
             true,
             true,
         ),
+        // A daemon that only has the node open keeps no memory: memory nobody holds is the
+        // driver's, and the daemon is what blocks the reset (issue 36).
         (
-            "daemon",
+            "driver",
             |s| {
                 s.hold(&["--gpu", "1", "--observer", "--name", "nvidia-persistenced"]);
                 s.run(&["sim", "leak", "--gpu", "1", "--mib", "100"]).ok();

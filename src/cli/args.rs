@@ -201,6 +201,31 @@ pub enum Cmd {
         #[command(flatten)]
         wait: WaitFlags,
     },
+    /// Reset GPUs: list every client that blocks it (--dry-run), or stop them, reset, verify
+    /// the GPU came back (its UUID answers, 0 MiB used) and start again the daemons stopped.
+    ///
+    /// Exit 0 when every GPU was reset and verified (with --dry-run: when nothing blocks a
+    /// reset), 1 otherwise. Protected daemons (nvidia-persistenced, DCGM, the fabric manager,
+    /// MPS) and systemd units' main processes are stopped only with --force, a unit through
+    /// systemctl; nvidia_drm with modeset=1 is never unloaded for you. With a host set, name
+    /// each GPU with its host: --gpu HOST:N.
+    Reset {
+        #[command(flatten)]
+        sel: GpuSel,
+        /// List what would block the reset and what stops each; stop and reset nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also stop protected GPU daemons and systemd units' main processes (a unit through
+        /// systemctl; each started again after the reset).
+        #[arg(long)]
+        force: bool,
+        /// Seconds between TERM and KILL for the processes it stops (0: KILL at once).
+        #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
+        grace: f64,
+        /// Seconds the GPU may take to come back after the reset.
+        #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
+        timeout: f64,
+    },
     /// Slurm's Epilog=: stop what the finished job left on its GPUs, verify, or drain the node.
     ///
     /// Reads SLURM_JOB_ID, SLURM_JOB_USER, SLURM_JOB_GPUS (or CUDA_VISIBLE_DEVICES) and
@@ -580,6 +605,10 @@ pub enum SimCmd {
         /// the handles: a defunct thread-group leader (`python <defunct>`) still holding the GPU.
         #[arg(long, conflicts_with_all = ["foreground", "workers", "fork_child", "supervise", "stuck"])]
         defunct_leader: bool,
+        /// Also open the MIG capability node (dev/nvidia-caps/nvidia-cap1), as DCGM or
+        /// `nvidia-smi mig` does: a reset fails while it is open.
+        #[arg(long)]
+        caps: bool,
         #[arg(long, hide = true)]
         as_holder: bool,
     },
@@ -595,7 +624,57 @@ pub enum SimCmd {
         #[arg(long, allow_negative_numbers = true)]
         mib: i64,
     },
-    /// Reset a simulated GPU (fails while processes hold it, as on real GPUs).
+    /// Give a simulated GPU a fault, as the driver would report it: an Xid in the simulator's
+    /// kernel log, volatile ECC errors, a pending row remap, a recovery action, a fall off
+    /// the bus; or load nvidia_drm with modeset.
+    Fault {
+        /// The GPU (index); not needed with only --drm-modeset.
+        #[arg(long, allow_negative_numbers = true)]
+        gpu: Option<i64>,
+        /// Log this Xid for the GPU (e.g. 31, 48, 79), as the driver writes it into the
+        /// kernel log.
+        #[arg(long, value_name = "CODE")]
+        xid: Option<i64>,
+        /// The pid the Xid names.
+        #[arg(long, requires = "xid")]
+        pid: Option<i64>,
+        /// The process name the Xid names.
+        #[arg(long, requires = "xid")]
+        name: Option<String>,
+        /// The Xid's message after its code (the driver's usual one by default).
+        #[arg(long, requires = "xid")]
+        text: Option<String>,
+        /// Add this many corrected (single-bit) volatile ECC errors.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        ecc_corrected: i64,
+        /// Add this many uncorrected (double-bit) volatile ECC errors.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        ecc_uncorrected: i64,
+        /// A row waits to be remapped at the next reset.
+        #[arg(long)]
+        remap_pending: bool,
+        /// A row remap failed.
+        #[arg(long)]
+        remap_failure: bool,
+        /// The recovery action the driver asks for: none, gpu-reset, node-reboot, drain-p2p,
+        /// drain-and-reset, recover-imex-domain.
+        #[arg(long, value_name = "ACTION")]
+        recovery: Option<String>,
+        /// The GPU falls off the bus: every read fails ("GPU is lost"), Xid 79 is logged, and
+        /// a reset cannot reach it.
+        #[arg(long)]
+        off_bus: bool,
+        /// Make the GPU healthy again first (what a reboot does to it).
+        #[arg(long)]
+        clear: bool,
+        /// Load (on) or unload (off) the simulated nvidia_drm with modeset=1.
+        #[arg(long, value_name = "on|off")]
+        drm_modeset: Option<String>,
+    },
+    /// Reset a simulated GPU, with the driver's semantics: refused while a process holds it
+    /// or has its node (or a MIG capability) open, while nvidia_drm has modeset, or when it
+    /// fell off the bus; afterwards its memory nobody held is free, its volatile ECC counts
+    /// are 0 and a pending remap is applied.
     Reset {
         /// The GPU (index).
         #[arg(long, allow_negative_numbers = true)]

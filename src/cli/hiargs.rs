@@ -10,6 +10,7 @@ use super::args::{Cmd, GpuSel, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
 use super::commands::script::Script;
 use super::Config;
 use crate::error::Error;
+use crate::gpu::faults::RecoveryAction;
 use crate::gpu::sim::hold::HoldOpts;
 use crate::hosts::HostSel;
 use crate::inspect::select::{self, Selector};
@@ -86,6 +87,10 @@ pub(crate) enum Command {
         owner: Filter,
         wait: WaitOpts,
     },
+    Reset {
+        sel: Selection,
+        opts: ResetOpts,
+    },
     /// `epilog` and `prolog`.
     Hook {
         which: Hook,
@@ -108,6 +113,15 @@ pub(crate) enum Command {
     Sim(SimCommand),
 }
 
+/// `reset`'s flags, checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResetOpts {
+    pub dry_run: bool,
+    pub force: bool,
+    pub grace: Duration,
+    pub timeout: Duration,
+}
+
 /// What `gpuloop kill` stops: the selected GPUs' holders, or processes named by pid.
 pub(crate) enum KillTargets {
     Holders { sel: Selection, owner: Filter },
@@ -119,8 +133,18 @@ pub(crate) enum KillTargets {
 pub(crate) enum SimCommand {
     Hold(HoldOpts),
     Release,
-    Leak { gpu: i64, mib: i64 },
-    Reset { gpu: i64 },
+    Leak {
+        gpu: i64,
+        mib: i64,
+    },
+    Fault {
+        gpu: Option<i64>,
+        inject: crate::gpu::sim::faults::Inject,
+        drm_modeset: Option<bool>,
+    },
+    Reset {
+        gpu: i64,
+    },
     Ls,
     Stop,
 }
@@ -213,6 +237,28 @@ impl Command {
                 owner: owner.into(),
                 wait: wait_opts(*timeout, wait)?,
             },
+            Cmd::Reset {
+                sel,
+                dry_run,
+                force,
+                grace: g,
+                timeout,
+            } => {
+                if sel.gpus.is_empty() {
+                    return Err(Error::Usage(
+                        "reset: name the GPUs to reset with --gpu (e.g. --gpu 0; with --host, --gpu HOST:N)".into(),
+                    ));
+                }
+                Command::Reset {
+                    sel: Selection::parse(sel)?,
+                    opts: ResetOpts {
+                        dry_run: *dry_run,
+                        force: *force,
+                        grace: grace(*g)?,
+                        timeout: seconds(*timeout, "--timeout")?,
+                    },
+                }
+            }
             Cmd::Epilog { hook } => Command::Hook {
                 which: Hook::Epilog,
                 opts: hook.try_into()?,
@@ -284,6 +330,90 @@ impl SimCommand {
                     mib: *mib,
                 }
             }
+            SimCmd::Fault {
+                gpu,
+                xid,
+                pid,
+                name,
+                text,
+                ecc_corrected,
+                ecc_uncorrected,
+                remap_pending,
+                remap_failure,
+                recovery,
+                off_bus,
+                clear,
+                drm_modeset,
+            } => {
+                let drm_modeset = match drm_modeset.as_deref() {
+                    None => None,
+                    Some("on") => Some(true),
+                    Some("off") => Some(false),
+                    Some(other) => {
+                        return Err(Error::Usage(format!(
+                            "--drm-modeset {other:?}: use on or off"
+                        )))
+                    }
+                };
+                let recovery = match recovery.as_deref() {
+                    None => None,
+                    Some(a) => Some(RecoveryAction::parse(a).ok_or_else(|| {
+                        Error::Usage(format!(
+                            "--recovery {a:?}: one of {}",
+                            RecoveryAction::NAMES.join(", ")
+                        ))
+                    })?),
+                };
+                if *ecc_corrected < 0 || *ecc_uncorrected < 0 {
+                    return Err(Error::Usage(
+                        "--ecc-corrected and --ecc-uncorrected take a count of errors to add (0 or more)".into(),
+                    ));
+                }
+                if xid.is_some_and(|x| x < 0) || pid.is_some_and(|p| p <= 0) {
+                    return Err(Error::Usage(
+                        "--xid takes a code and --pid a process id, both positive".into(),
+                    ));
+                }
+                let inject = crate::gpu::sim::faults::Inject {
+                    xid: *xid,
+                    pid: *pid,
+                    name: name.clone(),
+                    text: text.clone(),
+                    ecc_corrected: *ecc_corrected,
+                    ecc_uncorrected: *ecc_uncorrected,
+                    remap_pending: *remap_pending,
+                    remap_failure: *remap_failure,
+                    recovery,
+                    off_bus: *off_bus,
+                    clear: *clear,
+                };
+                let some_fault = xid.is_some()
+                    || *ecc_corrected > 0
+                    || *ecc_uncorrected > 0
+                    || *remap_pending
+                    || *remap_failure
+                    || recovery.is_some()
+                    || *off_bus
+                    || *clear;
+                match (gpu, some_fault, drm_modeset) {
+                    (None, true, _) => {
+                        return Err(Error::Usage(
+                            "sim fault: name the GPU with --gpu".into(),
+                        ))
+                    }
+                    (_, false, None) => {
+                        return Err(Error::Usage(
+                            "sim fault: say what fault (--xid, --ecc-corrected, --ecc-uncorrected, --remap-pending, --remap-failure, --recovery, --off-bus, --clear, --drm-modeset)".into(),
+                        ))
+                    }
+                    _ => {}
+                }
+                SimCommand::Fault {
+                    gpu: *gpu,
+                    inject,
+                    drm_modeset,
+                }
+            }
             SimCmd::Reset { gpu } => SimCommand::Reset { gpu: *gpu },
             SimCmd::Ls => SimCommand::Ls,
             SimCmd::Stop => SimCommand::Stop,
@@ -312,6 +442,7 @@ pub(crate) fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             catch_term,
             stuck,
             defunct_leader,
+            caps,
             ..
         } => HoldOpts {
             gpu: *gpu,
@@ -330,6 +461,7 @@ pub(crate) fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             catch_term: *catch_term,
             stuck: *stuck,
             defunct_leader: *defunct_leader,
+            caps: *caps,
         },
         _ => HoldOpts::default(),
     }
@@ -527,6 +659,15 @@ mod tests {
             usage("gpuloop sim leak --gpu 0 --mib 0"),
             "--mib must be positive"
         );
+        assert!(usage("gpuloop reset").starts_with("reset: name the GPUs to reset with --gpu"));
+        assert!(usage("gpuloop reset --gpu 0 --grace -1").starts_with("--grace "));
+        assert_eq!(
+            usage("gpuloop sim fault --xid 31"),
+            "sim fault: name the GPU with --gpu"
+        );
+        assert!(usage("gpuloop sim fault --gpu 0").starts_with("sim fault: say what fault"));
+        assert!(usage("gpuloop sim fault --gpu 0 --recovery reboot").contains("node-reboot"));
+        assert!(usage("gpuloop sim fault --drm-modeset maybe").contains("use on or off"));
         assert_eq!(
             usage("gpuloop sim hold --gpu 0 --workers 5000"),
             "--workers must be between 0 and 4096, got 5000"

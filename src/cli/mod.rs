@@ -227,6 +227,7 @@ impl CmdKind {
             | CmdKind::Man
             | CmdKind::Agent
             | CmdKind::Sim
+            | CmdKind::Reset
             | CmdKind::Guard => (false, Driver::Later),
         };
         Needs { one_shot, driver }

@@ -198,4 +198,13 @@ impl Backend for Deadline {
     fn missing_driver(&self) -> Option<&str> {
         self.inner.missing_driver()
     }
+
+    fn faults(&self, indices: &[i64]) -> Result<Vec<super::DeviceFaults>, GpuError> {
+        let indices = indices.to_vec();
+        self.call("faults", move |b| b.faults(&indices))
+    }
+
+    fn drm_modeset(&self) -> Option<bool> {
+        self.inner.drm_modeset()
+    }
 }

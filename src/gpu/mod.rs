@@ -1,8 +1,12 @@
 //! GPU backends: one small trait, with the NVML driver, the simulator, and "no driver" behind it.
 
 pub mod deadline;
+pub mod faults;
+pub(crate) mod kmsg;
 pub(crate) mod nvml;
 pub mod sim;
+
+pub use faults::{DeviceFaults, Faults};
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -31,9 +35,16 @@ pub struct Gpu {
     /// unknown (0), and nothing may count it as clean.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What the GPU reports about its faults, and its Xid events from the kernel log; read
+    /// for gpu(), `gpus` and diagnose, never while polling (`()` where not read).
+    #[serde(default)]
+    pub faults: Option<Faults>,
     /// The driver's process list for this GPU (pids as the driver names them).
     #[serde(skip)]
     pub driver_procs: Vec<DriverProc>,
+    /// The driver said the GPU is lost (fallen off the bus), rather than failing a read.
+    #[serde(skip)]
+    pub lost: bool,
 }
 
 /// A process the driver attributes memory to on one GPU.
@@ -75,7 +86,9 @@ impl Gpu {
             procs: driver_procs.len() as i64,
             host: "local".into(),
             error: None,
+            faults: None,
             driver_procs,
+            lost: false,
         }
     }
 
@@ -125,6 +138,9 @@ pub enum GpuError {
     BadSelector(String),
     #[error("NVML: {0}")]
     Nvml(String),
+    /// The driver says the GPU is lost: it fell off the bus.
+    #[error("NVML: {0}")]
+    Lost(String),
     #[error("bad --sim spec {spec:?}: {why}")]
     BadSimSpec { spec: String, why: String },
     #[error("simulator state in {dir}: {why}")]
@@ -171,8 +187,11 @@ pub struct DeviceNodes {
 pub(crate) enum Node {
     /// `/dev/nvidiaN`: one GPU, by minor number.
     Gpu(u32),
-    /// `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-caps/…`: every GPU and none.
+    /// `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-nvswitchN`: every GPU and none.
     Shared,
+    /// `/dev/nvidia-caps/…`: MIG capabilities, shared too; a process holding one blocks a
+    /// GPU reset and a MIG change.
+    Caps,
 }
 
 impl DeviceNodes {
@@ -191,6 +210,9 @@ impl DeviceNodes {
         let rest = path.strip_prefix(self.prefix.as_slice())?;
         if !rest.is_empty() && rest.iter().all(u8::is_ascii_digit) {
             return std::str::from_utf8(rest).ok()?.parse().ok().map(Node::Gpu);
+        }
+        if rest.starts_with(b"-caps/") {
+            return Some(Node::Caps);
         }
         // "(deleted)" suffixes and the like still name a node file.
         Some(Node::Shared)
@@ -233,6 +255,27 @@ pub trait Backend: Send + Sync {
     fn missing_driver(&self) -> Option<&str> {
         None
     }
+    /// What each of `indices` reports about its faults (volatile ECC counts, remapped rows,
+    /// retired pages, the recovery action), with its bus id. Read only when asked (gpu(),
+    /// diagnose), never on the polling path; a fact a GPU does not report is `None`.
+    fn faults(&self, _indices: &[i64]) -> Result<Vec<DeviceFaults>, GpuError> {
+        Ok(Vec::new())
+    }
+    /// Whether `nvidia_drm` is loaded with `modeset=1` (it then holds the GPUs, and a reset
+    /// fails); `None` when the module is not loaded.
+    fn drm_modeset(&self) -> Option<bool> {
+        drm_modeset_in(std::path::Path::new(
+            "/sys/module/nvidia_drm/parameters/modeset",
+        ))
+    }
+}
+
+/// `nvidia_drm`'s `modeset` parameter as the file `path` holds it (`Y` or `N`); `None` when
+/// there is no such file (the module is not loaded).
+pub(crate) fn drm_modeset_in(path: &std::path::Path) -> Option<bool> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|v| matches!(v.trim(), "Y" | "y" | "1"))
 }
 
 /// The backend used when the NVIDIA driver library cannot be loaded or initialised: it knows
@@ -303,8 +346,9 @@ mod tests {
         assert_eq!(n.classify(b"/dev/nvidia-uvm"), Some(Node::Shared));
         assert_eq!(
             n.classify(b"/dev/nvidia-caps/nvidia-cap1"),
-            Some(Node::Shared)
+            Some(Node::Caps)
         );
+        assert_eq!(n.classify(b"/dev/nvidia-nvswitch0"), Some(Node::Shared));
         assert_eq!(n.classify(b"/dev/null"), None);
         assert_eq!(n.classify(b"/dev/nvidi"), None);
     }

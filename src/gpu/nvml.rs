@@ -1,7 +1,8 @@
 //! The NVML backend: the NVIDIA driver's own view, loaded from `libnvidia-ml.so.1` at run time.
 
 use super::deadline::{self, Late, Pending};
-use super::{Backend, DeviceNodes, DriverProc, Gpu, GpuError};
+use super::faults::{Ecc, Faults, RecoveryAction, RemappedRows, RetiredPages};
+use super::{Backend, DeviceFaults, DeviceNodes, DriverProc, Gpu, GpuError};
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
@@ -270,7 +271,10 @@ impl NvmlBackend {
         let nvml = self.nvml;
         let one = move |i: u32| -> Result<(Gpu, Timings), GpuError> {
             // A fault names its GPU: "GPU 1: device fell off the bus …".
-            let on = |e: NvmlError| GpuError::Nvml(format!("GPU {i}: {e}"));
+            let on = |e: NvmlError| match e {
+                NvmlError::GpuLost => GpuError::Lost(format!("GPU {i}: {e}")),
+                e => GpuError::Nvml(format!("GPU {i}: {e}")),
+            };
             let mut t = Timings::default();
             let d = t
                 .time(Query::Devices, || nvml.device_by_index(i))
@@ -294,11 +298,15 @@ impl NvmlBackend {
                 }
                 Err(e) => {
                     tracing::warn!("{e}");
+                    let lost = matches!(e, GpuError::Lost(_));
                     let why = match e {
-                        GpuError::Nvml(why) => why,
+                        GpuError::Nvml(why) | GpuError::Lost(why) => why,
                         e => e.to_string(),
                     };
-                    out.push(Gpu::failed(i as i64, self.minor_of(i as u32), why));
+                    let mut g = Gpu::failed(i as i64, self.minor_of(i as u32), why);
+                    g.lost = lost;
+                    g.bus_id = self.bus_of(i as u32).unwrap_or_default();
+                    out.push(g);
                 }
             }
         }
@@ -367,6 +375,28 @@ impl NvmlBackend {
             .device_by_index(i)
             .and_then(|d| d.minor_number())
             .map_or(i64::from(i), i64::from)
+    }
+
+    /// The bus id of a GPU that failed to read, where the driver still says it (not for one
+    /// whose read is stuck): the kernel log's events about it are matched by it.
+    fn bus_of(&self, i: u32) -> Option<String> {
+        if self.is_stuck(i) {
+            return None;
+        }
+        self.nvml
+            .device_by_index(i)
+            .and_then(|d| d.pci_info())
+            .ok()
+            .map(|p| p.bus_id)
+    }
+
+    /// A read of GPU `i` given up earlier is still stuck in the driver.
+    fn is_stuck(&self, i: u32) -> bool {
+        self.late
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&i)
+            .is_some_and(|done| !done.load(Ordering::SeqCst))
     }
 
     /// How many processes the driver lists on a device: the count queries only, unless a
@@ -490,13 +520,7 @@ impl Backend for NvmlBackend {
                         index: i,
                         count: self.nvml.device_count().unwrap_or(0) as usize,
                     })?;
-                let stuck = self
-                    .late
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&(i as u32))
-                    .is_some_and(|done| !done.load(Ordering::SeqCst));
-                if stuck {
+                if self.is_stuck(i as u32) {
                     return Err(still_stuck(i as u32));
                 }
                 let mem = d
@@ -513,6 +537,33 @@ impl Backend for NvmlBackend {
 
     fn foreign_pid_namespace(&self) -> bool {
         self.foreign_ns
+    }
+
+    /// Each GPU's fault facts (about ten NVML calls), the GPUs side by side, one thread
+    /// each; a GPU whose read is stuck in the driver is left out.
+    fn faults(&self, indices: &[i64]) -> Result<Vec<DeviceFaults>, GpuError> {
+        let nvml = self.nvml;
+        let one = move |i: u32| -> Option<DeviceFaults> {
+            let d = nvml.device_by_index(i).ok()?;
+            Some(DeviceFaults {
+                index: i64::from(i),
+                bus_id: d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+                faults: device_faults(nvml, &d),
+            })
+        };
+        let wanted: Vec<u32> = indices
+            .iter()
+            .filter_map(|&i| u32::try_from(i).ok())
+            .filter(|&i| !self.is_stuck(i))
+            .collect();
+        Ok(std::thread::scope(|sc| {
+            let reads: Vec<_> = wanted.iter().map(|&i| sc.spawn(move || one(i))).collect();
+            // A read whose thread panicked is unknown, like one the driver refused.
+            reads
+                .into_iter()
+                .filter_map(|r| r.join().ok().flatten())
+                .collect()
+        }))
     }
 
     fn reset(&self, index: i64, run: &super::RunHelper) -> Result<(), GpuError> {
@@ -536,4 +587,76 @@ impl Backend for NvmlBackend {
             })
         }
     }
+}
+
+/// NVML's field of the recovery action the driver asks for
+/// (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, driver 550 and newer).
+const FI_DEV_GET_GPU_RECOVERY_ACTION: u32 = 230;
+
+/// What one GPU reports about its faults. A query the GPU or the driver does not support
+/// (NotSupported: retired pages on a GPU that remaps rows, a field an older driver lacks)
+/// leaves that fact `None`: not applicable, never an error.
+fn device_faults(nvml: &Nvml, d: &nvml_wrapper::Device) -> Faults {
+    use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, RetirementCause};
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let ecc = d
+        .is_ecc_enabled()
+        .ok()
+        .filter(|m| m.currently_enabled)
+        .and_then(|_| {
+            let count = |t| {
+                d.total_ecc_errors(t, EccCounter::Volatile)
+                    .ok()
+                    .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+            };
+            Some(Ecc {
+                corrected: count(MemoryError::Corrected)?,
+                uncorrected: count(MemoryError::Uncorrected)?,
+            })
+        });
+    let pages = |c| d.retired_pages(c).ok().map(|p| p.len() as i64);
+    let retired_pages = (|| {
+        Some(RetiredPages {
+            single_bit: pages(RetirementCause::MultipleSingleBitEccErrors)?,
+            double_bit: pages(RetirementCause::DoubleBitEccError)?,
+            pending: d.are_pages_pending_retired().ok()?,
+        })
+    })();
+    let recovery_action = d
+        .field_values_for(&[FieldId(FI_DEV_GET_GPU_RECOVERY_ACTION)])
+        .ok()
+        .and_then(|v| v.into_iter().next())
+        .and_then(Result::ok)
+        .and_then(|s| s.value.ok())
+        .and_then(|v| match v {
+            SampleValue::U32(n) => Some(u64::from(n)),
+            SampleValue::U64(n) => Some(n),
+            SampleValue::I64(n) => u64::try_from(n).ok(),
+            SampleValue::F64(_) => None,
+        })
+        .map(RecoveryAction::from_code);
+    Faults {
+        ecc,
+        remapped_rows: remapped_rows(nvml, d),
+        retired_pages,
+        recovery_action,
+        ..Faults::default()
+    }
+}
+
+/// `nvmlDeviceGetRemappedRows`, which nvml-wrapper does not wrap.
+fn remapped_rows(nvml: &Nvml, d: &nvml_wrapper::Device) -> Option<RemappedRows> {
+    let f = nvml.lib().nvmlDeviceGetRemappedRows.as_ref().ok()?;
+    let (mut corr, mut unc, mut pending, mut failure) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: NVML's own symbol, called with a live device handle of this library and four
+    // out-parameters that live across the call.
+    let rc = unsafe { f(d.handle(), &mut corr, &mut unc, &mut pending, &mut failure) };
+    nvml_wrapper::error::nvml_try(rc).ok()?;
+    Some(RemappedRows {
+        correctable: i64::from(corr),
+        uncorrectable: i64::from(unc),
+        pending: pending != 0,
+        failure: failure != 0,
+    })
 }

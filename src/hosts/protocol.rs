@@ -14,6 +14,9 @@
 //! sent a uid resolved on the client, which names another user where uids differ); a filter
 //! with a field it does not know is refused, never read as "no filter". And `reached_as`,
 //! which the client sends first: how it names the host, for the commands in advice.
+//! Protocol 6: GPU records carry `faults`, diagnoses `faults` and `blockers` and four more
+//! verdicts (`reset-needed`, `reboot-needed`, `remap-pending`, `fell-off-bus`), which a
+//! protocol-5 client cannot read; and `reset`.
 
 use crate::inspect::wait::WaitOpts;
 pub use crate::inspect::Filter;
@@ -27,7 +30,8 @@ use strum::VariantNames;
 /// Bumped on any change a peer of the other version could misread. 5: a `grace_ms` of 0 is
 /// TERM then KILL at once (4 read it as "never KILL"), and `u64::MAX` is never KILL. 6: a
 /// filter's `pod` and `container`, `wait_clean`'s `filter` (5 would wait for whole GPUs),
-/// the kill options' `pod` and `container`; holders carry their container and pod.
+/// the kill options' `pod` and `container`; holders carry their container and pod; the GPUs'
+/// faults, the verdicts they give, and `reset`.
 pub(crate) const PROTOCOL: u32 = 6;
 /// The longest request line the agent reads; longer ones get a `too_large` error.
 pub(crate) const MAX_REQUEST: usize = 1024 * 1024;
@@ -164,6 +168,15 @@ pub enum Call {
         host: String,
         gpuloop: String,
     },
+    /// `gpuloop reset` of these GPUs there: what blocks it (`dry_run`), or stop, reset,
+    /// verify, restart.
+    Reset {
+        gpus: Vec<i64>,
+        dry_run: bool,
+        force: bool,
+        grace_ms: u64,
+        timeout_ms: u64,
+    },
 }
 
 /// How the agent and the client handle a call.
@@ -196,6 +209,9 @@ impl Call {
             }
             Call::WaitClean { .. } | Call::Run(_) => (true, true, false),
             Call::Spawn(_) => (false, true, false),
+            // A reset runs to its end: a GPU left half reset, or a daemon left stopped, is
+            // worse than a late answer.
+            Call::Reset { .. } => (false, false, false),
             Call::JobWait { .. } => (true, false, false),
             Call::Gpus
             | Call::Holders { .. }
@@ -905,6 +921,13 @@ mod tests {
             Call::ReachedAs {
                 host: "gpu02".into(),
                 gpuloop: "gpuloop --host gpu02".into(),
+            },
+            Call::Reset {
+                gpus: vec![0],
+                dry_run: true,
+                force: false,
+                grace_ms: 5000,
+                timeout_ms: 30_000,
             },
         ];
         // Every call is here, and its name on the wire (serde's) is strum's.

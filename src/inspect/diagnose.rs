@@ -2,7 +2,9 @@
 
 use super::holders::{Holder, Inventory, OnGpu, FOOTPRINT_MAX_MIB};
 use super::kinds::Evidence;
+use super::reset::{self as readiness, Blocker, Readiness};
 use super::Selection;
+use crate::gpu::faults::{self, Faults, Needs, Xid};
 use crate::process::restart::{self, Restarter, Seen};
 use crate::process::tree::Tree;
 use crate::process::ProcInfo;
@@ -24,13 +26,22 @@ pub enum Verdict {
     OtherNamespace,
     Permission,
     Driver,
+    /// Nobody holds it, and the GPU's own faults say a reset is needed (the driver's
+    /// recovery action, or an Xid whose catalog action is a reset).
+    ResetNeeded,
+    /// The GPU's faults say the node must be rebooted.
+    RebootNeeded,
+    /// A row remap waits for the next reset.
+    RemapPending,
+    /// The GPU fell off the bus (Xid 79, or the driver's "GPU is lost").
+    FellOffBus,
     DriverError,
     NoDriver,
 }
 
 impl Verdict {
     /// Every verdict; `gpuloop doc`, `:help diagnose` and the README name each.
-    pub const ALL: [Verdict; 14] = [
+    pub const ALL: [Verdict; 18] = [
         Verdict::Clean,
         Verdict::Held,
         Verdict::Stuck,
@@ -43,6 +54,10 @@ impl Verdict {
         Verdict::OtherNamespace,
         Verdict::Permission,
         Verdict::Driver,
+        Verdict::ResetNeeded,
+        Verdict::RebootNeeded,
+        Verdict::RemapPending,
+        Verdict::FellOffBus,
         Verdict::DriverError,
         Verdict::NoDriver,
     ];
@@ -62,6 +77,10 @@ impl Verdict {
             Verdict::OtherNamespace => "other-namespace",
             Verdict::Permission => "permission",
             Verdict::Driver => "driver",
+            Verdict::ResetNeeded => "reset-needed",
+            Verdict::RebootNeeded => "reboot-needed",
+            Verdict::RemapPending => "remap-pending",
+            Verdict::FellOffBus => "fell-off-bus",
             Verdict::DriverError => "driver-error",
             Verdict::NoDriver => "no-driver",
         }
@@ -74,7 +93,22 @@ impl Verdict {
 
     /// False when the driver could not tell the GPU's memory: nothing is verified there.
     pub(crate) fn memory_known(self) -> bool {
-        !matches!(self, Verdict::DriverError | Verdict::NoDriver)
+        !matches!(
+            self,
+            Verdict::DriverError | Verdict::NoDriver | Verdict::FellOffBus
+        )
+    }
+
+    /// The GPU's own faults ask for a reset or a reboot before it is fit for work: never
+    /// clean, whatever its memory reads.
+    pub(crate) fn needs_action(self) -> bool {
+        matches!(
+            self,
+            Verdict::ResetNeeded
+                | Verdict::RebootNeeded
+                | Verdict::RemapPending
+                | Verdict::FellOffBus
+        )
     }
 }
 
@@ -98,6 +132,10 @@ pub const VERDICTS: &[&str] = &[
     "other-namespace",
     "permission",
     "driver",
+    "reset-needed",
+    "reboot-needed",
+    "remap-pending",
+    "fell-off-bus",
     "driver-error",
     "no-driver",
 ];
@@ -119,6 +157,13 @@ pub struct Diagnosis {
     pub verdict: Verdict,
     pub advice: String,
     pub host: String,
+    /// The GPU's faults, as gpu() has them (`()` where not read).
+    #[serde(default)]
+    pub faults: Option<Faults>,
+    /// Where the advice is a reset: every client that would block it (`gpuloop reset
+    /// --dry-run`'s list), with what stops each.
+    #[serde(default)]
+    pub blockers: Vec<Blocker>,
 }
 
 impl Diagnosis {
@@ -134,14 +179,17 @@ impl Diagnosis {
 
     /// The facts of this diagnosis that decide whether the GPU is clean.
     pub fn usage(&self) -> Usage {
-        Usage::new(
-            self.mem_used_mib,
-            self.verdict.memory_known(),
-            &self.holders,
-            &self.daemons,
-            self.footprint.len(),
-            self.ghost_pids.len(),
-        )
+        Usage {
+            fault: self.verdict.needs_action(),
+            ..Usage::new(
+                self.mem_used_mib,
+                self.verdict.memory_known(),
+                &self.holders,
+                &self.daemons,
+                self.footprint.len(),
+                self.ghost_pids.len(),
+            )
+        }
     }
 }
 
@@ -171,6 +219,9 @@ pub struct Usage {
     /// MiB protected daemons keep here: what the driver lists for them, and a context's
     /// footprint for each that maps the GPU (the MPS control daemon maps it, unlisted).
     pub daemon_mib: i64,
+    /// The GPU's own faults ask for a reset or a reboot (a diagnosis's verdict says so;
+    /// wait_clean's polls read memory and holders only, never faults).
+    pub fault: bool,
 }
 
 impl Usage {
@@ -196,6 +247,7 @@ impl Usage {
             footprint,
             ghosts,
             daemon_mib,
+            fault: false,
         }
     }
 
@@ -203,9 +255,10 @@ impl Usage {
     /// what is used is at most `max_used_mib`, or, unless `strict`, no more than what
     /// protected daemons keep there (an MPS server's context is meant to be there) plus the
     /// CUDA footprint of jobs on other GPUs. Memory the driver lists for someone else (a
-    /// ghost) is never explained away.
+    /// ghost) is never explained away, and a GPU whose faults ask for a reset or a reboot
+    /// is not fit for work whatever its memory reads.
     pub(crate) fn is_clean(&self, demand: &Demand) -> bool {
-        if !self.memory_known || self.holders > 0 {
+        if !self.memory_known || self.holders > 0 || self.fault {
             return false;
         }
         if self.used_mib <= demand.max_used_mib {
@@ -247,7 +300,6 @@ impl FootprintOf {
 }
 
 /// What diagnose() needs besides the inventory.
-#[derive(Debug)]
 pub struct Context<'a> {
     /// gpuloop runs in a child PID namespace the driver does not report in.
     pub foreign_ns: bool,
@@ -259,6 +311,9 @@ pub struct Context<'a> {
     pub reach: &'a Reach,
     /// The simulator: its GPUs are reset by `gpuloop sim reset`, not by nvidia-smi.
     pub sim: bool,
+    /// What blocks a reset here besides the holders (looked at only for a GPU whose advice
+    /// is a reset).
+    pub readiness: &'a dyn Fn() -> Readiness,
 }
 
 /// How the person reading advice reaches this machine. Advice is built where the GPUs are,
@@ -313,6 +368,8 @@ pub fn no_driver(sel: &Selection, why: &str) -> Vec<Diagnosis> {
             "no NVIDIA driver: {why}; GPU memory cannot be read, so nothing can be verified clean"
         ),
         host: "local".into(),
+        faults: None,
+        blockers: Vec::new(),
     };
     match sel {
         Some(s) => s.iter().map(|&g| entry(Some(g))).collect(),
@@ -320,7 +377,7 @@ pub fn no_driver(sel: &Selection, why: &str) -> Vec<Diagnosis> {
     }
 }
 
-/// Diagnoses every selected GPU from one inventory.
+/// Diagnoses every selected GPU from one inventory (its GPUs' `faults` read, where known).
 pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosis> {
     // Orphan checks need the group and session leaders of the holders only.
     let leaders: Vec<ProcInfo> = inv
@@ -330,13 +387,22 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
         .filter_map(|p| crate::process::read_stat(p as i32).ok())
         .collect();
     let tree = Tree::new(leaders);
+    let readiness = std::cell::OnceCell::new();
+    let blockers_of = |gpu: i64| {
+        readiness
+            .get_or_init(|| (ctx.readiness)())
+            .blockers(inv, gpu)
+    };
     inv.gpus
         .iter()
         .filter(|g| super::selected(sel, g.index))
         .map(|g| {
             let on = inv.on_gpu(g);
+            let faults = g.faults.as_ref();
             if let Some(e) = &g.error {
-                return driver_error(g, e, on.holders, ctx.reach);
+                let mut d = driver_error(g, e, on.holders, ctx.reach);
+                d.faults = g.faults.clone();
+                return d;
             }
             let OnGpu {
                 holders,
@@ -346,6 +412,18 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 stale,
                 ..
             } = on;
+            // Where nobody holds it and memory is used, or a fault asks for something, the
+            // advice may be a reset: name what would block it.
+            let asks = faults.is_some_and(|f| {
+                f.remap_pending()
+                    || f.recovery_action
+                        .is_some_and(|a| a.needs() > Needs::Nothing)
+            });
+            let blockers = if holders.is_empty() && (g.mem_used_mib > 0 || asks) {
+                blockers_of(g.index)
+            } else {
+                Vec::new()
+            };
             let facts = Facts {
                 gpu: g.index,
                 used_mib: g.mem_used_mib,
@@ -358,7 +436,8 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 driver_lists_any: !g.driver_procs.is_empty(),
                 foreign_ns: ctx.foreign_ns,
                 unreadable: inv.unreadable,
-                clients: &inv.holders,
+                blockers: &blockers,
+                faults,
                 reach: ctx.reach,
                 sim: ctx.sim,
                 seen: holders.iter().find_map(|h| {
@@ -378,6 +457,22 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
             if !stale.is_empty() {
                 advice.push_str(&format!("; {}", stale_note(g.index, &stale)));
             }
+            // The last Xid, where it says more: it names one of the holders, or nothing
+            // else explains the memory.
+            if let Some(note) = faults.and_then(|f| xid_note(f, &holders, verdict)) {
+                advice.push_str(&format!("; {note}"));
+            }
+            // What the GPU asks for still stands once its holders are stopped.
+            if let Some(note) = faults
+                .filter(|_| !holders.is_empty())
+                .and_then(|f| still_needs(f, &reset_cmd(g.index, ctx.reach, false), ctx.reach))
+            {
+                advice.push_str(&format!("; {note}"));
+            }
+            let shown = matches!(
+                verdict,
+                Verdict::Driver | Verdict::ResetNeeded | Verdict::RemapPending
+            );
             Diagnosis {
                 gpu: Some(g.index),
                 mem_used: g.mem_used,
@@ -389,19 +484,120 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
                 verdict,
                 advice,
                 host: g.host.clone(),
+                faults: g.faults.clone(),
+                blockers: if shown { blockers } else { Vec::new() },
             }
         })
         .collect()
 }
 
+/// What the GPU's own faults ask for beyond stopping its holders: "then reset it".
+fn still_needs(f: &Faults, reset: &str, reach: &Reach) -> Option<String> {
+    let action = f.recovery_action.filter(|a| a.needs() > Needs::Nothing);
+    Some(match action.map(|a| (a, a.needs())) {
+        Some((a, Needs::Reboot)) => format!(
+            "the driver also asks for a node reboot (recovery action {}): once they are stopped, reboot ({})",
+            a.as_str(),
+            reach.there("reboot")
+        ),
+        Some((a, _)) => format!(
+            "the driver also asks for a GPU reset (recovery action {}): once they are stopped, {reset}",
+            a.as_str()
+        ),
+        None if f.remap_pending() => {
+            format!("a row remap is pending: once they are stopped, {reset} applies it")
+        }
+        None => return None,
+    })
+}
+
+/// "2026-12-03T14:05:12Z".
+fn at(x: &Xid) -> String {
+    crate::journal::utc(x.time)
+}
+
+/// "Xid 31 (GPU memory page fault …) at 2026-12-03T14:05:12Z from pid 477 (python3)".
+fn xid_said(x: &Xid) -> String {
+    let from = match (x.pid, &x.name) {
+        (Some(pid), Some(name)) => format!(" from pid {pid} ({name})"),
+        (Some(pid), None) => format!(" from pid {pid}"),
+        (None, _) => String::new(),
+    };
+    format!("{} at {}{from}", x.title(), at(x))
+}
+
+/// The clock ticks a second of /proc's start times (USER_HZ: 100 on every Linux ABI).
+const USER_HZ: u64 = 100;
+
+/// The GPU's last Xid, with the catalog's advice and, where it names one of the GPU's
+/// holders (the same process: it started before the event), that holder beside it. Said for
+/// a holder it names, or where nothing explains the memory (the driver's verdicts); the
+/// verdicts that come from faults say their own.
+fn xid_note(f: &Faults, holders: &[Holder], verdict: Verdict) -> Option<String> {
+    let x = f.latest()?;
+    let named = x.pid.and_then(|pid| {
+        holders
+            .iter()
+            .find(|h| h.pid == pid && (h.start as u64) / USER_HZ <= x.boot_us / 1_000_000)
+    });
+    let plain = matches!(
+        verdict,
+        Verdict::Driver | Verdict::DriverError | Verdict::Stuck
+    );
+    if named.is_none() && !plain {
+        return None;
+    }
+    let advice = faults::catalog(x.code).map_or(String::new(), |e| format!(": {}", e.advice));
+    Some(match named {
+        Some(h) => format!(
+            "the last Xid on this GPU, {}, names holder {} ({}), which still holds it{advice}",
+            xid_said(x),
+            h.pid,
+            h.name
+        ),
+        None => format!("the last Xid on this GPU: {}{advice}", xid_said(x)),
+    })
+}
+
 /// A GPU the driver failed to read: its memory is unknown, so it is never clean. The holders
-/// the /proc scan found on its device node are still listed.
+/// the /proc scan found on its device node are still listed. One the driver calls lost, or
+/// whose Xid 79 the kernel log has, fell off the bus: a reboot brings it back.
 fn driver_error(
     g: &crate::gpu::Gpu,
     error: &str,
     holders: Vec<Holder>,
     reach: &Reach,
 ) -> Diagnosis {
+    let xid79 = g.faults.as_ref().and_then(Faults::off_bus);
+    let (verdict, advice) = if g.lost || xid79.is_some() {
+        let when = xid79.map_or(String::new(), |x| format!(" ({})", xid_said(x)));
+        (
+            Verdict::FellOffBus,
+            format!(
+                "GPU {} fell off the bus{when}: the host cannot reach it, its memory is unknown ({error}); reboot the node ({}); if it recurs, check the GPU's seating, power and cooling",
+                g.index,
+                reach.there("reboot")
+            ),
+        )
+    } else {
+        let last = g
+            .faults
+            .as_ref()
+            .and_then(Faults::latest)
+            .map_or(String::new(), |x| {
+                format!("; the last Xid on it: {}", xid_said(x))
+            });
+        (
+            Verdict::DriverError,
+            format!(
+                "the driver could not read this GPU ({error}): its memory is unknown, so it cannot be verified clean; check {}; a GPU that fell off the bus needs a reset or a reboot{last}",
+                reach.there(&format!(
+                    "dmesg for Xid errors and nvidia-smi -q -i {}",
+                    g.index
+                ))
+            ),
+        )
+    };
     Diagnosis {
         gpu: Some(g.index),
         mem_used: 0,
@@ -410,15 +606,11 @@ fn driver_error(
         daemons: Vec::new(),
         footprint: Vec::new(),
         ghost_pids: Vec::new(),
-        verdict: Verdict::DriverError,
-        advice: format!(
-            "the driver could not read this GPU ({error}): its memory is unknown, so it cannot be verified clean; check {}; a GPU that fell off the bus needs a reset or a reboot",
-            reach.there(&format!(
-                "dmesg for Xid errors and nvidia-smi -q -i {}",
-                g.index
-            ))
-        ),
+        verdict,
+        advice,
         host: g.host.clone(),
+        faults: None,
+        blockers: Vec::new(),
     }
 }
 
@@ -631,17 +823,37 @@ fn stale_note(gpu: i64, stale: &[i64]) -> String {
     }
 }
 
-/// How to reset `gpu`: the recipe (which resets through this machine's own driver, so it
-/// runs there), or the driver's tool directly.
+/// How to reset `gpu`: `gpuloop reset` (which stops what blocks it, resets, verifies and
+/// starts the daemons again), or the driver's tool directly, which runs only on the GPU's own
+/// machine.
 fn reset_advice(gpu: i64, reach: &Reach, sim: bool) -> String {
-    let recipe = reach.there(&format!("gpuloop run clean-node --gpu {gpu} --allow-reset"));
-    let direct = match (&reach.host, sim) {
-        (None, true) => format!("or gpuloop sim reset --gpu {gpu}"),
-        (Some(h), true) => format!("or, on {h}: gpuloop sim reset --gpu {gpu}"),
-        (None, false) => format!("or, as root, nvidia-smi -r -i {gpu}"),
-        (Some(h), false) => format!("or, as root on {h}, nvidia-smi -r -i {gpu}"),
+    format!(
+        "{} ({})",
+        reset_cmd(gpu, reach, false),
+        reset_direct(gpu, reach, sim, "")
+    )
+}
+
+/// `gpuloop reset --gpu N` as the reader runs it (`--force` where a protected daemon is in
+/// its way); with a host set, `reset` takes only GPUs named with their host.
+fn reset_cmd(gpu: i64, reach: &Reach, force: bool) -> String {
+    let named = match &reach.host {
+        Some(h) => format!("{h}:{gpu}"),
+        None => gpu.to_string(),
     };
-    format!("{recipe} ({direct})")
+    let force = if force { " --force" } else { "" };
+    reach.gpuloop(&format!("reset --gpu {named}{force}"))
+}
+
+/// "or, as root, nvidia-smi -r -i N" (`then` says when: " once they are stopped").
+fn reset_direct(gpu: i64, reach: &Reach, sim: bool, then: &str) -> String {
+    match (&reach.host, sim) {
+        (None, true) if then.is_empty() => format!("or gpuloop sim reset --gpu {gpu}"),
+        (None, true) => format!("or{then}: gpuloop sim reset --gpu {gpu}"),
+        (Some(h), true) => format!("or{then}, on {h}: gpuloop sim reset --gpu {gpu}"),
+        (None, false) => format!("or{then}, as root, nvidia-smi -r -i {gpu}"),
+        (Some(h), false) => format!("or{then}, as root on {h}, nvidia-smi -r -i {gpu}"),
+    }
 }
 
 /// Everything the verdict rules look at for one GPU.
@@ -661,8 +873,10 @@ struct Facts<'a> {
     driver_lists_any: bool,
     foreign_ns: bool,
     unreadable: usize,
-    /// Every process with a driver node open (a reset fails while there is one).
-    clients: &'a [Holder],
+    /// What would block a reset of this GPU (the same list as `gpuloop reset --dry-run`).
+    blockers: &'a [Blocker],
+    /// The GPU's own faults, where read.
+    faults: Option<&'a Faults>,
     reach: &'a Reach,
     sim: bool,
     /// A holder (its pid) whose ancestor gpuloop saw restart a holder before.
@@ -677,8 +891,23 @@ fn verdict(
 ) -> (Verdict, String) {
     let (gpu, used_mib, holders, ghosts) = (f.gpu, f.used_mib, f.holders, f.ghosts);
     let gpuloop = |args: String| f.reach.gpuloop(&args);
+    if holders.is_empty() {
+        // The GPU's own word (the driver's recovery action, a pending remap) before what
+        // holds its memory: a daemon's context does not make it fit for work.
+        if let Some(v) = fault_verdict(f, false) {
+            return v;
+        }
+    }
     if holders.is_empty() && used_mib == 0 {
-        return (Verdict::Clean, format!("GPU {gpu} is free"));
+        let failed = f
+            .faults
+            .is_some_and(|x| x.remapped_rows.is_some_and(|r| r.failure));
+        let note = if failed {
+            ", but a row remap failed on it: NVIDIA says to have it serviced"
+        } else {
+            ""
+        };
+        return (Verdict::Clean, format!("GPU {gpu} is free{note}"));
     }
     if !holders.is_empty() {
         if let Some((h, r)) = holders
@@ -775,9 +1004,15 @@ fn verdict(
             pids(f.footprint)
         )
     };
-    if !f.daemons.is_empty() {
-        let who = f
-            .daemons
+    // A daemon that only has the node open (nvidia-persistenced, an exporter) keeps no
+    // memory: it does not explain what is used, it only blocks the reset that frees it.
+    let keeping: Vec<&Holder> = f
+        .daemons
+        .iter()
+        .filter(|d| d.mem > 0 || d.evidence.contains(&Evidence::Map))
+        .collect();
+    if !keeping.is_empty() {
+        let who = keeping
             .iter()
             .map(|d| {
                 let mib = d.mem / crate::gpu::MIB;
@@ -792,7 +1027,7 @@ fn verdict(
             .join(", ");
         // MPS stops through its control daemon; a unit or a forced kill would leave its
         // clients' state behind.
-        let stop = if f.daemons.iter().any(|d| mps_part(d).is_some()) {
+        let stop = if keeping.iter().any(|d| mps_part(d).is_some()) {
             f.reach.there("echo quit | nvidia-cuda-mps-control")
         } else {
             format!(
@@ -866,21 +1101,109 @@ fn verdict(
             ),
         );
     }
-    // A reset is all that frees it, and it fails while any process has the driver open.
-    let reset = reset_advice(gpu, f.reach, f.sim);
-    let reset = if f.clients.is_empty() {
-        format!("only a GPU reset frees it: {reset}")
-    } else {
-        let clients: Vec<&Holder> = f.clients.iter().collect();
-        format!(
-            "only a GPU reset frees it, and a reset fails while driver clients are open: stop {} first, then {reset}",
-            pids(&clients)
-        )
-    };
+    // The last Xid that asks for a reset or a reboot says why nobody holds it.
+    if let Some(v) = fault_verdict(f, true) {
+        return (v.0, format!("{}{also_footprint}", v.1));
+    }
+    // A reset is all that frees it, and it fails while any client has the GPU open.
     (
         Verdict::Driver,
-        format!("{used_mib} MiB used and no process holds it: {reset}{also_footprint}"),
+        format!(
+            "{used_mib} MiB used and no process holds it: {}{also_footprint}",
+            reset_clause(f)
+        ),
     )
+}
+
+/// "only a GPU reset frees it: gpuloop reset --gpu 2 (…)", naming first what would block it.
+fn reset_clause(f: &Facts) -> String {
+    if f.blockers.is_empty() {
+        return format!(
+            "only a GPU reset frees it: {}",
+            reset_advice(f.gpu, f.reach, f.sim)
+        );
+    }
+    let force = f
+        .blockers
+        .iter()
+        .any(|b| b.needs_force() && b.stop != readiness::Stop::Unload);
+    let module = f.blockers.iter().any(|b| b.stop == readiness::Stop::Unload);
+    let first = if module {
+        "unload the module first; then "
+    } else {
+        ""
+    };
+    format!(
+        "only a GPU reset frees it, and a reset fails while these have the GPU: {}; {first}{} stops the others, resets, verifies and starts the daemons again ({})",
+        readiness::describe(f.blockers, |c| f.reach.there(c)),
+        reset_cmd(f.gpu, f.reach, force),
+        reset_direct(f.gpu, f.reach, f.sim, " once they are stopped")
+    )
+}
+
+/// The verdicts the GPU's own faults give where no process holds it: the driver's recovery
+/// action, a pending row remap, and, where `memory_left` (memory used that nothing
+/// explains), the last Xid whose catalog action is a reset or a reboot.
+fn fault_verdict(f: &Facts, memory_left: bool) -> Option<(Verdict, String)> {
+    let faults = f.faults?;
+    let memory = if f.used_mib > 0 {
+        format!("{} MiB used and no process holds it; ", f.used_mib)
+    } else {
+        String::new()
+    };
+    let reboot = |why: String| {
+        (
+            Verdict::RebootNeeded,
+            format!(
+                "{memory}{why}: reboot the node ({})",
+                f.reach.there("reboot")
+            ),
+        )
+    };
+    let action = faults
+        .recovery_action
+        .filter(|a| a.needs() > Needs::Nothing);
+    match action.map(|a| (a, a.needs())) {
+        Some((a, Needs::Reboot)) => {
+            return Some(reboot(format!(
+                "the driver asks for a node reboot (recovery action {})",
+                a.as_str()
+            )))
+        }
+        Some((a, _)) => {
+            return Some((
+                Verdict::ResetNeeded,
+                format!(
+                    "{memory}the driver asks for a GPU reset (recovery action {}): {}",
+                    a.as_str(),
+                    reset_clause(f)
+                ),
+            ))
+        }
+        None => {}
+    }
+    if faults.remap_pending() {
+        return Some((
+            Verdict::RemapPending,
+            format!(
+                "{memory}a row remap is pending: the faulty row stays in use until the GPU is reset; {}",
+                reset_clause(f)
+            ),
+        ));
+    }
+    let (x, needs) = faults.latest_need().filter(|_| memory_left)?;
+    let advice = faults::catalog(x.code).map_or(String::new(), |e| format!(" ({})", e.advice));
+    Some(match needs {
+        Needs::Reboot => reboot(format!("after {}{advice}", xid_said(x))),
+        _ => (
+            Verdict::ResetNeeded,
+            format!(
+                "{memory}after {}, NVIDIA's Xid catalog says to reset the GPU: {}",
+                xid_said(x),
+                reset_clause(f)
+            ),
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -910,6 +1233,8 @@ mod tests {
             host: "local".into(),
             origin: Default::default(),
             maps: vec![0],
+            opens: Vec::new(),
+            caps: false,
         }
     }
 
@@ -933,7 +1258,8 @@ mod tests {
             driver_lists_any: listed,
             foreign_ns,
             unreadable,
-            clients: &[],
+            blockers: &[],
+            faults: None,
             reach: &HERE,
             sim: false,
             seen: None,
@@ -957,6 +1283,7 @@ mod tests {
             footprint,
             ghosts,
             daemon_mib,
+            fault: false,
         };
         assert!(u(0, 0, 0, 0, 0).is_clean(&lax));
         assert!(!u(0, 1, 0, 0, 0).is_clean(&lax), "a compute holder");
@@ -983,6 +1310,13 @@ mod tests {
             ..u(0, 0, 0, 0, 0)
         };
         assert!(!unknown.is_clean(&lax));
+        // A GPU whose faults ask for a reset or a reboot, whatever its memory reads.
+        let faulty = Usage {
+            fault: true,
+            ..u(0, 0, 0, 0, 0)
+        };
+        assert!(!faulty.is_clean(&lax));
+        assert!(!faulty.is_clean(&five));
     }
 
     #[test]
@@ -1071,15 +1405,15 @@ mod tests {
             "{advice}"
         );
         // Memory nobody holds while a client has the driver open: no plain reset advice.
-        let clients = [other.clone()];
+        let clients = [Blocker::of_holder(&other)];
         let f = Facts {
-            clients: &clients,
+            blockers: &clients,
             ..facts(&[], &[], 900, false, false, 0)
         };
         let (v, advice) = verdict(&f, |_: &Holder| false, |_| None);
         assert_eq!(v, Verdict::Driver);
         assert!(
-            advice.contains("fails while driver clients are open: stop 3616 (python3)"),
+            advice.contains("a reset fails while these have the GPU: 3616 (python3, compute): kill 3616; gpuloop reset --gpu 0 stops the others, resets, verifies and starts the daemons again (or once they are stopped, as root, nvidia-smi -r -i 0)"),
             "{advice}"
         );
         // A holder started again by the parent of one that was stopped.
@@ -1101,6 +1435,200 @@ mod tests {
         assert!(
             advice.starts_with("pid 1237 (bash) started 1300"),
             "{advice}"
+        );
+    }
+
+    fn xid(code: i64, pid: Option<i64>, boot_us: u64) -> Xid {
+        let r = crate::gpu::kmsg::Record {
+            boot_us,
+            message: format!(
+                "NVRM: Xid (PCI:0000:18:00): {code}, pid={}, name=python3, x",
+                pid.map_or("'<unknown>'".into(), |p| p.to_string())
+            ),
+        };
+        let clock = crate::gpu::kmsg::Clock {
+            wall: 1_800_000_000.0,
+            boot: 100.0,
+        };
+        crate::gpu::faults::parse_xid(&r, &clock).unwrap().1
+    }
+
+    /// Issue 36: `driver` is split where the GPU's own faults say more, and those verdicts
+    /// are never clean.
+    #[test]
+    fn the_gpus_faults_split_the_driver_verdict() {
+        use crate::gpu::faults::{RecoveryAction, RemappedRows};
+        let v = |f: &Facts| verdict(f, |_: &Holder| false, |_| None);
+        let with = |faults: &Faults, used: i64| -> (Verdict, String) {
+            v(&Facts {
+                faults: Some(faults),
+                ..facts(&[], &[], used, false, false, 0)
+            })
+        };
+        let xids = |x: Vec<Xid>| Faults {
+            xid: x,
+            ..Faults::default()
+        };
+        // Memory nobody holds after an Xid whose catalog action is a reset.
+        let (verdict, advice) = with(&xids(vec![xid(31, Some(5), 1), xid(48, None, 2)]), 900);
+        assert_eq!(verdict, Verdict::ResetNeeded, "{advice}");
+        assert!(
+            advice.contains("after Xid 48 (double-bit ECC error"),
+            "{advice}"
+        );
+        assert!(advice.contains("gpuloop reset --gpu 0"), "{advice}");
+        // Off the bus, or a GSP that stopped answering.
+        let (verdict, advice) = with(&xids(vec![xid(79, None, 3)]), 900);
+        assert_eq!(verdict, Verdict::RebootNeeded, "{advice}");
+        assert!(advice.contains("reboot the node"), "{advice}");
+        assert_eq!(
+            with(&xids(vec![xid(119, None, 3)]), 900).0,
+            Verdict::ResetNeeded
+        );
+        // An application's own fault explains nothing: the driver's verdict stays.
+        assert_eq!(
+            with(&xids(vec![xid(31, Some(5), 1)]), 900).0,
+            Verdict::Driver
+        );
+        // An old Xid on a free GPU is history, not a verdict.
+        assert_eq!(with(&xids(vec![xid(48, None, 1)]), 0).0, Verdict::Clean);
+        // The driver's own word and a pending remap count on a free GPU too.
+        let action = |a| Faults {
+            recovery_action: Some(a),
+            ..Faults::default()
+        };
+        assert_eq!(
+            with(&action(RecoveryAction::GpuReset), 0).0,
+            Verdict::ResetNeeded
+        );
+        assert_eq!(
+            with(&action(RecoveryAction::DrainAndReset), 0).0,
+            Verdict::ResetNeeded
+        );
+        assert_eq!(
+            with(&action(RecoveryAction::NodeReboot), 0).0,
+            Verdict::RebootNeeded
+        );
+        assert_eq!(with(&action(RecoveryAction::None), 0).0, Verdict::Clean);
+        assert_eq!(with(&action(RecoveryAction::DrainP2p), 0).0, Verdict::Clean);
+        let rows = |pending, failure| Faults {
+            remapped_rows: Some(RemappedRows {
+                correctable: 0,
+                uncorrectable: 1,
+                pending,
+                failure,
+            }),
+            ..Faults::default()
+        };
+        let (verdict, advice) = with(&rows(true, false), 0);
+        assert_eq!(verdict, Verdict::RemapPending, "{advice}");
+        assert!(advice.contains("row remap is pending"), "{advice}");
+        let (verdict, advice) = with(&rows(false, true), 0);
+        assert_eq!(verdict, Verdict::Clean);
+        assert!(advice.contains("have it serviced"), "{advice}");
+        // A daemon's context does not make a GPU the driver wants reset fit for work.
+        let mut d = h(9, &["driver", "fd", "map"]);
+        d.role = Role::Daemon;
+        let daemons = [d];
+        let f = action(RecoveryAction::GpuReset);
+        let (verdict, _) = v(&Facts {
+            daemons: &daemons,
+            faults: Some(&f),
+            ..facts(&[], &[], 80, true, false, 0)
+        });
+        assert_eq!(verdict, Verdict::ResetNeeded);
+        // Holders come first: they must be stopped before anything else; the reset the
+        // driver asks for is said after them.
+        let held = [h(5, &["driver", "fd", "map"])];
+        let (verdict, _) = v(&Facts {
+            faults: Some(&f),
+            ..facts(&held, &[], 100, true, false, 0)
+        });
+        assert_eq!(verdict, Verdict::Held);
+        let note = still_needs(&f, "gpuloop reset --gpu 0", &Reach::default()).unwrap();
+        assert!(
+            note.contains("also asks for a GPU reset (recovery action gpu-reset): once they are stopped, gpuloop reset --gpu 0"),
+            "{note}"
+        );
+        assert!(still_needs(&rows(true, false), "R", &Reach::default())
+            .unwrap()
+            .contains("row remap is pending"));
+        assert_eq!(
+            still_needs(&Faults::default(), "R", &Reach::default()),
+            None
+        );
+        for v in [
+            Verdict::ResetNeeded,
+            Verdict::RebootNeeded,
+            Verdict::RemapPending,
+            Verdict::FellOffBus,
+        ] {
+            assert!(v.needs_action() && !Verdict::Driver.needs_action());
+            let d = Diagnosis {
+                gpu: Some(0),
+                mem_used: 0,
+                mem_used_mib: 0,
+                holders: vec![],
+                daemons: vec![],
+                footprint: vec![],
+                ghost_pids: vec![],
+                verdict: v,
+                advice: String::new(),
+                host: "local".into(),
+                faults: None,
+                blockers: vec![],
+            };
+            assert!(!d.is_clean(), "{v} reads clean");
+        }
+    }
+
+    /// The last Xid names a holder (the same process: it started before the event) and is
+    /// said beside it; one naming a process that is gone is said only where nothing else
+    /// explains the memory.
+    #[test]
+    fn a_holder_named_by_the_last_xid_is_shown_beside_it() {
+        let mut holder = h(477, &["driver", "fd", "map"]);
+        holder.start = 100; // 1 s after boot
+        let holders = [holder.clone()];
+        let f = Faults {
+            xid: vec![xid(31, Some(477), 5_000_000)],
+            ..Faults::default()
+        };
+        let note = xid_note(&f, &holders, Verdict::Held).unwrap();
+        assert!(
+            note.contains("Xid 31 (GPU memory page fault")
+                && note.contains("from pid 477 (python3)")
+                && note.contains("names holder 477 (python3), which still holds it"),
+            "{note}"
+        );
+        // A process that started after the event only has the pid.
+        holder.start = 1_000;
+        assert_eq!(xid_note(&f, &[holder], Verdict::Held), None);
+        assert!(xid_note(&f, &[], Verdict::Driver)
+            .unwrap()
+            .starts_with("the last Xid on this GPU: Xid 31"));
+        // A lost GPU, or one whose Xid 79 is in the log, fell off the bus.
+        let mut lost = crate::gpu::Gpu::failed(1, 1, "GPU 1: GPU is lost".into());
+        lost.lost = true;
+        let d = driver_error(&lost, "GPU 1: GPU is lost", vec![], &Reach::default());
+        assert_eq!(d.verdict, Verdict::FellOffBus, "{}", d.advice);
+        assert!(!d.verdict.memory_known());
+        let mut logged = crate::gpu::Gpu::failed(1, 1, "GPU 1: Unknown Error".into());
+        logged.faults = Some(Faults {
+            xid: vec![xid(79, None, 7)],
+            ..Faults::default()
+        });
+        let d = driver_error(&logged, "GPU 1: Unknown Error", vec![], &Reach::default());
+        assert_eq!(d.verdict, Verdict::FellOffBus, "{}", d.advice);
+        assert!(
+            d.advice.contains("Xid 79 (the GPU fell off the bus"),
+            "{}",
+            d.advice
+        );
+        let hung = crate::gpu::Gpu::failed(1, 1, "GPU 1: hung".into());
+        assert_eq!(
+            driver_error(&hung, "GPU 1: hung", vec![], &Reach::default()).verdict,
+            Verdict::DriverError
         );
     }
 
@@ -1135,7 +1663,7 @@ mod tests {
         let child = [h(6, &["fd", "map"])];
         let units = [unit];
         let daemons = [daemon];
-        let clients = [h(7, &["fd"])];
+        let clients = [Blocker::of_holder(&h(7, &["fd"]))];
         let lost = crate::gpu::Gpu::failed(3, 3, "GPU is lost".into());
         for sim in [false, true] {
             let f = |hs, ghosts, unreadable| {
@@ -1159,7 +1687,7 @@ mod tests {
                 ),
                 verdict(
                     &Facts {
-                        clients: &clients,
+                        blockers: &clients,
                         ..f(&[], &[], 0)
                     },
                     |_| false,
@@ -1211,11 +1739,11 @@ mod tests {
         assert!(a.ends_with("(gpuloop kill --gpu 0)"), "{a}");
         assert_eq!(
             reset_advice(2, &Reach::default(), false),
-            "gpuloop run clean-node --gpu 2 --allow-reset (or, as root, nvidia-smi -r -i 2)"
+            "gpuloop reset --gpu 2 (or, as root, nvidia-smi -r -i 2)"
         );
         assert_eq!(
             reset_advice(2, &Reach::default(), true),
-            "gpuloop run clean-node --gpu 2 --allow-reset (or gpuloop sim reset --gpu 2)"
+            "gpuloop reset --gpu 2 (or gpuloop sim reset --gpu 2)"
         );
     }
 }

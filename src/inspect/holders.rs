@@ -46,6 +46,14 @@ pub struct Holder {
     /// a few MiB on each, even those the driver does not list it on.
     #[serde(skip)]
     pub maps: Vec<i64>,
+    /// GPUs whose device node it has open (mapped or not): while it does, that GPU's reset
+    /// fails.
+    #[serde(skip)]
+    pub opens: Vec<i64>,
+    /// It has a MIG capability node (`/dev/nvidia-caps/…`) open: a reset and a MIG change
+    /// fail while it does.
+    #[serde(skip)]
+    pub caps: bool,
 }
 
 impl Holder {
@@ -443,7 +451,7 @@ fn make_holder(
         _ if listed => own.keys().copied().collect(),
         Some(g) if g.iter().any(|i| mapped.contains(i)) => g & &mapped,
         _ if !mapped.is_empty() => mapped.clone(),
-        _ => open,
+        _ => open.clone(),
     };
     let mut evidence = Vec::new();
     if listed {
@@ -477,6 +485,8 @@ fn make_holder(
         state,
         role,
         maps: mapped.iter().copied().collect(),
+        opens: open.union(&mapped).copied().collect(),
+        caps: user.open.caps || user.mapped.caps,
         gpus: gpus.into_iter().collect(),
         mem,
         mem_mib: mem / crate::gpu::MIB,

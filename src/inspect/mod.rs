@@ -3,6 +3,7 @@
 pub mod diagnose;
 pub mod holders;
 pub(crate) mod kinds;
+pub mod reset;
 pub(crate) mod select;
 pub(crate) mod wait;
 

@@ -5,12 +5,14 @@
 
 use super::kill::{merge_kills, unreachable_report, Kill, KillHolders};
 use super::ops::{gpus_used, Diagnose, Gpus, Holders, HoldersReport};
+use super::reset::Reset;
 use super::wait::{combine, why_not_clean, Clean, CleanReport, WaitClean};
 use super::{ActionError, Local, Machine, Op, Received, Remote};
 use crate::gpu::{Gpu, GpuError};
 use crate::hosts::{HostError, HostSel, LOCAL};
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
+use crate::inspect::reset::ResetReport;
 use crate::inspect::select::{self, Selector};
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Bound, Filter, Selection};
@@ -267,25 +269,29 @@ impl<'a> Fleet<'a> {
             .ok_or(GpuError::NoSuchGpu { index, count }.into())
     }
 
-    /// Resets one of this machine's GPUs. With a host set an index does not say whose GPU
-    /// it is (a diagnosis of another host's GPU 2 is not this machine's GPU 2): refused,
-    /// never guessed.
-    pub(crate) fn reset_gpu(&self, index: i64) -> Result<(), ActionError> {
+    /// `reset` of the GPUs `sel` names, each host's on that host. With a host set every GPU
+    /// must be named with its host (`HOST:N`): an index does not say whose GPU it is (a
+    /// diagnosis of another host's GPU 2 is not this machine's GPU 2), and a reset is never
+    /// guessed.
+    pub(crate) fn reset(
+        &self,
+        sel: &HostSel,
+        op: impl Fn(Vec<i64>) -> Reset,
+    ) -> Result<Vec<ResetReport>, ActionError> {
         let names = self.s.host_names();
-        if names != [LOCAL] {
+        if let (false, Some(every)) = (self.s.is_local(), &sel.every) {
+            let gpus: Vec<String> = every.iter().map(i64::to_string).collect();
             return Err(GpuError::Reset {
-                index,
+                index: every.first().copied().unwrap_or_default(),
                 why: format!(
-                    "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {index} is meant: reset it on that host itself (ssh HOST gpuloop run clean-node --gpu {index} --allow-reset)",
-                    set_of(&names)
+                    "reset_gpu() resets this machine's GPUs only, and with a host set ({}) an index does not say which host's GPU {} is meant: name it as HOST:N (gpuloop --host HOST reset --gpu HOST:N)",
+                    set_of(&names),
+                    gpus.join(",")
                 ),
             }
             .into());
         }
-        Ok(self
-            .s
-            .backend()?
-            .reset(index, &crate::process::helpers::output)?)
+        self.gather(self.each(sel, |x| op(x.unwrap_or_default()))?)
     }
 
     /// The GPU indices that selectors (`0`, `0-3`, `GPU-0fb0…`, a bus id) name. The GPU

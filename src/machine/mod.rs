@@ -19,6 +19,7 @@ pub(crate) mod fleet;
 pub(crate) mod jobs;
 pub(crate) mod kill;
 pub(crate) mod ops;
+pub(crate) mod reset;
 pub(crate) mod wait;
 
 pub(crate) use fleet::{Fleet, PerHost};

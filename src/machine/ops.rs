@@ -4,10 +4,11 @@
 use super::kill::{bounded_to, Kill, KillHolders};
 use super::wait::{Clean, WaitClean};
 use super::{ActionError, Ask, Local, Machine, Op, Received};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Backend, Gpu, GpuError};
 use crate::hosts::protocol::{self, Body, Call, ErrorKind};
 use crate::inspect::diagnose::{self, diagnose, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
+use crate::inspect::reset::Readiness;
 use crate::inspect::{check_selection, Filter, Resolved, Selection};
 use crate::journal::{self, Record};
 use crate::process::kill::{KillOpts, Target};
@@ -108,6 +109,22 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
             }
             Err(b) => b,
         },
+        Call::Reset {
+            gpus,
+            dry_run,
+            force,
+            grace_ms,
+            timeout_ms,
+        } => {
+            let op = super::reset::Reset {
+                gpus: gpus.clone(),
+                dry_run: *dry_run,
+                force: *force,
+                grace: crate::process::kill::grace_of_ms(*grace_ms),
+                timeout: std::time::Duration::from_millis(*timeout_ms),
+            };
+            reply(m, &op)
+        }
         Call::Journal {
             last,
             since,
@@ -154,8 +171,31 @@ impl Ask for Gpus {
 impl Op for Gpus {
     fn here(&self, m: &mut Local) -> Result<Vec<Gpu>, ActionError> {
         m.s.warn_no_driver();
-        Ok(m.s.backend()?.gpus()?)
+        let backend = m.s.backend()?;
+        let mut gpus = backend.gpus()?;
+        read_faults(m.s, backend, &mut gpus, &None);
+        Ok(gpus)
     }
+}
+
+/// Gives the selected GPUs their faults: what each reports (ECC, remapped rows, retired
+/// pages, the recovery action) and the kernel log's Xid events for it. Never on a polling
+/// path: gpu(), `gpus` and diagnose only. A failed read leaves the facts unknown (`()`),
+/// and says why under `-v`.
+pub(crate) fn read_faults(s: &Session, backend: &dyn Backend, gpus: &mut [Gpu], sel: &Selection) {
+    let chosen: Vec<&mut Gpu> = gpus
+        .iter_mut()
+        .filter(|g| crate::inspect::selected(sel, g.index))
+        .collect();
+    if chosen.is_empty() {
+        return;
+    }
+    let indices: Vec<i64> = chosen.iter().map(|g| g.index).collect();
+    let read = backend.faults(&indices).unwrap_or_else(|e| {
+        tracing::warn!("the GPUs' fault counts could not be read: {e}");
+        Vec::new()
+    });
+    crate::gpu::faults::attach(chosen, read, s.kernel_log());
 }
 
 /// The holders of a selection (narrowed by a filter: one owner, one Slurm job), and what
@@ -253,21 +293,24 @@ impl Ask for Diagnose {
 impl Op for Diagnose {
     fn here(&self, m: &mut Local) -> Result<Vec<Diagnosis>, ActionError> {
         let s = m.s;
-        let inv = look(s)?;
+        let mut inv = look(s)?;
         let backend = s.backend()?;
         if let Some(why) = backend.missing_driver() {
             return Ok(diagnose::no_driver(&self.sel, why));
         }
         check_selection(&self.sel, &inv.gpus)?;
         let sel = narrowed(&inv, &self.sel, &self.filter.resolve_in(&inv.holders)?);
+        read_faults(s, backend, &mut inv.gpus, &sel);
         let restarters = s.restarters();
         let seen = crate::process::restart::seen_before();
+        let readiness = || Readiness::look(backend, s.protected(), s.container_roots());
         let ctx = diagnose::Context {
             foreign_ns: backend.foreign_pid_namespace(),
             restarters: &restarters,
             seen: &seen,
             reach: s.reach(),
             sim: backend.kind() == "sim",
+            readiness: &readiness,
         };
         Ok(diagnose(&inv, &sel, &ctx))
     }

@@ -191,8 +191,10 @@ impl Op for Clean {
         }
         .here(m)?;
         let settle_ms = wait_opts.settle.as_millis() as i64;
+        // Memory back is not enough where the GPU's own faults ask for a reset or a reboot.
+        let fit = after.iter().all(|d| !d.verdict.needs_action());
         Ok(CleanReport {
-            clean: outcome.is_clean(),
+            clean: outcome.is_clean() && fit,
             released_ms: outcome.is_clean().then(|| (wait_ms - settle_ms).max(0)),
             settle_ms,
             kill,
@@ -351,6 +353,8 @@ pub(crate) fn merge_clean(parts: Vec<(String, CleanReport)>, dry_run: bool) -> C
         dry_run,
     );
     let outcome = combine(parts.iter().map(|(_, c)| c.outcome.clone()));
+    // A host whose memory came back may still have a GPU whose faults ask for a reset.
+    let fit = parts.iter().all(|(_, c)| c.clean || !c.outcome.is_clean());
     let wait_ms = parts.iter().map(|(_, c)| c.wait_ms).max().unwrap_or(0);
     let released_ms = parts
         .iter()
@@ -359,7 +363,7 @@ pub(crate) fn merge_clean(parts: Vec<(String, CleanReport)>, dry_run: bool) -> C
     let settle_ms = parts.iter().map(|(_, c)| c.settle_ms).max().unwrap_or(0);
     CleanReport {
         kill,
-        clean: outcome.is_clean(),
+        clean: outcome.is_clean() && fit,
         released_ms: released_ms.filter(|_| outcome.is_clean()),
         settle_ms,
         outcome,

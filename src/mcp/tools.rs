@@ -589,9 +589,11 @@ pub(crate) fn list() -> Vec<Tool> {
             "diagnose",
             "Why is GPU memory still used",
             "Explain each GPU's memory: a verdict (clean, held, orphaned, inherited, \
-             other-namespace, permission, daemon, driver, driver-error, no-driver, …), its holders, \
-             ghost pids, and one line of advice a person can act on. Use it before and after \
-             a cleanup; quote the advice.",
+             other-namespace, permission, daemon, driver, reset-needed, reboot-needed, \
+             remap-pending, fell-off-bus, driver-error, no-driver, …), its holders, ghost pids, \
+             the GPU's own faults (Xid events with the process they name, ECC counts, remapped \
+             rows, the driver's recovery action), what would block a reset, and one line of \
+             advice a person can act on. Use it before and after a cleanup; quote the advice.",
             true,
         ),
         tool::<WaitArgs, WaitOut>(

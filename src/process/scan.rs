@@ -14,8 +14,10 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 pub struct NodeSet {
     /// Sorted, distinct minors of /dev/nvidiaN nodes.
     pub minors: Vec<u32>,
-    /// nvidiactl, nvidia-uvm and the like.
+    /// nvidiactl, nvidia-uvm and the like (MIG capabilities too).
     pub shared: bool,
+    /// A MIG capability node (`/dev/nvidia-caps/…`).
+    pub caps: bool,
 }
 
 impl NodeSet {
@@ -31,6 +33,10 @@ impl NodeSet {
                 }
             }
             Node::Shared => self.shared = true,
+            Node::Caps => {
+                self.shared = true;
+                self.caps = true;
+            }
         }
     }
 }

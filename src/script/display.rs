@@ -323,6 +323,8 @@ mod tests {
             host: "local".into(),
             origin: Default::default(),
             maps: vec![],
+            opens: Vec::new(),
+            caps: false,
         };
         round_trip(&holder, Kind::Holder);
         let diagnosis = Diagnosis {
@@ -336,6 +338,8 @@ mod tests {
             verdict: Verdict::Orphaned,
             advice: "kill them".into(),
             host: "local".into(),
+            faults: None,
+            blockers: Vec::new(),
         };
         round_trip(&diagnosis, Kind::Diagnosis);
         let target = Stopped {

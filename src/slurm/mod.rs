@@ -501,6 +501,8 @@ mod tests {
             verdict: crate::inspect::diagnose::Verdict::Driver,
             advice: String::new(),
             host: "local".into(),
+            faults: None,
+            blockers: Vec::new(),
         };
         assert_eq!(reason(&d, 812), "gpuloop: GPU 2 75GiB driver job=812");
         let long = truncate("x".repeat(400), 255);

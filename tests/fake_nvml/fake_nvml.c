@@ -2,12 +2,17 @@
  * driver-fault tests. FAKE_NVML picks the fault: hang-init (nvmlInit never returns),
  * hang-mem (memory reads never return), hang-gpu1 (only GPU 1's memory reads never return),
  * lost (GPU 1 has fallen off the bus), garbage (the
- * process list holds impossible pids and FAKE_PID, a live process that uses no GPU).
+ * process list holds impossible pids and FAKE_PID, a live process that uses no GPU), faults
+ * (the fault queries answer as an H200 with driver 580 does: ECC on, retired pages Not
+ * Supported, remapped rows and the recovery action; GPU 1 has 3 corrected and 2 uncorrected
+ * volatile ECC errors, a row remap pending and the recovery action GPU_RESET). Outside
+ * `faults` those queries, and the PCI info, are Not Supported.
  * Symbols it lacks are errors in nvml-wrapper, never calls.
  * FAKE_NVML_DELAY_MS="init=10,attach=6,util=2" adds the driver's own costs as measured on
  * H200s (nvmlInit, the first handle of each GPU, its first utilisation read), so that a local
  * latency bench shows the shape of the critical path; tests never set it. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -93,3 +98,73 @@ int nvmlDeviceGetUtilizationRates(void *d, util_t *u) {
     return 0;
 }
 int nvmlDeviceGetTemperature(void *d, int sensor, unsigned *t) { (void)d; (void)sensor; *t = 30; return 0; }
+
+/* The fault queries (FAKE_NVML=faults). 3 is NVML_ERROR_NOT_SUPPORTED. */
+#define NOT_SUPPORTED 3
+static unsigned gpu_of(void *d) { return (unsigned)(unsigned long)d - 1; }
+typedef struct {
+    char busIdLegacy[16];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} pci_t;
+int nvmlDeviceGetPciInfo_v3(void *d, pci_t *p) {
+    if (!mode("faults")) return NOT_SUPPORTED;
+    memset(p, 0, sizeof *p);
+    p->bus = 0x18 + gpu_of(d);
+    snprintf(p->busId, sizeof p->busId, "00000000:%02X:00.0", p->bus);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "0000:%02X:00.0", p->bus);
+    return 0;
+}
+int nvmlDeviceGetEccMode(void *d, int *current, int *pending) {
+    (void)d;
+    if (!mode("faults")) return NOT_SUPPORTED;
+    *current = *pending = 1;
+    return 0;
+}
+/* errorType 0 corrected, 1 uncorrected; counterType 0 volatile, 1 aggregate. */
+int nvmlDeviceGetTotalEccErrors(void *d, int errorType, int counterType, unsigned long long *n) {
+    if (!mode("faults")) return NOT_SUPPORTED;
+    *n = 0;
+    if (gpu_of(d) == 1 && counterType == 0) *n = errorType == 0 ? 3 : 2;
+    return 0;
+}
+int nvmlDeviceGetRetiredPages(void *d, int cause, unsigned *count, unsigned long long *addresses) {
+    (void)d; (void)cause; (void)count; (void)addresses;
+    return NOT_SUPPORTED;
+}
+int nvmlDeviceGetRetiredPages_v2(void *d, int cause, unsigned *count, unsigned long long *addresses,
+                                 unsigned long long *timestamps) {
+    (void)d; (void)cause; (void)count; (void)addresses; (void)timestamps;
+    return NOT_SUPPORTED;
+}
+int nvmlDeviceGetRetiredPagesPendingStatus(void *d, int *pending) {
+    (void)d; (void)pending;
+    return NOT_SUPPORTED;
+}
+int nvmlDeviceGetRemappedRows(void *d, unsigned *corr, unsigned *unc, unsigned *pending, unsigned *failure) {
+    if (!mode("faults")) return NOT_SUPPORTED;
+    int one = gpu_of(d) == 1;
+    *corr = 0;
+    *unc = one;
+    *pending = one;
+    *failure = 0;
+    return 0;
+}
+typedef struct {
+    unsigned fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType, nvmlReturn;
+    union { double d; unsigned ui; unsigned long ul; unsigned long long ull; long long sll; } value;
+} field_t;
+int nvmlDeviceGetFieldValues(void *d, int count, field_t *values) {
+    for (int i = 0; i < count; i++) {
+        if (!mode("faults") || values[i].fieldId != 230) {
+            values[i].nvmlReturn = NOT_SUPPORTED;
+            continue;
+        }
+        values[i].valueType = 1; /* unsigned int */
+        values[i].nvmlReturn = 0;
+        values[i].value.ui = gpu_of(d) == 1 ? 1 : 0; /* GPU_RESET, NONE */
+    }
+    return 0;
+}

@@ -1,5 +1,7 @@
 """The real-GPU scenario suite: builds each mess with PyTorch (mess.py), asks gpuloop what it
-sees, cleans up with gpuloop, and compares with the one-liner people type today.
+sees, cleans up with gpuloop, and compares with the one-liner people type today. The faults
+scenarios (xid31, faults, reset-dry-run) cause a real, recoverable Xid 31 (xid31.py) and read
+ECC, remapped rows and reset readiness; they never reset a GPU.
 
     python3 tests/gpu/suite.py [--bin target/release/gpuloop] [--only NAME,...] [--out DIR]
 
@@ -640,6 +642,192 @@ def s_daemon():
         subprocess.run([ctl], input="quit\n", text=True, env=env)
         until(lambda: not [h for h in gl_json("holders", "--all") if "mps" in h["name"]], 20)
 
+
+
+# ----------------------------------------------------- issue 36: the GPUs' faults, resets
+# Read-only against the lent GPU: never `gpuloop reset` without --dry-run here, never
+# `clean-node --allow-reset`, never nvidia-smi -r.
+
+def smi_bus_ids():
+    """index -> PCI bus id as nvidia-smi writes it ("00000000:00:06.0")."""
+    rc, out, _, _ = sh(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"])
+    return {int(i): b.strip() for i, b in (l.split(",") for l in out.strip().splitlines())}
+
+
+def dmesg_xids():
+    """The Xid lines of the kernel log, as dmesg prints them (root)."""
+    rc, out, err, _ = sh(["dmesg"])
+    return [l for l in out.splitlines() if "NVRM: Xid (" in l], rc, err.strip()
+
+
+def same_bus(nvml, kernel):
+    """NVML's 00000000:00:06.0 and the kernel's PCI:0000:00:06: the same device."""
+    k = kernel.replace("PCI:", "").split(":")
+    n = nvml.split(":")
+    return int(k[0], 16) == int(n[0], 16) and int(k[1], 16) == int(n[1], 16) and \
+        int(k[2].split(".")[0], 16) == int(n[2].split(".")[0], 16)
+
+
+@scenario("xid31")
+def s_xid31():
+    """A real, recoverable Xid 31 (tests/gpu/xid31.py: a Triton kernel stores far past its
+    buffer; only its own context dies): gpus --json and diagnose report it on the GPU whose
+    bus id the kernel names, with the pid and name the driver gives; xids(t) gives it to a
+    script; gpuloop's events of that bus agree with dmesg's."""
+    t = float(gl("eval", "now()")[1].strip())
+    before, _, _ = dmesg_xids()
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "xid31.py")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(ENV, CUDA_VISIBLE_DEVICES="0"))
+    started.append(p.pid)
+    try:
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        kill_pids([p.pid]); out, err = p.communicate()
+    check("xid31: the faulting kernel fails its own context (exit 3)", p.returncode == 3,
+          rc=p.returncode, out=out.strip()[-300:], err=err.strip()[-300:])
+    until(lambda: any(f"): 31, pid={p.pid}," in l for l in dmesg_xids()[0]), 15)
+    after, drc, derr = dmesg_xids()
+    new = [l for l in after if l not in before]
+    bus = smi_bus_ids()
+    g = gl_json("gpus")
+    mine = [x for x in g[0]["faults"]["xid"] if x["code"] == 31 and x["pid"] == p.pid]
+    check("xid31: gpus --json has the Xid 31 on GPU 0, with the driver's pid and name, matched by bus id",
+          len(mine) == 1 and mine[0]["name"] and same_bus(bus[0], mine[0]["bus_id"])
+          and mine[0]["action"] == "restart-app" and "page fault" in (mine[0]["meaning"] or "")
+          and all(not any(x["pid"] == p.pid for x in gg["faults"]["xid"]) for gg in g[1:]),
+          event=mine, bus=bus, dmesg_new=new[-3:], log_error=g[0]["faults"]["log_error"])
+    d = gl_json("diagnose", "--gpu", "0")[0]
+    check("xid31: diagnose carries it, and the GPU reads clean after (an application's own fault)",
+          d["verdict"] == "clean" and any(x["code"] == 31 and x["pid"] == p.pid for x in d["faults"]["xid"]),
+          verdict=d["verdict"], advice=d["advice"])
+    rc, out, err, _ = gl("--json", "eval", f"xids({t})")
+    got = json.loads(out) if rc == 0 else []
+    check("xid31: xids(t) gives the run's Xid to a script, with its GPU",
+          any(x["code"] == 31 and x["pid"] == p.pid and x["gpu"] == 0 for x in got),
+          rc=rc, got=got[-3:], err=err.strip()[-300:])
+    # Every Xid dmesg has for GPU 0's bus is one gpuloop has (up to its 32 latest).
+    ours = [x for x in g[0]["faults"]["xid"] if x["kind"] == "xid"]
+    kernel = [l for l in after if same_bus(bus[0], l.split("Xid (")[1].split(")")[0])]
+    check("xid31: gpuloop's Xid events of GPU 0 agree with dmesg's",
+          drc == 0 and len(ours) == min(len(kernel), 32)
+          and [x["code"] for x in ours] == [int(l.split("): ")[1].split(",")[0]) for l in kernel][-32:],
+          gpuloop=[(x["code"], x["pid"]) for x in ours][-5:], dmesg=kernel[-5:], dmesg_rc=drc, dmesg_err=derr[-200:])
+
+
+def smi_faults():
+    """Per GPU, from nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT: the volatile ECC counts
+    (every memory location summed, as NVML's total), the remapped rows, and whether retired
+    pages are reported at all."""
+    rc, out, _, _ = sh(["nvidia-smi", "-q", "-d", "ECC,ROW_REMAPPER,PAGE_RETIREMENT"])
+    gpus, cur, section = [], None, None
+    for line in out.splitlines():
+        if line.startswith("GPU 0000") or line.startswith("GPU 0"):
+            cur = dict(corrected=0, uncorrected=0, rows={}, retired="?")
+            gpus.append(cur)
+            continue
+        if cur is None:
+            continue
+        s = line.strip()
+        key, _, val = s.partition(":")
+        key, val = key.strip(), val.strip()
+        if key in ("Volatile", "Aggregate", "Remapped Rows", "Retired Pages", "Pending Page Blacklist"):
+            section = key
+            if key == "Retired Pages" and val:
+                cur["retired"] = val
+            continue
+        if not val:
+            continue
+        if section == "Volatile" and val.isdigit():
+            if "Uncorrectable" in key:
+                cur["uncorrected"] += int(val)
+            elif "Correctable" in key:
+                cur["corrected"] += int(val)
+        elif section == "Remapped Rows":
+            cur["rows"][key] = val
+        elif section == "Retired Pages":
+            cur["retired"] = val if cur["retired"] == "?" else cur["retired"]
+    return gpus, out
+
+
+@scenario("faults")
+def s_faults():
+    """gpu().faults agrees with nvidia-smi -q -d ECC,ROW_REMAPPER: the volatile ECC counts, the
+    remapped rows (correctable, uncorrectable, pending, failure), retired pages N/A on a GPU
+    that remaps rows; the recovery action reads (0, none, on a healthy H200); the kernel log
+    is read (no log_error as root)."""
+    smi, text = smi_faults()
+    g = gl_json("gpus")
+    for i, (a, b) in enumerate(zip(g, smi)):
+        f = a["faults"]
+        rows = b["rows"]
+        yes = lambda k: rows.get(k, "").lower().startswith("yes")
+        num = lambda k: int(rows[k]) if rows.get(k, "").isdigit() else None
+        rr = f["remapped_rows"] or {}
+        check(f"faults: GPU {i} ECC and remapped rows agree with nvidia-smi -q -d ECC,ROW_REMAPPER",
+              f["ecc"] is not None and f["ecc"]["corrected"] == b["corrected"] and f["ecc"]["uncorrected"] == b["uncorrected"]
+              and rr.get("correctable") == num("Correctable Error") and rr.get("uncorrectable") == num("Uncorrectable Error")
+              and rr.get("pending") == yes("Pending") and rr.get("failure") == yes("Remapping Failure Occurred"),
+              gpuloop=f, smi=b)
+        check(f"faults: GPU {i} retired pages are N/A (it remaps rows), the recovery action is read",
+              f["retired_pages"] is None and f["recovery_action"] in ("none", "gpu-reset", "node-reboot", "drain-p2p", "drain-and-reset", "recover-imex-domain", None),
+              retired=f["retired_pages"], smi_retired=b["retired"], recovery=f["recovery_action"])
+        check(f"faults: GPU {i}'s kernel log is read (root reads /dev/kmsg)", f["log_error"] is None,
+              log_error=f["log_error"])
+    rc, out, _, _ = sh("nvidia-smi -q | grep -i -A1 'recovery action'")
+    log("nvidia-smi's recovery action:", out.strip() or "(not shown by this nvidia-smi)")
+    # What it costs: gpus with the faults read, against nvidia-smi's own query of them.
+    gl_t, smi_t = [], []
+    for _ in range(10):
+        t0 = time.monotonic(); gl("--json", "gpus"); gl_t.append(time.monotonic() - t0)
+        t0 = time.monotonic(); sh(["nvidia-smi", "-q", "-d", "ECC,ROW_REMAPPER"]); smi_t.append(time.monotonic() - t0)
+    med = lambda v: sorted(v)[len(v) // 2] * 1000
+    rc, out, err, _ = gl("eval", "let t = now(); for i in 0..50 { gpu(); } (now() - t) / 50.0 * 1000.0")
+    check("faults: latency measured", True, gpuloop_gpus_cmd_ms=round(med(gl_t), 2),
+          nvidia_smi_q_ecc_ms=round(med(smi_t), 2), gpu_in_process_ms=out.strip())
+
+
+@scenario("reset-dry-run")
+def s_reset_dry_run():
+    """gpuloop reset --gpu 0 --dry-run names every client that would block a reset: a PyTorch
+    holder (compute), an `nvidia-smi -lms 200` loop (observer) and nvidia-persistenced where it
+    runs, each with its pid and start time; nothing is stopped or reset. Never without
+    --dry-run on the lent GPU."""
+    p, info = mess("plain", "--gb", "2", "--gpus", "0")
+    holder = info["pids"][0]
+    loop = subprocess.Popen(["nvidia-smi", "-lms", "200"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
+    started.append(loop.pid)
+    until(lambda: any(h["pid"] == loop.pid for h in gl_json("holders", "--all")), 20)
+    rc, out, err, dt = gl("--json", "reset", "--gpu", "0", "--dry-run")
+    r = json.loads(out)[0] if out.strip() else {}
+    bs = {b["pid"]: b for b in r.get("blockers", []) if b["pid"]}
+    def start(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+
+    def comm(pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+    persistenced = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                    if comm(pid).startswith("nvidia-persiste")]
+    ok = rc == 1 and bs.get(holder, {}).get("kind") == "compute" and bs.get(loop.pid, {}).get("kind") == "observer"
+    ok &= all(bs.get(pid, {}).get("start") == start(pid) for pid in (holder, loop.pid))
+    ok &= all(bs.get(pid, {}).get("kind") == "persistenced" and bs[pid]["protected"] for pid in persistenced)
+    check("reset-dry-run: the readiness list names the PyTorch holder, the nvidia-smi loop and nvidia-persistenced, each with its identity",
+          ok, rc=rc, seconds=round(dt, 3), blockers=[(b["kind"], b["pid"], b["name"], b["how"]) for b in r.get("blockers", [])],
+          persistenced=persistenced, err=err.strip()[-300:])
+    check("reset-dry-run: nothing was stopped, nothing reset",
+          alive(holder) and alive(loop.pid) and r.get("steps") == [] and not r.get("reset"),
+          steps=r.get("steps"), used=used_mib())
+    rc, out, err, _ = gl("reset", "--gpu", "0", "--dry-run")
+    log(out)
+    d = gl_json("diagnose", "--gpu", "0")[0]
+    check("reset-dry-run: diagnose still calls the GPU held by its holder",
+          d["verdict"] == "held" and any(h["pid"] == holder for h in d["holders"]),
+          verdict=d["verdict"], advice=d["advice"])
 
 
 # ------------------------------------------------------ issue 10 item 1, issue 11 items 6-7

@@ -223,7 +223,7 @@ pub(super) fn wait(
     };
     let sel = held.as_ref().unwrap_or(sel);
     let outcome = Fleet::of(&cfg.session).wait(sel, filter, opts, true)?;
-    let clean = match outcome {
+    let memory_back = match outcome {
         WaitOutcome::Interrupted => return Ok(130),
         o => o.is_clean(),
     };
@@ -234,6 +234,8 @@ pub(super) fn wait(
         rows.push(diagnosis_row(&h, &part, &opts.demand()));
         after.extend(part);
     }
+    // Memory back is not enough where a GPU's own faults ask for a reset or a reboot.
+    let clean = memory_back && after.iter().all(|d| !d.verdict.needs_action());
     #[derive(Serialize)]
     struct Out<'a> {
         clean: bool,

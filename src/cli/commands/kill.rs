@@ -1,4 +1,5 @@
-//! The commands that signal: kill (the GPUs' holders, or PIDs) and clean (kill, then wait).
+//! The commands that signal: kill (the GPUs' holders, or PIDs), clean (kill, then wait) and
+//! reset (stop what blocks it, reset, verify, restart).
 
 use super::report::{diagnoses_folded, diagnosis_row, emit_hosts, per_host, row, summary};
 use super::{check_owner, emit, require_local_driver};
@@ -178,4 +179,36 @@ pub(super) fn clean(
     })?;
     let code = summary(cfg, rows, true)?;
     Ok(if r.clean { code } else { 1 })
+}
+
+/// `gpuloop reset`: each GPU's blockers (`--dry-run`), or the reset and its steps; exit 0
+/// when every GPU was reset and verified (or, with `--dry-run`, when nothing blocks one).
+pub(super) fn reset(
+    cfg: &Config,
+    sel: &Selection,
+    opts: &crate::cli::hiargs::ResetOpts,
+) -> Result<i32, Error> {
+    let s = &cfg.session;
+    require_local_driver(s)?;
+    let sel = sel.on(s)?;
+    if !s.is_local() && sel.every.is_some() {
+        return Err(Error::Usage(
+            "reset: with a host set, name each GPU with its host (--gpu HOST:N): an index alone would reset that GPU on every host".into(),
+        ));
+    }
+    let op = |gpus: Vec<i64>| machine::reset::Reset {
+        gpus,
+        dry_run: opts.dry_run,
+        force: opts.force,
+        grace: opts.grace,
+        timeout: opts.timeout,
+    };
+    let reports = Fleet::of(s).reset(&sel, op)?;
+    emit(cfg, &reports, || {
+        render::reset_reports(&reports, Style::stdout())
+    })?;
+    if crate::interrupt::is_set() {
+        return Ok(130);
+    }
+    Ok(if reports.iter().all(|r| r.ok) { 0 } else { 1 })
 }

@@ -43,6 +43,7 @@ pub(crate) fn dispatch(hi: &HiArgs) -> Result<i32, Error> {
             wait,
             kill,
         } => kill::clean(cfg, sel, owner, wait, kill),
+        Command::Reset { sel, opts } => kill::reset(cfg, sel, opts),
         Command::Hook { which, opts } => admin::hook(cfg, *which, opts),
         Command::Mcp { policy } => admin::mcp(cfg, policy),
         Command::Journal { last, filter } => admin::journal(cfg, *last, filter),

@@ -34,6 +34,19 @@ pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<i32, Error> {
             sim.leak(*gpu, *mib)?;
             Ok(0)
         }
+        SimCommand::Fault {
+            gpu,
+            inject,
+            drm_modeset,
+        } => {
+            if let Some(on) = drm_modeset {
+                sim.set_drm_modeset(*on)?;
+            }
+            if let Some(gpu) = gpu {
+                sim.inject(*gpu, inject)?;
+            }
+            Ok(0)
+        }
         SimCommand::Reset { gpu } => {
             crate::gpu::Backend::reset(&sim, *gpu, &crate::process::helpers::output)?;
             Ok(0)

@@ -59,6 +59,9 @@ pub struct HoldOpts {
     /// Once holding, the main thread exits while another thread keeps the handles (the
     /// process is a zombie leader with a live thread, as after `pthread_exit` in main).
     pub defunct_leader: bool,
+    /// Also open the MIG capability node (`dev/nvidia-caps/nvidia-cap1`), as a MIG-aware
+    /// client (DCGM, `nvidia-smi mig`) does.
+    pub caps: bool,
 }
 
 /// MiB a context keeps on each GPU it sees but does not use (3 MiB measured on H200s).
@@ -90,6 +93,7 @@ impl HoldOpts {
             (self.supervise, "--supervise"),
             (self.catch_term, "--catch-term"),
             (self.defunct_leader, "--defunct-leader"),
+            (self.caps, "--caps"),
         ] {
             if on {
                 a.push(flag.into());
@@ -417,6 +421,17 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
     for &g in &others {
         paths.push(sim.node_path(g).map_err(|e| e.to_string())?);
     }
+    let cap = sim.dir.join("dev").join(super::CAP_NODE);
+    if opts.caps {
+        // A state directory set up before the simulator had one.
+        if let Some(dir) = cap.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        if !cap.exists() {
+            File::create(&cap).map_err(|e| format!("{}: {e}", cap.display()))?;
+        }
+        paths.push(cap.clone());
+    }
     let mut files = Vec::new();
     let mut footprints = Vec::new();
     for path in &paths {
@@ -425,7 +440,11 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
             .write(true)
             .open(path)
             .map_err(|e| format!("open {}: {e}", path.display()))?;
-        if !opts.observer {
+        // Open, as the driver sees it: a reset finds the node in use while this lock is
+        // held, that is while this process (or a child that inherited the fd) has it open.
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)
+            .map_err(|e| format!("flock {}: {e}", path.display()))?;
+        if !opts.observer && *path != cap {
             map_node(&f).map_err(|e| format!("mmap {}: {e}", path.display()))?;
         }
         files.push(f);

@@ -4,7 +4,11 @@
 //! Layout of `$GPULOOP_SIM_DIR`:
 //! - `spec`: the spec the directory was set up with (`8x80G,release_ms=150`);
 //! - `host_ns`: the PID namespace the simulated driver reports pids in;
-//! - `dev/nvidiaN`, `dev/nvidiactl`, `dev/nvidia-uvm`: the device nodes (N is the minor);
+//! - `dev/nvidiaN`, `dev/nvidiactl`, `dev/nvidia-uvm`, `dev/nvidia-caps/nvidia-cap1`: the
+//!   device nodes (N is the minor); every process that opens one holds a shared `flock` on
+//!   it for as long as it has it open, which is how a reset finds the GPU in use;
+//! - `kmsg`, `faults.json`, `sys/module/nvidia_drm/parameters/modeset`: the kernel log and
+//!   the GPUs' faults (`faults`);
 //! - `alloc/*.json`: one file per allocation (GPU, MiB, creator pid). An allocation's memory is
 //!   used while any live process holds an open handle to it, exactly like a CUDA allocation:
 //!   the creator holds a shared `flock` on the file, inherited by forked children, and the lock
@@ -12,6 +16,7 @@
 //!   With `release_ms`, a watcher takes the lock after the last holder and keeps the memory
 //!   "used" for that long, as the driver's asynchronous teardown does.
 
+pub mod faults;
 pub mod hold;
 pub mod stuck;
 
@@ -119,6 +124,9 @@ impl SimSpec {
         Ok(s)
     }
 }
+
+/// The MIG capability node the simulator has (`sim hold --caps` opens it).
+pub(crate) const CAP_NODE: &str = "nvidia-caps/nvidia-cap1";
 
 /// The largest simulated GPU: 1 PiB (so every sum of its memory fits an i64 many times).
 pub(crate) const MAX_GPU_BYTES: i64 = 1 << 50;
@@ -243,6 +251,13 @@ impl SimBackend {
         if stored.as_deref().map(str::trim) != Some(backend.spec.canonical.as_str()) {
             backend.set_up(stored.is_some())?;
         }
+        // The kernel log is there from the start, empty, as the kernel's is (a directory
+        // set up before the simulator had one gets it now); one that cannot be opened is
+        // said where it is read.
+        let _ = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(backend.kernel_log());
         backend.host_ns = fs::read_to_string(dir.join("host_ns"))
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -267,7 +282,7 @@ impl SimBackend {
         if replacing {
             let _ = fs::remove_dir_all(&dev);
         }
-        for sub in [dev.as_path(), &dir.join("alloc")] {
+        for sub in [dev.as_path(), &dir.join("alloc"), &dev.join("nvidia-caps")] {
             fs::create_dir_all(sub).map_err(|e| state_err(dir, e))?;
         }
         let node_names = self
@@ -275,7 +290,11 @@ impl SimBackend {
             .minors
             .iter()
             .map(|m| format!("nvidia{m}"))
-            .chain(["nvidiactl".to_string(), "nvidia-uvm".to_string()]);
+            .chain([
+                "nvidiactl".to_string(),
+                "nvidia-uvm".to_string(),
+                CAP_NODE.to_string(),
+            ]);
         for name in node_names {
             // One page, so holders can map it like a CUDA context maps the real node.
             let f = File::create(dev.join(name)).map_err(|e| state_err(dir, e))?;
@@ -654,10 +673,22 @@ impl Backend for SimBackend {
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
         let Usage { used, procs, busy } = self.usage()?;
+        let faults = self.fault_state()?;
         Ok(procs
             .into_iter()
             .enumerate()
             .map(|(i, driver_procs)| {
+                // A GPU off the bus answers nothing, as NVML's "GPU is lost".
+                if faults.get(&(i as i64)).is_some_and(|f| f.off_bus) {
+                    let mut g = Gpu::failed(
+                        i as i64,
+                        i64::from(self.spec.minors[i]),
+                        format!("GPU {i}: GPU is lost"),
+                    );
+                    g.lost = true;
+                    g.bus_id = Self::bus_id(i);
+                    return g;
+                }
                 let mut g = Gpu::new(
                     i as i64,
                     i64::from(self.spec.minors[i]),
@@ -668,7 +699,7 @@ impl Backend for SimBackend {
                         (i as u32 + 1).wrapping_mul(0x9e37_79b9)
                     ),
                     self.spec.name.clone(),
-                    format!("00000000:{:02X}:00.0", 0x18 + i),
+                    Self::bus_id(i),
                     self.spec.mem_bytes,
                     used[i].min(self.spec.mem_bytes),
                     driver_procs,
@@ -688,23 +719,91 @@ impl Backend for SimBackend {
         self.own_ns != self.host_ns
     }
 
+    /// A reset with the driver's semantics: refused while anything uses the GPU (a process
+    /// holding its memory, a process with its node or a MIG capability open, `nvidia_drm`
+    /// with modeset), failed on a GPU off the bus; once done, the memory nobody held is free,
+    /// the volatile ECC counts are 0, a pending remap is applied.
     fn reset(&self, index: i64, _run: &crate::gpu::RunHelper) -> Result<(), GpuError> {
         self.minor(index)?;
+        let refused = |why: String| Err(GpuError::Reset { index, why });
+        if self.fault_state()?.get(&index).is_some_and(|f| f.off_bus) {
+            return refused(format!(
+                "GPU {index} is lost (it fell off the bus): a reset cannot reach it; reboot the node"
+            ));
+        }
         let live = self.live_allocations()?;
         let on_gpu: Vec<_> = live.iter().filter(|(_, a)| a.gpu == index).collect();
         if let Some((_, a)) = on_gpu.iter().find(|(_, a)| !a.leaked) {
-            return Err(GpuError::Reset {
-                index,
-                why: format!(
-                    "GPU {index} is in use (pid {} holds {} MiB); stop its processes first",
-                    a.creator, a.mib
-                ),
-            });
+            return refused(format!(
+                "GPU {index} is in use (pid {} holds {} MiB); stop its processes first",
+                a.creator, a.mib
+            ));
+        }
+        let node = self.node_path(index)?;
+        if self.in_use(&node)? {
+            return refused(format!(
+                "GPU {index} is in use by another client: a process has {} open (an NVML client such as nvidia-smi, a daemon, a CUDA context); stop it first",
+                node.display()
+            ));
+        }
+        let cap = self.dir.join("dev").join(CAP_NODE);
+        if self.in_use(&cap)? {
+            return refused(format!(
+                "a process has the MIG capability {} open; stop it first",
+                cap.display()
+            ));
+        }
+        if self.modeset() == Some(true) {
+            return refused(
+                "nvidia_drm is loaded with modeset=1 and holds the GPU; unload it first (modprobe -r nvidia_drm)".into(),
+            );
         }
         for (path, _) in on_gpu {
             fs::remove_file(path).map_err(|e| state_err(&self.dir, e))?;
         }
-        Ok(())
+        self.after_reset(index)
+    }
+
+    fn faults(&self, indices: &[i64]) -> Result<Vec<crate::gpu::DeviceFaults>, GpuError> {
+        let state = self.fault_state()?;
+        Ok(indices
+            .iter()
+            .filter(|&&i| self.minor(i).is_ok())
+            .map(|&i| {
+                let f = state.get(&i).cloned().unwrap_or_default();
+                crate::gpu::DeviceFaults {
+                    index: i,
+                    bus_id: Self::bus_id(i as usize),
+                    // A GPU off the bus answers no query.
+                    faults: if f.off_bus {
+                        crate::gpu::Faults::default()
+                    } else {
+                        Self::reported(&f)
+                    },
+                }
+            })
+            .collect())
+    }
+
+    fn drm_modeset(&self) -> Option<bool> {
+        self.modeset()
+    }
+}
+
+impl SimBackend {
+    /// Whether a process has the node file `path` open: every holder keeps a shared `flock`
+    /// on each node it opens, which goes when its last fd on it closes.
+    fn in_use(&self, path: &Path) -> Result<bool, GpuError> {
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(state_err(&self.dir, e)),
+        };
+        match locked(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(_probe) => Ok(false),
+            Err(rustix::io::Errno::WOULDBLOCK) => Ok(true),
+            Err(e) => Err(state_err(&self.dir, e)),
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 use crate::hosts::HostSel;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, User};
+use crate::machine::reset::Reset;
 use crate::machine::Fleet;
 use crate::script::convert::{
     script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
@@ -49,10 +50,17 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["Array"],
         "Every GPU, as maps: index, uuid, name, minor (the N of /dev/nvidiaN), bus_id,
          mem_total, mem_used, mem_free (bytes), mem_used_mib, mem_total_mib, util (% or ()),
-         temp_c (or ()), procs (processes the driver reports), host. A GPU the driver fails
-         to read (an error, or no answer within GPULOOP_DRIVER_TIMEOUT) makes this an error
-         that names it; gpu(i) still reads the others, and diagnose() reports it as
-         \"driver-error\".",
+         temp_c (or ()), procs (processes the driver reports), host, and faults: what the GPU
+         reports about its own faults, each () where it does not (not applicable, never an
+         error): ecc (#{corrected, uncorrected}: volatile counts), remapped_rows
+         (#{correctable, uncorrectable, pending, failure}), retired_pages (#{single_bit,
+         double_bit, pending}; () on GPUs that remap rows), recovery_action (what the driver
+         asks for: \"none\", \"gpu-reset\", \"node-reboot\", \"drain-p2p\",
+         \"drain-and-reset\", \"recover-imex-domain\"), xid (its Xid events, as xids()
+         gives them, without gpu and host) and log_error (why the kernel log could not be
+         read, or ()). A GPU the driver fails to read (an error, or no answer within
+         GPULOOP_DRIVER_TIMEOUT) makes this an error that names it; gpu(i) still reads the
+         others, and diagnose() reports it as \"driver-error\" (or \"fell-off-bus\").",
         move || -> RhaiResult<Array> {
             // Each host's maps are built on its own task as its reply comes in.
             let parts = Fleet::of(&s)
@@ -249,7 +257,9 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          compute holders, as holders(i)), daemons (protected GPU daemons on it), footprint
          (#{pid, name, gpus, host} of other GPUs' processes whose CUDA context keeps a few MiB
          here), ghost_pids (pids the driver lists that are dead or not visible here), verdict and
-         advice (one line to act on; it never advises a reset while a driver client is open).
+         advice (one line to act on; it never advises a reset while a driver client is open),
+         faults (as gpu() has them) and blockers (where the advice is a reset: what would block
+         it, as reset_blockers()).
          Verdicts: \"clean\"; \"held\" (compute holders); \"stuck\" (a holder asleep in the
          driver, D state: SIGKILL takes effect only when the driver call returns, or after a
          reset); \"respawning\" (a parent of a holder this session stopped started it again); \"orphaned\" (the job's launcher is gone: its
@@ -259,7 +269,13 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          daemon holds it: stop its service, or kill with force); \"footprint\" (only the CUDA
          footprint of processes of other GPUs); \"other-namespace\" (held from another PID
          namespace); \"permission\" (processes gpuloop may not inspect); \"driver\" (used,
-         nobody holds it: only a reset frees it); \"driver-error\" (the driver failed to read
+         nobody holds it: only a reset frees it); \"reset-needed\" (nobody holds it and the
+         GPU's faults ask for a reset: the driver's recovery action, or an Xid NVIDIA's catalog
+         resolves with one, such as 48, 95, 119); \"reboot-needed\" (the driver's recovery
+         action, or an Xid such as 79, asks for a node reboot); \"remap-pending\" (a row
+         remap waits for a reset); \"fell-off-bus\" (the GPU is lost: Xid 79 or NVML's \"GPU
+         is lost\"; reboot); the last four are never clean, whatever the memory reads;
+         \"driver-error\" (the driver failed to read
          this GPU, or did not answer in time: its memory is unknown, never clean; the advice
          quotes the error); \"no-driver\" (the driver did not load:
          nothing is verified; gpu is () when no GPU was selected).",
@@ -378,16 +394,188 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         move |sel: Dynamic, opts: Map| wait(&s, sel, opts),
     );
 
+    let reset = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
+        let o = Opts::new(
+            &opts,
+            "reset_gpu",
+            &["force", "dry_run", "grace", "timeout"],
+        )?;
+        let grace = o.grace("grace", Duration::from_secs(5))?;
+        let timeout = o
+            .secs("timeout", Some(Duration::from_secs(30)))?
+            .unwrap_or(Duration::from_secs(30));
+        let (force, dry_run) = (o.bool("force", false)?, o.bool("dry_run", false)?);
+        let sel = selection(s, &sel)?;
+        let reports = Fleet::of(s)
+            .reset(&sel, |gpus| Reset {
+                gpus,
+                dry_run,
+                force,
+                grace,
+                timeout,
+            })
+            .map_err(to_script)?;
+        // A reset that did not happen, or did not bring the GPU back, is the script's error,
+        // with each step said.
+        if let Some(r) = reports.iter().find(|r| !r.ok && !r.dry_run) {
+            let steps: Vec<String> = r
+                .steps
+                .iter()
+                .filter(|st| !st.ok)
+                .map(|st| format!("{} {}: {}", st.action, st.target, st.detail))
+                .collect();
+            return Err(to_script(crate::gpu::GpuError::Reset {
+                index: r.gpu,
+                why: steps.join("; "),
+            }));
+        }
+        to_array(&reports)
+    };
     let s = session.clone();
     def(
         engine,
         "reset_gpu",
-        &["index: i64", "()"],
-        "Resets one GPU, the last resort for memory nobody holds (verdict \"driver\"): runs
-         `nvidia-smi -r -i N` on real GPUs (needs root and an idle GPU), `sim reset` in the
-         simulator. Fails, with the driver's reason, while processes still use the GPU.
-         It acts on this machine's GPUs only: with --host it is an error (a diagnosis of
-         another host's GPU N is not this machine's GPU N); reset there, on the host itself.",
-        move |index: i64| -> RhaiResult<()> { Fleet::of(&s).reset_gpu(index).map_err(to_script) },
+        &["gpu: i64 | String", "Map"],
+        "Resets one GPU, the last resort for memory nobody holds (verdicts \"driver\",
+         \"reset-needed\", \"remap-pending\"), as `gpuloop reset --gpu N` does: stops every
+         client in its way that it may (compute holders and observers by signal; protected
+         daemons and systemd units' main processes only with force, a unit through systemctl),
+         resets (`nvidia-smi -r -i N` on real GPUs, the simulator's reset under --sim),
+         verifies that the GPU answers with its UUID and 0 MiB used, and starts again the
+         daemons it stopped. Returns the report map: gpu, uuid, blockers (as
+         reset_blockers()), steps (#{action, target, ok, detail}: action \"refuse\",
+         \"stop\", \"reset\", \"verify\" or \"restart\"), reset, verified, ok, host. Throws,
+         naming the steps that failed, when the GPU was not reset and verified. With a host set
+         name the GPU with its host (\"gpu02:3\"): an index alone does not say whose GPU it is.",
+        move |sel: Dynamic| -> RhaiResult<Dynamic> {
+            let mut rs = reset(&s, sel, Map::new())?;
+            Ok(rs.pop().unwrap_or(Dynamic::UNIT))
+        },
     );
+    let s = session.clone();
+    def(
+        engine,
+        "reset_gpu",
+        &["gpu: i64 | String", "opts: Map", "Map"],
+        "reset_gpu() with options: force (default false: also stop protected daemons and units'
+         main processes), grace (seconds between TERM and KILL for what it stops, default 5, or
+         \"inf\"), timeout (seconds the GPU may take to come back, default 30), dry_run
+         (default false: true stops and resets nothing and never throws; the report's
+         blockers say what is in the way, ok is true when nothing is).",
+        move |sel: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
+            let mut rs = reset(&s, sel, opts)?;
+            Ok(rs.pop().unwrap_or(Dynamic::UNIT))
+        },
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "reset_blockers",
+        &["gpu: i64 | String", "Array"],
+        "Every client that would make a reset of the GPU (or a MIG change) fail, as `gpuloop
+         reset --gpu N --dry-run` lists them: maps of kind (\"compute\", \"observer\",
+         \"persistenced\", \"dcgm\", \"fabric-manager\", \"mps\", \"display\", \"daemon\",
+         \"caps\", \"module\"), pid, start and pidfs_ino (the identity a holder has; () for
+         the nvidia_drm module), name, cmdline, user, protected, service (the systemd unit it is
+         the main process of, or ()), caps (it has /dev/nvidia-caps/* open), stop (\"signal\",
+         \"unit\", \"mps-quit\", \"unload\"), how (the command that stops it), host. Empty
+         when nothing is in the way.",
+        move |sel: Dynamic| -> RhaiResult<Array> {
+            let sel = selection(&s, &sel)?;
+            let reports = Fleet::of(&s)
+                .reset(&sel, |gpus| Reset {
+                    gpus,
+                    dry_run: true,
+                    force: false,
+                    grace: Duration::ZERO,
+                    timeout: Duration::ZERO,
+                })
+                .map_err(to_script)?;
+            let all: Vec<_> = reports.into_iter().flat_map(|r| r.blockers).collect();
+            to_array(&all)
+        },
+    );
+
+    let xids = |s: &Session, sel: Dynamic, since: Option<&Dynamic>| -> RhaiResult<Array> {
+        let since = match since {
+            None => f64::NEG_INFINITY,
+            Some(v) => v
+                .as_float()
+                .or_else(|_| v.as_int().map(|i| i as f64))
+                .map_err(|_| {
+                    script_err(format!(
+                        "xids: since must be a time in seconds since the epoch (as now() gives), not a {}",
+                        v.type_name()
+                    ))
+                })?,
+        };
+        let sel = selection(s, &sel)?;
+        let gpus = Fleet::of(s).gpus().map_err(to_script)?;
+        let events: Vec<GpuXid> = gpus
+            .iter()
+            .filter(|g| match sel.on(&g.host) {
+                None => false,
+                Some(one) => crate::inspect::selected(&one, g.index),
+            })
+            .flat_map(|g| {
+                g.faults
+                    .iter()
+                    .flat_map(|f| &f.xid)
+                    .filter(|x| x.time >= since)
+                    .map(|x| GpuXid {
+                        gpu: g.index,
+                        host: g.host.clone(),
+                        xid: x.clone(),
+                    })
+            })
+            .collect();
+        to_array(&events)
+    };
+    let s = session.clone();
+    def(
+        engine,
+        "xids",
+        &["Array"],
+        "Every Xid event the kernel log holds for the GPUs (the latest 32 of each GPU, and the
+         NVSwitches' SXids, listed on every GPU), oldest first: maps of gpu, host, kind
+         (\"xid\" or \"sxid\"), code, time (seconds since the epoch, as now()), pid and name
+         (the process the driver names, or ()), text (the driver's message), bus_id, meaning
+         and action (what NVIDIA's Xid catalog says it is and to do first: \"none\",
+         \"restart-app\", \"reset-gpu\", \"reboot-node\"; () for a code gpuloop's table lacks).
+         The log is read as dmesg reads it (/dev/kmsg, or config.toml's kernel_log): where it
+         may not be read, gpu().faults.log_error says why.",
+        move || xids(&s, Dynamic::UNIT, None),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "xids",
+        &["since: f64 | i64", "Array"],
+        "The Xid events logged at or after `since` (seconds since the epoch, as now() gives):
+         after `let t = now(); run(cmd);`, xids(t) says how the run ended on the GPUs (each
+         event's gpu, code, meaning, pid: \"the run ended with Xid 31 on GPU 2: a memory fault
+         in your kernel\").",
+        move |since: Dynamic| xids(&s, Dynamic::UNIT, Some(&since)),
+    );
+    let s = session.clone();
+    def(
+        engine,
+        "xids",
+        &[
+            "sel: i64 | String | Array | ()",
+            "since: f64 | i64",
+            "Array",
+        ],
+        "xids(since) for the selected GPUs only.",
+        move |sel: Dynamic, since: Dynamic| xids(&s, sel, Some(&since)),
+    );
+}
+
+/// An Xid event as xids() hands it to scripts: the GPU's index and host beside it.
+#[derive(serde::Serialize)]
+struct GpuXid {
+    gpu: i64,
+    host: String,
+    #[serde(flatten)]
+    xid: crate::gpu::faults::Xid,
 }

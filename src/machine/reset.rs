@@ -1,0 +1,426 @@
+//! `gpuloop reset`: what blocks a GPU reset (`--dry-run`), or stop what may be stopped,
+//! reset, verify that the GPU came back, and start again the daemons it stopped, each step
+//! reported.
+
+use super::ops::inventory;
+use super::{ActionError, Ask, Local, Op, Received};
+use crate::gpu::GpuError;
+use crate::hosts::protocol::Call;
+use crate::inspect::reset::{Blocker, BlockerKind, Readiness, ResetReport, Step, StepKind, Stop};
+use crate::process::kill::{KillOpts, Target};
+use crate::process::Identity;
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+/// A reset of some GPUs of one machine, one after the other.
+#[derive(Debug, Clone)]
+pub(crate) struct Reset {
+    pub gpus: Vec<i64>,
+    /// Only say what blocks it.
+    pub dry_run: bool,
+    /// Also stop protected daemons and units' main processes.
+    pub force: bool,
+    /// Between TERM and KILL, for the processes it signals.
+    pub grace: Duration,
+    /// How long the GPU may take to come back.
+    pub timeout: Duration,
+}
+
+impl Ask for Reset {
+    type Reply = Vec<ResetReport>;
+    fn call(&self) -> Call {
+        Call::Reset {
+            gpus: self.gpus.clone(),
+            dry_run: self.dry_run,
+            force: self.force,
+            grace_ms: self.grace.as_millis() as u64,
+            timeout_ms: self.timeout.as_millis() as u64,
+        }
+    }
+    fn takes(&self) -> Option<Duration> {
+        // Per GPU: the grace, systemd's stops and starts, the reset, and the wait after it.
+        let one = self
+            .grace
+            .checked_add(self.timeout)?
+            .checked_add(Duration::from_secs(120))?;
+        one.checked_mul(self.gpus.len().max(1) as u32)
+    }
+}
+
+impl Op for Reset {
+    fn here(&self, m: &mut Local) -> Result<Vec<ResetReport>, ActionError> {
+        m.s.require_driver()?;
+        // Every GPU named must exist before anything is stopped.
+        inventory(m.s, &Some(self.gpus.clone()))?;
+        self.gpus.iter().map(|&g| self.one(m, g)).collect()
+    }
+}
+
+impl Received for Vec<ResetReport> {
+    fn received_from(&mut self, host: &str) {
+        for r in self {
+            r.host = host.to_string();
+            for b in &mut r.blockers {
+                b.host = host.to_string();
+            }
+        }
+    }
+}
+
+/// How a daemon gpuloop stopped is started again.
+enum Again {
+    Unit {
+        unit: String,
+        user: Option<String>,
+    },
+    /// Its command line, run again in a session of its own (a daemon without a unit).
+    Argv {
+        label: String,
+        argv: Vec<OsString>,
+    },
+}
+
+impl Reset {
+    fn one(&self, m: &mut Local, gpu: i64) -> Result<ResetReport, ActionError> {
+        let s = m.s;
+        let backend = s.backend()?;
+        let inv = inventory(s, &Some(vec![gpu]))?;
+        let uuid = backend
+            .gpus()?
+            .into_iter()
+            .find(|g| g.index == gpu)
+            .map(|g| g.uuid)
+            .unwrap_or_default();
+        let blockers =
+            Readiness::look(backend, s.protected(), s.container_roots()).blockers(&inv, gpu);
+        let mut r = ResetReport {
+            gpu,
+            uuid,
+            dry_run: self.dry_run,
+            blockers: blockers.clone(),
+            steps: Vec::new(),
+            reset: false,
+            verified: false,
+            ok: false,
+            host: crate::local::local(),
+        };
+        if self.dry_run {
+            r.ok = blockers.is_empty();
+            return Ok(r);
+        }
+        // Nothing is stopped when something that may not be stopped would still block it.
+        let refused: Vec<&Blocker> = blockers
+            .iter()
+            .filter(|b| b.stop == Stop::Unload || (b.needs_force() && !self.force))
+            .collect();
+        if !refused.is_empty() {
+            for b in refused {
+                let why = match b.stop {
+                    Stop::Unload => format!("a kernel module: unload it yourself ({})", b.how),
+                    _ if b.protected => {
+                        format!("a protected GPU daemon: --force stops it ({})", b.how)
+                    }
+                    _ => format!(
+                        "a systemd unit's main process: --force stops the unit ({})",
+                        b.how
+                    ),
+                };
+                r.steps.push(step(StepKind::Refuse, b.label(), false, why));
+            }
+            return Ok(r);
+        }
+        let again = self.stop_all(m, &blockers, &mut r.steps);
+        // Something may have opened the GPU meanwhile (a restarted exporter).
+        let inv = inventory(s, &Some(vec![gpu]))?;
+        let left = Readiness::look(backend, s.protected(), s.container_roots()).blockers(&inv, gpu);
+        if !left.is_empty() {
+            let who = left
+                .iter()
+                .map(Blocker::label)
+                .collect::<Vec<_>>()
+                .join(", ");
+            r.steps.push(step(
+                StepKind::Refuse,
+                format!("GPU {gpu}"),
+                false,
+                format!("not reset: still in use by {who}"),
+            ));
+        } else {
+            match backend.reset(gpu, &crate::process::helpers::output) {
+                Ok(()) => {
+                    r.reset = true;
+                    r.steps.push(step(
+                        StepKind::Reset,
+                        format!("GPU {gpu}"),
+                        true,
+                        "done".into(),
+                    ));
+                }
+                Err(e) => {
+                    let why = match e {
+                        GpuError::Reset { why, .. } => why,
+                        e => e.to_string(),
+                    };
+                    r.steps
+                        .push(step(StepKind::Reset, format!("GPU {gpu}"), false, why));
+                }
+            }
+        }
+        if r.reset {
+            let (ok, detail) = self.verify(m, gpu, &r.uuid);
+            r.verified = ok;
+            r.steps
+                .push(step(StepKind::Verify, format!("GPU {gpu}"), ok, detail));
+        }
+        let mut restarted = true;
+        for a in again {
+            let (target, ok, detail) = start_again(&a);
+            restarted &= ok;
+            r.steps.push(step(StepKind::Restart, target, ok, detail));
+        }
+        r.ok = r.reset && r.verified && restarted;
+        Ok(r)
+    }
+
+    /// Stops every blocker: units through systemd, MPS through its control daemon, the rest
+    /// by signal (all at once, one shared grace). Returns how to start the daemons again.
+    fn stop_all(&self, m: &mut Local, blockers: &[Blocker], steps: &mut Vec<Step>) -> Vec<Again> {
+        let mut again = Vec::new();
+        let mut signal = Vec::new();
+        // The control daemon starts its servers on demand: a server is not started again
+        // where its control daemon is.
+        let mps_control = blockers
+            .iter()
+            .any(|b| b.kind == BlockerKind::Mps && b.cmdline.contains("nvidia-cuda-mps-control"));
+        for b in blockers {
+            let Some(pid) = b.pid else { continue };
+            let argv = argv_of(b);
+            let restartable = b.kind.is_daemon()
+                && !(mps_control
+                    && b.kind == BlockerKind::Mps
+                    && !b.cmdline.contains("nvidia-cuda-mps-control"));
+            match (&b.stop, &b.service) {
+                (Stop::Unit, Some(unit)) => {
+                    let user = b.how.contains("--user").then(|| b.user.clone());
+                    let (ok, detail) = systemctl("stop", unit, user.as_deref());
+                    steps.push(step(StepKind::Stop, b.label(), ok, detail));
+                    if ok {
+                        again.push(Again::Unit {
+                            unit: unit.clone(),
+                            user,
+                        });
+                    }
+                    continue;
+                }
+                (Stop::MpsQuit, _) => {
+                    if let Ok(detail) = mps_quit() {
+                        steps.push(step(StepKind::Stop, b.label(), true, detail));
+                        if let (true, Some(argv)) = (restartable, argv) {
+                            again.push(Again::Argv {
+                                label: b.label(),
+                                argv,
+                            });
+                        }
+                        continue;
+                    }
+                    // No control daemon to ask (or it did not answer): its signal, below.
+                }
+                _ => {}
+            }
+            let (Some(start), Ok(pid32)) = (b.start, i32::try_from(pid)) else {
+                continue;
+            };
+            signal.push((
+                b,
+                Target::Exact(Identity {
+                    pid: pid32,
+                    start: start as u64,
+                    ino: b.pidfs_ino.map(|i| i as u64),
+                }),
+                argv.filter(|_| restartable),
+            ));
+        }
+        if signal.is_empty() {
+            return again;
+        }
+        let targets: Vec<Target> = signal.iter().map(|(_, t, _)| *t).collect();
+        let opts = KillOpts {
+            grace: self.grace,
+            tree: false,
+            // Protected ones are here only with --force.
+            force: self.force,
+            why: signal
+                .iter()
+                .filter_map(|(b, _, _)| {
+                    Some((
+                        i32::try_from(b.pid?).ok()?,
+                        "blocks a GPU reset".to_string(),
+                    ))
+                })
+                .collect(),
+            ..KillOpts::default()
+        };
+        let report = m.kill(&targets, &opts);
+        for (b, _, argv) in signal {
+            let pid = b.pid.unwrap_or_default();
+            let gone = report.exited.contains(&pid)
+                || report.skipped.iter().any(|k| k.pid == pid && k.is_gone());
+            let detail = if gone {
+                "exited".to_string()
+            } else if let Some(k) = report.skipped.iter().find(|k| k.pid == pid) {
+                format!("not signalled: {}", k.reason)
+            } else if let Some(e) = report.errors.iter().find(|e| e.pid == pid) {
+                e.error.clone()
+            } else {
+                "still running".to_string()
+            };
+            steps.push(step(StepKind::Stop, b.label(), gone, detail));
+            if let (true, Some(argv)) = (gone, argv) {
+                again.push(Again::Argv {
+                    label: b.label(),
+                    argv,
+                });
+            }
+        }
+        again
+    }
+
+    /// Waits until the GPU answers with its UUID and 0 MiB used, or the timeout.
+    fn verify(&self, m: &Local, gpu: i64, uuid: &str) -> (bool, String) {
+        let backend = match m.s.backend() {
+            Ok(b) => b,
+            Err(e) => return (false, e.to_string()),
+        };
+        let until = Instant::now() + self.timeout;
+        loop {
+            let last;
+            match backend.gpus() {
+                Ok(gs) => match gs.into_iter().find(|g| g.index == gpu) {
+                    Some(g) => match &g.error {
+                        Some(e) => last = format!("it does not answer: {e}"),
+                        None if !uuid.is_empty() && g.uuid != uuid => {
+                            last = format!("another GPU answers at index {gpu}: {}", g.uuid)
+                        }
+                        None if g.mem_used_mib > 0 => {
+                            last = format!("{} answers, {} MiB used", g.uuid, g.mem_used_mib)
+                        }
+                        None => return (true, format!("{} answers, 0 MiB used", g.uuid)),
+                    },
+                    None => last = format!("no GPU {gpu} any more"),
+                },
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() >= until || m.watch.stop.load(std::sync::atomic::Ordering::SeqCst) {
+                return (
+                    false,
+                    format!("after {:.1} s: {last}", self.timeout.as_secs_f64()),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn step(action: StepKind, target: String, ok: bool, detail: String) -> Step {
+    Step {
+        action,
+        target,
+        ok,
+        detail,
+    }
+}
+
+/// The daemon's command line as it was started, read before it is stopped (and only while
+/// it is still the process found).
+fn argv_of(b: &Blocker) -> Option<Vec<OsString>> {
+    use std::os::unix::ffi::OsStringExt;
+    let pid = i32::try_from(b.pid?).ok()?;
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let same = crate::process::read_stat(pid).is_ok_and(|p| Some(p.start as i64) == b.start);
+    let argv: Vec<OsString> = raw
+        .split(|&c| c == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| OsString::from_vec(a.to_vec()))
+        .collect();
+    (same && !argv.is_empty()).then_some(argv)
+}
+
+/// `systemctl [--user -M USER@] VERB UNIT`, to its end.
+fn systemctl(verb: &str, unit: &str, user: Option<&str>) -> (bool, String) {
+    let mut cmd = std::process::Command::new("systemctl");
+    if let Some(u) = user {
+        cmd.args(["--user", "-M", &format!("{u}@")]);
+    }
+    cmd.args([verb, unit])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    match crate::process::helpers::output(&mut cmd) {
+        Ok(o) if o.status.success() => (true, format!("systemctl {verb} {unit}")),
+        Ok(o) => (
+            false,
+            format!(
+                "systemctl {verb} {unit}: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+        ),
+        Err(e) => (false, format!("systemctl {verb} {unit}: {e}")),
+    }
+}
+
+/// `echo quit | nvidia-cuda-mps-control`: MPS stops its servers and itself.
+fn mps_quit() -> Result<String, String> {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new("nvidia-cuda-mps-control");
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let (mut child, id) = crate::process::helpers::start(|| cmd.spawn(), |c| Some(c.id()))
+        .map_err(|e| e.to_string())?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"quit\n");
+    }
+    let out = child.wait_with_output();
+    crate::process::helpers::forget(id);
+    match out {
+        Ok(o) if o.status.success() => Ok("echo quit | nvidia-cuda-mps-control".into()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Starts a stopped daemon again: its unit, or its command line in a session of its own
+/// (registered as gpuloop's helper, so a script's job runner never takes it for a job's
+/// orphan).
+fn start_again(a: &Again) -> (String, bool, String) {
+    match a {
+        Again::Unit { unit, user } => {
+            let (ok, detail) = systemctl("start", unit, user.as_deref());
+            (unit.clone(), ok, detail)
+        }
+        Again::Argv { label, argv } => {
+            let mut cmd = std::process::Command::new(&argv[0]);
+            cmd.args(&argv[1..])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                use std::os::unix::process::CommandExt;
+                cmd.pre_exec(|| {
+                    rustix::process::setsid()?;
+                    Ok(())
+                });
+            }
+            let shown = argv
+                .iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ");
+            match crate::process::helpers::start(|| cmd.spawn(), |c| Some(c.id())) {
+                Ok((child, _)) => (label.clone(), true, format!("pid {}: {shown}", child.id())),
+                Err(e) => (label.clone(), false, format!("{shown}: {e}")),
+            }
+        }
+    }
+}

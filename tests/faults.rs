@@ -1,0 +1,437 @@
+//! Issue 36: the GPUs' own faults (Xids from the kernel log, ECC counts, remapped rows, the
+//! driver's recovery action) in gpu(), diagnose's verdicts and xids(); and reset readiness
+//! (`gpuloop reset`), each branch on the simulator with real processes.
+
+use crate::support::*;
+use serde_json::Value;
+
+fn diagnosis(sim: &Sim, gpu: i64) -> Value {
+    let out = sim.run(&["--json", "diagnose", "--gpu", &gpu.to_string()]);
+    assert!(out.code == 0 || out.code == 1, "{}", out.stderr);
+    out.json()[0].clone()
+}
+
+fn advice(d: &Value) -> &str {
+    d["advice"].as_str().unwrap_or_default()
+}
+
+fn faults(sim: &Sim, gpu: usize) -> Value {
+    sim.gpus()[gpu]["faults"].clone()
+}
+
+/// An Xid the driver logs for a holder reaches gpu().faults of that GPU only (matched by
+/// bus id), with the pid and name it gives and what NVIDIA's catalog says; diagnose shows
+/// the holder it names beside it; xids(t) gives the events since t.
+#[test]
+fn an_xid_is_matched_to_its_gpu_and_names_the_holder_beside_it() {
+    let sim = Sim::new("2x8G");
+    let p = sim.hold(&["--gpu", "1", "--mib", "64"])[0];
+    let t = sim.eval("now()");
+    sim.run(&[
+        "sim",
+        "fault",
+        "--gpu",
+        "1",
+        "--xid",
+        "31",
+        "--pid",
+        &p.to_string(),
+        "--name",
+        "python3",
+    ])
+    .ok();
+    let f = faults(&sim, 1);
+    let x = &f["xid"][0];
+    assert_eq!(x["code"], 31, "{f}");
+    assert_eq!(x["kind"], "xid");
+    assert_eq!(x["pid"], p as i64);
+    assert_eq!(x["name"], "python3");
+    assert_eq!(x["bus_id"], "PCI:0000:19:00");
+    assert_eq!(x["action"], "restart-app");
+    assert!(x["meaning"].as_str().unwrap().contains("page fault"), "{x}");
+    assert!(x["text"].as_str().unwrap().contains("MMU Fault"), "{x}");
+    assert_eq!(f["log_error"], Value::Null);
+    // GPU 0's bus is another: none of it.
+    assert_eq!(faults(&sim, 0)["xid"], serde_json::json!([]));
+    // The holder it names is shown beside it.
+    let d = diagnosis(&sim, 1);
+    assert_eq!(d["verdict"], "held");
+    let a = advice(&d);
+    assert!(
+        a.contains(&format!("names holder {p} (python3), which still holds it")),
+        "{a}"
+    );
+    assert_eq!(d["faults"]["xid"][0]["code"], 31);
+    // What the driver asks for still stands once the holder is stopped: said after it.
+    sim.run(&["sim", "fault", "--gpu", "1", "--recovery", "gpu-reset"])
+        .ok();
+    let d = diagnosis(&sim, 1);
+    assert_eq!(d["verdict"], "held", "{d}");
+    assert!(
+        advice(&d).contains("the driver also asks for a GPU reset (recovery action gpu-reset): once they are stopped, gpuloop reset --gpu 1"),
+        "{d}"
+    );
+    // What a patch-and-rerun loop asks after a run: the events since it started.
+    let since = sim.eval_json(&format!(
+        "xids({t}).map(|x| #{{gpu: x.gpu, code: x.code, host: x.host}})"
+    ));
+    assert_eq!(
+        since,
+        serde_json::json!([{"gpu": 1, "code": 31, "host": "local"}])
+    );
+    assert_eq!(sim.eval("xids(now() + 60.0).len()"), "0");
+    assert_eq!(sim.eval(&format!("xids(0, {t}).len()")), "0");
+    assert_eq!(sim.eval(&format!("xids([1], {t}).len()")), "1");
+    let bad = sim.run(&["eval", "xids(\"yesterday\")"]).code(1);
+    assert!(
+        bad.stderr.contains("xids: since must be a time"),
+        "{}",
+        bad.stderr
+    );
+}
+
+/// ECC counts and a pending remap, as NVML reports them on an H200 (retired pages N/A); a
+/// pending remap is never clean, and a reset applies it and clears the volatile counts.
+#[test]
+fn ecc_counts_and_a_pending_remap_until_a_reset_applies_it() {
+    let sim = Sim::new("2x8G");
+    let f = faults(&sim, 1);
+    assert_eq!(
+        f["ecc"],
+        serde_json::json!({"corrected": 0, "uncorrected": 0})
+    );
+    assert_eq!(f["retired_pages"], Value::Null, "remaps rows instead: {f}");
+    assert_eq!(f["recovery_action"], "none");
+    sim.run(&[
+        "sim",
+        "fault",
+        "--gpu",
+        "1",
+        "--ecc-corrected",
+        "3",
+        "--ecc-uncorrected",
+        "2",
+        "--remap-pending",
+        "--xid",
+        "63",
+    ])
+    .ok();
+    let f = faults(&sim, 1);
+    assert_eq!(
+        f["ecc"],
+        serde_json::json!({"corrected": 3, "uncorrected": 2})
+    );
+    assert_eq!(
+        f["remapped_rows"],
+        serde_json::json!({"correctable": 0, "uncorrectable": 1, "pending": true, "failure": false})
+    );
+    let d = diagnosis(&sim, 1);
+    assert_eq!(d["verdict"], "remap-pending", "{d}");
+    assert!(advice(&d).contains("gpuloop reset --gpu 1"), "{d}");
+    // Not clean for any front end: diagnose, clean and wait_clean's final word.
+    sim.run(&["diagnose", "--gpu", "1"]).code(1);
+    let c = sim
+        .run(&["--json", "clean", "--gpu", "1", "--timeout", "1"])
+        .code(1);
+    assert_eq!(c.json()["clean"], false);
+    let w = sim
+        .run(&["--json", "wait", "--gpu", "1", "--timeout", "0"])
+        .code(1);
+    assert_eq!(w.json()["clean"], false);
+    sim.run(&["diagnose", "--gpu", "0"]).ok();
+    // The reset applies the remap and clears the volatile counts, as the driver's does.
+    sim.run(&["sim", "reset", "--gpu", "1"]).ok();
+    let f = faults(&sim, 1);
+    assert_eq!(f["ecc"]["uncorrected"], 0);
+    assert_eq!(f["remapped_rows"]["pending"], false);
+    assert_eq!(f["remapped_rows"]["uncorrectable"], 1);
+    // The Xid stays in the log, as it does in the kernel's: history, not a verdict.
+    assert_eq!(f["xid"][0]["code"], 63);
+    assert_eq!(diagnosis(&sim, 1)["verdict"], "clean");
+}
+
+/// Memory nobody holds: `driver`, unless the GPU's faults say more: an Xid whose catalog
+/// action is a reset or a reboot, the driver's recovery action.
+#[test]
+fn memory_nobody_holds_is_split_by_what_the_gpu_says() {
+    let sim = Sim::new("3x8G");
+    for gpu in ["0", "1", "2"] {
+        sim.run(&["sim", "leak", "--gpu", gpu, "--mib", "900"]).ok();
+    }
+    // An application's own fault explains nothing: the driver's verdict, with the Xid said.
+    sim.run(&["sim", "fault", "--gpu", "0", "--xid", "31", "--pid", "4242"])
+        .ok();
+    let d = diagnosis(&sim, 0);
+    assert_eq!(d["verdict"], "driver", "{d}");
+    assert!(
+        advice(&d).contains("the last Xid on this GPU: Xid 31"),
+        "{d}"
+    );
+    sim.run(&["sim", "fault", "--gpu", "1", "--xid", "48"]).ok();
+    let d = diagnosis(&sim, 1);
+    assert_eq!(d["verdict"], "reset-needed", "{d}");
+    assert!(advice(&d).contains("after Xid 48"), "{d}");
+    sim.run(&["sim", "fault", "--gpu", "2", "--recovery", "node-reboot"])
+        .ok();
+    let d = diagnosis(&sim, 2);
+    assert_eq!(d["verdict"], "reboot-needed", "{d}");
+    assert!(advice(&d).contains("recovery action node-reboot"), "{d}");
+    // The driver's recovery action on a free GPU is a verdict too; a reset clears it.
+    sim.run(&["sim", "reset", "--gpu", "1"]).ok();
+    sim.run(&["sim", "fault", "--gpu", "1", "--recovery", "gpu-reset"])
+        .ok();
+    assert_eq!(diagnosis(&sim, 1)["verdict"], "reset-needed");
+    sim.run(&["--json", "reset", "--gpu", "1"]).ok();
+    assert_eq!(faults(&sim, 1)["recovery_action"], "none");
+    assert_eq!(diagnosis(&sim, 1)["verdict"], "clean");
+}
+
+/// A GPU that falls off the bus answers nothing: `fell-off-bus` (never clean), Xid 79 in
+/// the log, and a reset that fails; `--clear` is what a reboot would do.
+#[test]
+fn a_gpu_off_the_bus_fails_its_reads_and_its_reset() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["sim", "fault", "--gpu", "1", "--off-bus"]).ok();
+    let out = sim.run(&["--json", "gpus"]).code(1);
+    let g = out.json();
+    assert_eq!(g[1]["error"], "GPU 1: GPU is lost", "{g}");
+    assert_eq!(g[1]["faults"]["xid"][0]["code"], 79, "{g}");
+    assert_eq!(
+        g[1]["faults"]["ecc"],
+        Value::Null,
+        "a lost GPU answers no query"
+    );
+    assert!(g[0]["error"].is_null());
+    let d = diagnosis(&sim, 1);
+    assert_eq!(d["verdict"], "fell-off-bus", "{d}");
+    let a = advice(&d);
+    assert!(
+        a.contains("Xid 79 (the GPU fell off the bus") && a.contains("reboot the node"),
+        "{a}"
+    );
+    let failed = sim.run(&["sim", "reset", "--gpu", "1"]).code(1);
+    assert!(failed.stderr.contains("is lost"), "{}", failed.stderr);
+    let r = sim.run(&["--json", "reset", "--gpu", "1"]).code(1).json();
+    let steps = &r[0]["steps"];
+    assert_eq!(steps[0]["action"], "reset", "{r}");
+    assert_eq!(steps[0]["ok"], false, "{r}");
+    assert_eq!(r[0]["reset"], false);
+    sim.run(&["sim", "fault", "--gpu", "1", "--clear"]).ok();
+    assert_eq!(diagnosis(&sim, 1)["verdict"], "clean");
+}
+
+/// `reset --dry-run` names every client in a reset's way, each with the identity a holder
+/// has: an observer (an nvidia-smi loop), nvidia-persistenced, a process holding a MIG
+/// capability, a CUDA context of another GPU that maps this one, and nvidia_drm with
+/// modeset; diagnose's advice and its `blockers` are the same list.
+#[test]
+fn the_readiness_list_names_every_client_that_blocks_a_reset() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "900"]).ok();
+    let smi = sim.hold(&["--gpu", "0", "--observer", "--name", "nvidia-smi"])[0];
+    let pd = sim.hold(&["--gpu", "0", "--observer", "--name", "nvidia-persistenced"])[0];
+    let caps = sim.hold(&["--gpu", "1", "--observer", "--caps", "--name", "dcgmi"])[0];
+    let ctx = sim.hold(&["--gpu", "1", "--mib", "64", "--map-all"])[0];
+    let clean = sim
+        .run(&["--json", "reset", "--gpu", "0", "--dry-run"])
+        .code(1);
+    let bs = clean.json()[0]["blockers"].clone();
+    let by_pid = |pid: i32| -> Value {
+        bs.as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["pid"] == pid as i64)
+            .cloned()
+            .unwrap_or_else(|| panic!("{pid} not listed: {bs}"))
+    };
+    for (pid, kind, protected, how) in [
+        (smi, "observer", false, format!("kill {smi}")),
+        (
+            pd,
+            "persistenced",
+            true,
+            format!("kill {pd} (a protected daemon: --force)"),
+        ),
+        (caps, "observer", false, format!("kill {caps}")),
+        (ctx, "compute", false, format!("kill {ctx}")),
+    ] {
+        let b = by_pid(pid);
+        assert_eq!(b["kind"], kind, "{b}");
+        assert_eq!(b["protected"], protected, "{b}");
+        assert_eq!(b["how"], how, "{b}");
+        assert_eq!(b["start"], start_of(pid).unwrap() as i64, "{b}");
+    }
+    assert_eq!(by_pid(caps)["caps"], true);
+    assert_eq!(bs.as_array().unwrap().len(), 4, "{bs}");
+    // nvidia_drm with modeset holds every GPU.
+    sim.run(&["sim", "fault", "--drm-modeset", "on"]).ok();
+    let r = sim
+        .run(&["--json", "reset", "--gpu", "0", "--dry-run"])
+        .code(1);
+    let bs2 = r.json()[0]["blockers"].clone();
+    let module = bs2.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(module["kind"], "module", "{bs2}");
+    assert_eq!(module["name"], "nvidia_drm");
+    assert_eq!(module["pid"], Value::Null);
+    // diagnose names the same clients, and how each stops.
+    let d = diagnosis(&sim, 0);
+    assert_eq!(d["verdict"], "driver", "{d}");
+    assert_eq!(d["blockers"], bs2, "{d}");
+    let a = advice(&d);
+    for pid in [smi, pd, caps, ctx] {
+        assert!(a.contains(&format!("{pid} (")), "{pid}: {a}");
+    }
+    assert!(
+        a.contains("nvidia_drm (module): modprobe -r nvidia_drm"),
+        "{a}"
+    );
+    let text = sim
+        .run(&["reset", "--gpu", "0", "--dry-run"])
+        .code(1)
+        .stdout;
+    assert!(text.contains("5 client(s) block a reset"), "{text}");
+    // The same list in a script.
+    let mut kinds = [
+        (smi, "observer"),
+        (pd, "persistenced"),
+        (caps, "observer"),
+        (ctx, "compute"),
+    ];
+    kinds.sort();
+    let mut want: Vec<&str> = kinds.iter().map(|(_, k)| *k).collect();
+    want.push("module");
+    assert_eq!(
+        sim.eval_json("reset_blockers(0).map(|b| b.kind)"),
+        serde_json::json!(want)
+    );
+    sim.run(&["sim", "fault", "--drm-modeset", "off"]).ok();
+    let free = sim.run(&["--json", "reset", "--gpu", "1", "--dry-run"]);
+    assert!(free.json()[0]["blockers"].as_array().unwrap().len() >= 2);
+}
+
+/// Without --dry-run: a protected daemon without --force, or a module, refuses the reset
+/// before anything is stopped, and the simulated driver itself refuses a reset while an
+/// observer has the node open. With --force: the observer is killed, the daemon stopped,
+/// the GPU reset and verified (its UUID answers, 0 MiB), and the daemon started again.
+#[test]
+fn a_reset_stops_what_blocks_it_resets_verifies_and_restarts_the_daemon() {
+    let sim = Sim::new("2x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "900"]).ok();
+    let smi = sim.hold(&["--gpu", "0", "--observer", "--name", "nvidia-smi"])[0];
+    let pd = sim.hold(&["--gpu", "0", "--observer", "--name", "nvidia-persistenced"])[0];
+    // The driver's own refusal: an NVML client has the node open.
+    let busy = sim.run(&["sim", "reset", "--gpu", "0"]).code(1);
+    assert!(
+        busy.stderr.contains("in use by another client"),
+        "{}",
+        busy.stderr
+    );
+    let r = sim.run(&["--json", "reset", "--gpu", "0"]).code(1).json();
+    let steps = r[0]["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{r}");
+    assert_eq!(steps[0]["action"], "refuse");
+    assert!(steps[0]["target"]
+        .as_str()
+        .unwrap()
+        .contains(&pd.to_string()));
+    assert!(
+        alive(smi) && alive(pd),
+        "nothing is stopped when the reset cannot happen"
+    );
+    assert_eq!(sim.used_mib(0), 900);
+    let out = sim
+        .run(&["reset", "--gpu", "0", "--force", "--grace", "1"])
+        .ok();
+    assert!(
+        out.stdout.contains("GPU 0 reset and verified"),
+        "{}",
+        out.stdout
+    );
+    assert!(!alive(smi) && !alive(pd));
+    assert_eq!(sim.used_mib(0), 0);
+    // The daemon is back, a new process of the same command line; nothing else is.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let again = loop {
+        let r = sim.run(&["--json", "reset", "--gpu", "0", "--dry-run"]);
+        let bs: Vec<Value> = r.json()[0]["blockers"].as_array().unwrap().clone();
+        if !bs.is_empty() || std::time::Instant::now() > end {
+            break bs;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0]["kind"], "persistenced");
+    assert_ne!(again[0]["pid"], pd as i64);
+    // The daemon reset restarted is the test's to stop, by pid, with the simulator.
+    sim.adopt(
+        again[0]["pid"]
+            .as_i64()
+            .expect("the restarted daemon's pid") as i32,
+    );
+    let text = out.stdout;
+    for step in [
+        format!("stop {smi} (nvidia-smi, observer): ok: exited"),
+        // The simulated daemon's command line is gpuloop's: its name is its comm's 15 bytes.
+        format!("stop {pd} (nvidia-persiste, persistenced): ok: exited"),
+        "reset GPU 0: ok: done".to_string(),
+        "verify GPU 0: ok: GPU-".to_string(),
+        format!("restart {pd} (nvidia-persiste, persistenced): ok: pid "),
+    ] {
+        assert!(text.contains(&step), "{step:?} not in {text}");
+    }
+    sim.run(&["sim", "stop"]).ok();
+    // A module is never unloaded for you, with --force either.
+    sim.run(&["sim", "leak", "--gpu", "1", "--mib", "9"]).ok();
+    sim.run(&["sim", "fault", "--drm-modeset", "on"]).ok();
+    let r = sim
+        .run(&["--json", "reset", "--gpu", "1", "--force"])
+        .code(1)
+        .json();
+    assert_eq!(r[0]["steps"][0]["action"], "refuse", "{r}");
+    assert!(
+        r[0]["steps"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("modprobe -r nvidia_drm"),
+        "{r}"
+    );
+    let busy = sim.run(&["sim", "reset", "--gpu", "1"]).code(1);
+    assert!(busy.stderr.contains("modeset"), "{}", busy.stderr);
+    assert_eq!(sim.used_mib(1), 9);
+}
+
+/// The clean-node recipe's reset step shows the same list, then resets.
+#[test]
+fn the_clean_node_recipe_names_what_blocks_its_reset() {
+    let sim = Sim::new("1x8G");
+    sim.run(&["sim", "leak", "--gpu", "0", "--mib", "9"]).ok();
+    let smi = sim.hold(&["--gpu", "0", "--observer", "--name", "nvidia-smi"])[0];
+    let out = sim
+        .run(&["run", "clean-node", "--timeout", "1", "--allow-reset"])
+        .ok();
+    assert!(
+        out.stdout.contains(&format!(
+            "a reset is blocked by nvidia-smi({smi}) observer: kill {smi}"
+        )),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("reset GPU 0"), "{}", out.stdout);
+    assert!(!alive(smi));
+    assert_eq!(sim.used_mib(0), 0);
+}
+
+/// Where the kernel log cannot be read, gpu() says so plainly and goes on.
+#[test]
+fn a_kernel_log_that_cannot_be_read_is_said_not_hidden() {
+    let sim = Sim::new("1x8G");
+    std::fs::create_dir_all(sim.path().join("state/kmsg")).unwrap();
+    let f = faults(&sim, 0);
+    let e = f["log_error"].as_str().unwrap_or_default();
+    assert!(
+        e.starts_with("the kernel log could not be read: ") && e.contains("kmsg"),
+        "{f}"
+    );
+    assert_eq!(f["xid"], serde_json::json!([]));
+    assert_eq!(f["ecc"]["uncorrected"], 0, "the rest is read all the same");
+}
