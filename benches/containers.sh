@@ -26,6 +26,8 @@ cleanup() {
   for c in "${ctrs[@]}"; do "${PODMAN[@]}" rm -f -t 0 "$c" >/dev/null 2>&1 || true; done
   for u in "${uids[@]}"; do
     for m in /sys/fs/cgroup/*/kubepods/burstable /sys/fs/cgroup/kubepods/burstable; do
+      # podman's cgroupfs manager puts conmon in the pod's cgroup, below the container's.
+      for d in "$m/pod$u"/*/; do rmdir "$d" 2>/dev/null || true; done
       rmdir "$m/pod$u" 2>/dev/null || true
     done
   done
