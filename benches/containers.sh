@@ -1,44 +1,48 @@
 #!/usr/bin/env bash
-# The holder scan with and without containers (issue 35): the same N simulated holders (50 by
-# default), once as plain processes and once each in a podman container of its own (runc, the
-# cgroupfs manager) under a kubelet-shaped cgroup parent with the CRI's annotations, so that
-# every holder's container and pod are read from podman's state on disk and the kubelet's
-# directory (half the pods deleted). Runs A (plain), B (containers), A again, to bracket drift.
-# Needs root, podman, runc, busybox-static; installs hyperfine with apt-get if missing.
-# Writes benches/results/containers-*.json and prints gpuloop's own -v breakdown.
+# The holder scan with and without containers (issue 35). Two simulators on one machine at
+# once, so both see the same process table: one with N (50 by default) plain holders, one with
+# N holders each in a podman container of its own (runc, the cgroupfs manager) under a
+# kubelet-shaped cgroup parent with the CRI's annotations, so that every holder's container
+# and pod are read from podman's state on disk and the kubelet's directory (half the pods
+# deleted). `gpuloop holders` runs on each in turn, RUNS times (alternating, so drift on a
+# shared machine falls on both alike), then with -v for gpuloop's own breakdown: the driver's
+# part (the simulated one translates a container's pid to its host pid, which a real driver
+# does itself) and the lineage, where the containers and pods are read.
+# Needs root, podman, runc, busybox-static. Writes benches/results/containers.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${N:-50} RUNS=${RUNS:-40}
-command -v hyperfine >/dev/null || { apt-get update -qq && apt-get install -y -qq hyperfine >/dev/null; }
+N=${N:-50} RUNS=${RUNS:-60}
 cargo build --release -q
 BIN=$PWD/target/release/gpuloop
 DIR=$(mktemp -d /tmp/gpuloop-bench-XXXXXX)
-export GPULOOP_SIM=1x80G GPULOOP_SIM_DIR=$DIR/state XDG_CONFIG_HOME=$DIR/config XDG_STATE_HOME=$DIR/state-home
+IMAGE=localhost/gpuloop-bench:latest
+PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
+export GPULOOP_SIM=1x80G XDG_CONFIG_HOME=$DIR/config XDG_STATE_HOME=$DIR/state-home
 mkdir -p "$DIR/config/gpuloop" "$DIR/kubelet/pods" "$DIR/logs"
 printf '[containers]\nkubelet = "%s"\npod_logs = "%s"\n' "$DIR/kubelet" "$DIR/logs" >"$DIR/config/gpuloop/config.toml"
-# The simulated driver is the host's: it lists a container's holder by its host pid.
-$BIN gpus >/dev/null
-PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
 plain=() ctrs=() uids=()
 cleanup() {
   for p in "${plain[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   for c in "${ctrs[@]}"; do "${PODMAN[@]}" rm -f -t 0 "$c" >/dev/null 2>&1 || true; done
   for u in "${uids[@]}"; do
     for m in /sys/fs/cgroup/*/kubepods/burstable /sys/fs/cgroup/kubepods/burstable; do
+      # podman's cgroupfs manager puts conmon in the pod's cgroup, below the container's.
+      for d in "$m/pod$u"/*/; do rmdir "$d" 2>/dev/null || true; done
       rmdir "$m/pod$u" 2>/dev/null || true
     done
   done
   "${PODMAN[@]}" rmi -f "$IMAGE" >/dev/null 2>&1 || true
   rm -rf "$DIR"
 }
-IMAGE=localhost/gpuloop-bench:latest
 trap cleanup EXIT
+# Each simulated driver is the host's: it lists a container's holder by its host pid.
+GPULOOP_SIM_DIR=$DIR/plain $BIN gpus >/dev/null
+GPULOOP_SIM_DIR=$DIR/ctr $BIN gpus >/dev/null
 
 # The image: busybox-static and the libraries gpuloop links (gpuloop is mounted in).
 root=$DIR/root
 mkdir -p "$root"/{bin,proc,sys,dev,tmp,etc}
 cp /bin/busybox "$root/bin/"
-ln -s busybox "$root/bin/sh"
 for lib in $(ldd "$BIN" | grep -o '/[^ ]*'); do
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
@@ -46,31 +50,10 @@ done
 tar -C "$root" -cf "$DIR/root.tar" .
 "${PODMAN[@]}" import "$DIR/root.tar" "$IMAGE" >/dev/null
 
-held() { $BIN --json holders | grep -c '"role": "compute"' || true; }
-wait_for() { until [ "$(held)" -ge "$1" ]; do sleep 0.2; done; }
-mkdir -p benches/results
-measure() {
-  hyperfine -N --warmup 3 --runs "$RUNS" -n "$1" "$BIN holders" --export-json "benches/results/containers-$2.json"
-  $BIN -v holders 2>&1 >/dev/null | grep -E 'inventory:|lineage of' || true
-}
-start_plain() {
-  for _ in $(seq "$N"); do plain+=("$($BIN sim hold --gpu 0 --mib 10)"); done
-  wait_for "$N"
-}
-stop_plain() {
-  for p in "${plain[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  plain=()
-  until [ "$(held)" -eq 0 ]; do sleep 0.2; done
-}
-
-echo "== A: $N plain holders"
-start_plain
-measure "holders, $N plain holders" plain-1
-stop_plain
-
-echo "== B: $N holders, each in a container of a pod"
+held() { GPULOOP_SIM_DIR=$1 $BIN --json holders | grep -c '"role": "compute"' || true; }
+for _ in $(seq "$N"); do plain+=("$(GPULOOP_SIM_DIR=$DIR/plain $BIN sim hold --gpu 0 --mib 10)"); done
 for i in $(seq "$N"); do
-  uid=$(printf 'b%07x-%04x-4000-8000-%012x' "$i" "$$" "$(date +%s%N | cut -c1-12)")
+  uid=$(printf 'b%07x-%04x-4000-8000-%012x' "$i" "$(($$ & 0xffff))" "$i")
   uids+=("$uid")
   # Half the pods are known to the kubelet, half deleted.
   [ $((i % 2)) -eq 0 ] && mkdir -p "$DIR/kubelet/pods/$uid"
@@ -78,16 +61,46 @@ for i in $(seq "$N"); do
     --cgroup-parent "/kubepods/burstable/pod$uid" \
     --annotation io.kubernetes.pod.name="job-$i" --annotation io.kubernetes.pod.namespace=bench \
     --annotation io.kubernetes.pod.uid="$uid" --annotation io.kubernetes.container.name=worker \
-    -v "$BIN:/gpuloop:ro" -v "$DIR:$DIR" -e GPULOOP_SIM_DIR="$GPULOOP_SIM_DIR" -e GPULOOP_SIM="$GPULOOP_SIM" \
+    -v "$BIN:/gpuloop:ro" -v "$DIR:$DIR" -e GPULOOP_SIM_DIR="$DIR/ctr" -e GPULOOP_SIM="$GPULOOP_SIM" \
     "$IMAGE" /gpuloop sim hold --gpu 0 --mib 10 --foreground)")
 done
-wait_for "$N"
-measure "holders, $N holders in containers" containers
-for c in "${ctrs[@]}"; do "${PODMAN[@]}" rm -f -t 0 "$c" >/dev/null 2>&1 || true; done
-ctrs=()
-until [ "$(held)" -eq 0 ]; do sleep 0.2; done
-
-echo "== A again: $N plain holders"
-start_plain
-measure "holders, $N plain holders (again)" plain-2
-stop_plain
+until [ "$(held "$DIR/ctr")" -ge "$N" ] && [ "$(held "$DIR/plain")" -ge "$N" ]; do sleep 0.2; done
+echo "processes: $(ls /proc | grep -c '^[0-9]'); $N plain holders, $N holders in containers"
+mkdir -p benches/results
+python3 - "$BIN" "$DIR" "$N" "$RUNS" <<'EOF'
+import json, os, re, statistics, subprocess, sys, time
+bin_, d, n, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+envs = {k: dict(os.environ, GPULOOP_SIM_DIR=f"{d}/{k}") for k in ("plain", "ctr")}
+# Wall time, and CPU time (user + system): on a shared machine the CPU a run costs moves
+# less than its wall time.
+wall = {k: [] for k in envs}
+cpu = {k: [] for k in envs}
+for _ in range(runs):
+    for k, env in envs.items():
+        t = time.perf_counter()
+        p = subprocess.Popen([bin_, "holders"], env=env, stdout=subprocess.DEVNULL)
+        _, status, ru = os.wait4(p.pid, 0)
+        assert status == 0, status
+        wall[k].append((time.perf_counter() - t) * 1e3)
+        cpu[k].append((ru.ru_utime + ru.ru_stime) * 1e3)
+parts = {k: {"driver": [], "scan": [], "lineage": [], "state": []} for k in envs}
+for _ in range(runs // 2):
+    for k, env in envs.items():
+        err = subprocess.run([bin_, "-v", "holders"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, check=True).stderr
+        m = re.search(r"from sim in ([\d.]+) ms, beside a scan of \d+ processes in ([\d.]+) ms", err)
+        parts[k]["driver"].append(float(m.group(1)))
+        parts[k]["scan"].append(float(m.group(2)))
+        m = re.search(r"lineage of \d+ holder\(s\) in ([\d.]+) ms; .* read in ([\d.]+) ms", err)
+        parts[k]["lineage"].append(float(m.group(1)))
+        parts[k]["state"].append(float(m.group(2)))
+med = lambda xs: round(statistics.median(xs), 2)
+out = {k: {"wall_ms_median": med(wall[k]), "wall_ms_min": round(min(wall[k]), 2),
+           "cpu_ms_median": med(cpu[k]), "cpu_ms_min": round(min(cpu[k]), 2),
+           **{f"{p}_ms_median": med(v) for p, v in parts[k].items()}} for k in envs}
+out["holders"] = n
+out["runs"] = runs
+out["load_average"] = os.getloadavg()[0]
+print(json.dumps(out, indent=2))
+json.dump(out, open("benches/results/containers.json", "w"), indent=2)
+EOF

@@ -281,11 +281,22 @@ impl Ctr {
 impl Drop for Ctr {
     fn drop(&mut self) {
         podman(&["rm", "-f", "-t", "0", &self.name]);
-        // runc leaves the pod's cgroup behind the container's.
+        // The pod's cgroup is left behind the container, with conmon's below it (podman's
+        // cgroupfs manager puts conmon in `<parent>/conmon`); conmon may take a moment to go.
         if let Some(parent) = &self.parent {
-            for m in cgroup_mounts() {
-                let _ = std::fs::remove_dir(m.0.join(parent.trim_start_matches('/')));
-            }
+            let dirs: Vec<PathBuf> = cgroup_mounts()
+                .into_iter()
+                .map(|m| m.0.join(parent.trim_start_matches('/')))
+                .collect();
+            within(10, || {
+                dirs.iter().all(|d| {
+                    for sub in ["conmon".to_string(), format!("libpod-{}", self.id)] {
+                        let _ = std::fs::remove_dir(d.join(sub));
+                    }
+                    let _ = std::fs::remove_dir(d);
+                    !d.exists()
+                })
+            });
         }
     }
 }

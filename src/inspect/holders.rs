@@ -345,15 +345,13 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], roots: &Roots) -
             )
         })
         .collect();
+    let (read, spent) = places.resolved();
     tracing::debug!(
-        "lineage of {} holder(s), {} in containers ({} container(s) and pod(s) read), in {:.1} ms",
+        "lineage of {} holder(s) in {:.1} ms; {} in containers, {read} container(s) and pod(s) read in {:.1} ms",
         holders.len(),
-        holders
-            .iter()
-            .filter(|h| !h.origin.place.is_empty())
-            .count(),
-        places.resolved(),
-        lineage.elapsed().as_secs_f64() * 1e3
+        lineage.elapsed().as_secs_f64() * 1e3,
+        holders.iter().filter(|h| !h.origin.place.is_empty()).count(),
+        spent.as_secs_f64() * 1e3
     );
     Inventory {
         gpus,

@@ -287,6 +287,28 @@ struct Bundle {
     annotations: Option<HashMap<String, String>>,
 }
 
+/// A bundle's annotations. A `config.json` is the whole OCI spec (11 KiB for a bare podman
+/// container, more with mounts and seccomp), of which gpuloop needs one object: that object
+/// is parsed alone where its key is found, and the whole document only where it is not
+/// (then without annotations, or another shape than the runtimes write).
+fn annotations(bytes: &[u8]) -> HashMap<String, String> {
+    const KEY: &[u8] = b"\"annotations\"";
+    for at in memchr::memmem::find_iter(bytes, KEY) {
+        let rest = bytes[at + KEY.len()..].trim_ascii_start();
+        let Some(value) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        let mut one = serde_json::Deserializer::from_slice(value).into_iter();
+        if let Some(Ok(map)) = one.next() {
+            return map;
+        }
+    }
+    serde_json::from_slice::<Bundle>(bytes)
+        .ok()
+        .and_then(|b| b.annotations)
+        .unwrap_or_default()
+}
+
 /// docker's `config.v2.json`, as far as gpuloop reads it.
 #[derive(Debug, Default, Deserialize)]
 struct DockerConfig {
@@ -368,6 +390,10 @@ pub(crate) struct Resolver<'a> {
     logged: Option<HashMap<String, Logged>>,
     /// The kubelet's `pods` directory is there (else no pod can be told deleted).
     kubelet_known: Option<bool>,
+    /// Some root of containerd's, containers/storage's, docker's state is there.
+    there: [Option<bool>; 3],
+    /// Time spent reading the runtimes' and the kubelet's state (for -v and the benches).
+    spent: std::time::Duration,
 }
 
 impl<'a> Resolver<'a> {
@@ -380,12 +406,14 @@ impl<'a> Resolver<'a> {
             names: None,
             logged: None,
             kubelet_known: None,
+            there: [None; 3],
+            spent: std::time::Duration::ZERO,
         }
     }
 
-    /// How many places were resolved (each read once).
-    pub(crate) fn resolved(&self) -> usize {
-        self.places.len()
+    /// How many places were resolved (each read once), and the time that took.
+    pub(crate) fn resolved(&self) -> (usize, std::time::Duration) {
+        (self.places.len(), self.spent)
     }
 
     /// The place a cgroup path's ids stand for; empty ids read nothing.
@@ -396,8 +424,10 @@ impl<'a> Resolver<'a> {
         if let Some(p) = self.places.get(ids) {
             return p.clone();
         }
+        let t = std::time::Instant::now();
         let p = self.resolve(ids);
         self.places.insert(ids.clone(), p.clone());
+        self.spent += t.elapsed();
         p
     }
 
@@ -520,27 +550,42 @@ impl<'a> Resolver<'a> {
         (None, known && runtime.is_some())
     }
 
+    /// Whether a root of runtime state `k` (0 containerd, 1 containers/storage, 2 docker)
+    /// is there, looked at once.
+    fn there(&mut self, k: usize) -> bool {
+        let roots = self.roots;
+        *self.there[k].get_or_insert_with(|| match k {
+            0 => roots.containerd.iter().any(|r| r.is_dir()),
+            1 => roots.storage.iter().any(|r| r.is_dir()),
+            _ => roots.docker.iter().any(|r| r.join("containers").is_dir()),
+        })
+    }
+
     fn containerd(&mut self, id: &str) -> (Option<Found>, bool) {
+        let there = self.there(0);
         let roots = &self.roots.containerd;
         let namespaces = self
             .namespaces
             .get_or_insert_with(|| roots.iter().flat_map(|r| subdirs(r)).collect());
-        let there = roots.iter().any(|r| r.is_dir());
-        let found = namespaces.iter().find_map(|ns| {
-            let bundle: Bundle =
-                serde_json::from_slice(&read_state(&ns.join(id).join("config.json"))?)
-                    .unwrap_or_default();
-            let keys = bundle.annotations.unwrap_or_default();
-            Some(Found {
-                runtime: Runtime::Containerd,
-                name: first(&keys, &["nerdctl/name"]),
-                keys,
-            })
+        let found = namespaces.iter().enumerate().find_map(|(i, ns)| {
+            let keys = annotations(&read_state(&ns.join(id).join("config.json"))?);
+            Some((i, keys))
         });
-        (found, there)
+        let Some((i, keys)) = found else {
+            return (None, there);
+        };
+        // Kubernetes' containers are all in one namespace (k8s.io): looked in first next.
+        namespaces[..=i].rotate_right(1);
+        let found = Found {
+            runtime: Runtime::Containerd,
+            name: first(&keys, &["nerdctl/name"]),
+            keys,
+        };
+        (Some(found), there)
     }
 
     fn storage(&mut self, id: &str) -> (Option<Found>, bool) {
+        let there = self.there(1);
         let roots = &self.roots.storage;
         let stores = self.stores.get_or_insert_with(|| {
             roots
@@ -553,15 +598,16 @@ impl<'a> Resolver<'a> {
                 })
                 .collect()
         });
-        let there = roots.iter().any(|r| r.is_dir());
-        let keys = stores.iter().find_map(|s| {
+        let found = stores.iter().enumerate().find_map(|(i, s)| {
             let path = s.join(id).join("userdata").join("config.json");
-            let bundle: Bundle = serde_json::from_slice(&read_state(&path)?).unwrap_or_default();
-            Some(bundle.annotations.unwrap_or_default())
+            Some((i, annotations(&read_state(&path)?)))
         });
-        let Some(keys) = keys else {
+        let Some((i, keys)) = found else {
             return (None, there);
         };
+        // A node's containers are in one store (podman's graph root, CRI-O's run root):
+        // the next container is looked for there first.
+        stores[..=i].rotate_right(1);
         let runtime = match keys.get("io.container.manager").map(String::as_str) {
             Some("libpod") => Runtime::Podman,
             _ => Runtime::CriO,
@@ -591,8 +637,8 @@ impl<'a> Resolver<'a> {
     }
 
     fn docker(&mut self, id: &str) -> (Option<Found>, bool) {
+        let there = self.there(2);
         let roots = &self.roots.docker;
-        let there = roots.iter().any(|r| r.join("containers").is_dir());
         let found = roots.iter().find_map(|r| {
             let path = r.join("containers").join(id).join("config.v2.json");
             let c: DockerConfig = serde_json::from_slice(&read_state(&path)?).unwrap_or_default();
@@ -1094,6 +1140,19 @@ mod tests {
             (pod.label(), pod.container.as_deref(), pod.deleted),
             ("ml/trainer-0".to_string(), Some("trainer"), true)
         );
+    }
+
+    #[test]
+    fn annotations_are_read_alone_or_from_the_whole_bundle() {
+        let want = HashMap::from([("io.kubernetes.pod.name".to_string(), "p".to_string())]);
+        // A string "annotations" before the key, and the key itself.
+        let doc = br#"{"process":{"args":["annotations"],"env":["X=\"annotations\": 1"]},
+            "annotations" : {"io.kubernetes.pod.name":"p"},"linux":{}}"#;
+        assert_eq!(annotations(doc), want);
+        // No annotations, a document of another shape, not JSON: nothing.
+        assert!(annotations(br#"{"ociVersion":"1.1.0"}"#).is_empty());
+        assert!(annotations(br#"{"annotations":null}"#).is_empty());
+        assert!(annotations(b"not json").is_empty());
     }
 
     #[test]

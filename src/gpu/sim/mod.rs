@@ -12,7 +12,9 @@
 //! - `alloc/*.json`: one file per allocation (GPU, MiB, creator pid). An allocation's memory is
 //!   used while any live process holds an open handle to it, exactly like a CUDA allocation:
 //!   the creator holds a shared `flock` on the file, inherited by forked children, and the lock
-//!   only goes away when the last process holding that open file description is gone.
+//!   only goes away when the last process holding that open file description is gone. The
+//!   driver lists each creator by its pid in the host's namespace: one that ran in a container
+//!   is found by its lock (/proc/locks names the locker in the reader's namespace).
 //!   With `release_ms`, a watcher takes the lock after the last holder and keeps the memory
 //!   "used" for that long, as the driver's asynchronous teardown does.
 
@@ -420,8 +422,8 @@ impl SimBackend {
         // and memory nobody holds keep it idle, as on a real GPU.
         let mut busy = vec![false; self.spec.count];
         let mut procs: Vec<BTreeMap<i32, i64>> = vec![BTreeMap::new(); self.spec.count];
-        let mut host_pids = None;
-        for (_, a) in self.live_allocations()? {
+        let mut lockers = None;
+        for (path, a) in self.live_allocations()? {
             let Some(i) = usize::try_from(a.gpu).ok().filter(|&i| i < self.spec.count) else {
                 continue;
             };
@@ -439,9 +441,7 @@ impl SimBackend {
             let pid = if a.ns == self.own_ns {
                 Some(a.creator)
             } else if self.own_ns == self.host_ns {
-                host_pids
-                    .get_or_insert_with(|| HostPids::new(self.own_ns))
-                    .of(a.ns, a.creator)
+                lockers.get_or_insert_with(Lockers::read).of(&path)
             } else {
                 self.spec.foreign_pids_raw.then_some(a.creator)
             };
@@ -543,45 +543,42 @@ impl SimBackend {
     }
 }
 
-/// The host pids of processes of other PID namespaces, as a real driver reports a
-/// containerized process: (namespace inode, pid there) → pid here, from one pass over
-/// /proc, taken only when an allocation was made in another namespace.
-struct HostPids {
-    /// Every process here with its PID namespace's inode.
-    procs: Vec<(i32, u64)>,
-}
+/// Who holds each allocation's lock, by the file's (major, minor, inode), as the kernel tells
+/// it in /proc/locks: the pid of the process that took it, in this reader's PID namespace.
+/// That is how a containerized creator is listed by its host pid, as a real driver lists it;
+/// one read, taken only when an allocation was made in another namespace.
+struct Lockers(BTreeMap<(u32, u32, u64), i32>);
 
-impl HostPids {
-    fn new(own_ns: u64) -> HostPids {
-        use std::os::unix::fs::MetadataExt;
-        let procs = fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter_map(|pid| {
-                let ns = fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino();
-                (ns != own_ns).then_some((pid, ns))
-            })
-            .collect();
-        HostPids { procs }
+impl Lockers {
+    fn read() -> Lockers {
+        let text = fs::read_to_string("/proc/locks").unwrap_or_default();
+        Lockers(
+            text.lines()
+                // "1: FLOCK  ADVISORY  READ 4711 00:2c:1234 0 EOF"; a waiter's line has "->".
+                .filter(|l| !l.contains("->"))
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    if f.get(1) != Some(&"FLOCK") {
+                        return None;
+                    }
+                    let pid: i32 = f.get(4)?.parse().ok().filter(|&p: &i32| p > 0)?;
+                    let mut id = f.get(5)?.split(':');
+                    let major = u32::from_str_radix(id.next()?, 16).ok()?;
+                    let minor = u32::from_str_radix(id.next()?, 16).ok()?;
+                    let ino = id.next()?.parse().ok()?;
+                    Some(((major, minor, ino), pid))
+                })
+                .collect(),
+        )
     }
 
-    /// The pid here of the process that is `inner` in namespace `ns`.
-    fn of(&self, ns: u64, inner: i32) -> Option<i32> {
-        self.procs
-            .iter()
-            .filter(|&&(_, n)| n == ns)
-            .find(|&&(pid, _)| {
-                fs::read_to_string(format!("/proc/{pid}/status"))
-                    .ok()
-                    .and_then(|st| {
-                        let line = st.lines().find(|l| l.starts_with("NSpid:"))?;
-                        line.split_whitespace().last()?.parse::<i32>().ok()
-                    })
-                    == Some(inner)
-            })
-            .map(|&(pid, _)| pid)
+    /// The pid here of the process that took `file`'s lock.
+    fn of(&self, file: &Path) -> Option<i32> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(file).ok()?;
+        let dev = m.dev();
+        let key = (rustix::fs::major(dev), rustix::fs::minor(dev), m.ino());
+        self.0.get(&key).copied()
     }
 }
 
