@@ -102,7 +102,7 @@ fn judgements(sim: &Sim, real_epilog: bool) -> Vec<(&'static str, bool)> {
                 .as_bool()
                 .unwrap_or_else(|| panic!("{structured}")),
         ),
-        ("MCP text", text.starts_with("all 1 selected GPU(s) clean")),
+        ("MCP text", text.starts_with("the selected GPU is clean")),
         (
             "epilog --dry-run",
             dry.code == 0 && dry.stderr.contains("GPUs clean: nothing to do"),
