@@ -57,7 +57,7 @@ wheel() {
 deb() {
   if ! "$tools/cargo-deb/bin/cargo-deb" --version >/dev/null 2>&1; then
     say "cargo-deb into $tools/cargo-deb (crates.io)"
-    cargo install -q --locked --root "$tools/cargo-deb" cargo-deb@3
+    cargo install -q --locked --root "$tools/cargo-deb" --version "^3" cargo-deb
   fi
   say "Debian package (cargo deb --no-build)"
   rm -f "$dist"/gpuloop_*.deb
