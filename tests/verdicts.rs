@@ -255,3 +255,18 @@ fn mps_daemon_memory_does_not_make_a_gpu_unclean_unless_strict() {
     assert_eq!(sim.eval("wait_clean(1, #{timeout: 0})"), "true");
     assert!(alive(server));
 }
+
+/// A new user's report (issue 38): MCP's diagnose of one held GPU ended with "; 0 other
+/// GPU(s) clean". It says the other GPUs only when there are some, in the right number.
+#[test]
+fn mcp_diagnose_text_counts_the_other_gpus_in_words() {
+    let sim = Sim::new("3x8G");
+    sim.hold(&["--gpu", "1", "--mib", "100"]);
+    let (_, one) = mcp_diagnose(&sim, &[1]);
+    assert!(one.starts_with("GPU 1 [held]"), "{one}");
+    assert!(!one.contains("other GPU"), "{one}");
+    let (_, two) = mcp_diagnose(&sim, &[0, 1]);
+    assert!(two.ends_with("; 1 other GPU clean"), "{two}");
+    let (_, three) = mcp_diagnose(&sim, &[0, 1, 2]);
+    assert!(three.ends_with("; 2 other GPUs clean"), "{three}");
+}
