@@ -571,7 +571,7 @@ class Bench:
                     for a in aliases:
                         self.hold(a)
                 dt, out = self.timed(*gl, "--host", hosts, "clean", "--grace", "1", env=env)
-                if n > 1 and f"{n} host(s): {n} clean" not in out:
+                if n > 1 and f"{n} hosts: {n} clean" not in out:
                     raise SystemExit(f"clean over {hosts}: {out}")
                 if self.reap_holders():
                     raise SystemExit(f"clean over {hosts} exited 0 but left a holder")

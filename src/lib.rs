@@ -53,3 +53,4 @@ pub mod session;
 pub(crate) mod slurm;
 pub(crate) mod stack_guard;
 pub(crate) mod timeline;
+pub(crate) mod words;

@@ -38,6 +38,14 @@ impl Style {
         }
     }
 
+    /// The same for stderr: colour as `--color` says for stderr.
+    pub fn stderr() -> Style {
+        Style {
+            color: crate::output::color_stderr(),
+            ..Style::stdout()
+        }
+    }
+
     fn paint(self, s: &str, code: &str) -> String {
         if self.color {
             format!("\x1b[{code}m{s}\x1b[0m")
@@ -367,13 +375,23 @@ fn holder_row(h: &Holder, cmd: String, cols: Columns, style: Style) -> Vec<Cell>
     row.extend([
         Cell::new(crate::process::display_name(&h.name, &h.cmdline)),
         Cell::new(join(&h.gpus)),
-        Cell::new(h.mem_mib),
+        Cell::new(mib(h)),
         colored(h.state.to_string(), state_color(h.state), style),
         Cell::new(h.role),
         Cell::new(Evidence::joined(&h.evidence)),
         Cell::new(cmd),
     ]);
     row
+}
+
+/// The memory a holder keeps: the driver's figure, or what it keeps alive of a dead
+/// creator's, said as such (`70000 (inherited)`): the driver counts that against the dead
+/// pid, and a bare 0 would point away from the one process whose exit frees it.
+fn mib(h: &Holder) -> String {
+    match &h.inherited {
+        Some(i) if h.mem == 0 => format!("{} (inherited)", i.mem_mib),
+        _ => h.mem_mib.to_string(),
+    }
 }
 
 /// "4242 torchrun", a systemd unit's main process "1 systemd [vllm.service]", and an orphan
@@ -492,7 +510,23 @@ fn wrap(text: &str, width: usize, indent: usize) -> String {
     lines.join(&format!("\n{}", " ".repeat(indent)))
 }
 
+/// A kill's report: a line per target, what was skipped or failed, and how long it took
+/// when something was signalled (with nothing signalled, there is no time to tell).
 pub fn kill_report(r: &KillReport, style: Style) -> String {
+    let mut out = kill_lines(r, style);
+    if !r.dry_run && !r.signalled.is_empty() {
+        out.push(format!("done in {} ms", r.elapsed_ms));
+    }
+    out.join("\n")
+}
+
+/// The report of the kill that `clean` made, without its time: clean's own last line says
+/// when the memory came back.
+pub(crate) fn clean_kill_report(r: &KillReport, style: Style) -> String {
+    kill_lines(r, style).join("\n")
+}
+
+fn kill_lines(r: &KillReport, style: Style) -> Vec<String> {
     if r.by_host.is_empty() {
         return one_kill_report(r, style);
     }
@@ -504,13 +538,10 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
             interrupted: false,
             ..part.clone()
         };
-        let text = one_kill_report(&part, style);
-        let mut lines: Vec<&str> = text.lines().collect();
-        // Its own time: the whole report's comes once, at the end.
-        if took(&part).is_some() {
-            lines.pop();
-        }
-        for l in lines.into_iter().filter(|l| *l != "signalled: none") {
+        for l in one_kill_report(&part, style)
+            .into_iter()
+            .filter(|l| l != "signalled: none")
+        {
             out.push(format!("{host}: {l}"));
         }
     }
@@ -520,8 +551,7 @@ pub fn kill_report(r: &KillReport, style: Style) -> String {
     if r.interrupted {
         out.push(interrupted_line(r, style));
     }
-    out.extend(took(r));
-    out.join("\n")
+    out
 }
 
 /// What an interrupt left: the pids that got the signal and no KILL, each with its host.
@@ -541,7 +571,7 @@ fn interrupted_line(r: &KillReport, style: Style) -> String {
     ))
 }
 
-fn one_kill_report(r: &KillReport, style: Style) -> String {
+fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
     let mut out = Vec::new();
     let on = |gpus: &[i64]| match gpus {
         [] => String::new(),
@@ -620,14 +650,7 @@ fn one_kill_report(r: &KillReport, style: Style) -> String {
     for e in &r.errors {
         out.push(style.red(&format!("error {}: {}", e.pid, e.error)));
     }
-    out.extend(took(r));
-    out.join("\n")
-}
-
-/// How long the signals took to act, when something was signalled (a lone "(0 ms)" under
-/// "signalled: none" says nothing).
-fn took(r: &KillReport) -> Option<String> {
-    (!r.targets.is_empty() || !r.signalled.is_empty()).then(|| format!("({} ms)", r.elapsed_ms))
+    out
 }
 
 /// `gpuloop recipes`: each recipe's name, what it is for, and how to run it, under it; the name
@@ -664,11 +687,11 @@ pub(crate) fn run_summary(o: &Outcome, style: Style) -> String {
         style.red(&how)
     };
     format!(
-        "run: {how} after {:.1} s (pid {}); stdout {} line(s), stderr {} line(s)",
+        "run: {how} after {:.1} s (pid {}); stdout {}, stderr {}",
         o.elapsed_ms as f64 / 1000.0,
         o.pid,
-        o.stdout.lines().count(),
-        o.stderr.lines().count()
+        crate::words::count(o.stdout.lines().count(), "line", "lines"),
+        crate::words::count(o.stderr.lines().count(), "line", "lines")
     )
 }
 
@@ -768,7 +791,7 @@ pub(crate) struct HostRow {
 }
 
 impl HostRow {
-    /// The row alone, as it is said when its host answers (`gpu03  clean  8 GPU(s) clean`).
+    /// The row alone, as it is said when its host answers (`gpu03  clean  8 GPUs clean`).
     pub(crate) fn line(&self) -> String {
         format!("{}  {}  {}", self.host, self.state, self.detail)
     }
@@ -808,7 +831,7 @@ pub(crate) fn host_summary(rows: &[HostRow], style: Style) -> String {
     format!("{}\n{}", trimmed(t), host_counts(rows))
 }
 
-/// `64 host(s): 61 clean, 3 NOT clean: gpu[05,33,40]`: each state's count, and the hosts
+/// `64 hosts: 61 clean, 3 NOT clean: gpu[05,33,40]`: each state's count, and the hosts
 /// of each state that is not good as a hostlist.
 pub(crate) fn host_counts(rows: &[HostRow]) -> String {
     let mut states: Vec<(HostState, Vec<&str>, bool)> = Vec::new();
@@ -818,7 +841,7 @@ pub(crate) fn host_counts(rows: &[HostRow]) -> String {
             None => states.push((r.state, vec![&r.host], r.good())),
         }
     }
-    let mut out = format!("{} host(s): ", rows.len());
+    let mut out = format!("{}: ", crate::words::count(rows.len(), "host", "hosts"));
     let mut listed = false;
     for (i, (state, hosts, good)) in states.iter().enumerate() {
         if i > 0 {

@@ -78,7 +78,7 @@ fn verbose_logs_what_it_measured_and_did() {
     let p = sim.hold(&["--gpu", "0", "--mib", "5"])[0];
     let out = sim.run(&["-v", "clean"]).ok();
     assert!(
-        out.stderr.contains("inventory: 1 GPU(s) from sim"),
+        out.stderr.contains("inventory: 1 GPU from sim"),
         "{}",
         out.stderr
     );
@@ -568,4 +568,76 @@ fn small_messages_say_what_is_wrong_and_options_maps_stand_alone() {
     ] {
         assert!(doc.contains(sig), "gpuloop doc lacks {sig}");
     }
+}
+
+/// A new user's report (issue 38): Ctrl-C during `gpuloop wait` exited 130 without a word.
+/// It now says what was still held, which GPUs and by whom, and leaves the holders alone.
+#[test]
+fn ctrl_c_during_wait_says_what_is_still_held() {
+    use std::io::BufRead;
+    let sim = Sim::new("3x8G");
+    let holder = sim.hold(&["--gpu", "1", "--mib", "300", "--name", "vllm_worker"])[0];
+    // -vv logs every poll: the SIGINT goes once the wait is polling.
+    let mut g = sim
+        .std_cmd()
+        .args(["-vv", "wait", "--timeout", "120"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start gpuloop wait");
+    let stderr = g.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let polling = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains("still dirty") => break true,
+            Ok(_) => {}
+            Err(_) => break false,
+        }
+    };
+    if !polling {
+        let _ = g.kill();
+    }
+    assert!(polling, "gpuloop wait never polled");
+    unsafe { libc::kill(g.id() as i32, libc::SIGINT) };
+    let code = {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(40);
+        loop {
+            if let Some(st) = g.try_wait().expect("wait") {
+                break st.code();
+            }
+            if std::time::Instant::now() > end {
+                let _ = g.kill();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    reader.join().expect("reader");
+    let said: Vec<String> = rx.try_iter().collect();
+    let said = said.join("\n");
+    assert_eq!(code, Some(130), "{said}");
+    let at = said
+        .find("gpuloop: wait: interrupted; still not clean:")
+        .unwrap_or_else(|| panic!("no word of what is held:\n{said}"));
+    let report = &said[at..];
+    assert!(report.contains("GPU 1 "), "{report}");
+    assert!(
+        report.contains(&format!("vllm_worker({holder})")),
+        "{report}"
+    );
+    assert!(
+        !report.contains("GPU 0 "),
+        "a clean GPU was named: {report}"
+    );
+    assert!(alive(holder), "the wait killed its holder");
 }

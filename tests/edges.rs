@@ -321,6 +321,13 @@ fn no_driver_never_reads_as_clean() {
             out.stderr
         );
         assert!(!out.stdout.contains("clean"), "{args:?}: {}", out.stdout);
+        // A new user's report (issue 38): on a machine without GPUs, say how to try it.
+        assert!(
+            out.stderr
+                .contains("try the simulator: gpuloop --sim 8x80G gpus"),
+            "{args:?}: {}",
+            out.stderr
+        );
     }
     let out = no_driver(
         &sim,

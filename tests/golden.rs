@@ -23,6 +23,8 @@ const PID_LISTS: &[&str] = &[
     "survivors",
     "ghost_pids",
     "leftovers",
+    // A holder's `inherited.from`: the dead creators' pids.
+    "from",
 ];
 /// Fields whose value depends on the machine, the clock or the build.
 const VARYING: &[&str] = &[

@@ -83,19 +83,18 @@ fn an_observer_only_with_all() {
     assert_eq!(all[0]["gpus"], serde_json::json!([0]));
 }
 
+/// A creator that allocated `mib` on `gpu`, forked a child that inherits its handles, and
+/// exited: (creator, child), once the creator is gone.
+fn crashed_creator(sim: &Sim, gpu: &str, mib: &str) -> (i32, i32) {
+    let pids = sim.hold(&["--gpu", gpu, "--mib", mib, "--fork-child", "--exit-creator"]);
+    assert!(gone_within(pids[0], 5));
+    (pids[0], pids[1])
+}
+
 #[test]
 fn a_forked_child_holding_inherited_handles_after_its_creator_exited() {
     let sim = Sim::new("2x8G");
-    let pids = sim.hold(&[
-        "--gpu",
-        "1",
-        "--mib",
-        "200",
-        "--fork-child",
-        "--exit-creator",
-    ]);
-    let (creator, child) = (pids[0], pids[1]);
-    assert!(gone_within(creator, 5));
+    let (creator, child) = crashed_creator(&sim, "1", "200");
     let hs = sim.eval_json("holders()");
     assert_eq!(pids_in(&hs), vec![child as i64]);
     // The driver names the dead creator, not the child: the scan is what finds it.
@@ -105,6 +104,55 @@ fn a_forked_child_holding_inherited_handles_after_its_creator_exited() {
     assert_eq!(d[0]["verdict"], "inherited");
     assert_eq!(d[0]["ghost_pids"], serde_json::json!([creator]));
     assert_eq!(d[0]["mem_used_mib"], 200);
+}
+
+/// A new user's report (issue 38): in the README's own crash, `holders` showed 0 MiB for the
+/// forked child that keeps a dead creator's memory alive, because the driver counts that
+/// memory against the dead pid; the table pointed away from the one process to stop. The
+/// child now carries what it keeps alive, marked as inherited, in the table and the JSON.
+#[test]
+fn a_forked_child_shows_the_memory_it_keeps_alive_as_inherited() {
+    let sim = Sim::new("3x8G");
+    let (creator, child) = crashed_creator(&sim, "1", "200");
+    // Beside it, a plain holder (its own memory, nothing inherited), and a creator that is
+    // alive with its child: that memory is the creator's, and the child inherits nothing.
+    let plain = sim.hold(&["--gpu", "0", "--mib", "300"])[0];
+    let live = sim.hold(&["--gpu", "2", "--mib", "50", "--fork-child"]);
+    let hs = sim.run(&["--json", "holders"]).ok().json();
+    let of = |pid: i32| {
+        hs.as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["pid"] == pid as i64)
+            .unwrap_or_else(|| panic!("no holder {pid}: {hs}"))
+            .clone()
+    };
+    let h = of(child);
+    assert_eq!(h["mem"], 0, "the driver counts it against the creator");
+    assert_eq!(
+        h["inherited"],
+        serde_json::json!({"from": [creator], "mem": 200 * 1024 * 1024, "mem_mib": 200})
+    );
+    assert_eq!(of(plain)["inherited"], Value::Null);
+    assert_eq!(of(plain)["mem_mib"], 300);
+    assert_eq!(of(live[0])["mem_mib"], 50);
+    assert_eq!(of(live[1])["inherited"], Value::Null);
+    // The table alone points the right way.
+    let table = sim.run(&["holders"]).ok().stdout;
+    let row = table
+        .lines()
+        .find(|l| l.trim_start().starts_with(&child.to_string()))
+        .unwrap_or_else(|| panic!("no row for {child}:\n{table}"));
+    assert!(row.contains(" 200 (inherited) "), "{table}");
+    // A selection counts only its own GPUs: the child holds nothing on GPU 0.
+    let hs = sim.eval_json("holders([0, 1])");
+    let h = hs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["pid"] == child as i64);
+    assert_eq!(h.expect("the child")["inherited"]["mem_mib"], 200);
+    assert_eq!(sim.eval_json("holders(0)")[0]["inherited"], Value::Null);
 }
 
 #[test]

@@ -422,7 +422,7 @@ fn audit_a_huge_journal_is_read_in_bounded_memory() {
         .collect();
     assert_eq!(pids, vec![i64::from(holder), i64::from(b)]);
     assert!(
-        stderr.contains("1 line(s)") && stderr.contains("not journal records"),
+        stderr.contains("1 line of") && stderr.contains("not journal records"),
         "{stderr}"
     );
 }

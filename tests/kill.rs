@@ -191,6 +191,40 @@ fn clean_json_reports_the_kill_and_the_gpus() {
     assert!(!out.stdout.contains("after the kill"), "{}", out.stdout);
 }
 
+/// A line that is only a time, such as `(0 ms)`.
+fn lone_time(text: &str) -> Option<&str> {
+    text.lines().find(|l| {
+        let l = l.trim();
+        l.starts_with('(') && l.ends_with(" ms)")
+    })
+}
+
+/// A new user's report (issue 38): `clean` printed a lone `(0 ms)` line, the time of a kill
+/// that signalled nothing, above clean's own line that tells the times. A kill says how long
+/// it took in words, and only when it signalled something.
+#[test]
+fn clean_and_kill_print_no_lone_time_line() {
+    let sim = Sim::new("2x8G");
+    let out = sim.run(&["clean", "--gpu", "0"]).ok();
+    assert_eq!(lone_time(&out.stdout), None, "{}", out.stdout);
+    sim.hold(&["--gpu", "1", "--mib", "10"]);
+    let out = sim.run(&["clean", "--gpu", "1"]).ok();
+    assert_eq!(lone_time(&out.stdout), None, "{}", out.stdout);
+    assert!(!out.stdout.contains(" ms"), "{}", out.stdout);
+    assert!(out.stdout.contains("clean: memory back"), "{}", out.stdout);
+    let out = sim.run(&["kill"]).ok();
+    assert_eq!(out.stdout.trim(), "signalled: none");
+    sim.hold(&["--gpu", "1", "--mib", "10"]);
+    let out = sim.run(&["kill"]).ok();
+    assert_eq!(lone_time(&out.stdout), None, "{}", out.stdout);
+    let last = out.stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("done in ") && last.ends_with(" ms"),
+        "{}",
+        out.stdout
+    );
+}
+
 #[test]
 fn a_protected_daemon_survives_clean_and_kill_without_force() {
     let sim = Sim::new("1x8G");

@@ -320,7 +320,7 @@ fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
     );
     assert_eq!(
         r["content"][0]["text"],
-        "2 GPU(s) (Simulated GPU 8GB): memory used on GPU 1 2048/8192 MiB"
+        "2 GPUs (Simulated GPU 8GB): memory used on GPU 1 2048/8192 MiB"
     );
 }
 

@@ -59,6 +59,8 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         gpus,
         mem: 40_960 * MIB,
         mem_mib: 40_960,
+        inherited: None,
+        inherited_on: Default::default(),
         evidence: Evidence::ALL.to_vec(),
         protected: false,
         host: "local".into(),

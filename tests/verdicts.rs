@@ -102,7 +102,7 @@ fn judgements(sim: &Sim, real_epilog: bool) -> Vec<(&'static str, bool)> {
                 .as_bool()
                 .unwrap_or_else(|| panic!("{structured}")),
         ),
-        ("MCP text", text.starts_with("all 1 selected GPU(s) clean")),
+        ("MCP text", text.starts_with("the selected GPU is clean")),
         (
             "epilog --dry-run",
             dry.code == 0 && dry.stderr.contains("GPUs clean: nothing to do"),
@@ -256,4 +256,19 @@ fn mps_daemon_memory_does_not_make_a_gpu_unclean_unless_strict() {
     );
     assert_eq!(sim.eval("wait_clean(1, #{timeout: 0})"), "true");
     assert!(alive(server));
+}
+
+/// A new user's report (issue 38): MCP's diagnose of one held GPU ended with "; 0 other
+/// GPU(s) clean". It says the other GPUs only when there are some, in the right number.
+#[test]
+fn mcp_diagnose_text_counts_the_other_gpus_in_words() {
+    let sim = Sim::new("3x8G");
+    sim.hold(&["--gpu", "1", "--mib", "100"]);
+    let (_, one) = mcp_diagnose(&sim, &[1]);
+    assert!(one.starts_with("GPU 1 [held]"), "{one}");
+    assert!(!one.contains("other GPU"), "{one}");
+    let (_, two) = mcp_diagnose(&sim, &[0, 1]);
+    assert!(two.ends_with("; 1 other GPU clean"), "{two}");
+    let (_, three) = mcp_diagnose(&sim, &[0, 1, 2]);
+    assert!(three.ends_with("; 2 other GPUs clean"), "{three}");
 }

@@ -78,7 +78,8 @@ impl Timings {
     fn log(&self, what: &str, count: u32, wall: std::time::Duration) {
         let ms = |q: Query| self.spent[q as usize].as_secs_f64() * 1e3;
         tracing::debug!(
-            "nvml {what}: {count} GPU(s) in {:.2} ms, done at {:.1} ms (in parallel; summed over GPUs: handles {:.2} ms, memory {:.2} ms, ids {:.2} ms, processes {:.2} ms, util {:.2} ms, temperature {:.2} ms)",
+            "nvml {what}: {} in {:.2} ms, done at {:.1} ms (in parallel; summed over GPUs: handles {:.2} ms, memory {:.2} ms, ids {:.2} ms, processes {:.2} ms, util {:.2} ms, temperature {:.2} ms)",
+            crate::words::count(count as usize, "GPU", "GPUs"),
             wall.as_secs_f64() * 1e3,
             crate::timeline::ms(),
             ms(Query::Devices),
@@ -115,7 +116,8 @@ fn no_driver_reason(lib: &OsStr, e: NvmlError) -> String {
             } else {
                 format!("{lib}: {why}")
             };
-            format!("{why} (is the NVIDIA driver installed?)")
+            // Often a laptop or a CI runner: the simulator is how to try gpuloop there.
+            format!("{why} (is the NVIDIA driver installed? Without GPUs, try the simulator: gpuloop --sim 8x80G gpus)")
         }
         NvmlError::FailedToLoadSymbol(s) => {
             format!("{lib} is not a usable NVML library (missing {s})")

@@ -782,8 +782,9 @@ fn service_advice(gpu: i64, units: &[&Holder], reach: &Reach) -> String {
         None => "killing it only makes systemd restart it".to_string(),
     };
     format!(
-        "{} hold(s) GPU {gpu} as a systemd unit's main process; {why}: {}",
+        "{} {} GPU {gpu} as a systemd unit's main process; {why}: {}",
         pids(units),
+        crate::words::pick(units.len(), "holds", "hold"),
         names
             .iter()
             .map(|n| reach.there(n))
@@ -935,9 +936,12 @@ fn verdict(
             return (
                 Verdict::Inherited,
                 format!(
-                    "creator pid {} has exited; {} still hold(s) its CUDA handles (a forked child): {}",
+                    "creator {} {} {} exited; {} still {} its CUDA handles (a forked child): {}",
+                    crate::words::pick(ghosts.len(), "pid", "pids"),
                     list(ghosts),
+                    crate::words::pick(ghosts.len(), "has", "have"),
                     pids(&unlisted),
+                    crate::words::pick(unlisted.len(), "holds", "hold"),
                     gpuloop(format!("kill --gpu {gpu}"))
                 ),
             );
@@ -989,8 +993,11 @@ fn verdict(
         return (
             Verdict::Held,
             format!(
-                "{} hold(s) GPU {gpu} ({used_mib} MiB): stop it if it is not meant to run ({})",
+                "{} {} GPU {gpu} ({used_mib} MiB): stop {} if {} not meant to run ({})",
                 pids(&all),
+                crate::words::pick(all.len(), "holds", "hold"),
+                crate::words::pick(all.len(), "it", "them"),
+                crate::words::pick(all.len(), "it is", "they are"),
                 gpuloop(format!("kill --gpu {gpu}"))
             ),
         );
@@ -1000,8 +1007,10 @@ fn verdict(
         String::new()
     } else {
         format!(
-            "; pid(s) {} of other GPUs also keep a few MiB here (CUDA footprint)",
-            pids(f.footprint)
+            "; {} {} of other GPUs also {} a few MiB here (CUDA footprint)",
+            crate::words::pick(f.footprint.len(), "pid", "pids"),
+            pids(f.footprint),
+            crate::words::pick(f.footprint.len(), "keeps", "keep")
         )
     };
     // A daemon that only has the node open (nvidia-persistenced, an exporter) keeps no
@@ -1079,8 +1088,8 @@ fn verdict(
         return (
             Verdict::Permission,
             format!(
-                "{used_mib} MiB used; {} process(es) could not be inspected (other users'): run as root ({})",
-                f.unreadable,
+                "{used_mib} MiB used; {} could not be inspected (other users'): run as root ({})",
+                crate::words::count(f.unreadable, "process", "processes"),
                 f.reach.there("sudo gpuloop diagnose")
             ),
         );
@@ -1095,8 +1104,11 @@ fn verdict(
         return (
             Verdict::OtherNamespace,
             format!(
-                "{used_mib} MiB used by pid(s) {} that do not exist here: they run in another PID namespace (a container); {}",
+                "{used_mib} MiB used by {} {} that {}: {} in another PID namespace (a container); {}",
+                crate::words::pick(absent.len(), "pid", "pids"),
                 list(&absent),
+                crate::words::pick(absent.len(), "does not exist here", "do not exist here"),
+                crate::words::pick(absent.len(), "it runs", "they run"),
                 from_the_node(f.reach)
             ),
         );
@@ -1228,6 +1240,8 @@ mod tests {
             gpus: vec![0],
             mem: 0,
             mem_mib: 0,
+            inherited: None,
+            inherited_on: Default::default(),
             evidence: evidence.iter().filter_map(|e| Evidence::parse(e)).collect(),
             protected: false,
             host: "local".into(),

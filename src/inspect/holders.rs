@@ -35,6 +35,10 @@ pub struct Holder {
     pub mem: i64,
     /// The same in MiB.
     pub mem_mib: i64,
+    /// Memory it keeps alive that the driver counts against pids not alive here: a forked
+    /// child holding its dead creator's handles (its own `mem` is then 0).
+    #[serde(default)]
+    pub inherited: Option<Inherited>,
     pub evidence: Vec<Evidence>,
     pub protected: bool,
     pub host: String,
@@ -54,6 +58,48 @@ pub struct Holder {
     /// fail while it does.
     #[serde(skip)]
     pub caps: bool,
+    /// `inherited` per GPU, so that a selection counts only its own GPUs.
+    #[serde(skip)]
+    pub inherited_on: BTreeMap<i64, Inherited>,
+}
+
+/// Memory the driver counts against pids that are not alive here (a dead creator), kept
+/// alive by a holder that does not appear in the driver's list: the creator's forked child,
+/// which holds its CUDA handles. Several children of one creator each keep all of it: it is
+/// freed when the last of them exits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Inherited {
+    /// The pids the driver counts it against.
+    pub from: Vec<i64>,
+    /// Bytes.
+    pub mem: i64,
+    /// The same in MiB.
+    pub mem_mib: i64,
+}
+
+impl Inherited {
+    /// The memory of several GPUs as one (the pids each named once).
+    fn sum<'a>(parts: impl IntoIterator<Item = &'a Inherited>) -> Option<Inherited> {
+        let mut all: Option<Inherited> = None;
+        for p in parts {
+            let a = all.get_or_insert(Inherited {
+                from: Vec::new(),
+                mem: 0,
+                mem_mib: 0,
+            });
+            a.mem += p.mem;
+            for pid in &p.from {
+                if !a.from.contains(pid) {
+                    a.from.push(*pid);
+                }
+            }
+        }
+        all.map(|mut a| {
+            a.from.sort_unstable();
+            a.mem_mib = a.mem / crate::gpu::MIB;
+            a
+        })
+    }
 }
 
 impl Holder {
@@ -118,8 +164,8 @@ impl Inventory {
         })?;
         let (scan, scan_ms) = scan;
         tracing::debug!(
-            "inventory: {} GPU(s) from {kind} in {driver_ms:.1} ms, beside a scan of {} processes in {scan_ms:.1} ms: {} with GPU nodes open, {} unreadable; {:.1} ms in all, done at {:.1} ms",
-            gpus.len(),
+            "inventory: {} from {kind} in {driver_ms:.1} ms, beside a scan of {} processes in {scan_ms:.1} ms: {} with GPU nodes open, {} unreadable; {:.1} ms in all, done at {:.1} ms",
+            crate::words::count(gpus.len(), "GPU", "GPUs"),
             scan.scanned,
             scan.users.len(),
             scan.unreadable.len(),
@@ -196,6 +242,12 @@ impl Inventory {
                 .map(|d| d.mem)
                 .sum();
             h.mem_mib = h.mem / crate::gpu::MIB;
+            h.inherited = Inherited::sum(
+                h.inherited_on
+                    .iter()
+                    .filter(|(g, _)| super::selected(sel, **g))
+                    .map(|(_, i)| i),
+            );
         }
         h
     }
@@ -325,7 +377,7 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], roots: &Roots) -
     }
     let mut places = Resolver::new(roots);
     let lineage = std::time::Instant::now();
-    let holders: Vec<Holder> = found
+    let mut holders: Vec<Holder> = found
         .iter()
         .map(|(user, own)| {
             let stat = &user.info;
@@ -353,12 +405,49 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], roots: &Roots) -
         holders.iter().filter(|h| !h.origin.place.is_empty()).count(),
         spent.as_secs_f64() * 1e3
     );
+    attribute_inherited(&mut holders, &ghosts, &driver);
     Inventory {
         gpus,
         holders,
         ghosts,
         stale,
         unreadable: unreadable.len(),
+    }
+}
+
+/// Gives each compute holder the driver lists nowhere the memory it keeps alive on its GPUs
+/// that the driver counts against ghosts (pids not alive here): without it, the forked
+/// child of a dead creator, the one process whose exit frees that memory, reads "0 MiB".
+/// The rule is diagnose()'s "inherited" verdict: a ghost and an unlisted holder on one GPU.
+fn attribute_inherited(
+    holders: &mut [Holder],
+    ghosts: &BTreeMap<i64, Vec<i64>>,
+    driver: &BTreeMap<i32, BTreeMap<i64, i64>>,
+) {
+    let on_gpu: BTreeMap<i64, Inherited> = ghosts
+        .iter()
+        .filter_map(|(&g, pids)| {
+            let mem: i64 = pids
+                .iter()
+                .filter_map(|&p| driver.get(&i32::try_from(p).ok()?)?.get(&g))
+                .sum();
+            let mut from = pids.clone();
+            from.sort_unstable();
+            from.dedup();
+            let mem_mib = mem / crate::gpu::MIB;
+            (mem > 0).then_some((g, Inherited { from, mem, mem_mib }))
+        })
+        .collect();
+    for h in holders
+        .iter_mut()
+        .filter(|h| h.is_compute() && !h.evidence.contains(&Evidence::Driver))
+    {
+        h.inherited_on = h
+            .gpus
+            .iter()
+            .filter_map(|g| Some((*g, on_gpu.get(g)?.clone())))
+            .collect();
+        h.inherited = Inherited::sum(h.inherited_on.values());
     }
 }
 
@@ -488,6 +577,8 @@ fn make_holder(
         gpus: gpus.into_iter().collect(),
         mem,
         mem_mib: mem / crate::gpu::MIB,
+        inherited: None,
+        inherited_on: BTreeMap::new(),
         evidence,
         protected: is_daemon,
         host: "local".into(),

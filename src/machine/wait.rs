@@ -322,7 +322,10 @@ fn describe_dirty(dirty: &Dirty) -> String {
         .iter()
         .map(|(g, mib, n)| match n {
             0 => format!("GPU {g} {mib} MiB"),
-            n => format!("GPU {g} {mib} MiB, {n} holder(s)"),
+            n => format!(
+                "GPU {g} {mib} MiB, {}",
+                crate::words::count(*n, "holder", "holders")
+            ),
         })
         .collect::<Vec<_>>()
         .join("; ")

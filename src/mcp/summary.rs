@@ -31,7 +31,11 @@ pub(super) fn gpus(gpus: &[Gpu]) -> String {
         .filter(|g| g.mem_used_mib > 0)
         .map(|g| format!("GPU {} {}/{} MiB", g.index, g.mem_used_mib, g.mem_total_mib))
         .collect();
-    let head = format!("{} GPU(s) ({})", gpus.len(), gpus[0].name);
+    let head = format!(
+        "{} ({})",
+        crate::words::count(gpus.len(), "GPU", "GPUs"),
+        gpus[0].name
+    );
     if used.is_empty() {
         format!("{head}: no memory used on any")
     } else {
@@ -40,10 +44,11 @@ pub(super) fn gpus(gpus: &[Gpu]) -> String {
 }
 
 pub(super) fn holders(hs: &[Holder], all: bool) -> String {
-    let what = if all {
-        "holder(s)"
-    } else {
-        "compute holder(s)"
+    let what = match (all, hs.len()) {
+        (true, 1) => "holder",
+        (true, _) => "holders",
+        (false, 1) => "compute holder",
+        (false, _) => "compute holders",
     };
     if hs.is_empty() {
         return format!("no {what}");
@@ -58,13 +63,17 @@ pub(super) fn holders(hs: &[Holder], all: bool) -> String {
                 .describe()
                 .map(|p| format!(", {p}"))
                 .unwrap_or_default();
+            // A forked child of a dead creator: what it keeps alive, said as inherited.
+            let mib = match &h.inherited {
+                Some(i) if h.mem == 0 => format!("{} MiB inherited", i.mem_mib),
+                _ => format!("{} MiB", h.mem / crate::gpu::MIB),
+            };
             format!(
-                "pid {} {} ({}, GPU {}, {} MiB{place})",
+                "pid {} {} ({}, GPU {}, {mib}{place})",
                 h.pid,
                 h.name,
                 h.role,
-                gpu_list(&h.gpus),
-                h.mem / crate::gpu::MIB
+                gpu_list(&h.gpus)
             )
         })
         .collect();
@@ -89,10 +98,19 @@ pub(super) fn diagnoses(ds: &[Diagnosis]) -> String {
         })
         .collect();
     if dirty.is_empty() {
-        return format!("all {} selected GPU(s) clean", ds.len());
+        return match ds.len() {
+            1 => "the selected GPU is clean".to_string(),
+            n => format!("all {n} selected GPUs clean"),
+        };
     }
-    let clean = ds.len() - dirty.len();
-    format!("{}; {clean} other GPU(s) clean", dirty.join(" | "))
+    match ds.len() - dirty.len() {
+        0 => dirty.join(" | "),
+        n => format!(
+            "{}; {} clean",
+            dirty.join(" | "),
+            crate::words::count(n, "other GPU", "other GPUs")
+        ),
+    }
 }
 
 /// `why`: how the wait ended when not clean (`machine::why_not_clean`).
@@ -104,9 +122,9 @@ pub(super) fn wait(
 ) -> String {
     if clean {
         return format!(
-            "clean after {:.2}s: {} GPU(s) verified free",
+            "clean after {:.2}s: {} verified free",
             elapsed.as_secs_f64(),
-            after.len()
+            crate::words::count(after.len(), "GPU", "GPUs")
         );
     }
     let why = why.unwrap_or_else(|| "NOT clean".into());
@@ -134,8 +152,9 @@ pub(super) fn kill(r: &KillReport) -> String {
             return format!("dry run: nothing would be signalled{skipped}");
         }
         return format!(
-            "dry run: would signal {} process(es): pids {}{skipped}",
-            r.would_signal.len(),
+            "dry run: would signal {}: {} {}{skipped}",
+            crate::words::count(r.would_signal.len(), "process", "processes"),
+            crate::words::pick(r.would_signal.len(), "pid", "pids"),
             pids(&r.would_signal)
         );
     }
@@ -143,8 +162,9 @@ pub(super) fn kill(r: &KillReport) -> String {
         return format!("nothing signalled{skipped}");
     }
     let mut line = format!(
-        "signalled {} process(es) (pids {}), {} exited",
-        r.signalled.len(),
+        "signalled {} ({} {}), {} exited",
+        crate::words::count(r.signalled.len(), "process", "processes"),
+        crate::words::pick(r.signalled.len(), "pid", "pids"),
         pids(&r.signalled),
         r.exited.len()
     );
@@ -167,8 +187,8 @@ pub(super) fn clean(r: &CleanReport) -> String {
     let verdict = if r.clean {
         let used: i64 = r.after.iter().map(|d| d.mem_used_mib).sum();
         format!(
-            "clean, verified: {} GPU(s), {used} MiB used, no compute holder",
-            r.after.len()
+            "clean, verified: {}, {used} MiB used, no compute holder",
+            crate::words::count(r.after.len(), "GPU", "GPUs")
         )
     } else {
         format!("NOT clean: {}", diagnoses(&r.after))
@@ -184,8 +204,9 @@ pub(super) fn run(cmd: &str, o: &Outcome, timeout: Option<Duration>, leftovers: 
     );
     if !leftovers.is_empty() {
         line.push_str(&format!(
-            "; stopped {} process(es) it left running (pids {})",
-            leftovers.len(),
+            "; stopped {} it left running ({} {})",
+            crate::words::count(leftovers.len(), "process", "processes"),
+            crate::words::pick(leftovers.len(), "pid", "pids"),
             pids(leftovers)
         ));
     }

@@ -707,7 +707,11 @@ pub(crate) fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Rep
                 .map(|r| format!("{} ({})", r.name, r.purpose))
                 .collect();
             Ok(Reply::ok(
-                format!("{} recipe(s): {}", list.len(), names.join("; ")),
+                format!(
+                    "{}: {}",
+                    crate::words::count(list.len(), "recipe", "recipes"),
+                    names.join("; ")
+                ),
                 RecipesOut { recipes: list },
             ))
         }

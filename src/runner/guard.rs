@@ -295,7 +295,8 @@ pub(crate) fn main() -> i32 {
         let r = kill::kill(&targets, &opts, &[], &never);
         if !r.signalled.is_empty() {
             crate::errln!(
-                "gpuloop guard: gpuloop ended without stopping its jobs; killed pid(s) {:?}",
+                "gpuloop guard: gpuloop ended without stopping its jobs; killed {} {:?}",
+                crate::words::pick(r.signalled.len(), "pid", "pids"),
                 r.signalled
             );
         }

@@ -443,9 +443,9 @@ impl Monitor {
         };
         if !leftovers.is_empty() {
             tracing::debug!(
-                "job pid {}: {} process(es) left running when it exited{}: {leftovers:?}",
+                "job pid {}: {} left running when it exited{}: {leftovers:?}",
                 self.id.pid,
-                leftovers.len(),
+                crate::words::count(leftovers.len(), "process", "processes"),
                 if self.keep_children {
                     " (kept)"
                 } else {

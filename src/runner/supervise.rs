@@ -532,7 +532,11 @@ pub(crate) fn stop_tree(
             );
         }
         if !report.survivors.is_empty() {
-            crate::errln!("warning: pid(s) {:?} survived SIGKILL", report.survivors);
+            crate::errln!(
+                "warning: {} {:?} survived SIGKILL",
+                crate::words::pick(report.survivors.len(), "pid", "pids"),
+                report.survivors
+            );
         }
         if !report.survivors.is_empty() || !report.stuck.is_empty() {
             // More rounds would not move what SIGKILL did not.

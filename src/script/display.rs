@@ -318,6 +318,8 @@ mod tests {
             gpus: vec![0],
             mem: MIB,
             mem_mib: 1,
+            inherited: None,
+            inherited_on: Default::default(),
             evidence: vec![Evidence::parse("map").expect("evidence")],
             protected: false,
             host: "local".into(),

@@ -258,8 +258,8 @@ pub(crate) fn run(
         let targets = machine::holder_targets(&targets);
         let r = Local::on_terminal(s, |m| m.kill(&targets, &kill_opts));
         log.line(&format!(
-            "signalled {} process(es), {} exited, {} survived, in {} ms",
-            r.signalled.len(),
+            "signalled {}, {} exited, {} survived, in {} ms",
+            crate::words::count(r.signalled.len(), "process", "processes"),
             r.exited.len(),
             r.survivors.len(),
             r.elapsed_ms

@@ -52,9 +52,10 @@ pub(super) fn journal(
     let path = dir.join(journal::FILE);
     if found.bad > 0 {
         crate::errln!(
-            "gpuloop: warning: {} line(s) of {} are not journal records",
-            found.bad,
-            path.display()
+            "gpuloop: warning: {} of {} {} not journal records",
+            crate::words::count(found.bad, "line", "lines"),
+            path.display(),
+            crate::words::pick(found.bad, "is", "are")
         );
     }
     if found.matched == 0 && !cfg.json {
@@ -109,16 +110,17 @@ fn journal_of_hosts(
     for (h, part) in parts {
         if part.bad > 0 {
             crate::errln!(
-                "gpuloop: warning: {h}: {} line(s) of {} are not journal records",
-                part.bad,
-                part.path
+                "gpuloop: warning: {h}: {} of {} {} not journal records",
+                crate::words::count(part.bad, "line", "lines"),
+                part.path,
+                crate::words::pick(part.bad, "is", "are")
             );
         }
         let n = part.records.len();
         rows.push(super::report::row(
             &h,
             crate::render::HostState::Ok,
-            format!("{n} record(s)"),
+            crate::words::count(n, "record", "records"),
         ));
         records.extend(part.records);
     }

@@ -105,8 +105,8 @@ fn holders_here(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) -> Res
     })?;
     if r.unreadable > 0 {
         crate::errln!(
-            "note: {} process(es) could not be inspected (other users'): holders among them are not listed; run as root to see every holder",
-            r.unreadable
+            "note: {} could not be inspected (other users'): holders among them are not listed; run as root to see every holder",
+            crate::words::count(r.unreadable, "process", "processes")
         );
     }
     if let Some(e) = r.unread {
@@ -224,7 +224,10 @@ pub(super) fn wait(
     let sel = held.as_ref().unwrap_or(sel);
     let outcome = Fleet::of(&cfg.session).wait(sel, filter, opts, true)?;
     let memory_back = match outcome {
-        WaitOutcome::Interrupted => return Ok(130),
+        WaitOutcome::Interrupted => {
+            say_still_held(cfg, sel, opts);
+            return Ok(130);
+        }
         o => o.is_clean(),
     };
     let parts = Fleet::of(&cfg.session).diagnoses_per_host(sel, &Filter::default())?;
@@ -260,6 +263,31 @@ pub(super) fn wait(
     Ok(if clean { code } else { 1 })
 }
 
+/// Ctrl-C during `gpuloop wait`: what it was still waiting for, which GPUs held by whom (one
+/// more look, on stderr), so that an interrupted wait does not end without a word.
+fn say_still_held(cfg: &Config, sel: &HostSel, opts: &WaitOpts) {
+    let ds = match Fleet::of(&cfg.session).diagnoses(sel, &Filter::default()) {
+        Ok(ds) => ds,
+        Err(e) => {
+            crate::errln!("gpuloop: wait: interrupted; what is still held could not be read: {e}");
+            return;
+        }
+    };
+    let dirty: Vec<_> = ds
+        .into_iter()
+        .filter(|d| !d.is_clean_under(&opts.demand()))
+        .collect();
+    if dirty.is_empty() {
+        crate::errln!("gpuloop: wait: interrupted; the GPUs read clean now");
+        return;
+    }
+    let style = Style::stderr();
+    crate::errln!(
+        "gpuloop: wait: interrupted; still not clean:\n{}",
+        render::diagnoses(&dirty, style)
+    );
+}
+
 /// The GPUs of `host` that `sel` selects (`None`: the host is not selected).
 fn selected_gpus(
     sel: &HostSel,
@@ -276,9 +304,12 @@ fn selected_gpus(
 
 /// A host's line in `holders`: how many, and what could not be read there.
 fn holders_row(host: &str, part: &machine::HoldersReport) -> render::HostRow {
-    let mut detail = format!("{} holder(s)", part.holders.len());
+    let mut detail = crate::words::count(part.holders.len(), "holder", "holders");
     if part.unreadable > 0 {
-        detail.push_str(&format!(", {} process(es) not inspected", part.unreadable));
+        detail.push_str(&format!(
+            ", {} not inspected",
+            crate::words::count(part.unreadable, "process", "processes")
+        ));
     }
     let state = match &part.unread {
         // That GPU's holders are only those the /proc scan found there.
@@ -292,9 +323,9 @@ fn holders_row(host: &str, part: &machine::HoldersReport) -> render::HostRow {
 }
 
 /// A host's line in `gpus`: how many GPUs of what kind, and what they hold. Hosts alike
-/// (`8 GPU(s) (NVIDIA H200), idle`) fold into one row of the summary.
+/// (`8 GPUs (NVIDIA H200), idle`) fold into one row of the summary.
 fn gpus_row(host: &str, gs: &[crate::gpu::Gpu]) -> render::HostRow {
-    let mut detail = format!("{} GPU(s)", gs.len());
+    let mut detail = crate::words::count(gs.len(), "GPU", "GPUs");
     if let Some(first) = gs.first().filter(|f| gs.iter().all(|g| g.name == f.name)) {
         detail.push_str(&format!(" ({})", first.name));
     }
@@ -307,10 +338,14 @@ fn gpus_row(host: &str, gs: &[crate::gpu::Gpu]) -> render::HostRow {
         detail.push_str(", idle");
     } else if !busy.is_empty() {
         detail.push_str(&format!(
-            ", {} in use: {} MiB used, {} process(es)",
+            ", {} in use: {} MiB used, {}",
             busy.len(),
             busy.iter().map(|g| g.mem_used_mib).sum::<i64>(),
-            busy.iter().map(|g| g.procs).sum::<i64>()
+            crate::words::count(
+                busy.iter().map(|g| g.procs.max(0) as usize).sum(),
+                "process",
+                "processes"
+            )
         ));
     }
     if unread > 0 {

@@ -56,7 +56,10 @@ fn kill_holders(
             detail.push_str(&format!(", {} stuck", r.stuck.len()));
         }
         if !r.errors.is_empty() {
-            detail.push_str(&format!(", {} error(s)", r.errors.len()));
+            detail.push_str(&format!(
+                ", {}",
+                crate::words::count(r.errors.len(), "error", "errors")
+            ));
         }
         rows.push(row(
             h,
@@ -150,7 +153,7 @@ pub(super) fn clean(
         let secs = r.wait_ms as f64 / 1000.0;
         format!(
             "{}\n{}\n{}",
-            render::kill_report(&r.kill, Style::stdout()),
+            render::clean_kill_report(&r.kill, Style::stdout()),
             diagnoses_folded(cfg, &r.after, &rows),
             if r.clean && r.kill.signalled.is_empty() {
                 // Nothing was stopped: there was no kill for the memory to come back after.

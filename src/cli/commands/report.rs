@@ -39,8 +39,9 @@ pub(super) fn fold_rows<T: Clone>(
         .cloned()
         .collect();
     let note = format!(
-        "(the GPUs of {} {what} host(s) are not listed one by one: {}; --all-rows lists them)",
+        "(the GPUs of {} {what} {} are not listed one by one: {}; --all-rows lists them)",
         quiet.len(),
+        crate::words::pick(quiet.len(), "host", "hosts"),
         crate::hosts::fold::compress(quiet)
     );
     (shown, Some(note))
@@ -85,7 +86,8 @@ pub(super) fn diagnosis_row(
         .map(machine::describe_diagnosis)
         .collect();
     if dirty.is_empty() {
-        row(host, HostState::Clean, format!("{} GPU(s) clean", ds.len()))
+        let n = crate::words::count(ds.len(), "GPU", "GPUs");
+        row(host, HostState::Clean, format!("{n} clean"))
     } else {
         row(host, HostState::NotClean, dirty.join("; "))
     }
@@ -175,9 +177,9 @@ pub(super) fn summary(
                 false => ("error", "failed"),
             };
             let text = format!(
-                "{} of {} host(s) {what}: {}",
+                "{} of {} {what}: {}",
                 failed.len(),
-                rows.len(),
+                crate::words::count(rows.len(), "host", "hosts"),
                 failed.join("; ")
             );
             crate::errln!("{}", serde_json::json!({ key: text }));

@@ -104,7 +104,10 @@ pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<i32, Error> {
         }
         SimCommand::Release => {
             let n = crate::gpu::sim::stuck::release(&sim)?;
-            crate::outln!("released {n} stuck holder(s)");
+            crate::outln!(
+                "released {}",
+                crate::words::count(n, "stuck holder", "stuck holders")
+            );
             Ok(0)
         }
     }

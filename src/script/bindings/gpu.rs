@@ -158,8 +158,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["Array"],
         "Compute holders of every GPU: processes the driver lists or that map a GPU device node
          (orphaned workers and forked children holding inherited handles included). Maps:
-         pid, ppid, pgid, sid, start, uid, user, name, cmdline, state, role, gpus, mem (bytes),
-         evidence (\"driver\", \"fd\", \"map\"), protected, host; lineage: ppid_comm (the
+         pid, ppid, pgid, sid, start, uid, user, name, cmdline, state, role, gpus, mem (bytes
+         the driver counts against it), inherited (#{from, mem, mem_mib}: what it keeps alive
+         of dead creators' memory, which the driver counts against their pids `from`, as a
+         forked child of a crashed worker does; or ()), evidence (\"driver\", \"fd\", \"map\"), protected, host; lineage: ppid_comm (the
          parent's name), reparented (the parent is init or a subreaper, or started after it: its
          own parent is gone), launcher (#{pid, start, name, host} of the nearest live ancestor
          that is not a shell, init or subreaper, or ()), service (the systemd unit from its
