@@ -47,6 +47,7 @@ impl Term {
             format!("XDG_CONFIG_HOME={}", sim.path().join("config").display()),
             format!("XDG_STATE_HOME={}", state.display()),
             format!("HOME={}", sim.path().display()),
+            format!("GPULOOP_SITE_RECIPES={}", sim.site_recipes().display()),
             "GPULOOP_PATH=".to_string(),
         ];
         let dir = sim.path().display().to_string();

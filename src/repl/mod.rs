@@ -123,7 +123,7 @@ impl Repl {
         let mut repl = Repl {
             domains,
             engine,
-            scope: new_scope(&[]),
+            scope: new_scope(&[], &[]),
             ast: AST::empty(),
             transcript: String::new(),
             lines: 0,
