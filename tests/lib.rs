@@ -9,6 +9,7 @@ mod diagnose;
 mod doc;
 mod driver_faults;
 mod edges;
+mod frameworks;
 mod golden;
 mod holders;
 mod hostile;

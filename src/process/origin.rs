@@ -17,6 +17,10 @@ pub struct Launcher {
     /// The host it runs on, as its holder's (`kill(h.launcher)` goes there).
     #[serde(default = "crate::local::local")]
     pub host: String,
+    /// Its own parent is gone (it was reparented to init or a subreaper): a vLLM engine
+    /// core whose API server was killed, a torchrun agent whose shell was closed.
+    #[serde(default)]
+    pub reparented: bool,
 }
 
 /// Lineage and attribution of one process, as holder maps carry them.
@@ -149,11 +153,13 @@ fn launcher(p: &ProcInfo) -> Option<Launcher> {
             return None;
         }
         if !is_shell(&a.comm) {
+            let reparented = read_stat(a.ppid).is_ok_and(|q| is_reaper(&q) || q.start > a.start);
             return Some(Launcher {
                 pid: a.pid.into(),
                 start: a.start as i64,
                 name: a.comm,
                 host: crate::local::local(),
+                reparented,
             });
         }
         pid = a.ppid;

@@ -24,6 +24,18 @@ pub(crate) const BUILT_IN: &[(&str, &str)] = &[
         "slurm-site-policy",
         include_str!("../../../scripts/slurm-site-policy.rhai"),
     ),
+    ("vllm", include_str!("../../../scripts/vllm.rhai")),
+    ("torchrun", include_str!("../../../scripts/torchrun.rhai")),
+    ("ray", include_str!("../../../scripts/ray.rhai")),
+    (
+        "dataloader",
+        include_str!("../../../scripts/dataloader.rhai"),
+    ),
+    ("preflight", include_str!("../../../scripts/preflight.rhai")),
+    (
+        "patch-and-rerun",
+        include_str!("../../../scripts/patch-and-rerun.rhai"),
+    ),
 ];
 
 /// The site's recipe directory unless `GPULOOP_SITE_RECIPES` names another.
