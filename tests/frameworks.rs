@@ -27,13 +27,13 @@ def done(**info):
     with open(OUT + ".tmp", "w") as f:
         json.dump(info, f)
     os.rename(OUT + ".tmp", OUT)
-def supervise(role, start, n):
+def supervise(role, start, n, **extra):
     """Starts n workers (start(i) -> (Popen, pid)) and starts each again when it dies, as an
     agent or a raylet does; OUT says who it is (role), its workers and how many restarts."""
     ws = [start(i) for i in range(n)]
     restarts = 0
     while True:
-        done(**{role: os.getpid()}, workers=[p for _, p in ws], restarts=restarts)
+        done(**{role: os.getpid()}, workers=[p for _, p in ws], restarts=restarts, **extra)
         while all(p.poll() is None for p, _ in ws):
             time.sleep(0.05)
         for i, (p, _) in enumerate(ws):
@@ -222,14 +222,18 @@ fn frameworks_vllm_stops_an_orphaned_engine_core_with_its_workers() {
     assert!(out.stdout.contains("no vLLM process"), "{}", out.stdout);
 }
 
-/// A torchrun elastic agent (`pt_elastic`): a worker per GPU from `sys.argv[3]`, each in a
-/// session of its own with TORCHELASTIC_RUN_ID, started again whenever it dies; OUT lists
-/// the current workers and how many restarts there were.
+/// A torchrun elastic agent (`pt_elastic`), started by a driver program: a worker per GPU
+/// from `sys.argv[3]`, each in a session of its own with TORCHELASTIC_RUN_ID, started again
+/// whenever it dies; OUT lists the current workers and how many restarts there were.
 const TORCHRUN: &str = r#"
+driver = os.getpid()
+if os.fork() != 0:
+    while True:
+        signal.pause()
 name("pt_elastic")
 first = int(sys.argv[3])
 env = dict(os.environ, TORCHELASTIC_RUN_ID="run-37", TORCHELASTIC_RESTART_COUNT="0")
-supervise("agent", lambda i: hold("python3", first + i, 64, comm="python3", env=env, session=True), 2)
+supervise("agent", lambda i: hold("python3", first + i, 64, comm="python3", env=env, session=True), 2, driver=driver)
 "#;
 
 /// Issue 37, item 3: `torchrun` stops the agent with its workers (a worker stopped alone is
@@ -290,6 +294,11 @@ fn frameworks_torchrun_stops_the_agent_with_its_workers_and_none_restarts() {
     assert_eq!(after["restarts"], 1, "{after}");
     assert_eq!(sim.used_mib(0) + sim.used_mib(1) + sim.used_mib(2), 0);
     assert!(alive(other), "another job was touched");
+    // What started torchrun is not the job's to stop.
+    assert!(
+        alive(pid(&live, "driver")),
+        "the agent's parent was stopped"
+    );
 }
 
 /// A Ray raylet keeping a pool of `ray::IDLE` workers, one per GPU, started again when they die.
