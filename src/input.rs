@@ -103,6 +103,11 @@ pub(crate) fn file(path: &Path, kind: Kind) -> Result<Vec<u8>, ReadError> {
         .read(true)
         .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
         .open(path)?;
+    opened(f, kind)
+}
+
+/// The bytes of a file already opened (without blocking), read as `file` reads one.
+pub(crate) fn opened(f: std::fs::File, kind: Kind) -> Result<Vec<u8>, ReadError> {
     let meta = f.metadata()?;
     if !meta.is_file() {
         return Err(ReadError::NotRegular {

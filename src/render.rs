@@ -653,19 +653,53 @@ fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
     out
 }
 
-/// `gpuloop recipes`: each recipe's name, what it is for, and how to run it, under it; the name
-/// column is as wide as the longest name.
+/// `gpuloop recipes`: each recipe's name, where it comes from and what it is for, and under
+/// it how to run it (or why it does not run by name); the columns are as wide as their
+/// longest entry.
 pub fn recipes(rs: &[crate::script::recipes::Recipe]) -> String {
     let width = rs.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    let origin = rs.iter().map(|r| r.origin.name().len()).max().unwrap_or(0);
     rs.iter()
         .map(|r| {
+            let under = match (&r.refused, r.shadowed_by, &r.path) {
+                (Some(why), _, _) => format!("REFUSED: {why}"),
+                (None, Some(by), _) => format!(
+                    "(the {} recipe of this name runs instead){}",
+                    by.name(),
+                    r.path.as_ref().map(|p| format!(" {p}")).unwrap_or_default()
+                ),
+                (None, None, Some(p)) => format!("{}   ({p})", r.usage),
+                (None, None, None) => r.usage.clone(),
+            };
             format!(
-                "{:<width$}  {}\n{:<width$}  {}",
-                r.name, r.purpose, "", r.usage
+                "{:<width$}  {:<origin$}  {}\n{:<width$}  {:<origin$}  {}",
+                r.name,
+                r.origin.name(),
+                r.purpose,
+                "",
+                "",
+                under
             )
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `gpuloop recipes show NAME`: what `--help` says, where it comes from, then its source.
+pub fn recipe(r: &crate::script::recipes::Recipe, help: &str, source: &str) -> String {
+    let whence = match &r.path {
+        Some(p) => format!("{} recipe {p}", r.origin.name()),
+        None => format!("{} recipe", r.origin.name()),
+    };
+    let refused = r
+        .refused
+        .as_ref()
+        .map(|why| format!("REFUSED (it does not run by name): {why}\n\n"))
+        .unwrap_or_default();
+    format!(
+        "{refused}{help}\n\n---- {whence} ----\n{}",
+        source.trim_end()
+    )
 }
 
 /// A run() result in one line (its output was already streamed; `r.stdout` shows it again).

@@ -650,7 +650,7 @@ fn the_clean_node_recipe_takes_gpu_as_the_commands_do() {
     let out = sim.run(&["run", "clean-node", "--gpu", "9"]).code(2);
     assert!(
         out.stderr
-            .starts_with("usage: --gpu 9: no GPU with index 9"),
+            .starts_with("gpuloop: clean-node: --gpu 9: no GPU with index 9"),
         "{}",
         out.stderr
     );
@@ -699,13 +699,23 @@ fn the_recipes_table_fits_every_name_in_its_column() {
     let sim = Sim::new("1x8G");
     let out = sim.run(&["recipes"]).ok().stdout;
     let lines: Vec<&str> = out.lines().collect();
-    let names = gpuloop::script::recipes::list();
+    let names = gpuloop::script::recipes::list(&gpuloop::script::recipes::Roots {
+        user: None,
+        site: sim.path().join("no-site-recipes"),
+    });
     assert_eq!(lines.len(), 2 * names.len(), "{out}");
     let width = names.iter().map(|r| r.name.len()).max().unwrap();
+    // The origin column: "built-in" is the widest of these.
+    let width = width + 2 + "built-in".len();
     for (pair, r) in lines.chunks(2).zip(&names) {
         let (name, usage) = (pair[0], pair[1]);
         let (head, purpose) = name.split_at(width + 2);
-        assert_eq!(head, format!("{:<width$}  ", r.name), "{out}");
+        assert_eq!(
+            head.split_whitespace().next(),
+            Some(r.name.as_str()),
+            "{out}"
+        );
+        assert!(head.ends_with("built-in  "), "{out}");
         assert!(purpose.starts_with(|c: char| c != ' '), "{out}");
         let (pad, how) = usage.split_at(width + 2);
         assert!(

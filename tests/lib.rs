@@ -11,6 +11,7 @@ mod doc;
 mod driver_faults;
 mod edges;
 mod faults;
+mod frameworks;
 mod golden;
 mod holders;
 mod hostile;

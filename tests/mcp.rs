@@ -265,6 +265,35 @@ fn recipes_from_cwd_mcp_run_recipe_runs_only_built_in_recipes() {
     assert!(!marker.exists());
 }
 
+/// Issue 37, items 1 and 2: run_recipe's input schema lists each recipe's declared
+/// arguments; arguments by name are checked as the command line's are, before anything runs;
+/// the site's recipes run, the user's only under `mcp --user-recipes`.
+#[test]
+fn mcp_run_recipe_takes_declared_arguments_and_the_users_recipes_only_when_allowed() {
+    let sim = Sim::new("2x8G");
+    let keep = sim.hold(&["--gpu", "0", "--mib", "100"])[0];
+    let held = sim.hold(&["--gpu", "1", "--mib", "100"])[0];
+    let hello = |from: &str| {
+        format!(
+            "// site-hello: greets\n// arg who: string!  who\n\nprint(`hello ${{ARG.who}} from the {from}`);\n"
+        )
+    };
+    crate::recipes::write_recipe(&sim.site_recipes(), "site-hello", &hello("site"));
+    crate::recipes::write_recipe(&sim.user_recipes(), "site-hello", &hello("user"));
+    crate::recipes::write_recipe(
+        &sim.user_recipes(),
+        "mine",
+        "// mine: the user's own\nprint(\"mine ran\");\n",
+    );
+    python_client(
+        &sim,
+        "recipe_args",
+        &["--sim", "2x8G", "mcp", "--allow", "recipes"],
+        json!({ "held": held, "keep": keep }),
+    );
+    assert!(alive(keep));
+}
+
 #[test]
 #[ignore = "needs node and the MCP Inspector, which bash .ci/run installs (and runs it, --include-ignored)"]
 fn mcp_inspector_cli_lists_tools_and_calls_gpus() {

@@ -97,3 +97,417 @@ fn recipes_from_cwd_an_epilogs_exec_gpuloop_run_runs_the_built_in_policy() {
     assert!(stderr.contains("GPUs pass the site policy"), "{stderr}");
     assert!(!marker.exists(), "the epilog ran ./slurm-site-policy");
 }
+
+/// Writes `src` as recipe `name` in `dir` (made if missing): the directory 0755, the file 0644,
+/// as the trust checks want them.
+pub fn write_recipe(dir: &Path, name: &str, src: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let p = dir.join(format!("{name}.rhai"));
+    std::fs::write(&p, src).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    p
+}
+
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn chown(p: &Path, uid: u32) {
+    std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
+}
+
+/// A recipe that writes `marker` when it runs, so a refused one is seen not to have run.
+fn marking(name: &str, marker: &Path) -> String {
+    format!(
+        "// {name}: writes a marker\nwrite_file({:?}, \"ran\");\nprint(\"{name} ran\");\n",
+        marker.display().to_string()
+    )
+}
+
+/// Issue 37, item 1: recipes by name from the user's and the site's directories, searched
+/// user > site > built-in; `gpuloop recipes` lists every one with its origin, and which runs.
+#[test]
+fn recipe_dirs_are_searched_user_then_site_then_built_in() {
+    let sim = Sim::new("1x8G");
+    let (user, site) = (sim.user_recipes(), sim.site_recipes());
+    write_recipe(
+        &site,
+        "shared",
+        "// shared: the site's\nprint(\"site shared\");\n",
+    );
+    write_recipe(
+        &user,
+        "shared",
+        "// shared: mine\nprint(\"user shared\");\n",
+    );
+    write_recipe(
+        &site,
+        "clean-node",
+        "// clean-node: the site's own\nprint(\"site clean-node\");\n",
+    );
+    let run = |name: &str| sim.run(&["run", name]).ok().stdout.trim().to_string();
+    assert_eq!(run("shared"), "user shared");
+    assert_eq!(run("clean-node"), "site clean-node");
+    // What MCP's run_recipe sets without --user-recipes: the user's are passed over.
+    let out = sim.run_with(&["run", "shared"], |c| {
+        c.env("GPULOOP_NO_USER_RECIPES", "1");
+    });
+    assert_eq!(out.stdout.trim(), "site shared");
+
+    let list = sim.run(&["--json", "recipes"]).ok().json();
+    let rows: Vec<(String, String, Option<String>)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["origin"].as_str().unwrap().to_string(),
+                r["shadowed_by"].as_str().map(String::from),
+            )
+        })
+        .collect();
+    let row = |n: &str, o: &str| {
+        rows.iter()
+            .find(|r| r.0 == n && r.1 == o)
+            .unwrap_or_else(|| panic!("no {o} {n}: {rows:?}"))
+            .2
+            .clone()
+    };
+    assert_eq!(row("shared", "user"), None);
+    assert_eq!(row("shared", "site"), Some("user".into()));
+    assert_eq!(row("clean-node", "site"), None);
+    assert_eq!(row("clean-node", "built-in"), Some("site".into()));
+    assert_eq!(row("slurm-site-policy", "built-in"), None);
+    let table = sim.run(&["recipes"]).ok().stdout;
+    assert!(
+        table.contains("(the user recipe of this name runs instead)"),
+        "{table}"
+    );
+
+    let shown = sim.run(&["recipes", "show", "shared"]).ok().stdout;
+    assert!(
+        shown.contains("print(\"user shared\");") && shown.contains("user recipe"),
+        "{shown}"
+    );
+    let shown = sim.run(&["recipes", "show", "clean-node"]).ok().stdout;
+    assert!(shown.contains("site clean-node"), "{shown}");
+    let out = sim.run(&["recipes", "show", "nope"]).code(2);
+    assert!(
+        out.stderr.contains("no recipe named \"nope\""),
+        "{}",
+        out.stderr
+    );
+
+    std::fs::remove_file(user.join("shared.rhai")).unwrap();
+    assert_eq!(run("shared"), "site shared");
+}
+
+/// Issue 37, item 1: the trust checks as sudo and ssh make them, as root: a recipe (or a
+/// directory above it) owned by another user, or writable by others, never runs by name, and
+/// a refused one does not fall through to another of the same name.
+#[test]
+fn recipe_trust_as_root_refuses_another_users_and_open_directories() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to make files of another user");
+        return;
+    }
+    let sim = Sim::new("1x8G");
+    let marker = sim.path().join("ran");
+    let refused = |name: &str, says: &str| {
+        let out = sim.run(&["run", name]).code(2);
+        assert!(
+            out.stderr
+                .contains(&format!("recipe \"{name}\" is refused"))
+                && out.stderr.contains(says)
+                && out.stderr.contains("writable by no one else"),
+            "{name}: {}",
+            out.stderr
+        );
+        assert!(!marker.exists(), "{name} ran");
+    };
+    // The user's directory, made by another user (nobody) and writable by them alone.
+    let user = sim.user_recipes();
+    write_recipe(&user, "theirs", &marking("theirs", &marker));
+    chown(&user, 65534);
+    refused("theirs", "is owned by nobody");
+    // A file of another user in a directory of root's.
+    chown(&user, 0);
+    chown(&user.join("theirs.rhai"), 65534);
+    refused("theirs", "theirs.rhai is owned by nobody");
+    // The site's directory open to all (as /tmp, without the sticky bit, or with it).
+    let site = sim.site_recipes();
+    write_recipe(&site, "open", &marking("open", &marker));
+    for mode in [0o777, 0o1777, 0o775] {
+        chmod(&site, mode);
+        refused("open", "is writable by");
+    }
+    chmod(&site, 0o755);
+    // A file others may write.
+    chmod(&site.join("open.rhai"), 0o666);
+    refused(
+        "open",
+        "open.rhai is writable by its group and others (mode 0666)",
+    );
+    // A link: whatever it points to, it is not judged as the recipe.
+    chmod(&site.join("open.rhai"), 0o644);
+    std::os::unix::fs::symlink(site.join("open.rhai"), site.join("linked.rhai")).unwrap();
+    refused("linked", "is a symbolic link");
+    // A refused recipe of the user's hides the built-in one of that name: no silent fall-back.
+    write_recipe(&user, "clean-node", &marking("clean-node", &marker));
+    chmod(&user.join("clean-node.rhai"), 0o646);
+    refused("clean-node", "writable by others");
+    // The listing says why each is refused; showing one runs nothing.
+    let table = sim.run(&["recipes"]).ok().stdout;
+    assert!(table.contains("REFUSED: "), "{table}");
+    assert!(sim
+        .run(&["recipes", "show", "open"])
+        .ok()
+        .stdout
+        .contains("write_file"));
+    assert!(!marker.exists());
+    // Fixed as the message says, it runs.
+    chmod(&user.join("clean-node.rhai"), 0o644);
+    chown(&user.join("theirs.rhai"), 0);
+    assert_eq!(sim.run(&["run", "theirs"]).ok().stdout.trim(), "theirs ran");
+}
+
+/// Issue 37, item 1: the same checks for a normal user (nobody): its own directory and root's
+/// run; another user's, or one open to all, do not.
+#[test]
+fn recipe_trust_as_a_normal_user_runs_its_own_and_roots_only() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to become another user (setpriv)");
+        return;
+    }
+    let sim = Sim::new("1x8G");
+    // A tree nobody can reach: root's directories, 0755, down to nobody's home.
+    let base = sim.path().join("as-nobody");
+    std::fs::create_dir_all(&base).unwrap();
+    chmod(sim.path(), 0o755);
+    chmod(&base, 0o755);
+    let home = base.join("home");
+    std::fs::create_dir_all(home.join("config")).unwrap();
+    let marker = home.join("ran");
+    let mine = home.join("config/gpuloop/recipes");
+    write_recipe(&mine, "mine", &marking("mine", &marker));
+    for p in [
+        home.clone(),
+        home.join("config"),
+        home.join("config/gpuloop"),
+        mine.clone(),
+        mine.join("mine.rhai"),
+    ] {
+        chown(&p, 65534);
+    }
+    let as_nobody = |site: &Path, name: &str| {
+        let mut c = sim.wrapped(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]);
+        c.args(["run", name])
+            .env("HOME", &home)
+            .env("XDG_CONFIG_HOME", home.join("config"))
+            .env("GPULOOP_SITE_RECIPES", site)
+            .current_dir(&base);
+        let o = c.output().unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let roots = base.join("site-root");
+    write_recipe(
+        &roots,
+        "roots",
+        "// roots: root's\nprint(\"root's ran\");\n",
+    );
+    assert_eq!(as_nobody(&roots, "mine").1.trim(), "mine ran");
+    std::fs::remove_file(&marker).unwrap();
+    assert_eq!(as_nobody(&roots, "roots").1.trim(), "root's ran");
+    // Another user's site directory (daemon's, uid 1), and one open to all.
+    let theirs = base.join("site-daemon");
+    write_recipe(&theirs, "theirs", &marking("theirs", &marker));
+    chown(&theirs, 1);
+    chown(&theirs.join("theirs.rhai"), 1);
+    let (code, _, err) = as_nobody(&theirs, "theirs");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("is owned by daemon, not by root or nobody"),
+        "{err}"
+    );
+    let open = base.join("site-open");
+    write_recipe(&open, "open", &marking("open", &marker));
+    chmod(&open, 0o777);
+    let (code, _, err) = as_nobody(&open, "open");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is writable by its group and others"), "{err}");
+    // nobody's own directory, made writable by its group.
+    chmod(&mine, 0o775);
+    let (code, _, err) = as_nobody(&roots, "mine");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("is writable by its group (mode 0775)"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "a refused recipe ran");
+}
+
+/// Issue 37, item 2: a recipe declares its arguments in its header; `run NAME --help` prints
+/// them, and a bad one is a usage error (exit 2) before anything runs, for a recipe by name
+/// and a script by path alike.
+#[test]
+fn declared_arguments_are_checked_before_the_recipe_runs() {
+    let sim = Sim::new("1x8G");
+    let src = "// greet: says hello\n\
+               //\n\
+               // arg name: string!    who to greet\n\
+               // arg times: int = 1   how many times\n\
+               // arg loud: flag       shout it\n\
+               \n\
+               print(\"started\");\n\
+               let s = `hello ${ARG.name}`;\n\
+               if ARG.loud { s.make_upper(); }\n\
+               for i in 0..ARG.times { print(s); }\n";
+    let path = write_recipe(&sim.user_recipes(), "greet", src);
+    let path = path.to_str().unwrap();
+    for script in ["greet", path] {
+        let help = sim.run(&["run", script, "--help"]).ok().stdout;
+        assert!(
+            help.starts_with(&format!(
+                "{script}: says hello\n\nusage: gpuloop run {script} --name TEXT [--times N] [--loud]"
+            )),
+            "{help}"
+        );
+        assert!(
+            help.contains("  --name TEXT  who to greet (required)"),
+            "{help}"
+        );
+        assert!(help.contains("(default: 1)"), "{help}");
+        let out = sim
+            .run(&["run", script, "--name", "ann", "--times=2", "--loud"])
+            .ok();
+        assert_eq!(out.stdout, "started\nHELLO ANN\nHELLO ANN\n");
+        for (args, says) in [
+            (
+                &["--name", "a", "--times", "x"][..],
+                "--times \"x\" is not a whole number",
+            ),
+            (&["--times", "2"], "--name is required: who to greet"),
+            (
+                &["--name", "a", "--lod"],
+                "unknown argument --lod: did you mean --loud?",
+            ),
+            (
+                &["--name", "a", "extra"],
+                "unexpected argument \"extra\" (options start with --)",
+            ),
+        ] {
+            let out = sim.run(&[&["run", script][..], args].concat()).code(2);
+            assert_eq!(out.stdout, "", "{args:?}: it ran");
+            assert!(
+                out.stderr.starts_with(&format!(
+                    "gpuloop: {script}: {says} (gpuloop run {script} --help lists its arguments)"
+                )),
+                "{args:?}: {}",
+                out.stderr
+            );
+        }
+    }
+    // gpuloop check reads the header too: a declaration it cannot read, a use of an
+    // argument the header does not declare.
+    sim.run(&["check", "greet"]).ok();
+    write_recipe(
+        &sim.user_recipes(),
+        "typo",
+        "// typo: misspells its argument\n// arg timeout: secs = 3\n\nprint(\"started\");\nsleep(ARG.timout);\n",
+    );
+    for cmd in ["check", "run"] {
+        let out = sim.run(&[cmd, "typo"]).code(2);
+        assert!(!out.stdout.contains("started"), "{}", out.stdout);
+        assert!(
+            out.stderr.contains(
+                "ARG.timout is not an argument this script declares: did you mean ARG.timeout?"
+            ) && out.stderr.contains("--> typo:5:"),
+            "{cmd}: {}",
+            out.stderr
+        );
+    }
+    write_recipe(
+        &sim.user_recipes(),
+        "badhead",
+        "// badhead: a bad declaration\n//\n// arg timeout: seconds = 3   how long\nprint(\"started\");\n",
+    );
+    for cmd in ["check", "run"] {
+        let out = sim.run(&[cmd, "badhead"]).code(2);
+        assert!(
+            out.stderr
+                .contains("in the header: unknown type \"seconds\"")
+                && out.stderr.contains("--> badhead:3:1"),
+            "{cmd}: {}",
+            out.stderr
+        );
+    }
+    // A script that declares nothing still gets its words, untouched, in ARGS.
+    let out = sim
+        .script("plain.rhai", "print(ARGS);", &["--anything", "x"])
+        .ok();
+    assert_eq!(out.stdout.trim(), r#"["--anything", "x"]"#);
+}
+
+/// Issue 37, item 1: `gpuloop recipes new NAME` writes a commented skeleton (arguments, a dry
+/// run, a report before and after) into the user's directory, and it runs as written.
+#[test]
+fn recipes_new_writes_a_skeleton_that_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let sim = Sim::new("2x8G");
+    let out = sim.run(&["recipes", "new", "mine"]).ok();
+    let path = sim.user_recipes().join("mine.rhai");
+    assert!(
+        out.stdout.contains(&path.display().to_string()),
+        "{}",
+        out.stdout
+    );
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&path), mode(&sim.user_recipes())), (0o644, 0o755));
+    sim.run(&["check", "mine"]).ok();
+    let help = sim.run(&["run", "mine", "--help"]).ok().stdout;
+    assert!(
+        help.contains("--dry-run") && help.contains("--gpu GPUS"),
+        "{help}"
+    );
+
+    let holder = sim.hold(&["--gpu", "1", "--mib", "100"])[0];
+    let out = sim.run(&["run", "mine", "--gpu", "1", "--dry-run"]).ok();
+    assert!(
+        out.stdout.contains("before:") && out.stdout.contains(&format!("would stop: [{holder}]")),
+        "{}",
+        out.stdout
+    );
+    assert!(alive(holder));
+    let out = sim.run(&["run", "mine", "--gpu", "1", "--grace", "1"]).ok();
+    assert!(
+        out.stdout.contains("after:\n  GPU 1: 0 MiB [clean]"),
+        "{}",
+        out.stdout
+    );
+    assert!(gone_within(holder, 5));
+
+    let out = sim.run(&["recipes", "new", "mine"]).code(2);
+    assert!(out.stderr.contains("exists already"), "{}", out.stderr);
+    let out = sim.run(&["recipes", "new", "../elsewhere"]).code(2);
+    assert!(out.stderr.contains("is no recipe name"), "{}", out.stderr);
+    let out = sim.run(&["recipes", "new", "clean-node"]).ok();
+    assert!(
+        out.stderr
+            .contains("it runs instead of the built-in recipe clean-node"),
+        "{}",
+        out.stderr
+    );
+}

@@ -1,7 +1,7 @@
 //! The REPL in a real terminal: tmux runs `gpuloop repl`, the tests type into it and read the
 //! screen, waiting (with a deadline) for what should appear.
 
-use crate::support::{alive, bin, Sim};
+use crate::support::{alive, bin, gone_within, Sim};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -58,6 +58,7 @@ impl Term {
             format!("XDG_CONFIG_HOME={}", sim.path().join("config").display()),
             format!("XDG_STATE_HOME={}", state.display()),
             format!("HOME={}", sim.path().display()),
+            format!("GPULOOP_SITE_RECIPES={}", sim.site_recipes().display()),
             "GPULOOP_PATH=".to_string(),
             pager.to_string(),
         ];
@@ -754,4 +755,71 @@ fn piped_a_ctrl_c_during_a_call_ends_the_run_before_the_next_line() {
     let status = repl.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(alive(holder), "the line after the Ctrl-C ran its kill");
+}
+
+/// Issue 37, item 4: `:history` shows the inputs that ran without error, and `:save NAME`
+/// writes them, in order and with the functions defined, as a recipe in the user's directory
+/// that `gpuloop run NAME` runs.
+#[test]
+fn save_writes_the_inputs_that_ran_as_a_recipe_and_history_shows_them() {
+    let sim = Sim::new("2x8G");
+    let holder = sim.hold(&["--gpu", "1", "--mib", "100"])[0];
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("fn mib(g) {");
+    t.line("  gpu(g).mem_used_mib }");
+    t.line("let before = mib(1)");
+    t.line("nosuchfn(1)");
+    t.wait_for("the error", |s| s.contains("nosuchfn"));
+    t.wait_idle();
+    t.line("kill(holders(1), #{grace: 1}).signalled.len()");
+    t.wait_line("1");
+    t.line("print(`freed ${before - mib(1)} MiB`) // the memory kill() gave back");
+    t.wait_line("freed 100 MiB");
+    t.wait_idle();
+    t.line(":history");
+    let s = t.wait_for("the history", |s| s.contains("   4  print(`freed"));
+    let history: Vec<&str> = s
+        .lines()
+        .skip_while(|l| !l.ends_with(":history"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("gpuloop>"))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            "   1  fn mib(g) {",
+            "        gpu(g).mem_used_mib }",
+            "   2  let before = mib(1)",
+            "   3  kill(holders(1), #{grace: 1}).signalled.len()",
+            "   4  print(`freed ${before - mib(1)} MiB`) // the memory kill() gave back",
+        ],
+        "{s}"
+    );
+    t.line(":save freed");
+    t.wait_for("the saved path", |s| s.contains("saved 4 input(s) to"));
+    t.line(":save freed");
+    t.wait_for("the refusal", |s| s.contains("(:save! freed replaces it)"));
+    t.line(":quit");
+    assert_eq!(t.exit_status(), 0);
+    assert!(gone_within(holder, 5));
+
+    let path = sim.user_recipes().join("freed.rhai");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("// freed: (say here"), "{text}");
+    assert!(!text.contains("nosuchfn"), "{text}");
+    assert!(
+        text.contains("fn mib(g) {\n  gpu(g).mem_used_mib }\nlet before = mib(1);\n"),
+        "{text}"
+    );
+    // It runs as the session did.
+    let again = sim.hold(&["--gpu", "1", "--mib", "100"])[0];
+    let out = sim.run(&["run", "freed"]).ok();
+    assert_eq!(out.stdout, "freed 100 MiB\n");
+    assert!(gone_within(again, 5));
+    let list = sim.run(&["recipes"]).ok().stdout;
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("freed ") && l.contains("user")),
+        "{list}"
+    );
 }

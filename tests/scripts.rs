@@ -369,22 +369,28 @@ fn script_mistakes_are_usage_errors_found_before_anything_runs() {
     for (args, want) in [
         (
             &["--gpu", "99"][..],
-            "usage: --gpu 99: no GPU with index 99",
+            "gpuloop: clean-node: --gpu 99: no GPU with index 99",
         ),
-        (&["--gpus", "99"], "usage: --gpu 99: no GPU with index 99"),
+        (
+            &["--gpus", "99"],
+            "gpuloop: clean-node: --gpu 99: no GPU with index 99",
+        ),
         (
             &["--", "--gpu", "99"],
-            "usage: --gpu 99: no GPU with index 99",
+            "gpuloop: clean-node: --gpu 99: no GPU with index 99",
         ),
         (
             &["--timeout", "abc"],
-            "usage: --timeout abc: not a number of seconds",
+            "gpuloop: clean-node: --timeout \"abc\" is not seconds",
         ),
         (
             &["--grace", "-1"],
-            "usage: --grace -1: not a number of seconds",
+            "gpuloop: clean-node: --grace -1 is not a number of seconds",
         ),
-        (&["--timeout"], "usage: --timeout needs seconds"),
+        (
+            &["--timeout"],
+            "gpuloop: clean-node: --timeout needs a value: seconds",
+        ),
     ] {
         let out = sim.run(&[&["run", "clean-node"], args].concat()).code(2);
         assert_eq!(out.stdout, "", "{args:?}: printed before the usage error");
@@ -395,14 +401,15 @@ fn script_mistakes_are_usage_errors_found_before_anything_runs() {
         "/scripts/slurm-site-policy.rhai"
     );
     for (args, want) in [
-        (&["--bogus"][..], "usage: unknown argument --bogus"),
+        (&["--bogus"][..], "unknown argument --bogus"),
         (
             &["--max-temp", "hot"],
-            "usage: --max-temp hot: not a whole number",
+            "--max-temp \"hot\" is not a whole number",
         ),
     ] {
+        let want = format!("gpuloop: {policy}: {want}");
         let out = sim.run(&[&["run", policy], args].concat()).code(2);
-        assert!(out.stderr.starts_with(want), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.starts_with(&want), "{args:?}: {}", out.stderr);
     }
     // A missing module: exit 2 from run and check alike, and run runs nothing first, also
     // where the import sits in a function body.

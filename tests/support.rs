@@ -83,8 +83,22 @@ impl Sim {
             .env("XDG_STATE_HOME", self.dir.path().join("state-home"))
             .env("HOME", self.dir.path())
             .env("NO_COLOR", "1")
+            // The machine's own /etc/gpuloop/recipes is no test's: each has a site directory
+            // of its own (missing unless the test makes it).
+            .env("GPULOOP_SITE_RECIPES", self.dir.path().join("site-recipes"))
+            .env_remove("GPULOOP_NO_USER_RECIPES")
             .env_remove("GPULOOP_PATH");
         c
+    }
+
+    /// The test's own recipe directories: the user's (under its XDG_CONFIG_HOME) and the
+    /// site's (GPULOOP_SITE_RECIPES).
+    pub fn user_recipes(&self) -> PathBuf {
+        self.dir.path().join("config/gpuloop/recipes")
+    }
+
+    pub fn site_recipes(&self) -> PathBuf {
+        self.dir.path().join("site-recipes")
     }
 
     /// gpuloop started through another program (`unshare …`, `setpriv …`), with this

@@ -119,8 +119,17 @@ pub enum Cmd {
         #[arg(required = true)]
         scripts: Vec<PathBuf>,
     },
-    /// List the recipes built into gpuloop (run one with `gpuloop run NAME ARGS…`).
-    Recipes,
+    /// List the recipes: yours, the site's, the built-in ones (run one with `gpuloop run NAME
+    /// ARGS…`); show one; start a new one.
+    ///
+    /// Searched in this order: $XDG_CONFIG_HOME/gpuloop/recipes (~/.config/gpuloop/recipes),
+    /// /etc/gpuloop/recipes (GPULOOP_SITE_RECIPES names another), then the built-in ones. A
+    /// file runs by name only when it and every directory above it are owned by root or by the
+    /// user gpuloop runs as and writable by no one else.
+    Recipes {
+        #[command(subcommand)]
+        cmd: Option<RecipesCmd>,
+    },
     /// Interactive Rhai prompt with every gpuloop function (:help lists them, :quit leaves).
     Repl,
     /// Print the reference of every script function (Markdown).
@@ -252,6 +261,10 @@ pub enum Cmd {
         /// Also allow these (comma-separated or repeated): kill, clean, run, recipes.
         #[arg(long, value_name = "WHAT", value_delimiter = ',')]
         allow: Vec<String>,
+        /// run_recipe and recipes also see your own recipes ($XDG_CONFIG_HOME/gpuloop/recipes);
+        /// without it only the site's and the built-in ones, which the site's admin vets.
+        #[arg(long)]
+        user_recipes: bool,
     },
     /// Show the audit journal: every signal gpuloop sent (who asked, through which front end,
     /// to which process, why, and what came of it) and every MCP call. With --host, each
@@ -295,6 +308,22 @@ pub enum Cmd {
     #[command(hide = true, name = crate::runner::guard::SUBCOMMAND)]
     #[strum_discriminants(strum(serialize = "__guard"))]
     Guard,
+}
+
+/// `gpuloop recipes show NAME`, `gpuloop recipes new NAME`.
+#[derive(Debug, Subcommand)]
+pub enum RecipesCmd {
+    /// Print a recipe's arguments and usage, then its source.
+    Show {
+        /// The recipe's name, as `gpuloop recipes` lists it.
+        name: String,
+    },
+    /// Write the commented skeleton of a new recipe (arguments, a dry run, a report before and
+    /// after) into your recipe directory, and print its path.
+    New {
+        /// The new recipe's name (letters, digits, '.', '_', '-').
+        name: String,
+    },
 }
 
 /// Several hosts, reached through the system's OpenSSH client or a Slurm step (srun).

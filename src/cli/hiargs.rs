@@ -6,7 +6,7 @@
 //! recipe's name. What needs this machine or the host set (a user's name looked up, `--gpu
 //! host:N` checked against the hosts, the driver loaded) is left to the command itself.
 
-use super::args::{Cmd, GpuSel, HookFlags, KillFlags, Owner, SimCmd, WaitFlags};
+use super::args::{Cmd, GpuSel, HookFlags, KillFlags, Owner, RecipesCmd, SimCmd, WaitFlags};
 use super::commands::script::Script;
 use super::Config;
 use crate::error::Error;
@@ -52,7 +52,7 @@ pub(crate) enum Command {
     Check {
         scripts: Vec<PathBuf>,
     },
-    Recipes,
+    Recipes(RecipesCommand),
     Repl,
     Doc {
         definitions: Option<PathBuf>,
@@ -122,6 +122,13 @@ pub(crate) struct ResetOpts {
     pub timeout: Duration,
 }
 
+/// `gpuloop recipes` and its subcommands.
+pub(crate) enum RecipesCommand {
+    List,
+    Show(String),
+    New(String),
+}
+
 /// What `gpuloop kill` stops: the selected GPUs' holders, or processes named by pid.
 pub(crate) enum KillTargets {
     Holders { sel: Selection, owner: Filter },
@@ -175,7 +182,19 @@ impl Command {
             Cmd::Check { scripts } => Command::Check {
                 scripts: scripts.clone(),
             },
-            Cmd::Recipes => Command::Recipes,
+            Cmd::Recipes { cmd } => Command::Recipes(match cmd {
+                None => RecipesCommand::List,
+                Some(RecipesCmd::Show { name }) => RecipesCommand::Show(name.clone()),
+                Some(RecipesCmd::New { name }) => {
+                    if !crate::script::recipes::valid_name(name) {
+                        return Err(Error::Usage(
+                            crate::script::recipes::FindError::BadName { name: name.clone() }
+                                .to_string(),
+                        ));
+                    }
+                    RecipesCommand::New(name.clone())
+                }
+            }),
             Cmd::Repl => Command::Repl,
             Cmd::Doc { definitions } => Command::Doc {
                 definitions: definitions.clone(),
@@ -267,9 +286,13 @@ impl Command {
                 which: Hook::Prolog,
                 opts: hook.try_into()?,
             },
-            Cmd::Mcp { allow } => Command::Mcp {
+            Cmd::Mcp {
+                allow,
+                user_recipes,
+            } => Command::Mcp {
                 policy: Policy::from_lists(allow.iter().chain(&config.mcp_allow))
-                    .map_err(|e| Error::Usage(e.to_string()))?,
+                    .map_err(|e| Error::Usage(e.to_string()))?
+                    .with_user_recipes(*user_recipes),
             },
             Cmd::Journal {
                 last,
@@ -476,7 +499,7 @@ pub(crate) struct Selection {
 
 impl Selection {
     /// Each `--gpu` value is a comma list of indices, ranges, UUIDs, bus ids, or `dest:index`.
-    fn parse(sel: &GpuSel) -> Result<Selection, Error> {
+    pub(crate) fn parse(sel: &GpuSel) -> Result<Selection, Error> {
         let mut every = Vec::new();
         let mut at: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         for text in &sel.gpus {

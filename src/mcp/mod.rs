@@ -69,9 +69,9 @@ impl Server {
     pub(crate) fn new(session: Arc<Session>, policy: Policy, journal: Option<PathBuf>) -> Server {
         Server {
             session,
+            tools: Arc::new(tools::list(&policy)),
             policy: Arc::new(policy),
             journal,
-            tools: Arc::new(tools::list()),
             ending: Arc::new(AtomicBool::new(false)),
             in_flight: Arc::new(AtomicUsize::new(0)),
         }

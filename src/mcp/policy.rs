@@ -50,6 +50,8 @@ pub(crate) struct UnknownPermission(pub String);
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Policy {
     allowed: BTreeSet<Permission>,
+    /// `--user-recipes`: `recipes` and `run_recipe` see the user's own recipes too.
+    user_recipes: bool,
 }
 
 /// A call the policy refuses: the tool, and the permission that would allow it.
@@ -78,7 +80,23 @@ impl Policy {
                     .insert(Permission::parse(word).ok_or_else(|| UnknownPermission(word.into()))?);
             }
         }
-        Ok(Policy { allowed })
+        Ok(Policy {
+            allowed,
+            user_recipes: false,
+        })
+    }
+
+    /// The same policy, with the user's own recipes seen or not (`--user-recipes`).
+    pub(crate) fn with_user_recipes(self, on: bool) -> Policy {
+        Policy {
+            user_recipes: on,
+            ..self
+        }
+    }
+
+    /// Whether `recipes` and `run_recipe` see the user's own recipes.
+    pub(crate) fn user_recipes(&self) -> bool {
+        self.user_recipes
     }
 
     pub(crate) fn allows(&self, p: Permission) -> bool {
@@ -87,11 +105,16 @@ impl Policy {
 
     /// "read-only" or "read-only + kill, clean".
     pub(crate) fn describe(&self) -> String {
+        let mine = if self.user_recipes {
+            " (recipes: the user's own too)"
+        } else {
+            ""
+        };
         if self.allowed.is_empty() {
-            return "read-only".into();
+            return format!("read-only{mine}");
         }
         let names: Vec<&str> = self.allowed.iter().map(|p| p.name()).collect();
-        format!("read-only + {}", names.join(", "))
+        format!("read-only + {}{mine}", names.join(", "))
     }
 
     /// Checks a call that needs `p`; `dry_run` calls of kill and clean only read.

@@ -16,7 +16,8 @@ use crate::process::kill::KillReport;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
 use crate::runner::{self, Cmd, Job, JobOpts, Waited};
-use crate::script::recipes::Recipe;
+use crate::script::recipes::header::{ArgKind, Parsed};
+use crate::script::recipes::{self, Recipe, Roots};
 use crate::session::Session;
 use nix::sys::signal::Signal;
 use rmcp::model::{Tool, ToolAnnotations};
@@ -533,15 +534,33 @@ pub(crate) struct RunArgs {
 pub(crate) struct RecipeArgs {
     /// The recipe's name, as `recipes` lists it (e.g. "clean-node").
     pub name: String,
-    /// Its arguments, as on the command line (e.g. ["--gpu", "0,1", "--timeout", "60"]).
+    /// Its arguments: by name, as the recipe declares them (e.g. {"gpu": ["0,1"],
+    /// "timeout": 60}), or as on the command line (e.g. ["--gpu", "0,1", "--timeout", "60"]).
     #[serde(default)]
-    pub args: Vec<String>,
+    pub args: RecipeArgv,
     /// Seconds before the recipe is stopped (default 600).
     #[serde(default = "d600")]
     pub timeout: f64,
     /// How many lines of the end of its stdout and of its stderr to return (default 40).
     #[serde(default = "d40")]
     pub tail_lines: usize,
+}
+
+/// A recipe's arguments: the words of its command line, or its declared arguments by name.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(
+    untagged,
+    expecting = "expected the recipe's arguments by name (an object) or as on the command line (an array of strings)"
+)]
+pub(crate) enum RecipeArgv {
+    Words(Vec<String>),
+    Named(Map<String, Value>),
+}
+
+impl Default for RecipeArgv {
+    fn default() -> Self {
+        RecipeArgv::Words(Vec::new())
+    }
 }
 
 // ---- the tool list ----
@@ -564,8 +583,102 @@ fn tool<In: JsonSchema + 'static, Out: JsonSchema + 'static>(
         .with_annotations(hints)
 }
 
-/// Every tool, with its schema and the description a model reads.
-pub(crate) fn list() -> Vec<Tool> {
+/// The recipe directories this server's recipes come from: the site's and the built-in
+/// ones, the user's too with `--user-recipes`.
+fn roots(policy: &Policy) -> Roots {
+    let roots = Roots::from_env();
+    if policy.user_recipes() {
+        roots
+    } else {
+        roots.without_user()
+    }
+}
+
+/// The JSON schema of one recipe's arguments by name, from its header.
+fn args_schema(r: &Recipe) -> Value {
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    for a in &r.args {
+        let mut p = match a.kind {
+            ArgKind::Flag => json!({ "type": "boolean" }),
+            ArgKind::Int => json!({ "type": "integer" }),
+            ArgKind::Number => json!({ "type": "number" }),
+            ArgKind::Secs => json!({ "type": "number", "minimum": 0, "maximum": 1e9 }),
+            ArgKind::String | ArgKind::File | ArgKind::Gpus => json!({ "type": "string" }),
+            ArgKind::Rest => json!({ "type": "array", "items": { "type": "string" } }),
+        };
+        if a.repeat {
+            p = json!({ "type": "array", "items": p });
+        }
+        let what = match a.kind {
+            ArgKind::Gpus => " (GPUs as --gpu takes them: 0,2  0-3  a UUID prefix)",
+            ArgKind::Secs => " (seconds)",
+            ArgKind::File => " (a file's path on the server's machine)",
+            ArgKind::Rest => " (the command's words, as after --)",
+            _ => "",
+        };
+        p["description"] = format!("{}{what}", a.help).into();
+        if let Some(d) = a.default_value() {
+            p["default"] = d.to_json();
+        }
+        if a.required {
+            required.push(a.key());
+        }
+        props.insert(a.key(), p);
+    }
+    json!({
+        "type": "object",
+        "title": r.name,
+        "description": format!("the arguments of {}: {}", r.name, r.purpose),
+        "properties": props,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+/// run_recipe, its schema saying which recipes there are and what arguments each takes.
+fn run_recipe_tool(recipes: &[Recipe]) -> Tool {
+    let mut t = tool::<RecipeArgs, RunOut>(
+        "run_recipe",
+        "Run a ready recipe",
+        "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME \
+         ARGS` on this server's GPUs, and return its exit code and the end of its output. \
+         Arguments a recipe does not take, or values of the wrong kind, are refused before it \
+         runs (args' schema lists each recipe's). Reports progress, can be cancelled (the \
+         recipe and what it started are stopped). Needs the server's `--allow recipes`.",
+        false,
+    );
+    let runnable: Vec<&Recipe> = recipes
+        .iter()
+        .filter(|r| r.refused.is_none() && r.shadowed_by.is_none())
+        .collect();
+    let mut schema = t.input_schema.as_ref().clone();
+    if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        if let Some(name) = props.get_mut("name") {
+            name["enum"] = runnable.iter().map(|r| r.name.clone()).collect();
+        }
+        let mut any = vec![json!({
+            "type": "array",
+            "items": { "type": "string" },
+            "description": "the words of its command line, as after `gpuloop run NAME`",
+        })];
+        any.extend(runnable.iter().map(|r| args_schema(r)));
+        props.insert(
+            "args".into(),
+            json!({
+                "description": "the recipe's arguments: by name (the object of that recipe), or as on the command line",
+                "anyOf": any,
+            }),
+        );
+    }
+    t.input_schema = std::sync::Arc::new(schema);
+    t
+}
+
+/// Every tool, with its schema and the description a model reads; `policy` says which
+/// recipes the server sees.
+pub(crate) fn list(policy: &Policy) -> Vec<Tool> {
+    let recipes = recipes::list(&roots(policy));
     vec![
         tool::<NoArgs, GpusOut>(
             "gpus",
@@ -638,19 +751,13 @@ pub(crate) fn list() -> Vec<Tool> {
         tool::<NoArgs, RecipesOut>(
             "recipes",
             "List the ready recipes",
-            "List the recipes built into gpuloop (ready Rhai scripts such as clean-node, the \
-             escalation ladder TERM -> KILL -> wait -> diagnose -> verify): name, purpose, usage.",
+            "List the ready Rhai recipes this server runs: the site's (/etc/gpuloop/recipes) and \
+             the built-in ones (clean-node, the escalation ladder TERM -> KILL -> wait -> \
+             diagnose -> verify; vllm, torchrun, ray and dataloader leftovers; preflight; \
+             patch-and-rerun): name, origin, purpose, usage and the arguments each declares.",
             true,
         ),
-        tool::<RecipeArgs, RunOut>(
-            "run_recipe",
-            "Run a ready recipe",
-            "Run one of the `recipes` by name with its arguments, exactly as `gpuloop run NAME \
-             ARGS` on this server's GPUs, and return its exit code and the end of its output. \
-             Reports progress, can be cancelled (the recipe and what it started are stopped). \
-             Needs the server's `--allow recipes`.",
-            false,
-        ),
+        run_recipe_tool(&recipes),
     ]
 }
 
@@ -701,7 +808,7 @@ pub(crate) fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Rep
         "run" => run(ctx, args(name, raw)?),
         "recipes" => {
             args::<NoArgs>(name, raw)?;
-            let list = crate::script::recipes::list();
+            let list = recipes::list(&roots(ctx.policy));
             let names: Vec<String> = list
                 .iter()
                 .map(|r| format!("{} ({})", r.name, r.purpose))
@@ -938,16 +1045,49 @@ fn run(ctx: &Ctx, a: RunArgs) -> Result<Reply, CallError> {
         _ => return Err(CallError::BadArguments("run: the command is empty".into())),
     };
     let timeout = seconds("run", "timeout", a.timeout)?;
-    run_job(ctx, &cmd, timeout, a.cwd, a.tail_lines)
+    run_job(ctx, &cmd, timeout, a.cwd, a.tail_lines, Vec::new())
 }
 
 fn run_recipe(ctx: &Ctx, a: RecipeArgs) -> Result<Reply, CallError> {
     ctx.policy.check("run_recipe", Permission::Recipes, false)?;
-    if crate::script::recipes::find(&a.name).is_none() {
-        return Err(CallError::BadArguments(format!(
-            "run_recipe: no recipe {:?} (`recipes` lists them)",
-            a.name
-        )));
+    let bad = |why: String| CallError::BadArguments(format!("run_recipe: {why}"));
+    let found = recipes::find(&a.name, &roots(ctx.policy)).map_err(|e| {
+        // A recipe of the user's own is there, but this server does not run those.
+        let mine = recipes::valid_name(&a.name)
+            && !ctx.policy.user_recipes()
+            && recipes::user_dir().is_some_and(|d| d.join(format!("{}.rhai", a.name)).exists());
+        bad(if mine {
+            format!(
+                "{} is one of the user's own recipes, which this server runs only when started with `gpuloop mcp --user-recipes` (the person who runs it decides)",
+                a.name
+            )
+        } else {
+            e.to_string()
+        })
+    })?;
+    let header = recipes::header_of(&found.name, &found.source).map_err(|e| {
+        bad(format!(
+            "{}: its header, line {}: {}",
+            found.name, e.line, e.why
+        ))
+    })?;
+    let words = match a.args {
+        RecipeArgv::Words(w) => w,
+        RecipeArgv::Named(m) => recipes::header::argv_of(&header.args, &m)
+            .map_err(|e| bad(format!("{}: {e}", found.name)))?,
+    };
+    // The same check `gpuloop run` makes, before anything runs.
+    if !header.args.is_empty() {
+        match recipes::header::parse_args(&header.args, &words) {
+            Ok(Parsed::Values(_)) => {}
+            Ok(Parsed::Help) => {
+                return Err(bad(format!(
+                    "{}: --help is no argument here: the `recipes` tool and this tool's schema list its arguments",
+                    found.name
+                )))
+            }
+            Err(e) => return Err(bad(format!("{}: {e}", found.name))),
+        }
     }
     let timeout = seconds("run_recipe", "timeout", a.timeout)?;
     let exe = match std::env::current_exe() {
@@ -958,10 +1098,16 @@ fn run_recipe(ctx: &Ctx, a: RecipeArgs) -> Result<Reply, CallError> {
             )))
         }
     };
-    // The same gpuloop, the same simulator or driver (GPULOOP_SIM is in the environment).
-    let mut argv = vec![exe, "run".into(), a.name, "--".into()];
-    argv.extend(a.args);
-    run_job(ctx, &Cmd::Argv(argv), timeout, None, a.tail_lines)
+    // The same gpuloop, the same simulator or driver (GPULOOP_SIM is in the environment),
+    // and the same recipe: without --user-recipes that gpuloop looks past the user's too.
+    let mut argv = vec![exe, "run".into(), found.name, "--".into()];
+    argv.extend(words);
+    let env = if ctx.policy.user_recipes() {
+        Vec::new()
+    } else {
+        vec![(recipes::NO_USER_RECIPES.to_string(), "1".to_string())]
+    };
+    run_job(ctx, &Cmd::Argv(argv), timeout, None, a.tail_lines, env)
 }
 
 /// Runs a job to its end (or its timeout, or the call's cancellation) and replies with its
@@ -972,10 +1118,12 @@ fn run_job(
     timeout: Duration,
     cwd: Option<String>,
     tail_lines: usize,
+    env: Vec<(String, String)>,
 ) -> Result<Reply, CallError> {
     let opts = JobOpts {
         timeout: Some(timeout),
         cwd: cwd.map(Into::into),
+        env,
         // stdout is the MCP channel: output is captured, never echoed.
         echo: false,
         served: Some(ctx.served.clone()),
@@ -1064,7 +1212,7 @@ mod tests {
 
     #[test]
     fn every_output_schema_is_an_object_that_admits_the_error_shapes() {
-        for t in list() {
+        for t in list(&Policy::default()) {
             let schema = t
                 .output_schema
                 .unwrap_or_else(|| panic!("{}: none", t.name));

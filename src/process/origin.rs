@@ -21,6 +21,10 @@ pub struct Launcher {
     /// The container and pod it runs in.
     #[serde(flatten)]
     pub place: Place,
+    /// Its own parent is gone (it was reparented to init or a subreaper): a vLLM engine
+    /// core whose API server was killed, a torchrun agent whose shell was closed.
+    #[serde(default)]
+    pub reparented: bool,
 }
 
 /// Lineage and attribution of one process, as holder maps carry them.
@@ -164,12 +168,14 @@ fn launcher(p: &ProcInfo, places: Option<&mut Resolver>) -> Option<Launcher> {
                 Some(r) => r.place(&read_cgroup(a.pid).ids),
                 None => Place::default(),
             };
+            let reparented = read_stat(a.ppid).is_ok_and(|q| is_reaper(&q) || q.start > a.start);
             return Some(Launcher {
                 pid: a.pid.into(),
                 start: a.start as i64,
                 name: a.comm,
                 host: crate::local::local(),
                 place,
+                reparented,
             });
         }
         pid = a.ppid;

@@ -90,6 +90,8 @@ impl Domains {
 const COMMANDS: &str = "\
 :help          this list            :help NAME   signature and doc of NAME (also module::NAME)
 :vars          variables in scope   :quit        leave (or Ctrl-D)
+:history       the inputs that ran without error, in order
+:save NAME     those inputs as recipe NAME in your recipe directory (:save! NAME replaces it)
 Tab completes names, Ctrl-C clears the line or cancels a running call; history is kept.";
 
 /// `:help`: the commands, then every gpuloop function by domain, the stdlib modules, and

@@ -57,6 +57,9 @@ struct Repl {
     depth: usize,
     /// The exit code of the last input's error (0: none).
     failed: i32,
+    /// The inputs that ran without error, in order (functions defined, imports, statements):
+    /// what `:history` shows and `:save` writes.
+    kept: Vec<String>,
 }
 
 /// How many bytes the REPL compiles, at most, to find where one input ends (a few seconds).
@@ -123,7 +126,7 @@ impl Repl {
         let mut repl = Repl {
             domains,
             engine,
-            scope: new_scope(&[]),
+            scope: new_scope(&[], &[]),
             ast: AST::empty(),
             transcript: String::new(),
             lines: 0,
@@ -136,6 +139,7 @@ impl Repl {
             style,
             depth,
             failed: 0,
+            kept: Vec::new(),
         };
         repl.refresh_names();
         Ok(repl)
@@ -189,6 +193,9 @@ impl Repl {
                         self.style,
                     )),
                     ("vars", _) => self.print_vars(),
+                    ("history", _) => self.print_kept(),
+                    ("save", name) => self.save(name, false),
+                    ("save!", name) => self.save(name, true),
                     _ => crate::errln!("unknown command :{name} (:help lists the commands)"),
                 }
                 continue;
@@ -348,6 +355,7 @@ impl Repl {
         match result {
             Ok(v) => {
                 self.keep_imports(&imports);
+                self.kept.push(input.to_string());
                 self.print(&v);
                 None
             }
@@ -438,6 +446,46 @@ impl Repl {
         }
     }
 
+    /// `:history`: the inputs that ran without error, numbered.
+    fn print_kept(&self) {
+        if self.kept.is_empty() {
+            crate::outln!("(no input has run without error yet)");
+        }
+        for (i, input) in self.kept.iter().enumerate() {
+            let mut lines = input.lines();
+            crate::outln!("{:>4}  {}", i + 1, lines.next().unwrap_or(""));
+            for l in lines {
+                crate::outln!("      {l}");
+            }
+        }
+    }
+
+    /// `:save NAME`: the inputs that ran without error, as recipe NAME in the user's recipe
+    /// directory, under a header for the user to edit.
+    fn save(&mut self, name: &str, replace: bool) {
+        use crate::script::recipes;
+        if name.is_empty() {
+            crate::errln!("usage: :save NAME (then: gpuloop run NAME)");
+            return;
+        }
+        if self.kept.is_empty() {
+            crate::errln!("nothing to save: no input has run without error yet");
+            return;
+        }
+        let text = recipe_text(name, &self.kept);
+        match recipes::create(name, &text, replace) {
+            Ok(path) => crate::outln!(
+                "saved {} input(s) to {}: edit its header, then: gpuloop run {name}",
+                self.kept.len(),
+                path.display()
+            ),
+            Err(e) if e.contains("exists already") => {
+                crate::errln!("{e} (:save! {name} replaces it)")
+            }
+            Err(e) => crate::errln!("{e}"),
+        }
+    }
+
     /// Completion and hints see what the last input defined.
     fn refresh_names(&mut self) {
         let here = help::Meta::of(&self.engine, &self.ast, false);
@@ -478,6 +526,32 @@ impl Repl {
             h.names = names;
         }
     }
+}
+
+/// A recipe made of a session's inputs, in order, under a header the user edits. Each input
+/// ends as a statement (a `;` where the REPL did without one).
+fn recipe_text(name: &str, inputs: &[String]) -> String {
+    let mut out = format!(
+        "// {name}: (say here, in one line, what this recipe is for: `gpuloop recipes` shows this line)\n\
+         //\n\
+         // Saved from a gpuloop REPL session: the inputs that ran without error, in order. This\n\
+         // header is yours to edit; `gpuloop recipes new` shows how a recipe declares arguments.\n\
+         // A value the REPL printed is not printed by a recipe: wrap it in print() to see it.\n\n"
+    );
+    for input in inputs {
+        let t = input.trim_end();
+        let last = t.lines().last().unwrap_or("");
+        let end = if t.ends_with(';') || t.ends_with('}') {
+            ""
+        } else if last.contains("//") {
+            // A line comment would swallow the `;`.
+            "\n;"
+        } else {
+            ";"
+        };
+        out.push_str(&format!("{t}{end}\n"));
+    }
+    out
 }
 
 /// The fields of the gpuloop record variable `name` holds, for completion after `name.`; of the

@@ -172,7 +172,7 @@ pub(crate) fn markdown(engine: &rhai::Engine) -> String {
 pub(crate) fn write_definitions(engine: &rhai::Engine, dir: &Path) -> Result<(), String> {
     let failed = |e: std::io::Error| format!("writing definitions to {}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let scope = super::engine::new_scope(&[]);
+    let scope = super::engine::new_scope(&[], &[]);
     engine
         .definitions_with_scope(&scope)
         .include_standard_packages(false)

@@ -1,6 +1,7 @@
 //! Builds the one Rhai `Engine` every entry point uses (run, eval, check, REPL, doc).
 
 use super::errors::{self, MemoryLimit, ScriptError, INTERRUPT_TOKEN};
+use super::recipes::header::{ArgSpec, ArgValue};
 use super::{bindings, modules};
 use crate::config::Limits;
 use crate::session::Session;
@@ -170,12 +171,88 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
     engine
 }
 
-/// The scope every script starts with: `ARGS`.
-pub(crate) fn new_scope(args: &[String]) -> Scope<'static> {
+/// The scope every script starts with: `ARGS` (the words after SCRIPT) and `ARG` (the
+/// values of the arguments its header declares, by name).
+pub(crate) fn new_scope(args: &[String], values: &[(String, ArgValue)]) -> Scope<'static> {
     let mut scope = Scope::new();
     let args: rhai::Array = args.iter().map(|a| Dynamic::from(a.clone())).collect();
     scope.push_constant("ARGS", args);
+    let arg: rhai::Map = values
+        .iter()
+        .map(|(k, v)| (k.as_str().into(), arg_value(v)))
+        .collect();
+    scope.push_constant("ARG", arg);
     scope
+}
+
+fn arg_value(v: &ArgValue) -> Dynamic {
+    match v {
+        ArgValue::Unit => Dynamic::UNIT,
+        ArgValue::Bool(b) => Dynamic::from(*b),
+        ArgValue::Int(i) => Dynamic::from(*i),
+        ArgValue::Float(f) => Dynamic::from(*f),
+        ArgValue::Str(s) => Dynamic::from(s.clone()),
+        ArgValue::List(l) => Dynamic::from(l.iter().map(arg_value).collect::<rhai::Array>()),
+    }
+}
+
+/// Every `ARG.name` a script reads (`ARG.name`, `ARG["name"]` with a constant name), with
+/// where: checked against its header's declarations.
+fn arg_reads(ast: &AST) -> Vec<(String, rhai::Position)> {
+    let mut found = Vec::new();
+    ast.walk(&mut |nodes: &[rhai::ASTNode]| {
+        if let Some(rhai::ASTNode::Expr(rhai::Expr::Dot(x, _, _) | rhai::Expr::Index(x, _, _))) =
+            nodes.last()
+        {
+            let on_arg = matches!(&x.lhs, rhai::Expr::Variable(v, _, _) if v.1 == "ARG");
+            let name = match &x.rhs {
+                rhai::Expr::Property(p, pos) => Some((p.2.to_string(), *pos)),
+                rhai::Expr::StringConstant(s, pos) => Some((s.to_string(), *pos)),
+                // `ARG.gpu.is_empty()`: the property is the first of a chain.
+                rhai::Expr::Dot(inner, _, _) | rhai::Expr::Index(inner, _, _) => match &inner.lhs {
+                    rhai::Expr::Property(p, pos) => Some((p.2.to_string(), *pos)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let (true, Some(n)) = (on_arg, name) {
+                found.push(n);
+            }
+        }
+        true
+    });
+    found
+}
+
+/// A script reading `ARG.x` for an `x` its header does not declare is a compile error: a
+/// misspelt argument would otherwise read as `()` and do the default silently.
+pub(crate) fn check_declared(
+    ast: &AST,
+    declared: &[ArgSpec],
+    file: &str,
+    source: &str,
+) -> Result<(), ScriptError> {
+    let keys: Vec<String> = declared.iter().map(ArgSpec::key).collect();
+    for (name, pos) in arg_reads(ast) {
+        if keys.contains(&name) {
+            continue;
+        }
+        let known = if keys.is_empty() {
+            "its header declares no arguments (`// arg NAME: TYPE …` lines)".to_string()
+        } else {
+            let hint = super::fields::closest(&name, keys.iter().map(String::as_str))
+                .map(|c| format!("did you mean ARG.{c}? "))
+                .unwrap_or_default();
+            format!("{hint}(declared: {})", keys.join(", "))
+        };
+        return Err(ScriptError::Compile(errors::render(
+            &format!("ARG.{name} is not an argument this script declares: {known}"),
+            pos,
+            file,
+            source,
+        )));
+    }
+    Ok(())
 }
 
 /// A script's or module's text as it is compiled: without a byte-order mark (editors on
@@ -210,11 +287,22 @@ pub(crate) fn run_source(
     source: &str,
 ) -> Result<Dynamic, ScriptError> {
     let ast = compile(engine, file, source)?;
-    check_imports(engine, &ast, file, source)?;
+    run_ast(engine, scope, &ast, file, source)
+}
+
+/// Finds the modules a compiled script imports, then runs it.
+pub(crate) fn run_ast(
+    engine: &Engine,
+    scope: &mut Scope,
+    ast: &AST,
+    file: &str,
+    source: &str,
+) -> Result<Dynamic, ScriptError> {
+    check_imports(engine, ast, file, source)?;
     engine
-        .eval_ast_with_scope::<Dynamic>(scope, &ast)
+        .eval_ast_with_scope::<Dynamic>(scope, ast)
         .map_err(|e| {
-            let hint = super::calls::did_you_mean(engine, &ast, &e);
+            let hint = super::calls::did_you_mean(engine, ast, &e);
             errors::from_eval(*e, file, source).with_help(hint)
         })
 }

@@ -234,6 +234,12 @@ fn strip_position(s: &str) -> String {
     }
 }
 
+/// A compile error at the start of a line of `source` (a recipe's header declaration).
+pub(crate) fn at_line(msg: &str, line: usize, file: &str, source: &str) -> ScriptError {
+    let line = u16::try_from(line).unwrap_or(u16::MAX) as usize;
+    ScriptError::Compile(render(msg, Position::new(line as u16, 1), file, source))
+}
+
 /// error: MESSAGE
 ///  --> file:line:col
 ///   |

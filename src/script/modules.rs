@@ -13,6 +13,7 @@ pub(crate) const STDLIB: &[(&str, &str)] = &[
     ("cleanup", include_str!("../../stdlib/cleanup.rhai")),
     ("patch", include_str!("../../stdlib/patch.rhai")),
     ("workers", include_str!("../../stdlib/workers.rhai")),
+    ("checks", include_str!("../../stdlib/checks.rhai")),
 ];
 
 /// How the error of a module found nowhere begins: an import computed at run time that

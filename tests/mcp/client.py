@@ -446,7 +446,59 @@ async def recipes_from_cwd():
     check(not os.path.exists(marker), "run_recipe ran a file of the server's current directory")
 
 
+async def recipe_args():
+    """run_recipe's schema lists each recipe's declared arguments; arguments by name run the
+    recipe, a bad one is an error result before anything runs; the user's own recipes run only
+    on a server started with --user-recipes."""
+    held, keep = PLANTED["held"], PLANTED["keep"]
+    async with stdio_client(server()) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            schema = tools["run_recipe"].input_schema
+            Draft202012Validator.check_schema(schema)
+            names = schema["properties"]["name"]["enum"]
+            check("clean-node" in names and "site-hello" in names, f"names: {names}")
+            check("mine" not in names, f"a user recipe without --user-recipes: {names}")
+            by_title = {b.get("title"): b for b in schema["properties"]["args"]["anyOf"]}
+            cn = by_title["clean-node"]["properties"]
+            check(cn["timeout"]["type"] == "number" and cn["timeout"]["default"] == 30, f"clean-node timeout: {cn}")
+            check(cn["gpu"]["type"] == "array" and cn["allow_reset"]["type"] == "boolean", f"clean-node: {cn}")
+            check(by_title["clean-node"]["additionalProperties"] is False, "extra args allowed")
+            # Valid calls validate against the schema.
+            Draft202012Validator(schema).validate({"name": "clean-node", "args": {"gpu": ["1"], "timeout": 5}})
+            r = await call(s, "run_recipe", {"name": "clean-node", "args": {"gpu": ["1"], "timeout": 5, "grace": 1}, "timeout": 120})
+            c = r.structured_content
+            check(c["code"] == 0 and "clean in" in c["stdout_tail"], f"clean-node by name: {c}")
+            check(await gone_within(held, 15), f"clean-node left {held}")
+            # Bad arguments: refused before anything runs (the holder of GPU 0 stays).
+            for args, says in [
+                ({"timeout": "soon"}, 'clean-node: --timeout "soon" is not seconds'),
+                ({"tmeout": 3}, 'clean-node: unknown argument "tmeout"'),
+                (["--gpu", "0", "--bogus"], "clean-node: unknown argument --bogus"),
+                ({"gpu": ["0"], "allow_reset": "yes"}, "allow_reset: \"yes\" is not true or false"),
+            ]:
+                await tool_error(s, "run_recipe", {"name": "clean-node", "args": args}, says)
+            check(alive(keep), "a refused call stopped the holder of GPU 0")
+            r = await call(s, "run_recipe", {"name": "site-hello", "args": {"who": "model"}})
+            check("hello model from the site" in r.structured_content["stdout_tail"], f"site-hello: {r.structured_content}")
+            await tool_error(s, "run_recipe", {"name": "mine"}, "--user-recipes")
+            # The user's `site-hello` would shadow the site's for a person; not for this server.
+            r = await call(s, "run_recipe", {"name": "site-hello", "args": ["--who", "x"]})
+            check("from the site" in r.structured_content["stdout_tail"], f"{r.structured_content}")
+    async with stdio_client(server(SERVER_ARGS + ["--user-recipes"])) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            check("mine" in tools["run_recipe"].input_schema["properties"]["name"]["enum"], "no mine with --user-recipes")
+            r = await call(s, "run_recipe", {"name": "mine"})
+            check("mine ran" in r.structured_content["stdout_tail"], f"mine: {r.structured_content}")
+            r = await call(s, "run_recipe", {"name": "site-hello", "args": ["--who", "x"]})
+            check("from the user" in r.structured_content["stdout_tail"], f"{r.structured_content}")
+
+
 SCENARIOS = {
+    "recipe_args": recipe_args,
     "recipes_from_cwd": recipes_from_cwd,
     "read_only": read_only,
     "done_when": done_when,

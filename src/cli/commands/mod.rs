@@ -22,7 +22,7 @@ pub(crate) fn dispatch(hi: &HiArgs) -> Result<i32, Error> {
         Command::Run { script, args } => script::run(cfg, script, args),
         Command::Eval { code } => script::eval(cfg, code),
         Command::Check { scripts } => script::check(cfg, scripts),
-        Command::Recipes => script::recipes(cfg),
+        Command::Recipes(cmd) => script::recipes(cfg, cmd),
         Command::Repl => script::repl(cfg),
         Command::Doc { definitions } => script::doc(cfg, definitions.as_deref()),
         Command::Gpus { sel } => inspect::gpus(cfg, sel),

@@ -1,44 +1,48 @@
 //! The commands of the script engine: run, eval, check, recipes, repl, doc.
 
 use super::emit;
+use crate::cli::hiargs::RecipesCommand;
 use crate::cli::Config;
 use crate::error::Error;
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
+use crate::script::recipes::header::{ArgKind, ArgValue, Header, Parsed};
+use crate::script::recipes::{self, Found, Named, Roots};
 use std::path::{Path, PathBuf};
 
-/// The script SCRIPT names: stdin, a file (a path), or a built-in recipe (a bare name, never
-/// a file of the current directory). Which one is decided from the word alone, and a name
-/// that is no recipe is refused before anything runs.
+/// The script SCRIPT names: stdin, a file (a path), or a recipe (a bare name, never a file
+/// of the current directory). Which one is decided from the word alone, and a name that is
+/// no recipe (or one the trust checks refuse) is refused before anything runs.
 pub(crate) enum Script {
     Stdin,
     /// A recipe has no directory of its own: its imports come from GPULOOP_PATH, the user's
     /// modules and the standard library, never from the current directory either.
-    Recipe {
-        name: String,
-        src: &'static str,
-    },
+    Recipe(Found),
     /// The path as given (it has a `/` or ends in `.rhai`).
     File(String),
 }
 
 impl Script {
     pub(crate) fn named(script: &str) -> Result<Script, Error> {
-        use crate::script::recipes::{self, Named};
         Ok(match Named::of(script) {
             Named::Stdin => Script::Stdin,
-            Named::Recipe(name) => Script::Recipe {
-                name: name.to_string(),
-                src: recipes::find(name).ok_or_else(|| {
-                    Error::Usage(format!(
-                        "no recipe named {name:?} (built-in recipes: {}; gpuloop recipes lists \
-                         them); to run a file, name it by its path: ./{name}",
-                        recipes::names()
-                    ))
-                })?,
-            },
+            Named::Recipe(name) => Script::Recipe(
+                recipes::find(name, &Roots::from_env()).map_err(|e| Error::Usage(e.to_string()))?,
+            ),
             Named::File(path) => Script::File(path.to_string()),
         })
+    }
+
+    /// The name its header's purpose line starts with: a recipe's name, a file's stem.
+    fn stem(&self) -> String {
+        match self {
+            Script::Stdin => String::new(),
+            Script::Recipe(f) => f.name.clone(),
+            Script::File(p) => Path::new(p)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        }
     }
 
     /// Its name for messages, its source, and the directory its imports are looked up in.
@@ -57,17 +61,22 @@ impl Script {
                 let src = input::without_bom(&src).to_string();
                 return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
             }
-            Script::Recipe { name, src } => return Ok((name.clone(), src.to_string(), None)),
+            Script::Recipe(found) => {
+                return Ok((
+                    found.name.clone(),
+                    input::without_bom(&found.source).to_string(),
+                    None,
+                ))
+            }
             Script::File(script) => script,
         };
         let path = Path::new(script);
         let src = input::text(path, input::SCRIPT).map_err(|e| {
             let hint = match e {
                 // Only a missing file may have meant a recipe.
-                ReadError::Io(ref io) if io.kind() == std::io::ErrorKind::NotFound => format!(
-                    " (built-in recipes: {}; gpuloop recipes lists them)",
-                    crate::script::recipes::names()
-                ),
+                ReadError::Io(ref io) if io.kind() == std::io::ErrorKind::NotFound => {
+                    " (gpuloop recipes lists the recipes, which run by name)".to_string()
+                }
                 _ => String::new(),
             };
             Error::Usage(format!("cannot read script {script}: {e}{hint}"))
@@ -90,9 +99,92 @@ impl Script {
     }
 }
 
-/// `gpuloop run SCRIPT ARGS…`: the script, with ARGS in its scope.
+/// A script's header, read: a declaration that cannot be read is a compile error at its line.
+fn header(script: &Script, file: &str, src: &str) -> Result<Header, Error> {
+    recipes::header_of(&script.stem(), src).map_err(|e| {
+        Error::Script(crate::script::errors::at_line(
+            &format!("in the header: {}", e.why),
+            e.line,
+            file,
+            src,
+        ))
+    })
+}
+
+/// The declared arguments' values from the command line, checked before anything runs (a
+/// mistake is a usage error, exit 2); `None` when it asked for `--help`, which is printed.
+fn arguments(
+    cfg: &Config,
+    name: &str,
+    header: &Header,
+    args: &[String],
+) -> Result<Option<Vec<(String, ArgValue)>>, Error> {
+    if header.args.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    let usage = |why: String| {
+        Error::Usage(format!(
+            "{name}: {why} (gpuloop run {name} --help lists its arguments)"
+        ))
+    };
+    let values = match recipes::header::parse_args(&header.args, args) {
+        Ok(Parsed::Help) => {
+            crate::outln!("{}", recipes::header::help(name, header));
+            return Ok(None);
+        }
+        Ok(Parsed::Values(v)) => v,
+        Err(e) => return Err(usage(e.0)),
+    };
+    // GPUs are checked against the machines too: `--gpu 9` on a node of 8 is a usage error
+    // before the recipe acts, as it is for the one-shots.
+    for (spec, (_, v)) in header.args.iter().zip(&values) {
+        if spec.kind != ArgKind::Gpus {
+            continue;
+        }
+        let given: Vec<String> = match v {
+            ArgValue::Str(s) => vec![s.clone()],
+            ArgValue::List(l) => l
+                .iter()
+                .filter_map(|v| match v {
+                    ArgValue::Str(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => continue,
+        };
+        if given.is_empty() {
+            continue;
+        }
+        let sel = crate::cli::hiargs::Selection::parse(&crate::cli::args::GpuSel {
+            gpus: given.clone(),
+        })
+        .map_err(|e| usage(format!("--{} {}: {e}", spec.name, given.join(","))))?;
+        // The hosts and the driver answer first (their failure is no usage error); a GPU
+        // they do not have is.
+        let checked = sel.on(&cfg.session).and_then(|hs| {
+            crate::machine::Fleet::of(&cfg.session)
+                .holders(&hs, false, &crate::inspect::Filter::default())
+                .map_err(Error::from)
+        });
+        match checked {
+            Ok(_) => {}
+            Err(e) if e.code() == 2 => {
+                return Err(usage(format!("--{} {}: {e}", spec.name, given.join(","))))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(values))
+}
+
+/// `gpuloop run SCRIPT ARGS…`: the script, with ARGS (and its declared arguments, ARG) in
+/// its scope.
 pub(super) fn run(cfg: &Config, script: &Script, args: &[String]) -> Result<i32, Error> {
     let (file, src, dir) = script.read()?;
+    let header = header(script, &file, &src)?;
+    let Some(values) = arguments(cfg, &file, &header, args)? else {
+        return Ok(0);
+    };
     // Whatever the script started (run/spawn) is stopped when this goes out of scope.
     let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
@@ -103,8 +195,10 @@ pub(super) fn run(cfg: &Config, script: &Script, args: &[String]) -> Result<i32,
             json: cfg.json,
         },
     );
-    let mut scope = new_scope(args);
-    let _ = run_source(&engine, &mut scope, &file, &src)?;
+    let mut scope = new_scope(args, &values);
+    let ast = crate::script::engine::compile(&engine, &file, &src)?;
+    crate::script::engine::check_declared(&ast, &header.args, &file, &src)?;
+    let _ = crate::script::engine::run_ast(&engine, &mut scope, &ast, &file, &src)?;
     Ok(0)
 }
 
@@ -120,7 +214,7 @@ pub(super) fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
             json: cfg.json,
         },
     );
-    let mut scope = new_scope(&[]);
+    let mut scope = new_scope(&[], &[]);
     let v = run_source(&engine, &mut scope, "<eval>", code)?;
     let depth = cfg.session.config.limits.depth;
     if let Some(text) =
@@ -131,14 +225,24 @@ pub(super) fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     Ok(0)
 }
 
-/// `gpuloop check`: compiles each script, finds the modules it imports, as `run` would, and
-/// the calls of functions that nothing defines.
+/// `gpuloop check`: compiles each script, reads its header's declared arguments and checks
+/// its uses of them, finds the modules it imports, as `run` would, and the calls of functions
+/// that nothing defines.
 pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<i32, Error> {
     let mut failed = 0;
     for p in scripts {
-        let (file, src, dir) = match Script::named(&p.display().to_string()).and_then(|s| s.read())
-        {
+        let read = Script::named(&p.display().to_string()).and_then(|s| {
+            let (file, src, dir) = s.read()?;
+            let h = header(&s, &file, &src)?;
+            Ok((file, src, dir, h))
+        });
+        let (file, src, dir, header) = match read {
             Ok(s) => s,
+            Err(e @ Error::Script(_)) => {
+                crate::errln!("{e}");
+                failed += 1;
+                continue;
+            }
             Err(e) => {
                 crate::errln!("gpuloop: {e}");
                 failed += 1;
@@ -153,6 +257,7 @@ pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<i32, Error> {
             },
         );
         let checked = crate::script::engine::compile(&engine, &file, &src).and_then(|ast| {
+            crate::script::engine::check_declared(&ast, &header.args, &file, &src)?;
             crate::script::engine::check_imports(&engine, &ast, &file, &src)?;
             crate::script::engine::check_calls(&engine, &ast, &file, &src)
         });
@@ -180,10 +285,81 @@ pub(super) fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error
     Ok(0)
 }
 
-/// `gpuloop recipes`: the recipes built in, with what each is for.
-pub(super) fn recipes(cfg: &Config) -> Result<i32, Error> {
-    let rs = crate::script::recipes::list();
-    emit(cfg, &rs, || render::recipes(&rs))
+/// `gpuloop recipes`: every recipe with where it comes from and what it is for; `show`
+/// prints one's usage and source, `new` writes a skeleton into the user's directory.
+pub(super) fn recipes(cfg: &Config, cmd: &RecipesCommand) -> Result<i32, Error> {
+    let roots = Roots::from_env();
+    match cmd {
+        RecipesCommand::List => {
+            let rs = recipes::list(&roots);
+            emit(cfg, &rs, || render::recipes(&rs))
+        }
+        RecipesCommand::Show(name) => {
+            let all = recipes::list(&roots);
+            // The one that runs by that name (or is refused), not one it shadows.
+            let Some(r) = all
+                .iter()
+                .find(|r| r.name == *name && r.shadowed_by.is_none())
+            else {
+                return Err(Error::Usage(recipes::find(name, &roots).err().map_or_else(
+                    || format!("no recipe named {name:?}"),
+                    |e| e.to_string(),
+                )));
+            };
+            let source = match &r.path {
+                Some(p) => crate::input::text(Path::new(p), crate::input::SCRIPT)
+                    .map_err(|e| Error::Other(format!("cannot read {p}: {e}")))?,
+                None => recipes::BUILT_IN
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, s)| s.to_string())
+                    .unwrap_or_default(),
+            };
+            let shown = Shown {
+                recipe: r.clone(),
+                source,
+            };
+            emit(cfg, &shown, || {
+                render::recipe(&shown.recipe, &shown.help(), &shown.source)
+            })
+        }
+        RecipesCommand::New(name) => {
+            let path =
+                recipes::create(name, &recipes::skeleton(name), false).map_err(Error::Usage)?;
+            let shadows = recipes::list(&roots)
+                .into_iter()
+                .find(|r| r.name == *name && r.origin != recipes::Origin::User);
+            crate::outln!(
+                "wrote {}: edit it, then: gpuloop run {name} --help",
+                path.display()
+            );
+            if let Some(r) = shadows {
+                crate::errln!(
+                    "note: it runs instead of the {} recipe {name} (gpuloop recipes shows both)",
+                    r.origin.name()
+                );
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// `gpuloop recipes show NAME`: the recipe as listed, and its source.
+#[derive(serde::Serialize)]
+struct Shown {
+    #[serde(flatten)]
+    recipe: recipes::Recipe,
+    source: String,
+}
+
+impl Shown {
+    /// What `gpuloop run NAME --help` prints.
+    fn help(&self) -> String {
+        match recipes::header_of(&self.recipe.name, &self.source) {
+            Ok(h) => recipes::header::help(&self.recipe.name, &h),
+            Err(e) => format!("its header, line {}: {}", e.line, e.why),
+        }
+    }
 }
 
 /// `gpuloop repl`.
