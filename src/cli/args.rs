@@ -699,6 +699,10 @@ pub enum SimCmd {
         /// Load (on) or unload (off) the simulated nvidia_drm with modeset=1.
         #[arg(long, value_name = "on|off")]
         drm_modeset: Option<String>,
+        /// Turn the GPU's persistence mode on or off, as `nvidia-smi -pm 1|0` does (on by
+        /// default).
+        #[arg(long, value_name = "on|off")]
+        persistence: Option<String>,
     },
     /// Reset a simulated GPU, with the driver's semantics: refused while a process holds it
     /// or has its node (or a MIG capability) open, while nvidia_drm has modeset, or when it

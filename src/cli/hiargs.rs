@@ -367,17 +367,16 @@ impl SimCommand {
                 off_bus,
                 clear,
                 drm_modeset,
+                persistence,
             } => {
-                let drm_modeset = match drm_modeset.as_deref() {
-                    None => None,
-                    Some("on") => Some(true),
-                    Some("off") => Some(false),
-                    Some(other) => {
-                        return Err(Error::Usage(format!(
-                            "--drm-modeset {other:?}: use on or off"
-                        )))
-                    }
+                let on_off = |flag: &str, v: &Option<String>| match v.as_deref() {
+                    None => Ok(None),
+                    Some("on") => Ok(Some(true)),
+                    Some("off") => Ok(Some(false)),
+                    Some(other) => Err(Error::Usage(format!("{flag} {other:?}: use on or off"))),
                 };
+                let drm_modeset = on_off("--drm-modeset", drm_modeset)?;
+                let persistence = on_off("--persistence", persistence)?;
                 let recovery = match recovery.as_deref() {
                     None => None,
                     Some(a) => Some(RecoveryAction::parse(a).ok_or_else(|| {
@@ -409,6 +408,7 @@ impl SimCommand {
                     recovery,
                     off_bus: *off_bus,
                     clear: *clear,
+                    persistence,
                 };
                 let some_fault = xid.is_some()
                     || *ecc_corrected > 0
@@ -417,7 +417,8 @@ impl SimCommand {
                     || *remap_failure
                     || recovery.is_some()
                     || *off_bus
-                    || *clear;
+                    || *clear
+                    || persistence.is_some();
                 match (gpu, some_fault, drm_modeset) {
                     (None, true, _) => {
                         return Err(Error::Usage(
@@ -426,7 +427,7 @@ impl SimCommand {
                     }
                     (_, false, None) => {
                         return Err(Error::Usage(
-                            "sim fault: say what fault (--xid, --ecc-corrected, --ecc-uncorrected, --remap-pending, --remap-failure, --recovery, --off-bus, --clear, --drm-modeset)".into(),
+                            "sim fault: say what fault (--xid, --ecc-corrected, --ecc-uncorrected, --remap-pending, --remap-failure, --recovery, --off-bus, --clear, --persistence, --drm-modeset)".into(),
                         ))
                     }
                     _ => {}

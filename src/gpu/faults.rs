@@ -24,6 +24,10 @@ pub struct Faults {
     pub retired_pages: Option<RetiredPages>,
     /// What the driver says the GPU needs (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
     pub recovery_action: Option<RecoveryAction>,
+    /// Persistence mode: the driver keeps the GPU initialised while no client has it open.
+    /// Off, each job's first CUDA call pays the GPU's initialisation, and the last client's
+    /// exit tears it down (`nvidia-smi -pm 1`, or nvidia-persistenced, turns it on).
+    pub persistence_mode: Option<bool>,
     /// Xid events of this GPU in the kernel log, oldest first (the latest `MAX_EVENTS`), and
     /// SXid events of the NVSwitches its fabric goes through.
     pub xid: Vec<Xid>,

@@ -643,6 +643,7 @@ fn device_faults(nvml: &Nvml, d: &nvml_wrapper::Device) -> Faults {
         remapped_rows: remapped_rows(nvml, d),
         retired_pages,
         recovery_action,
+        persistence_mode: d.is_in_persistent_mode().ok(),
         ..Faults::default()
     }
 }

@@ -26,6 +26,8 @@ pub(crate) struct GpuFaults {
     pub recovery: Option<u64>,
     /// Fell off the bus: every read fails, a reset cannot reach it.
     pub off_bus: bool,
+    /// Persistence mode is off (on by default, as on a node that runs nvidia-persistenced).
+    pub persistence_off: bool,
 }
 
 /// What `gpuloop sim fault` injects on one GPU.
@@ -45,6 +47,8 @@ pub struct Inject {
     pub off_bus: bool,
     /// Back to a healthy GPU (the state a reboot would leave).
     pub clear: bool,
+    /// Turn persistence mode on (`Some(true)`) or off, as `nvidia-smi -pm` does.
+    pub persistence: Option<bool>,
 }
 
 impl SimBackend {
@@ -112,6 +116,9 @@ impl SimBackend {
         if let Some(a) = what.recovery {
             f.recovery = a.code().filter(|&c| c != 0);
         }
+        if let Some(on) = what.persistence {
+            f.persistence_off = !on;
+        }
         let newly_off = what.off_bus && !f.off_bus;
         f.off_bus |= what.off_bus;
         self.save_faults(&state)?;
@@ -152,7 +159,7 @@ impl SimBackend {
     }
 
     /// The facts a GPU reports, as NVML would for an H200: ECC on, rows remapped rather
-    /// than pages retired (`None`), a recovery action.
+    /// than pages retired (`None`), a recovery action, persistence mode.
     pub(crate) fn reported(f: &GpuFaults) -> Faults {
         Faults {
             ecc: Some(Ecc {
@@ -167,6 +174,7 @@ impl SimBackend {
             }),
             retired_pages: None,
             recovery_action: Some(RecoveryAction::from_code(f.recovery.unwrap_or(0))),
+            persistence_mode: Some(!f.persistence_off),
             ..Faults::default()
         }
     }
