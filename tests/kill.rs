@@ -172,6 +172,40 @@ fn clean_frees_one_gpu_of_orphans_and_an_inheriting_child_and_nothing_else() {
     assert_eq!(sim.used_mib(2), 70);
 }
 
+/// After its signals, clean's wait re-reads only the processes it knew and the driver's
+/// lists. A process no look before the signals could see (here the child a holder forks as
+/// it gets TERM, which keeps the memory while the driver counts it against its dead parent)
+/// is found all the same: before saying that nothing holds memory that stays used, the wait
+/// looks at every process, and the report names the child.
+#[test]
+fn clean_finds_a_holder_forked_after_its_look_before_saying_nothing_holds_it() {
+    let sim = Sim::new("2x8G");
+    let parent = sim.hold(&["--gpu", "0", "--mib", "300", "--fork-on-term"])[0];
+    let out = sim.run(&["--json", "clean", "--gpu", "0", "--timeout", "3"]);
+    assert!(!alive(parent), "the holder that got TERM exited");
+    let child: Vec<i64> = sim
+        .eval_json("holders(0).map(|h| h.pid)")
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(serde_json::Value::as_i64)
+        .collect();
+    assert_eq!(child.len(), 1, "{}", out.stdout);
+    sim.adopt(child[0] as i32);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    let report = out.json();
+    assert_eq!(report["clean"], false);
+    let gpu0 = &report["gpus"][0];
+    assert_eq!(gpu0["holders"][0]["pid"], child[0], "{gpu0}");
+    assert_ne!(gpu0["verdict"], "driver", "{gpu0}");
+    assert!(
+        !out.stderr.contains("nothing holds"),
+        "the wait said nothing holds it: {}",
+        out.stderr
+    );
+    assert_eq!(sim.used_mib(0), 300);
+}
+
 #[test]
 fn clean_json_reports_the_kill_and_the_gpus() {
     let sim = Sim::new("1x8G");

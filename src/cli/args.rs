@@ -626,6 +626,11 @@ pub enum SimCmd {
         /// Catch SIGTERM and carry on (a handler that does nothing): only SIGKILL ends it.
         #[arg(long)]
         catch_term: bool,
+        /// On SIGTERM, fork a child that keeps the handles, then exit: the child is a process
+        /// no look before the signal saw (a handler that starts a helper, which inherits the
+        /// CUDA context). The child's pid is not printed.
+        #[arg(long, conflicts_with_all = ["ignore_term", "catch_term", "foreground"])]
+        fork_on_term: bool,
         /// Once holding, sleep uninterruptibly (D state) like a process stuck in the driver:
         /// SIGKILL does not end it until `sim release` (cgroup-v1 freezer; needs root).
         #[arg(long, conflicts_with = "foreground")]

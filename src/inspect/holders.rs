@@ -114,6 +114,7 @@ impl Holder {
 pub(crate) const FOOTPRINT_MAX_MIB: i64 = 16;
 
 /// Everything one look at the machine found; diagnose() and wait_clean() reuse it.
+#[derive(Debug, Clone)]
 pub struct Inventory {
     pub gpus: Vec<Gpu>,
     /// Every holder, all roles: every process with a driver node open (while one is, a GPU
@@ -173,6 +174,44 @@ impl Inventory {
             crate::timeline::ms()
         );
         Ok(join(gpus, scan, protected, roots))
+    }
+
+    /// Looks again after the signals, at only what is in question: the driver's lists and
+    /// memory, and the processes this inventory knows (each read again, so one that exited
+    /// or let go is gone, and a pid reused since is judged as the process it is now). `None`
+    /// when the driver lists a pid this inventory does not know: something new is there, and
+    /// only a look at every process finds what it is (and who started it).
+    pub(crate) fn refreshed(
+        &self,
+        backend: &dyn Backend,
+        protected: &[String],
+        roots: &Roots,
+    ) -> Result<Option<Inventory>, GpuError> {
+        let gpus = backend.inventory_gpus()?;
+        let known: BTreeSet<i64> = self
+            .holders
+            .iter()
+            .map(|h| h.pid)
+            .chain(self.ghosts.values().flatten().copied())
+            .collect();
+        let new = gpus
+            .iter()
+            .flat_map(|g| &g.driver_procs)
+            .find(|d| !known.contains(&i64::from(d.pid)));
+        if let Some(d) = new {
+            tracing::debug!(
+                "inventory: the driver lists pid {}, not seen before: a whole look",
+                d.pid
+            );
+            return Ok(None);
+        }
+        let pids: Vec<i32> = self
+            .holders
+            .iter()
+            .filter_map(|h| i32::try_from(h.pid).ok())
+            .collect();
+        let scan = scan::rescan(&pids, backend.nodes());
+        Ok(Some(join(gpus, scan, protected, roots)))
     }
 
     /// The holders on the selection (every role with `all`, else only compute holders).

@@ -175,8 +175,16 @@ fn judge(inv: &Inventory, indices: &[i64], opts: &WaitOpts) -> Judgement {
     Judgement { dirty, respawned }
 }
 
-/// Polls memory (cheap) every `poll`; the /proc scan runs only when memory reads clean or
-/// moves, and every `RESCAN` while it sits still, so the hot loop costs one driver query.
+/// Polls memory (cheap) every `poll`; a look at the holders runs only when memory reads clean
+/// or moves, and every `RESCAN` while it sits still, so the hot loop costs one driver query.
+///
+/// `known` is the last look, in and out: given one (what a kill just stopped), a look is the
+/// driver's lists and those processes read again (`Inventory::refreshed`), and a look at every
+/// process is taken only when the driver lists a pid not seen before, or before the wait says
+/// that nothing holds memory that stays used (a process the first look could not know, such
+/// as a child forked since, may hold it). Without one, the first look is a whole one. On
+/// return it holds the last look, for the caller's report.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn wait_clean(
     backend: &dyn Backend,
     sel: &Selection,
@@ -184,6 +192,7 @@ pub(crate) fn wait_clean(
     protected: &[String],
     roots: &crate::process::container::Roots,
     interrupted: &AtomicBool,
+    known: &mut Option<Inventory>,
     mut progress: impl FnMut(&Dirty, Duration),
 ) -> Result<WaitOutcome, GpuError> {
     if let Some(why) = backend.missing_driver() {
@@ -191,17 +200,36 @@ pub(crate) fn wait_clean(
     }
     let started = Instant::now();
     let deadline = started + opts.timeout;
+    // The GPUs to check the selection against: the last look's, or the driver's list (its
+    // indices and memory only: utilisation and temperature are not needed here).
+    let listed = match known.as_ref() {
+        Some(k) => k.gpus.clone(),
+        None => backend.inventory_gpus()?,
+    };
     let indices: Vec<i64> = match sel {
         Some(s) => {
-            super::check_selection(sel, &backend.gpus()?)?;
+            super::check_selection(sel, &listed)?;
             s.clone()
         }
-        None => backend.gpus()?.iter().map(|g| g.index).collect(),
+        None => listed.iter().map(|g| g.index).collect(),
     };
     let mut polls = 0u64;
     let mut last_used: Option<Vec<(i64, i64)>> = None;
     let mut moved_at = started;
-    let mut scanned: Option<(Instant, Judgement)> = None;
+    // The last judgement, when its look was taken, and whether that look was a whole one.
+    let mut scanned: Option<(Instant, Judgement, bool)> = None;
+    let look = |known: &mut Option<Inventory>, whole: bool| -> Result<bool, GpuError> {
+        let again = match (whole, known.as_ref()) {
+            (false, Some(k)) => k.refreshed(backend, protected, roots)?,
+            _ => None,
+        };
+        let (inv, whole) = match again {
+            Some(inv) => (inv, false),
+            None => (Inventory::take(backend, protected, roots)?, true),
+        };
+        *known = Some(inv);
+        Ok(whole)
+    };
     let mut clean_since: Option<Instant> = None;
     loop {
         polls += 1;
@@ -225,12 +253,13 @@ pub(crate) fn wait_clean(
             || moved
             || scanned
                 .as_ref()
-                .is_none_or(|(at, _)| now.duration_since(*at) >= RESCAN);
+                .is_none_or(|(at, _, _)| now.duration_since(*at) >= RESCAN);
         if rescan {
-            let inv = Inventory::take(backend, protected, roots)?;
-            scanned = Some((now, judge(&inv, &indices, opts)));
+            let whole = look(known, false)?;
+            let inv = known.as_ref().expect("a look was just taken");
+            scanned = Some((now, judge(inv, &indices, opts), whole));
         }
-        let Some((_, j)) = scanned.as_ref() else {
+        let Some((_, j, whole)) = scanned.as_ref() else {
             continue;
         };
         if let Some(r) = &j.respawned {
@@ -254,6 +283,14 @@ pub(crate) fn wait_clean(
             let unheld = j.dirty.iter().all(|d| d.2 == 0)
                 && !opts.exiting.iter().any(|&p| crate::process::alive(p));
             if unheld && !opts.stall.is_zero() && now.duration_since(moved_at) >= opts.stall {
+                if !*whole {
+                    // Only the known processes were read: look at every one before saying
+                    // that nothing holds it.
+                    let whole = look(known, true)?;
+                    let inv = known.as_ref().expect("a look was just taken");
+                    scanned = Some((now, judge(inv, &indices, opts), whole));
+                    continue;
+                }
                 tracing::debug!(
                     "wait_clean: nothing holds {:?} and it has not moved for {:?}",
                     j.dirty,

@@ -6,6 +6,7 @@ use super::{ActionError, Ask, Local, Op, Received};
 use crate::hosts::protocol::{self, Call};
 use crate::hosts::{HostError, LOCAL};
 use crate::inspect::holders::Holder;
+use crate::inspect::holders::Inventory;
 use crate::inspect::{Bound, Filter, Selection};
 use crate::process::kill::{self, KillOpts, KillReport, Owner, Skipped, Target};
 use std::time::Duration;
@@ -168,8 +169,19 @@ impl Local<'_> {
         filter: &Filter,
         opts: &KillOpts,
     ) -> Result<KillReport, ActionError> {
+        let inv = super::ops::inventory(self.s, sel)?;
+        self.kill_holders_in(inv, sel, filter, opts)
+    }
+
+    /// `kill_holders` from a look just taken (`inv`, checked against `sel`).
+    pub(crate) fn kill_holders_in(
+        &mut self,
+        inv: Inventory,
+        sel: &Selection,
+        filter: &Filter,
+        opts: &KillOpts,
+    ) -> Result<KillReport, ActionError> {
         let s = self.s;
-        let inv = super::ops::inventory(s, sel)?;
         let within = filter.resolve_in(&inv.holders)?.within;
         let mut hs = super::ops::Holders {
             sel: sel.clone(),

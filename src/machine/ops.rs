@@ -293,27 +293,38 @@ impl Ask for Diagnose {
 impl Op for Diagnose {
     fn here(&self, m: &mut Local) -> Result<Vec<Diagnosis>, ActionError> {
         let s = m.s;
-        let mut inv = look(s)?;
-        let backend = s.backend()?;
-        if let Some(why) = backend.missing_driver() {
+        let inv = look(s)?;
+        if let Some(why) = s.backend()?.missing_driver() {
             return Ok(diagnose::no_driver(&self.sel, why));
         }
         check_selection(&self.sel, &inv.gpus)?;
-        let sel = narrowed(&inv, &self.sel, &self.filter.resolve_in(&inv.holders)?);
-        read_faults(s, backend, &mut inv.gpus, &sel);
-        let restarters = s.restarters();
-        let seen = crate::process::restart::seen_before();
-        let readiness = || Readiness::look(backend, s.protected(), s.container_roots());
-        let ctx = diagnose::Context {
-            foreign_ns: backend.foreign_pid_namespace(),
-            restarters: &restarters,
-            seen: &seen,
-            reach: s.reach(),
-            sim: backend.kind() == "sim",
-            readiness: &readiness,
-        };
-        Ok(diagnose(&inv, &sel, &ctx))
+        diagnose_in(s, inv, &self.sel, &self.filter)
     }
+}
+
+/// The diagnosis of the selection from a look just taken (`inv`, checked against `sel`),
+/// with the GPUs' faults read for it.
+pub(crate) fn diagnose_in(
+    s: &Session,
+    mut inv: Inventory,
+    sel: &Selection,
+    filter: &Filter,
+) -> Result<Vec<Diagnosis>, ActionError> {
+    let backend = s.backend()?;
+    let sel = narrowed(&inv, sel, &filter.resolve_in(&inv.holders)?);
+    read_faults(s, backend, &mut inv.gpus, &sel);
+    let restarters = s.restarters();
+    let seen = crate::process::restart::seen_before();
+    let readiness = || Readiness::look(backend, s.protected(), s.container_roots());
+    let ctx = diagnose::Context {
+        foreign_ns: backend.foreign_pid_namespace(),
+        restarters: &restarters,
+        seen: &seen,
+        reach: s.reach(),
+        sim: backend.kind() == "sim",
+        readiness: &readiness,
+    };
+    Ok(diagnose(&inv, &sel, &ctx))
 }
 
 /// The audit journal's latest records that match (`gpuloop journal`); each machine keeps its

@@ -5,6 +5,7 @@ use super::ops::{inventory, narrowed, Diagnose};
 use super::{ActionError, Ask, Local, Op, Received};
 use crate::hosts::protocol::{Call, WaitWire};
 use crate::inspect::diagnose::Diagnosis;
+use crate::inspect::holders::Inventory;
 use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, Selection};
 use crate::process::kill::{KillOpts, KillReport};
@@ -39,11 +40,16 @@ impl Ask for WaitClean {
 
 impl Op for WaitClean {
     fn here(&self, m: &mut Local) -> Result<WaitOutcome, ActionError> {
-        let (sel, opts) = match self.filter.is_scoped() {
-            false => (self.sel.clone(), self.opts.clone()),
-            true => scoped(m.s, &self.sel, &self.filter, &self.opts)?,
+        // A scoped wait starts from the look that found its scope.
+        let (sel, opts, mut known) = match self.filter.is_scoped() {
+            false => (self.sel.clone(), self.opts.clone(), None),
+            true => {
+                let inv = inventory(m.s, &self.sel)?;
+                let (sel, opts) = scoped(&inv, &self.sel, &self.filter, &self.opts)?;
+                (sel, opts, Some(inv))
+            }
         };
-        let outcome = m.wait(&sel, &opts)?;
+        let outcome = m.wait_from(&sel, &opts, &mut known)?;
         if self.quiet {
             return Ok(outcome);
         }
@@ -67,12 +73,11 @@ impl Op for WaitClean {
 /// A pod's or a container's wait: the GPUs of the selection its processes use, and the wait
 /// for them (`wait::Scoped`), from one look taken now, before anything of it is gone.
 fn scoped(
-    s: &crate::session::Session,
+    inv: &Inventory,
     sel: &Selection,
     filter: &Filter,
     opts: &WaitOpts,
 ) -> Result<(Selection, WaitOpts), ActionError> {
-    let inv = inventory(s, sel)?;
     let resolved = filter.resolve_in(&inv.holders)?;
     let sel = narrowed(&inv, sel, &resolved);
     let opts = WaitOpts {
@@ -132,14 +137,13 @@ impl Op for Clean {
         // the filtered holders use (what else holds them is reported, and keeps them not
         // clean). With --pod or --container, what is waited for is that scope's memory:
         // another pod on the same GPU is reported and left alone.
+        // One look at the machine before anything is signalled: what narrows the selection
+        // is what the kill stops, and the wait after it re-reads only what is in question.
+        let inv = inventory(s, &self.sel)?;
         let (sel, scoped) = match self.filter.is_scoped() {
-            true => scoped(s, &self.sel, &self.filter, &self.wait)?,
+            true => scoped(&inv, &self.sel, &self.filter, &self.wait)?,
             false => (
-                narrowed(
-                    &inventory(s, &self.sel)?,
-                    &self.sel,
-                    &self.filter.resolve()?,
-                ),
+                narrowed(&inv, &self.sel, &self.filter.resolve()?),
                 self.wait.clone(),
             ),
         };
@@ -148,7 +152,8 @@ impl Op for Clean {
             wait_forever: false,
             ..self.kill.clone()
         };
-        let mut kill = m.kill_holders(&sel, &self.filter, &kill_opts)?;
+        let mut kill = m.kill_holders_in(inv.clone(), &sel, &self.filter, &kill_opts)?;
+        let mut known = Some(inv);
         let waited = std::time::Instant::now();
         // One timeout for the whole wait, however many rounds it takes.
         let deadline = waited.checked_add(self.wait.timeout);
@@ -172,7 +177,7 @@ impl Op for Clean {
             if kill.interrupted {
                 break (WaitOutcome::Interrupted, wait_opts);
             }
-            let outcome = m.wait(&sel, &wait_opts)?;
+            let outcome = m.wait_from(&sel, &wait_opts, &mut known)?;
             // A parent seen starting its holder again has shown it restarts: with --parents,
             // stopped now with the holder it started, and the wait goes on.
             if !(self.kill.parents
@@ -182,14 +187,23 @@ impl Op for Clean {
                 break (outcome, wait_opts);
             }
             rounds += 1;
-            kill.then(m.kill_holders(&sel, &self.filter, &kill_opts)?);
+            let inv = inventory(s, &sel)?;
+            kill.then(m.kill_holders_in(inv.clone(), &sel, &self.filter, &kill_opts)?);
+            known = Some(inv);
         };
         let wait_ms = waited.elapsed().as_millis() as i64;
-        let after = Diagnose {
-            sel: sel.clone(),
-            filter: Filter::default(),
-        }
-        .here(m)?;
+        // What is left, from the wait's last look read again (the driver's lists and the
+        // processes it knew), or a whole look where it found something new.
+        let backend = s.backend()?;
+        let last = match known {
+            Some(k) => k.refreshed(backend, s.protected(), s.container_roots())?,
+            None => None,
+        };
+        let last = match last {
+            Some(inv) => inv,
+            None => inventory(s, &sel)?,
+        };
+        let after = super::ops::diagnose_in(s, last, &sel, &Filter::default())?;
         let settle_ms = wait_opts.settle.as_millis() as i64;
         // Memory back is not enough where the GPU's own faults ask for a reset or a reboot.
         let fit = after.iter().all(|d| !d.verdict.needs_action());
@@ -258,6 +272,17 @@ impl Local<'_> {
         sel: &Selection,
         opts: &WaitOpts,
     ) -> Result<WaitOutcome, ActionError> {
+        self.wait_from(sel, opts, &mut None)
+    }
+
+    /// wait_clean here from the last look at this machine (`known`: see `wait_clean`), which
+    /// holds the wait's last look afterwards.
+    pub(crate) fn wait_from(
+        &mut self,
+        sel: &Selection,
+        opts: &WaitOpts,
+        known: &mut Option<Inventory>,
+    ) -> Result<WaitOutcome, ActionError> {
         let s = self.s;
         let of = opts.timeout.as_secs_f64();
         // The restarters this session's kills found: a holder they start again ends the wait.
@@ -271,6 +296,7 @@ impl Local<'_> {
             s.protected(),
             s.container_roots(),
             self.watch.stop,
+            known,
             |dirty: &Dirty, elapsed: Duration| {
                 show(&format!(
                     "waiting: {}, {:.1} s of {of:.0} s",

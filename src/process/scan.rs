@@ -123,6 +123,24 @@ pub fn scan(nodes: &DeviceNodes) -> Scan {
     out
 }
 
+/// Looks again at only these processes, each as `scan` looks at one: after the signals, a
+/// wait re-reads the processes it already knows rather than every process of the machine.
+pub fn rescan(pids: &[i32], nodes: &DeviceNodes) -> Scan {
+    let mut out = Scan {
+        scanned: pids.len(),
+        ..Scan::default()
+    };
+    for &pid in pids {
+        match scan_one(pid, nodes) {
+            Outcome::User(u) => out.users.push(u),
+            Outcome::Denied => out.unreadable.push(pid),
+            Outcome::None => {}
+        }
+    }
+    out.users.sort_by_key(|u| u.pid);
+    out
+}
+
 /// Looks at one process; processes that vanish mid-scan are simply not users.
 ///
 /// The fds, the maps and the stat are all read through one /proc directory fd, and the pidfd

@@ -53,6 +53,8 @@ pub struct HoldOpts {
     pub supervise: bool,
     /// Catch SIGTERM and carry on (a handler, not SIG_IGN): only SIGKILL after the grace ends it.
     pub catch_term: bool,
+    /// On SIGTERM, fork a child that keeps the handles, and exit.
+    pub fork_on_term: bool,
     /// Once holding, sleep uninterruptibly like a process stuck in the driver: SIGKILL does
     /// not end it until `sim release` (see `stuck`).
     pub stuck: bool,
@@ -92,6 +94,7 @@ impl HoldOpts {
             (self.map_all, "--map-all"),
             (self.supervise, "--supervise"),
             (self.catch_term, "--catch-term"),
+            (self.fork_on_term, "--fork-on-term"),
             (self.defunct_leader, "--defunct-leader"),
             (self.caps, "--caps"),
         ] {
@@ -346,6 +349,11 @@ fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<Then, String> {
         unsafe { signal(Signal::SIGTERM, SigHandler::Handler(ignore_signal)) }
             .map_err(|e| e.to_string())?;
     }
+    if opts.fork_on_term {
+        // SAFETY: the handler calls only fork, pause and _exit, all async-signal-safe.
+        unsafe { signal(Signal::SIGTERM, SigHandler::Handler(fork_and_exit)) }
+            .map_err(|e| e.to_string())?;
+    }
     if opts.setsid {
         setsid().map_err(|e| format!("setsid: {e}"))?;
     }
@@ -558,6 +566,20 @@ fn fork_synced(setup: impl FnOnce() -> Result<Then, String>) -> Result<(), Strin
 }
 
 extern "C" fn ignore_signal(_: std::ffi::c_int) {}
+
+/// `--fork-on-term`: a child that inherits the node fds, the mappings and the allocation's
+/// lock stays (until it is signalled), and the process that was signalled exits.
+extern "C" fn fork_and_exit(_: std::ffi::c_int) {
+    // SAFETY: fork, pause and _exit are async-signal-safe; the child touches nothing else.
+    unsafe {
+        if libc::fork() == 0 {
+            loop {
+                libc::pause();
+            }
+        }
+        libc::_exit(0);
+    }
+}
 
 fn set_comm(name: &str) {
     // The main thread's name is the process's comm (the kernel cuts it to 15 bytes).
