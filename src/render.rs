@@ -653,6 +653,77 @@ fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
     out
 }
 
+/// `gpuloop top`: a line per GPU (utilisation, memory, temperature), its compute holders
+/// indented under it, biggest first.
+pub fn top(gpus: &[Gpu], holders: &[Holder], style: Style) -> String {
+    if gpus.is_empty() {
+        return "no GPUs".into();
+    }
+    let hosts = multi_host(gpus.iter().map(|g| g.host.as_str()));
+    let mut t = table(
+        &[
+            "GPU",
+            "UTIL%",
+            "MEMORY MiB",
+            "TEMP",
+            "HOLDER",
+            "USER",
+            "MiB",
+            "STATE",
+        ],
+        style,
+    );
+    for g in gpus {
+        let gpu = if hosts {
+            format!("{}:{}", g.host, g.index)
+        } else {
+            g.index.to_string()
+        };
+        let memory = match &g.error {
+            Some(e) => format!("? ({})", cut(e, 40)),
+            None => format!("{} / {}", g.mem_used_mib, g.mem_total_mib),
+        };
+        let used = if g.mem_used_mib > 0 || g.error.is_some() {
+            Color::Yellow
+        } else {
+            Color::Green
+        };
+        let mut on: Vec<&Holder> = holders
+            .iter()
+            .filter(|h| h.host == g.host && h.gpus.contains(&g.index))
+            .collect();
+        on.sort_by_key(|h| std::cmp::Reverse(h.mem));
+        let first = on.first();
+        let holder_cells = |h: Option<&&Holder>| match h {
+            Some(h) => vec![
+                Cell::new(format!(
+                    "{} {}",
+                    h.pid,
+                    crate::process::display_name(&h.name, &h.cmdline)
+                )),
+                Cell::new(&h.user),
+                Cell::new(mib(h)),
+                colored(h.state.to_string(), state_color(h.state), style),
+            ],
+            None => vec![Cell::new("-"), Cell::new(""), Cell::new(""), Cell::new("")],
+        };
+        let mut row = vec![
+            Cell::new(gpu),
+            Cell::new(opt(g.util)),
+            colored(memory, Some(used), style),
+            Cell::new(opt(g.temp_c)),
+        ];
+        row.extend(holder_cells(first));
+        t.add_row(row);
+        for h in on.iter().skip(1) {
+            let mut row = vec![Cell::new(""), Cell::new(""), Cell::new(""), Cell::new("")];
+            row.extend(holder_cells(Some(h)));
+            t.add_row(row);
+        }
+    }
+    t.to_string()
+}
+
 /// `gpuloop recipes`: each recipe's name, where it comes from and what it is for, and under
 /// it how to run it (or why it does not run by name); the columns are as wide as their
 /// longest entry.

@@ -641,3 +641,60 @@ fn ctrl_c_during_wait_says_what_is_still_held() {
     );
     assert!(alive(holder), "the wait killed its holder");
 }
+
+/// `gpuloop top`: a line per GPU with its memory and utilisation, each compute holder under
+/// its GPU, biggest first; one frame into a pipe, with --once or --json; a bad --interval is a
+/// usage error.
+#[test]
+fn top_shows_each_gpu_with_its_holders_under_it() {
+    let sim = Sim::new("3x8G");
+    let big = sim.hold(&["--gpu", "1", "--mib", "700"])[0];
+    let small = sim.hold(&["--gpu", "1", "--mib", "100"])[0];
+    let other = sim.hold(&["--gpu", "2", "--mib", "300"])[0];
+    let out = sim.run(&["top"]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let at = |needle: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle} missing:\n{}", out.stdout))
+    };
+    assert!(
+        lines[0].contains("GPU") && lines[0].contains("MEMORY MiB"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines[at("800 / 8192")].contains(&big.to_string()),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        at(&small.to_string()),
+        at(&big.to_string()) + 1,
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines[at("300 / 8192")].contains(&other.to_string()),
+        "{}",
+        out.stdout
+    );
+    assert!(lines[at("0 / 8192")].contains(" - "), "{}", out.stdout);
+    let v = sim.run(&["--json", "top", "--gpu", "1"]).ok().json();
+    assert_eq!(v["gpus"].as_array().unwrap().len(), 1, "{v}");
+    let mut pids: Vec<i64> = v["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["pid"].as_i64().unwrap())
+        .collect();
+    pids.sort_unstable();
+    let mut want = vec![i64::from(big), i64::from(small)];
+    want.sort_unstable();
+    assert_eq!(pids, want, "{v}");
+    let bad = sim.run(&["top", "--interval", "0"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("--interval"), "{}", bad.stderr);
+    assert_eq!(sim.run(&["top", "--gpu", "7"]).code, 2);
+}

@@ -35,6 +35,19 @@ fn hosts_gather_from_every_host_with_their_names() {
         out.stdout
     );
 
+    // top over hosts: each GPU named with its host, each holder under its own host's GPU.
+    let top = c.run(&["--host", "ha,hb", "top", "--once"]).ok();
+    let line_of = |needle: &str| {
+        top.stdout
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle} missing:\n{}", top.stdout))
+            .to_string()
+    };
+    assert!(line_of("ha:0").contains(&a.to_string()), "{}", top.stdout);
+    assert!(line_of("hb:1").contains(&b.to_string()), "{}", top.stdout);
+    assert!(!line_of("hb:0").contains(&a.to_string()), "{}", top.stdout);
+
     let file = c.script(
         "hosts",
         "# the test cluster\nh[a-b]  # not a range\nha\nhb # rack 2\n",

@@ -143,6 +143,18 @@ pub enum Cmd {
         #[command(flatten)]
         sel: GpuSel,
     },
+    /// Each GPU at a glance: utilisation, memory, temperature and who holds it; on a
+    /// terminal it redraws every --interval seconds until Ctrl-C, else it prints once.
+    Top {
+        #[command(flatten)]
+        sel: GpuSel,
+        /// Seconds between redraws on a terminal.
+        #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+        interval: f64,
+        /// Print one frame and exit, even on a terminal.
+        #[arg(long)]
+        once: bool,
+    },
     /// List the processes holding GPUs.
     Holders {
         #[command(flatten)]

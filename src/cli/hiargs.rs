@@ -60,6 +60,11 @@ pub(crate) enum Command {
     Gpus {
         sel: Selection,
     },
+    Top {
+        sel: Selection,
+        interval: Duration,
+        once: bool,
+    },
     Holders {
         sel: Selection,
         owner: Filter,
@@ -202,6 +207,23 @@ impl Command {
             Cmd::Gpus { sel } => Command::Gpus {
                 sel: Selection::parse(sel)?,
             },
+            Cmd::Top {
+                sel,
+                interval,
+                once,
+            } => {
+                let interval = seconds(*interval, "--interval")?;
+                if interval < Duration::from_millis(100) {
+                    return Err(Error::Usage(
+                        "--interval: at least 0.1 seconds between redraws".into(),
+                    ));
+                }
+                Command::Top {
+                    sel: Selection::parse(sel)?,
+                    interval,
+                    once: *once,
+                }
+            }
             Cmd::Holders { sel, owner, all } => Command::Holders {
                 sel: Selection::parse(sel)?,
                 owner: owner.into(),

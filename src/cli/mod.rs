@@ -209,6 +209,7 @@ impl CmdKind {
     fn needs(self) -> Needs {
         let (one_shot, driver) = match self {
             CmdKind::Gpus
+            | CmdKind::Top
             | CmdKind::Holders
             | CmdKind::Diagnose
             | CmdKind::Clean

@@ -10,9 +10,24 @@ use crate::process::tree::Tree;
 use crate::process::ProcInfo;
 use serde::{Deserialize, Serialize};
 
-/// Why a GPU's memory is used (or that it is not), as diagnose() says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+/// Why a GPU's memory is used (or that it is not), as diagnose() says it. Its names (serde's
+/// for JSON and the wire, strum's for tables, scripts and docs) come from this one list.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::VariantNames,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum Verdict {
     Clean,
     Held,
@@ -37,58 +52,24 @@ pub enum Verdict {
     FellOffBus,
     DriverError,
     NoDriver,
+    /// A verdict this gpuloop does not know, from a newer one on another host: never read as
+    /// clean (so a new verdict needs no protocol version of its own).
+    #[serde(other)]
+    Unknown,
 }
 
 impl Verdict {
-    /// Every verdict; `gpuloop doc`, `:help diagnose` and the README name each.
-    pub const ALL: [Verdict; 18] = [
-        Verdict::Clean,
-        Verdict::Held,
-        Verdict::Stuck,
-        Verdict::Respawning,
-        Verdict::Orphaned,
-        Verdict::Inherited,
-        Verdict::Service,
-        Verdict::Daemon,
-        Verdict::Footprint,
-        Verdict::OtherNamespace,
-        Verdict::Permission,
-        Verdict::Driver,
-        Verdict::ResetNeeded,
-        Verdict::RebootNeeded,
-        Verdict::RemapPending,
-        Verdict::FellOffBus,
-        Verdict::DriverError,
-        Verdict::NoDriver,
-    ];
-
     /// The name scripts, JSON and tables use.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Clean => "clean",
-            Verdict::Held => "held",
-            Verdict::Stuck => "stuck",
-            Verdict::Respawning => "respawning",
-            Verdict::Orphaned => "orphaned",
-            Verdict::Inherited => "inherited",
-            Verdict::Service => "service",
-            Verdict::Daemon => "daemon",
-            Verdict::Footprint => "footprint",
-            Verdict::OtherNamespace => "other-namespace",
-            Verdict::Permission => "permission",
-            Verdict::Driver => "driver",
-            Verdict::ResetNeeded => "reset-needed",
-            Verdict::RebootNeeded => "reboot-needed",
-            Verdict::RemapPending => "remap-pending",
-            Verdict::FellOffBus => "fell-off-bus",
-            Verdict::DriverError => "driver-error",
-            Verdict::NoDriver => "no-driver",
-        }
+        self.into()
     }
 
     /// The verdict a name stands for.
     pub fn parse(name: &str) -> Option<Verdict> {
-        Verdict::ALL.into_iter().find(|v| v.as_str() == name)
+        <Verdict as strum::VariantArray>::VARIANTS
+            .iter()
+            .copied()
+            .find(|v| v.as_str() == name)
     }
 
     /// False when the driver could not tell the GPU's memory: nothing is verified there.
@@ -99,8 +80,8 @@ impl Verdict {
         )
     }
 
-    /// The GPU's own faults ask for a reset or a reboot before it is fit for work: never
-    /// clean, whatever its memory reads.
+    /// The GPU's own faults ask for a reset or a reboot before it is fit for work (or the
+    /// verdict is one this gpuloop does not know): never clean, whatever its memory reads.
     pub(crate) fn needs_action(self) -> bool {
         matches!(
             self,
@@ -108,6 +89,7 @@ impl Verdict {
                 | Verdict::RebootNeeded
                 | Verdict::RemapPending
                 | Verdict::FellOffBus
+                | Verdict::Unknown
         )
     }
 }
@@ -118,27 +100,8 @@ impl std::fmt::Display for Verdict {
     }
 }
 
-/// Every verdict's name, as `Verdict::ALL` (for docs and help).
-pub const VERDICTS: &[&str] = &[
-    "clean",
-    "held",
-    "stuck",
-    "respawning",
-    "orphaned",
-    "inherited",
-    "service",
-    "daemon",
-    "footprint",
-    "other-namespace",
-    "permission",
-    "driver",
-    "reset-needed",
-    "reboot-needed",
-    "remap-pending",
-    "fell-off-bus",
-    "driver-error",
-    "no-driver",
-];
+/// Every verdict's name (for docs and help).
+pub const VERDICTS: &[&str] = <Verdict as strum::VariantNames>::VARIANTS;
 
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Diagnosis {
@@ -1335,12 +1298,17 @@ mod tests {
 
     #[test]
     fn verdict_names_are_the_serde_names() {
-        let names: Vec<&str> = Verdict::ALL.iter().map(|v| v.as_str()).collect();
+        let all = <Verdict as strum::VariantArray>::VARIANTS;
+        let names: Vec<&str> = all.iter().map(|v| v.as_str()).collect();
         assert_eq!(names, VERDICTS);
-        for v in Verdict::ALL {
+        for &v in all {
             assert_eq!(serde_json::to_value(v).unwrap(), v.as_str());
             assert_eq!(Verdict::parse(v.as_str()), Some(v));
         }
+        // A verdict from a newer gpuloop reads as one this one does not know, never clean.
+        let newer: Verdict = serde_json::from_value(serde_json::json!("gpu-on-fire")).unwrap();
+        assert_eq!(newer, Verdict::Unknown);
+        assert!(newer.needs_action());
     }
 
     #[test]

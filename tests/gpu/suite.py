@@ -712,6 +712,10 @@ def s_xid31():
           drc == 0 and len(ours) == min(len(kernel), 32)
           and [x["code"] for x in ours] == [int(l.split("): ")[1].split(",")[0]) for l in kernel][-32:],
           gpuloop=[(x["code"], x["pid"]) for x in ours][-5:], dmesg=kernel[-5:], dmesg_rc=drc, dmesg_err=derr[-200:])
+    rc, out, err, _ = gl("run", "preflight", "--gpu", "0", "--xid-window", "600")
+    check("xid31: preflight fails on the recent Xid 31 with one line saying what it means",
+          rc == 1 and "had Xid 31" in err and len(err.strip().splitlines()) == 1,
+          rc=rc, out=out.strip(), err=err.strip())
 
 
 def smi_faults():
@@ -1005,6 +1009,93 @@ def s_dataloader():
         return p, info
     clean_row("forked DataLoader workers of a SIGKILLed rank", build,
               lambda v: v[0] in ("inherited", "orphaned"))
+
+
+# ------------------------------------------- recipes on the real shapes they are for
+
+def recipe_row(name, recipe, build, extra=()):
+    """Builds a mess, runs `gpuloop run RECIPE --gpu 0`, and checks it exits 0 with GPU 0 at
+    0 MiB and none of the mess's processes left."""
+    p, info = build()
+    pids = [x for x in [p.pid, *info.get("pids", [])] if x]
+    try:
+        rc, out, err, dt = gl("run", recipe, "--gpu", "0", *extra, timeout=180)
+        freed = until(lambda: used_mib()[0] == 0, 10)
+        left = [x for x in info.get("pids", []) if alive(x)]
+        check(f"recipe {recipe}: {name}: exit 0, GPU 0 at 0 MiB, none of its processes left",
+              rc == 0 and freed and not left, rc=rc, seconds=round(dt, 3), left=left,
+              used=used_mib(), out=out.strip()[-800:], err=err.strip()[-300:])
+        rows.append(dict(scenario=f"recipe {recipe}: {name}", verdict="-", gpuloop_clean=rc == 0,
+                         gpuloop_s=round(dt, 3), driver_release_s=None, overhead_ms=None,
+                         one_liner_clean=None, one_liner_s=None))
+    finally:
+        kill_pids(pids)
+        kill_gpu_holders()
+
+
+@scenario("recipe-vllm")
+def s_recipe_vllm():
+    def build():
+        p, info = mess("vllm", "--gb", "10", "--gpus", "0")
+        kill_pids([info["api"]])
+        return p, info
+    recipe_row("vLLM-shaped, API server killed", "vllm", build)
+
+
+@scenario("recipe-torchrun")
+def s_recipe_torchrun():
+    def build():
+        p, info = torchrun("--max-restarts=3")
+        info = dict(info, pids=[p.pid, *info["pids"]])
+        return p, info
+    recipe_row("real torchrun --max-restarts=3, agent and worker", "torchrun", build)
+
+
+@scenario("recipe-dataloader")
+def s_recipe_dataloader():
+    def build():
+        p, info = mess("dataloader", "--gb", "6", "--gpus", "0")
+        kill_pids([info["rank"]])
+        until(lambda: not alive(info["rank"]), 10)
+        return p, info
+    recipe_row("forked DataLoader workers of a SIGKILLed rank", "dataloader", build)
+
+
+@scenario("recipe-preflight")
+def s_recipe_preflight():
+    """preflight on the real driver: a clean GPU passes with every check made (persistence
+    mode as nvidia-smi reads it); a PyTorch holder, and another user's nvidia-smi loop, each
+    fail it with one line."""
+    rc, out, err, _ = gl("run", "preflight", "--gpu", "0", "--xid-window", "1")
+    check("preflight: a clean GPU passes, every check made",
+          rc == 0 and "persistence on" in out and "no recent Xid" in out and "not made" not in out,
+          rc=rc, out=out.strip(), err=err.strip()[-300:])
+    pm = sh("nvidia-smi --query-gpu=persistence_mode --format=csv,noheader")[1].split()
+    g = gl_json("gpus")
+    check("preflight: persistence mode as gpuloop reads it agrees with nvidia-smi",
+          [x["faults"]["persistence_mode"] for x in g] == [m == "Enabled" for m in pm],
+          gpuloop=[x["faults"]["persistence_mode"] for x in g], smi=pm)
+    p, info = mess("plain", "--gb", "4", "--gpus", "0")
+    try:
+        rc, out, err, _ = gl("run", "preflight", "--gpu", "0", "--xid-window", "1")
+        check("preflight: a PyTorch holder fails it with one line naming it",
+              rc == 1 and "is not clean" in err and str(info["pids"][0]) in err and len(err.strip().splitlines()) == 1,
+              rc=rc, err=err.strip())
+    finally:
+        kill_pids([p.pid, *info["pids"]])
+        wait_free(20)
+    obs = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "nvidia-smi", "-lms", "200"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started.append(obs.pid)
+    try:
+        until(lambda: any(h["role"] == "observer" for h in gl_json("holders", "--all")), 10)
+        rc, out, err, _ = gl("run", "preflight", "--gpu", "0", "--xid-window", "1", "--user", "root")
+        check("preflight: another user's nvidia-smi loop is a foreign observer (exit 1, one line)",
+              rc == 1 and "nvidia-smi" in err and "not root" in err,
+              rc=rc, out=out.strip(), err=err.strip())
+    finally:
+        kill_pids([obs.pid])
 
 
 def main():

@@ -288,6 +288,71 @@ fn say_still_held(cfg: &Config, sel: &HostSel, opts: &WaitOpts) {
     );
 }
 
+/// `gpuloop top`: each selected GPU's utilisation, memory and temperature, with its compute
+/// holders under it, from one read of the driver and one look at the holders per frame. On a
+/// terminal it redraws every `interval` until Ctrl-C; with --once, --json or into a pipe it
+/// prints one frame.
+pub(super) fn top(
+    cfg: &Config,
+    sel: &Selection,
+    interval: std::time::Duration,
+    once: bool,
+) -> Result<i32, Error> {
+    let s = &cfg.session;
+    require_local_driver(s)?;
+    let sel = sel.on(s)?;
+    let frame =
+        || -> Result<(Vec<crate::gpu::Gpu>, Vec<crate::inspect::holders::Holder>), Error> {
+            let fleet = Fleet::of(s);
+            let mut gpus = Vec::new();
+            for (h, g) in fleet.answered(fleet.each(&sel, |_| machine::ops::Gpus)?)? {
+                gpus.extend(selected_gpus(&sel, &h, g)?.unwrap_or_default());
+            }
+            let holders = fleet.holders(&sel, false, &Filter::default())?;
+            Ok((gpus, holders))
+        };
+    let redraw = !once && !cfg.json && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    if !redraw {
+        let (gpus, holders) = frame()?;
+        #[derive(Serialize)]
+        struct Out<'a> {
+            gpus: &'a [crate::gpu::Gpu],
+            holders: &'a [crate::inspect::holders::Holder],
+        }
+        emit(
+            cfg,
+            &Out {
+                gpus: &gpus,
+                holders: &holders,
+            },
+            || render::top(&gpus, &holders, Style::stdout()),
+        )?;
+        return Ok(if gpus.iter().any(|g| g.error.is_some()) {
+            1
+        } else {
+            0
+        });
+    }
+    let stop = s.interrupted();
+    loop {
+        let (gpus, holders) = frame()?;
+        // Home, the frame, then clear what an earlier, longer frame left below it.
+        crate::outln!(
+            "\x1b[H\x1b[2J{}\n\n{} (every {:.1} s; Ctrl-C ends)",
+            render::top(&gpus, &holders, Style::stdout()),
+            crate::journal::now_utc(),
+            interval.as_secs_f64()
+        );
+        let until = std::time::Instant::now() + interval;
+        while std::time::Instant::now() < until {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(130);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50).min(interval));
+        }
+    }
+}
+
 /// The GPUs of `host` that `sel` selects (`None`: the host is not selected).
 fn selected_gpus(
     sel: &HostSel,

@@ -26,6 +26,11 @@ pub(crate) fn dispatch(hi: &HiArgs) -> Result<i32, Error> {
         Command::Repl => script::repl(cfg),
         Command::Doc { definitions } => script::doc(cfg, definitions.as_deref()),
         Command::Gpus { sel } => inspect::gpus(cfg, sel),
+        Command::Top {
+            sel,
+            interval,
+            once,
+        } => inspect::top(cfg, sel, *interval, *once),
         Command::Holders { sel, owner, all } => inspect::holders(cfg, sel, owner, *all),
         Command::Diagnose { sel, owner, check } => inspect::diagnose(cfg, sel, owner, *check),
         Command::Wait { sel, owner, wait } => inspect::wait(cfg, sel, owner, wait),

@@ -280,7 +280,8 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          \"driver-error\" (the driver failed to read
          this GPU, or did not answer in time: its memory is unknown, never clean; the advice
          quotes the error); \"no-driver\" (the driver did not load:
-         nothing is verified; gpu is () when no GPU was selected).",
+         nothing is verified; gpu is () when no GPU was selected); \"unknown\" (a verdict
+         from a newer gpuloop on another host, which this one does not know: never clean).",
         move || -> RhaiResult<Array> {
             to_array(&Fleet::of(&s).diagnoses(&HostSel::all(), &Filter::default()).map_err(to_script)?)
         },
