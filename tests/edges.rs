@@ -180,6 +180,62 @@ fn supervised(sim: &Sim) -> (i32, i32) {
     (pids[0], pids[1])
 }
 
+/// A real driver counts a new context's memory before it lists its process (3 MiB on an
+/// H200, for a few hundred ms). A restarter's new holder in that window made the wait, which
+/// re-reads only the processes it knew after the kill, call the GPU dirty again with nobody
+/// holding it, and `clean --parents` ended there with the restarter running. The wait looks
+/// at every process first, finds the new holder and who started it: a respawn, so --parents
+/// stops the restarter, and the GPU stays clean.
+#[test]
+fn parents_stops_a_restarter_whose_new_context_the_driver_does_not_list_yet() {
+    let sim = Sim::new("2x8G");
+    // A shell loop that starts its holder again half a second after it ends (a real one
+    // pays Python's and PyTorch's start-up), whose new context goes unlisted for 1.5 s.
+    let mut lp = std::process::Command::new("bash");
+    lp.args([
+        "-c",
+        r#"while true; do "$GPULOOP_BIN" sim hold --gpu 0 --mib 100 --unlisted-ms 1500 --foreground; sleep 0.5; done"#,
+    ])
+    .envs(sim.std_cmd().get_envs().filter_map(|(k, v)| Some((k, v?))))
+    .env("GPULOOP_BIN", bin())
+    .process_group(0)
+    .stdout(Stdio::piped());
+    let mut child = lp.spawn().expect("spawn");
+    let shell = child.id() as i32;
+    sim.adopt(shell);
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
+    sim.adopt(line.trim().parse().expect("holder pid"));
+    let j = sim.run(&[
+        "--json",
+        "clean",
+        "--gpu",
+        "0",
+        "--grace",
+        "2",
+        "--settle",
+        "4",
+        "--parents",
+    ]);
+    // Whatever the loop started in between is the test's too.
+    for p in sim
+        .eval_json("holders(0).map(|h| h.pid)")
+        .as_array()
+        .unwrap()
+    {
+        sim.adopt(p.as_i64().unwrap() as i32);
+    }
+    assert_eq!(j.code, 0, "{}{}", j.stdout, j.stderr);
+    assert!(
+        gone_within(shell, 5),
+        "the restarting loop still runs: {}",
+        j.stdout
+    );
+    assert_eq!(sim.used_mib(0), 0, "{}", j.stdout);
+    let _ = child.wait();
+}
+
 #[test]
 fn a_restarter_is_named_and_settle_catches_the_respawn() {
     let sim = Sim::new("2x8G");

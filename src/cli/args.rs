@@ -643,6 +643,10 @@ pub enum SimCmd {
         /// CUDA context). The child's pid is not printed.
         #[arg(long, conflicts_with_all = ["ignore_term", "catch_term", "foreground"])]
         fork_on_term: bool,
+        /// For this many ms after allocating, the driver counts the memory but lists no
+        /// process for it, as a real driver does while a CUDA context is being made.
+        #[arg(long, default_value_t = 0, value_name = "MS")]
+        unlisted_ms: u64,
         /// Once holding, sleep uninterruptibly (D state) like a process stuck in the driver:
         /// SIGKILL does not end it until `sim release` (cgroup-v1 freezer; needs root).
         #[arg(long, conflicts_with = "foreground")]

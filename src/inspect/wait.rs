@@ -180,10 +180,12 @@ fn judge(inv: &Inventory, indices: &[i64], opts: &WaitOpts) -> Judgement {
 ///
 /// `known` is the last look, in and out: given one (what a kill just stopped), a look is the
 /// driver's lists and those processes read again (`Inventory::refreshed`), and a look at every
-/// process is taken only when the driver lists a pid not seen before, or before the wait says
+/// process is taken only when the driver lists a pid not seen before, before the wait says
 /// that nothing holds memory that stays used (a process the first look could not know, such
-/// as a child forked since, may hold it). Without one, the first look is a whole one. On
-/// return it holds the last look, for the caller's report.
+/// as a child forked since, may hold it), and before it says a GPU went dirty again while
+/// settling (a holder started again, whose context is not in the driver's lists yet). Without
+/// one, the first look is a whole one. On return it holds the last look, for the caller's
+/// report.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn wait_clean(
     backend: &dyn Backend,
@@ -276,6 +278,15 @@ pub(crate) fn wait_clean(
                 return Ok(WaitOutcome::Clean);
             }
         } else if clean_since.is_some() {
+            if !*whole {
+                // Dirty again while settling: before saying so, look at every process, so
+                // that a holder started again (not yet in the driver's lists: a context being
+                // made) is found, and who started it (a respawn).
+                let whole = look(known, true)?;
+                let inv = known.as_ref().expect("a look was just taken");
+                scanned = Some((now, judge(inv, &indices, opts), whole));
+                continue;
+            }
             tracing::debug!("wait_clean: dirty again while settling: {:?}", j.dirty);
             return Ok(WaitOutcome::Unsettled);
         } else {

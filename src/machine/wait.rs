@@ -192,12 +192,15 @@ impl Op for Clean {
             known = Some(inv);
         };
         let wait_ms = waited.elapsed().as_millis() as i64;
-        // What is left, from the wait's last look read again (the driver's lists and the
-        // processes it knew), or a whole look where it found something new.
+        // What is left: once clean, the wait's last look read again (the driver's lists and
+        // the processes it knew), or a whole look where it found something new; when not
+        // clean, always a whole look, to name whatever holds the GPU now.
         let backend = s.backend()?;
         let last = match known {
-            Some(k) => k.refreshed(backend, s.protected(), s.container_roots())?,
-            None => None,
+            Some(k) if outcome.is_clean() => {
+                k.refreshed(backend, s.protected(), s.container_roots())?
+            }
+            _ => None,
         };
         let last = match last {
             Some(inv) => inv,

@@ -573,7 +573,8 @@ def s_workers():
     """stdlib workers on a vLLM-shaped job (API, engine core, one setsid worker per GPU) beside a
     plain holder: jobs() puts each worker under the engine core (one job per session, as the
     workers setsid), never with the plain holder; stop(…, parents: true) takes the workers and
-    the engine core (their parent) and leaves the other job running."""
+    names the engine core (their parent, which has not shown that it restarts them: --parents
+    stops only a parent that has) and leaves it and the other job running."""
     p, info = mess("vllm", "--gb", "4")
     other, oinfo = mess("plain", "--gb", "2", "--gpus", "0")
     api, pids = info["api"], info["pids"]
@@ -596,9 +597,10 @@ def s_workers():
                          % (engine[0] if engine else -1))
     dt = time.monotonic() - t
     r = json.loads(out) if out.strip() else {}
-    check("workers: stop() frees the job's GPUs, stops the engine core too, and leaves the other job",
-          rc == 0 and r.get("clean") is True and all(not alive(q) for q in workers + engine)
-          and alive(oinfo["pids"][0]),
+    check("workers: stop() frees the job's GPUs, names the engine core it leaves running, and leaves the other job",
+          rc == 0 and r.get("clean") is True and all(not alive(q) for q in workers)
+          and all(alive(q) for q in engine) and alive(oinfo["pids"][0])
+          and all(f"pid {q} " in err and "may restart it" in err for q in engine),
           rc=rc, seconds=round(dt, 3), result=r, other_alive=alive(oinfo["pids"][0]), err=err[-400:])
 
 

@@ -55,6 +55,9 @@ pub struct HoldOpts {
     pub catch_term: bool,
     /// On SIGTERM, fork a child that keeps the handles, and exit.
     pub fork_on_term: bool,
+    /// For this many ms after its allocation, the driver counts its memory but does not
+    /// list it (a context being made).
+    pub unlisted_ms: u64,
     /// Once holding, sleep uninterruptibly like a process stuck in the driver: SIGKILL does
     /// not end it until `sim release` (see `stuck`).
     pub stuck: bool,
@@ -104,6 +107,9 @@ impl HoldOpts {
         }
         if self.workers > 0 {
             a.extend(["--workers".into(), self.workers.to_string()]);
+        }
+        if self.unlisted_ms > 0 {
+            a.extend(["--unlisted-ms".into(), self.unlisted_ms.to_string()]);
         }
         a
     }
@@ -460,7 +466,12 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
     let mut allocs = Vec::new();
     let alloc = if opts.mib > 0 && !opts.observer {
         let (path, lock) = sim
-            .allocate(opts.gpu, opts.mib, false)
+            .allocate(
+                opts.gpu,
+                opts.mib,
+                false,
+                (opts.unlisted_ms > 0).then(|| Duration::from_millis(opts.unlisted_ms)),
+            )
             .map_err(|e| e.to_string())?;
         allocs.push(path);
         Some(lock)
@@ -469,7 +480,7 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
     };
     for &g in &others {
         let (path, lock) = sim
-            .allocate(g, FOOTPRINT_MIB, true)
+            .allocate(g, FOOTPRINT_MIB, true, None)
             .map_err(|e| e.to_string())?;
         allocs.push(path);
         footprints.push(lock);

@@ -196,6 +196,16 @@ pub(crate) struct Allocation {
     /// attributes to nobody (no process is listed on that GPU for it).
     #[serde(default)]
     pub footprint: bool,
+    /// Until then (ms since the epoch) the driver counts the memory but lists no process
+    /// for it, as a real driver does while a context is being made.
+    #[serde(default)]
+    pub unlisted_until_ms: Option<u64>,
+}
+
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The simulator's state directory, set up for one spec.
@@ -431,7 +441,7 @@ impl SimBackend {
             let bytes = a.mib.saturating_mul(MIB);
             used[i] = used[i].saturating_add(bytes);
             busy[i] |= !a.leaked && !a.footprint;
-            if a.leaked || a.footprint {
+            if a.leaked || a.footprint || a.unlisted_until_ms.is_some_and(|t| epoch_ms() < t) {
                 continue;
             }
             // The driver names every process by its pid in the host's namespace: a
@@ -472,6 +482,7 @@ impl SimBackend {
             ns: self.host_ns,
             leaked: true,
             footprint: false,
+            unlisted_until_ms: None,
         };
         let path = self.alloc_dir().join(format!(
             "leak-g{gpu}-{}.json",
@@ -503,12 +514,14 @@ impl SimBackend {
     }
 
     /// Creates an allocation held by this process; the returned locked file is the handle.
-    /// A `footprint` allocation is not listed by the simulated driver.
+    /// A `footprint` allocation is not listed by the simulated driver; one `unlisted_for` a
+    /// while is listed only after it.
     pub fn allocate(
         &self,
         gpu: i64,
         mib: i64,
         footprint: bool,
+        unlisted_for: Option<std::time::Duration>,
     ) -> Result<(PathBuf, File), GpuError> {
         self.minor(gpu)?;
         self.check_size(mib)?;
@@ -520,6 +533,7 @@ impl SimBackend {
             ns: self.own_ns,
             leaked: false,
             footprint,
+            unlisted_until_ms: unlisted_for.map(|d| epoch_ms() + d.as_millis() as u64),
         };
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
