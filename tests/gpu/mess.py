@@ -98,14 +98,27 @@ def rank(r, world, q):
     sleep_forever()
 
 
+def set_title(title):
+    """As vLLM names its processes (VLLM::EngineCore, VLLM::Worker_TP0): setproctitle where it
+    is installed (it rewrites the command line too), else the kernel's comm alone."""
+    try:
+        import setproctitle
+        setproctitle.setproctitle(title)
+    except ImportError:
+        import ctypes
+        ctypes.CDLL(None).prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
 def vllm_worker(dev, q):
     os.setsid()
+    set_title(f"VLLM::Worker_TP{dev}")
     x = hold(dev)
     q.put(("worker", os.getpid(), dev))
     sleep_forever()
 
 
 def engine_core(q):
+    set_title("VLLM::EngineCore")
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     ps = [ctx.Process(target=vllm_worker, args=(d, q)) for d in gpus()]
