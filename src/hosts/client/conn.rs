@@ -6,7 +6,7 @@ use super::{lock, TICK};
 use crate::hosts::protocol::{
     self, Answered, Body, Call, Hello, Message, Request, Stream, WireError,
 };
-use crate::hosts::HostError;
+use crate::hosts::{HostError, Transport};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,7 +24,7 @@ const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// What a call waits for: its result, or the agent's error.
 pub(super) type Answer = Result<Answered, WireError>;
 
-pub(super) type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
 
 /// Job output not yet printed: the partial last line of each (request id, stdout?), and
 /// the spawned jobs, whose output outlives their spawn's reply.
@@ -76,7 +76,77 @@ pub(crate) struct Conn {
     pub(super) shard: usize,
 }
 
+/// An agent's process and its pipes, as the handshake hands them over.
+pub(super) struct Agent {
+    pub(super) child: tokio::process::Child,
+    /// The transport's identity as one of gpuloop's own helpers.
+    pub(super) helper: Option<crate::process::Identity>,
+    pub(super) stdin: tokio::process::ChildStdin,
+    pub(super) stdout: BufReader<tokio::process::ChildStdout>,
+    /// What it printed on stderr, read by its own task.
+    pub(super) stderr: Arc<Mutex<Stderr>>,
+}
+
 impl Conn {
+    /// The connection over an agent that said `hello`: how this side names the host is sent
+    /// first, then one task writes the requests and one reads the replies.
+    pub(super) fn start(
+        host: &str,
+        hello: Hello,
+        agent: Agent,
+        transport: &Transport,
+        answer_within: Duration,
+        shard: usize,
+    ) -> Conn {
+        let Agent {
+            child,
+            helper,
+            stdin,
+            stdout,
+            stderr: err_state,
+        } = agent;
+        let (wtx, wrx) = mpsc::unbounded_channel::<String>();
+        // First of all, how this side names the host: the agent's advice then says
+        // `gpuloop --host NAME …`, never a bare command that would act on the GPUs here.
+        let reached = Request {
+            id: REACHED_ID,
+            call: Call::ReachedAs {
+                host: host.to_string(),
+                gpuloop: transport.gpuloop_for(host),
+            },
+        };
+        if let Ok(line) = serde_json::to_string(&reached) {
+            let _ = wtx.send(line);
+        }
+        tokio::spawn(write_lines(stdin, wrx));
+        let pending: Pending = Arc::default();
+        let partial: Arc<Mutex<Partial>> = Arc::default();
+        let dead = Arc::new(Mutex::new(None));
+        tokio::spawn(read_replies(
+            host.to_string(),
+            transport.program(),
+            stdout,
+            pending.clone(),
+            partial.clone(),
+            dead.clone(),
+            err_state,
+        ));
+        Conn {
+            host: host.to_string(),
+            hello,
+            next_id: AtomicU64::new(1),
+            writer: Mutex::new(Some(wtx)),
+            pending,
+            partial,
+            dead,
+            answer_within,
+            hung: AtomicBool::new(false),
+            child: Mutex::new(Some(child)),
+            helper,
+            shard,
+        }
+    }
+
     pub(super) async fn call(
         &self,
         call: Call,
@@ -231,7 +301,7 @@ impl Conn {
 const CANCEL_BIT: u64 = 1 << 62;
 const PING_BIT: u64 = 1 << 61;
 /// `reached_as`'s id: its answer is not awaited.
-pub(super) const REACHED_ID: u64 = 1 << 60;
+const REACHED_ID: u64 = 1 << 60;
 
 /// `; ssh said: LAST LINE` (or srun), or nothing when it said nothing.
 pub(super) fn quote(program: &str, said: &str) -> String {
@@ -272,7 +342,7 @@ pub(super) async fn read_line<R: AsyncRead + Unpin>(
     })))
 }
 
-pub(super) async fn write_lines(
+async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
     mut rx: mpsc::UnboundedReceiver<String>,
 ) {
@@ -310,7 +380,7 @@ pub(super) async fn read_stderr(
 
 /// Dispatches replies to their callers and prints job output with the host's name; when
 /// the agent's stdout ends, every call still waiting fails with what ssh (or srun) said.
-pub(super) async fn read_replies(
+async fn read_replies(
     host: String,
     program: &'static str,
     mut stdout: BufReader<tokio::process::ChildStdout>,

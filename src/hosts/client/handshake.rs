@@ -2,19 +2,16 @@
 //! connection decided, the push script's questions answered with this gpuloop's copy, the
 //! protocol checked, and the connection handed its pipes.
 
-use super::conn::{
-    quote, read_line, read_replies, read_stderr, truncate, write_lines, Conn, Partial, Pending,
-    Stderr, REACHED_ID,
-};
+use super::conn::{quote, read_line, read_stderr, truncate, Agent, Conn, Stderr};
 use super::{lock, CLOSE_WAIT};
-use crate::hosts::protocol::{self, Call, Message, Request};
+use crate::hosts::protocol::{self, Hello, Message};
 use crate::hosts::{push, HostError, Transport};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::process::{ChildStdin, ChildStdout};
+use tokio::sync::Semaphore;
 
 /// Marks the version error that sends this gpuloop instead of the host's own.
 const PUSH_INSTEAD: &str = "(push)";
@@ -64,6 +61,8 @@ fn push_answer(line: &str) -> Option<Result<Vec<u8>, String>> {
     None
 }
 
+/// One try at `host`: the transport started, the agent's hello read and its protocol
+/// checked (`skip_path`: the host's own gpuloop is passed over for this one's copy).
 async fn connect_once(
     host: &str,
     transport: &Transport,
@@ -74,25 +73,71 @@ async fn connect_once(
     stop: &Semaphore,
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
+    let mux = keep_connection(host, transport, timeout, stop).await?;
+    let timeout = timeout.saturating_sub(started.elapsed());
+    let launch = transport.launch(host, mux, skip_path)?;
+    tracing::debug!("host {host}: {} {}", launch.program, launch.args.join(" "));
+    let (mut agent, stderr_task) = start_agent(host, &launch)?;
+    let first = tokio::select! {
+        first = tokio::time::timeout(
+            timeout,
+            first_line(host, transport, &mut agent.stdout, &mut agent.stdin),
+        ) => first,
+        _ = stopped(stop) => {
+            // Killed and reaped here: nothing this run started outlives it.
+            let _ = agent.child.start_kill();
+            let _ = tokio::time::timeout(CLOSE_WAIT, agent.child.wait()).await;
+            crate::process::helpers::forget(agent.helper);
+            return Err(HostError::Interrupted);
+        }
+    };
+    let hello = hello_in(host, transport, first, &mut agent, stderr_task, timeout).await?;
+    if let Err(e) = same_protocol(host, transport, &hello, skip_path) {
+        let _ = agent.child.start_kill();
+        return Err(e);
+    }
+    lock(&agent.stderr).echo = true;
+    Ok(Conn::start(
+        host,
+        hello,
+        agent,
+        transport,
+        answer_within,
+        shard,
+    ))
+}
+
+/// Whether gpuloop keeps this host's ssh connection between runs.
+async fn keep_connection(
+    host: &str,
+    transport: &Transport,
+    timeout: Duration,
+    stop: &Semaphore,
+) -> Result<bool, HostError> {
     // A connection is kept between runs only where the user's ssh config keeps none itself
     // (its own ControlPath wins); ssh -G says, without connecting. A socket already there
     // is one an earlier run decided on: used without asking again (a ControlPath added to
     // the config since then wins once that master has gone, ControlPersist after its use).
-    let mux = match (transport.kept_socket(host), transport.show_config(host)) {
-        (Some(sock), _) if sock.exists() => true,
-        (_, Some(g)) => tokio::select! {
-            // Dropped, `ssh -G` is killed (and reaped by tokio).
-            shown = output_of(&g, timeout) => {
-                shown.is_some_and(|shown| !crate::hosts::transport::sets_control_path(&shown))
-            }
-            _ = stopped(stop) => return Err(HostError::Interrupted),
+    Ok(
+        match (transport.kept_socket(host), transport.show_config(host)) {
+            (Some(sock), _) if sock.exists() => true,
+            (_, Some(g)) => tokio::select! {
+                // Dropped, `ssh -G` is killed (and reaped by tokio).
+                shown = output_of(&g, timeout) => {
+                    shown.is_some_and(|shown| !crate::hosts::transport::sets_control_path(&shown))
+                }
+                _ = stopped(stop) => return Err(HostError::Interrupted),
+            },
+            _ => false,
         },
-        _ => false,
-    };
-    let timeout = timeout.saturating_sub(started.elapsed());
-    let launch = transport.launch(host, mux, skip_path)?;
-    tracing::debug!("host {host}: {} {}", launch.program, launch.args.join(" "));
-    let program = transport.program();
+    )
+}
+
+/// Starts the transport (ssh, srun, …) that runs the agent, with its stderr read from now on.
+fn start_agent(
+    host: &str,
+    launch: &crate::hosts::transport::Launch,
+) -> Result<(Agent, tokio::task::JoinHandle<()>), HostError> {
     let mut cmd = tokio::process::Command::new(&launch.program);
     for v in &launch.env_remove {
         cmd.env_remove(v);
@@ -123,40 +168,57 @@ async fn connect_once(
     };
     let err_state = Arc::new(Mutex::new(Stderr::default()));
     let stderr_task = tokio::spawn(read_stderr(host.to_string(), stderr, err_state.clone()));
-    let mut stdout = BufReader::new(stdout);
-
-    let mut stdin = stdin;
-    // The first line is the agent's hello; where gpuloop is pushed, the push script's
-    // questions may come first (`push`), all within the one timeout.
-    let hello = tokio::time::timeout(timeout, async {
-        loop {
-            let line = read_line(&mut stdout, 64 * 1024).await;
-            let Ok(Some(l)) = &line else { return Ok(line) };
-            let Some(answer) = transport.pushes().then(|| push_answer(l)).flatten() else {
-                return Ok(line);
-            };
-            let answer = answer.map_err(|why| HostError::NoAgent {
-                host: host.to_string(),
-                why: format!(
-                    "gpuloop is not installed there, and this one cannot be sent: {why}; install gpuloop there or give --remote-bin PATH"
-                ),
-            })?;
-            // A write that fails means the session ended: its reading says why.
-            if stdin.write_all(&answer).await.is_err() || stdin.flush().await.is_err() {
-                return Ok(Ok(None));
-            }
-        }
-    });
-    let first = tokio::select! {
-        first = hello => first,
-        _ = stopped(stop) => {
-            // Killed and reaped here: nothing this run started outlives it.
-            let _ = child.start_kill();
-            let _ = tokio::time::timeout(CLOSE_WAIT, child.wait()).await;
-            crate::process::helpers::forget(helper);
-            return Err(HostError::Interrupted);
-        }
+    let agent = Agent {
+        child,
+        helper,
+        stdin,
+        stdout: BufReader::new(stdout),
+        stderr: err_state,
     };
+    Ok((agent, stderr_task))
+}
+
+/// The agent's first line, which should be its hello; where gpuloop is pushed, the push
+/// script's questions may come first, and are answered here (`push`). An error where this
+/// gpuloop cannot be sent; `Ok(Ok(None))` where the link ended first.
+async fn first_line(
+    host: &str,
+    transport: &Transport,
+    stdout: &mut BufReader<ChildStdout>,
+    stdin: &mut ChildStdin,
+) -> Result<std::io::Result<Option<String>>, HostError> {
+    loop {
+        let line = read_line(stdout, 64 * 1024).await;
+        let Ok(Some(l)) = &line else { return Ok(line) };
+        let Some(answer) = transport.pushes().then(|| push_answer(l)).flatten() else {
+            return Ok(line);
+        };
+        let answer = answer.map_err(|why| HostError::NoAgent {
+            host: host.to_string(),
+            why: format!(
+                "gpuloop is not installed there, and this one cannot be sent: {why}; install gpuloop there or give --remote-bin PATH"
+            ),
+        })?;
+        // A write that fails means the session ended: its reading says why.
+        if stdin.write_all(&answer).await.is_err() || stdin.flush().await.is_err() {
+            return Ok(Ok(None));
+        }
+    }
+}
+
+/// The hello in what `first_line` read within `timeout` (`Err`: nothing in time), or why
+/// there is none: no answer, not an agent, or the link closed first (then what the transport
+/// said, and its exit code, tell why).
+async fn hello_in(
+    host: &str,
+    transport: &Transport,
+    first: Result<Result<std::io::Result<Option<String>>, HostError>, tokio::time::error::Elapsed>,
+    agent: &mut Agent,
+    stderr_task: tokio::task::JoinHandle<()>,
+    timeout: Duration,
+) -> Result<Hello, HostError> {
+    let program = transport.program();
+    let child = &mut agent.child;
     let first = match first {
         Ok(Err(e)) => {
             let _ = child.start_kill();
@@ -166,7 +228,8 @@ async fn connect_once(
         Err(e) => Err(e),
     };
     let said = |st: &Arc<Mutex<Stderr>>| lock(st).tail.clone();
-    let hello = match first {
+    let err_state = &agent.stderr;
+    Ok(match first {
         Err(_) => {
             // (A kept connection whose host went away holds each run only this long, and
             // its own keepalives end it soon after: it is never ended from here, where it
@@ -177,7 +240,7 @@ async fn connect_once(
                 why: format!(
                     "no answer within {:.0}s{}",
                     timeout.as_secs_f64(),
-                    quote(program, &said(&err_state))
+                    quote(program, &said(err_state))
                 ),
             });
         }
@@ -207,76 +270,43 @@ async fn connect_once(
                     host: host.to_string(),
                     why: format!(
                         "gpuloop is not installed there, and this one could not be stored in its cache{}",
-                        quote(program, &said(&err_state))
+                        quote(program, &said(err_state))
                     ),
                 });
             }
-            return Err(transport.classify(host, code, &said(&err_state)));
+            return Err(transport.classify(host, code, &said(err_state)));
         }
-    };
+    })
+}
+
+/// Refuses an agent that speaks another protocol; where gpuloop is pushed, with the error
+/// that sends this one's copy instead (`PUSH_INSTEAD`).
+fn same_protocol(
+    host: &str,
+    transport: &Transport,
+    hello: &Hello,
+    skip_path: bool,
+) -> Result<(), HostError> {
     if hello.protocol != protocol::PROTOCOL && transport.pushes() && !skip_path {
         // Its own gpuloop speaks another protocol: this one's copy will do.
-        let _ = child.start_kill();
         return Err(HostError::Version {
             host: host.to_string(),
-            theirs: hello.version,
+            theirs: hello.version.clone(),
             their_protocol: hello.protocol,
             ours: PUSH_INSTEAD.into(),
             our_protocol: protocol::PROTOCOL,
         });
     }
     if hello.protocol != protocol::PROTOCOL {
-        let _ = child.start_kill();
         return Err(HostError::Version {
             host: host.to_string(),
-            theirs: hello.version,
+            theirs: hello.version.clone(),
             their_protocol: hello.protocol,
             ours: env!("CARGO_PKG_VERSION").into(),
             our_protocol: protocol::PROTOCOL,
         });
     }
-    lock(&err_state).echo = true;
-
-    let (wtx, wrx) = mpsc::unbounded_channel::<String>();
-    // First of all, how this side names the host: the agent's advice then says
-    // `gpuloop --host NAME …`, never a bare command that would act on the GPUs here.
-    let reached = Request {
-        id: REACHED_ID,
-        call: Call::ReachedAs {
-            host: host.to_string(),
-            gpuloop: transport.gpuloop_for(host),
-        },
-    };
-    if let Ok(line) = serde_json::to_string(&reached) {
-        let _ = wtx.send(line);
-    }
-    tokio::spawn(write_lines(stdin, wrx));
-    let pending: Pending = Arc::default();
-    let partial: Arc<Mutex<Partial>> = Arc::default();
-    let dead = Arc::new(Mutex::new(None));
-    tokio::spawn(read_replies(
-        host.to_string(),
-        program,
-        stdout,
-        pending.clone(),
-        partial.clone(),
-        dead.clone(),
-        err_state,
-    ));
-    Ok(Conn {
-        host: host.to_string(),
-        hello,
-        next_id: AtomicU64::new(1),
-        writer: Mutex::new(Some(wtx)),
-        pending,
-        partial,
-        dead,
-        answer_within,
-        hung: AtomicBool::new(false),
-        child: Mutex::new(Some(child)),
-        helper,
-        shard,
-    })
+    Ok(())
 }
 
 /// Returns once the opening of the hosts is to stop (`stop` closed on an interrupt).
