@@ -1,7 +1,10 @@
 //! What `gpuloop journal` shows: the filter, and `--since` read into it.
 
 use super::{Event, FrontEnd, Record};
-use std::time::{SystemTime, UNIX_EPOCH};
+use jiff::civil::Time;
+use jiff::fmt::temporal::Pieces;
+use jiff::tz::TimeZone;
+use jiff::{Span, Timestamp};
 
 /// What `gpuloop journal` shows.
 #[derive(Debug, Default, Clone)]
@@ -35,8 +38,10 @@ impl Filter {
     }
 }
 
-/// `--since`: a time in UTC (`2026-12-01`, `2026-12-01T14:05`, `…:30Z`) or an age (`90s`,
-/// `10m`, `2h`, `3d`), as the journal's RFC 3339 text to compare with.
+/// `--since`: a time in UTC (`2026-12-01`, `2026-12-01T14:05`, `…:30Z`, `…:30.250`) or an
+/// age (`90s`, `10m`, `2h`, `3d`, `1w`, `1h30m`), as the journal's RFC 3339 text to compare
+/// with. Both are read by jiff: a time in ISO 8601 as Temporal reads it, an age in its
+/// "friendly" duration format.
 pub(crate) fn parse_since(s: &str) -> Result<String, String> {
     let s = s.trim();
     let bad = || {
@@ -44,51 +49,90 @@ pub(crate) fn parse_since(s: &str) -> Result<String, String> {
             "--since {s:?}: expected a UTC time (2026-12-01, 2026-12-01T14:05) or an age (90s, 10m, 2h, 3d)"
         )
     };
-    if let Some(unit) = s.chars().last().filter(|c| "smhd".contains(*c)) {
-        let n: u64 = s[..s.len() - 1].parse().map_err(|_| bad())?;
-        let scale = match unit {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            _ => 86_400,
-        };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
-        let at = now.saturating_sub(n.saturating_mul(scale));
-        return Ok(crate::utc::rfc3339(at as i64, 0));
+    let at = match s.parse::<Span>() {
+        Ok(age) if !age.is_negative() => ago(age),
+        Ok(_) => None,
+        Err(_) => utc_time(s),
+    };
+    at.map(crate::utc::rfc3339).ok_or_else(bad)
+}
+
+/// The instant `age` ago, on the UTC calendar (a day is 24 hours, a month a calendar month).
+fn ago(age: Span) -> Option<Timestamp> {
+    let now = TimeZone::UTC.to_datetime(Timestamp::now());
+    TimeZone::UTC.to_timestamp(now.checked_sub(age).ok()?).ok()
+}
+
+/// A date, or a date and time, in UTC: without an offset, or with `Z`. Any other offset or a
+/// time zone is refused rather than read as UTC.
+fn utc_time(s: &str) -> Option<Timestamp> {
+    let p = Pieces::parse(s.strip_suffix('Z').unwrap_or(s)).ok()?;
+    if p.offset().is_some() || p.time_zone_annotation().is_some() {
+        return None;
     }
-    let t = s.trim_end_matches('Z');
-    let shape = "dddd-dd-ddTdd:dd:dd.ddd";
-    let fits = t.len() >= 10
-        && t.len() <= shape.len()
-        && t.chars().zip(shape.chars()).all(|(c, want)| match want {
-            'd' => c.is_ascii_digit(),
-            _ => c == want,
-        })
-        && !t.ends_with([':', 'T', '.']);
-    if fits {
-        Ok(t.to_string())
-    } else {
-        Err(bad())
-    }
+    let t = p.date().to_datetime(p.time().unwrap_or(Time::midnight()));
+    TimeZone::UTC.to_timestamp(t).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn since(s: &str) -> String {
+        parse_since(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     #[test]
     fn since_takes_a_utc_time_or_an_age() {
-        assert_eq!(parse_since("2026-12-01").unwrap(), "2026-12-01");
+        // The forms the help names, as the journal's own times.
+        assert_eq!(since("2026-12-01"), "2026-12-01T00:00:00.000Z");
+        assert_eq!(since("2026-12-01T14:05"), "2026-12-01T14:05:00.000Z");
+        assert_eq!(since("2026-12-01T14:05Z"), "2026-12-01T14:05:00.000Z");
+        assert_eq!(since("2026-12-01T14:05:30Z"), "2026-12-01T14:05:30.000Z");
+        assert_eq!(since("2026-12-01T14:05:30.25"), "2026-12-01T14:05:30.250Z");
         assert_eq!(
-            parse_since("2026-12-01T14:05Z").unwrap(),
-            "2026-12-01T14:05"
+            since("2026-12-01T14:05:30.123Z"),
+            "2026-12-01T14:05:30.123Z"
         );
-        assert!(parse_since("10m").unwrap() < crate::utc::now());
-        for bad in ["yesterday", "2026-1-1", "10x", "m", "2026-12-01T"] {
+        assert_eq!(since("2026-12-01Z"), "2026-12-01T00:00:00.000Z");
+        assert_eq!(since(" 2026-12-01 "), "2026-12-01T00:00:00.000Z");
+        // Ages: each further back than a shorter one, all before now.
+        let ages = ["0s", "90s", "10m", "1h30m", "2h", "3d", "1w"];
+        let times: Vec<String> = ages.iter().map(|a| since(a)).collect();
+        assert!(times[0] <= crate::utc::now(), "{times:?}");
+        assert!(times.windows(2).all(|w| w[0] > w[1]), "{ages:?}: {times:?}");
+        for bad in [
+            "yesterday",
+            "2026-1-1",
+            "10x",
+            "m",
+            "2026-12-01T",
+            "2026-13-01",
+            "2026-02-30",
+            "-10m",
+            "10m ago",
+            "2026-12-01T14:05+02:00",
+            "2026-12-01T14:05[Europe/Paris]",
+            "",
+        ] {
             assert!(parse_since(bad).is_err(), "{bad}");
         }
+    }
+
+    /// The filter compares the journal's times as text: a record at the `--since` time is
+    /// shown, one a millisecond before is not.
+    #[test]
+    fn since_keeps_a_record_at_its_time_and_drops_one_before() {
+        let at = |time: &str| Record {
+            time: time.into(),
+            ..crate::journal::tests::record(1, FrontEnd::Cli)
+        };
+        let f = Filter {
+            since: Some(since("2026-12-01T14:05")),
+            ..Filter::default()
+        };
+        assert!(f.matches(&at("2026-12-01T14:05:00.000Z")));
+        assert!(f.matches(&at("2026-12-02T00:00:00.000Z")));
+        assert!(!f.matches(&at("2026-12-01T14:04:59.999Z")));
     }
 }

@@ -375,12 +375,12 @@ fn rotate(dirfd: &OwnedFd, fd: &OwnedFd) -> rustix::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::read::{read, Found, MAX_LINE};
     use super::*;
     use std::io::Write;
 
-    fn record(pid: i64, front_end: FrontEnd) -> Record {
+    pub(crate) fn record(pid: i64, front_end: FrontEnd) -> Record {
         Record {
             time: crate::utc::now(),
             host: "n1".into(),
