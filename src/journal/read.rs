@@ -2,8 +2,9 @@
 
 use super::files::{open_existing_dir, open_file, Open};
 use super::{Filter, JournalError, Record, FILE, ROTATED};
+use crate::input::{next_line, TooLarge};
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read};
+use std::io::BufReader;
 use std::path::Path;
 
 /// The longest line `gpuloop journal` reads as a record; a longer one is skipped whole, so
@@ -37,27 +38,19 @@ pub(crate) fn read(
         };
         let path = dir.join(name);
         let mut lines = BufReader::with_capacity(MAX_LINE, std::fs::File::from(fd));
-        let mut buf = Vec::new();
         loop {
-            buf.clear();
-            let n = (&mut lines)
-                .take(MAX_LINE as u64 + 1)
-                .read_until(b'\n', &mut buf)
-                .map_err(|source| JournalError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-            if n == 0 {
-                break;
-            }
-            if buf.last() != Some(&b'\n') && buf.len() > MAX_LINE {
-                skip_line(&mut lines).map_err(|source| JournalError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-                found.bad += 1;
-                continue;
-            }
+            let line = next_line(&mut lines, MAX_LINE).map_err(|source| JournalError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let buf = match line {
+                None => break,
+                Some(Ok(line)) => line,
+                Some(Err(TooLarge)) => {
+                    found.bad += 1;
+                    continue;
+                }
+            };
             if buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
@@ -72,26 +65,6 @@ pub(crate) fn read(
         }
     }
     Ok(found)
-}
-
-/// Reads past the rest of an over-long line, a buffer at a time.
-fn skip_line(r: &mut impl BufRead) -> std::io::Result<()> {
-    loop {
-        let buf = r.fill_buf()?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        match memchr::memchr(b'\n', buf) {
-            Some(i) => {
-                r.consume(i + 1);
-                return Ok(());
-            }
-            None => {
-                let n = buf.len();
-                r.consume(n);
-            }
-        }
-    }
 }
 
 /// The last `n` records matching `filter` (all of them for 0, streamed to `each` as read).

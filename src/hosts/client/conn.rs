@@ -7,12 +7,13 @@ use crate::hosts::protocol::{
     self, Answered, Body, Call, Hello, Message, Request, Stream, WireError,
 };
 use crate::hosts::{HostError, Transport};
+use crate::input::{LineBuf, TooLarge};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
 /// How much of what ssh (or the agent) printed on stderr is kept for error messages.
@@ -316,25 +317,32 @@ pub(super) fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
 
-/// One line, without its newline; `Ok(None)` at EOF. A line longer than `max` is an error.
+/// One line, without its newline; `Ok(None)` at EOF. A line longer than `max` is an error
+/// as soon as it is (read by `input::LineBuf`, as every bounded line is).
 pub(super) async fn read_line<R: AsyncRead + Unpin>(
     r: &mut BufReader<R>,
     max: usize,
 ) -> std::io::Result<Option<String>> {
-    let mut buf = Vec::new();
-    let n = (&mut *r)
-        .take(max as u64 + 1)
-        .read_until(b'\n', &mut buf)
-        .await?;
-    if n == 0 {
-        return Ok(None);
+    let mut line = LineBuf::new(max);
+    let mut buf = loop {
+        let chunk = r.fill_buf().await?;
+        if chunk.is_empty() {
+            match line.end() {
+                None => return Ok(None),
+                Some(l) => break l,
+            }
+        }
+        let (used, ended) = line.feed(chunk);
+        r.consume(used);
+        if line.is_over() {
+            break Err(TooLarge);
+        }
+        if let Some(l) = ended {
+            break l;
+        }
     }
-    if buf.last() != Some(&b'\n') && buf.len() > max {
-        return Err(std::io::Error::other(format!(
-            "a line longer than {max} bytes"
-        )));
-    }
-    while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+    .map_err(|TooLarge| std::io::Error::other(format!("a line longer than {max} bytes")))?;
+    while buf.last().is_some_and(|b| *b == b'\r') {
         buf.pop();
     }
     Ok(Some(String::from_utf8(buf).unwrap_or_else(|e| {
