@@ -10,7 +10,7 @@ use crate::hosts::{HostError, HostsConfig, LOCAL};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
@@ -57,14 +57,8 @@ impl Pool {
         // Closed on an interrupt: every host's opening waits on it beside its own work, so
         // one watcher wakes them all (thousands of hosts each polling the flag would not).
         let stop = Arc::new(Semaphore::new(0));
-        let progress = (config.progress && remote.clone().count() > 1).then(|| {
-            Arc::new(Progress {
-                skip: config.skip_unreachable,
-                state: Mutex::default(),
-                said: Mutex::default(),
-                line: Mutex::default(),
-            })
-        });
+        let progress = (config.progress && remote.clone().count() > 1)
+            .then(|| Arc::new(Progress::new(config.skip_unreachable)));
         if let Some(p) = &progress {
             p.start(remote.clone().cloned().collect(), "connected");
         }

@@ -2,6 +2,7 @@
 
 use super::lock;
 use crate::hosts::HostError;
+use crate::output::ProgressLine;
 use std::sync::{Arc, Mutex};
 
 /// On a terminal, while a one-shot's hosts are still coming: `12/64 hosts answered` on one
@@ -9,8 +10,8 @@ use std::sync::{Arc, Mutex};
 /// comes in (its failure, or the line the command makes of its answer).
 pub(super) struct Progress {
     /// `--skip-unreachable`: an unreachable host is a warning.
-    pub(super) skip: bool,
-    pub(super) state: Mutex<Phase>,
+    skip: bool,
+    state: Mutex<Phase>,
     /// The hosts whose failure was said already (the command does not say it again).
     pub(super) said: Mutex<std::collections::HashSet<String>>,
     /// What the command says of one host's answer (see `Pool::say_each`).
@@ -22,29 +23,42 @@ pub(super) struct Progress {
 type LineOf = Arc<dyn Fn(&str, &dyn std::any::Any) -> Option<String> + Send + Sync>;
 
 /// One round of a progress line: what the hosts do ("connected", "answered"), and those
-/// still to come, in host-set order.
-#[derive(Default)]
-pub(super) struct Phase {
+/// still to come, in host-set order; and the line on stderr.
+struct Phase {
     what: &'static str,
     total: usize,
     waiting: Vec<String>,
+    shown: ProgressLine,
 }
 
 /// The line names the hosts still to come once they are this few.
 const NAME_LAST: usize = 8;
 
 impl Progress {
-    pub(super) fn start(&self, hosts: Vec<String>, what: &'static str) {
-        let mut st = lock(&self.state);
-        *st = Phase {
-            what,
-            total: hosts.len(),
-            waiting: hosts,
-        };
-        self.draw(&st);
+    /// The progress of a one-shot whose stderr is a terminal (`skip`: `--skip-unreachable`).
+    pub(super) fn new(skip: bool) -> Progress {
+        Progress {
+            skip,
+            state: Mutex::new(Phase {
+                what: "",
+                total: 0,
+                waiting: Vec::new(),
+                shown: ProgressLine::on_terminal(),
+            }),
+            said: Mutex::default(),
+            line: Mutex::default(),
+        }
     }
 
-    fn draw(&self, st: &Phase) {
+    pub(super) fn start(&self, hosts: Vec<String>, what: &'static str) {
+        let mut st = lock(&self.state);
+        st.what = what;
+        st.total = hosts.len();
+        st.waiting = hosts;
+        self.draw(&mut st);
+    }
+
+    fn draw(&self, st: &mut Phase) {
         let done = st.total - st.waiting.len();
         let mut line = format!("{done}/{} hosts {}", st.total, st.what);
         if !st.waiting.is_empty() && st.waiting.len() <= NAME_LAST.min(st.total - 1) {
@@ -53,7 +67,7 @@ impl Progress {
                 crate::hosts::fold::compress(&st.waiting)
             ));
         }
-        crate::err!("\r\x1b[K{line}");
+        st.shown.show(&line);
     }
 
     /// What the command says of `host`'s answer, if anything.
@@ -68,7 +82,7 @@ impl Progress {
         let mut st = lock(&self.state);
         st.waiting.retain(|h| h != host);
         if let Some(line) = said {
-            crate::err!("\r\x1b[K{line}\n");
+            st.shown.above(&line);
         }
         if let Some(e) = failed {
             if lock(&self.said).insert(host.to_string()) {
@@ -76,14 +90,13 @@ impl Progress {
                     true => "warning: skipping",
                     false => "gpuloop:",
                 };
-                crate::err!("\r\x1b[K{how} {e}\n");
+                st.shown.above(&format!("{how} {e}"));
             }
         }
-        self.draw(&st);
+        self.draw(&mut st);
     }
 
     pub(super) fn clear(&self) {
-        let _st = lock(&self.state);
-        crate::err!("\r\x1b[K");
+        lock(&self.state).shown.clear();
     }
 }
