@@ -10,6 +10,7 @@
 use crate::hosts::protocol::{
     self, Body, Call, ErrorKind, Hello, JobState, Message, Request, RunCall, Stream,
 };
+use crate::input::{next_line, TooLarge};
 use crate::inspect::diagnose::Reach;
 use crate::journal::{FrontEnd, Served};
 use crate::machine::{ops, Local, Watch};
@@ -18,7 +19,7 @@ use crate::runner::{Cmd, Job, JobOpts, RunError, Sink, Waited};
 use crate::session::Session;
 use nix::sys::signal::Signal;
 use std::collections::HashMap;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -336,44 +337,6 @@ impl Workers {
     }
 }
 
-struct TooLarge;
-
-/// The next line (without its newline), `Err(TooLarge)` for one over `max` bytes (read
-/// through and dropped), `None` at EOF.
-fn next_line(
-    r: &mut impl BufRead,
-    max: usize,
-) -> std::io::Result<Option<Result<Vec<u8>, TooLarge>>> {
-    let mut line = Vec::new();
-    let mut over = false;
-    loop {
-        let buf = r.fill_buf()?;
-        if buf.is_empty() {
-            return Ok(match (over, line.is_empty()) {
-                (true, _) => Some(Err(TooLarge)),
-                (false, true) => None,
-                (false, false) => Some(Ok(line)),
-            });
-        }
-        let (take, done) = match memchr::memchr(b'\n', buf) {
-            Some(i) => (i, i + 1),
-            None => (buf.len(), buf.len()),
-        };
-        if !over {
-            line.extend_from_slice(&buf[..take]);
-            if line.len() > max {
-                over = true;
-                line = Vec::new();
-            }
-        }
-        let newline = done > take;
-        r.consume(done);
-        if newline {
-            return Ok(Some(if over { Err(TooLarge) } else { Ok(line) }));
-        }
-    }
-}
-
 fn handle(
     s: &Session,
     req: Request,
@@ -592,19 +555,5 @@ mod tests {
         }
         // Two workers did all twelve tasks: no thread beyond them was started.
         assert_eq!(Arc::strong_count(&w.idle), 3);
-    }
-
-    #[test]
-    fn lines_over_the_limit_are_dropped_whole_and_reading_goes_on() {
-        let data = b"short\nthis-line-is-too-long\nok\nlast-without-newline".to_vec();
-        let mut r = std::io::BufReader::with_capacity(4, &data[..]);
-        let mut got = Vec::new();
-        while let Some(l) = next_line(&mut r, 10).unwrap() {
-            got.push(
-                l.map(|v| String::from_utf8(v).unwrap())
-                    .unwrap_or_else(|TooLarge| "<too large>".into()),
-            );
-        }
-        assert_eq!(got, ["short", "<too large>", "ok", "<too large>"]);
     }
 }

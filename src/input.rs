@@ -6,7 +6,7 @@
 //! signal reaches a plain `read`) or a huge file; each is an error that names the file and
 //! the limit, never an out-of-memory kill or a hang.
 
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 /// What is being read, with its size limit.
@@ -210,6 +210,8 @@ pub(crate) struct StdinLines {
     /// Where the unread part of `buf` starts.
     at: usize,
     eof: bool,
+    /// The line read so far (kept across an interrupted wait).
+    line: LineBuf,
 }
 
 impl StdinLines {
@@ -219,6 +221,7 @@ impl StdinLines {
             buf: Vec::new(),
             at: 0,
             eof: false,
+            line: LineBuf::new(usize::try_from(kind.limit).unwrap_or(usize::MAX)),
         }
     }
 
@@ -230,29 +233,24 @@ impl StdinLines {
             if crate::interrupt::is_set() {
                 return Err(ReadError::Interrupted);
             }
-            if let Some(i) = memchr::memchr(b'\n', &self.buf[self.at..]) {
-                let line = self.buf[self.at..self.at + i].to_vec();
-                self.at += i + 1;
-                return self.finish(line).map(Some);
-            }
-            if self.eof {
-                if self.at == self.buf.len() {
-                    return Ok(None);
+            if self.at == self.buf.len() {
+                if self.eof {
+                    return self.line.end().map(|l| self.finish(l)).transpose();
                 }
-                let line = self.buf[self.at..].to_vec();
-                self.at = self.buf.len();
-                return self.finish(line).map(Some);
+                self.buf.resize(CHUNK, 0);
+                self.at = 0;
+                let n = stdin_chunk(&mut self.buf);
+                self.buf.truncate(*n.as_ref().unwrap_or(&0));
+                self.eof = n? == 0;
+                continue;
             }
-            if (self.buf.len() - self.at) as u64 > self.kind.limit {
-                return Err(self.too_large());
+            let (used, ended) = self.line.feed(&self.buf[self.at..]);
+            self.at += used;
+            match ended {
+                Some(line) => return self.finish(line).map(Some),
+                None if self.line.is_over() => return Err(self.too_large()),
+                None => {}
             }
-            self.buf.drain(..self.at);
-            self.at = 0;
-            let len = self.buf.len();
-            self.buf.resize(len + CHUNK, 0);
-            let n = stdin_chunk(&mut self.buf[len..]);
-            self.buf.truncate(len + *n.as_ref().unwrap_or(&0));
-            self.eof = n? == 0;
         }
     }
 
@@ -263,12 +261,92 @@ impl StdinLines {
         }
     }
 
-    fn finish(&self, line: Vec<u8>) -> Result<String, ReadError> {
-        if line.len() as u64 > self.kind.limit {
+    fn finish(&self, line: Result<Vec<u8>, TooLarge>) -> Result<String, ReadError> {
+        let Ok(line) = line else {
             return Err(self.too_large());
-        }
+        };
         let line = line.strip_suffix(b"\r").unwrap_or(&line);
         Ok(String::from_utf8_lossy(line).into_owned())
+    }
+}
+
+/// A line that was longer than its reader's limit (read through, and dropped).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct TooLarge;
+
+/// One line being read a buffer at a time, at most `max` bytes of it kept: the one bounded
+/// line reader. The agent's requests and the journal go through it with `BufRead`
+/// (`next_line`), stdin with `StdinLines`, a host's replies with tokio's `AsyncBufRead`
+/// (`hosts::client`): each hands it what it has buffered, and consumes what it used.
+pub(crate) struct LineBuf {
+    max: usize,
+    line: Vec<u8>,
+    over: bool,
+}
+
+impl LineBuf {
+    pub(crate) fn new(max: usize) -> LineBuf {
+        LineBuf {
+            max,
+            line: Vec::new(),
+            over: false,
+        }
+    }
+
+    /// Takes what it needs of `buf` (up to its first newline): the bytes it used, and the
+    /// line, without its newline, if it ended there.
+    pub(crate) fn feed(&mut self, buf: &[u8]) -> (usize, Option<Result<Vec<u8>, TooLarge>>) {
+        let (take, used) = match memchr::memchr(b'\n', buf) {
+            Some(i) => (i, i + 1),
+            None => (buf.len(), buf.len()),
+        };
+        if !self.over {
+            self.line.extend_from_slice(&buf[..take]);
+            if self.line.len() > self.max {
+                self.over = true;
+                self.line = Vec::new();
+            }
+        }
+        let ended = used > take;
+        (used, ended.then(|| self.take()))
+    }
+
+    /// At the end of the input: the last line, if one had begun.
+    pub(crate) fn end(&mut self) -> Option<Result<Vec<u8>, TooLarge>> {
+        (self.over || !self.line.is_empty()).then(|| self.take())
+    }
+
+    /// Whether the line has grown past `max` (the rest of it is dropped as it comes).
+    pub(crate) fn is_over(&self) -> bool {
+        self.over
+    }
+
+    fn take(&mut self) -> Result<Vec<u8>, TooLarge> {
+        let line = std::mem::take(&mut self.line);
+        match std::mem::take(&mut self.over) {
+            true => Err(TooLarge),
+            false => Ok(line),
+        }
+    }
+}
+
+/// The next line of `r` without its newline; `Err(TooLarge)` for one over `max` bytes (read
+/// through in bounded memory, and dropped), `None` at the end.
+pub(crate) fn next_line(
+    r: &mut impl BufRead,
+    max: usize,
+) -> std::io::Result<Option<Result<Vec<u8>, TooLarge>>> {
+    let mut line = LineBuf::new(max);
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(line.end());
+        }
+        let (used, ended) = line.feed(buf);
+        r.consume(used);
+        if ended.is_some() {
+            return Ok(ended);
+        }
     }
 }
 
@@ -335,5 +413,53 @@ mod tests {
     fn a_byte_order_mark_is_skipped() {
         assert_eq!(without_bom("\u{feff}let x = 1;"), "let x = 1;");
         assert_eq!(without_bom("let x = 1;"), "let x = 1;");
+    }
+
+    #[test]
+    fn lines_over_the_limit_are_dropped_whole_and_reading_goes_on() {
+        let data =
+            b"short\nthis-line-is-too-long\nok\n0123456789\n0123456789a\nlast-without-newline"
+                .to_vec();
+        let mut r = std::io::BufReader::with_capacity(4, &data[..]);
+        let mut got = Vec::new();
+        while let Some(l) = next_line(&mut r, 10).unwrap() {
+            got.push(
+                l.map(|v| String::from_utf8(v).unwrap())
+                    .unwrap_or_else(|TooLarge| "<too large>".into()),
+            );
+        }
+        assert_eq!(
+            got,
+            [
+                "short",
+                "<too large>",
+                "ok",
+                "0123456789",
+                "<too large>",
+                "<too large>"
+            ]
+        );
+        // An empty input has no line; a last line without its newline is one.
+        assert_eq!(next_line(&mut &b""[..], 10).unwrap(), None);
+        assert_eq!(
+            next_line(&mut &b"\n"[..], 10).unwrap(),
+            Some(Ok(Vec::new()))
+        );
+        assert_eq!(
+            next_line(&mut &b"end"[..], 10).unwrap(),
+            Some(Ok(b"end".to_vec()))
+        );
+    }
+
+    #[test]
+    fn a_line_says_it_is_over_as_soon_as_it_is() {
+        let mut line = LineBuf::new(4);
+        assert_eq!(line.feed(b"abc"), (3, None));
+        assert!(!line.is_over());
+        assert_eq!(line.feed(b"de"), (2, None));
+        assert!(line.is_over(), "5 bytes of 4, with no newline yet");
+        assert_eq!(line.feed(b"f\nnext"), (2, Some(Err(TooLarge))));
+        assert_eq!(line.feed(b"ok\n"), (3, Some(Ok(b"ok".to_vec()))));
+        assert_eq!(line.end(), None);
     }
 }

@@ -53,4 +53,5 @@ pub mod session;
 pub(crate) mod slurm;
 pub(crate) mod stack_guard;
 pub(crate) mod timeline;
+pub(crate) mod utc;
 pub(crate) mod words;

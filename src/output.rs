@@ -152,6 +152,56 @@ fn err_bytes(data: &[u8]) {
     let _ = std::io::stderr().lock().write_all(data);
 }
 
+/// One line of live progress on stderr, rewritten in place: the one progress line (a
+/// machine's wait, the hosts still to answer). Whether stderr is a terminal is asked at the
+/// first line shown, so a quick operation (a script's `gpu()`) asks nothing; nothing is
+/// shown where it is not.
+#[derive(Default)]
+pub(crate) struct ProgressLine {
+    tty: Option<bool>,
+    shown: bool,
+}
+
+impl ProgressLine {
+    /// A line for a caller that knows stderr is a terminal.
+    pub(crate) fn on_terminal() -> ProgressLine {
+        ProgressLine {
+            tty: Some(true),
+            shown: false,
+        }
+    }
+
+    fn tty(&mut self) -> bool {
+        *self
+            .tty
+            .get_or_insert_with(|| std::io::stderr().is_terminal())
+    }
+
+    /// Shows `text` in place of what the line showed.
+    pub(crate) fn show(&mut self, text: &str) {
+        if self.tty() {
+            err(&format!("\r\x1b[K{text}"));
+            self.shown = true;
+        }
+    }
+
+    /// Says `text` on a line of its own where the progress line was (show it again after).
+    pub(crate) fn above(&mut self, text: &str) {
+        if self.tty() {
+            err(&format!("\r\x1b[K{text}\n"));
+            self.shown = false;
+        }
+    }
+
+    /// Wipes the line, if it shows anything.
+    pub(crate) fn clear(&mut self) {
+        if self.shown {
+            err("\r\x1b[K");
+            self.shown = false;
+        }
+    }
+}
+
 /// stderr for the log (`-v`): what cannot be written is dropped, as by `err`. tracing reports
 /// a failed write of its own with `eprintln!`, which panics on a closed pipe.
 pub(crate) struct Stderr;

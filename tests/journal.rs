@@ -334,6 +334,14 @@ fn audit_gpuloop_journal_filters_by_pid_front_end_user_and_time() {
     assert_eq!(shown(&["--user", "no-such-user"]).len(), 0);
     assert_eq!(shown(&["--since", "10m"]).len(), 2);
     assert_eq!(shown(&["--since", "2999-01-01"]).len(), 0);
+    // A record's own time keeps it; the minute it falls in, written as the help writes a
+    // time, keeps it too; a later time drops it.
+    let first = shown(&[])[0]["time"].as_str().unwrap().to_string();
+    assert_eq!(shown(&["--since", &first]).len(), 2, "{first}");
+    assert_eq!(shown(&["--since", &first[..16]]).len(), 2, "{first}");
+    assert_eq!(shown(&["--since", "2999-01-01T00:00:00.000Z"]).len(), 0);
+    assert_eq!(shown(&["--since", "1d"]).len(), 2);
+    assert_eq!(shown(&["--since", "1h30m"]).len(), 2);
     // For people: one line per signal, with what asked for it.
     let text = sim.run(&["journal", "--pid", &a.to_string()]).ok().stdout;
     assert!(
@@ -342,8 +350,10 @@ fn audit_gpuloop_journal_filters_by_pid_front_end_user_and_time() {
     );
     let out = sim.run(&["journal", "--front-end", "nope"]).code(2);
     assert!(out.stderr.contains("nope"), "{}", out.stderr);
-    let out = sim.run(&["journal", "--since", "yesterday"]).code(2);
-    assert!(out.stderr.contains("--since"), "{}", out.stderr);
+    for bad in ["yesterday", "2026-13-01", "-10m"] {
+        let out = sim.run(&["journal", &format!("--since={bad}")]).code(2);
+        assert!(out.stderr.contains("--since"), "{}", out.stderr);
+    }
 }
 
 /// A journal that links elsewhere is not written through, and the kill still happens, with a

@@ -30,6 +30,14 @@ const RULES: &[(&str, &[&str])] = &[
         "hosts",
         &["machine", "agent", "slurm", "script", "cli", "mcp", "repl"],
     ),
+    // The journal records what the rooms above it do; it asks none of them.
+    (
+        "journal",
+        &[
+            "gpu", "inspect", "hosts", "machine", "runner", "agent", "slurm", "script", "cli",
+            "mcp", "repl", "render",
+        ],
+    ),
     // An operation is the same whoever asks: no front end inside it.
     (
         "machine",

@@ -476,7 +476,7 @@ fn still_needs(f: &Faults, reset: &str, reach: &Reach) -> Option<String> {
 
 /// "2026-12-03T14:05:12Z".
 fn at(x: &Xid) -> String {
-    crate::journal::utc(x.time)
+    crate::utc::at(x.time)
 }
 
 /// "Xid 31 (GPU memory page fault …) at 2026-12-03T14:05:12Z from pid 477 (python3)".

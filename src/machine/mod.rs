@@ -34,7 +34,6 @@ use crate::journal::Served;
 use crate::session::Session;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::io::{IsTerminal, Write};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
@@ -166,7 +165,7 @@ impl<'a> Local<'a> {
     /// Runs `f` on this machine with the terminal's watch: a progress line on stderr (when
     /// it is a terminal), cleared afterwards, and Ctrl-C.
     pub(crate) fn on_terminal<T>(s: &Session, f: impl FnOnce(&mut Local) -> T) -> T {
-        let mut line = Progress::default();
+        let mut line = crate::output::ProgressLine::default();
         let out = f(&mut Local {
             s,
             watch: Watch {
@@ -214,35 +213,5 @@ pub(crate) fn deadline(pool: &Pool, takes: Option<Duration>) -> Option<Duration>
 impl Machine for Remote<'_> {
     fn ask<O: Op>(&mut self, op: &O) -> Result<O::Reply, ActionError> {
         self.call(op)
-    }
-}
-
-/// One line of live progress on a terminal's stderr, rewritten in place. Whether stderr is a
-/// terminal is asked at the first line shown: a quick operation (a script's `gpu()`) asks
-/// nothing.
-#[derive(Default)]
-struct Progress {
-    tty: Option<bool>,
-    shown: bool,
-}
-
-impl Progress {
-    fn show(&mut self, text: &str) {
-        if *self
-            .tty
-            .get_or_insert_with(|| std::io::stderr().is_terminal())
-        {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\r\x1b[2K{text}");
-            let _ = err.flush();
-            self.shown = true;
-        }
-    }
-
-    fn clear(&mut self) {
-        if self.shown {
-            crate::err!("\r\x1b[2K");
-            self.shown = false;
-        }
     }
 }

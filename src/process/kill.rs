@@ -686,13 +686,98 @@ fn kill_in(
     progress: Progress,
 ) -> KillReport {
     let started = Instant::now();
-    let guard = Guard::new(protected);
     let mut report = KillReport {
         dry_run: opts.dry_run,
         ..KillReport::default()
     };
+    let mut chosen = pin_targets(tree, targets, opts, protected, &mut report);
+    if opts.dry_run {
+        say_what_would_be_sent(chosen, opts, &mut report);
+        report.elapsed_ms = started.elapsed().as_millis() as i64;
+        return report;
+    }
+    let signalled_at = Instant::now();
+    let why = std::mem::take(&mut chosen.why);
+    let mut victims = signal_each(chosen, opts, &why, &mut report);
+    wait_then_kill(
+        &mut victims,
+        signalled_at,
+        opts,
+        &why,
+        interrupted,
+        progress,
+        &mut report,
+    );
+    tracing::debug!(
+        "kill: {} signalled, {} exited, {} ms",
+        victims.len(),
+        victims.iter().filter(|v| v.exited).count(),
+        started.elapsed().as_millis()
+    );
+    report_each(&victims, signalled_at, &mut report);
+    keep_restarters_still_running(&mut report);
+    report.elapsed_ms = started.elapsed().as_millis() as i64;
+    report
+}
 
-    // 1. Pin the targets, their trees and (with `parents`) their restarters.
+/// What step 1 chose: the processes to signal, pinned, parents before their children, with
+/// what must be read of each before any signal.
+struct Chosen {
+    pinned: Vec<Pinned>,
+    /// Why each pid was chosen, for the journal.
+    why: HashMap<i32, String>,
+    /// Each process's first signal cannot end it, and why: it gets KILL at once.
+    futile: Vec<Option<String>>,
+    /// Each process's name as a person is shown it.
+    names: Vec<String>,
+}
+
+/// Why `pid` was chosen ("" when it was not).
+fn why_of(why: &HashMap<i32, String>, pid: i32) -> &str {
+    why.get(&pid).map_or("", String::as_str)
+}
+
+/// Whether a grace is followed by KILL for the survivors.
+fn escalates(opts: &KillOpts) -> bool {
+    opts.signal != Signal::SIGKILL && opts.grace != NEVER
+}
+
+/// The signal sent first: the one asked for, or KILL where that one is futile.
+fn first_of(why: &Option<String>, opts: &KillOpts) -> Signal {
+    match why {
+        Some(_) => Signal::SIGKILL,
+        None => opts.signal,
+    }
+}
+
+/// A process's line in the report.
+fn stopped(
+    p: &Pinned,
+    name: String,
+    sent: Signal,
+    ended_by: Option<&str>,
+    exit_ms: Option<i64>,
+) -> Stopped {
+    Stopped {
+        pid: p.info.pid.into(),
+        name,
+        gpus: Vec::new(),
+        signal: signal_name(sent).to_string(),
+        ended_by: ended_by.map(str::to_string),
+        exit_ms,
+    }
+}
+
+/// Step 1: pin the targets, their trees and (with `parents`) their restarters; refusals go
+/// to `report`.
+fn pin_targets(
+    tree: &Tree,
+    targets: &[Target],
+    opts: &KillOpts,
+    protected: &[String],
+    report: &mut KillReport,
+) -> Chosen {
+    let guard = Guard::new(protected);
     let mut resolve = Resolve {
         tree,
         guard: &guard,
@@ -707,19 +792,17 @@ fn kill_in(
         why: HashMap::new(),
     };
     for t in targets {
-        resolve.target(&mut report, t);
+        resolve.target(report, t);
     }
-    resolve.restarters(&mut report);
+    resolve.restarters(report);
     // Parents before their children: a restarter signalled after the holder it restarts can
     // start a new one in between (a shell loop's `wait` returns as soon as the holder exits).
     let mut order = resolve.chosen;
     order.sort_by_cached_key(|&i| tree.ancestry(resolve.pins[i].info.pid).count());
-    let why = resolve.why;
-    let why = |pid: i32| why.get(&pid).map_or("", String::as_str);
     let mut pins: Vec<Option<Pinned>> = resolve.pins.into_iter().map(Some).collect();
     let pinned: Vec<Pinned> = order.iter().filter_map(|&i| pins[i].take()).collect();
 
-    let escalates = opts.signal != Signal::SIGKILL && opts.grace != NEVER;
+    let escalates = escalates(opts);
     // A signal the process cannot act on only costs the whole grace, so it
     // gets KILL at once; decided here, so that a dry run says what would really be sent.
     let futile: Vec<Option<String>> = pinned
@@ -732,46 +815,55 @@ fn kill_in(
         .iter()
         .map(|p| super::display_name(&p.info.comm, &p.dir.cmdline()))
         .collect();
-    let stopped =
-        |p: &Pinned, name: String, sent: Signal, ended_by: Option<&str>, exit_ms: Option<i64>| {
-            Stopped {
-                pid: p.info.pid.into(),
-                name,
-                gpus: Vec::new(),
-                signal: signal_name(sent).to_string(),
-                ended_by: ended_by.map(str::to_string),
-                exit_ms,
-            }
-        };
-    let first_of = |why: &Option<String>| match why {
-        Some(_) => Signal::SIGKILL,
-        None => opts.signal,
-    };
-    if opts.dry_run {
-        report.would_signal = pinned.iter().map(|p| p.info.pid.into()).collect();
-        for ((p, why), shown) in pinned.iter().zip(&futile).zip(&names) {
-            report
-                .targets
-                .push(stopped(p, shown.clone(), first_of(why), None, None));
-            if let Some(why) = why {
-                report.killed_at_once.push(Skipped {
-                    pid: p.info.pid.into(),
-                    reason: format!("{why}: would send KILL at once"),
-                });
-            }
-        }
-        report.elapsed_ms = started.elapsed().as_millis() as i64;
-        return report;
+    Chosen {
+        pinned,
+        why: resolve.why,
+        futile,
+        names,
     }
+}
 
-    // 2. Signal every pinned process through its pidfd (the start time and, where the kernel
-    // has pidfs, the pidfd's inode were checked when it was pinned): whatever reuses a pid
-    // from now on is out of reach.
-    let signalled_at = Instant::now();
+/// A dry run's report: what each chosen process would be sent.
+fn say_what_would_be_sent(chosen: Chosen, opts: &KillOpts, report: &mut KillReport) {
+    let Chosen {
+        pinned,
+        futile,
+        names,
+        ..
+    } = chosen;
+    report.would_signal = pinned.iter().map(|p| p.info.pid.into()).collect();
+    for ((p, why), shown) in pinned.iter().zip(&futile).zip(&names) {
+        report
+            .targets
+            .push(stopped(p, shown.clone(), first_of(why, opts), None, None));
+        if let Some(why) = why {
+            report.killed_at_once.push(Skipped {
+                pid: p.info.pid.into(),
+                reason: format!("{why}: would send KILL at once"),
+            });
+        }
+    }
+}
+
+/// Step 2: signal every pinned process through its pidfd (the start time and, where the
+/// kernel has pidfs, the pidfd's inode were checked when it was pinned): whatever reuses a pid
+/// from now on is out of reach. The ones signalled are the victims waited for.
+fn signal_each(
+    chosen: Chosen,
+    opts: &KillOpts,
+    why: &HashMap<i32, String>,
+    report: &mut KillReport,
+) -> Vec<Victim> {
+    let why = |pid: i32| why_of(why, pid);
     let mut victims = Vec::new();
-    for ((p, futile), shown) in pinned.into_iter().zip(futile).zip(names) {
+    for ((p, futile), shown) in chosen
+        .pinned
+        .into_iter()
+        .zip(chosen.futile)
+        .zip(chosen.names)
+    {
         let pid = p.info.pid;
-        let sig = first_of(&futile);
+        let sig = first_of(&futile, opts);
         match send(&p, sig, why(pid), opts.served.as_ref()) {
             Ok(()) => {
                 tracing::debug!("kill: {} -> pid {pid}", signal_name(sig));
@@ -796,18 +888,19 @@ fn kill_in(
                     name: shown,
                 });
             }
-            Err(rustix::io::Errno::SRCH) => skip(&mut report, pid, GONE.into()),
+            Err(rustix::io::Errno::SRCH) => skip(report, pid, GONE.into()),
             Err(e) => report.errors.push(KillError {
                 pid: pid.into(),
                 error: describe_errno(e, sig),
             }),
         }
     }
+    victims
+}
 
-    // 3. One shared grace, then SIGKILL for the survivors, and wait for those too. An
-    // interrupt during the grace either stops the waiting, KILLing nobody (`StopWaiting`:
-    // kill() and clean), or cuts the grace short (`KillNow`: stopping a job).
-    let first_wait = if victims.iter().all(|v| v.killed) {
+/// How long the victims get before KILL (or, without one, before they are reported).
+fn first_wait(victims: &[Victim], opts: &KillOpts) -> Duration {
+    if victims.iter().all(|v| v.killed) {
         KILL_WAIT
     } else if opts.grace != NEVER {
         opts.grace
@@ -819,10 +912,25 @@ fn kill_in(
         // clean with no KILL: the survivors are reported, and clean waits for them until
         // its timeout.
         Duration::ZERO
-    };
+    }
+}
+
+/// Step 3: one shared grace, then SIGKILL for the survivors, and wait for those too. An
+/// interrupt during the grace either stops the waiting, KILLing nobody (`StopWaiting`:
+/// kill() and clean), or cuts the grace short (`KillNow`: stopping a job).
+fn wait_then_kill(
+    victims: &mut [Victim],
+    signalled_at: Instant,
+    opts: &KillOpts,
+    why: &HashMap<i32, String>,
+    interrupted: &dyn Interrupt,
+    progress: Progress,
+    report: &mut KillReport,
+) {
     let first_deadline = signalled_at
-        .checked_add(first_wait)
+        .checked_add(first_wait(victims, opts))
         .unwrap_or(signalled_at + KILL_WAIT);
+    let escalates = escalates(opts);
     let escalation = escalates.then_some(first_deadline);
     // SIGKILLs already sent while stopping a job are waited for whatever happens.
     let never = AtomicBool::new(false);
@@ -833,7 +941,7 @@ fn kill_in(
             interrupted
         };
     let cut = wait_exits(
-        &mut victims,
+        victims,
         first_deadline,
         first_interrupt,
         &mut |left, all| progress(left, all, escalation.map(|t| t - Instant::now().min(t))),
@@ -845,7 +953,13 @@ fn kill_in(
         for v in victims.iter_mut().filter(|v| !v.exited && !v.killed) {
             tracing::debug!("kill: grace over, KILL -> pid {}", v.pinned.info.pid);
             let pid = v.pinned.info.pid;
-            v.escalated = send(&v.pinned, Signal::SIGKILL, why(pid), opts.served.as_ref()).is_ok();
+            v.escalated = send(
+                &v.pinned,
+                Signal::SIGKILL,
+                why_of(why, pid),
+                opts.served.as_ref(),
+            )
+            .is_ok();
             v.killed = v.escalated;
         }
         if victims.iter().any(|v| v.killed && !v.exited) {
@@ -855,20 +969,19 @@ fn kill_in(
                 OnInterrupt::KillNow => &never,
             };
             report.interrupted |= wait_exits(
-                &mut victims,
+                victims,
                 Instant::now() + KILL_WAIT,
                 stop,
                 &mut |left, all| progress(left, all, None),
             );
         }
     }
-    tracing::debug!(
-        "kill: {} signalled, {} exited, {} ms",
-        victims.len(),
-        victims.iter().filter(|v| v.exited).count(),
-        started.elapsed().as_millis()
-    );
-    for v in &victims {
+}
+
+/// Each victim in the report: exited, stuck (KILLed and still there) or surviving, and what
+/// ended it when.
+fn report_each(victims: &[Victim], signalled_at: Instant, report: &mut KillReport) {
+    for v in victims {
         let pid = i64::from(v.pinned.info.pid);
         if v.exited {
             report.exited.push(pid);
@@ -893,15 +1006,16 @@ fn kill_in(
             exit_ms,
         ));
     }
-    // A parent that only waited for its holder exits with it; the ones still running after
-    // their holder ended are those that may start it again.
+}
+
+/// A parent that only waited for its holder exits with it; the ones still running after
+/// their holder ended are those that may start it again.
+fn keep_restarters_still_running(report: &mut KillReport) {
     let (waited, rest): (Vec<Restarter>, Vec<Restarter>) = std::mem::take(&mut report.restarters)
         .into_iter()
         .partition(|r| report.exited.contains(&r.holder));
     report.restarters = restart::still_running(waited, restart::EXIT_WINDOW);
     report.restarters.extend(rest);
-    report.elapsed_ms = started.elapsed().as_millis() as i64;
-    report
 }
 
 /// Why `sig` cannot end this process, if it cannot: it ignores the signal (`SigIgn`), or it is

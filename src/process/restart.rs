@@ -377,7 +377,7 @@ pub(crate) fn remember(r: &Restarter) -> Seen {
         pid: r.identity.pid,
         start: r.identity.start,
         name: r.name.clone(),
-        seen: crate::journal::now_utc(),
+        seen: crate::utc::now(),
     };
     let written = crate::journal::dir().and_then(|dir| {
         crate::journal::update_state(&dir, SEEN_FILE, SEEN_BYTES, |old| {

@@ -5,8 +5,8 @@
 pub(crate) mod scontrol;
 
 use crate::gpu::{GpuError, MIB};
-use crate::inspect::diagnose::Diagnosis;
-use crate::inspect::holders::Holder;
+use crate::inspect::diagnose::{Demand, Diagnosis};
+use crate::inspect::holders::{Holder, Inventory};
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::machine::ops::{self, Diagnose};
 use crate::machine::{self, ActionError, Local, Machine};
@@ -174,6 +174,45 @@ pub(crate) fn run(
         return drain(&log, env, opts, &reason);
     }
     let inv = ops::inventory(s, &None)?;
+    let sel = match job_gpus(&inv, env) {
+        Ok(sel) => sel,
+        Err(reason) => return drain(&log, env, opts, &reason),
+    };
+    // A CPU-only job, or a Slurm without GPU gres: its own processes are still stopped, but
+    // no GPU is checked, and the log must not read as if one had been.
+    if sel.is_empty() {
+        log.line("no GPUs known for the job (SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES unset or empty): stopping its own processes, checking no GPU");
+    }
+    let targets = choose_targets(&inv, hook, env, &sel, &log);
+    let stubborn = stop_targets(s, &targets, opts, &log);
+    let wopts = WaitOpts {
+        timeout: opts.timeout,
+        exiting: stubborn.iter().map(|&p| p as i32).collect(),
+        ..WaitOpts::default()
+    };
+    // The dry run, the wait and the drain reason judge the GPUs alike.
+    let demand = wopts.demand();
+    if opts.dry_run {
+        say_what_would_be_done(s, &sel, &targets, &demand, env, &log)?;
+        return Ok(0);
+    }
+    let outcome = if sel.is_empty() {
+        WaitOutcome::Clean
+    } else {
+        // Through the machine's wait, as any front end's: a holder that a restarter its kill
+        // found starts again ends the wait (respawning) instead of running it to the timeout.
+        Local::on_terminal(s, |m| m.wait(&Some(sel.clone()), &wopts))?
+    };
+    if outcome == WaitOutcome::Clean && stubborn.is_empty() {
+        say_clean(&sel, started, &log);
+        return Ok(0);
+    }
+    let why = drain_reason(s, &sel, &demand, &stubborn, env)?;
+    drain(&log, env, opts, &why)
+}
+
+/// The driver's indices of the job's GPUs, or the drain reason where one is missing.
+fn job_gpus(inv: &Inventory, env: &JobEnv) -> Result<Vec<i64>, String> {
     // Slurm's numbers are device minors; the driver's indices can differ.
     let mut sel = Vec::new();
     for &n in &env.gpus {
@@ -185,15 +224,22 @@ pub(crate) fn run(
                     env.job,
                     inv.gpus.len()
                 );
-                return drain(&log, env, opts, &reason);
+                return Err(reason);
             }
         }
     }
-    // A CPU-only job, or a Slurm without GPU gres: its own processes are still stopped, but
-    // no GPU is checked, and the log must not read as if one had been.
-    if sel.is_empty() {
-        log.line("no GPUs known for the job (SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES unset or empty): stopping its own processes, checking no GPU");
-    }
+    Ok(sel)
+}
+
+/// The holders the hook stops (never another running job's, never a unit's main process);
+/// each one left alone on the job's GPUs is logged with why.
+fn choose_targets(
+    inv: &Inventory,
+    hook: Hook,
+    env: &JobEnv,
+    sel: &[i64],
+    log: &Log,
+) -> Vec<Holder> {
     let running = scontrol::running_jobs(&env.node);
     if running.is_none() {
         log.line("squeue failed: every other job is taken as running");
@@ -226,6 +272,11 @@ pub(crate) fn run(
         }
         targets.push(h);
     }
+    targets
+}
+
+/// Logs each target, then (unless a dry run) stops them all; returns the pids that survived.
+fn stop_targets(s: &Session, targets: &[Holder], opts: &HookOpts, log: &Log) -> Vec<i64> {
     let kill_opts = KillOpts {
         grace: opts.grace,
         dry_run: opts.dry_run,
@@ -240,7 +291,7 @@ pub(crate) fn run(
         wait_forever: false,
         ..KillOpts::default()
     };
-    for h in &targets {
+    for h in targets {
         log.line(&format!(
             "{} {} ({}, {})",
             if opts.dry_run {
@@ -255,7 +306,7 @@ pub(crate) fn run(
     }
     let mut stubborn = Vec::new();
     if !targets.is_empty() && !opts.dry_run {
-        let targets = machine::holder_targets(&targets);
+        let targets = machine::holder_targets(targets);
         let r = Local::on_terminal(s, |m| m.kill(&targets, &kill_opts));
         log.line(&format!(
             "signalled {}, {} exited, {} survived, in {} ms",
@@ -272,60 +323,66 @@ pub(crate) fn run(
         }
         stubborn = r.survivors;
     }
-    let wopts = WaitOpts {
-        timeout: opts.timeout,
-        exiting: stubborn.iter().map(|&p| p as i32).collect(),
-        ..WaitOpts::default()
-    };
-    // The dry run, the wait and the drain reason judge the GPUs alike.
-    let demand = wopts.demand();
-    if opts.dry_run {
-        let ds = diagnose(s, &sel)?;
-        let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| !d.is_clean_under(&demand)).collect();
-        match dirty.first() {
-            None if sel.is_empty() => log.line("no GPU checked: nothing to do"),
-            None => log.line("GPUs clean: nothing to do"),
-            Some(d) if targets.is_empty() => log.line(&format!(
-                "would drain node {}: {}",
-                env.node,
-                reason(d, env.job)
-            )),
-            Some(_) => log.line("would wait for the memory, and drain the node if it stays used"),
-        }
-        return Ok(0);
+    stubborn
+}
+
+/// A dry run's last line: nothing to do, the drain it would make, or the wait it would make.
+fn say_what_would_be_done(
+    s: &Session,
+    sel: &[i64],
+    targets: &[Holder],
+    demand: &Demand,
+    env: &JobEnv,
+    log: &Log,
+) -> Result<(), SlurmError> {
+    let ds = diagnose(s, sel)?;
+    let dirty: Vec<&Diagnosis> = ds.iter().filter(|d| !d.is_clean_under(demand)).collect();
+    match dirty.first() {
+        None if sel.is_empty() => log.line("no GPU checked: nothing to do"),
+        None => log.line("GPUs clean: nothing to do"),
+        Some(d) if targets.is_empty() => log.line(&format!(
+            "would drain node {}: {}",
+            env.node,
+            reason(d, env.job)
+        )),
+        Some(_) => log.line("would wait for the memory, and drain the node if it stays used"),
     }
-    let outcome = if sel.is_empty() {
-        WaitOutcome::Clean
+    Ok(())
+}
+
+/// The line of a hook that left the job's GPUs clean.
+fn say_clean(sel: &[i64], started: Instant, log: &Log) {
+    if sel.is_empty() {
+        log.line(&format!(
+            "done in {:.2} s; no GPU checked",
+            started.elapsed().as_secs_f64()
+        ));
     } else {
-        // Through the machine's wait, as any front end's: a holder that a restarter its kill
-        // found starts again ends the wait (respawning) instead of running it to the timeout.
-        Local::on_terminal(s, |m| m.wait(&Some(sel.clone()), &wopts))?
-    };
-    if outcome == WaitOutcome::Clean && stubborn.is_empty() {
-        if sel.is_empty() {
-            log.line(&format!(
-                "done in {:.2} s; no GPU checked",
-                started.elapsed().as_secs_f64()
-            ));
-        } else {
-            log.line(&format!(
-                "GPUs {} clean in {:.2} s",
-                join(&sel),
-                started.elapsed().as_secs_f64()
-            ));
-        }
-        return Ok(0);
+        log.line(&format!(
+            "GPUs {} clean in {:.2} s",
+            join(sel),
+            started.elapsed().as_secs_f64()
+        ));
     }
-    let ds = diagnose(s, &sel)?;
-    let why = match ds.iter().find(|d| !d.is_clean_under(&demand)) {
+}
+
+/// Why the node is drained: the first GPU still not clean, or the processes that survived KILL.
+fn drain_reason(
+    s: &Session,
+    sel: &[i64],
+    demand: &Demand,
+    stubborn: &[i64],
+    env: &JobEnv,
+) -> Result<String, SlurmError> {
+    let ds = diagnose(s, sel)?;
+    Ok(match ds.iter().find(|d| !d.is_clean_under(demand)) {
         Some(d) => reason(d, env.job),
         None => format!(
             "gpuloop: job={} pid={} survived SIGKILL",
             env.job,
-            join(&stubborn)
+            join(stubborn)
         ),
-    };
-    drain(&log, env, opts, &why)
+    })
 }
 
 fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<i32, SlurmError> {

@@ -9,19 +9,26 @@
 //! a line; past [`MAX_BYTES`] the file is rotated to `journal.jsonl.1`. A journal that cannot
 //! be written never holds a signal back: the signal goes out and gpuloop warns once.
 
-use rustix::fs::{
-    fstat, openat, renameat, statat, AtFlags, FileType, FlockOperation, Mode, OFlags,
-};
+mod files;
+mod filter;
+mod read;
+mod show;
+mod state;
+
+pub(crate) use filter::{parse_since, Filter};
+pub(crate) use read::last;
+pub(crate) use show::line;
+pub(crate) use state::{read_state, update_state};
+
+use files::{open_dir, open_file, Open};
+use rustix::fs::{fstat, renameat, statat, AtFlags, FlockOperation};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The journal's file name in its directory; the rotated one adds `.1`.
 pub(crate) const FILE: &str = "journal.jsonl";
@@ -30,10 +37,6 @@ const ROTATED: &str = "journal.jsonl.1";
 /// Past this size the journal is rotated to `journal.jsonl.1` (the one before is dropped), so
 /// the two files together stay under twice this.
 pub(crate) const MAX_BYTES: u64 = 16 << 20;
-
-/// The longest line `gpuloop journal` reads as a record; a longer one is skipped whole, so
-/// a damaged or hostile file never costs more memory than this per line.
-pub(crate) const MAX_LINE: usize = 64 << 10;
 
 /// Which gpuloop sent the signal or served the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -296,7 +299,7 @@ fn record(ctx: &Context, event: Event, served: Option<&Served>) -> Record {
         m.insert("ssh_connection".into(), Value::String(client.clone()));
     }
     Record {
-        time: now_utc(),
+        time: crate::utc::now(),
         host: host().to_string(),
         user: user.clone(),
         front_end,
@@ -315,203 +318,6 @@ fn host() -> &'static str {
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "?".into())
     })
-}
-
-/// Opens gpuloop's state directory `dir` (created 0700 if missing) without following a link,
-/// and checks it is ours: owned by this user, writable by nobody else.
-fn open_dir(dir: &Path) -> Result<OwnedFd, JournalError> {
-    let io = |source: std::io::Error| JournalError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    if let Some(parent) = dir.parent() {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
-            .map_err(io)?;
-    }
-    match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o700)) {
-        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-        Err(e) => return Err(io(e.into())),
-    }
-    let fd = rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => JournalError::NotOurs {
-            path: dir.to_path_buf(),
-            why: "a symbolic link or not a directory".into(),
-        },
-        e => io(e.into()),
-    })?;
-    ours(&fd, dir, FileType::Directory)?;
-    Ok(fd)
-}
-
-/// Refuses what is not ours: of another type, owned by another user, writable by group or
-/// others, or (a file) with other hard links.
-fn ours(fd: &OwnedFd, path: &Path, kind: FileType) -> Result<rustix::fs::Stat, JournalError> {
-    let st = fstat(fd).map_err(|e| JournalError::Io {
-        path: path.to_path_buf(),
-        source: e.into(),
-    })?;
-    let refuse = |why: String| {
-        Err(JournalError::NotOurs {
-            path: path.to_path_buf(),
-            why,
-        })
-    };
-    let euid = rustix::process::geteuid().as_raw();
-    if FileType::from_raw_mode(st.st_mode) != kind {
-        return refuse(format!("not a {}", what(kind)));
-    }
-    if st.st_uid != euid {
-        return refuse(format!("owned by uid {}, not by uid {euid}", st.st_uid));
-    }
-    if st.st_mode & 0o022 != 0 {
-        return refuse(format!(
-            "writable by others (mode {:o})",
-            st.st_mode & 0o7777
-        ));
-    }
-    if kind == FileType::RegularFile && st.st_nlink > 1 {
-        return refuse(format!("it has {} hard links", st.st_nlink));
-    }
-    Ok(st)
-}
-
-fn what(kind: FileType) -> &'static str {
-    match kind {
-        FileType::Directory => "directory",
-        _ => "regular file",
-    }
-}
-
-/// How [`open_file`] opens a file.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Open {
-    /// For appending, created 0600 if missing.
-    Append,
-    /// For reading; `None` if missing.
-    Read,
-    /// For reading and rewriting, created 0600 if missing.
-    Update,
-}
-
-/// Opens `name` in the directory `dirfd` without following a link (and never waiting on a
-/// FIFO), as `how` says.
-fn open_file(
-    dirfd: &OwnedFd,
-    dir: &Path,
-    name: &str,
-    how: Open,
-) -> Result<Option<OwnedFd>, JournalError> {
-    let path = dir.join(name);
-    let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    let flags = match how {
-        Open::Append => flags | OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE,
-        Open::Read => flags | OFlags::RDONLY,
-        Open::Update => flags | OFlags::RDWR | OFlags::CREATE,
-    };
-    let fd = match openat(dirfd, name, flags, Mode::from_raw_mode(0o600)) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) if how == Open::Read => return Ok(None),
-        Err(rustix::io::Errno::LOOP) => {
-            return Err(JournalError::NotOurs {
-                path,
-                why: "a symbolic link".into(),
-            })
-        }
-        Err(e) => {
-            return Err(JournalError::Io {
-                path,
-                source: e.into(),
-            })
-        }
-    };
-    ours(&fd, &path, FileType::RegularFile)?;
-    Ok(Some(fd))
-}
-
-/// Opens the state directory `dir` for reading, if it exists, as [`open_dir`] does (no link
-/// followed, ours alone) but creating nothing.
-fn open_existing_dir(dir: &Path) -> Result<Option<OwnedFd>, JournalError> {
-    let dirfd = match rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) => return Ok(None),
-        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
-            return Err(JournalError::NotOurs {
-                path: dir.to_path_buf(),
-                why: "a symbolic link or not a directory".into(),
-            })
-        }
-        Err(e) => {
-            return Err(JournalError::Io {
-                path: dir.to_path_buf(),
-                source: e.into(),
-            })
-        }
-    };
-    ours(&dirfd, dir, FileType::Directory)?;
-    Ok(Some(dirfd))
-}
-
-/// Reads at most `max` bytes of a small state file `name` kept beside the journal in `dir`,
-/// with the journal's care (no link followed, ours alone); `None` when there is none.
-pub(crate) fn read_state(
-    dir: &Path,
-    name: &str,
-    max: u64,
-) -> Result<Option<Vec<u8>>, JournalError> {
-    let Some(dirfd) = open_existing_dir(dir)? else {
-        return Ok(None);
-    };
-    let Some(fd) = open_file(&dirfd, dir, name, Open::Read)? else {
-        return Ok(None);
-    };
-    let mut buf = Vec::new();
-    std::fs::File::from(fd)
-        .take(max)
-        .read_to_end(&mut buf)
-        .map_err(|source| JournalError::Io {
-            path: dir.join(name),
-            source,
-        })?;
-    Ok(Some(buf))
-}
-
-/// Rewrites the state file `name` in `dir` (created 0600, as the journal is) with what
-/// `change` makes of its first `max` bytes, under a lock on the file, so concurrent gpuloops
-/// each see the other's change.
-pub(crate) fn update_state(
-    dir: &Path,
-    name: &str,
-    max: u64,
-    change: impl FnOnce(&[u8]) -> Vec<u8>,
-) -> Result<(), JournalError> {
-    let path = dir.join(name);
-    let io = |source: std::io::Error| JournalError::Io {
-        path: path.clone(),
-        source,
-    };
-    let dirfd = open_dir(dir)?;
-    let fd = open_file(&dirfd, dir, name, Open::Update)?.ok_or_else(|| io(not_found()))?;
-    rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(|e| io(e.into()))?;
-    let mut file = std::fs::File::from(fd);
-    let mut old = Vec::new();
-    (&mut file).take(max).read_to_end(&mut old).map_err(io)?;
-    let new = change(&old);
-    file.set_len(0).map_err(io)?;
-    std::os::unix::fs::FileExt::write_all_at(&file, &new, 0).map_err(io)?;
-    Ok(())
 }
 
 /// Appends `record` to the journal in `dir` as one line, in one write; rotates it first when
@@ -568,284 +374,15 @@ fn rotate(dirfd: &OwnedFd, fd: &OwnedFd) -> rustix::io::Result<()> {
     result
 }
 
-/// What `gpuloop journal` shows.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Filter {
-    /// Records at or after this time (RFC 3339 UTC, compared as text: the journal's times all
-    /// have one format).
-    pub since: Option<String>,
-    /// Signals to this pid, and calls that signalled it.
-    pub pid: Option<i64>,
-    /// Records of this invoking user (name or uid).
-    pub user: Option<String>,
-    pub front_end: Option<FrontEnd>,
-}
-
-impl Filter {
-    pub(crate) fn matches(&self, r: &Record) -> bool {
-        let pid_ok = self.pid.is_none_or(|p| match &r.event {
-            Event::Signal(s) => s.target.pid == p,
-            Event::Call(c) => c.signalled.contains(&p),
-        });
-        let user_ok = self
-            .user
-            .as_ref()
-            .is_none_or(|u| *u == r.user.name || *u == r.user.uid.to_string());
-        self.since
-            .as_ref()
-            .is_none_or(|t| r.time.as_str() >= t.as_str())
-            && pid_ok
-            && user_ok
-            && self.front_end.is_none_or(|f| f == r.front_end)
-    }
-}
-
-/// `--since`: a time in UTC (`2026-12-01`, `2026-12-01T14:05`, `…:30Z`) or an age (`90s`,
-/// `10m`, `2h`, `3d`), as the journal's RFC 3339 text to compare with.
-pub(crate) fn parse_since(s: &str) -> Result<String, String> {
-    let s = s.trim();
-    let bad = || {
-        format!(
-            "--since {s:?}: expected a UTC time (2026-12-01, 2026-12-01T14:05) or an age (90s, 10m, 2h, 3d)"
-        )
-    };
-    if let Some(unit) = s.chars().last().filter(|c| "smhd".contains(*c)) {
-        let n: u64 = s[..s.len() - 1].parse().map_err(|_| bad())?;
-        let scale = match unit {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            _ => 86_400,
-        };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
-        let at = now.saturating_sub(n.saturating_mul(scale));
-        return Ok(rfc3339(at as i64, 0));
-    }
-    let t = s.trim_end_matches('Z');
-    let shape = "dddd-dd-ddTdd:dd:dd.ddd";
-    let fits = t.len() >= 10
-        && t.len() <= shape.len()
-        && t.chars().zip(shape.chars()).all(|(c, want)| match want {
-            'd' => c.is_ascii_digit(),
-            _ => c == want,
-        })
-        && !t.ends_with([':', 'T', '.']);
-    if fits {
-        Ok(t.to_string())
-    } else {
-        Err(bad())
-    }
-}
-
-/// What reading the journal found, besides the records.
-#[derive(Debug, Default, PartialEq)]
-pub(crate) struct Found {
-    /// Lines that are not records (damaged, of another version, or longer than MAX_LINE).
-    pub bad: usize,
-    /// Records that matched the filter, shown or not.
-    pub matched: usize,
-}
-
-/// Streams the journal in `dir` (the rotated file, then the current one), oldest first,
-/// giving each record that matches `filter` to `each`; reads one line at a time, each at most
-/// [`MAX_LINE`], so a huge or damaged journal costs time, never memory.
-pub(crate) fn read(
-    dir: &Path,
-    filter: &Filter,
-    each: &mut dyn FnMut(Record),
-) -> Result<Found, JournalError> {
-    let mut found = Found::default();
-    let Some(dirfd) = open_existing_dir(dir)? else {
-        return Ok(found);
-    };
-    for name in [ROTATED, FILE] {
-        let Some(fd) = open_file(&dirfd, dir, name, Open::Read)? else {
-            continue;
-        };
-        let path = dir.join(name);
-        let mut lines = BufReader::with_capacity(MAX_LINE, std::fs::File::from(fd));
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            let n = (&mut lines)
-                .take(MAX_LINE as u64 + 1)
-                .read_until(b'\n', &mut buf)
-                .map_err(|source| JournalError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-            if n == 0 {
-                break;
-            }
-            if buf.last() != Some(&b'\n') && buf.len() > MAX_LINE {
-                skip_line(&mut lines).map_err(|source| JournalError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-                found.bad += 1;
-                continue;
-            }
-            if buf.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            match serde_json::from_slice::<Record>(&buf) {
-                Ok(r) if filter.matches(&r) => {
-                    found.matched += 1;
-                    each(r)
-                }
-                Ok(_) => {}
-                Err(_) => found.bad += 1,
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// Reads past the rest of an over-long line, a buffer at a time.
-fn skip_line(r: &mut impl BufRead) -> std::io::Result<()> {
-    loop {
-        let buf = r.fill_buf()?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        match memchr::memchr(b'\n', buf) {
-            Some(i) => {
-                r.consume(i + 1);
-                return Ok(());
-            }
-            None => {
-                let n = buf.len();
-                r.consume(n);
-            }
-        }
-    }
-}
-
-/// The last `n` records matching `filter` (all of them for 0, streamed to `each` as read).
-pub(crate) fn last(
-    dir: &Path,
-    filter: &Filter,
-    n: usize,
-    each: &mut dyn FnMut(Record),
-) -> Result<Found, JournalError> {
-    if n == 0 {
-        return read(dir, filter, each);
-    }
-    let mut kept = VecDeque::with_capacity(n.min(1024));
-    let found = read(dir, filter, &mut |r| {
-        if kept.len() == n {
-            kept.pop_front();
-        }
-        kept.push_back(r);
-    })?;
-    kept.into_iter().for_each(each);
-    Ok(found)
-}
-
-/// One record for people.
-pub(crate) fn line(r: &Record) -> String {
-    let head = format!(
-        "{} {} {}({}) {}",
-        r.time,
-        r.host,
-        r.user.name,
-        r.user.uid,
-        r.front_end.name()
-    );
-    match &r.event {
-        Event::Signal(s) => {
-            let t = &s.target;
-            let owner = t.uid.map_or_else(|| "?".into(), crate::process::user_name);
-            format!(
-                "{head} {} -> pid {} ({}, {owner}, start {}): {} [{}] {}",
-                s.signal,
-                t.pid,
-                t.comm,
-                t.start,
-                s.outcome,
-                s.why,
-                r.asked()
-            )
-        }
-        Event::Call(c) => {
-            let signalled = if c.signalled.is_empty() {
-                String::new()
-            } else {
-                let pids: Vec<String> = c.signalled.iter().map(|p| p.to_string()).collect();
-                format!(" signalled [{}]", pids.join(","))
-            };
-            format!(
-                "{head} {} {}{signalled} {} ({} ms, server {}): {}",
-                c.tool, c.result, c.arguments, c.elapsed_ms, r.gpuloop_pid, c.summary
-            )
-        }
-    }
-}
-
-impl Record {
-    /// What asked for the signal: the server call, or the command line.
-    fn asked(&self) -> String {
-        match &self.call {
-            Some(c) => format!("call {c}"),
-            None => format!("`{}`", self.argv.join(" ")),
-        }
-    }
-}
-
-/// Now as "2026-11-30T09:41:07.123Z".
-pub(crate) fn now_utc() -> String {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    rfc3339(d.as_secs() as i64, d.subsec_millis())
-}
-
-/// Seconds since the epoch as "2026-11-30T09:41:07Z" (a kernel log event's time, in advice).
-pub(crate) fn utc(secs: f64) -> String {
-    let s = rfc3339(secs.floor() as i64, 0);
-    format!("{}Z", s.get(..19).unwrap_or(&s))
-}
-
-fn rfc3339(secs: i64, millis: u32) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Howard Hinnant's days-to-civil: proleptic Gregorian calendar from 1970-01-01.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    use super::read::{read, Found, MAX_LINE};
     use super::*;
     use std::io::Write;
 
-    #[test]
-    fn formats_utc_times() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(utc(1_796_030_467.9), "2026-11-30T09:21:07Z");
-        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-        assert_eq!(rfc3339(1_796_030_467, 123), "2026-11-30T09:21:07.123Z");
-    }
-
-    fn record(pid: i64, front_end: FrontEnd) -> Record {
+    pub(crate) fn record(pid: i64, front_end: FrontEnd) -> Record {
         Record {
-            time: now_utc(),
+            time: crate::utc::now(),
             host: "n1".into(),
             user: Invoker {
                 uid: 0,
@@ -960,36 +497,6 @@ mod tests {
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     }
 
-    /// A state file beside the journal is kept as the journal is: 0600, rewritten whole, never
-    /// read or written through a link.
-    #[test]
-    fn a_state_file_is_the_users_alone_and_follows_no_link() {
-        let top = tempfile::tempdir().unwrap();
-        let dir = top.path().join("state").join("gpuloop");
-        assert_eq!(read_state(&dir, "s.json", 100).unwrap(), None);
-        assert!(!dir.exists(), "reading creates nothing");
-        update_state(&dir, "s.json", 100, |old| [old, b"long"].concat()).unwrap();
-        update_state(&dir, "s.json", 100, |old| {
-            assert_eq!(old, b"long");
-            b"ab".to_vec()
-        })
-        .unwrap();
-        assert_eq!(read_state(&dir, "s.json", 100).unwrap().unwrap(), b"ab");
-        assert_eq!(read_state(&dir, "s.json", 1).unwrap().unwrap(), b"a");
-        let mode = std::fs::metadata(dir.join("s.json")).unwrap().permissions();
-        assert_eq!(
-            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
-            0o600
-        );
-        let victim = top.path().join("victim");
-        std::fs::write(&victim, "precious\n").unwrap();
-        std::os::unix::fs::symlink(&victim, dir.join("l.json")).unwrap();
-        let e = update_state(&dir, "l.json", 100, |_| b"x".to_vec()).unwrap_err();
-        assert!(e.to_string().contains("a symbolic link; refused"), "{e}");
-        assert!(read_state(&dir, "l.json", 100).is_err());
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
-    }
-
     /// A directory or journal that others may write (or another user owns) is not ours.
     #[test]
     fn a_journal_or_directory_that_is_not_ours_is_refused() {
@@ -1076,18 +583,5 @@ mod tests {
             assert_eq!(serde_json::to_value(f).unwrap(), *n);
         }
         assert!("web".parse::<FrontEnd>().is_err());
-    }
-
-    #[test]
-    fn since_takes_a_utc_time_or_an_age() {
-        assert_eq!(parse_since("2026-12-01").unwrap(), "2026-12-01");
-        assert_eq!(
-            parse_since("2026-12-01T14:05Z").unwrap(),
-            "2026-12-01T14:05"
-        );
-        assert!(parse_since("10m").unwrap() < now_utc());
-        for bad in ["yesterday", "2026-1-1", "10x", "m", "2026-12-01T"] {
-            assert!(parse_since(bad).is_err(), "{bad}");
-        }
     }
 }
