@@ -340,7 +340,7 @@ pub(super) fn top(
         crate::outln!(
             "\x1b[H\x1b[2J{}\n\n{} (every {:.1} s; Ctrl-C ends)",
             render::top(&gpus, &holders, Style::stdout()),
-            crate::journal::now_utc(),
+            crate::utc::now(),
             interval.as_secs_f64()
         );
         let until = std::time::Instant::now() + interval;
