@@ -4,7 +4,8 @@
 # the simulator (release_ms=0: the memory comes back as the holder exits, so what is timed is
 # gpuloop's work and the holder's exit). Each clean run stops a holder its prepare step
 # started (`sim hold`, by pid); nothing else is signalled. Needs hyperfine (apt-get if missing).
-# Writes benches/results/clean_overhead-N.json.
+# BEFORE=path/to/an/older/gpuloop adds that binary's clean on the same table.
+# Writes benches/results/clean_overhead-{scan,clean}-N.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 K=${K:-50}
@@ -34,9 +35,12 @@ for N in $SIZES; do
     -n "gpuloop holders --all" "$BIN holders --all" \
     -n "fuser -v /dev/nvidia*" "fuser -v $nodes" \
     --export-json "benches/results/clean_overhead-scan-$N.json" | grep -E "^(Benchmark|  Time)"
+  # BEFORE=another gpuloop binary: its clean beside this one's, on the same table.
+  before=()
+  [ -n "${BEFORE:-}" ] && before=(-n "gpuloop clean --gpu 0 (before)" "$BEFORE clean --gpu 0")
   hyperfine -N --warmup 3 --runs ${RUNS:-30} \
     --prepare "$BIN sim hold --gpu 0 --mib 1000" \
-    -n "gpuloop clean --gpu 0" "$BIN clean --gpu 0" \
+    -n "gpuloop clean --gpu 0" "$BIN clean --gpu 0" "${before[@]}" \
     --export-json "benches/results/clean_overhead-clean-$N.json" | grep -E "^(Benchmark|  Time)"
   kill -TERM "$table_pid"; wait "$table_pid" 2>/dev/null || true; table_pid=""
 done
