@@ -720,8 +720,13 @@ fn every_commands_short_help_is_one_line_per_flag_and_long_help_keeps_the_whole_
             let wrapped = wrapped_entries(&out);
             assert!(
                 wrapped.is_empty(),
-                "`gpuloop {} -h` at {cols} columns wraps {wrapped:?}:\n{out}",
-                cmd.join(" ")
+                "`{} -h` at {cols} columns wraps {wrapped:?}:\n{out}",
+                ["gpuloop".to_string()]
+                    .iter()
+                    .chain(cmd)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(" ")
             );
         }
     }
