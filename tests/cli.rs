@@ -698,3 +698,109 @@ fn top_shows_each_gpu_with_its_holders_under_it() {
     assert!(bad.stderr.contains("--interval"), "{}", bad.stderr);
     assert_eq!(sim.run(&["top", "--gpu", "7"]).code, 2);
 }
+
+/// The entries of clap's option, argument and command lists in a help text whose description
+/// wraps: a flag line with its description beside it and any line under it, or a flag alone
+/// on its line (clap's next-line layout) with more than one line under it.
+fn wrapped_entries(help: &str) -> Vec<String> {
+    let is_entry = |l: &str| {
+        let indent = l.len() - l.trim_start().len();
+        indent == 2 || (indent == 6 && l.trim_start().starts_with('-'))
+    };
+    let mut wrapped = Vec::new();
+    let mut in_list = false;
+    let lines: Vec<&str> = help.lines().collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i];
+        i += 1;
+        if !l.starts_with(' ') {
+            // clap's own headings; the top level's hand-written "Environment:" is no list.
+            in_list =
+                l.ends_with(':') && (l.contains("ptions") || l == "Arguments:" || l == "Commands:");
+            continue;
+        }
+        if !in_list || !is_entry(l) {
+            continue;
+        }
+        let beside = l
+            .trim()
+            .split("  ")
+            .filter(|p| !p.trim().is_empty())
+            .count()
+            > 1;
+        let mut under = 0;
+        while i < lines.len() && lines[i].starts_with("   ") && !is_entry(lines[i]) {
+            under += 1;
+            i += 1;
+        }
+        if under > usize::from(!beside) {
+            wrapped.push(l.trim().to_string());
+        }
+    }
+    wrapped
+}
+
+/// Issue 38, item 8: `clean -h` printed 37 lines, every flag's whole text wrapped under it.
+/// `-h` is one line per flag, argument and command (clap's convention, as ripgrep's), on a
+/// terminal 80 or 100 columns wide, for every command; `--help` keeps the long text.
+#[test]
+fn every_commands_short_help_is_one_line_per_flag_and_long_help_keeps_the_whole_text() {
+    let sim = Sim::new("1x8G");
+    let help = |cmd: &[String], flag: &str, cols: &str| {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).chain([flag]).collect();
+        sim.run_with(&args, |c| {
+            c.env("COLUMNS", cols);
+        })
+        .ok()
+        .stdout
+    };
+    // Every command, as the help lists them.
+    let mut commands: Vec<Vec<String>> = Vec::new();
+    let mut todo = vec![Vec::new()];
+    while let Some(cmd) = todo.pop() {
+        let out = help(&cmd, "-h", "100");
+        if let Some((_, list)) = out.split_once("\nCommands:\n") {
+            for l in list.split("\n\n").next().unwrap_or_default().lines() {
+                let name = l.split_whitespace().next().unwrap_or_default();
+                if l.starts_with("  ") && !l.starts_with("   ") && name != "help" {
+                    todo.push([cmd.clone(), vec![name.to_string()]].concat());
+                }
+            }
+        }
+        commands.push(cmd);
+    }
+    assert!(commands.len() > 25, "{commands:?}");
+    for cols in ["80", "100"] {
+        for cmd in &commands {
+            let out = help(cmd, "-h", cols);
+            let wrapped = wrapped_entries(&out);
+            assert!(
+                wrapped.is_empty(),
+                "`{} -h` at {cols} columns wraps {wrapped:?}:\n{out}",
+                ["gpuloop".to_string()]
+                    .iter()
+                    .chain(cmd)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+    }
+    // The check sees a wrapped entry: `--help`'s are.
+    let clean = |flag| help(&["clean".to_string()], flag, "100");
+    assert!(!wrapped_entries(&clean("--help")).is_empty());
+    let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (short, long) = (squash(&clean("-h")), squash(&clean("--help")));
+    for text in [
+        "holders and kill take only theirs; diagnose, wait and clean judge the GPUs they hold",
+        "torchrun's elastic agent, or a parent gpuloop saw start a holder again",
+        "0: KILL at once, as docker stop -t 0; inf: never KILL",
+        "As nvidia-smi -i takes them",
+    ] {
+        assert!(long.contains(text), "clean --help lacks {text:?}:\n{long}");
+        assert!(!short.contains(text), "clean -h has {text:?}:\n{short}");
+    }
+    let lines = |flag| clean(flag).lines().count();
+    assert!(lines("-h") * 2 < lines("--help"), "{}", clean("-h"));
+}

@@ -464,12 +464,15 @@ fn holders_without_a_driver_prints_nothing_on_stdout() {
 fn clean_parents_never_stops_a_job_step_daemon() {
     let sim = Sim::new("2x8G");
     // The "slurmstepd" is a bash (argv[0] renamed) that runs the holder, then lives on (as a
-    // sleep, so that the final kill of its pid leaves nothing).
+    // sleep, so that the final kill of its pid leaves nothing). The holder's errors reach the
+    // test's stderr (fd 3); the shell's own report of its holder's end ("Terminated") does not.
     let mut step = std::process::Command::new("bash");
     step.arg0("slurmstepd")
         .args([
             "-c",
-            r#""$GPULOOP_BIN" sim hold --gpu 0 --mib 64 --foreground; exec sleep 1000"#,
+            r#"exec 3>&2 2>/dev/null
+            "$GPULOOP_BIN" sim hold --gpu 0 --mib 64 --foreground 2>&3 3>&-
+            exec sleep 1000 3>&-"#,
         ])
         .envs(sim.std_cmd().get_envs().filter_map(|(k, v)| Some((k, v?))))
         .env("GPULOOP_BIN", bin())

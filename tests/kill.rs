@@ -88,11 +88,11 @@ fn a_namespace_init_without_a_term_handler_is_killed_at_once() {
     let sim = Sim::new("1x8G");
     // A process group of its own: the kill below takes the target's group, and the test
     // binary's group holds other tests' processes.
-    let mut outer = std::process::Command::new("unshare")
+    let mut unshare = std::process::Command::new("unshare");
+    unshare
         .args(["--pid", "--fork", "--kill-child", "sleep", "1000"])
-        .process_group(0)
-        .spawn()
-        .expect("unshare");
+        .process_group(0);
+    let outer = Unshare::spawn(unshare);
     sim.adopt(outer.id() as i32);
     // The namespace's init is unshare's child.
     let children = format!("/proc/{0}/task/{0}/children", outer.id());
@@ -119,7 +119,7 @@ fn a_namespace_init_without_a_term_handler_is_killed_at_once() {
         .unwrap_or_default();
     assert!(why.contains("init of its own PID namespace"), "{r}");
     assert!(r["elapsed_ms"].as_i64().unwrap() < 60_000, "{r}");
-    let _ = outer.wait();
+    outer.wait();
 }
 
 /// Issue 10, defect 5: `kill(2)` signalled kthreadd and its kernel threads. Kernel threads are
@@ -1448,10 +1448,12 @@ fn a_process_that_handles_term_and_outlives_the_grace_is_not_said_to_ignore_it()
     let sim = Sim::new("1x8G");
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
+    // The kill takes the tree: bash's foreground `sleep` ends on TERM too, which bash would
+    // report ("Terminated") on the test's stderr.
     let mut target = std::process::Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "trap 'sleep 3; exit 0' TERM; touch {}; while :; do sleep 0.05; done",
+            "exec 2>/dev/null; trap 'sleep 3; exit 0' TERM; touch {}; while :; do sleep 0.05; done",
             ready.display()
         ))
         .spawn()

@@ -353,6 +353,28 @@ fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
     );
 }
 
+/// A client's first two lines: initialize, then initialized.
+const HELLO: [&str; 2] = [
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+    r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+];
+
+/// `gpuloop mcp` fed these lines on stdin until it ends, and every line it wrote, parsed.
+fn raw_session(sim: &Sim, lines: &[&str]) -> (std::process::Output, Vec<Value>) {
+    let out = sim
+        .cmd()
+        .arg("mcp")
+        .write_stdin(lines.join("\n") + "\n")
+        .timeout(Duration::from_secs(60))
+        .output()
+        .expect("run gpuloop mcp");
+    let replies = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line the server writes is JSON"))
+        .collect();
+    (out, replies)
+}
+
 /// A line that is not JSON gets no reply: rmcp's stdio transport drops it on purpose (see
 /// RELIABILITY.md), so the server must go on serving the lines after it. Well-formed JSON
 /// that is no JSON-RPC message is answered "Invalid request" with no id, and a `tools/call`
@@ -361,8 +383,8 @@ fn mcp_inspector_cli_lists_tools_and_calls_gpus() {
 fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
     let sim = Sim::new("1x8G");
     let lines = [
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        HELLO[0],
+        HELLO[1],
         "this is not json",
         r#"{"jsonrpc":"2.0","id":2,"#,
         r#"{"hello":"world"}"#,
@@ -372,18 +394,8 @@ fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
         r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"gpus","arguments":[1]}}"#,
         r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"gpus"}}"#,
     ];
-    let out = sim
-        .cmd()
-        .arg("mcp")
-        .write_stdin(lines.join("\n") + "\n")
-        .timeout(Duration::from_secs(60))
-        .output()
-        .expect("run gpuloop mcp");
+    let (out, replies) = raw_session(&sim, &lines);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let replies: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every line the server writes is JSON"))
-        .collect();
     let mut ids: Vec<String> = replies.iter().map(|r| r["id"].to_string()).collect();
     ids.sort();
     assert_eq!(ids, ["1", "3", "4", "5", "6", "7", "null"], "{replies:?}");
@@ -402,4 +414,137 @@ fn mcp_a_line_that_is_not_json_is_dropped_and_the_server_goes_on() {
     }
     assert_eq!(to(json!(4))["result"], json!({}), "{replies:?}");
     assert!(to(json!(7))["result"]["content"].is_array(), "{replies:?}");
+}
+
+fn docs_mcp() -> String {
+    std::fs::read_to_string(root().join("docs/mcp.md")).expect("docs/mcp.md")
+}
+
+/// The fenced block of `lang` that follows `after` in docs/mcp.md.
+fn docs_block(after: &str, lang: &str) -> String {
+    let docs = docs_mcp();
+    let from = docs
+        .find(after)
+        .unwrap_or_else(|| panic!("docs/mcp.md lacks {after:?}"));
+    let open = format!("```{lang}\n");
+    let start = docs[from..].find(&open).expect("a fenced block") + from + open.len();
+    let len = docs[start..].find("```").expect("the block's end");
+    docs[start..start + len].to_string()
+}
+
+/// Splits at `sep` outside parentheses, brackets and braces.
+fn split_top(s: &str, sep: &str) -> Vec<String> {
+    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0i32);
+    let mut rest = s;
+    while let Some(c) = rest.chars().next() {
+        if depth == 0 && rest.starts_with(sep) {
+            out.push(std::mem::take(&mut cur));
+            rest = &rest[sep.len()..];
+            continue;
+        }
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            _ => {}
+        }
+        cur.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out.push(cur);
+    out
+}
+
+/// Issue 38, item 7: docs/mcp.md named the tools but not their arguments. Its table gives
+/// each tool's arguments, exactly the properties of the tool's input schema, and says a tool
+/// is allowed "always" exactly when the server declares it read-only.
+#[test]
+fn mcp_docs_give_every_tool_with_exactly_its_arguments() {
+    let sim = Sim::new("1x8G");
+    let list = [
+        HELLO[0],
+        HELLO[1],
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    ];
+    let (_, replies) = raw_session(&sim, &list);
+    let list = replies
+        .into_iter()
+        .find(|r| r["id"] == 2)
+        .expect("a tools/list reply");
+    let docs = docs_mcp();
+    let tools = list["result"]["tools"].as_array().expect("tools");
+    assert_eq!(tools.len(), 9, "{list}");
+    for t in tools {
+        let name = t["name"].as_str().unwrap();
+        let row = docs
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{name}` |")))
+            .unwrap_or_else(|| panic!("docs/mcp.md has no row for {name}"));
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").collect();
+        assert_eq!(cells.len(), 3, "{row}");
+        let read_only = t["annotations"]["readOnlyHint"] == true;
+        assert_eq!(cells[1].trim() == "always", read_only, "{name}: {row}");
+        let mut documented: Vec<String> = Vec::new();
+        if cells[2].trim() != "none" {
+            for item in split_top(cells[2].trim(), "; ") {
+                for piece in split_top(&item, ", ") {
+                    let arg = piece
+                        .strip_prefix('`')
+                        .and_then(|p| p.split_once('`'))
+                        .map(|(a, _)| a.to_string())
+                        .unwrap_or_else(|| panic!("{name}: {piece:?} does not name an argument"));
+                    documented.push(arg);
+                }
+            }
+        }
+        documented.sort();
+        let mut schema: Vec<String> = t["inputSchema"]["properties"]
+            .as_object()
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default();
+        schema.sort();
+        assert_eq!(documented, schema, "docs/mcp.md's row for {name}");
+        for required in t["inputSchema"]["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let r = required.as_str().unwrap();
+            assert!(
+                row.contains(&format!("`{r}` (*required*")),
+                "{name}: {r} is required: {row}"
+            );
+        }
+    }
+}
+
+/// Issue 38, item 7: the plain Python SDK example of docs/mcp.md, run as written against
+/// `gpuloop --sim 2x80G mcp`, prints what the docs say it prints.
+#[test]
+fn mcp_the_python_example_in_the_docs_runs_and_prints_what_they_show() {
+    let sim = Sim::new("2x80G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "1000"])[0];
+    let script = sim.path().join("gpuloop_client.py");
+    std::fs::write(&script, docs_block("From your own Python code", "python")).unwrap();
+    let mut c = assert_cmd::Command::new(python());
+    c.arg(&script)
+        .arg(bin())
+        .args(["--sim", "2x80G", "mcp"])
+        .timeout(Duration::from_secs(120));
+    for (k, v) in sim.std_cmd().get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let out = c.output().expect("run the docs' example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = docs_block("With a holder on GPU 0 of the simulator it prints", "text")
+        .replace("4242", &holder.to_string());
+    assert_eq!(stdout, shown);
+    assert!(alive(holder));
 }

@@ -201,9 +201,11 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
     // shared that distant launcher; stop() would have taken both.
     let crond = dir.path().join("crond");
     std::fs::copy("/bin/bash", &crond).unwrap();
+    // Each job's shell stays the holder's parent (`; :`); the holder's errors reach the
+    // test's stderr (fd 3), the shell's report of its end ("Terminated", "Killed") does not.
     let one = |gpu: u32, out: &str| {
         format!(
-            r#"setsid bash -c '"$GPULOOP_BIN" sim hold --foreground --gpu {gpu} --mib 10 > {d}/{out}; :' &"#
+            r#"setsid bash -c '"$GPULOOP_BIN" sim hold --foreground --gpu {gpu} --mib 10 > {d}/{out} 2>&3 3>&-; :' 3>&2 2>/dev/null &"#
         )
     };
     let mut cron = std::process::Command::new(&crond)

@@ -367,3 +367,76 @@ fn a_gpu_with_only_a_footprint_or_a_leak_is_idle() {
     assert_eq!(facts(1), (3, Some(0), Some(34)), "{gpus}");
     assert_eq!(facts(2), (53, Some(0), Some(34)), "{gpus}");
 }
+
+/// Issue 38, item 7: docs/simulator.md did not say which pid `sim hold` prints on which line,
+/// nor that `--mib` is each worker's. Each row of its table, as the simulator does it.
+#[test]
+fn sim_hold_prints_its_pids_in_the_order_docs_simulator_md_gives() {
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/simulator.md")).unwrap();
+    for row in [
+        "| none (also `--name`",
+        "| `--fork-child` | the holder (its creator) | its forked child |",
+        "| `--fork-child --exit-creator` | the creator, already exited | its forked child, the one that holds |",
+        "| `--workers N` | the launcher, which holds nothing | the N workers, one a line |",
+        "| `--workers N --fork-child` | the launcher | each worker, then that worker's child |",
+        "| `--supervise` | the launcher, which restarts the holder | the holder",
+        "| `--foreground` | the holder, which is the process started | nothing |",
+        "with `--workers N` every worker allocates it, so the GPU shows N × MIB used",
+    ] {
+        assert!(docs.contains(row), "docs/simulator.md lacks {row:?}");
+    }
+    let sim = Sim::new("1x80G");
+    let comm = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let hold = |extra: &[&str]| sim.hold(&[&["--gpu", "0", "--mib", "10"][..], extra].concat());
+
+    let p = hold(&[]);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(
+        (comm(p[0]).as_str(), comm(ppid(p[0])).as_str()),
+        ("python3", "launcher")
+    );
+
+    let p = hold(&["--fork-child"]);
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert_eq!(ppid(p[1]), p[0], "the second line is the first's child");
+    assert_eq!(comm(ppid(p[0])), "launcher");
+
+    let p = hold(&["--fork-child", "--exit-creator"]);
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(gone_within(p[0], 30), "the creator {} did not exit", p[0]);
+    assert!(alive(p[1]));
+
+    let before = sim.used_mib(0);
+    let p = hold(&["--workers", "2"]);
+    assert_eq!(p.len(), 3, "{p:?}");
+    assert_eq!(comm(p[0]), "launcher");
+    assert_eq!((ppid(p[1]), ppid(p[2])), (p[0], p[0]));
+    assert_eq!(sim.used_mib(0) - before, 20, "--mib is each worker's");
+
+    let p = hold(&["--workers", "2", "--fork-child"]);
+    assert_eq!(p.len(), 5, "{p:?}");
+    assert_eq!(comm(p[0]), "launcher");
+    assert_eq!(
+        [ppid(p[1]), ppid(p[2]), ppid(p[3]), ppid(p[4])],
+        [p[0], p[1], p[0], p[3]]
+    );
+
+    let p = hold(&["--supervise"]);
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert_eq!((comm(p[0]).as_str(), ppid(p[1])), ("launcher", p[0]));
+
+    let mut c = sim.std_cmd();
+    c.args(["sim", "hold", "--gpu", "0", "--mib", "10", "--foreground"]);
+    let fg = started_pid(&sim, c);
+    let holders = sim.eval_json("holders(0).map(|h| h.pid)");
+    assert!(
+        holders.as_array().unwrap().contains(&serde_json::json!(fg)),
+        "{holders}"
+    );
+}

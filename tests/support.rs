@@ -209,6 +209,45 @@ pub fn started_pid(sim: &Sim, mut c: std::process::Command) -> i32 {
     pid
 }
 
+/// `unshare … --fork CMD` started with its own stderr kept from the test's. When its child (the
+/// namespace's init) dies of SIGKILL, util-linux's unshare before 2.40 resets that signal's
+/// disposition before raising it on itself; SIGKILL's cannot be reset, so it prints
+/// "unshare: sigprocmask unblock failed: Invalid argument" and exits 1 (util-linux issue 2614,
+/// fixed in 2.40 by skipping the reset for SIGKILL). A test that SIGKILLs the init gets that
+/// line here, never in the suite's log; anything else unshare says fails the test.
+pub struct Unshare {
+    child: std::process::Child,
+}
+
+impl Unshare {
+    /// The line of unshare < 2.40 after its child died of SIGKILL (see above).
+    const KILLED_CHILD: &'static str = "unshare: sigprocmask unblock failed: Invalid argument";
+
+    pub fn spawn(mut c: std::process::Command) -> Unshare {
+        let child = c
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        Unshare { child }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for unshare, and fails unless it said nothing but the line above.
+    pub fn wait(mut self) {
+        use std::io::Read;
+        let _ = self.child.wait();
+        let mut said = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut said);
+        }
+        let other: Vec<&str> = said.lines().filter(|l| *l != Self::KILLED_CHILD).collect();
+        assert!(other.is_empty(), "unshare said: {said}");
+    }
+}
+
 /// `unshare --pid --fork --mount-proc bash SCRIPT` with the simulator's environment: the script
 /// is pid 1 of a PID namespace of its own, where writing `ns_last_pid` forces a pid's reuse.
 pub fn in_new_pid_namespace(sim: &Sim, script: &Path) -> std::process::Command {

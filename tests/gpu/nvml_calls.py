@@ -7,7 +7,7 @@ For each way of initialising (`nvmlInit_v2`, `nvmlInitWithFlags(0)`, and
 `nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH)`), the median over --runs fresh processes of:
 dlopen, init, device count, the first handle of each GPU (the driver attaches it), memory,
 ids (uuid + name), utilisation, temperature, compute process count, and nvmlShutdown.
-Read-only: it changes nothing on the GPUs. BENCHMARKS.md's latency section quotes it.
+Read-only: it changes nothing on the GPUs. The latency section of benches/results/HISTORY.md quotes it.
 """
 import ctypes, json, statistics, subprocess, sys, time
 
