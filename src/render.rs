@@ -584,7 +584,15 @@ fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
         r.killed_at_once
             .iter()
             .find(|k| k.pid == pid)
-            .map(|k| k.reason.trim_start_matches(&format!("pid {pid} ")))
+            // The words without the pid the line names already (from another host only
+            // the words come).
+            .map(|k| {
+                let words = k.reason.to_string();
+                match words.strip_prefix(&format!("pid {pid} ")) {
+                    Some(rest) => rest.to_string(),
+                    None => words,
+                }
+            })
     };
     if r.dry_run {
         if r.targets.is_empty() {

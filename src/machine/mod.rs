@@ -23,7 +23,7 @@ pub(crate) mod reset;
 pub(crate) mod wait;
 
 pub(crate) use fleet::{Fleet, PerHost};
-pub(crate) use kill::{holder_targets, holder_why, FORCE_HINT};
+pub(crate) use kill::{holder_targets, holder_why};
 pub(crate) use ops::HoldersReport;
 pub(crate) use wait::{describe_diagnosis, why_not_clean, CleanReport};
 
