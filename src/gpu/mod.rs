@@ -160,6 +160,23 @@ pub enum GpuError {
 }
 
 impl GpuError {
+    /// What went wrong in a few words, alike for every host it happened to (a summary's
+    /// row, where hosts that failed the same way fold into one).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            GpuError::NoSuchGpu { .. } | GpuError::NoSuchGpuId { .. } => "no such GPU",
+            GpuError::OutOfMemory { .. } => "out of memory",
+            GpuError::BadSelector(_) => "GPU selector",
+            GpuError::Nvml(_) | GpuError::Lost(_) => "NVML",
+            GpuError::BadSimSpec { .. } => "bad --sim spec",
+            GpuError::SimState { .. } => "simulator state",
+            GpuError::Reset { .. } => "GPU reset failed",
+            GpuError::NoDriver(_) => "no NVIDIA driver",
+            GpuError::NoUser { .. } => "no such user",
+            GpuError::BadScope(_) => "bad pod or container",
+        }
+    }
+
     /// A mistake in what was asked, not a failure of the machine: exit 2.
     pub(crate) fn is_usage(&self) -> bool {
         matches!(

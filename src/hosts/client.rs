@@ -709,9 +709,6 @@ const PING_BIT: u64 = 1 << 61;
 /// `reached_as`'s id: its answer is not awaited.
 const REACHED_ID: u64 = 1 << 60;
 
-/// Marks the version error that sends this gpuloop instead of the host's own.
-const PUSH_INSTEAD: &str = "(push)";
-
 /// Starts the agent and reads its hello; where the host's own gpuloop speaks another
 /// protocol and gpuloop is pushed, again with this one's copy.
 async fn connect(
@@ -724,7 +721,7 @@ async fn connect(
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
     match connect_once(host, transport, timeout, answer_within, shard, false, stop).await {
-        Err(HostError::Version { ours, .. }) if ours == PUSH_INSTEAD => {
+        Err(HostError::PushNeeded { .. }) => {
             let left = timeout.saturating_sub(started.elapsed());
             connect_once(host, transport, left, answer_within, shard, true, stop).await
         }
@@ -910,12 +907,10 @@ async fn connect_once(
     if hello.protocol != protocol::PROTOCOL && transport.pushes() && !skip_path {
         // Its own gpuloop speaks another protocol: this one's copy will do.
         let _ = child.start_kill();
-        return Err(HostError::Version {
+        return Err(HostError::PushNeeded {
             host: host.to_string(),
             theirs: hello.version,
             their_protocol: hello.protocol,
-            ours: PUSH_INSTEAD.into(),
-            our_protocol: protocol::PROTOCOL,
         });
     }
     if hello.protocol != protocol::PROTOCOL {

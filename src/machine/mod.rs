@@ -71,6 +71,18 @@ impl ActionError {
         }
     }
 
+    /// What went wrong in a few words, alike for every host it happened to: a summary's
+    /// row, where hosts that failed the same way fold into one.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            ActionError::Usage(_) => "usage error",
+            ActionError::Gpu(e) => e.kind(),
+            ActionError::Host(e) => e.kind(),
+            ActionError::Failed(_) => "failed",
+            ActionError::Interrupted => "interrupted",
+        }
+    }
+
     /// The host could not be reached or used (as opposed to a call that failed there).
     pub fn unreachable(&self) -> bool {
         matches!(self, ActionError::Host(e) if e.unreachable())
@@ -244,5 +256,30 @@ impl Progress {
             crate::err!("\r\x1b[2K");
             self.shown = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A summary row's words come from the error's variant, not from the text before its
+    /// first ": ": hosts that lack the same GPU fold into one row whatever their counts
+    /// (the text's first part, "no GPU with index 9 (this machine has 8)", kept them apart).
+    #[test]
+    fn hosts_that_failed_the_same_way_say_the_same_few_words() {
+        let no_gpu = |count| ActionError::Gpu(GpuError::NoSuchGpu { index: 9, count });
+        assert_eq!(no_gpu(8).kind(), no_gpu(4).kind());
+        assert_eq!(no_gpu(8).kind(), "no such GPU");
+        let lost = ActionError::from(HostError::Timeout {
+            host: "gpu01".into(),
+            method: "gpus".into(),
+            secs: 60.0,
+        });
+        assert_eq!(lost.kind(), "no answer");
+        assert_eq!(
+            ActionError::from(HostError::Interrupted).kind(),
+            "interrupted"
+        );
     }
 }

@@ -132,14 +132,7 @@ pub(super) fn per_host<T>(
                 };
                 // A few words, alike for every host that failed the same way, so that they
                 // fold; the whole error was said above.
-                let detail = match &f {
-                    ActionError::Host(e) => e.kind().to_string(),
-                    e => {
-                        let e = e.to_string();
-                        e.split(": ").next().unwrap_or(&e).to_string()
-                    }
-                };
-                let mut r = row(&h, state, detail);
+                let mut r = row(&h, state, f.kind().to_string());
                 r.error = Some(f.to_string());
                 r.usage = f.is_usage();
                 rows.push(r);
