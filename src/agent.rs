@@ -168,7 +168,7 @@ pub(crate) fn serve(session: Arc<Session>) -> i32 {
         Ok(b) => (b.gpus().map_or(0, |g| g.len() as i64), b.kind()),
         Err(e) => {
             crate::errln!("warning: {e}");
-            (0, "none")
+            (0, crate::gpu::BackendKind::NoDriver)
         }
     };
     out.send(&Message::Hello(Hello {
@@ -176,7 +176,7 @@ pub(crate) fn serve(session: Arc<Session>) -> i32 {
         version: env!("CARGO_PKG_VERSION").into(),
         hostname: crate::hosts::hostname(),
         gpus,
-        backend: backend.into(),
+        backend: backend.to_string(),
     }));
     let jobs: Arc<Jobs> = Arc::default();
     let workers = Workers::new();

@@ -309,7 +309,7 @@ impl Op for Diagnose {
             restarters: &restarters,
             seen: &seen,
             reach: s.reach(),
-            sim: backend.kind() == "sim",
+            sim: backend.kind() == crate::gpu::BackendKind::Sim,
             readiness: &readiness,
         };
         Ok(diagnose(&inv, &sel, &ctx))
