@@ -117,7 +117,7 @@ fn trimmed(t: Table) -> String {
 
 /// Rows from several hosts get a HOST column; a single local machine does not need one.
 fn multi_host<'a>(hosts: impl IntoIterator<Item = &'a str>) -> bool {
-    hosts.into_iter().any(|h| h != "local")
+    hosts.into_iter().any(|h| !crate::local::is_local(h))
 }
 
 pub fn gpus(gpus: &[Gpu], style: Style) -> String {

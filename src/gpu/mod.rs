@@ -84,7 +84,7 @@ impl Gpu {
             util: None,
             temp_c: None,
             procs: driver_procs.len() as i64,
-            host: "local".into(),
+            host: crate::local::local(),
             error: None,
             faults: None,
             driver_procs,

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use crate::local::{local, LOCAL};
+pub use crate::local::{is_local, local, LOCAL};
 
 /// What went wrong with the host set or one host. A host's error says `host NAME: ` and
 /// then its detail; the detail is made on its own (`detail`), never cut out of the message.
@@ -309,7 +309,7 @@ impl HostsConfig {
         if let Transport::Srun(o) = &transport {
             let jobless: Vec<&str> = hosts
                 .iter()
-                .filter(|h| h.as_str() != LOCAL && o.job_for(h).is_none())
+                .filter(|h| !is_local(h) && o.job_for(h).is_none())
                 .map(String::as_str)
                 .collect();
             if !jobless.is_empty() {

@@ -4,7 +4,7 @@
 
 use super::{ActionError, Ask, Local, Op, Received};
 use crate::hosts::protocol::{self, Call};
-use crate::hosts::{HostError, LOCAL};
+use crate::hosts::{is_local, HostError};
 use crate::inspect::holders::Holder;
 use crate::inspect::{Bound, Filter, Selection};
 use crate::process::kill::{
@@ -276,7 +276,7 @@ pub(crate) fn unreachable_report(
 /// One report from each host's: the union of the lists, each host's own under `by_host`.
 pub(crate) fn merge_kills(parts: Vec<(String, KillReport)>, dry_run: bool) -> KillReport {
     if let [(h, _)] = parts.as_slice() {
-        if h == LOCAL {
+        if is_local(h) {
             return parts.into_iter().next().map(|(_, r)| r).unwrap_or_default();
         }
     }
