@@ -14,6 +14,9 @@ use rustix::fs::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+mod outcome;
+pub(crate) use outcome::{CallResult, Delivery};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::OwnedFd;
@@ -115,8 +118,7 @@ pub(crate) struct Signal {
     pub signal: String,
     /// Why the target was chosen: "holder of GPU 0", "child of pid 41 (python3)", "bare pid".
     pub why: String,
-    /// "delivered", "already gone", or "error: …".
-    pub outcome: String,
+    pub outcome: Delivery,
 }
 
 /// One MCP call, as appended after it ended.
@@ -126,8 +128,7 @@ pub(crate) struct Call {
     pub arguments: Value,
     /// Pids signalled by the call (empty for reads and dry runs).
     pub signalled: Vec<i64>,
-    /// "ok", "error", "refused" or "cancelled".
-    pub result: String,
+    pub result: CallResult,
     /// The one-line summary the model got (or the error).
     pub summary: String,
     pub elapsed_ms: i64,
@@ -242,7 +243,7 @@ pub(crate) fn signal(
     target: Target,
     signal: &str,
     why: &str,
-    outcome: &str,
+    outcome: Delivery,
     served: Option<&Served>,
 ) {
     let Some(ctx) = CONTEXT.get() else { return };
@@ -250,7 +251,7 @@ pub(crate) fn signal(
         target,
         signal: signal.to_string(),
         why: why.to_string(),
-        outcome: outcome.to_string(),
+        outcome,
     });
     let written = dir().and_then(|d| append(&d, &record(ctx, event, served)));
     if let Err(e) = written {
@@ -864,7 +865,7 @@ mod tests {
                 },
                 signal: "TERM".into(),
                 why: "bare pid".into(),
-                outcome: "delivered".into(),
+                outcome: Delivery::Delivered,
             }),
         }
     }

@@ -991,9 +991,9 @@ fn send(
         log_signal(&p.identity(), &p.info.comm, sig);
     }
     let outcome = match r {
-        Ok(()) => "delivered".to_string(),
-        Err(rustix::io::Errno::SRCH) => SkipReason::Gone.to_string(),
-        Err(e) => format!("error: {}", describe_errno(e, sig)),
+        Ok(()) => crate::journal::Delivery::Delivered,
+        Err(rustix::io::Errno::SRCH) => crate::journal::Delivery::Gone,
+        Err(e) => crate::journal::Delivery::Failed(describe_errno(e, sig)),
     };
     crate::journal::signal(
         crate::journal::Target {
@@ -1004,7 +1004,7 @@ fn send(
         },
         signal_name(sig),
         why,
-        &outcome,
+        outcome,
         served,
     );
     r
