@@ -161,7 +161,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Serves until stdin closes; returns the exit code.
-pub(crate) fn serve(session: Arc<Session>) -> i32 {
+pub(crate) fn serve(session: Arc<Session>) -> crate::exit::Exit {
     let _jobs = crate::runner::Supervisor::start();
     let out = Out(Arc::new(Mutex::new(std::io::stdout())));
     let (gpus, backend) = match session.backend() {
@@ -278,7 +278,7 @@ pub(crate) fn serve(session: Arc<Session>) -> i32 {
     for f in lock(&jobs.cancels).values() {
         f.store(true, Ordering::SeqCst);
     }
-    0
+    crate::exit::Exit::Success
 }
 
 /// A request's work, run on a worker.

@@ -697,7 +697,7 @@ mod tests {
         );
         // A bad --gpu is the selector's own usage error (exit 2), as the GPUs' checks say it.
         let e = command("gpuloop gpus --gpu 3-1").err().expect("refused");
-        assert_eq!(e.code(), 2, "{e}");
+        assert_eq!(e.exit(), crate::exit::Exit::Usage, "{e}");
     }
 
     #[test]

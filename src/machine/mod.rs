@@ -38,8 +38,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-/// Why an operation failed, wherever it ran, and the exit code that means: the one place
-/// that maps a failure to 0/1/2/130.
+/// Why an operation failed, wherever it ran, and how a command that fails so ends.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ActionError {
     /// A mistake in what was asked, found before anything ran (exit 2).
@@ -88,11 +87,12 @@ impl ActionError {
         matches!(self, ActionError::Host(e) if e.unreachable())
     }
 
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit(&self) -> crate::exit::Exit {
+        use crate::exit::Exit;
         match self {
-            ActionError::Interrupted => 130,
-            e if e.is_usage() => 2,
-            _ => 1,
+            ActionError::Interrupted => Exit::Interrupted,
+            e if e.is_usage() => Exit::Usage,
+            _ => Exit::Failure,
         }
     }
 }

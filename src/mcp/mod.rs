@@ -12,6 +12,7 @@ mod stdio;
 mod summary;
 pub(crate) mod tools;
 
+use crate::exit::Exit;
 use crate::journal::{self, CallResult, FrontEnd};
 use crate::session::Session;
 use policy::Policy;
@@ -269,7 +270,7 @@ impl ServerHandler for Server {
 
 /// Serves MCP on stdin/stdout until the client closes the connection or gpuloop is
 /// interrupted; returns the exit code. Jobs started by `run` are stopped before it returns.
-pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError> {
+pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<Exit, McpServeError> {
     let journal = match journal::dir() {
         Ok(p) => Some(p),
         Err(e) => {
@@ -317,5 +318,8 @@ pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpSer
     // A read of stdin may still be pending: do not wait for it.
     runtime.shutdown_background();
     result?;
-    Ok(if crate::interrupt::is_set() { 130 } else { 0 })
+    Ok(match crate::interrupt::is_set() {
+        true => Exit::Interrupted,
+        false => Exit::Success,
+    })
 }

@@ -4,6 +4,7 @@
 
 pub(crate) mod scontrol;
 
+use crate::exit::Exit;
 use crate::gpu::{GpuError, MIB};
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
@@ -162,7 +163,7 @@ pub(crate) fn run(
     hook: Hook,
     env: &JobEnv,
     opts: &HookOpts,
-) -> Result<i32, SlurmError> {
+) -> Result<Exit, SlurmError> {
     let started = Instant::now();
     let log = Log::new(hook, env);
     // Nothing can be verified without the driver: the node is not fit for GPU jobs.
@@ -292,7 +293,7 @@ pub(crate) fn run(
             )),
             Some(_) => log.line("would wait for the memory, and drain the node if it stays used"),
         }
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     let outcome = if sel.is_empty() {
         WaitOutcome::Clean
@@ -314,7 +315,7 @@ pub(crate) fn run(
                 started.elapsed().as_secs_f64()
             ));
         }
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     let ds = diagnose(s, &sel)?;
     let why = match ds.iter().find(|d| !d.is_clean_under(&demand)) {
@@ -328,10 +329,10 @@ pub(crate) fn run(
     drain(&log, env, opts, &why)
 }
 
-fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<i32, SlurmError> {
+fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<Exit, SlurmError> {
     if opts.dry_run {
         log.line(&format!("would drain node {}: {reason}", env.node));
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     match scontrol::drain(&env.node, reason) {
         Ok(()) => log.line(&format!("drained node {}: {reason}", env.node)),
@@ -340,7 +341,7 @@ fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<i32, 
             env.node
         )),
     }
-    Ok(1)
+    Ok(Exit::Failure)
 }
 
 /// The drain reason: under 256 characters, starting with `gpuloop:`, naming the GPU, the
