@@ -418,7 +418,7 @@ fn handle(
         } => {
             let sig = match parse_signal(&signal) {
                 Ok(sig) => sig,
-                Err(why) => return error(ErrorKind::BadParams, why),
+                Err(why) => return error(ErrorKind::BadParams, why.to_string()),
             };
             match jobs.spawned(job) {
                 Ok(j) => match j.stop_for(

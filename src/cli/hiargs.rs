@@ -547,7 +547,7 @@ impl TryFrom<&KillFlags> for KillOpts {
 
     fn try_from(k: &KillFlags) -> Result<KillOpts, Error> {
         Ok(KillOpts {
-            signal: parse_signal(&k.signal).map_err(Error::Usage)?,
+            signal: parse_signal(&k.signal).map_err(|e| Error::Usage(e.to_string()))?,
             grace: grace(k.grace)?,
             tree: true,
             dry_run: k.dry_run,

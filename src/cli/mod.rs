@@ -38,7 +38,10 @@ impl Config {
         };
         let mut config = crate::config::UserConfig::load()?;
         for item in &args.limits {
-            config.limits.set(item).map_err(Error::Usage)?;
+            config
+                .limits
+                .set(item)
+                .map_err(|e| Error::Usage(e.to_string()))?;
         }
         crate::script::engine::check_stack(&config.limits).map_err(Error::Usage)?;
         let mut session = Session::new(choice, config, args.verbose);

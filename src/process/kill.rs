@@ -261,11 +261,14 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 pub(crate) const NEVER: Duration = Duration::MAX;
 
 /// A grace in seconds; infinity (what "inf" parses to) is `NEVER`.
-pub(crate) fn grace_seconds(v: f64) -> Result<Duration, String> {
+pub(crate) fn grace_seconds(v: f64) -> Result<Duration, crate::seconds::BadSeconds> {
     if v == f64::INFINITY {
         return Ok(NEVER);
     }
-    crate::seconds::seconds(v).map_err(|why| format!("{why}, or inf to never send KILL"))
+    crate::seconds::seconds(v).map_err(|bad| crate::seconds::BadSeconds {
+        or_inf: true,
+        ..bad
+    })
 }
 
 /// A grace on the agent's wire, in milliseconds: `NEVER` is `u64::MAX`.
@@ -285,9 +288,14 @@ pub(crate) fn grace_of_ms(ms: u64) -> Duration {
     }
 }
 
+/// A signal name or number that names no signal, as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown signal {0:?} (use TERM, INT, KILL, HUP, … or a number)")]
+pub struct UnknownSignal(pub String);
+
 /// Parses "TERM", "SIGTERM", "term" or a number; the error is the one message every front
 /// end gives, after its own context.
-pub(crate) fn parse_signal(given: &str) -> Result<Signal, String> {
+pub(crate) fn parse_signal(given: &str) -> Result<Signal, UnknownSignal> {
     let s = given.trim();
     let sig = if let Ok(n) = s.parse::<i32>() {
         Signal::try_from(n).ok()
@@ -300,7 +308,7 @@ pub(crate) fn parse_signal(given: &str) -> Result<Signal, String> {
         };
         Signal::from_str(&name).ok()
     };
-    sig.ok_or_else(|| format!("unknown signal {given:?} (use TERM, INT, KILL, HUP, … or a number)"))
+    sig.ok_or_else(|| UnknownSignal(given.to_string()))
 }
 
 /// Short signal name without "SIG": "TERM", "KILL".
@@ -1110,8 +1118,10 @@ mod tests {
         assert_eq!(parse_signal("sigkill"), Ok(Signal::SIGKILL));
         assert_eq!(parse_signal("int"), Ok(Signal::SIGINT));
         assert_eq!(parse_signal("9"), Ok(Signal::SIGKILL));
+        assert_eq!(parse_signal("NOPE"), Err(UnknownSignal("NOPE".into())));
         assert!(parse_signal("NOPE")
             .unwrap_err()
+            .to_string()
             .contains("unknown signal \"NOPE\""));
         assert_eq!(signal_name(Signal::SIGTERM), "TERM");
     }

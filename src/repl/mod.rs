@@ -480,7 +480,7 @@ impl Repl {
                 self.kept.len(),
                 path.display()
             ),
-            Err(e) if e.contains("exists already") => {
+            Err(e @ recipes::CreateError::Exists(_)) => {
                 crate::errln!("{e} (:save! {name} replaces it)")
             }
             Err(e) => crate::errln!("{e}"),

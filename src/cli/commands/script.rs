@@ -327,8 +327,8 @@ pub(super) fn recipes(cfg: &Config, cmd: &RecipesCommand) -> Result<Exit, Error>
             })
         }
         RecipesCommand::New(name) => {
-            let path =
-                recipes::create(name, &recipes::skeleton(name), false).map_err(Error::Usage)?;
+            let path = recipes::create(name, &recipes::skeleton(name), false)
+                .map_err(|e| Error::Usage(e.to_string()))?;
             let shadows = recipes::list(&roots)
                 .into_iter()
                 .find(|r| r.name == *name && r.origin != recipes::Origin::User);
