@@ -162,14 +162,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Serves until stdin closes; returns the exit code.
-pub(crate) fn serve(session: Arc<Session>) -> i32 {
+pub(crate) fn serve(session: Arc<Session>) -> crate::exit::Exit {
     let _jobs = crate::runner::Supervisor::start();
     let out = Out(Arc::new(Mutex::new(std::io::stdout())));
     let (gpus, backend) = match session.backend() {
         Ok(b) => (b.gpus().map_or(0, |g| g.len() as i64), b.kind()),
         Err(e) => {
             crate::errln!("warning: {e}");
-            (0, "none")
+            (0, crate::gpu::BackendKind::NoDriver)
         }
     };
     out.send(&Message::Hello(Hello {
@@ -177,7 +177,7 @@ pub(crate) fn serve(session: Arc<Session>) -> i32 {
         version: env!("CARGO_PKG_VERSION").into(),
         hostname: crate::hosts::hostname(),
         gpus,
-        backend: backend.into(),
+        backend: backend.to_string(),
     }));
     let jobs: Arc<Jobs> = Arc::default();
     let workers = Workers::new();
@@ -279,7 +279,7 @@ pub(crate) fn serve(session: Arc<Session>) -> i32 {
     for f in lock(&jobs.cancels).values() {
         f.store(true, Ordering::SeqCst);
     }
-    0
+    crate::exit::Exit::Success
 }
 
 /// A request's work, run on a worker.
@@ -381,7 +381,7 @@ fn handle(
         } => {
             let sig = match parse_signal(&signal) {
                 Ok(sig) => sig,
-                Err(why) => return error(ErrorKind::BadParams, why),
+                Err(why) => return error(ErrorKind::BadParams, why.to_string()),
             };
             match jobs.spawned(job) {
                 Ok(j) => match j.stop_for(

@@ -100,20 +100,23 @@ impl Limits {
     ];
 
     /// Applies `NAME=N` (from `--limit`); `N` may end in K, M or G (×1024).
-    pub fn set(&mut self, item: &str) -> Result<(), String> {
+    pub fn set(&mut self, item: &str) -> Result<(), LimitError> {
+        let bad = |fault| LimitError {
+            item: item.to_string(),
+            fault,
+        };
         let (name, value) = item
             .split_once('=')
-            .ok_or_else(|| format!("--limit {item:?}: expected NAME=N, e.g. array=1000000"))?;
+            .ok_or_else(|| bad(LimitFault::NoValue))?;
         let value = value.trim();
         let (digits, unit) = match value.char_indices().last() {
             Some((i, c)) if i > 0 && c.is_ascii_alphabetic() => (&value[..i], Some(c)),
             _ => (value, None),
         };
-        let units = "a whole number, optionally with a unit: K, M or G (x1024), e.g. 64M";
         // "abc" is no number with a unit 'c': say what is wrong with the whole value.
         let digits = digits.trim();
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("--limit {item:?}: {value:?} is not {units}"));
+            return Err(bad(LimitFault::NotANumber(value.to_string())));
         }
         let scale: usize = match unit.map(|c| c.to_ascii_uppercase()) {
             None => 1,
@@ -121,9 +124,10 @@ impl Limits {
             Some('M') => 1 << 20,
             Some('G') => 1 << 30,
             Some(c) => {
-                return Err(format!(
-                    "--limit {item:?}: {value:?} has an unknown unit {c:?}: N must be {units}"
-                ))
+                return Err(bad(LimitFault::UnknownUnit {
+                    value: value.to_string(),
+                    unit: c,
+                }))
             }
         };
         let n = digits
@@ -131,7 +135,7 @@ impl Limits {
             .ok()
             .and_then(|n| n.checked_mul(scale))
             .filter(|&n| n > 0)
-            .ok_or_else(|| format!("--limit {item:?}: N must be a positive integer"))?;
+            .ok_or_else(|| bad(LimitFault::NotPositive))?;
         let slot = match name.trim() {
             "array" => &mut self.array,
             "string" => &mut self.string,
@@ -140,15 +144,51 @@ impl Limits {
             "expr_depth" => &mut self.expr_depth,
             "depth" => &mut self.depth,
             "memory" => &mut self.memory,
-            other => {
-                return Err(format!(
-                    "--limit: unknown limit {other:?} (known: {})",
-                    Self::NAMES.join(", ")
-                ))
-            }
+            other => return Err(bad(LimitFault::UnknownName(other.to_string()))),
         };
         *slot = n;
         Ok(())
+    }
+}
+
+/// A `--limit NAME=N` that sets nothing: the item as given, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.said())]
+pub struct LimitError {
+    pub item: String,
+    pub fault: LimitFault,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitFault {
+    /// No `=`.
+    NoValue,
+    NotANumber(String),
+    UnknownUnit {
+        value: String,
+        unit: char,
+    },
+    /// Zero, or past what a `usize` holds.
+    NotPositive,
+    UnknownName(String),
+}
+
+impl LimitError {
+    fn said(&self) -> String {
+        let units = "a whole number, optionally with a unit: K, M or G (x1024), e.g. 64M";
+        let item = &self.item;
+        match &self.fault {
+            LimitFault::NoValue => format!("--limit {item:?}: expected NAME=N, e.g. array=1000000"),
+            LimitFault::NotANumber(value) => format!("--limit {item:?}: {value:?} is not {units}"),
+            LimitFault::UnknownUnit { value, unit } => format!(
+                "--limit {item:?}: {value:?} has an unknown unit {unit:?}: N must be {units}"
+            ),
+            LimitFault::NotPositive => format!("--limit {item:?}: N must be a positive integer"),
+            LimitFault::UnknownName(name) => format!(
+                "--limit: unknown limit {name:?} (known: {})",
+                Limits::NAMES.join(", ")
+            ),
+        }
     }
 }
 
@@ -232,6 +272,39 @@ impl UserConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each way a `--limit` goes wrong is its own fault, with the words it always had.
+    #[test]
+    fn a_bad_limit_says_which_fault_in_its_usual_words() {
+        let fault = |item: &str| Limits::default().set(item).unwrap_err();
+        assert_eq!(fault("array").fault, LimitFault::NoValue);
+        assert_eq!(
+            fault("string=abc").fault,
+            LimitFault::NotANumber("abc".into())
+        );
+        assert_eq!(
+            fault("string=abc").to_string(),
+            r#"--limit "string=abc": "abc" is not a whole number, optionally with a unit: K, M or G (x1024), e.g. 64M"#
+        );
+        assert_eq!(
+            fault("string=5T").fault,
+            LimitFault::UnknownUnit {
+                value: "5T".into(),
+                unit: 'T'
+            }
+        );
+        assert_eq!(fault("calls=0").fault, LimitFault::NotPositive);
+        assert_eq!(
+            fault("nope=1").fault,
+            LimitFault::UnknownName("nope".into())
+        );
+        assert!(fault("nope=1")
+            .to_string()
+            .starts_with(r#"--limit: unknown limit "nope" (known: array,"#));
+        let mut l = Limits::default();
+        l.set("memory=64M").unwrap();
+        assert_eq!(l.memory, 64 << 20);
+    }
 
     #[test]
     fn reads_protected_lists() {

@@ -1,6 +1,7 @@
-//! The top-level error: everything a command can fail with, and the exit code it means.
+//! The top-level error: everything a command can fail with, and how the command then ends.
 
 use crate::config::ConfigError;
+use crate::exit::Exit;
 use crate::gpu::GpuError;
 use crate::machine::ActionError;
 use crate::script::ScriptError;
@@ -21,16 +22,21 @@ pub enum Error {
     Config(#[from] ConfigError),
     #[error("{0}")]
     Other(String),
+    /// Ctrl-C or SIGTERM before the command had anything to say (exit 130, nothing printed).
+    #[error("")]
+    Interrupted,
 }
 
 impl Error {
-    pub fn code(&self) -> i32 {
+    /// How the command ends with this error.
+    pub fn exit(&self) -> Exit {
         match self {
-            Error::Usage(_) | Error::Config(_) => 2,
-            Error::Script(e) => e.code(),
-            Error::Gpu(e) if e.is_usage() => 2,
-            Error::Action(e) => e.exit_code(),
-            Error::Gpu(_) | Error::Other(_) => 1,
+            Error::Usage(_) | Error::Config(_) => Exit::Usage,
+            Error::Script(e) => e.exit(),
+            Error::Gpu(e) if e.is_usage() => Exit::Usage,
+            Error::Action(e) => e.exit(),
+            Error::Gpu(_) | Error::Other(_) => Exit::Failure,
+            Error::Interrupted => Exit::Interrupted,
         }
     }
 }

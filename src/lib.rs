@@ -32,6 +32,7 @@ pub(crate) mod agent;
 pub mod cli;
 pub mod config;
 pub(crate) mod error;
+pub mod exit;
 pub mod gpu;
 pub mod hosts;
 pub(crate) mod input;

@@ -8,3 +8,19 @@ pub const LOCAL: &str = "local";
 pub fn local() -> String {
     LOCAL.into()
 }
+
+/// Whether a host name (of a record, or of the host set) means this machine.
+pub fn is_local(host: &str) -> bool {
+    host == LOCAL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_records_default_host_is_this_machine_and_no_other_name_is() {
+        assert!(is_local(&local()));
+        assert!(!is_local("gpu01") && !is_local("Local") && !is_local(""));
+    }
+}

@@ -117,7 +117,7 @@ fn trimmed(t: Table) -> String {
 
 /// Rows from several hosts get a HOST column; a single local machine does not need one.
 fn multi_host<'a>(hosts: impl IntoIterator<Item = &'a str>) -> bool {
-    hosts.into_iter().any(|h| h != "local")
+    hosts.into_iter().any(|h| !crate::local::is_local(h))
 }
 
 pub fn gpus(gpus: &[Gpu], style: Style) -> String {
@@ -584,7 +584,15 @@ fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
         r.killed_at_once
             .iter()
             .find(|k| k.pid == pid)
-            .map(|k| k.reason.trim_start_matches(&format!("pid {pid} ")))
+            // The words without the pid the line names already (from another host only
+            // the words come).
+            .map(|k| {
+                let words = k.reason.to_string();
+                match words.strip_prefix(&format!("pid {pid} ")) {
+                    Some(rest) => rest.to_string(),
+                    None => words,
+                }
+            })
     };
     if r.dry_run {
         if r.targets.is_empty() {

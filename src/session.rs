@@ -185,7 +185,7 @@ impl Session {
     pub(crate) fn is_local(&self) -> bool {
         self.hosts
             .as_ref()
-            .is_none_or(|h| h.hosts.len() == 1 && h.hosts[0] == crate::hosts::LOCAL)
+            .is_none_or(|h| matches!(h.hosts.as_slice(), [one] if crate::local::is_local(one)))
     }
 
     /// The host names, in order: `["local"]` without a host set.

@@ -3,7 +3,7 @@
 //! binary on a fault-injecting stand-in for libnvidia-ml (tests/fake_nvml/fake_nvml.c).
 
 use gpuloop::gpu::deadline::Deadline;
-use gpuloop::gpu::{Backend, DeviceNodes, DriverProc, Gpu, GpuError, MIB};
+use gpuloop::gpu::{Backend, BackendKind, DeviceNodes, DriverProc, Gpu, GpuError, MIB};
 use gpuloop::inspect::holders::Inventory;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -35,8 +35,8 @@ impl Faulty {
 }
 
 impl Backend for Faulty {
-    fn kind(&self) -> &'static str {
-        "nvml"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Nvml
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {

@@ -574,7 +574,7 @@ impl TryFrom<&KillFlags> for KillOpts {
 
     fn try_from(k: &KillFlags) -> Result<KillOpts, Error> {
         Ok(KillOpts {
-            signal: parse_signal(&k.signal).map_err(Error::Usage)?,
+            signal: parse_signal(&k.signal).map_err(|e| Error::Usage(e.to_string()))?,
             grace: grace(k.grace)?,
             tree: true,
             dry_run: k.dry_run,
@@ -724,7 +724,7 @@ mod tests {
         );
         // A bad --gpu is the selector's own usage error (exit 2), as the GPUs' checks say it.
         let e = command("gpuloop gpus --gpu 3-1").err().expect("refused");
-        assert_eq!(e.code(), 2, "{e}");
+        assert_eq!(e.exit(), crate::exit::Exit::Usage, "{e}");
     }
 
     #[test]

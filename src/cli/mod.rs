@@ -6,6 +6,7 @@ mod commands;
 mod hiargs;
 
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::session::{BackendChoice, Session};
 use args::{Args, Cmd, CmdKind, SimCmd};
 use std::sync::Arc;
@@ -37,7 +38,10 @@ impl Config {
         };
         let mut config = crate::config::UserConfig::load()?;
         for item in &args.limits {
-            config.limits.set(item).map_err(Error::Usage)?;
+            config
+                .limits
+                .set(item)
+                .map_err(|e| Error::Usage(e.to_string()))?;
         }
         crate::script::engine::check_stack(&config.limits).map_err(Error::Usage)?;
         let mut session = Session::new(choice, config, args.verbose);
@@ -307,7 +311,12 @@ pub fn main() -> i32 {
             } else {
                 let _ = e.print();
             }
-            return e.exit_code();
+            // clap's own mapping: an answer on stdout is success, anything on stderr usage.
+            let end = match e.use_stderr() {
+                true => Exit::Usage,
+                false => Exit::Success,
+            };
+            return exit_code(Ok(end), false);
         }
     };
     // Every signal from here on is journaled as this command's.
@@ -328,13 +337,10 @@ pub fn main() -> i32 {
         | SimCmd::Watch { .. },
     ) = &args.cmd
     {
-        return match commands::sim::internal(&args) {
-            Ok(code) => code,
-            Err(e) => report(e, false),
-        };
+        return exit_code(commands::sim::internal(&args), false);
     }
     if let Cmd::Guard = &args.cmd {
-        return crate::runner::guard::main();
+        return exit_code(Ok(crate::runner::guard::main()), false);
     }
     export_for_children(&args);
     if wants_driver(&args) {
@@ -345,12 +351,22 @@ pub fn main() -> i32 {
     crate::output::set_wide(args.wide);
     init_logs(args.verbose);
     let result = hiargs::HiArgs::from_low(&args).and_then(|hi| on_script_thread(&hi));
-    let code = match result {
-        Ok(code) => code,
-        Err(e) => report(e, args.json),
-    };
+    let code = exit_code(result, args.json);
     tracing::debug!("done at {:.1} ms", crate::timeline::ms());
     code
+}
+
+/// The one place a command's end becomes the process's exit status (as ripgrep's `main`):
+/// its `Exit`, or its error, said (as `{"error": …}` under --json) and mapped to the `Exit`
+/// it means.
+fn exit_code(result: Result<Exit, Error>, json: bool) -> i32 {
+    match result {
+        Ok(end) => end.code(),
+        Err(e) => {
+            report(&e, json);
+            e.exit().code()
+        }
+    }
 }
 
 /// Puts the simulator in the environment every child inherits: the jobs run() and MCP's
@@ -384,7 +400,7 @@ fn front_end(cmd: &Cmd) -> crate::journal::FrontEnd {
 /// Runs the command on a thread whose stack is sized for the deepest value the limits
 /// allow: rhai (and serde, and our renderers) walk nested values recursively, and the main
 /// thread's 8 MiB would overflow (an abort, exit 134) long before a limit said so.
-fn on_script_thread(hi: &hiargs::HiArgs) -> Result<i32, Error> {
+fn on_script_thread(hi: &hiargs::HiArgs) -> Result<Exit, Error> {
     let stack = crate::script::engine::stack_size(&hi.config.session.config.limits);
     std::thread::scope(|scope| {
         let worker = std::thread::Builder::new()
@@ -427,8 +443,8 @@ fn init_logs(verbose: u8) {
 }
 
 /// Prints the error (as `{"error": …}` under --json, so that a program reading JSON gets
-/// JSON on both streams) and returns its exit code.
-fn report(e: Error, json: bool) -> i32 {
+/// JSON on both streams).
+fn report(e: &Error, json: bool) {
     let msg = e.to_string();
     if !msg.is_empty() {
         if json {
@@ -439,7 +455,6 @@ fn report(e: Error, json: bool) -> i32 {
             crate::errln!("gpuloop: {msg}");
         }
     }
-    e.code()
 }
 
 fn json_error(msg: &str) {

@@ -157,7 +157,7 @@ impl Deadline {
 }
 
 impl Backend for Deadline {
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> super::BackendKind {
         self.inner.kind()
     }
 

@@ -84,7 +84,7 @@ impl Gpu {
             util: None,
             temp_c: None,
             procs: driver_procs.len() as i64,
-            host: "local".into(),
+            host: crate::local::local(),
             error: None,
             faults: None,
             driver_procs,
@@ -160,6 +160,23 @@ pub enum GpuError {
 }
 
 impl GpuError {
+    /// What went wrong in a few words, alike for every host it happened to (a summary's
+    /// row, where hosts that failed the same way fold into one).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            GpuError::NoSuchGpu { .. } | GpuError::NoSuchGpuId { .. } => "no such GPU",
+            GpuError::OutOfMemory { .. } => "out of memory",
+            GpuError::BadSelector(_) => "GPU selector",
+            GpuError::Nvml(_) | GpuError::Lost(_) => "NVML",
+            GpuError::BadSimSpec { .. } => "bad --sim spec",
+            GpuError::SimState { .. } => "simulator state",
+            GpuError::Reset { .. } => "GPU reset failed",
+            GpuError::NoDriver(_) => "no NVIDIA driver",
+            GpuError::NoUser { .. } => "no such user",
+            GpuError::BadScope(_) => "bad pod or container",
+        }
+    }
+
     /// A mistake in what was asked, not a failure of the machine: exit 2.
     pub(crate) fn is_usage(&self) -> bool {
         matches!(
@@ -222,10 +239,21 @@ impl DeviceNodes {
 /// Runs a helper program to its end and returns what it printed.
 pub type RunHelper = dyn Fn(&mut std::process::Command) -> std::io::Result<std::process::Output>;
 
+/// Which backend answers: the driver, the simulator, or none (the driver did not load).
+/// Its name ("nvml", "sim", "none") is said at the edge: the agent's hello, `-v`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::Display)]
+pub enum BackendKind {
+    #[strum(serialize = "nvml")]
+    Nvml,
+    #[strum(serialize = "sim")]
+    Sim,
+    #[strum(serialize = "none")]
+    NoDriver,
+}
+
 /// The one interface the rest of gpuloop needs from a GPU driver.
 pub trait Backend: Send + Sync {
-    /// "nvml", "sim" or "none".
-    fn kind(&self) -> &'static str;
+    fn kind(&self) -> BackendKind;
     /// Every GPU with every field of `gpu()`, in index order (`driver_procs` may be left
     /// empty: `procs` counts them).
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError>;
@@ -296,8 +324,8 @@ impl NoDriver {
 }
 
 impl Backend for NoDriver {
-    fn kind(&self) -> &'static str {
-        "none"
+    fn kind(&self) -> BackendKind {
+        BackendKind::NoDriver
     }
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
         Ok(Vec::new())
@@ -336,6 +364,17 @@ pub(crate) fn in_child_pid_namespace() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names the agent's hello and `-v` have always said.
+    #[test]
+    fn a_backend_kind_says_its_name() {
+        let names: Vec<&str> = [BackendKind::Nvml, BackendKind::Sim, BackendKind::NoDriver]
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        assert_eq!(names, ["nvml", "sim", "none"]);
+        assert_eq!(BackendKind::NoDriver.to_string(), "none");
+    }
 
     #[test]
     fn classifies_nodes() {

@@ -443,8 +443,8 @@ impl NvmlBackend {
 }
 
 impl Backend for NvmlBackend {
-    fn kind(&self) -> &'static str {
-        "nvml"
+    fn kind(&self) -> crate::gpu::BackendKind {
+        crate::gpu::BackendKind::Nvml
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {

@@ -20,21 +20,30 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use crate::local::{local, LOCAL};
+pub use crate::local::{is_local, local, LOCAL};
 
-#[derive(Debug, Clone, thiserror::Error)]
+/// What went wrong with the host set or one host. A host's error says `host NAME: ` and
+/// then its detail; the detail is made on its own (`detail`), never cut out of the message.
+#[derive(Debug, Clone)]
 pub enum HostError {
-    #[error("bad host list {expr:?}: {why}")]
-    BadHostlist { expr: String, why: String },
-    #[error("hosts file {path}: {why}")]
-    HostsFile { path: PathBuf, why: String },
-    #[error("host {host}: cannot connect: {why}")]
-    Connect { host: String, why: String },
+    BadHostlist {
+        expr: String,
+        why: String,
+    },
+    HostsFile {
+        path: PathBuf,
+        why: String,
+    },
+    Connect {
+        host: String,
+        why: String,
+    },
     /// `why` says what was run there, what it said, and what to do (the advice depends on
     /// whether `--remote-bin` was given).
-    #[error("host {host}: {why}")]
-    NoAgent { host: String, why: String },
-    #[error("host {host}: its gpuloop {theirs} speaks protocol {their_protocol}, this gpuloop {ours} speaks {our_protocol}: install the same version on both sides")]
+    NoAgent {
+        host: String,
+        why: String,
+    },
     Version {
         host: String,
         theirs: String,
@@ -42,13 +51,18 @@ pub enum HostError {
         ours: String,
         our_protocol: u32,
     },
-    #[error("host {host}: connection lost during {method}: {why}")]
+    /// The host's own gpuloop speaks another protocol, and this transport can push this
+    /// gpuloop there: the connection is made again with the pushed copy (never shown).
+    PushNeeded {
+        host: String,
+        theirs: String,
+        their_protocol: u32,
+    },
     Lost {
         host: String,
         method: String,
         why: String,
     },
-    #[error("host {host}: {method} got no answer within {secs:.0}s (host hung or network down)")]
     Timeout {
         host: String,
         method: String,
@@ -56,26 +70,44 @@ pub enum HostError {
     },
     /// The call failed there; `usage` when the agent called it a usage mistake (an unknown
     /// user or GPU there), which is exit 2 as it would be here.
-    #[error("host {host}: {message}")]
     Remote {
         host: String,
         message: String,
         usage: bool,
     },
-    #[error("host {host}: the agent sent something unreadable: {why}")]
-    Protocol { host: String, why: String },
+    Protocol {
+        host: String,
+        why: String,
+    },
     /// `--hosts-from-slurm` got something Slurm does not know (exit 2).
-    #[error("--hosts-from-slurm {arg}: {why}")]
-    SlurmArg { arg: String, why: String },
+    SlurmArg {
+        arg: String,
+        why: String,
+    },
     /// Slurm could not answer `--hosts-from-slurm` (exit 1).
-    #[error("--hosts-from-slurm {arg}: {why}")]
-    Slurm { arg: String, why: String },
-    #[error("--transport srun steps into a Slurm job, and none is known for {hosts}: give --hosts-from-slurm JOBID, --jobid J, or run inside the job (SLURM_JOB_ID)")]
-    NoJob { hosts: String },
-    #[error("no host {host:?} in the host set ({known})")]
-    Unknown { host: String, known: String },
-    #[error("interrupted")]
+    Slurm {
+        arg: String,
+        why: String,
+    },
+    NoJob {
+        hosts: String,
+    },
+    Unknown {
+        host: String,
+        known: String,
+    },
     Interrupted,
+}
+
+impl std::error::Error for HostError {}
+
+impl std::fmt::Display for HostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.host() {
+            Some(h) => write!(f, "host {h}: {}", self.detail()),
+            None => f.write_str(&self.detail()),
+        }
+    }
 }
 
 impl HostError {
@@ -85,22 +117,62 @@ impl HostError {
             HostError::Connect { host, .. }
             | HostError::NoAgent { host, .. }
             | HostError::Version { host, .. }
+            | HostError::PushNeeded { host, .. }
             | HostError::Lost { host, .. }
             | HostError::Timeout { host, .. }
             | HostError::Remote { host, .. }
             | HostError::Protocol { host, .. } => Some(host),
-            _ => None,
+            HostError::BadHostlist { .. }
+            | HostError::HostsFile { .. }
+            | HostError::SlurmArg { .. }
+            | HostError::Slurm { .. }
+            | HostError::NoJob { .. }
+            | HostError::Unknown { .. }
+            | HostError::Interrupted => None,
         }
     }
 
     /// What went wrong, without the leading `host NAME: ` of the whole message.
     pub(crate) fn detail(&self) -> String {
-        let all = self.to_string();
-        match self.host() {
-            Some(h) => all
-                .strip_prefix(&format!("host {h}: "))
-                .map_or_else(|| all.clone(), str::to_string),
-            None => all,
+        match self {
+            HostError::BadHostlist { expr, why } => format!("bad host list {expr:?}: {why}"),
+            HostError::HostsFile { path, why } => format!("hosts file {}: {why}", path.display()),
+            HostError::Connect { why, .. } => format!("cannot connect: {why}"),
+            HostError::NoAgent { why, .. } => why.clone(),
+            HostError::Version {
+                theirs,
+                their_protocol,
+                ours,
+                our_protocol,
+                ..
+            } => format!("its gpuloop {theirs} speaks protocol {their_protocol}, this gpuloop {ours} speaks {our_protocol}: install the same version on both sides"),
+            HostError::PushNeeded {
+                theirs,
+                their_protocol,
+                ..
+            } => format!(
+                "its gpuloop {theirs} speaks protocol {their_protocol}, this gpuloop {} speaks {}: this one is pushed there instead",
+                env!("CARGO_PKG_VERSION"),
+                protocol::PROTOCOL
+            ),
+            HostError::Lost { method, why, .. } => {
+                format!("connection lost during {method}: {why}")
+            }
+            HostError::Timeout { method, secs, .. } => format!(
+                "{method} got no answer within {secs:.0}s (host hung or network down)"
+            ),
+            HostError::Remote { message, .. } => message.clone(),
+            HostError::Protocol { why, .. } => {
+                format!("the agent sent something unreadable: {why}")
+            }
+            HostError::SlurmArg { arg, why } | HostError::Slurm { arg, why } => {
+                format!("--hosts-from-slurm {arg}: {why}")
+            }
+            HostError::NoJob { hosts } => format!("--transport srun steps into a Slurm job, and none is known for {hosts}: give --hosts-from-slurm JOBID, --jobid J, or run inside the job (SLURM_JOB_ID)"),
+            HostError::Unknown { host, known } => {
+                format!("no host {host:?} in the host set ({known})")
+            }
+            HostError::Interrupted => "interrupted".into(),
         }
     }
 
@@ -110,12 +182,18 @@ impl HostError {
         match self {
             HostError::Connect { .. } => "cannot connect",
             HostError::NoAgent { .. } => "no gpuloop there",
-            HostError::Version { .. } => "another gpuloop version",
+            HostError::Version { .. } | HostError::PushNeeded { .. } => "another gpuloop version",
             HostError::Lost { .. } => "connection lost",
             HostError::Timeout { .. } => "no answer",
             HostError::Protocol { .. } => "unreadable agent",
             HostError::Interrupted => "interrupted",
-            _ => "failed",
+            HostError::BadHostlist { .. }
+            | HostError::HostsFile { .. }
+            | HostError::Remote { .. }
+            | HostError::SlurmArg { .. }
+            | HostError::Slurm { .. }
+            | HostError::NoJob { .. }
+            | HostError::Unknown { .. } => "failed",
         }
     }
 
@@ -137,6 +215,7 @@ impl HostError {
             HostError::Connect { .. }
                 | HostError::NoAgent { .. }
                 | HostError::Version { .. }
+                | HostError::PushNeeded { .. }
                 | HostError::Lost { .. }
                 | HostError::Timeout { .. }
                 | HostError::Protocol { .. }
@@ -230,7 +309,7 @@ impl HostsConfig {
         if let Transport::Srun(o) = &transport {
             let jobless: Vec<&str> = hosts
                 .iter()
-                .filter(|h| h.as_str() != LOCAL && o.job_for(h).is_none())
+                .filter(|h| !is_local(h) && o.job_for(h).is_none())
                 .map(String::as_str)
                 .collect();
             if !jobless.is_empty() {
@@ -339,6 +418,94 @@ impl From<&HostSel> for HostSel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host's error is `host NAME: ` and its detail, made apart: the words are those the
+    /// messages always had, and the detail is never cut out of the message.
+    #[test]
+    fn a_host_error_is_its_host_then_its_detail() {
+        let h = || "gpu01".to_string();
+        let cases = [
+            (
+                HostError::Connect {
+                    host: h(),
+                    why: "ssh: refused".into(),
+                },
+                "cannot connect: ssh: refused",
+            ),
+            (
+                HostError::NoAgent {
+                    host: h(),
+                    why: "gpuloop: command not found".into(),
+                },
+                "gpuloop: command not found",
+            ),
+            (
+                HostError::Version {
+                    host: h(),
+                    theirs: "0.9".into(),
+                    their_protocol: 3,
+                    ours: "1.0".into(),
+                    our_protocol: 6,
+                },
+                "its gpuloop 0.9 speaks protocol 3, this gpuloop 1.0 speaks 6: install the same version on both sides",
+            ),
+            (
+                HostError::Lost {
+                    host: h(),
+                    method: "kill".into(),
+                    why: "eof".into(),
+                },
+                "connection lost during kill: eof",
+            ),
+            (
+                HostError::Timeout {
+                    host: h(),
+                    method: "gpus".into(),
+                    secs: 60.0,
+                },
+                "gpus got no answer within 60s (host hung or network down)",
+            ),
+            (
+                HostError::Remote {
+                    host: h(),
+                    message: "no user \"x\" there".into(),
+                    usage: true,
+                },
+                "no user \"x\" there",
+            ),
+            (
+                HostError::Protocol {
+                    host: h(),
+                    why: "junk".into(),
+                },
+                "the agent sent something unreadable: junk",
+            ),
+        ];
+        for (e, detail) in cases {
+            assert_eq!(e.detail(), detail);
+            assert_eq!(e.to_string(), format!("host gpu01: {detail}"));
+        }
+        let e = HostError::Unknown {
+            host: "gpu9".into(),
+            known: "gpu01".into(),
+        };
+        assert_eq!(e.to_string(), "no host \"gpu9\" in the host set (gpu01)");
+        assert_eq!(e.detail(), e.to_string());
+    }
+
+    /// A host whose gpuloop speaks another protocol, where this one can be pushed, is a
+    /// variant of its own: the retry with the pushed copy matches it, not a marker string.
+    #[test]
+    fn a_push_needed_is_its_own_error_and_unreachable_until_pushed() {
+        let e = HostError::PushNeeded {
+            host: "gpu01".into(),
+            theirs: "0.9".into(),
+            their_protocol: 3,
+        };
+        assert!(e.unreachable() && !e.is_usage());
+        assert_eq!(e.kind(), "another gpuloop version");
+        assert!(!e.to_string().contains("(push)"), "{e}");
+    }
 
     #[test]
     fn hosts_files_take_comments_and_hostlists() {

@@ -308,8 +308,8 @@ impl From<&kill::KillOpts> for KillOpts {
 /// The domain's kill options from the wire's; an unknown signal name is the error. The
 /// wire's `user` is looked up by the machine that signals.
 impl TryFrom<&KillOpts> for kill::KillOpts {
-    type Error = String;
-    fn try_from(o: &KillOpts) -> Result<Self, String> {
+    type Error = kill::UnknownSignal;
+    fn try_from(o: &KillOpts) -> Result<Self, kill::UnknownSignal> {
         Ok(kill::KillOpts {
             signal: kill::parse_signal(&o.signal)?,
             grace: kill::grace_of_ms(o.grace_ms),
@@ -554,7 +554,7 @@ impl Message {
     /// enum buffers the whole line in a generic form first, and a result then became a
     /// `Value` the caller converted again: at 64 hosts those copies were most of the
     /// client's time per call. Here a reply's result stays the agent's JSON text.
-    pub fn read(line: &str) -> Result<Message, String> {
+    pub fn read(line: &str) -> Result<Message, BadMessage> {
         #[derive(Deserialize)]
         struct Fields<'a> {
             #[serde(rename = "type", borrow)]
@@ -576,11 +576,12 @@ impl Message {
         ) -> Result<Option<&'de RawValue>, D::Error> {
             <&RawValue>::deserialize(d).map(Some)
         }
-        let f: Fields = serde_json::from_str(line).map_err(|e| e.to_string())?;
+        let f: Fields =
+            serde_json::from_str(line).map_err(|e| BadMessage::NotJson(e.to_string()))?;
         match (&*f.kind, f.id, f.ok, f.error, f.stream, f.data) {
             ("hello", ..) => serde_json::from_str(line)
                 .map(Message::Hello)
-                .map_err(|e| format!("a bad hello: {e}")),
+                .map_err(|e| BadMessage::Hello(e.to_string())),
             ("reply", id, Some(v), None, None, None) => Ok(Message::Reply {
                 id,
                 body: Body::Ok(v.to_owned()),
@@ -589,14 +590,30 @@ impl Message {
                 id,
                 body: Body::Error(e),
             }),
-            ("reply", ..) => Err("a reply needs exactly one of \"ok\" and \"error\"".into()),
+            ("reply", ..) => Err(BadMessage::Reply),
             ("output", Some(id), None, None, Some(stream), Some(data)) => {
                 Ok(Message::Output { id, stream, data })
             }
-            ("output", ..) => Err("an output line needs \"id\", \"stream\" and \"data\"".into()),
-            (kind, ..) => Err(format!("unknown message type {kind:?}")),
+            ("output", ..) => Err(BadMessage::Output),
+            (kind, ..) => Err(BadMessage::UnknownType(kind.to_string())),
         }
     }
+}
+
+/// A line from the agent that is no message: what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadMessage {
+    /// Not JSON, or not an object with a string "type".
+    #[error("{0}")]
+    NotJson(String),
+    #[error("a bad hello: {0}")]
+    Hello(String),
+    #[error("a reply needs exactly one of \"ok\" and \"error\"")]
+    Reply,
+    #[error("an output line needs \"id\", \"stream\" and \"data\"")]
+    Output,
+    #[error("unknown message type {0:?}")]
+    UnknownType(String),
 }
 
 /// Parses one request line; on failure, the error reply to send (with the id when one
@@ -994,15 +1011,27 @@ mod tests {
         ] {
             assert_eq!(Message::read(&m.line()).unwrap(), m, "{}", m.line());
         }
-        for bad in [
-            r#"{"type":"reply","id":1}"#,
-            r#"{"type":"reply","id":1,"ok":1,"error":{"kind":"failed","message":"x"}}"#,
-            r#"{"type":"output","id":1,"data":"x"}"#,
-            r#"{"type":"nope"}"#,
-            r#"{"type":"hello"}"#,
-            "not json",
+        // Each refusal says which shape was wrong.
+        let shape = |bad: &str| match Message::read(bad) {
+            Err(BadMessage::NotJson(_)) => "json",
+            Err(BadMessage::Hello(_)) => "hello",
+            Err(BadMessage::Reply) => "reply",
+            Err(BadMessage::Output) => "output",
+            Err(BadMessage::UnknownType(_)) => "type",
+            Ok(_) => "read",
+        };
+        for (bad, wrong) in [
+            (r#"{"type":"reply","id":1}"#, "reply"),
+            (
+                r#"{"type":"reply","id":1,"ok":1,"error":{"kind":"failed","message":"x"}}"#,
+                "reply",
+            ),
+            (r#"{"type":"output","id":1,"data":"x"}"#, "output"),
+            (r#"{"type":"nope"}"#, "type"),
+            (r#"{"type":"hello"}"#, "hello"),
+            ("not json", "json"),
         ] {
-            assert!(Message::read(bad).is_err(), "{bad}");
+            assert_eq!(shape(bad), wrong, "{bad}");
         }
     }
 }

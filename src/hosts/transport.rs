@@ -389,10 +389,56 @@ pub(crate) fn sets_control_path(shown: &str) -> bool {
     })
 }
 
+/// Why a directory is not safe to keep a user's sockets or files in: the directory, and
+/// what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.said())]
+pub(crate) struct UnsafeDir {
+    pub path: PathBuf,
+    pub fault: DirFault,
+}
+
+#[derive(Debug)]
+pub(crate) enum DirFault {
+    /// It could not be read (or, missing, created).
+    Unreadable(std::io::Error),
+    CannotCreate(std::io::Error),
+    Link,
+    /// Another user's (not root's either).
+    Owner {
+        uid: u32,
+        want: u32,
+    },
+    /// Others may write to it, and it is no root-owned sticky directory.
+    Writable {
+        mode: u32,
+    },
+    /// The directory itself: not a directory of this user closed to others.
+    NotPrivate,
+}
+
+impl UnsafeDir {
+    fn said(&self) -> String {
+        let p = self.path.display();
+        match &self.fault {
+            DirFault::Unreadable(e) => format!("{p}: {e}"),
+            DirFault::CannotCreate(e) => format!("cannot create {p}: {e}"),
+            DirFault::Link => format!("{p}: it is a symbolic link"),
+            DirFault::Owner { uid, want } => {
+                format!("{p}: it belongs to uid {uid}, not to uid {want} or root")
+            }
+            DirFault::Writable { mode } => format!("{p}: others may write to it (mode {mode:o})"),
+            DirFault::NotPrivate => {
+                format!("{p} is not a directory of this user closed to others (mode 0700)")
+            }
+        }
+    }
+}
+
 /// The private directory kept connections live in: `$XDG_RUNTIME_DIR/gpuloop`, else
 /// `/tmp/gpuloop-ssh-UID`; created with mode 0700, and used only if it is a directory (not a
 /// link) of this user that no one else may enter; otherwise why not.
-pub(crate) fn reuse_dir() -> Result<PathBuf, String> {
+pub(crate) fn reuse_dir() -> Result<PathBuf, UnsafeDir> {
     let uid = rustix::process::geteuid().as_raw();
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d).join("gpuloop"),
@@ -405,27 +451,30 @@ pub(crate) fn reuse_dir() -> Result<PathBuf, String> {
 /// `uid`'s under, as sudo and ssh judge it: no link, owned by `uid` or root, writable by no
 /// one else (a root-owned sticky directory such as /tmp excepted: others cannot rename or
 /// remove what is in it). The same rule as the pushed copy's cache (`push::script`).
-pub(crate) fn safe_path(dir: &std::path::Path, uid: u32) -> Result<(), String> {
+pub(crate) fn safe_path(dir: &std::path::Path, uid: u32) -> Result<(), UnsafeDir> {
     use std::os::unix::fs::MetadataExt;
     for p in dir.ancestors() {
-        let m = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let why = if m.file_type().is_symlink() {
-            Some("it is a symbolic link".to_string())
+        let at = |fault| UnsafeDir {
+            path: p.to_path_buf(),
+            fault,
+        };
+        let m = std::fs::symlink_metadata(p).map_err(|e| at(DirFault::Unreadable(e)))?;
+        let fault = if m.file_type().is_symlink() {
+            Some(DirFault::Link)
         } else if m.uid() != uid && m.uid() != 0 {
-            Some(format!(
-                "it belongs to uid {}, not to uid {uid} or root",
-                m.uid()
-            ))
+            Some(DirFault::Owner {
+                uid: m.uid(),
+                want: uid,
+            })
         } else if m.mode() & 0o022 != 0 && !(m.uid() == 0 && m.mode() & 0o1000 != 0) {
-            Some(format!(
-                "others may write to it (mode {:o})",
-                m.mode() & 0o7777
-            ))
+            Some(DirFault::Writable {
+                mode: m.mode() & 0o7777,
+            })
         } else {
             None
         };
-        if let Some(why) = why {
-            return Err(format!("{}: {why}", p.display()));
+        if let Some(fault) = fault {
+            return Err(at(fault));
         }
     }
     Ok(())
@@ -433,22 +482,23 @@ pub(crate) fn safe_path(dir: &std::path::Path, uid: u32) -> Result<(), String> {
 
 /// `dir`, created 0700 if missing, if it is a directory (not a link) of `uid` that no one
 /// else may enter, under directories that are safe (`safe_path`).
-fn private_dir(dir: PathBuf, uid: u32) -> Result<PathBuf, String> {
+fn private_dir(dir: PathBuf, uid: u32) -> Result<PathBuf, UnsafeDir> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     if let Some(parent) = dir.parent() {
         safe_path(parent, uid)?;
     }
+    let at = |fault| UnsafeDir {
+        path: dir.clone(),
+        fault,
+    };
     if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         if e.kind() != std::io::ErrorKind::AlreadyExists {
-            return Err(format!("cannot create {}: {e}", dir.display()));
+            return Err(at(DirFault::CannotCreate(e)));
         }
     }
-    let m = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let m = std::fs::symlink_metadata(&dir).map_err(|e| at(DirFault::Unreadable(e)))?;
     if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
-        return Err(format!(
-            "{} is not a directory of this user closed to others (mode 0700)",
-            dir.display()
-        ));
+        return Err(at(DirFault::NotPrivate));
     }
     Ok(dir)
 }
@@ -514,8 +564,12 @@ mod tests {
         let open = t.path().join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let e = private_dir(open, uid).unwrap_err();
-        assert!(e.contains("closed to others"), "{e}");
+        let e = private_dir(open.clone(), uid).unwrap_err();
+        assert!(
+            matches!(e.fault, DirFault::NotPrivate) && e.path == open,
+            "{e}"
+        );
+        assert!(e.to_string().contains("closed to others"), "{e}");
 
         let link = t.path().join("link");
         std::os::unix::fs::symlink(&made, &link).unwrap();
@@ -530,7 +584,11 @@ mod tests {
         std::fs::create_dir(&shared).unwrap();
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
         let e = private_dir(shared.join("gpuloop"), uid).unwrap_err();
-        assert!(e.contains("others may write to it (mode 777)"), "{e}");
+        assert!(matches!(e.fault, DirFault::Writable { mode: 0o777 }), "{e}");
+        assert!(
+            e.to_string().contains("others may write to it (mode 777)"),
+            "{e}"
+        );
         assert!(
             !shared.join("gpuloop").exists(),
             "made under an unsafe parent"
@@ -541,7 +599,8 @@ mod tests {
         let linked = t.path().join("linked");
         std::os::unix::fs::symlink(t.path().join("new"), &linked).unwrap();
         let e = private_dir(linked.join("sub"), uid).unwrap_err();
-        assert!(e.contains("symbolic link"), "{e}");
+        assert!(matches!(e.fault, DirFault::Link) && e.path == linked, "{e}");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
     }
 
     /// `--host localhost:22` once reached ssh whole ("Could not resolve hostname

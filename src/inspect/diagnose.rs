@@ -330,7 +330,7 @@ pub fn no_driver(sel: &Selection, why: &str) -> Vec<Diagnosis> {
         advice: format!(
             "no NVIDIA driver: {why}; GPU memory cannot be read, so nothing can be verified clean"
         ),
-        host: "local".into(),
+        host: crate::local::local(),
         faults: None,
         blockers: Vec::new(),
     };

@@ -620,7 +620,7 @@ fn make_holder(
         inherited_on: BTreeMap::new(),
         evidence,
         protected: is_daemon,
-        host: "local".into(),
+        host: crate::local::local(),
         origin: origin::origin(stat, places),
     }
 }

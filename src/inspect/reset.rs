@@ -3,7 +3,7 @@
 //! diagnose's advice and the `clean-node` recipe's reset step all show this one list.
 
 use super::holders::{Holder, Inventory};
-use crate::gpu::Backend;
+use crate::gpu::{Backend, BackendKind};
 use crate::process::container::{Resolver, Roots};
 use crate::process::{self as proc, ProcInfo};
 use serde::{Deserialize, Serialize};
@@ -290,13 +290,15 @@ impl Readiness {
     pub fn look(backend: &dyn Backend, protected: &[String], roots: &Roots) -> Readiness {
         let mut places = Resolver::new(roots);
         let named = match backend.kind() {
-            "nvml" => proc::process_table()
+            BackendKind::Nvml => proc::process_table()
                 .into_iter()
                 .filter(|p| !p.is_zombie())
                 .filter(|p| proc::kill::is_named(&p.comm, &proc::cmdline(p.pid), NAMED))
                 .map(|p| Blocker::of_proc(&p, protected, &mut places))
                 .collect(),
-            _ => Vec::new(),
+            // The daemons named are the driver's clients on this machine: no simulated GPU
+            // waits for them, and without a driver nothing is reset.
+            BackendKind::Sim | BackendKind::NoDriver => Vec::new(),
         };
         Readiness {
             named,

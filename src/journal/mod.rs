@@ -24,6 +24,9 @@ use files::{open_dir, open_file, Open};
 use rustix::fs::{fstat, renameat, statat, AtFlags, FlockOperation};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+mod outcome;
+pub(crate) use outcome::{CallResult, Delivery};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -118,8 +121,7 @@ pub(crate) struct Signal {
     pub signal: String,
     /// Why the target was chosen: "holder of GPU 0", "child of pid 41 (python3)", "bare pid".
     pub why: String,
-    /// "delivered", "already gone", or "error: …".
-    pub outcome: String,
+    pub outcome: Delivery,
 }
 
 /// One MCP call, as appended after it ended.
@@ -129,8 +131,7 @@ pub(crate) struct Call {
     pub arguments: Value,
     /// Pids signalled by the call (empty for reads and dry runs).
     pub signalled: Vec<i64>,
-    /// "ok", "error", "refused" or "cancelled".
-    pub result: String,
+    pub result: CallResult,
     /// The one-line summary the model got (or the error).
     pub summary: String,
     pub elapsed_ms: i64,
@@ -245,7 +246,7 @@ pub(crate) fn signal(
     target: Target,
     signal: &str,
     why: &str,
-    outcome: &str,
+    outcome: Delivery,
     served: Option<&Served>,
 ) {
     let Some(ctx) = CONTEXT.get() else { return };
@@ -253,7 +254,7 @@ pub(crate) fn signal(
         target,
         signal: signal.to_string(),
         why: why.to_string(),
-        outcome: outcome.to_string(),
+        outcome,
     });
     let written = dir().and_then(|d| append(&d, &record(ctx, event, served)));
     if let Err(e) = written {
@@ -401,7 +402,7 @@ pub(super) mod tests {
                 },
                 signal: "TERM".into(),
                 why: "bare pid".into(),
-                outcome: "delivered".into(),
+                outcome: Delivery::Delivered,
             }),
         }
     }

@@ -9,7 +9,7 @@ use super::reset::Reset;
 use super::wait::{combine, why_not_clean, Clean, CleanReport, WaitClean};
 use super::{ActionError, Local, Machine, Op, Received, Remote};
 use crate::gpu::{Gpu, GpuError};
-use crate::hosts::{HostError, HostSel, LOCAL};
+use crate::hosts::{is_local, HostError, HostSel, LOCAL};
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
 use crate::inspect::reset::ResetReport;
@@ -119,7 +119,7 @@ impl<'a> Fleet<'a> {
         let (mut mine, mut theirs) = (None, Vec::new());
         let mut takes = Some(Duration::ZERO);
         for (h, op) in &plan {
-            if h == LOCAL {
+            if is_local(h) {
                 mine = Some(op);
             } else {
                 takes = takes.zip(op.takes()).map(|(a, b)| a.max(b));
@@ -143,7 +143,7 @@ impl<'a> Fleet<'a> {
         let (mut mine, mut theirs) = (mine, theirs.into_iter());
         plan.into_iter()
             .map(|(h, _)| {
-                let r = match h == LOCAL {
+                let r = match is_local(&h) {
                     true => mine.take().unwrap_or(Err(ActionError::Interrupted)),
                     false => theirs
                         .next()
@@ -505,7 +505,7 @@ impl<'a> Fleet<'a> {
             filter: filter.clone(),
         })?;
         let outcomes = self.answered(parts)?;
-        for (h, o) in outcomes.iter().filter(|(h, _)| h != LOCAL && !quiet) {
+        for (h, o) in outcomes.iter().filter(|(h, _)| !is_local(h) && !quiet) {
             if let Some(why) = why_not_clean(o, opts) {
                 crate::errln!("warning: {h}: GPUs {why}");
             }
@@ -540,7 +540,7 @@ impl<'a> Fleet<'a> {
                     (_, LOCAL) | (None, _) => Ok(None),
                     (Some(p), h) => p.hello(h),
                 };
-                let local = name == LOCAL;
+                let local = is_local(&name);
                 match hello {
                     Ok(h) => HostInfo {
                         local,

@@ -4,16 +4,14 @@
 
 use super::{ActionError, Ask, Local, Op, Received};
 use crate::hosts::protocol::{self, Call};
-use crate::hosts::{HostError, LOCAL};
+use crate::hosts::{is_local, HostError};
 use crate::inspect::holders::Holder;
 use crate::inspect::holders::Inventory;
 use crate::inspect::{Bound, Filter, Selection};
-use crate::process::kill::{self, KillOpts, KillReport, Owner, Skipped, Target};
+use crate::process::kill::{
+    self, Forcing, KillOpts, KillReport, Owner, SkipReason, Skipped, Target,
+};
 use std::time::Duration;
-
-/// How a skipped protected daemon's reason says what would stop it: the command line's flag
-/// (the one-shots, here or through an agent); MCP, which never stops one, replaces it.
-pub(crate) const FORCE_HINT: &str = "--force stops it";
 
 /// Signals given targets; with a bound, only that user's, pod's or container's processes
 /// (read on the machine that signals: uids and containers differ between machines).
@@ -209,16 +207,12 @@ impl Local<'_> {
         for h in daemons.into_iter().filter(holding) {
             report.skipped.push(Skipped {
                 pid: h.pid,
-                reason: format!(
-                    "{} is a protected GPU daemon ({} MiB on GPU {}): left alone; stop its service, or {FORCE_HINT}",
-                    h.name,
-                    h.mem_mib,
-                    h.gpus
-                        .iter()
-                        .map(i64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ),
+                reason: SkipReason::DaemonHolds {
+                    name: h.name,
+                    mib: h.mem_mib,
+                    gpus: h.gpus,
+                    forcing: Forcing::Allowed,
+                },
             });
         }
         for t in &mut report.targets {
@@ -230,10 +224,10 @@ impl Local<'_> {
             let unit = h.origin.service.as_deref().unwrap_or("its unit");
             report.skipped.push(Skipped {
                 pid: h.pid,
-                reason: format!(
-                    "main process of systemd unit {unit}, which would restart it: {} (or --force)",
-                    s.reach().there(&format!("systemctl stop {unit}"))
-                ),
+                reason: SkipReason::UnitMain {
+                    unit: unit.to_string(),
+                    stop: s.reach().there(&format!("systemctl stop {unit}")),
+                },
             });
         }
         Ok(report)
@@ -274,7 +268,10 @@ pub(crate) fn unreachable_report(
     targets: &[Target],
     dry_run: bool,
 ) -> KillReport {
-    let reason = format!("host {host} unreachable: {}", e.detail());
+    let reason = SkipReason::Unreachable {
+        host: host.to_string(),
+        detail: e.detail(),
+    };
     KillReport {
         dry_run,
         skipped: targets
@@ -291,7 +288,7 @@ pub(crate) fn unreachable_report(
 /// One report from each host's: the union of the lists, each host's own under `by_host`.
 pub(crate) fn merge_kills(parts: Vec<(String, KillReport)>, dry_run: bool) -> KillReport {
     if let [(h, _)] = parts.as_slice() {
-        if h == LOCAL {
+        if is_local(h) {
             return parts.into_iter().next().map(|(_, r)| r).unwrap_or_default();
         }
     }

@@ -23,7 +23,7 @@ pub(crate) mod reset;
 pub(crate) mod wait;
 
 pub(crate) use fleet::{Fleet, PerHost};
-pub(crate) use kill::{holder_targets, holder_why, FORCE_HINT};
+pub(crate) use kill::{holder_targets, holder_why};
 pub(crate) use ops::HoldersReport;
 pub(crate) use wait::{describe_diagnosis, why_not_clean, CleanReport};
 
@@ -37,8 +37,7 @@ use serde::Serialize;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-/// Why an operation failed, wherever it ran, and the exit code that means: the one place
-/// that maps a failure to 0/1/2/130.
+/// Why an operation failed, wherever it ran, and how a command that fails so ends.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ActionError {
     /// A mistake in what was asked, found before anything ran (exit 2).
@@ -70,16 +69,29 @@ impl ActionError {
         }
     }
 
+    /// What went wrong in a few words, alike for every host it happened to: a summary's
+    /// row, where hosts that failed the same way fold into one.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            ActionError::Usage(_) => "usage error",
+            ActionError::Gpu(e) => e.kind(),
+            ActionError::Host(e) => e.kind(),
+            ActionError::Failed(_) => "failed",
+            ActionError::Interrupted => "interrupted",
+        }
+    }
+
     /// The host could not be reached or used (as opposed to a call that failed there).
     pub fn unreachable(&self) -> bool {
         matches!(self, ActionError::Host(e) if e.unreachable())
     }
 
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit(&self) -> crate::exit::Exit {
+        use crate::exit::Exit;
         match self {
-            ActionError::Interrupted => 130,
-            e if e.is_usage() => 2,
-            _ => 1,
+            ActionError::Interrupted => Exit::Interrupted,
+            e if e.is_usage() => Exit::Usage,
+            _ => Exit::Failure,
         }
     }
 }
@@ -213,5 +225,30 @@ pub(crate) fn deadline(pool: &Pool, takes: Option<Duration>) -> Option<Duration>
 impl Machine for Remote<'_> {
     fn ask<O: Op>(&mut self, op: &O) -> Result<O::Reply, ActionError> {
         self.call(op)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A summary row's words come from the error's variant, not from the text before its
+    /// first ": ": hosts that lack the same GPU fold into one row whatever their counts
+    /// (the text's first part, "no GPU with index 9 (this machine has 8)", kept them apart).
+    #[test]
+    fn hosts_that_failed_the_same_way_say_the_same_few_words() {
+        let no_gpu = |count| ActionError::Gpu(GpuError::NoSuchGpu { index: 9, count });
+        assert_eq!(no_gpu(8).kind(), no_gpu(4).kind());
+        assert_eq!(no_gpu(8).kind(), "no such GPU");
+        let lost = ActionError::from(HostError::Timeout {
+            host: "gpu01".into(),
+            method: "gpus".into(),
+            secs: 60.0,
+        });
+        assert_eq!(lost.kind(), "no answer");
+        assert_eq!(
+            ActionError::from(HostError::Interrupted).kind(),
+            "interrupted"
+        );
     }
 }

@@ -35,7 +35,8 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
     // The wire's kill options as this machine's, bounded to the user they name (looked up
     // here: uids differ between machines) whatever the call; an unknown signal refuses it.
     let kill_opts = |o: &protocol::KillOpts| {
-        let opts = KillOpts::try_from(o).map_err(|why| Body::error(ErrorKind::BadParams, why))?;
+        let opts = KillOpts::try_from(o)
+            .map_err(|why| Body::error(ErrorKind::BadParams, why.to_string()))?;
         bounded_to(&opts, o.user.as_ref(), None).map_err(failed)
     };
     let holders = |sel: &Selection, all: &bool, filter: &Filter| Holders {
@@ -321,7 +322,7 @@ pub(crate) fn diagnose_in(
         restarters: &restarters,
         seen: &seen,
         reach: s.reach(),
-        sim: backend.kind() == "sim",
+        sim: backend.kind() == crate::gpu::BackendKind::Sim,
         readiness: &readiness,
     };
     Ok(diagnose(&inv, &sel, &ctx))

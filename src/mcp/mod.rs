@@ -12,7 +12,8 @@ mod stdio;
 mod summary;
 pub(crate) mod tools;
 
-use crate::journal::{self, FrontEnd};
+use crate::exit::Exit;
+use crate::journal::{self, CallResult, FrontEnd};
 use crate::session::Session;
 use policy::Policy;
 use rmcp::model::{
@@ -206,18 +207,21 @@ impl ServerHandler for Server {
         // errors. An unknown tool stays a protocol error, and a cancelled call gets no result.
         let (reply, result) = match joined {
             Ok(Ok(r)) => {
-                let result = if r.failed { "error" } else { "ok" };
+                let result = match r.failed {
+                    true => CallResult::Error,
+                    false => CallResult::Ok,
+                };
                 (Ok(r), result)
             }
-            Ok(Err(CallError::Refused(r))) => (Ok(Reply::refused(&r)), "refused"),
+            Ok(Err(CallError::Refused(r))) => (Ok(Reply::refused(&r)), CallResult::Refused),
             Ok(Err(e @ (CallError::BadArguments(_) | CallError::NotOverHosts { .. }))) => {
-                (Ok(Reply::failed(e)), "error")
+                (Ok(Reply::failed(e)), CallResult::Error)
             }
-            Ok(Err(e @ CallError::UnknownTool(_))) => (Err(e), "error"),
-            Ok(Err(e @ CallError::Cancelled { .. })) => (Err(e), "cancelled"),
+            Ok(Err(e @ CallError::UnknownTool(_))) => (Err(e), CallResult::Error),
+            Ok(Err(e @ CallError::Cancelled { .. })) => (Err(e), CallResult::Cancelled),
             Err(e) => (
                 Ok(Reply::failed(format!("{name}: internal error: {e}"))),
-                "error",
+                CallResult::Error,
             ),
         };
         let (signalled, summary) = match &reply {
@@ -232,7 +236,7 @@ impl ServerHandler for Server {
             tool: name.clone(),
             arguments: Value::Object(arguments),
             signalled,
-            result: result.into(),
+            result,
             summary,
             elapsed_ms: started.elapsed().as_millis() as i64,
         });
@@ -266,7 +270,7 @@ impl ServerHandler for Server {
 
 /// Serves MCP on stdin/stdout until the client closes the connection or gpuloop is
 /// interrupted; returns the exit code. Jobs started by `run` are stopped before it returns.
-pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpServeError> {
+pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<Exit, McpServeError> {
     let journal = match journal::dir() {
         Ok(p) => Some(p),
         Err(e) => {
@@ -314,5 +318,8 @@ pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<i32, McpSer
     // A read of stdin may still be pending: do not wait for it.
     runtime.shutdown_background();
     result?;
-    Ok(if crate::interrupt::is_set() { 130 } else { 0 })
+    Ok(match crate::interrupt::is_set() {
+        true => Exit::Interrupted,
+        false => Exit::Success,
+    })
 }

@@ -11,7 +11,7 @@ use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, Selection};
 use crate::machine::kill::Kill;
 use crate::machine::wait::{Clean, WaitClean};
-use crate::machine::{why_not_clean, CleanReport, Fleet, Local, Machine, Watch, FORCE_HINT};
+use crate::machine::{why_not_clean, CleanReport, Fleet, Local, Machine, Watch};
 use crate::process::kill::KillReport;
 use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
@@ -1028,12 +1028,8 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
 
 /// A protected daemon kill or clean left alone: through MCP no flag stops it, so say so.
 fn no_force_here(r: &mut crate::process::kill::KillReport) {
-    let here = "MCP never stops it (the person can, with --force)";
     for s in &mut r.skipped {
-        s.reason = s
-            .reason
-            .replace(FORCE_HINT, here)
-            .replace(crate::process::kill::FORCE_ANYWAY, here);
+        s.reason.never_forced();
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::identity::{self, Pinned};
 use super::restart::{self, Restarter, Seen};
+pub use super::skip::{Forcing, SkipReason};
 use super::tree::Tree;
 use super::Identity;
 use nix::sys::signal::Signal;
@@ -126,13 +127,13 @@ impl Default for KillOpts {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Skipped {
     pub pid: i64,
-    pub reason: String,
+    pub reason: SkipReason,
 }
 
 impl Skipped {
     /// The process had exited before it could be signalled.
     pub(crate) fn is_gone(&self) -> bool {
-        self.reason == GONE
+        self.reason.is_gone()
     }
 }
 
@@ -260,11 +261,14 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 pub(crate) const NEVER: Duration = Duration::MAX;
 
 /// A grace in seconds; infinity (what "inf" parses to) is `NEVER`.
-pub(crate) fn grace_seconds(v: f64) -> Result<Duration, String> {
+pub(crate) fn grace_seconds(v: f64) -> Result<Duration, crate::seconds::BadSeconds> {
     if v == f64::INFINITY {
         return Ok(NEVER);
     }
-    crate::seconds::seconds(v).map_err(|why| format!("{why}, or inf to never send KILL"))
+    crate::seconds::seconds(v).map_err(|bad| crate::seconds::BadSeconds {
+        or_inf: true,
+        ..bad
+    })
 }
 
 /// A grace on the agent's wire, in milliseconds: `NEVER` is `u64::MAX`.
@@ -284,9 +288,14 @@ pub(crate) fn grace_of_ms(ms: u64) -> Duration {
     }
 }
 
+/// A signal name or number that names no signal, as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown signal {0:?} (use TERM, INT, KILL, HUP, … or a number)")]
+pub struct UnknownSignal(pub String);
+
 /// Parses "TERM", "SIGTERM", "term" or a number; the error is the one message every front
 /// end gives, after its own context.
-pub(crate) fn parse_signal(given: &str) -> Result<Signal, String> {
+pub(crate) fn parse_signal(given: &str) -> Result<Signal, UnknownSignal> {
     let s = given.trim();
     let sig = if let Ok(n) = s.parse::<i32>() {
         Signal::try_from(n).ok()
@@ -299,7 +308,7 @@ pub(crate) fn parse_signal(given: &str) -> Result<Signal, String> {
         };
         Signal::from_str(&name).ok()
     };
-    sig.ok_or_else(|| format!("unknown signal {given:?} (use TERM, INT, KILL, HUP, … or a number)"))
+    sig.ok_or_else(|| UnknownSignal(given.to_string()))
 }
 
 /// Short signal name without "SIG": "TERM", "KILL".
@@ -324,50 +333,40 @@ impl<'a> Guard<'a> {
     }
 
     /// Why `p` must not be signalled, if it must not.
-    fn refuse(&self, pinned: &Pinned, force: bool) -> Option<String> {
+    fn refuse(&self, pinned: &Pinned, force: bool) -> Option<SkipReason> {
         let p = &pinned.info;
         if p.pid <= 1 {
-            return Some(format!("pid {} is never signalled", p.pid));
+            return Some(SkipReason::NeverSignalled { pid: p.pid });
         }
         // kill(2) of a kernel thread's pid once reached kthreadd and every kernel thread.
         if p.is_kernel_thread() {
-            return Some(format!(
-                "pid {} ({}) is a kernel thread: never signalled",
-                p.pid, p.comm
-            ));
+            return Some(SkipReason::KernelThread {
+                pid: p.pid,
+                comm: p.comm.clone(),
+            });
         }
         if p.pid == self.me {
-            return Some("that is gpuloop itself".into());
+            return Some(SkipReason::Itself);
         }
         if self.never.contains(&p.pid) {
-            return Some(format!(
-                "pid {} ({}) is an ancestor of gpuloop",
-                p.pid, p.comm
-            ));
+            return Some(SkipReason::Ancestor {
+                pid: p.pid,
+                comm: p.comm.clone(),
+            });
         }
         // A zombie leader whose other threads live on still holds what they hold.
         if p.is_zombie() && crate::process::scan::live_thread(&pinned.dir).is_none() {
-            return Some(format!(
-                "zombie: it holds nothing, but its parent (pid {}) must reap it",
-                p.ppid
-            ));
+            return Some(SkipReason::Zombie { ppid: p.ppid });
         }
         if !force && is_protected(&p.comm, &pinned.dir.cmdline(), self.protected) {
-            return Some(format!(
-                "protected: {} is a GPU daemon ({FORCE_ANYWAY})",
-                p.comm
-            ));
+            return Some(SkipReason::Protected {
+                comm: p.comm.clone(),
+                forcing: Forcing::Allowed,
+            });
         }
         None
     }
 }
-
-/// The reason given for a target that had exited before it could be signalled: not an error
-/// for a holder seen earlier, but a bare pid the command line named that does not exist is.
-pub(crate) const GONE: &str = "already gone";
-
-/// What a refused daemon's reason says would stop it (MCP, which never does, replaces it).
-pub(crate) const FORCE_ANYWAY: &str = "force stops it anyway: --force, or force: true in a script";
 
 /// True if a process is one of the protected daemons, by comm (15 bytes at most) or argv[0].
 pub(crate) fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {
@@ -430,7 +429,7 @@ pub(crate) fn kill_with_progress(
 }
 
 /// Records that `pid` was not signalled, once.
-fn skip(report: &mut KillReport, pid: i32, reason: String) {
+fn skip(report: &mut KillReport, pid: i32, reason: SkipReason) {
     if !report.skipped.iter().any(|s| s.pid == i64::from(pid)) {
         report.skipped.push(Skipped {
             pid: pid.into(),
@@ -484,9 +483,20 @@ impl Resolve<'_> {
         let refused = self
             .guard
             .refuse(p, self.opts.force)
-            .or_else(|| self.opts.owner.as_ref()?.excludes(p))
+            .or_else(|| {
+                self.opts
+                    .owner
+                    .as_ref()?
+                    .excludes(p)
+                    .map(SkipReason::Outside)
+            })
             // The cgroup read through the pin: a process at a reused pid is read as itself.
-            .or_else(|| self.opts.within.as_ref()?.excludes(p.dir.read("cgroup")));
+            .or_else(|| {
+                let within = self.opts.within.as_ref()?;
+                within
+                    .excludes(p.dir.read("cgroup"))
+                    .map(SkipReason::Outside)
+            });
         match refused {
             Some(reason) => {
                 skip(report, pid, reason);
@@ -503,7 +513,7 @@ impl Resolve<'_> {
     fn target(&mut self, report: &mut KillReport, t: &Target) {
         let pid = t.pid();
         if pid <= 1 {
-            return skip(report, pid, format!("pid {pid} is never signalled"));
+            return skip(report, pid, SkipReason::NeverSignalled { pid });
         }
         if self.seen.contains(&pid) {
             return;
@@ -514,8 +524,8 @@ impl Resolve<'_> {
         };
         let p = match pinned {
             Ok(Some(p)) => p,
-            Ok(None) => return skip(report, pid, GONE.into()),
-            Err(reason) => return skip(report, pid, reason),
+            Ok(None) => return skip(report, pid, SkipReason::Gone),
+            Err(reason) => return skip(report, pid, SkipReason::Unpinned(reason)),
         };
         // A refused target's tree is never walked (its children may be gpuloop's siblings, or
         // a daemon's helpers).
@@ -582,11 +592,11 @@ impl Resolve<'_> {
         let p = match identity::pin_now(pid) {
             Ok(Some(p)) => p,
             Ok(None) => {
-                skip(report, pid, GONE.into());
+                skip(report, pid, SkipReason::Gone);
                 return None;
             }
             Err(reason) => {
-                skip(report, pid, reason);
+                skip(report, pid, SkipReason::Unpinned(reason));
                 return None;
             }
         };
@@ -608,10 +618,13 @@ impl Resolve<'_> {
             skip(
                 report,
                 pid,
-                format!(
-                    "pid {pid} ({}) is no longer {what} pid {} ({}): its pid may have been reused; not signalled",
-                    p.info.comm, a.info.pid, a.info.comm
-                ),
+                SkipReason::Untied {
+                    pid,
+                    comm: p.info.comm.clone(),
+                    what,
+                    anchor: a.info.pid,
+                    anchor_comm: a.info.comm.clone(),
+                },
             );
             return None;
         }
@@ -839,7 +852,11 @@ fn say_what_would_be_sent(chosen: Chosen, opts: &KillOpts, report: &mut KillRepo
         if let Some(why) = why {
             report.killed_at_once.push(Skipped {
                 pid: p.info.pid.into(),
-                reason: format!("{why}: would send KILL at once"),
+                reason: SkipReason::KilledAtOnce {
+                    pid: p.info.pid,
+                    why: why.clone(),
+                    sent: false,
+                },
             });
         }
     }
@@ -874,7 +891,11 @@ fn signal_each(
                 if let Some(why) = futile {
                     report.killed_at_once.push(Skipped {
                         pid: pid.into(),
-                        reason: format!("{why}: sent KILL at once"),
+                        reason: SkipReason::KilledAtOnce {
+                            pid,
+                            why,
+                            sent: true,
+                        },
                     });
                 }
                 report.signalled.push(pid.into());
@@ -888,7 +909,7 @@ fn signal_each(
                     name: shown,
                 });
             }
-            Err(rustix::io::Errno::SRCH) => skip(report, pid, GONE.into()),
+            Err(rustix::io::Errno::SRCH) => skip(report, pid, SkipReason::Gone),
             Err(e) => report.errors.push(KillError {
                 pid: pid.into(),
                 error: describe_errno(e, sig),
@@ -1026,11 +1047,11 @@ fn futile_signal(p: &Pinned, sig: Signal) -> Option<String> {
         return None;
     }
     let status = p.dir.status().ok()?;
-    futile_in_status(&status, sig, p.info.pid)
+    futile_in_status(&status, sig)
 }
 
 /// `futile_signal` on the text of /proc/PID/status.
-fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
+fn futile_in_status(status: &str, sig: Signal) -> Option<String> {
     let field = |name: &str| {
         status
             .lines()
@@ -1041,7 +1062,7 @@ fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
     let bit = 1u64 << (sig as i32 - 1);
     let name = signal_name(sig);
     if mask("SigIgn:").is_some_and(|m| m & bit != 0) {
-        return Some(format!("pid {pid} ignores {name} (SigIgn)"));
+        return Some(format!("ignores {name} (SigIgn)"));
     }
     let ns_init = field("NSpid:").is_some_and(|v| {
         let ids: Vec<&str> = v.split_whitespace().collect();
@@ -1049,7 +1070,7 @@ fn futile_in_status(status: &str, sig: Signal, pid: i32) -> Option<String> {
     });
     if ns_init && mask("SigCgt:").is_some_and(|m| m & bit == 0) {
         return Some(format!(
-            "pid {pid} is the init of its own PID namespace and has no {name} handler (SigCgt), so the kernel drops {name}"
+            "is the init of its own PID namespace and has no {name} handler (SigCgt), so the kernel drops {name}"
         ));
     }
     None
@@ -1092,9 +1113,9 @@ fn send(
         log_signal(&p.identity(), &p.info.comm, sig);
     }
     let outcome = match r {
-        Ok(()) => "delivered".to_string(),
-        Err(rustix::io::Errno::SRCH) => GONE.to_string(),
-        Err(e) => format!("error: {}", describe_errno(e, sig)),
+        Ok(()) => crate::journal::Delivery::Delivered,
+        Err(rustix::io::Errno::SRCH) => crate::journal::Delivery::Gone,
+        Err(e) => crate::journal::Delivery::Failed(describe_errno(e, sig)),
     };
     crate::journal::signal(
         crate::journal::Target {
@@ -1105,7 +1126,7 @@ fn send(
         },
         signal_name(sig),
         why,
-        &outcome,
+        outcome,
         served,
     );
     r
@@ -1211,8 +1232,10 @@ mod tests {
         assert_eq!(parse_signal("sigkill"), Ok(Signal::SIGKILL));
         assert_eq!(parse_signal("int"), Ok(Signal::SIGINT));
         assert_eq!(parse_signal("9"), Ok(Signal::SIGKILL));
+        assert_eq!(parse_signal("NOPE"), Err(UnknownSignal("NOPE".into())));
         assert!(parse_signal("NOPE")
             .unwrap_err()
+            .to_string()
             .contains("unknown signal \"NOPE\""));
         assert_eq!(signal_name(Signal::SIGTERM), "TERM");
     }
@@ -1242,14 +1265,11 @@ mod tests {
         );
         assert!(r.signalled.is_empty());
         assert_eq!(r.skipped.len(), 2, "{r:?}");
+        assert!(r.skipped.iter().any(|s| s.reason == SkipReason::Itself));
         assert!(r
             .skipped
             .iter()
-            .any(|s| s.reason.contains("gpuloop itself")));
-        assert!(r
-            .skipped
-            .iter()
-            .any(|s| s.reason.contains("never signalled")));
+            .any(|s| s.reason == SkipReason::NeverSignalled { pid: 1 }));
         // Our own children (other tests' processes) were not touched through our tree.
         assert_eq!(r.skipped.len() + r.signalled.len(), 2);
     }
@@ -1316,7 +1336,10 @@ mod tests {
                 "the process that reused the pid was signalled"
             );
             let why = &r.skipped.iter().find(|s| s.pid == i64::from(q));
-            assert!(why.is_some_and(|s| s.reason.contains(reason)), "{r:?}");
+            assert!(
+                why.is_some_and(|s| s.reason.to_string().contains(reason)),
+                "{r:?}"
+            );
             reap(target);
         }
         reap(other);
@@ -1356,7 +1379,10 @@ mod tests {
         );
         assert!(r.signalled.is_empty(), "{r:?}");
         assert!(alive(&mut daemon));
-        assert!(r.skipped[0].reason.contains("protected"), "{r:?}");
+        assert!(
+            matches!(r.skipped[0].reason, SkipReason::Protected { .. }),
+            "{r:?}"
+        );
         reap(daemon);
     }
 
@@ -1371,7 +1397,9 @@ mod tests {
         let start = super::super::read_stat(pid).unwrap().start;
         let wrong = Target::Exact(Identity::new(pid, start + 1));
         let r = kill(&[wrong], &KillOpts::default(), &[], &never);
-        assert!(r.signalled.is_empty() && r.skipped[0].reason.contains("another process"));
+        assert!(
+            r.signalled.is_empty() && r.skipped[0].reason.to_string().contains("another process")
+        );
         let right = Target::Exact(Identity::new(pid, start));
         let r = kill(&[right], &KillOpts::default(), &[], &never);
         assert_eq!(r.signalled, vec![i64::from(pid)]);

@@ -7,6 +7,7 @@ pub mod kill;
 pub(crate) mod origin;
 pub mod restart;
 pub mod scan;
+pub mod skip;
 pub(crate) mod tree;
 
 use serde::Serialize;

@@ -9,6 +9,7 @@ mod help;
 mod input;
 
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::render::Style;
 use crate::script::display;
 use crate::script::engine::{build_engine, new_scope, EngineOpts};
@@ -29,7 +30,7 @@ const MORE: &str = "     ... ";
 const SOURCE: &str = "<repl>";
 
 /// Runs the prompt on `session`; `json` prints values as JSON.
-pub(crate) fn run(session: Arc<Session>, json: bool) -> Result<i32, Error> {
+pub(crate) fn run(session: Arc<Session>, json: bool) -> Result<Exit, Error> {
     // Jobs spawned at the prompt live across lines; whatever is left is stopped on the way out.
     let _jobs = crate::runner::Supervisor::start();
     Repl::new(session, json)?.run()
@@ -56,7 +57,7 @@ struct Repl {
     /// The engine's depth limit: a value nested deeper is not printed.
     depth: usize,
     /// The exit code of the last input's error (0: none).
-    failed: i32,
+    failed: Exit,
     /// The inputs that ran without error, in order (functions defined, imports, statements):
     /// what `:history` shows and `:save` writes.
     kept: Vec<String>,
@@ -138,14 +139,14 @@ impl Repl {
             json,
             style,
             depth,
-            failed: 0,
+            failed: Exit::Success,
             kept: Vec::new(),
         };
         repl.refresh_names();
         Ok(repl)
     }
 
-    fn run(&mut self) -> Result<i32, Error> {
+    fn run(&mut self) -> Result<Exit, Error> {
         // Piped input is a script read line by line (`gpuloop repl < file`, like
         // `python3 < file`): no banner, and the first error ends it with that error's code.
         let batch = self.piped.is_some();
@@ -160,17 +161,17 @@ impl Repl {
             // SIGTERM cancels a running call like Ctrl-C, and then ends the REPL (its jobs are
             // stopped on the way out like at Ctrl-D).
             if crate::interrupt::terminated() {
-                return Ok(130);
+                return Ok(Exit::Interrupted);
             }
             let input = match read {
                 Read::Input(s) => s,
                 Read::Cleared => continue,
-                Read::Eof => return Ok(0),
-                Read::Interrupted => return Ok(130),
+                Read::Eof => return Ok(Exit::Success),
+                Read::Interrupted => return Ok(Exit::Interrupted),
                 Read::Refused(why) => {
                     crate::errln!("error: {why}");
                     if batch {
-                        return Ok(2);
+                        return Ok(Exit::Usage);
                     }
                     continue;
                 }
@@ -179,7 +180,7 @@ impl Repl {
             if let Some(cmd) = cmd.strip_prefix(':') {
                 let (name, arg) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));
                 match (name, arg.trim()) {
-                    ("q" | "quit" | "exit", _) => return Ok(0),
+                    ("q" | "quit" | "exit", _) => return Ok(Exit::Success),
                     ("help" | "h", "") => crate::output::paged(&help::overview(
                         &self.engine,
                         &self.ast,
@@ -203,7 +204,7 @@ impl Repl {
             if let Some(code) = self.eval(&input) {
                 return Ok(code);
             }
-            if batch && self.failed != 0 {
+            if batch && !self.failed.is_success() {
                 return Ok(self.failed);
             }
             self.refresh_names();
@@ -314,7 +315,7 @@ impl Repl {
     }
 
     /// Compiles and runs one input; `Some(code)` when the script called exit().
-    fn eval(&mut self, input: &str) -> Option<i32> {
+    fn eval(&mut self, input: &str) -> Option<Exit> {
         // Line numbers continue across inputs: the source is padded to start at the next line
         // of the transcript, which error messages quote from.
         let source = format!("{}{input}", "\n".repeat(self.lines));
@@ -330,14 +331,14 @@ impl Repl {
         if self.piped.is_none() {
             crate::interrupt::clear();
         } else if crate::interrupt::is_set() {
-            return Some(130);
+            return Some(Exit::Interrupted);
         }
         let mut ast = match self.engine.compile_with_scope(&self.scope, &source) {
             Ok(ast) => ast,
             Err(e) => {
                 let err = errors::from_parse(&e, SOURCE, &self.transcript);
                 crate::errln!("{}", err.message());
-                self.failed = err.code();
+                self.failed = err.exit();
                 return None;
             }
         };
@@ -366,7 +367,7 @@ impl Repl {
                     ScriptError::Interrupted
                         if crate::interrupt::terminated() || self.piped.is_some() =>
                     {
-                        Some(130)
+                        Some(Exit::Interrupted)
                     }
                     ScriptError::Interrupted => {
                         // The terminal may have echoed "^C" on the line: say it on a clean one.
@@ -384,7 +385,7 @@ impl Repl {
                     }
                     err => {
                         crate::errln!("{}{hint}", err.message());
-                        self.failed = err.code();
+                        self.failed = err.exit();
                         None
                     }
                 }
@@ -409,7 +410,7 @@ impl Repl {
             Ok(None) => {}
             Err(e) => {
                 crate::errln!("{e}");
-                self.failed = 1;
+                self.failed = Exit::Failure;
             }
         }
     }
@@ -479,7 +480,7 @@ impl Repl {
                 self.kept.len(),
                 path.display()
             ),
-            Err(e) if e.contains("exists already") => {
+            Err(e @ recipes::CreateError::Exists(_)) => {
                 crate::errln!("{e} (:save! {name} replaces it)")
             }
             Err(e) => crate::errln!("{e}"),

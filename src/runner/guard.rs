@@ -255,7 +255,7 @@ impl Watch {
 
 /// The guard process: waits for gpuloop to go; if it went without a goodbye, SIGKILLs what
 /// its jobs left. Returns the exit code.
-pub(crate) fn main() -> i32 {
+pub(crate) fn main() -> crate::exit::Exit {
     // A terminal's hangup or Ctrl-C is for gpuloop, which will tell the guard.
     for sig in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT] {
         // SAFETY: setting a signal to be ignored installs no handler code.
@@ -263,7 +263,7 @@ pub(crate) fn main() -> i32 {
     }
     let watch = Watch::read(std::io::stdin().lock());
     if watch.bye {
-        return 0;
+        return crate::exit::Exit::Success;
     }
     // Everything a job started is the job's, whatever it calls itself: no name protects it.
     let opts = KillOpts {
@@ -301,7 +301,7 @@ pub(crate) fn main() -> i32 {
             );
         }
     }
-    0
+    crate::exit::Exit::Success
 }
 
 /// The live processes whose environment carries `JOB_MARK=mark`: each read through its own

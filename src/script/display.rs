@@ -111,7 +111,7 @@ fn nested_records(a: &Array, style: Style) -> Option<String> {
     // The records last (they are the widest), and no HOST column on one machine alone.
     let local = |v: &Dynamic| {
         v.read_lock::<ImmutableString>()
-            .is_some_and(|s| s.as_str() == crate::hosts::LOCAL)
+            .is_some_and(|s| crate::local::is_local(s.as_str()))
     };
     let mut keys: Vec<&str> = first
         .keys()

@@ -1,22 +1,23 @@
 //! Script errors for people: `file:line:col`, the source line and a caret under the spot.
 
+use crate::exit::Exit;
 use rhai::{Dynamic, Engine, EvalAltResult, ParseError, Position};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// A script error ready to print, with the exit code it implies.
+/// A script error ready to print, with how the run then ends.
 #[derive(Debug)]
 pub enum ScriptError {
-    /// Did not compile: exit 2.
+    /// Did not compile: a usage error.
     Compile(String),
-    /// Failed while running: exit 1.
+    /// Failed while running: a failure.
     Runtime(String),
     /// `exit(code)` was called.
-    Exit(i32),
-    /// `exit(reason)` or `usage(msg)`: ends with this code, saying why (on stderr, as
-    /// `{"error": …}` under --json).
-    Said(i32, String),
-    /// Ctrl-C or SIGTERM: exit 130.
+    Exit(Exit),
+    /// `exit(reason)` or `usage(msg)`: ends so, saying why (on stderr, as `{"error": …}`
+    /// under --json).
+    Said(Exit, String),
+    /// Ctrl-C or SIGTERM.
     Interrupted,
 }
 
@@ -29,12 +30,12 @@ impl ScriptError {
         }
     }
 
-    pub fn code(&self) -> i32 {
+    pub fn exit(&self) -> Exit {
         match self {
-            ScriptError::Compile(_) => 2,
-            ScriptError::Runtime(_) => 1,
-            ScriptError::Exit(c) | ScriptError::Said(c, _) => *c,
-            ScriptError::Interrupted => 130,
+            ScriptError::Compile(_) => Exit::Usage,
+            ScriptError::Runtime(_) => Exit::Failure,
+            ScriptError::Exit(e) | ScriptError::Said(e, _) => *e,
+            ScriptError::Interrupted => Exit::Interrupted,
         }
     }
 
@@ -45,12 +46,6 @@ impl ScriptError {
             _ => "",
         }
     }
-}
-
-/// The process status for `exit(code)`: 0 to 255 as given, anything else 1 (a failure
-/// must never read as success, as `exit(-1)` clamped to 0 did).
-pub(crate) fn exit_status(code: i64) -> i32 {
-    u8::try_from(code).map_or(1, i32::from)
 }
 
 /// The text of every source an engine compiled, by the name errors give it, so that an error
@@ -119,10 +114,10 @@ pub(crate) struct ExitSaying {
 /// memory limit.
 fn terminated(token: &rhai::Dynamic, pos: rhai::Position, file: &str, source: &str) -> ScriptError {
     if let Ok(code) = token.as_int() {
-        return ScriptError::Exit(exit_status(code));
+        return ScriptError::Exit(Exit::of_script(code));
     }
     if let Some(ExitSaying { code, message }) = token.clone().try_cast::<ExitSaying>() {
-        return ScriptError::Said(exit_status(code), message);
+        return ScriptError::Said(Exit::of_script(code), message);
     }
     if let Some(MemoryLimit(limit)) = token.clone().try_cast::<MemoryLimit>() {
         let limit = limit as f64;

@@ -4,6 +4,7 @@
 
 pub(crate) mod scontrol;
 
+use crate::exit::Exit;
 use crate::gpu::{GpuError, MIB};
 use crate::inspect::diagnose::{Demand, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
@@ -162,7 +163,7 @@ pub(crate) fn run(
     hook: Hook,
     env: &JobEnv,
     opts: &HookOpts,
-) -> Result<i32, SlurmError> {
+) -> Result<Exit, SlurmError> {
     let started = Instant::now();
     let log = Log::new(hook, env);
     // Nothing can be verified without the driver: the node is not fit for GPU jobs.
@@ -194,7 +195,7 @@ pub(crate) fn run(
     let demand = wopts.demand();
     if opts.dry_run {
         say_what_would_be_done(s, &sel, &targets, &demand, env, &log)?;
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     let outcome = if sel.is_empty() {
         WaitOutcome::Clean
@@ -205,7 +206,7 @@ pub(crate) fn run(
     };
     if outcome == WaitOutcome::Clean && stubborn.is_empty() {
         say_clean(&sel, started, &log);
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     let why = drain_reason(s, &sel, &demand, &stubborn, env)?;
     drain(&log, env, opts, &why)
@@ -385,10 +386,10 @@ fn drain_reason(
     })
 }
 
-fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<i32, SlurmError> {
+fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<Exit, SlurmError> {
     if opts.dry_run {
         log.line(&format!("would drain node {}: {reason}", env.node));
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     match scontrol::drain(&env.node, reason) {
         Ok(()) => log.line(&format!("drained node {}: {reason}", env.node)),
@@ -397,7 +398,7 @@ fn drain(log: &Log, env: &JobEnv, opts: &HookOpts, reason: &str) -> Result<i32, 
             env.node
         )),
     }
-    Ok(1)
+    Ok(Exit::Failure)
 }
 
 /// The drain reason: under 256 characters, starting with `gpuloop:`, naming the GPU, the

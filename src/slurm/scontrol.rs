@@ -22,14 +22,26 @@ pub(crate) fn running_jobs(node: &str) -> Option<BTreeSet<i64>> {
     Some(out.lines().filter_map(|l| l.trim().parse().ok()).collect())
 }
 
+/// Why a node could not be drained.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum DrainError {
+    #[error("no node name (SLURMD_NODENAME unset, no hostname)")]
+    NoNode,
+    /// scontrol would read it as a hostlist of several nodes.
+    #[error("{0:?} is not one node's name")]
+    NotOneNode(String),
+    #[error("scontrol update failed")]
+    Failed,
+}
+
 /// `scontrol update nodename=NODE state=drain reason=REASON`.
-pub(crate) fn drain(node: &str, reason: &str) -> Result<(), String> {
+pub(crate) fn drain(node: &str, reason: &str) -> Result<(), DrainError> {
     if node.is_empty() {
-        return Err("no node name (SLURMD_NODENAME unset, no hostname)".into());
+        return Err(DrainError::NoNode);
     }
     // scontrol takes a hostlist here: only ever one node, this one.
     if !super::is_node_name(node) {
-        return Err(format!("{node:?} is not one node's name"));
+        return Err(DrainError::NotOneNode(node.to_string()));
     }
     let (node_arg, reason_arg) = (format!("nodename={node}"), format!("reason={reason}"));
     command_output(
@@ -38,5 +50,24 @@ pub(crate) fn drain(node: &str, reason: &str) -> Result<(), String> {
         DEADLINE,
     )
     .map(|_| ())
-    .ok_or_else(|| "scontrol update failed".to_string())
+    .ok_or(DrainError::Failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What is wrong with the node is decided before scontrol runs, each its own error.
+    #[test]
+    fn a_node_that_is_not_one_is_refused_before_scontrol_runs() {
+        assert_eq!(drain("", "gpuloop: x"), Err(DrainError::NoNode));
+        assert_eq!(
+            drain("gpu[01-02]", "gpuloop: x"),
+            Err(DrainError::NotOneNode("gpu[01-02]".into()))
+        );
+        assert_eq!(
+            DrainError::NotOneNode("a,b".into()).to_string(),
+            r#""a,b" is not one node's name"#
+        );
+    }
 }

@@ -4,18 +4,19 @@
 use crate::cli::args::Args;
 use crate::cli::Config;
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::mcp::policy::Policy;
 use crate::slurm::{Hook, HookOpts, JobEnv};
 use std::path::Path;
 
 /// `gpuloop epilog` / `gpuloop prolog`.
-pub(super) fn hook(cfg: &Config, which: Hook, opts: &HookOpts) -> Result<i32, Error> {
+pub(super) fn hook(cfg: &Config, which: Hook, opts: &HookOpts) -> Result<Exit, Error> {
     let env = JobEnv::from(|k| std::env::var(k).ok())?;
     Ok(crate::slurm::run(&cfg.session, which, &env, opts)?)
 }
 
 /// `gpuloop mcp`: the tools served over stdio, as far as the policy allows.
-pub(super) fn mcp(cfg: &Config, policy: &Policy) -> Result<i32, Error> {
+pub(super) fn mcp(cfg: &Config, policy: &Policy) -> Result<Exit, Error> {
     crate::mcp::serve(cfg.session.clone(), policy.clone()).map_err(|e| Error::Other(e.to_string()))
 }
 
@@ -25,7 +26,7 @@ pub(super) fn journal(
     cfg: &Config,
     last: usize,
     filter: &crate::journal::Filter,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     use crate::journal;
     if !cfg.session.is_local() {
         return journal_of_hosts(cfg, last, filter);
@@ -61,12 +62,12 @@ pub(super) fn journal(
     if found.matched == 0 && !cfg.json {
         crate::errln!("nothing journaled that matches ({})", path.display());
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// `gpuloop man`: the page of gpuloop itself on stdout, or with `dir` every command's page
 /// (gpuloop.1, gpuloop-clean.1, gpuloop-sim-hold.1, …) written there, each with all its options.
-pub(super) fn man(dir: Option<&Path>) -> Result<i32, Error> {
+pub(super) fn man(dir: Option<&Path>) -> Result<Exit, Error> {
     let cmd = <Args as clap::CommandFactory>::command();
     let Some(dir) = dir else {
         let mut out = Vec::new();
@@ -74,22 +75,22 @@ pub(super) fn man(dir: Option<&Path>) -> Result<i32, Error> {
             .render(&mut out)
             .map_err(|e| Error::Other(format!("man page: {e}")))?;
         crate::output::bytes(&out);
-        return Ok(0);
+        return Ok(Exit::Success);
     };
     std::fs::create_dir_all(dir)
         .and_then(|()| clap_mangen::generate_to(cmd, dir))
         .map_err(|e| Error::Other(format!("writing man pages into {}: {e}", dir.display())))?;
     crate::outln!("wrote the man pages into {}", dir.display());
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// `gpuloop completions SHELL`.
-pub(super) fn completions(shell: clap_complete::Shell) -> Result<i32, Error> {
+pub(super) fn completions(shell: clap_complete::Shell) -> Result<Exit, Error> {
     let mut cmd = <Args as clap::CommandFactory>::command();
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut cmd, "gpuloop", &mut out);
     crate::output::bytes(&out);
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// `gpuloop --host … journal`: each host's latest records that match, in host order, and a
@@ -98,7 +99,7 @@ fn journal_of_hosts(
     cfg: &Config,
     last: usize,
     filter: &crate::journal::Filter,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     use crate::machine::{ops::Journal, Fleet};
     let op = |_| Journal {
         last,

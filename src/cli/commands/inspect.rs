@@ -7,6 +7,7 @@ use super::{check_owner, emit, require_local_driver};
 use crate::cli::hiargs::Selection;
 use crate::cli::Config;
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::gpu::GpuError;
 use crate::hosts::HostSel;
 use crate::inspect::diagnose::Demand;
@@ -17,7 +18,7 @@ use crate::render::{self, HostState, Style};
 use serde::Serialize;
 
 /// `gpuloop gpus`: every selected GPU, and over several hosts a row per host.
-pub(super) fn gpus(cfg: &Config, sel: &Selection) -> Result<i32, Error> {
+pub(super) fn gpus(cfg: &Config, sel: &Selection) -> Result<Exit, Error> {
     let s = &cfg.session;
     require_local_driver(s)?;
     let sel = sel.on(s)?;
@@ -54,7 +55,7 @@ pub(super) fn gpus(cfg: &Config, sel: &Selection) -> Result<i32, Error> {
     let code = summary(cfg, rows, true)?;
     // A GPU the driver could not read is reported beside the others, and fails the command.
     Ok(if gpus.iter().any(|g| g.error.is_some()) {
-        1
+        Exit::Failure
     } else {
         code
     })
@@ -66,7 +67,7 @@ pub(super) fn holders(
     sel: &Selection,
     owner: &Filter,
     all: bool,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     if cfg.session.is_local() {
         holders_here(cfg, sel, owner, all)
     } else {
@@ -76,7 +77,7 @@ pub(super) fn holders(
 
 /// `gpuloop holders` on this machine alone: its scan starts first, so that it runs beside
 /// the driver's load, and a missing driver still lists who has the device nodes open.
-fn holders_here(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) -> Result<i32, Error> {
+fn holders_here(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) -> Result<Exit, Error> {
     let s = &cfg.session;
     let inv = machine::ops::look(s)?;
     if let Some(why) = s.backend()?.missing_driver() {
@@ -114,7 +115,7 @@ fn holders_here(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) -> Res
         crate::errln!(
             "error: {e}: the driver's process list of that GPU is missing (holders shown for it are those the /proc scan found)"
         );
-        return Ok(1);
+        return Ok(Exit::Failure);
     }
     Ok(code)
 }
@@ -125,7 +126,7 @@ fn holders_per_host(
     sel: &Selection,
     owner: &Filter,
     all: bool,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     let s = &cfg.session;
     // What the arguments alone decide is decided before any host is contacted: a usage
     // error over 256 hosts used to wait for all of them to connect first.
@@ -162,7 +163,7 @@ pub(super) fn diagnose(
     sel: &Selection,
     owner: &Filter,
     check: bool,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     let s = &cfg.session;
     require_local_driver(s)?;
     check_owner(s, owner)?;
@@ -190,7 +191,7 @@ pub(super) fn diagnose(
     Ok(if ds.iter().all(|d| d.is_clean()) {
         code
     } else {
-        1
+        Exit::Failure
     })
 }
 
@@ -202,7 +203,7 @@ pub(super) fn wait(
     sel: &Selection,
     filter: &Filter,
     opts: &WaitOpts,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     let sel = &sel.on(&cfg.session)?;
     check_owner(&cfg.session, filter)?;
     require_local_driver(&cfg.session)?;
@@ -226,7 +227,7 @@ pub(super) fn wait(
     let memory_back = match outcome {
         WaitOutcome::Interrupted => {
             say_still_held(cfg, sel, opts);
-            return Ok(130);
+            return Ok(Exit::Interrupted);
         }
         o => o.is_clean(),
     };
@@ -260,7 +261,7 @@ pub(super) fn wait(
         },
     )?;
     let code = summary(cfg, rows, true)?;
-    Ok(if clean { code } else { 1 })
+    Ok(if clean { code } else { Exit::Failure })
 }
 
 /// Ctrl-C during `gpuloop wait`: what it was still waiting for, which GPUs held by whom (one
@@ -297,7 +298,7 @@ pub(super) fn top(
     sel: &Selection,
     interval: std::time::Duration,
     once: bool,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     let s = &cfg.session;
     require_local_driver(s)?;
     let sel = sel.on(s)?;
@@ -328,9 +329,9 @@ pub(super) fn top(
             || render::top(&gpus, &holders, Style::stdout()),
         )?;
         return Ok(if gpus.iter().any(|g| g.error.is_some()) {
-            1
+            Exit::Failure
         } else {
-            0
+            Exit::Success
         });
     }
     let stop = s.interrupted();
@@ -346,7 +347,7 @@ pub(super) fn top(
         let until = std::time::Instant::now() + interval;
         while std::time::Instant::now() < until {
             if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                return Ok(130);
+                return Ok(Exit::Interrupted);
             }
             std::thread::sleep(std::time::Duration::from_millis(50).min(interval));
         }

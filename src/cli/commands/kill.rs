@@ -6,6 +6,7 @@ use super::{check_owner, emit, require_local_driver};
 use crate::cli::hiargs::Selection;
 use crate::cli::Config;
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::hosts::HostSel;
 use crate::inspect::wait::WaitOpts;
 use crate::inspect::Filter;
@@ -20,7 +21,7 @@ pub(super) fn holders(
     sel: &Selection,
     filter: &Filter,
     opts: &KillOpts,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     let sel = sel.on(&cfg.session)?;
     check_owner(&cfg.session, filter)?;
     kill_holders(cfg, &sel, filter, opts)
@@ -33,7 +34,7 @@ fn kill_holders(
     sel: &HostSel,
     filter: &Filter,
     opts: &KillOpts,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     let parts = Fleet::of(&cfg.session).kill_holders_per_host(sel, filter, opts)?;
     let (parts, mut rows) = per_host(cfg, parts)?;
     for (h, r) in &parts {
@@ -75,13 +76,13 @@ fn kill_holders(
     emit_hosts(cfg, &report, &rows, || {
         render::kill_report(&report, Style::stdout())
     })?;
-    Ok(summary(cfg, rows, true)?.max(kill_code(&report)))
+    Ok(summary(cfg, rows, true)?.worse(kill_exit(&report)))
 }
 
 /// `gpuloop kill PID…`: bare pids, resolved now, under the same rules as holders. As kill(1),
 /// a pid named and not signalled (no such process, pid 1, another user's) fails the command
 /// (exit 1); the report's "skipped" line says why, once.
-pub(super) fn pids(cfg: &Config, pids: &[i32], opts: &KillOpts) -> Result<i32, Error> {
+pub(super) fn pids(cfg: &Config, pids: &[i32], opts: &KillOpts) -> Result<Exit, Error> {
     let targets: Vec<_> = pids.iter().map(|&pid| (None, Target::Pid(pid))).collect();
     let report = Fleet::of(&cfg.session).kill(&targets, opts, &Default::default())?;
     let code = kill_done(cfg, &report)?;
@@ -89,24 +90,26 @@ pub(super) fn pids(cfg: &Config, pids: &[i32], opts: &KillOpts) -> Result<i32, E
         .skipped
         .iter()
         .any(|s| pids.iter().any(|&p| i64::from(p) == s.pid));
-    Ok(if refused { code.max(1) } else { code })
+    Ok(if refused {
+        code.worse(Exit::Failure)
+    } else {
+        code
+    })
 }
 
-pub(super) fn kill_done(cfg: &Config, report: &KillReport) -> Result<i32, Error> {
+pub(super) fn kill_done(cfg: &Config, report: &KillReport) -> Result<Exit, Error> {
     emit(cfg, &report, || {
         render::kill_report(report, Style::stdout())
     })?;
-    Ok(kill_code(report))
+    Ok(kill_exit(report))
 }
 
-/// 130 when interrupted during the grace, 0 when every target is gone, else 1.
-fn kill_code(report: &KillReport) -> i32 {
+/// Interrupted during the grace, success when every target is gone, else a failure.
+fn kill_exit(report: &KillReport) -> Exit {
     if report.interrupted {
-        130
-    } else if report.all_gone() {
-        0
+        Exit::Interrupted
     } else {
-        1
+        Exit::success_if(report.all_gone())
     }
 }
 
@@ -118,7 +121,7 @@ pub(super) fn clean(
     filter: &Filter,
     wait: &WaitOpts,
     kill_opts: &KillOpts,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     let sel = &sel.on(&cfg.session)?;
     check_owner(&cfg.session, filter)?;
     require_local_driver(&cfg.session)?;
@@ -147,7 +150,7 @@ pub(super) fn clean(
         return kill_done(cfg, &r.kill);
     }
     if crate::interrupt::is_set() {
-        return Ok(130);
+        return Ok(Exit::Interrupted);
     }
     emit_hosts(cfg, &r, &rows, || {
         let secs = r.wait_ms as f64 / 1000.0;
@@ -181,7 +184,7 @@ pub(super) fn clean(
         )
     })?;
     let code = summary(cfg, rows, true)?;
-    Ok(if r.clean { code } else { 1 })
+    Ok(if r.clean { code } else { Exit::Failure })
 }
 
 /// `gpuloop reset`: each GPU's blockers (`--dry-run`), or the reset and its steps; exit 0
@@ -190,7 +193,7 @@ pub(super) fn reset(
     cfg: &Config,
     sel: &Selection,
     opts: &crate::cli::hiargs::ResetOpts,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     let s = &cfg.session;
     require_local_driver(s)?;
     let sel = sel.on(s)?;
@@ -211,7 +214,7 @@ pub(super) fn reset(
         render::reset_reports(&reports, Style::stdout())
     })?;
     if crate::interrupt::is_set() {
-        return Ok(130);
+        return Ok(Exit::Interrupted);
     }
-    Ok(if reports.iter().all(|r| r.ok) { 0 } else { 1 })
+    Ok(Exit::success_if(reports.iter().all(|r| r.ok)))
 }

@@ -11,12 +11,13 @@ pub(crate) mod sim;
 use super::hiargs::{Command, HiArgs, KillTargets};
 use super::Config;
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::inspect::Filter;
 use crate::machine::Fleet;
 use crate::session::Session;
 use serde::Serialize;
 
-pub(crate) fn dispatch(hi: &HiArgs) -> Result<i32, Error> {
+pub(crate) fn dispatch(hi: &HiArgs) -> Result<Exit, Error> {
     let cfg = &hi.config;
     match &hi.command {
         Command::Run { script, args } => script::run(cfg, script, args),
@@ -79,7 +80,7 @@ fn check_owner(s: &Session, owner: &Filter) -> Result<(), Error> {
 
 /// Prints JSON with --json, else the table. Keys come in one order everywhere, sorted by
 /// name, as scripts' maps print under `eval --json`.
-fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Result<i32, Error> {
+fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Result<Exit, Error> {
     if cfg.json {
         let sorted = serde_json::to_value(v).map_err(|e| Error::Other(e.to_string()))?;
         crate::outln!(
@@ -89,5 +90,5 @@ fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Re
     } else {
         crate::outln!("{}", table());
     }
-    Ok(0)
+    Ok(Exit::Success)
 }

@@ -4,6 +4,7 @@
 use super::emit;
 use crate::cli::Config;
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::inspect::diagnose::Demand;
 use crate::machine::{self, ActionError};
 use crate::render::{self, HostState, Style};
@@ -108,11 +109,9 @@ pub(super) fn per_host<T>(
     for (h, r) in parts {
         match r {
             Ok(v) => ok.push((h, v)),
-            // Ctrl-C or TERM while the hosts were opened or answering: the run ends (130),
-            // with nothing said for each host it did not reach.
-            Err(ActionError::Interrupted) => {
-                return Err(Error::Script(crate::script::ScriptError::Interrupted))
-            }
+            // Ctrl-C or TERM while the hosts were opened or answering: the run ends
+            // interrupted, with nothing said for each host it did not reach.
+            Err(ActionError::Interrupted) => return Err(Error::Interrupted),
             Err(f) if !several => return Err(f.into()),
             Err(f) => {
                 let skipped = skip && f.unreachable();
@@ -132,14 +131,7 @@ pub(super) fn per_host<T>(
                 };
                 // A few words, alike for every host that failed the same way, so that they
                 // fold; the whole error was said above.
-                let detail = match &f {
-                    ActionError::Host(e) => e.kind().to_string(),
-                    e => {
-                        let e = e.to_string();
-                        e.split(": ").next().unwrap_or(&e).to_string()
-                    }
-                };
-                let mut r = row(&h, state, detail);
+                let mut r = row(&h, state, f.kind().to_string());
                 r.error = Some(f.to_string());
                 r.usage = f.is_usage();
                 rows.push(r);
@@ -158,9 +150,9 @@ pub(super) fn summary(
     cfg: &Config,
     mut rows: Vec<render::HostRow>,
     show: bool,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     if cfg.session.is_local() {
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     let names = cfg.session.host_names();
     rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
@@ -191,11 +183,9 @@ pub(super) fn summary(
     let good = rows.iter().all(|r| r.state.passes());
     // A mistake in what was asked is exit 2 through a host as it is here.
     Ok(if rows.iter().any(|r| r.usage) {
-        2
-    } else if answered && good {
-        0
+        Exit::Usage
     } else {
-        1
+        Exit::success_if(answered && good)
     })
 }
 
@@ -207,7 +197,7 @@ pub(super) fn emit_hosts<T: Serialize>(
     v: &T,
     rows: &[render::HostRow],
     table: impl FnOnce() -> String,
-) -> Result<i32, Error> {
+) -> Result<Exit, Error> {
     if cfg.session.is_local() {
         return emit(cfg, v, table);
     }
@@ -216,7 +206,7 @@ pub(super) fn emit_hosts<T: Serialize>(
         if rows.iter().any(|r| r.error.is_none()) {
             crate::outln!("{}", table());
         }
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     let mut rows = rows.to_vec();
     rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));

@@ -4,6 +4,7 @@ use super::emit;
 use crate::cli::hiargs::RecipesCommand;
 use crate::cli::Config;
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
 use crate::script::recipes::header::{ArgKind, ArgValue, Header, Parsed};
@@ -53,9 +54,7 @@ impl Script {
                 let src = input::stdin(input::SCRIPT)
                     .and_then(|b| String::from_utf8(b).map_err(|_| ReadError::NotUtf8))
                     .map_err(|e| match e {
-                        ReadError::Interrupted => {
-                            Error::Script(crate::script::ScriptError::Interrupted)
-                        }
+                        ReadError::Interrupted => Error::Interrupted,
                         e => Error::Usage(format!("cannot read the script from stdin: {e}")),
                     })?;
                 let src = input::without_bom(&src).to_string();
@@ -168,7 +167,7 @@ fn arguments(
         });
         match checked {
             Ok(_) => {}
-            Err(e) if e.code() == 2 => {
+            Err(e) if e.exit() == Exit::Usage => {
                 return Err(usage(format!("--{} {}: {e}", spec.name, given.join(","))))
             }
             Err(e) => return Err(e),
@@ -179,11 +178,11 @@ fn arguments(
 
 /// `gpuloop run SCRIPT ARGS…`: the script, with ARGS (and its declared arguments, ARG) in
 /// its scope.
-pub(super) fn run(cfg: &Config, script: &Script, args: &[String]) -> Result<i32, Error> {
+pub(super) fn run(cfg: &Config, script: &Script, args: &[String]) -> Result<Exit, Error> {
     let (file, src, dir) = script.read()?;
     let header = header(script, &file, &src)?;
     let Some(values) = arguments(cfg, &file, &header, args)? else {
-        return Ok(0);
+        return Ok(Exit::Success);
     };
     // Whatever the script started (run/spawn) is stopped when this goes out of scope.
     let _jobs = crate::runner::Supervisor::start();
@@ -199,11 +198,11 @@ pub(super) fn run(cfg: &Config, script: &Script, args: &[String]) -> Result<i32,
     let ast = crate::script::engine::compile(&engine, &file, &src)?;
     crate::script::engine::check_declared(&ast, &header.args, &file, &src)?;
     let _ = crate::script::engine::run_ast(&engine, &mut scope, &ast, &file, &src)?;
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// `gpuloop eval CODE`: the value of its last expression.
-pub(super) fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
+pub(super) fn eval(cfg: &Config, code: &str) -> Result<Exit, Error> {
     let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
     let dir = std::env::current_dir().ok();
@@ -222,13 +221,13 @@ pub(super) fn eval(cfg: &Config, code: &str) -> Result<i32, Error> {
     {
         crate::outln!("{text}");
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// `gpuloop check`: compiles each script, reads its header's declared arguments and checks
 /// its uses of them, finds the modules it imports, as `run` would, and the calls of functions
 /// that nothing defines.
-pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<i32, Error> {
+pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<Exit, Error> {
     let mut failed = 0;
     for p in scripts {
         let read = Script::named(&p.display().to_string()).and_then(|s| {
@@ -269,11 +268,15 @@ pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<i32, Error> {
             }
         }
     }
-    Ok(if failed > 0 { 2 } else { 0 })
+    Ok(if failed > 0 {
+        Exit::Usage
+    } else {
+        Exit::Success
+    })
 }
 
 /// `gpuloop doc`: the reference in Markdown, or definition files for editors.
-pub(super) fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error> {
+pub(super) fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<Exit, Error> {
     let engine = build_engine(cfg.session.clone(), &EngineOpts::default());
     match definitions {
         Some(dir) => {
@@ -282,12 +285,12 @@ pub(super) fn doc(cfg: &Config, definitions: Option<&Path>) -> Result<i32, Error
         }
         None => crate::output::text(&crate::script::doc::markdown(&engine)),
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// `gpuloop recipes`: every recipe with where it comes from and what it is for; `show`
 /// prints one's usage and source, `new` writes a skeleton into the user's directory.
-pub(super) fn recipes(cfg: &Config, cmd: &RecipesCommand) -> Result<i32, Error> {
+pub(super) fn recipes(cfg: &Config, cmd: &RecipesCommand) -> Result<Exit, Error> {
     let roots = Roots::from_env();
     match cmd {
         RecipesCommand::List => {
@@ -324,8 +327,8 @@ pub(super) fn recipes(cfg: &Config, cmd: &RecipesCommand) -> Result<i32, Error> 
             })
         }
         RecipesCommand::New(name) => {
-            let path =
-                recipes::create(name, &recipes::skeleton(name), false).map_err(Error::Usage)?;
+            let path = recipes::create(name, &recipes::skeleton(name), false)
+                .map_err(|e| Error::Usage(e.to_string()))?;
             let shadows = recipes::list(&roots)
                 .into_iter()
                 .find(|r| r.name == *name && r.origin != recipes::Origin::User);
@@ -339,7 +342,7 @@ pub(super) fn recipes(cfg: &Config, cmd: &RecipesCommand) -> Result<i32, Error> 
                     r.origin.name()
                 );
             }
-            Ok(0)
+            Ok(Exit::Success)
         }
     }
 }
@@ -363,6 +366,6 @@ impl Shown {
 }
 
 /// `gpuloop repl`.
-pub(super) fn repl(cfg: &Config) -> Result<i32, Error> {
+pub(super) fn repl(cfg: &Config) -> Result<Exit, Error> {
     crate::repl::run(cfg.session.clone(), cfg.json)
 }

@@ -7,6 +7,7 @@ use crate::cli::args::{Args, Cmd, SimCmd};
 use crate::cli::hiargs::SimCommand;
 use crate::cli::Config;
 use crate::error::Error;
+use crate::exit::Exit;
 use crate::gpu::sim::hold;
 use crate::gpu::sim::SimBackend;
 use crate::machine::ops::{HolderList, Holders};
@@ -16,7 +17,7 @@ use crate::render::{self, Style};
 use std::time::Duration;
 
 /// `gpuloop sim …`: the simulator's commands run for a person or a test.
-pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<i32, Error> {
+pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<Exit, Error> {
     let sim = cfg.session.sim()?;
     match cmd {
         SimCommand::Hold(opts) => {
@@ -28,11 +29,11 @@ pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<i32, Error> {
                     crate::outln!("{p}");
                 }
             }
-            Ok(0)
+            Ok(Exit::Success)
         }
         SimCommand::Leak { gpu, mib } => {
             sim.leak(*gpu, *mib)?;
-            Ok(0)
+            Ok(Exit::Success)
         }
         SimCommand::Fault {
             gpu,
@@ -45,11 +46,11 @@ pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<i32, Error> {
             if let Some(gpu) = gpu {
                 sim.inject(*gpu, inject)?;
             }
-            Ok(0)
+            Ok(Exit::Success)
         }
         SimCommand::Reset { gpu } => {
             crate::gpu::Backend::reset(&sim, *gpu, &crate::process::helpers::output)?;
-            Ok(0)
+            Ok(Exit::Success)
         }
         SimCommand::Ls => {
             let hs = sim_holders(cfg)?;
@@ -108,7 +109,7 @@ pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<i32, Error> {
                 "released {}",
                 crate::words::count(n, "stuck holder", "stuck holders")
             );
-            Ok(0)
+            Ok(Exit::Success)
         }
     }
 }
@@ -133,20 +134,20 @@ fn is_sim_holder(cmdline: &str) -> bool {
 }
 
 /// The holder and watcher processes: single-threaded, no signal handlers, no config.
-pub(crate) fn internal(args: &Args) -> Result<i32, Error> {
+pub(crate) fn internal(args: &Args) -> Result<Exit, Error> {
     let spec = args.sim.as_deref().filter(|s| !s.trim().is_empty());
     let sim = SimBackend::open(&crate::gpu::sim::state_dir(), spec)?;
     match &args.cmd {
         Cmd::Sim(SimCmd::Watch { alloc }) => {
             crate::gpu::sim::watch(&sim, alloc, sim.spec.release_ms)?;
-            Ok(0)
+            Ok(Exit::Success)
         }
         // The holder: `sim hold`'s flags, checked as the command checks them.
         Cmd::Sim(cmd) => match SimCommand::new(cmd)? {
             SimCommand::Hold(opts) if opts.foreground => hold::run_foreground(&sim, &opts),
             SimCommand::Hold(opts) => hold::run_holder(&sim, &opts),
-            _ => Ok(2),
+            _ => Ok(Exit::Usage),
         },
-        _ => Ok(2),
+        _ => Ok(Exit::Usage),
     }
 }

@@ -673,8 +673,8 @@ pub fn watch(sim: &SimBackend, alloc: &Path, release_ms: u64) -> Result<(), GpuE
 }
 
 impl Backend for SimBackend {
-    fn kind(&self) -> &'static str {
-        "sim"
+    fn kind(&self) -> crate::gpu::BackendKind {
+        crate::gpu::BackendKind::Sim
     }
 
     /// The simulated driver answers every field from one look at the allocations.

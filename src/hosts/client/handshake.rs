@@ -13,9 +13,6 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::Semaphore;
 
-/// Marks the version error that sends this gpuloop instead of the host's own.
-const PUSH_INSTEAD: &str = "(push)";
-
 /// Starts the agent and reads its hello; where the host's own gpuloop speaks another
 /// protocol and gpuloop is pushed, again with this one's copy.
 pub(super) async fn connect(
@@ -28,7 +25,7 @@ pub(super) async fn connect(
 ) -> Result<Conn, HostError> {
     let started = Instant::now();
     match connect_once(host, transport, timeout, answer_within, shard, false, stop).await {
-        Err(HostError::Version { ours, .. }) if ours == PUSH_INSTEAD => {
+        Err(HostError::PushNeeded { .. }) => {
             let left = timeout.saturating_sub(started.elapsed());
             connect_once(host, transport, left, answer_within, shard, true, stop).await
         }
@@ -280,7 +277,7 @@ async fn hello_in(
 }
 
 /// Refuses an agent that speaks another protocol; where gpuloop is pushed, with the error
-/// that sends this one's copy instead (`PUSH_INSTEAD`).
+/// that sends this one's copy instead (`HostError::PushNeeded`).
 fn same_protocol(
     host: &str,
     transport: &Transport,
@@ -289,12 +286,10 @@ fn same_protocol(
 ) -> Result<(), HostError> {
     if hello.protocol != protocol::PROTOCOL && transport.pushes() && !skip_path {
         // Its own gpuloop speaks another protocol: this one's copy will do.
-        return Err(HostError::Version {
+        return Err(HostError::PushNeeded {
             host: host.to_string(),
             theirs: hello.version.clone(),
             their_protocol: hello.protocol,
-            ours: PUSH_INSTEAD.into(),
-            our_protocol: protocol::PROTOCOL,
         });
     }
     if hello.protocol != protocol::PROTOCOL {

@@ -423,7 +423,7 @@ fn exit_saying(code: i64, message: String) -> Box<EvalAltResult> {
     ))
 }
 
-/// `errors::exit_status` maps the code to the process status.
+/// `Exit::of_script` maps the code to the process status.
 fn exit_with(code: i64) -> Box<EvalAltResult> {
     Box::new(EvalAltResult::ErrorTerminated(
         Dynamic::from(code),

@@ -348,7 +348,7 @@ fn value(spec: &ArgSpec, text: &str) -> Result<ArgValue, String> {
             .ok_or_else(bad),
         ArgKind::Secs => {
             let v: f64 = text.trim().parse().map_err(|_| bad())?;
-            crate::seconds::seconds(v)?;
+            crate::seconds::seconds(v).map_err(|e| e.to_string())?;
             Ok(ArgValue::Float(v))
         }
         ArgKind::String | ArgKind::Rest => Ok(ArgValue::Str(text.to_string())),

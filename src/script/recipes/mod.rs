@@ -333,20 +333,47 @@ pub fn skeleton(name: &str) -> String {
     include_str!("skeleton.rhai").replace("NAME", name)
 }
 
+/// Why a recipe could not be written into the user's directory.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("{0}")]
+    BadName(FindError),
+    #[error("no home directory: cannot tell where the user's recipes go")]
+    NoHome,
+    #[error("cannot make {}: {source}", dir.display())]
+    Dir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// There is one by that name already, and it was not to be replaced.
+    #[error("{} exists already: edit it, or remove it first", .0.display())]
+    Exists(PathBuf),
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Writes the skeleton of a new recipe into the user's directory (made if missing, mode 0755;
 /// the file 0644: writable by no one else, as the trust checks want); returns its path.
-pub fn create(name: &str, text: &str, overwrite: bool) -> Result<PathBuf, String> {
+pub fn create(name: &str, text: &str, overwrite: bool) -> Result<PathBuf, CreateError> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     if !valid_name(name) {
-        return Err(FindError::BadName { name: name.into() }.to_string());
+        return Err(CreateError::BadName(FindError::BadName {
+            name: name.into(),
+        }));
     }
-    let dir = user_dir().ok_or("no home directory: cannot tell where the user's recipes go")?;
+    let dir = user_dir().ok_or(CreateError::NoHome)?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(&dir)
-        .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        .map_err(|source| CreateError::Dir {
+            dir: dir.clone(),
+            source,
+        })?;
     let path = dir.join(format!("{name}.rhai"));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -356,18 +383,21 @@ pub fn create(name: &str, text: &str, overwrite: bool) -> Result<PathBuf, String
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .mode(0o644)
         .open(&path)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => format!(
-                "{} exists already: edit it, or remove it first",
-                path.display()
-            ),
-            _ => format!("cannot write {}: {e}", path.display()),
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::AlreadyExists => CreateError::Exists(path.clone()),
+            _ => CreateError::Write {
+                path: path.clone(),
+                source,
+            },
         })?;
     // The umask may have taken bits off, never added; group-writable umasks (002) are why
     // the mode is set again.
     f.set_permissions(std::fs::Permissions::from_mode(0o644))
         .and_then(|()| f.write_all(text.as_bytes()))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        .map_err(|source| CreateError::Write {
+            path: path.clone(),
+            source,
+        })?;
     Ok(path)
 }
 
