@@ -79,9 +79,9 @@ fn scoped(
     opts: &WaitOpts,
 ) -> Result<(Selection, WaitOpts), ActionError> {
     let resolved = filter.resolve_in(&inv.holders)?;
-    let sel = narrowed(&inv, sel, &resolved);
+    let sel = narrowed(inv, sel, &resolved);
     let opts = WaitOpts {
-        scoped: resolved.within.map(|w| wait::Scoped::of(&inv, &sel, w)),
+        scoped: resolved.within.map(|w| wait::Scoped::of(inv, &sel, w)),
         ..opts.clone()
     };
     Ok((sel, opts))
