@@ -36,7 +36,7 @@ Environment:
 pub struct Args {
     /// Simulated GPUs, e.g. 8x80G.
     ///
-    /// Simulated GPUs instead of the driver. SPEC is COUNTxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw],
+    /// Simulated GPUs instead of the driver. The value is COUNTxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw],
     /// e.g. 8x80G or 2x141G,release_ms=150 (SIZE in M, G or T); state in GPULOOP_SIM_DIR.
     #[arg(
         long,
@@ -1037,7 +1037,7 @@ mod tests {
         }
     }
 
-    /// Issue 38, item 8: `-h` gives each flag a line; every long text it had is still in
+    /// `-h` gives each flag a line; every long text it had is still in
     /// `--help`, whole.
     #[test]
     fn long_help_shows_every_arguments_long_text() {
