@@ -2233,3 +2233,71 @@ fn a_usage_error_over_a_large_host_set_contacts_no_host() {
         );
     }
 }
+
+/// Ctrl-C over 65,536 hosts took 22–27 s to end the run (16,000 hosts: under 1 s): every
+/// host's part of the call looked its connection up by a search of the whole set. The run
+/// now ends at once, with 130, and every ssh client it started is gone. Here each `ssh` is
+/// one that never answers (it sleeps), so the run is in flight when SIGINT comes.
+#[test]
+fn ctrl_c_over_65536_hosts_ends_the_run_and_every_ssh_it_started() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fake = dir.path().join("bin");
+    std::fs::create_dir(&fake).unwrap();
+    let sleep = own("600");
+    std::fs::write(fake.join("ssh"), format!("#!/bin/sh\nexec sleep {sleep}\n")).unwrap();
+    std::fs::set_permissions(
+        fake.join("ssh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let path = format!(
+        "{}:{}",
+        fake.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let g = std::process::Command::new(bin())
+        .args(["--host", "h[1-65536]", "gpus"])
+        .env("PATH", &path)
+        .env("XDG_RUNTIME_DIR", &run)
+        .env_remove("GPULOOP_SIM")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("gpuloop");
+    let pid = g.id() as i32;
+    // In flight: a full fan-out of ssh clients started, and waiting.
+    if !within(120, || children(pid).len() >= 32) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("gpuloop started no ssh clients: {:?}", children(pid));
+    }
+    let kids: Vec<(i32, Option<u64>)> = children(pid)
+        .into_iter()
+        .map(|k| (k, start_of(k)))
+        .collect();
+    // The gpuloop this test started, by pid.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = finish_within(g, 60, "gpus over 65,536 hosts after SIGINT");
+    assert_eq!(out.code, 130, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.len() < 4096,
+        "nothing is said per host: {} bytes",
+        out.stderr.len()
+    );
+    let left: Vec<i32> = kids
+        .iter()
+        // Still running, and still the process that was its child (not a reuse of its pid).
+        .filter(|(k, t)| t.is_some() && alive(*k) && start_of(*k) == *t)
+        .map(|(k, _)| *k)
+        .collect();
+    assert!(left.is_empty(), "children of the run outlived it: {left:?}");
+    assert!(
+        pids_with(&sleep).is_empty(),
+        "an ssh client outlived the run: {:?}",
+        pids_with(&sleep)
+    );
+}

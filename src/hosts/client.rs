@@ -106,8 +106,18 @@ type LineOf = Arc<dyn Fn(&str, &dyn std::any::Any) -> Option<String> + Send + Sy
 struct Phase {
     what: &'static str,
     total: usize,
-    waiting: Vec<String>,
+    /// The hosts still to come, by their place in the round (the line names the last few in
+    /// order); a host that comes in is taken out by its place, never by a search (which made
+    /// a round over 65,536 hosts quadratic).
+    waiting: std::collections::BTreeMap<usize, String>,
+    place: HashMap<String, Vec<usize>>,
+    /// When the line was last drawn.
+    drawn: Option<Instant>,
 }
+
+/// The line is drawn at most this often while many hosts are still to come (65,536 hosts
+/// interrupted at once drew it 65,536 times).
+const REDRAW: Duration = Duration::from_millis(50);
 
 /// The line names the hosts still to come once they are this few.
 const NAME_LAST: usize = 8;
@@ -115,22 +125,32 @@ const NAME_LAST: usize = 8;
 impl Progress {
     fn start(&self, hosts: Vec<String>, what: &'static str) {
         let mut st = lock(&self.state);
+        let mut place: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, h) in hosts.iter().enumerate() {
+            place.entry(h.clone()).or_default().push(i);
+        }
         *st = Phase {
             what,
             total: hosts.len(),
-            waiting: hosts,
+            place,
+            waiting: hosts.into_iter().enumerate().collect(),
+            drawn: None,
         };
-        self.draw(&st);
+        self.draw(&mut st, true);
     }
 
-    fn draw(&self, st: &Phase) {
+    /// Draws the line (`now`: even if it was drawn a moment ago: a line said above wiped it).
+    fn draw(&self, st: &mut Phase, now: bool) {
+        let few = st.waiting.len() <= NAME_LAST;
+        if !now && !few && st.drawn.is_some_and(|t| t.elapsed() < REDRAW) {
+            return;
+        }
+        st.drawn = Some(Instant::now());
         let done = st.total - st.waiting.len();
         let mut line = format!("{done}/{} hosts {}", st.total, st.what);
         if !st.waiting.is_empty() && st.waiting.len() <= NAME_LAST.min(st.total - 1) {
-            line.push_str(&format!(
-                "; waiting for {}",
-                super::fold::compress(&st.waiting)
-            ));
+            let names: Vec<&String> = st.waiting.values().collect();
+            line.push_str(&format!("; waiting for {}", super::fold::compress(&names)));
         }
         crate::err!("\r\x1b[K{line}");
     }
@@ -145,20 +165,27 @@ impl Progress {
     /// either said now).
     fn tick(&self, host: &str, failed: Option<&HostError>, said: Option<String>) {
         let mut st = lock(&self.state);
-        st.waiting.retain(|h| h != host);
+        if let Some(i) = st.place.get_mut(host).and_then(Vec::pop) {
+            st.waiting.remove(&i);
+        }
+        let wiped = said.is_some();
         if let Some(line) = said {
             crate::err!("\r\x1b[K{line}\n");
         }
-        if let Some(e) = failed {
-            if lock(&self.said).insert(host.to_string()) {
+        // An interrupt ends the run: nothing is said for each host it stopped.
+        let failed = failed.filter(|e| !matches!(e, HostError::Interrupted));
+        let wiped = match failed {
+            Some(e) if lock(&self.said).insert(host.to_string()) => {
                 let how = match self.skip && e.unreachable() {
                     true => "warning: skipping",
                     false => "gpuloop:",
                 };
                 crate::err!("\r\x1b[K{how} {e}\n");
+                true
             }
-        }
-        self.draw(&st);
+            _ => wiped,
+        };
+        self.draw(&mut st, wiped);
     }
 
     fn clear(&self) {
@@ -175,6 +202,10 @@ pub struct Pool {
     /// parallel on the others.
     shards: Vec<tokio::runtime::Runtime>,
     slots: Vec<(String, Slot)>,
+    /// Each host's place in `slots`: a call over the whole set finds every host's
+    /// connection in constant time (a search of `slots` per host made a call over 65,536
+    /// hosts quadratic: 42 s to end after a Ctrl-C).
+    index: HashMap<String, usize>,
     pub config: HostsConfig,
     /// Seconds each connection took to say hello (for -v and the benchmark).
     pub connect_ms: Vec<(String, f64)>,
@@ -208,6 +239,10 @@ impl Pool {
         // Closed on an interrupt: every host's opening waits on it beside its own work, so
         // one watcher wakes them all (thousands of hosts each polling the flag would not).
         let stop = Arc::new(Semaphore::new(0));
+        if interrupted.load(Ordering::Relaxed) {
+            // Interrupted already: no host is opened at all.
+            stop.close();
+        }
         let progress = (config.progress && remote.clone().count() > 1).then(|| {
             Arc::new(Progress {
                 skip: config.skip_unreachable,
@@ -228,9 +263,13 @@ impl Pool {
             handles.push(shards[shard].spawn(async move {
                 let started = Instant::now();
                 let r = async {
+                    // The interrupt first: once the run is interrupted, a permit freed by a
+                    // host that stopped must not start another ssh (a random pick between
+                    // the two started thousands after a Ctrl-C over 65,536 hosts).
                     let _permit = tokio::select! {
-                        p = sem.acquire_owned() => p,
+                        biased;
                         _ = stopped(&stop) => return Err(HostError::Interrupted),
+                        p = sem.acquire_owned() => p,
                     };
                     connect(&host, &transport, timeout, answer_within, shard, &stop).await
                 }
@@ -278,6 +317,11 @@ impl Pool {
                 };
                 (h.clone(), slot)
             })
+            .collect::<Vec<_>>();
+        let index = slots
+            .iter()
+            .enumerate()
+            .map(|(i, (h, _))| (h.clone(), i))
             .collect();
         if let Some(p) = &progress {
             p.clear();
@@ -285,6 +329,7 @@ impl Pool {
         Pool {
             shards,
             slots,
+            index,
             config,
             connect_ms,
             progress,
@@ -330,13 +375,12 @@ impl Pool {
     }
 
     fn slot(&self, host: &str) -> Result<&Slot, HostError> {
-        self.slots
-            .iter()
-            .find(|(h, _)| h == host)
-            .map(|(_, s)| s)
+        self.index
+            .get(host)
+            .map(|&i| &self.slots[i].1)
             .ok_or_else(|| HostError::Unknown {
                 host: host.to_string(),
-                known: self.hosts().collect::<Vec<_>>().join(", "),
+                known: super::fold::set_of(&self.hosts().collect::<Vec<_>>()),
             })
     }
 
@@ -774,15 +818,20 @@ async fn connect_once(
     let mux = match (transport.kept_socket(host), transport.show_config(host)) {
         (Some(sock), _) if sock.exists() => true,
         (_, Some(g)) => tokio::select! {
+            // The interrupt first: polled first, `ssh -G` would be started only to be killed.
+            biased;
+            _ = stopped(stop) => return Err(HostError::Interrupted),
             // Dropped, `ssh -G` is killed (and reaped by tokio).
             shown = output_of(&g, timeout) => {
                 shown.is_some_and(|shown| !super::transport::sets_control_path(&shown))
             }
-            _ = stopped(stop) => return Err(HostError::Interrupted),
         },
         _ => false,
     };
     let timeout = timeout.saturating_sub(started.elapsed());
+    if stop.is_closed() {
+        return Err(HostError::Interrupted);
+    }
     let launch = transport.launch(host, mux, skip_path)?;
     tracing::debug!("host {host}: {} {}", launch.program, launch.args.join(" "));
     let program = transport.program();
@@ -841,7 +890,7 @@ async fn connect_once(
         }
     });
     let first = tokio::select! {
-        first = hello => first,
+        biased;
         _ = stopped(stop) => {
             // Killed and reaped here: nothing this run started outlives it.
             let _ = child.start_kill();
@@ -849,6 +898,7 @@ async fn connect_once(
             crate::process::helpers::forget(helper);
             return Err(HostError::Interrupted);
         }
+        first = hello => first,
     };
     let first = match first {
         Ok(Err(e)) => {
