@@ -789,11 +789,8 @@ fn push_answer(line: &str) -> Option<Result<Vec<u8>, String>> {
     }
     if let Some(how) = line.strip_prefix(push::SEND) {
         return Some(push::exe().map(|exe| {
-            let body = match how.trim() {
-                "gz" => exe.gzipped(),
-                _ => &exe.bytes[..],
-            };
-            let mut b = format!("{}\n", body.len()).into_bytes();
+            let (body, format) = exe.for_host(how);
+            let mut b = format!("{} {format}\n", body.len()).into_bytes();
             b.extend_from_slice(body);
             b
         }));
