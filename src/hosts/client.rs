@@ -222,10 +222,15 @@ impl Pool {
     /// once: the hosts not yet open keep `HostError::Interrupted`, and each ssh (or srun)
     /// started for them is killed and reaped.
     pub fn connect(config: HostsConfig, interrupted: &'static AtomicBool) -> Pool {
-        let remote = config.hosts.iter().filter(|h| h.as_str() != LOCAL);
+        let remote: Vec<String> = config
+            .hosts
+            .iter()
+            .filter(|h| h.as_str() != LOCAL)
+            .cloned()
+            .collect();
         let shards: Vec<_> = (0..crate::process::cores()
             .clamp(2, 16)
-            .min(remote.clone().count().max(1)))
+            .min(remote.len().max(1)))
             .map(|_| {
                 tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(1)
@@ -235,7 +240,6 @@ impl Pool {
                     .expect("a tokio runtime starts (a thread and an epoll fd)")
             })
             .collect();
-        let sem = Arc::new(Semaphore::new(config.fanout.max(1)));
         // Closed on an interrupt: every host's opening waits on it beside its own work, so
         // one watcher wakes them all (thousands of hosts each polling the flag would not).
         let stop = Arc::new(Semaphore::new(0));
@@ -243,7 +247,7 @@ impl Pool {
             // Interrupted already: no host is opened at all.
             stop.close();
         }
-        let progress = (config.progress && remote.clone().count() > 1).then(|| {
+        let progress = (config.progress && remote.len() > 1).then(|| {
             Arc::new(Progress {
                 skip: config.skip_unreachable,
                 state: Mutex::default(),
@@ -252,55 +256,65 @@ impl Pool {
             })
         });
         if let Some(p) = &progress {
-            p.start(remote.clone().cloned().collect(), "connected");
+            p.start(remote.clone(), "connected");
         }
-        let mut handles = Vec::new();
-        for (i, h) in remote.enumerate() {
-            let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
-            let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
-            let shard = i % shards.len();
-            let (progress, stop) = (progress.clone(), stop.clone());
-            handles.push(shards[shard].spawn(async move {
-                let started = Instant::now();
-                let r = async {
-                    // The interrupt first: once the run is interrupted, a permit freed by a
-                    // host that stopped must not start another ssh (a random pick between
-                    // the two started thousands after a Ctrl-C over 65,536 hosts).
-                    let _permit = tokio::select! {
-                        biased;
-                        _ = stopped(&stop) => return Err(HostError::Interrupted),
-                        p = sem.acquire_owned() => p,
-                    };
-                    connect(&host, &transport, timeout, answer_within, shard, &stop).await
-                }
-                .await;
-                if let Some(p) = &progress {
-                    p.tick(&host, r.as_ref().err(), None);
-                }
-                (host, r, started.elapsed().as_secs_f64() * 1e3)
-            }));
-        }
-        let mut opened: HashMap<String, Result<Arc<Conn>, HostError>> = HashMap::new();
+        // One worker per place of the fan-out, each opening the next host not yet taken,
+        // spread over the runtimes: the opening is `fanout` tasks whatever the host count
+        // (a task per host cost 0.6 s to set up at 65,536 hosts, and an interrupt waited
+        // for it), and an interrupt stops every worker before its next host.
+        let remote = Arc::new(remote);
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let begun = Instant::now();
+        let handles: Vec<_> = (0..config.fanout.max(1).min(remote.len()))
+            .map(|w| {
+                let shard = w % shards.len();
+                let (hosts, next, transport) =
+                    (remote.clone(), next.clone(), config.transport.clone());
+                let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
+                let (progress, stop) = (progress.clone(), stop.clone());
+                shards[shard].spawn(async move {
+                    let mut done = Vec::new();
+                    while !stop.is_closed() {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(host) = hosts.get(i) else { break };
+                        let r =
+                            connect(host, &transport, timeout, answer_within, shard, &stop).await;
+                        if let Some(p) = &progress {
+                            p.tick(host, r.as_ref().err(), None);
+                        }
+                        done.push((i, r, begun.elapsed().as_secs_f64() * 1e3));
+                    }
+                    done
+                })
+            })
+            .collect();
+        let mut opened: Vec<Option<Result<Arc<Conn>, HostError>>> =
+            remote.iter().map(|_| None).collect();
         let mut connect_ms = Vec::new();
+        let watched = stop.clone();
         shards[0].block_on(async {
             let watch = tokio::spawn(async move {
                 while !interrupted.load(Ordering::Relaxed) {
                     tokio::time::sleep(TICK).await;
                 }
-                stop.close();
+                watched.close();
             });
             for h in handles {
-                if let Ok((host, r, ms)) = h.await {
+                for (i, r, ms) in h.await.unwrap_or_default() {
+                    let host = &remote[i];
                     tracing::debug!(
                         "host {host}: connected in {ms:.1} ms: {:?}",
                         r.as_ref().map(|c| &c.hello)
                     );
                     connect_ms.push((host.clone(), ms));
-                    opened.insert(host, r.map(Arc::new));
+                    opened[i] = Some(r.map(Arc::new));
                 }
             }
             watch.abort();
         });
+        // A host no worker took was left for the interrupt.
+        let interrupted_before = stop.is_closed();
+        let mut opened = opened.into_iter();
         let slots = config
             .hosts
             .iter()
@@ -308,10 +322,13 @@ impl Pool {
                 let slot = if h == LOCAL {
                     Slot::Local
                 } else {
-                    Slot::Remote(opened.remove(h).unwrap_or_else(|| {
-                        Err(HostError::Connect {
-                            host: h.clone(),
-                            why: "the connection task failed".into(),
+                    Slot::Remote(opened.next().flatten().unwrap_or_else(|| {
+                        Err(match interrupted_before {
+                            true => HostError::Interrupted,
+                            false => HostError::Connect {
+                                host: h.clone(),
+                                why: "the connection task failed".into(),
+                            },
                         })
                     }))
                 };
