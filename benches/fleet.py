@@ -67,19 +67,8 @@ def main():
         with open(cfg, "w") as f:
             for i in range(1, max(SIZES) + 1):
                 a = f"h{i:02d}"
-                f.write(f"""Host {a}
-  HostName 127.0.0.1
-  Port {port}
-  User {user}
-  IdentityFile {tmp}/id
-  IdentitiesOnly yes
-  UserKnownHostsFile {tmp}/known_hosts
-  GlobalKnownHostsFile /dev/null
-  HostKeyAlias gpuloop-fleet
-  StrictHostKeyChecking yes
-  LogLevel ERROR
-  SetEnv GPULOOP_SIM=8x80G GPULOOP_SIM_DIR={tmp}/sims/{a}
-""")
+                f.write(loopback_sshd.host(a, port, user, tmp, "gpuloop-fleet",
+                                           f"GPULOOP_SIM=8x80G GPULOOP_SIM_DIR={tmp}/sims/{a}"))
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", f"{tmp}/sshd_config",
                                  "-p", str(port), "-E", f"{tmp}/sshd.log"])

@@ -277,19 +277,8 @@ class Bench:
         with open(self.cfg, "w") as f:
             for i in range(1, max(SIZES) + 1):
                 a = f"h{i:02d}"
-                f.write(f"""Host {a}
-  HostName 127.0.0.1
-  Port {self.port}
-  User {user}
-  IdentityFile {tmp}/id
-  IdentitiesOnly yes
-  UserKnownHostsFile {tmp}/known_hosts
-  GlobalKnownHostsFile /dev/null
-  HostKeyAlias gpuloop-bench
-  StrictHostKeyChecking yes
-  LogLevel ERROR
-  SetEnv GPULOOP_SIM=8x80G GPULOOP_SIM_DIR={tmp}/sims/{a}
-""")
+                f.write(loopback_sshd.host(a, self.port, user, tmp, "gpuloop-bench",
+                                           f"GPULOOP_SIM=8x80G GPULOOP_SIM_DIR={tmp}/sims/{a}"))
         write_pipe_ssh(tmp)  # the `pipe` transport
         if "ssh" not in TRANSPORTS:
             return

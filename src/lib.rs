@@ -18,8 +18,8 @@
 //!   deadline) and `inspect` (`holders`, `diagnose`, `Filter`): the records and the join;
 //! - `process` (`scan`, `kill`'s report types, `restart`, `Identity`) and `runner` (`patch`,
 //!   `Outcome`);
-//! - `hosts::protocol` and `hosts::hostlist` (the wire and host lists, for the golden and
-//!   fuzz targets);
+//! - `hosts::protocol`, `hosts::hostlist` and `hosts::fold` (the wire and host lists, for the
+//!   golden and fuzz targets and the host-set bench), `hosts::Pool` (its set-up, for that bench);
 //! - `script` (`engine`, `doc`, `recipes`, `convert`, `display`) and `render`;
 //! - `memory` (the counting allocator `main.rs` installs).
 

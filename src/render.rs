@@ -849,7 +849,7 @@ pub fn strip_ansi(s: &str) -> String {
 }
 
 /// How one host of a one-shot over several hosts came out, as its summary row says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub(crate) enum HostState {
     #[serde(rename = "ok")]
     Ok,
@@ -919,13 +919,16 @@ impl HostRow {
 /// hostlist (as `dshbak -c` does), then the counts, naming the hosts that are not good.
 pub(crate) fn host_summary(rows: &[HostRow], style: Style) -> String {
     let mut groups: Vec<(HostState, &str, Vec<&str>)> = Vec::new();
+    // Each group's place, looked up: hosts whose details all differ made a search per row
+    // quadratic.
+    let mut place: std::collections::HashMap<(HostState, &str), usize> = Default::default();
     for r in rows {
-        match groups
-            .iter_mut()
-            .find(|(s, d, _)| *s == r.state && *d == r.detail)
-        {
-            Some(g) => g.2.push(&r.host),
-            None => groups.push((r.state, &r.detail, vec![&r.host])),
+        match place.entry((r.state, &r.detail)) {
+            std::collections::hash_map::Entry::Occupied(g) => groups[*g.get()].2.push(&r.host),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(groups.len());
+                groups.push((r.state, &r.detail, vec![&r.host]));
+            }
         }
     }
     let mut t = table(&["HOST", "STATE", "DETAIL"], style);

@@ -32,6 +32,9 @@ pub struct Session {
     /// `--host`/`--hosts-file`: `None` is this machine alone.
     hosts: Option<HostsConfig>,
     pool: OnceLock<Pool>,
+    /// The host names as a set, made on first use: whether a name is in the set is a lookup,
+    /// not a search of 65,536 names per call.
+    host_set: OnceLock<std::collections::HashSet<String>>,
     /// Hosts already reported as skipped (each is warned about once).
     skipped: Mutex<BTreeSet<String>>,
     pub config: UserConfig,
@@ -55,6 +58,7 @@ impl Session {
             backend: OnceLock::new(),
             hosts: None,
             pool: OnceLock::new(),
+            host_set: OnceLock::new(),
             skipped: Mutex::default(),
             config,
             verbose,
@@ -194,6 +198,13 @@ impl Session {
             Some(h) => h.hosts.clone(),
             None => vec![crate::hosts::LOCAL.to_string()],
         }
+    }
+
+    /// Whether `host` is one of `host_names()`.
+    pub(crate) fn has_host(&self, host: &str) -> bool {
+        self.host_set
+            .get_or_init(|| self.host_names().into_iter().collect())
+            .contains(host)
     }
 
     /// `--skip-unreachable`.

@@ -30,16 +30,6 @@ fn ticks_now() -> u64 {
     (secs * unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64) as u64
 }
 
-fn start_of(pid: i32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit(')')
-        .next()?
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
-}
-
 /// Forks a child that does nothing (`node` None) or maps the GPU node and holds it for a few
 /// milliseconds; only async-signal-safe calls run in the child.
 fn fork_one(node: Option<&CString>, hold_ms: u64) -> i32 {

@@ -2246,3 +2246,155 @@ fn a_usage_error_over_a_large_host_set_contacts_no_host() {
         );
     }
 }
+
+/// Ctrl-C over 65,536 hosts took 22–27 s to end the run (16,000 hosts: under 1 s): every
+/// host's part of the call looked its connection up by a search of the whole set. The run
+/// now ends at once, with 130, and every ssh client it started is gone. Here each `ssh` is
+/// one that never answers (it sleeps), so the run is in flight when SIGINT comes.
+#[test]
+fn ctrl_c_over_65536_hosts_ends_the_run_and_every_ssh_it_started() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fake = dir.path().join("bin");
+    std::fs::create_dir(&fake).unwrap();
+    let sleep = own("600");
+    std::fs::write(fake.join("ssh"), format!("#!/bin/sh\nexec sleep {sleep}\n")).unwrap();
+    std::fs::set_permissions(
+        fake.join("ssh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let path = format!(
+        "{}:{}",
+        fake.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let g = std::process::Command::new(bin())
+        .args(["--host", "h[1-65536]", "gpus"])
+        .env("PATH", &path)
+        .env("XDG_RUNTIME_DIR", &run)
+        .env_remove("GPULOOP_SIM")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("gpuloop");
+    let pid = g.id() as i32;
+    // In flight: a full fan-out of ssh clients started, and waiting.
+    if !within(120, || children(pid).len() >= 32) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("gpuloop started no ssh clients: {:?}", children(pid));
+    }
+    let kids: Vec<(i32, Option<u64>)> = children(pid)
+        .into_iter()
+        .map(|k| (k, start_of(k)))
+        .collect();
+    // The gpuloop this test started, by pid.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = finish_within(g, 60, "gpus over 65,536 hosts after SIGINT");
+    assert_eq!(out.code, 130, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.len() < 4096,
+        "nothing is said per host: {} bytes",
+        out.stderr.len()
+    );
+    let left: Vec<i32> = kids
+        .iter()
+        // Still running, and still the process that was its child (not a reuse of its pid).
+        .filter(|(k, t)| t.is_some() && alive(*k) && start_of(*k) == *t)
+        .map(|(k, _)| *k)
+        .collect();
+    assert!(left.is_empty(), "children of the run outlived it: {left:?}");
+    assert!(
+        pids_with(&sleep).is_empty(),
+        "an ssh client outlived the run: {:?}",
+        pids_with(&sleep)
+    );
+}
+
+/// A directory of links to every program of /usr/bin and /bin except `without`: a bare
+/// host's PATH that lacks those.
+fn tools_without(c: &Cluster, name: &str, without: &[&str]) -> std::path::PathBuf {
+    let d = c.dir.path().join(name);
+    std::fs::create_dir(&d).unwrap();
+    for src in ["/usr/bin", "/bin"] {
+        for e in std::fs::read_dir(src).into_iter().flatten().flatten() {
+            let n = e.file_name();
+            let skip = n.to_str().is_some_and(|n| without.contains(&n));
+            if !skip && std::fs::symlink_metadata(d.join(&n)).is_err() {
+                std::os::unix::fs::symlink(e.path(), d.join(&n)).unwrap();
+            }
+        }
+    }
+    d
+}
+
+/// A program of /usr/bin behind a wrapper that logs each run's arguments to `log`.
+fn logged(c: &Cluster, prog: &str, log: &std::path::Path) -> std::path::PathBuf {
+    let d = c.dir.path().join(format!("logged-{prog}"));
+    std::fs::create_dir(&d).unwrap();
+    let w = d.join(prog);
+    std::fs::write(
+        &w,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\nexec /usr/bin/{prog} \"$@\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&w, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    d
+}
+
+/// The copy travels as xz where the host has xz (a release build: 5 MB where gzip sent
+/// 7.8 MB; a debug build is too large to xz in a moment and goes as gzip), as gzip where the
+/// host has only gzip, and as it is where it has neither: each host stores the very bytes of
+/// this gpuloop and answers.
+#[test]
+fn a_pushed_copy_travels_as_xz_or_gzip_or_as_it_is_and_arrives_whole() {
+    let c = Cluster::new(&[("zx", "1x8G"), ("zg", "1x8G"), ("zn", "1x8G")], &[]);
+    let (xz_log, gz_log) = (c.dir.path().join("xz.log"), c.dir.path().join("gz.log"));
+    let xz = logged(&c, "xz", &xz_log);
+    let zx = bare_host(&c, "zx", &format!("export PATH={}:$PATH", xz.display()));
+    let no_xz = tools_without(&c, "no-xz", &["xz"]);
+    let gz = logged(&c, "gzip", &gz_log);
+    let zg = bare_host(
+        &c,
+        "zg",
+        &format!("export PATH={}:{}", gz.display(), no_xz.display()),
+    );
+    let neither = tools_without(&c, "neither", &["xz", "gzip"]);
+    let zn = bare_host(&c, "zn", &format!("export PATH={}", neither.display()));
+    let out = out_of(
+        c.bare_cmd()
+            .args(["--host", "zx,zg,zn", "--no-reuse", "gpus", "--json"])
+            .output()
+            .expect("gpuloop"),
+    )
+    .ok();
+    let gpus: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(gpus.as_array().map(Vec::len), Some(3), "{}", out.stdout);
+    let me = std::fs::read(bin()).unwrap();
+    for cache in [&zx, &zg, &zn] {
+        let copy = std::fs::read_dir(cache.join("gpuloop"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| !p.to_string_lossy().ends_with(".id"))
+            .expect("a stored copy");
+        assert!(std::fs::read(&copy).unwrap() == me, "{copy:?} differs");
+    }
+    let said = |log: &std::path::Path| std::fs::read_to_string(log).unwrap_or_default();
+    // xz decompressed one copy (zx's) where the build is small enough to be sent as xz.
+    let small = me.len() <= 64 << 20;
+    assert_eq!(
+        said(&xz_log).matches("-dc").count(),
+        usize::from(small),
+        "{}",
+        said(&xz_log)
+    );
+    assert_eq!(said(&gz_log).matches("-dc").count(), 1, "{}", said(&gz_log));
+}

@@ -16,7 +16,7 @@ fn split(name: &str) -> Option<(&str, &str, &str)> {
 /// The names as one hostlist expression that `hostlist::expand` turns back into the same
 /// names: names that differ only in their last number share a bracket, zero padding kept.
 /// Groups come in the order their first name was given.
-pub(crate) fn compress<S: AsRef<str>>(names: &[S]) -> String {
+pub fn compress<S: AsRef<str>>(names: &[S]) -> String {
     struct Group<'a> {
         prefix: &'a str,
         suffix: &'a str,
@@ -25,7 +25,14 @@ pub(crate) fn compress<S: AsRef<str>>(names: &[S]) -> String {
         values: Vec<u64>,
         verbatim: Option<&'a str>,
     }
+    use std::collections::{HashMap, HashSet};
     let mut groups: Vec<Group> = Vec::new();
+    // Each (prefix, suffix)'s groups, in the order made (one per padding width at most), and
+    // each group's values: every name finds its group and its value's place without a
+    // search over all of them (which made 65,536 names quadratic).
+    let mut by_affix: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+    let mut seen: HashSet<(usize, u64)> = HashSet::new();
+    let mut verbatim: HashSet<&str> = HashSet::new();
     for name in names.iter().map(AsRef::as_ref) {
         let parsed = split(name).and_then(|(p, d, s)| {
             let v: u64 = d.parse().ok()?;
@@ -33,48 +40,50 @@ pub(crate) fn compress<S: AsRef<str>>(names: &[S]) -> String {
             Some((p, d, s, v, padded))
         });
         let Some((prefix, digits, suffix, value, padded)) = parsed else {
-            groups.push(Group {
-                prefix: "",
-                suffix: "",
-                width: 0,
-                values: Vec::new(),
-                verbatim: Some(name),
-            });
+            if verbatim.insert(name) {
+                groups.push(Group {
+                    prefix: "",
+                    suffix: "",
+                    width: 0,
+                    values: Vec::new(),
+                    verbatim: Some(name),
+                });
+            }
             continue;
         };
         // An unpadded number joins a padded group when padding would write it the same
         // (`10` in `gpu[01-09]`); a padded one only its own width.
         let fits = |g: &Group| {
-            g.verbatim.is_none()
-                && g.prefix == prefix
-                && g.suffix == suffix
-                && if padded {
-                    g.width == digits.len()
-                } else {
-                    digits.len() >= g.width
-                }
+            if padded {
+                g.width == digits.len()
+            } else {
+                digits.len() >= g.width
+            }
         };
-        match groups.iter_mut().find(|g| fits(g)) {
-            Some(g) => {
-                if !g.values.contains(&value) {
-                    g.values.push(value);
+        let mine = by_affix.entry((prefix, suffix)).or_default();
+        match mine.iter().copied().find(|&i| fits(&groups[i])) {
+            Some(i) => {
+                if seen.insert((i, value)) {
+                    groups[i].values.push(value);
                 }
             }
-            None => groups.push(Group {
-                prefix,
-                suffix,
-                width: if padded { digits.len() } else { 0 },
-                values: vec![value],
-                verbatim: None,
-            }),
+            None => {
+                mine.push(groups.len());
+                seen.insert((groups.len(), value));
+                groups.push(Group {
+                    prefix,
+                    suffix,
+                    width: if padded { digits.len() } else { 0 },
+                    values: vec![value],
+                    verbatim: None,
+                });
+            }
         }
     }
     let mut out = Vec::new();
     for mut g in groups {
         if let Some(v) = g.verbatim {
-            if !out.iter().any(|o: &String| o == v) {
-                out.push(v.to_string());
-            }
+            out.push(v.to_string());
             continue;
         }
         g.values.sort_unstable();
@@ -98,6 +107,17 @@ pub(crate) fn compress<S: AsRef<str>>(names: &[S]) -> String {
         });
     }
     out.join(",")
+}
+
+/// The host set in a message: its first names, and how many more (a set of 65,536 hosts
+/// listed whole was a message of a megabyte).
+pub(crate) fn set_of<S: AsRef<str>>(names: &[S]) -> String {
+    const SHOWN: usize = 8;
+    let first: Vec<&str> = names.iter().take(SHOWN).map(AsRef::as_ref).collect();
+    match names.len().saturating_sub(SHOWN) {
+        0 => first.join(", "),
+        more => format!("{}, … and {more} more", first.join(", ")),
+    }
 }
 
 #[cfg(test)]

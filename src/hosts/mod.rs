@@ -6,7 +6,7 @@
 //! which does the fan-out, so the CLI and the bindings never branch on "remote".
 
 pub(crate) mod client;
-pub(crate) mod fold;
+pub mod fold;
 pub mod hostlist;
 pub mod protocol;
 pub(crate) mod push;

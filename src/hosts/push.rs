@@ -8,15 +8,18 @@
 //! - local: `HASH` (SHA-256 of this binary), or nothing (the session is closed) where this
 //!   binary cannot run there; the remote runs its cached copy if it has one, else says
 //!   `gpuloop-send`
-//! - local: `SIZE`, then the binary's bytes; the remote stores them in a temporary file of
-//!   the cache, checks the hash, renames it into place, and runs it.
+//! - remote: `gpuloop-send` followed by the decompressors it has (`xz`, `gzip`)
+//! - local: `SIZE FORMAT`, then the binary's bytes in that format (`xz`, where the host has
+//!   it: 5 MB of a 17.6 MB build, where gzip sends 7 MB; else `gzip`; else none); the remote
+//!   stores them in a temporary file of the cache, checks the hash, renames it into place,
+//!   and runs it.
 
 use std::sync::{Arc, OnceLock};
 
 /// What a host says before it is sent anything.
 pub(crate) const ASK: &str = "gpuloop-push ";
-/// The remote has no copy of this binary: send it (followed by ` gz` where the host can
-/// gunzip it).
+/// The remote has no copy of this binary: send it (followed by the decompressors the host
+/// has: ` xz gzip`).
 pub(crate) const SEND: &str = "gpuloop-send";
 /// The script's exit code where the cache refused the copy (EX_CANTCREAT's neighbour,
 /// EX_TEMPFAIL: sysexits.h).
@@ -34,7 +37,7 @@ pub(crate) const CANNOT_STORE: i32 = 75;
 /// name, and what runs is a regular file of the remote user's whose SHA-256 was checked at
 /// that file: hashed once, when it was stored, and trusted after that while its inode, size
 /// and mtime are the ones its sidecar (`F.id`, checked by the same rules) recorded with the
-/// hash. It comes gzipped where the host has gzip.
+/// hash. It comes compressed with xz, or gzip, where the host has one of them.
 pub(crate) fn script(skip_path: bool) -> String {
     let version = env!("CARGO_PKG_VERSION");
     let mut s = String::new();
@@ -60,17 +63,21 @@ pub(crate) fn script(skip_path: bool) -> String {
            [ \"$(sha256sum < \"$F\")\" = \"$H  -\" ] || return 1; \
            S=$(mktemp \"$D/.id-XXXXXX\") && printf \"%s\\n\" \"$I $H\" > \"$S\" && mv -f \"$S\" \"$F.id\"; return 0; }}; \
          if [ -e \"$D\" ] || [ -L \"$D\" ]; then safe \"$D\"; ok && exec \"$F\" agent; fi; \
-         Z=; type gzip >/dev/null 2>&1 && Z=\" gz\"; echo \"{SEND}$Z\"; \
-         read -r N || exit 0; \
+         Z=; for z in xz gzip; do type $z >/dev/null 2>&1 && Z=\"$Z $z\"; done; echo \"{SEND}$Z\"; \
+         read -r N C || exit 0; case \"$C\" in xz|gzip) ;; *) C=;; esac; \
          umask 077; mkdir -p \"$D\" || exit 75; safe \"$D\"; \
          T=$(mktemp \"$D/.gpuloop-XXXXXX\") || exit 75; \
-         if [ -n \"$Z\" ]; then head -c \"$N\" | gzip -dc > \"$T\"; else head -c \"$N\" > \"$T\"; fi || {{ rm -f \"$T\"; exit 75; }}; \
+         if [ -n \"$C\" ]; then head -c \"$N\" | \"$C\" -dc > \"$T\"; else head -c \"$N\" > \"$T\"; fi || {{ rm -f \"$T\"; exit 75; }}; \
          chmod 700 \"$T\" && rm -f \"$F.id\" && mv -f \"$T\" \"$F\" || {{ rm -f \"$T\"; exit 75; }}; \
          ok && exec \"$F\" agent; \
          echo \"gpuloop: the copy received in $F does not match its SHA-256\" >&2; rm -f \"$F\" \"$F.id\"; exit 75"
     ));
     format!("sh -c '{s}'")
 }
+
+/// The largest binary sent as xz: a release build (17 MB) takes about a second of CPU to
+/// compress, once per run; a debug build (240 MB) would take half a minute, and goes as gzip.
+const XZ_AT_MOST: usize = 64 << 20;
 
 /// This binary, read once per run and only when some host needs it.
 pub(crate) struct Exe {
@@ -81,9 +88,48 @@ pub(crate) struct Exe {
     /// that needs none (static).
     pub glibc: Option<(u32, u32)>,
     gz: OnceLock<Vec<u8>>,
+    xz: OnceLock<Option<Vec<u8>>>,
 }
 
 impl Exe {
+    /// The bytes sent to a host that said it has the decompressors `has` (`xz gzip`), and
+    /// their format: xz, else gzip, else as they are.
+    pub(crate) fn for_host(&self, has: &str) -> (&[u8], &'static str) {
+        let has = |z: &str| has.split_whitespace().any(|w| w == z);
+        if has("xz") && self.bytes.len() <= XZ_AT_MOST {
+            if let Some(xz) = self.xz() {
+                return (xz, "xz");
+            }
+        }
+        match has("gzip") {
+            true => (self.gzipped(), "gzip"),
+            false => (&self.bytes, ""),
+        }
+    }
+
+    /// The bytes as xz (preset 0, on up to 8 threads), made once per run; `None` where
+    /// liblzma could not make them (the host then gets gzip).
+    fn xz(&self) -> Option<&[u8]> {
+        self.xz
+            .get_or_init(|| {
+                use std::io::Write;
+                let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+                let stream = xz2::stream::MtStreamBuilder::new()
+                    .preset(0)
+                    .threads(threads as u32)
+                    .check(xz2::stream::Check::Crc64)
+                    .encoder()
+                    .or_else(|_| {
+                        xz2::stream::Stream::new_easy_encoder(0, xz2::stream::Check::Crc64)
+                    })
+                    .ok()?;
+                let mut z = xz2::write::XzEncoder::new_stream(Vec::new(), stream);
+                z.write_all(&self.bytes).ok()?;
+                z.finish().ok()
+            })
+            .as_deref()
+    }
+
     /// The bytes gzipped, as a host with gzip receives them (made once per run).
     pub(crate) fn gzipped(&self) -> &[u8] {
         self.gz.get_or_init(|| {
@@ -112,6 +158,7 @@ pub(crate) fn exe() -> Result<Arc<Exe>, String> {
             hash,
             glibc,
             gz: OnceLock::new(),
+            xz: OnceLock::new(),
         }))
     })
     .clone()
@@ -240,6 +287,7 @@ mod tests {
             hash: String::new(),
             glibc: Some((2, 34)),
             gz: OnceLock::new(),
+            xz: OnceLock::new(),
         };
         let arch = std::env::consts::ARCH;
         assert_eq!(cannot_run(&format!("{arch} glibc 2.36"), &exe), None);
@@ -258,6 +306,57 @@ mod tests {
         };
         let e = cannot_run(&format!("{other} glibc 2.36"), &exe).unwrap();
         assert!(e.contains(&format!("that host is {other}")), "{e}");
+    }
+
+    fn exe_of(bytes: Vec<u8>) -> Exe {
+        Exe {
+            bytes,
+            hash: String::new(),
+            glibc: None,
+            gz: OnceLock::new(),
+            xz: OnceLock::new(),
+        }
+    }
+
+    /// What `xz -dc` or `gzip -dc` (the commands the remote script runs) make of `sent`.
+    fn decompressed(tool: &str, sent: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut c = std::process::Command::new(tool)
+            .arg("-dc")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{tool} (xz-utils, gzip; .ci/run installs them): {e}"));
+        let mut stdin = c.stdin.take().unwrap();
+        let sent = sent.to_vec();
+        let writer = std::thread::spawn(move || stdin.write_all(&sent));
+        let out = c.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        assert!(out.status.success(), "{tool} -dc failed");
+        out.stdout
+    }
+
+    /// The first push of a 17.6 MB release build sent 7.8 MB to each host as gzip (issue 33
+    /// asked for at most 6): a host that has xz now gets xz (5 MB), one with gzip alone gzip,
+    /// one with neither the bytes as they are; each decompresses to the very bytes.
+    #[test]
+    fn a_host_gets_xz_where_it_has_xz_else_gzip_else_the_bytes() {
+        let bytes: Vec<u8> = (0..3_000_000u32)
+            .flat_map(|i| (i % 7919).to_le_bytes())
+            .collect();
+        let exe = exe_of(bytes.clone());
+        let (sent, format) = exe.for_host(" xz gzip");
+        assert_eq!(format, "xz");
+        assert!(sent.len() < exe.gzipped().len(), "xz is the smaller");
+        assert_eq!(decompressed("xz", sent), bytes);
+        let (sent, format) = exe.for_host(" gzip");
+        assert_eq!(format, "gzip");
+        assert_eq!(decompressed("gzip", sent), bytes);
+        let (sent, format) = exe.for_host("");
+        assert_eq!((sent, format), (&bytes[..], ""));
+        // A binary too large to xz in a moment (a debug build) goes as gzip.
+        let big = exe_of(vec![0; XZ_AT_MOST + 1]);
+        assert_eq!(big.for_host(" xz gzip").1, "gzip");
     }
 
     #[test]

@@ -100,9 +100,11 @@ fn hostnames(arg: &str, list: &str) -> Result<Vec<String>, HostError> {
 /// job) counts as none.
 pub(crate) fn node_list(show_job: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
+    // An array job has a record per task: each list looked up, not searched for.
+    let mut seen = std::collections::HashSet::new();
     for line in show_job.lines() {
         if let Some(l) = field(line, "NodeList") {
-            if !l.is_empty() && l != "(null)" && !out.contains(&l) {
+            if !l.is_empty() && l != "(null)" && seen.insert(l.clone()) {
                 out.push(l);
             }
         }

@@ -11,12 +11,15 @@
 //! that no longer exists, and matches nothing.
 
 use super::{read_stat, Identity, ProcInfo};
+use std::collections::HashSet;
 use std::io;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
-static HELPERS: Mutex<Vec<Identity>> = Mutex::new(Vec::new());
+/// A set, not a list: a run keeps one helper per host (65,536 of them), and each is looked
+/// up and forgotten on its own.
+static HELPERS: LazyLock<Mutex<HashSet<Identity>>> = LazyLock::new(Mutex::default);
 
-fn helpers() -> MutexGuard<'static, Vec<Identity>> {
+fn helpers() -> MutexGuard<'static, HashSet<Identity>> {
     // A panic elsewhere while holding the lock leaves consistent data: keep going.
     HELPERS.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -49,7 +52,7 @@ pub(crate) fn output(cmd: &mut std::process::Command) -> io::Result<std::process
 /// Forgets a helper that has been reaped.
 pub(crate) fn forget(id: Option<Identity>) {
     if let Some(id) = id {
-        helpers().retain(|h| *h != id);
+        helpers().remove(&id);
     }
 }
 

@@ -34,9 +34,10 @@ pub(super) fn fold_rows<T: Clone>(
     if !several || quiet.is_empty() || crate::output::wide() {
         return (items.to_vec(), None);
     }
+    let quiet_set: std::collections::HashSet<&String> = quiet.iter().collect();
     let shown = items
         .iter()
-        .filter(|i| !quiet.contains(host(i)))
+        .filter(|i| !quiet_set.contains(host(i)))
         .cloned()
         .collect();
     let note = format!(
@@ -154,8 +155,7 @@ pub(super) fn summary(
     if cfg.session.is_local() {
         return Ok(Exit::Success);
     }
-    let names = cfg.session.host_names();
-    rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
+    in_set_order(cfg, &mut rows);
     let answered = rows.iter().any(|r| r.error.is_none());
     let failed: Vec<&str> = rows.iter().filter_map(|r| r.error.as_deref()).collect();
     if cfg.json {
@@ -189,6 +189,18 @@ pub(super) fn summary(
     })
 }
 
+/// Puts the rows in host-set order (each host's place looked up, not searched for: a search
+/// per row made the summary of 65,536 hosts quadratic).
+fn in_set_order(cfg: &Config, rows: &mut [render::HostRow]) {
+    let names = cfg.session.host_names();
+    let place: std::collections::HashMap<&str, usize> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
+    rows.sort_by_key(|r| place.get(r.host.as_str()).copied());
+}
+
 /// `emit` over several hosts: with --json each host that failed is in the document (an
 /// entry `{"host", "state", "error"}` of a list; a report gets `"hosts"`, every host's row);
 /// as text nothing at all when no host answered.
@@ -201,7 +213,6 @@ pub(super) fn emit_hosts<T: Serialize>(
     if cfg.session.is_local() {
         return emit(cfg, v, table);
     }
-    let names = cfg.session.host_names();
     if !cfg.json {
         if rows.iter().any(|r| r.error.is_none()) {
             crate::outln!("{}", table());
@@ -209,7 +220,7 @@ pub(super) fn emit_hosts<T: Serialize>(
         return Ok(Exit::Success);
     }
     let mut rows = rows.to_vec();
-    rows.sort_by_key(|r| names.iter().position(|n| *n == r.host));
+    in_set_order(cfg, &mut rows);
     let entry = |r: &render::HostRow| {
         let mut e = serde_json::json!({"host": r.host, "state": r.state});
         match &r.error {

@@ -46,11 +46,8 @@ fn push_answer(line: &str) -> Option<Result<Vec<u8>, String>> {
     }
     if let Some(how) = line.strip_prefix(push::SEND) {
         return Some(push::exe().map(|exe| {
-            let body = match how.trim() {
-                "gz" => exe.gzipped(),
-                _ => &exe.bytes[..],
-            };
-            let mut b = format!("{}\n", body.len()).into_bytes();
+            let (body, format) = exe.for_host(how);
+            let mut b = format!("{} {format}\n", body.len()).into_bytes();
             b.extend_from_slice(body);
             b
         }));
@@ -72,14 +69,14 @@ async fn connect_once(
     let started = Instant::now();
     let mux = keep_connection(host, transport, timeout, stop).await?;
     let timeout = timeout.saturating_sub(started.elapsed());
+    if stop.is_closed() {
+        return Err(HostError::Interrupted);
+    }
     let launch = transport.launch(host, mux, skip_path)?;
     tracing::debug!("host {host}: {} {}", launch.program, launch.args.join(" "));
     let (mut agent, stderr_task) = start_agent(host, &launch)?;
     let first = tokio::select! {
-        first = tokio::time::timeout(
-            timeout,
-            first_line(host, transport, &mut agent.stdout, &mut agent.stdin),
-        ) => first,
+        biased;
         _ = stopped(stop) => {
             // Killed and reaped here: nothing this run started outlives it.
             let _ = agent.child.start_kill();
@@ -87,6 +84,10 @@ async fn connect_once(
             crate::process::helpers::forget(agent.helper);
             return Err(HostError::Interrupted);
         }
+        first = tokio::time::timeout(
+            timeout,
+            first_line(host, transport, &mut agent.stdout, &mut agent.stdin),
+        ) => first,
     };
     let hello = hello_in(host, transport, first, &mut agent, stderr_task, timeout).await?;
     if let Err(e) = same_protocol(host, transport, &hello, skip_path) {
@@ -119,11 +120,14 @@ async fn keep_connection(
         match (transport.kept_socket(host), transport.show_config(host)) {
             (Some(sock), _) if sock.exists() => true,
             (_, Some(g)) => tokio::select! {
+                // The interrupt first: polled first, `ssh -G` would be started only to be
+                // killed.
+                biased;
+                _ = stopped(stop) => return Err(HostError::Interrupted),
                 // Dropped, `ssh -G` is killed (and reaped by tokio).
                 shown = output_of(&g, timeout) => {
                     shown.is_some_and(|shown| !crate::hosts::transport::sets_control_path(&shown))
                 }
-                _ = stopped(stop) => return Err(HostError::Interrupted),
             },
             _ => false,
         },

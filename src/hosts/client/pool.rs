@@ -2,14 +2,14 @@
 //! hosts opened in parallel, calls fanned out to their agents and the answers gathered.
 
 use super::conn::Conn;
-use super::handshake::{connect, stopped};
+use super::handshake::connect;
 use super::progress::Progress;
 use super::{lock, CLOSE_WAIT, TICK};
 use crate::hosts::protocol::{Call, Hello};
 use crate::hosts::{HostError, HostsConfig, LOCAL};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -28,6 +28,10 @@ pub struct Pool {
     /// parallel on the others.
     shards: Vec<tokio::runtime::Runtime>,
     slots: Vec<(String, Slot)>,
+    /// Each host's place in `slots`: a call over the whole set finds every host's
+    /// connection in constant time (a search of `slots` per host made a call over 65,536
+    /// hosts quadratic: 42 s to end after a Ctrl-C).
+    index: HashMap<String, usize>,
     pub config: HostsConfig,
     /// Seconds each connection took to say hello (for -v and the benchmark).
     pub connect_ms: Vec<(String, f64)>,
@@ -40,10 +44,15 @@ impl Pool {
     /// once: the hosts not yet open keep `HostError::Interrupted`, and each ssh (or srun)
     /// started for them is killed and reaped.
     pub fn connect(config: HostsConfig, interrupted: &'static AtomicBool) -> Pool {
-        let remote = config.hosts.iter().filter(|h| h.as_str() != LOCAL);
+        let remote: Vec<String> = config
+            .hosts
+            .iter()
+            .filter(|h| h.as_str() != LOCAL)
+            .cloned()
+            .collect();
         let shards: Vec<_> = (0..crate::process::cores()
             .clamp(2, 16)
-            .min(remote.clone().count().max(1)))
+            .min(remote.len().max(1)))
             .map(|_| {
                 tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(1)
@@ -53,58 +62,75 @@ impl Pool {
                     .expect("a tokio runtime starts (a thread and an epoll fd)")
             })
             .collect();
-        let sem = Arc::new(Semaphore::new(config.fanout.max(1)));
         // Closed on an interrupt: every host's opening waits on it beside its own work, so
         // one watcher wakes them all (thousands of hosts each polling the flag would not).
         let stop = Arc::new(Semaphore::new(0));
-        let progress = (config.progress && remote.clone().count() > 1)
+        if interrupted.load(Ordering::Relaxed) {
+            // Interrupted already: no host is opened at all.
+            stop.close();
+        }
+        let progress = (config.progress && remote.len() > 1)
             .then(|| Arc::new(Progress::new(config.skip_unreachable)));
         if let Some(p) = &progress {
-            p.start(remote.clone().cloned().collect(), "connected");
+            p.start(remote.clone(), "connected");
         }
-        let mut handles = Vec::new();
-        for (i, h) in remote.enumerate() {
-            let (host, transport, sem) = (h.clone(), config.transport.clone(), sem.clone());
-            let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
-            let shard = i % shards.len();
-            let (progress, stop) = (progress.clone(), stop.clone());
-            handles.push(shards[shard].spawn(async move {
-                let started = Instant::now();
-                let r = async {
-                    let _permit = tokio::select! {
-                        p = sem.acquire_owned() => p,
-                        _ = stopped(&stop) => return Err(HostError::Interrupted),
-                    };
-                    connect(&host, &transport, timeout, answer_within, shard, &stop).await
-                }
-                .await;
-                if let Some(p) = &progress {
-                    p.tick(&host, r.as_ref().err(), None);
-                }
-                (host, r, started.elapsed().as_secs_f64() * 1e3)
-            }));
-        }
-        let mut opened: HashMap<String, Result<Arc<Conn>, HostError>> = HashMap::new();
+        // One worker per place of the fan-out, each opening the next host not yet taken,
+        // spread over the runtimes: the opening is `fanout` tasks whatever the host count
+        // (a task per host cost 0.6 s to set up at 65,536 hosts, and an interrupt waited
+        // for it), and an interrupt stops every worker before its next host.
+        let remote = Arc::new(remote);
+        let next = Arc::new(AtomicUsize::new(0));
+        let begun = Instant::now();
+        let handles: Vec<_> = (0..config.fanout.max(1).min(remote.len()))
+            .map(|w| {
+                let shard = w % shards.len();
+                let (hosts, next, transport) =
+                    (remote.clone(), next.clone(), config.transport.clone());
+                let (timeout, answer_within) = (config.connect_timeout, config.call_timeout);
+                let (progress, stop) = (progress.clone(), stop.clone());
+                shards[shard].spawn(async move {
+                    let mut done = Vec::new();
+                    while !stop.is_closed() {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(host) = hosts.get(i) else { break };
+                        let r =
+                            connect(host, &transport, timeout, answer_within, shard, &stop).await;
+                        if let Some(p) = &progress {
+                            p.tick(host, r.as_ref().err(), None);
+                        }
+                        done.push((i, r, begun.elapsed().as_secs_f64() * 1e3));
+                    }
+                    done
+                })
+            })
+            .collect();
+        let mut opened: Vec<Option<Result<Arc<Conn>, HostError>>> =
+            remote.iter().map(|_| None).collect();
         let mut connect_ms = Vec::new();
+        let watched = stop.clone();
         shards[0].block_on(async {
             let watch = tokio::spawn(async move {
                 while !interrupted.load(Ordering::Relaxed) {
                     tokio::time::sleep(TICK).await;
                 }
-                stop.close();
+                watched.close();
             });
             for h in handles {
-                if let Ok((host, r, ms)) = h.await {
+                for (i, r, ms) in h.await.unwrap_or_default() {
+                    let host = &remote[i];
                     tracing::debug!(
                         "host {host}: connected in {ms:.1} ms: {:?}",
                         r.as_ref().map(|c| &c.hello)
                     );
                     connect_ms.push((host.clone(), ms));
-                    opened.insert(host, r.map(Arc::new));
+                    opened[i] = Some(r.map(Arc::new));
                 }
             }
             watch.abort();
         });
+        // A host no worker took was left for the interrupt.
+        let interrupted_before = stop.is_closed();
+        let mut opened = opened.into_iter();
         let slots = config
             .hosts
             .iter()
@@ -112,15 +138,23 @@ impl Pool {
                 let slot = if h == LOCAL {
                     Slot::Local
                 } else {
-                    Slot::Remote(opened.remove(h).unwrap_or_else(|| {
-                        Err(HostError::Connect {
-                            host: h.clone(),
-                            why: "the connection task failed".into(),
+                    Slot::Remote(opened.next().flatten().unwrap_or_else(|| {
+                        Err(match interrupted_before {
+                            true => HostError::Interrupted,
+                            false => HostError::Connect {
+                                host: h.clone(),
+                                why: "the connection task failed".into(),
+                            },
                         })
                     }))
                 };
                 (h.clone(), slot)
             })
+            .collect::<Vec<_>>();
+        let index = slots
+            .iter()
+            .enumerate()
+            .map(|(i, (h, _))| (h.clone(), i))
             .collect();
         if let Some(p) = &progress {
             p.clear();
@@ -128,6 +162,7 @@ impl Pool {
         Pool {
             shards,
             slots,
+            index,
             config,
             connect_ms,
             progress,
@@ -173,13 +208,12 @@ impl Pool {
     }
 
     fn slot(&self, host: &str) -> Result<&Slot, HostError> {
-        self.slots
-            .iter()
-            .find(|(h, _)| h == host)
-            .map(|(_, s)| s)
+        self.index
+            .get(host)
+            .map(|&i| &self.slots[i].1)
             .ok_or_else(|| HostError::Unknown {
                 host: host.to_string(),
-                known: self.hosts().collect::<Vec<_>>().join(", "),
+                known: crate::hosts::fold::set_of(&self.hosts().collect::<Vec<_>>()),
             })
     }
 

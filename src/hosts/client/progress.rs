@@ -3,7 +3,9 @@
 use super::lock;
 use crate::hosts::HostError;
 use crate::output::ProgressLine;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// On a terminal, while a one-shot's hosts are still coming: `12/64 hosts answered` on one
 /// line of stderr, rewritten as each answers, and each host said at once above it as it
@@ -27,9 +29,19 @@ type LineOf = Arc<dyn Fn(&str, &dyn std::any::Any) -> Option<String> + Send + Sy
 struct Phase {
     what: &'static str,
     total: usize,
-    waiting: Vec<String>,
+    /// The hosts still to come, by their place in the round (the line names the last few in
+    /// order); a host that comes in is taken out by its place, never by a search (which made
+    /// a round over 65,536 hosts quadratic).
+    waiting: BTreeMap<usize, String>,
+    place: HashMap<String, Vec<usize>>,
+    /// When the line was last drawn.
+    drawn: Option<Instant>,
     shown: ProgressLine,
 }
+
+/// The line is drawn at most this often while many hosts are still to come (65,536 hosts
+/// interrupted at once drew it 65,536 times).
+const REDRAW: Duration = Duration::from_millis(50);
 
 /// The line names the hosts still to come once they are this few.
 const NAME_LAST: usize = 8;
@@ -42,7 +54,9 @@ impl Progress {
             state: Mutex::new(Phase {
                 what: "",
                 total: 0,
-                waiting: Vec::new(),
+                waiting: BTreeMap::new(),
+                place: HashMap::new(),
+                drawn: None,
                 shown: ProgressLine::on_terminal(),
             }),
             said: Mutex::default(),
@@ -54,17 +68,29 @@ impl Progress {
         let mut st = lock(&self.state);
         st.what = what;
         st.total = hosts.len();
-        st.waiting = hosts;
-        self.draw(&mut st);
+        st.place.clear();
+        for (i, h) in hosts.iter().enumerate() {
+            st.place.entry(h.clone()).or_default().push(i);
+        }
+        st.waiting = hosts.into_iter().enumerate().collect();
+        st.drawn = None;
+        self.draw(&mut st, true);
     }
 
-    fn draw(&self, st: &mut Phase) {
+    /// Draws the line (`now`: even if it was drawn a moment ago: a line said above wiped it).
+    fn draw(&self, st: &mut Phase, now: bool) {
+        let few = st.waiting.len() <= NAME_LAST;
+        if !now && !few && st.drawn.is_some_and(|t| t.elapsed() < REDRAW) {
+            return;
+        }
+        st.drawn = Some(Instant::now());
         let done = st.total - st.waiting.len();
         let mut line = format!("{done}/{} hosts {}", st.total, st.what);
         if !st.waiting.is_empty() && st.waiting.len() <= NAME_LAST.min(st.total - 1) {
+            let names: Vec<&String> = st.waiting.values().collect();
             line.push_str(&format!(
                 "; waiting for {}",
-                crate::hosts::fold::compress(&st.waiting)
+                crate::hosts::fold::compress(&names)
             ));
         }
         st.shown.show(&line);
@@ -80,20 +106,27 @@ impl Progress {
     /// either said now).
     pub(super) fn tick(&self, host: &str, failed: Option<&HostError>, said: Option<String>) {
         let mut st = lock(&self.state);
-        st.waiting.retain(|h| h != host);
+        if let Some(i) = st.place.get_mut(host).and_then(Vec::pop) {
+            st.waiting.remove(&i);
+        }
+        let wiped = said.is_some();
         if let Some(line) = said {
             st.shown.above(&line);
         }
-        if let Some(e) = failed {
-            if lock(&self.said).insert(host.to_string()) {
+        // An interrupt ends the run: nothing is said for each host it stopped.
+        let failed = failed.filter(|e| !matches!(e, HostError::Interrupted));
+        let wiped = match failed {
+            Some(e) if lock(&self.said).insert(host.to_string()) => {
                 let how = match self.skip && e.unreachable() {
                     true => "warning: skipping",
                     false => "gpuloop:",
                 };
                 st.shown.above(&format!("{how} {e}"));
+                true
             }
-        }
-        self.draw(&mut st);
+            _ => wiped,
+        };
+        self.draw(&mut st, wiped);
     }
 
     pub(super) fn clear(&self) {
