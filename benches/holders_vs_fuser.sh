@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
 # holders() against `fuser -v` on the same device files and the same process table: 2,000
-# processes with ~50 fds each, and a few simulated holders among them. Needs hyperfine
-# (installed with apt-get if missing). Writes benches/results/holders_vs_fuser.json.
+# processes with ~50 fds each, and a few holders among them. Needs hyperfine (installed with
+# apt-get if missing). Writes benches/results/holders_vs_fuser.json (OUT= another path).
+# BIN=path: that gpuloop, not a fresh release build. REAL=1, on a GPU machine that is yours:
+# the real driver and /dev/nvidia*, with one real holder (PyTorch, 1 GiB on GPU 0) beside the
+# table; otherwise a simulator with 8 GPUs and simulated holders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-2000} K=${K:-50}
 command -v hyperfine >/dev/null || { apt-get update -qq && apt-get install -y -qq hyperfine >/dev/null; }
-cargo build --release -q
-BIN=$PWD/target/release/gpuloop
-export GPULOOP_SIM=8x80G GPULOOP_SIM_DIR=$(mktemp -d)
+[ -n "${BIN:-}" ] || { cargo build --release -q; BIN=$PWD/target/release/gpuloop; }
+OUT=${OUT:-benches/results/holders_vs_fuser.json}
+WORK=$(mktemp -d)
 table_pid=""; holder_pids=()
 cleanup() {
   [ -n "$table_pid" ] && kill -TERM "$table_pid" 2>/dev/null && wait "$table_pid" 2>/dev/null
   for p in "${holder_pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  rm -rf "$GPULOOP_SIM_DIR"
+  rm -rf "$WORK"
 }
 trap cleanup EXIT
-for g in 0 3 5; do holder_pids+=($($BIN sim hold --gpu $g --mib 1000)); done
-holder_pids+=($($BIN sim hold --gpu 1 --mib 500 --workers 2))
-holder_pids+=($($BIN sim hold --gpu 2 --observer))
-python3 benches/proctable.py "$N" "$K" "$GPULOOP_SIM_DIR/table.pids" & table_pid=$!
-while [ ! -f "$GPULOOP_SIM_DIR/table.pids" ]; do sleep 0.1; done
-echo "processes: $(ls /proc | grep -c '^[0-9]')  holders: ${#holder_pids[@]}"
-nodes=$(ls "$GPULOOP_SIM_DIR"/dev/nvidia*)
-mkdir -p benches/results
+if [ -n "${REAL:-}" ]; then
+  python3 -c 'import time, torch; x = torch.empty(2**30, dtype=torch.uint8, device="cuda"); print(flush=True); time.sleep(10**6)' \
+    > "$WORK/holder.out" & holder_pids+=($!)
+  until [ -s "$WORK/holder.out" ]; do sleep 0.1; done
+  nodes=$(ls /dev/nvidia* | grep -v caps)
+else
+  export GPULOOP_SIM=8x80G GPULOOP_SIM_DIR=$WORK/sim
+  for g in 0 3 5; do holder_pids+=($($BIN sim hold --gpu $g --mib 1000)); done
+  holder_pids+=($($BIN sim hold --gpu 1 --mib 500 --workers 2))
+  holder_pids+=($($BIN sim hold --gpu 2 --observer))
+  nodes=$(ls "$GPULOOP_SIM_DIR"/dev/nvidia*)
+fi
+python3 benches/proctable.py "$N" "$K" "$WORK/table.pids" & table_pid=$!
+while [ ! -f "$WORK/table.pids" ]; do sleep 0.1; done
+echo "processes: $(ls /proc | grep -c '^[0-9]')  cores: $(nproc)  holders started: ${#holder_pids[@]}"
+"$BIN" holders --all | head -12 || true
+mkdir -p "$(dirname "$OUT")"
 hyperfine -N --warmup 3 --runs 40 \
   -n "gpuloop holders --all" "$BIN holders --all" \
   -n "fuser -v /dev/nvidia*" "fuser -v $nodes" \
-  --export-json benches/results/holders_vs_fuser.json
+  --export-json "$OUT"

@@ -271,9 +271,10 @@ pub(crate) fn wait_clean(
             let since = *clean_since.get_or_insert(now);
             if now.duration_since(since) >= opts.settle {
                 tracing::debug!(
-                    "wait_clean: clean after {}, {:.1} ms",
+                    "wait_clean: clean after {}, {:.1} ms, done at {:.1} ms",
                     crate::words::count(polls as usize, "poll", "polls"),
-                    started.elapsed().as_secs_f64() * 1e3
+                    started.elapsed().as_secs_f64() * 1e3,
+                    crate::timeline::ms()
                 );
                 return Ok(WaitOutcome::Clean);
             }

@@ -418,8 +418,12 @@ pub(crate) fn kill_with_progress(
     interrupted: &dyn Interrupt,
     progress: Progress,
 ) -> KillReport {
+    let read = Instant::now();
+    let tree = Tree::snapshot();
+    let tree_ms = read.elapsed().as_secs_f64() * 1e3;
     kill_in(
-        &Tree::snapshot(),
+        &tree,
+        tree_ms,
         targets,
         opts,
         protected,
@@ -692,6 +696,7 @@ impl Resolve<'_> {
 /// `kill` against a snapshot taken by the caller (tests give one that has gone stale).
 fn kill_in(
     tree: &Tree,
+    tree_ms: f64,
     targets: &[Target],
     opts: &KillOpts,
     protected: &[String],
@@ -722,10 +727,11 @@ fn kill_in(
         &mut report,
     );
     tracing::debug!(
-        "kill: {} signalled, {} exited, {} ms",
+        "kill: {} signalled, {} exited, {:.1} ms (the process tree read in {tree_ms:.1} ms before), done at {:.1} ms",
         victims.len(),
         victims.iter().filter(|v| v.exited).count(),
-        started.elapsed().as_millis()
+        signalled_at.elapsed().as_secs_f64() * 1e3,
+        crate::timeline::ms()
     );
     report_each(&victims, signalled_at, &mut report);
     keep_restarters_still_running(&mut report);
@@ -1324,6 +1330,7 @@ mod tests {
             let stale = stale_snapshot(q, |p| change(p, t));
             let r = kill_in(
                 &stale,
+                0.0,
                 &[Target::Pid(t)],
                 &KillOpts::default(),
                 &[],
@@ -1371,6 +1378,7 @@ mod tests {
         let protected = vec!["guarded-daemon".to_string()];
         let r = kill_in(
             &stale,
+            0.0,
             &[Target::Pid(q)],
             &KillOpts::default(),
             &protected,

@@ -75,38 +75,11 @@ enum Outcome {
     Denied,
 }
 
-/// Most threads a scan uses: /proc reads scale to a few threads, and each costs a clone().
-const MAX_THREADS: usize = 8;
-
-/// About how many processes make starting one more thread worth it.
-const PER_THREAD: usize = 64;
-
-/// Scans every process (except this one) for open and mapped device nodes, on a few scoped
-/// threads (not a global pool: a one-shot command would pay for starting one thread per core).
+/// Scans every process (except this one) for open and mapped device nodes, on a few threads.
 pub fn scan(nodes: &DeviceNodes) -> Scan {
     let me = std::process::id() as i32;
     let pids: Vec<i32> = super::all_pids().into_iter().filter(|&p| p != me).collect();
-    let threads = super::cores()
-        .min(MAX_THREADS)
-        .min(pids.len().div_ceil(PER_THREAD))
-        .max(1);
-    // Interleaved shares: busy and idle processes spread evenly over the threads.
-    let share = |k: usize| -> Vec<(i32, Outcome)> {
-        pids.iter()
-            .skip(k)
-            .step_by(threads)
-            .map(|&pid| (pid, scan_one(pid, nodes)))
-            .collect()
-    };
-    let outcomes: Vec<(i32, Outcome)> = std::thread::scope(|sc| {
-        let others: Vec<_> = (1..threads).map(|k| sc.spawn(move || share(k))).collect();
-        let mut all = share(0);
-        for (k, h) in others.into_iter().enumerate() {
-            // A thread that panicked had its share done again here rather than lost.
-            all.extend(h.join().unwrap_or_else(|_| share(k + 1)));
-        }
-        all
-    });
+    let outcomes = super::across_threads(&pids, |pid| scan_one(pid, nodes));
     let mut out = Scan {
         scanned: pids.len(),
         ..Scan::default()
