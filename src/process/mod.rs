@@ -132,6 +132,13 @@ pub(crate) fn all_pids() -> Vec<i32> {
         .collect()
 }
 
+/// The CPU time this thread has used: what a part of a look costs, whatever else runs on the
+/// machine (for -v and the benches).
+pub(crate) fn thread_cpu() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 /// The cores this process may use, looked up once (the lookup reads cgroup files).
 pub(crate) fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();

@@ -3,11 +3,13 @@
 //! a process is read through its /proc directory fd, so it all belongs to one process.
 
 use super::identity::{self, ProcDir};
+use super::origin::Lineage;
 use super::ProcInfo;
 use crate::gpu::{DeviceNodes, Node};
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A set of device nodes: GPU minors plus "some shared node".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,6 +59,8 @@ pub struct NodeUser {
     /// and hold the nodes: `info.state` is then that live thread's state, and its fds and maps
     /// were read through `/proc/PID/task/TID`.
     pub defunct_leader: bool,
+    /// Its parent and ancestors, cgroup and environment, read beside the scan.
+    pub(crate) lineage: Lineage,
 }
 
 /// What one scan found.
@@ -67,10 +71,16 @@ pub struct Scan {
     pub unreadable: Vec<i32>,
     /// How many processes were looked at.
     pub scanned: usize,
+    /// The CPU time the scan took, on all its threads together (the lookups `found` made
+    /// included).
+    pub cpu: std::time::Duration,
+    /// The CPU time the users' lineage took to read, on all the scan's threads together.
+    pub lineage: std::time::Duration,
 }
 
 enum Outcome {
-    User(NodeUser),
+    /// A user, and the CPU time its lineage took to read.
+    User(Box<NodeUser>, std::time::Duration),
     None,
     Denied,
 }
@@ -81,39 +91,77 @@ const MAX_THREADS: usize = 8;
 /// About how many processes make starting one more thread worth it.
 const PER_THREAD: usize = 64;
 
+/// How many processes a scan thread takes at a time.
+const CHUNK: usize = 8;
+
 /// Scans every process (except this one) for open and mapped device nodes, on a few scoped
-/// threads (not a global pool: a one-shot command would pay for starting one thread per core).
-pub fn scan(nodes: &DeviceNodes) -> Scan {
+/// threads (not a global pool: a one-shot command would pay for starting one thread per core);
+/// `found` is told each user as a thread finds it (the caller looks up its containers while
+/// the scan goes on).
+pub fn scan(nodes: &DeviceNodes, found: &(dyn Fn(&NodeUser) + Sync)) -> Scan {
     let me = std::process::id() as i32;
     let pids: Vec<i32> = super::all_pids().into_iter().filter(|&p| p != me).collect();
     let threads = super::cores()
         .min(MAX_THREADS)
         .min(pids.len().div_ceil(PER_THREAD))
         .max(1);
-    // Interleaved shares: busy and idle processes spread evenly over the threads.
-    let share = |k: usize| -> Vec<(i32, Outcome)> {
-        pids.iter()
-            .skip(k)
-            .step_by(threads)
-            .map(|&pid| (pid, scan_one(pid, nodes)))
-            .collect()
+    // Each thread takes the next few processes until none are left: a holder costs many
+    // times what another process does (its maps, its lineage), and holders come at regular
+    // strides of pids (a launcher and its worker, forked one after the other), which fixed
+    // shares would give all to one thread.
+    let next = AtomicUsize::new(0);
+    let look = |pid: i32| -> (i32, Outcome) {
+        let o = scan_one(pid, nodes);
+        if let Outcome::User(u, _) = &o {
+            found(u);
+        }
+        (pid, o)
+    };
+    let cpu = std::sync::Mutex::new(std::time::Duration::ZERO);
+    let share = || -> Vec<(i32, Outcome)> {
+        let start = super::thread_cpu();
+        let mut done = Vec::new();
+        loop {
+            let at = next.fetch_add(CHUNK, Ordering::Relaxed);
+            if at >= pids.len() {
+                if let Ok(mut c) = cpu.lock() {
+                    *c += super::thread_cpu().saturating_sub(start);
+                }
+                return done;
+            }
+            let taken = &pids[at..(at + CHUNK).min(pids.len())];
+            done.extend(taken.iter().map(|&pid| look(pid)));
+        }
     };
     let outcomes: Vec<(i32, Outcome)> = std::thread::scope(|sc| {
-        let others: Vec<_> = (1..threads).map(|k| sc.spawn(move || share(k))).collect();
-        let mut all = share(0);
-        for (k, h) in others.into_iter().enumerate() {
-            // A thread that panicked had its share done again here rather than lost.
-            all.extend(h.join().unwrap_or_else(|_| share(k + 1)));
+        let others: Vec<_> = (1..threads).map(|_| sc.spawn(share)).collect();
+        let mut all = share();
+        let mut lost = false;
+        for h in others {
+            match h.join() {
+                Ok(done) => all.extend(done),
+                Err(_) => lost = true,
+            }
+        }
+        if lost {
+            // A thread that panicked had what it took done again here rather than lost.
+            let seen: std::collections::HashSet<i32> = all.iter().map(|(p, _)| *p).collect();
+            let missed: Vec<i32> = pids.iter().copied().filter(|p| !seen.contains(p)).collect();
+            all.extend(missed.into_iter().map(look));
         }
         all
     });
     let mut out = Scan {
         scanned: pids.len(),
+        cpu: cpu.into_inner().unwrap_or_default(),
         ..Scan::default()
     };
     for (pid, o) in outcomes {
         match o {
-            Outcome::User(u) => out.users.push(u),
+            Outcome::User(u, spent) => {
+                out.users.push(*u);
+                out.lineage += spent;
+            }
             Outcome::Denied => out.unreadable.push(pid),
             Outcome::None => {}
         }
@@ -132,7 +180,10 @@ pub fn rescan(pids: &[i32], nodes: &DeviceNodes) -> Scan {
     };
     for &pid in pids {
         match scan_one(pid, nodes) {
-            Outcome::User(u) => out.users.push(u),
+            Outcome::User(u, spent) => {
+                out.users.push(*u);
+                out.lineage += spent;
+            }
             Outcome::Denied => out.unreadable.push(pid),
             Outcome::None => {}
         }
@@ -196,21 +247,30 @@ fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
     };
     let cmdline = dir.cmdline();
     let uid = dir.uid().ok();
-    // A last read through `dir`: if the process is gone now, the maps and command line above
-    // may be empty for that reason, so it is not reported at all.
+    // Its own files through `dir`, its parent's and ancestors' by pid, before the check below
+    // (a process still there then had its pid all along).
+    let t = super::thread_cpu();
+    let lineage = Lineage::read(&info, Some(&dir));
+    let spent = super::thread_cpu().saturating_sub(t);
+    // A last read through `dir`: if the process is gone now, the maps, command line and
+    // lineage above may be empty or another's for that reason, so it is not reported at all.
     if dir.stat().is_err() {
         return Outcome::None;
     }
-    Outcome::User(NodeUser {
-        pid,
-        open,
-        mapped,
-        info,
-        ino,
-        cmdline,
-        uid,
-        defunct_leader: thread.is_some(),
-    })
+    Outcome::User(
+        Box::new(NodeUser {
+            pid,
+            open,
+            mapped,
+            info,
+            ino,
+            cmdline,
+            uid,
+            defunct_leader: thread.is_some(),
+            lineage,
+        }),
+        spent,
+    )
 }
 
 /// For a zombie thread-group leader, one of its threads that still runs: (tid, state).
