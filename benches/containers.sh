@@ -6,8 +6,10 @@
 # and pod are read from podman's state on disk and the kubelet's directory (half the pods
 # deleted). `gpuloop holders` runs on each in turn, RUNS times (alternating, so drift on a
 # shared machine falls on both alike), then with -v for gpuloop's own breakdown: the driver's
-# part (the simulated one translates a container's pid to its host pid, which a real driver
-# does itself) and the lineage, where the containers and pods are read.
+# part (the simulated one finds a container's host pid by its lock once, then checks the lock
+# line at the fd it recorded; a real driver knows it), the scan, the lineage its threads read
+# (parents, cgroups) and the containers' and pods' state they look up (CPU time, summed over
+# the threads), and what is left of the lineage after the scan.
 # Needs root, podman, runc, busybox-static. Writes benches/results/containers.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,17 +85,19 @@ for _ in range(runs):
         assert status == 0, status
         wall[k].append((time.perf_counter() - t) * 1e3)
         cpu[k].append((ru.ru_utime + ru.ru_stime) * 1e3)
-parts = {k: {"driver": [], "scan": [], "lineage": [], "state": []} for k in envs}
+parts = {k: {p: [] for p in ("driver", "driver_cpu", "scan", "scan_cpu", "lineage_read_cpu",
+                              "lineage", "state_cpu")} for k in envs}
 for _ in range(runs // 2):
     for k, env in envs.items():
         err = subprocess.run([bin_, "-v", "holders"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, check=True).stderr
-        m = re.search(r"from sim in ([\d.]+) ms, beside a scan of \d+ processes in ([\d.]+) ms", err)
-        parts[k]["driver"].append(float(m.group(1)))
-        parts[k]["scan"].append(float(m.group(2)))
+        m = re.search(r"from sim in ([\d.]+) ms \(([\d.]+) ms of CPU\), beside a scan of \d+ "
+                      r"processes in ([\d.]+) ms \(([\d.]+) ms of CPU\).*lineage read in ([\d.]+) ms", err)
+        for i, p in enumerate(("driver", "driver_cpu", "scan", "scan_cpu", "lineage_read_cpu")):
+            parts[k][p].append(float(m.group(i + 1)))
         m = re.search(r"lineage of \d+ holder\(s\) in ([\d.]+) ms; .* read in ([\d.]+) ms", err)
         parts[k]["lineage"].append(float(m.group(1)))
-        parts[k]["state"].append(float(m.group(2)))
+        parts[k]["state_cpu"].append(float(m.group(2)))
 med = lambda xs: round(statistics.median(xs), 2)
 out = {k: {"wall_ms_median": med(wall[k]), "wall_ms_min": round(min(wall[k]), 2),
            "cpu_ms_median": med(cpu[k]), "cpu_ms_min": round(min(cpu[k]), 2),

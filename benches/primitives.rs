@@ -42,7 +42,7 @@ fn benches(c: &mut Criterion) {
     let (protected, roots) = (config.protected, config.containers);
 
     c.bench_function("scan /proc (all processes, fds)", |b| {
-        b.iter(|| black_box(scan::scan(&nodes)))
+        b.iter(|| black_box(scan::scan(&nodes, &|_| {})))
     });
     c.bench_function("parse_maps 2000-line CUDA maps", |b| {
         b.iter(|| black_box(scan::parse_maps(black_box(&maps), &real)))

@@ -198,7 +198,7 @@ impl Blocker {
         )
     }
 
-    fn of_proc(p: &ProcInfo, protected: &[String], places: &mut Resolver) -> Blocker {
+    fn of_proc(p: &ProcInfo, protected: &[String], places: &Resolver) -> Blocker {
         let cmdline = proc::cmdline(p.pid);
         let user = proc::uid(p.pid).map(proc::user_name).unwrap_or_default();
         let prot = proc::kill::is_protected(&p.comm, &cmdline, protected);
@@ -288,13 +288,13 @@ impl Readiness {
     /// compute holders are added per GPU by `blockers`). `roots`: where the container
     /// runtimes keep their state, for the cgroup's unit.
     pub fn look(backend: &dyn Backend, protected: &[String], roots: &Roots) -> Readiness {
-        let mut places = Resolver::new(roots);
+        let places = Resolver::new(roots);
         let named = match backend.kind() {
             BackendKind::Nvml => proc::process_table()
                 .into_iter()
                 .filter(|p| !p.is_zombie())
                 .filter(|p| proc::kill::is_named(&p.comm, &proc::cmdline(p.pid), NAMED))
-                .map(|p| Blocker::of_proc(&p, protected, &mut places))
+                .map(|p| Blocker::of_proc(&p, protected, &places))
                 .collect(),
             // The daemons named are the driver's clients on this machine: no simulated GPU
             // waits for them, and without a driver nothing is reset.

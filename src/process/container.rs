@@ -20,8 +20,10 @@
 //!   `/var/log/pods/<namespace>_<name>_<uid>/<container>/`.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 /// The container runtime that started a process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
@@ -376,62 +378,80 @@ type Logged = (String, String, Vec<String>);
 
 /// Resolves the places of the processes of one scan: each container's and pod's state is
 /// read once (cached by what the cgroup said), each runtime's directories listed once, and
-/// nothing at all is read for a process outside any container.
+/// nothing at all is read for a process outside any container. Shared by the scan's threads,
+/// each of which looks up the places of the processes it finds.
 pub(crate) struct Resolver<'a> {
     roots: &'a Roots,
-    places: HashMap<Ids, Place>,
+    places: Mutex<HashMap<Ids, Place>>,
     /// containerd's `<root>/<namespace>` directories.
-    namespaces: Option<Vec<PathBuf>>,
+    namespaces: OnceLock<Vec<PathBuf>>,
+    /// The namespace the last container was found in, looked in first next (Kubernetes'
+    /// containers are all in one, k8s.io).
+    namespace_hit: AtomicUsize,
     /// containers/storage's `<root>/<driver>-containers` directories.
-    stores: Option<Vec<PathBuf>>,
+    stores: OnceLock<Vec<PathBuf>>,
+    /// The store the last container was found in, looked in first next (a node's containers
+    /// are in one: podman's graph root, CRI-O's run root).
+    store_hit: AtomicUsize,
     /// containers/storage's names, by id.
-    names: Option<HashMap<String, String>>,
+    names: OnceLock<HashMap<String, String>>,
     /// The kubelet's pod log directories, by pod uid.
-    logged: Option<HashMap<String, Logged>>,
-    /// The kubelet's `pods` directory is there (else no pod can be told deleted).
-    kubelet_known: Option<bool>,
+    logged: OnceLock<HashMap<String, Logged>>,
+    /// The pod uids the kubelet knows (`<root>/pods/<uid>`), listed once; `None` where its
+    /// `pods` directory cannot be listed (no pod can then be told deleted).
+    known_pods: OnceLock<Option<HashSet<String>>>,
     /// Some root of containerd's, containers/storage's, docker's state is there.
-    there: [Option<bool>; 3],
-    /// Time spent reading the runtimes' and the kubelet's state (for -v and the benches).
-    spent: std::time::Duration,
+    there: [OnceLock<bool>; 3],
+    /// The CPU time spent reading the runtimes' and the kubelet's state, by all the threads
+    /// that looked (for -v and the benches), in µs.
+    spent_us: AtomicU64,
 }
 
 impl<'a> Resolver<'a> {
     pub(crate) fn new(roots: &'a Roots) -> Resolver<'a> {
         Resolver {
             roots,
-            places: HashMap::new(),
-            namespaces: None,
-            stores: None,
-            names: None,
-            logged: None,
-            kubelet_known: None,
-            there: [None; 3],
-            spent: std::time::Duration::ZERO,
+            places: Mutex::default(),
+            namespaces: OnceLock::new(),
+            namespace_hit: AtomicUsize::new(0),
+            stores: OnceLock::new(),
+            store_hit: AtomicUsize::new(0),
+            names: OnceLock::new(),
+            logged: OnceLock::new(),
+            known_pods: OnceLock::new(),
+            there: Default::default(),
+            spent_us: AtomicU64::new(0),
         }
     }
 
-    /// How many places were resolved (each read once), and the time that took.
+    /// How many places were resolved (each read once), and the CPU time that took.
     pub(crate) fn resolved(&self) -> (usize, std::time::Duration) {
-        (self.places.len(), self.spent)
+        let n = self.places.lock().map_or(0, |p| p.len());
+        let us = self.spent_us.load(Ordering::Relaxed);
+        (n, std::time::Duration::from_micros(us))
     }
 
     /// The place a cgroup path's ids stand for; empty ids read nothing.
-    pub(crate) fn place(&mut self, ids: &Ids) -> Place {
+    pub(crate) fn place(&self, ids: &Ids) -> Place {
         if ids.is_empty() {
             return Place::default();
         }
-        if let Some(p) = self.places.get(ids) {
-            return p.clone();
+        if let Some(p) = self.places.lock().ok().and_then(|m| m.get(ids).cloned()) {
+            return p;
         }
-        let t = std::time::Instant::now();
+        // Read without the lock held: two threads that meet one container both read it, alike.
+        let t = super::thread_cpu();
         let p = self.resolve(ids);
-        self.places.insert(ids.clone(), p.clone());
-        self.spent += t.elapsed();
+        let spent = super::thread_cpu().saturating_sub(t);
+        self.spent_us
+            .fetch_add(spent.as_micros() as u64, Ordering::Relaxed);
+        if let Ok(mut m) = self.places.lock() {
+            m.entry(ids.clone()).or_insert_with(|| p.clone());
+        }
         p
     }
 
-    fn resolve(&mut self, ids: &Ids) -> Place {
+    fn resolve(&self, ids: &Ids) -> Place {
         let (found, known) = match &ids.id {
             Some(id) => self.find(ids.runtime, id),
             None => (None, false),
@@ -466,7 +486,7 @@ impl<'a> Resolver<'a> {
     /// The pod, completed from the kubelet's log directory where the runtime's state did not
     /// name it, and told deleted when the kubelet no longer knows its uid.
     fn pod(
-        &mut self,
+        &self,
         uid: Option<String>,
         mut namespace: Option<String>,
         mut name: Option<String>,
@@ -484,9 +504,9 @@ impl<'a> Resolver<'a> {
                 }
             }
         }
-        let deleted = match &uid {
-            Some(u) => self.kubelet_known() && !self.roots.kubelet.join("pods").join(u).exists(),
-            None => false,
+        let deleted = match (&uid, self.known_pods()) {
+            (Some(u), Some(known)) => !known.contains(u),
+            _ => false,
         };
         Pod {
             namespace,
@@ -497,15 +517,22 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    fn kubelet_known(&mut self) -> bool {
-        *self
-            .kubelet_known
-            .get_or_insert_with(|| self.roots.kubelet.join("pods").is_dir())
+    fn known_pods(&self) -> Option<&HashSet<String>> {
+        self.known_pods
+            .get_or_init(|| {
+                let dir = std::fs::read_dir(self.roots.kubelet.join("pods")).ok()?;
+                Some(
+                    dir.filter_map(Result::ok)
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .collect(),
+                )
+            })
+            .as_ref()
     }
 
-    fn logged(&mut self) -> &HashMap<String, Logged> {
+    fn logged(&self) -> &HashMap<String, Logged> {
         let dir = &self.roots.pod_logs;
-        self.logged.get_or_insert_with(|| {
+        self.logged.get_or_init(|| {
             subdirs(dir)
                 .into_iter()
                 .filter_map(|d| {
@@ -528,7 +555,7 @@ impl<'a> Resolver<'a> {
 
     /// The container's state on disk, and whether the runtime's state was there to look in
     /// (a root of the runtime the cgroup named exists).
-    fn find(&mut self, runtime: Option<Runtime>, id: &str) -> (Option<Found>, bool) {
+    fn find(&self, runtime: Option<Runtime>, id: &str) -> (Option<Found>, bool) {
         let mut known = false;
         let order: &[Runtime] = match runtime {
             Some(Runtime::Containerd) => &[Runtime::Containerd],
@@ -552,30 +579,27 @@ impl<'a> Resolver<'a> {
 
     /// Whether a root of runtime state `k` (0 containerd, 1 containers/storage, 2 docker)
     /// is there, looked at once.
-    fn there(&mut self, k: usize) -> bool {
+    fn there(&self, k: usize) -> bool {
         let roots = self.roots;
-        *self.there[k].get_or_insert_with(|| match k {
+        *self.there[k].get_or_init(|| match k {
             0 => roots.containerd.iter().any(|r| r.is_dir()),
             1 => roots.storage.iter().any(|r| r.is_dir()),
             _ => roots.docker.iter().any(|r| r.join("containers").is_dir()),
         })
     }
 
-    fn containerd(&mut self, id: &str) -> (Option<Found>, bool) {
+    fn containerd(&self, id: &str) -> (Option<Found>, bool) {
         let there = self.there(0);
         let roots = &self.roots.containerd;
         let namespaces = self
             .namespaces
-            .get_or_insert_with(|| roots.iter().flat_map(|r| subdirs(r)).collect());
-        let found = namespaces.iter().enumerate().find_map(|(i, ns)| {
-            let keys = annotations(&read_state(&ns.join(id).join("config.json"))?);
-            Some((i, keys))
+            .get_or_init(|| roots.iter().flat_map(|r| subdirs(r)).collect());
+        let found = hit_first(namespaces, &self.namespace_hit, |ns| {
+            Some(annotations(&read_state(&ns.join(id).join("config.json"))?))
         });
-        let Some((i, keys)) = found else {
+        let Some(keys) = found else {
             return (None, there);
         };
-        // Kubernetes' containers are all in one namespace (k8s.io): looked in first next.
-        namespaces[..=i].rotate_right(1);
         let found = Found {
             runtime: Runtime::Containerd,
             name: first(&keys, &["nerdctl/name"]),
@@ -584,10 +608,10 @@ impl<'a> Resolver<'a> {
         (Some(found), there)
     }
 
-    fn storage(&mut self, id: &str) -> (Option<Found>, bool) {
+    fn storage(&self, id: &str) -> (Option<Found>, bool) {
         let there = self.there(1);
         let roots = &self.roots.storage;
-        let stores = self.stores.get_or_insert_with(|| {
+        let stores = self.stores.get_or_init(|| {
             roots
                 .iter()
                 .flat_map(|r| subdirs(r))
@@ -598,16 +622,13 @@ impl<'a> Resolver<'a> {
                 })
                 .collect()
         });
-        let found = stores.iter().enumerate().find_map(|(i, s)| {
+        let found = hit_first(stores, &self.store_hit, |s| {
             let path = s.join(id).join("userdata").join("config.json");
-            Some((i, annotations(&read_state(&path)?)))
+            Some(annotations(&read_state(&path)?))
         });
-        let Some((i, keys)) = found else {
+        let Some(keys) = found else {
             return (None, there);
         };
-        // A node's containers are in one store (podman's graph root, CRI-O's run root):
-        // the next container is looked for there first.
-        stores[..=i].rotate_right(1);
         let runtime = match keys.get("io.container.manager").map(String::as_str) {
             Some("libpod") => Runtime::Podman,
             _ => Runtime::CriO,
@@ -624,9 +645,9 @@ impl<'a> Resolver<'a> {
     }
 
     /// Every container's name that containers/storage keeps, read once.
-    fn stored_names(&mut self) -> &HashMap<String, String> {
-        let stores = self.stores.clone().unwrap_or_default();
-        self.names.get_or_insert_with(|| {
+    fn stored_names(&self) -> &HashMap<String, String> {
+        self.names.get_or_init(|| {
+            let stores = self.stores.get().map_or(&[][..], Vec::as_slice);
             stores
                 .iter()
                 .filter_map(|s| read_state(&s.join("containers.json")))
@@ -636,7 +657,7 @@ impl<'a> Resolver<'a> {
         })
     }
 
-    fn docker(&mut self, id: &str) -> (Option<Found>, bool) {
+    fn docker(&self, id: &str) -> (Option<Found>, bool) {
         let there = self.there(2);
         let roots = &self.roots.docker;
         let found = roots.iter().find_map(|r| {
@@ -650,6 +671,26 @@ impl<'a> Resolver<'a> {
         });
         (found, there)
     }
+}
+
+/// The first of `dirs` where `look` finds something, looking first in the one `hit` says the
+/// last thing was found in (then in their order); `hit` is set to where this one was.
+fn hit_first<T>(
+    dirs: &[PathBuf],
+    hit: &AtomicUsize,
+    look: impl Fn(&Path) -> Option<T>,
+) -> Option<T> {
+    let first = hit
+        .load(Ordering::Relaxed)
+        .min(dirs.len().saturating_sub(1));
+    let order = std::iter::once(first).chain((0..dirs.len()).filter(|&i| i != first));
+    for i in order {
+        if let Some(found) = dirs.get(i).and_then(|d| look(d)) {
+            hit.store(i, Ordering::Relaxed);
+            return Some(found);
+        }
+    }
+    None
 }
 
 /// A pod or a container as a person named it (`--pod`, `--container`, a script's or an MCP
@@ -995,7 +1036,7 @@ mod tests {
         );
         node.mkdir(&format!("var/lib/kubelet/pods/{UID}"));
         let roots = node.roots();
-        let mut r = Resolver::new(&roots);
+        let r = Resolver::new(&roots);
         // The cgroupfs driver's bare id: the runtime is found by its state.
         let p = r.place(&ids_of(&format!("/kubepods/burstable/pod{UID}/{ID}")));
         assert_eq!(p.runtime, Some(Runtime::Containerd));
@@ -1165,9 +1206,13 @@ mod tests {
             kubelet: "/nonexistent".into(),
             pod_logs: "/nonexistent".into(),
         };
-        let mut r = Resolver::new(&roots);
+        let r = Resolver::new(&roots);
         assert_eq!(r.place(&Ids::default()), Place::default());
-        assert!(r.namespaces.is_none() && r.logged.is_none() && r.kubelet_known.is_none());
+        assert!(
+            r.namespaces.get().is_none()
+                && r.logged.get().is_none()
+                && r.known_pods.get().is_none()
+        );
     }
 
     fn place(uid: &str, ns: &str, name: &str, id: &str, ctr: &str) -> Place {

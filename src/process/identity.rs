@@ -55,11 +55,25 @@ impl ProcDir {
             .map_err(|e| gone_as_not_found(e.into()))
     }
 
-    /// The whole content of one of its files (stat, maps, cmdline, status, …).
+    /// The whole content of one of its files (stat, maps, cmdline, status, …): read until the
+    /// end, without asking the file's size (a /proc file has none to give: `read_to_end` on a
+    /// `File` would spend a statx and an lseek on it).
     pub fn read(&self, name: &str) -> io::Result<Vec<u8>> {
         let mut f = std::fs::File::from(self.open_at(name, false)?);
-        let mut buf = Vec::new();
-        f.read_to_end(&mut buf).map_err(gone_as_not_found)?;
+        let mut buf = vec![0u8; 4096];
+        let mut len = 0;
+        loop {
+            if len == buf.len() {
+                buf.resize(len * 2, 0);
+            }
+            match f.read(&mut buf[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(gone_as_not_found(e)),
+            }
+        }
+        buf.truncate(len);
         Ok(buf)
     }
 

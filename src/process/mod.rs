@@ -157,6 +157,13 @@ pub(crate) fn all_pids() -> Vec<i32> {
         .collect()
 }
 
+/// The CPU time this thread has used: what a part of a look costs, whatever else runs on the
+/// machine (for -v and the benches).
+pub(crate) fn thread_cpu() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 /// The cores this process may use, looked up once (the lookup reads cgroup files).
 pub(crate) fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
@@ -169,6 +176,7 @@ pub(crate) fn cores() -> usize {
 pub(crate) fn process_table() -> Vec<ProcInfo> {
     let pids = all_pids();
     let mut table: Vec<ProcInfo> = across_threads(&pids, |pid| read_stat(pid).ok())
+        .0
         .into_iter()
         .filter_map(|(_, p)| p)
         .collect();
@@ -184,34 +192,59 @@ const MAX_THREADS: usize = 8;
 /// About how many processes make starting one more thread worth it.
 const PER_THREAD: usize = 64;
 
+/// How many processes a thread takes at a time.
+const CHUNK: usize = 8;
+
 /// `look` at every pid, on a few scoped threads (not a global pool: a one-shot command would
-/// pay for starting one thread per core), in interleaved shares so that busy and idle
-/// processes spread evenly; the results in no particular order.
+/// pay for starting one thread per core); the results in no particular order, and the CPU time
+/// the threads spent. Each thread takes the next few processes until none are left: a holder
+/// costs many times what another process does (its maps, its lineage), and holders come at
+/// regular strides of pids (a launcher and its worker, forked one after the other), which fixed
+/// shares would give all to one thread.
 pub(crate) fn across_threads<T: Send>(
     pids: &[i32],
     look: impl Fn(i32) -> T + Sync,
-) -> Vec<(i32, T)> {
+) -> (Vec<(i32, T)>, std::time::Duration) {
     let threads = cores()
         .min(MAX_THREADS)
         .min(pids.len().div_ceil(PER_THREAD))
         .max(1);
-    let share = |k: usize| -> Vec<(i32, T)> {
-        pids.iter()
-            .skip(k)
-            .step_by(threads)
-            .map(|&pid| (pid, look(pid)))
-            .collect()
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let cpu = Mutex::new(std::time::Duration::ZERO);
+    let share = || -> Vec<(i32, T)> {
+        let start = thread_cpu();
+        let mut done = Vec::new();
+        loop {
+            let at = next.fetch_add(CHUNK, std::sync::atomic::Ordering::Relaxed);
+            if at >= pids.len() {
+                if let Ok(mut c) = cpu.lock() {
+                    *c += thread_cpu().saturating_sub(start);
+                }
+                return done;
+            }
+            let taken = &pids[at..(at + CHUNK).min(pids.len())];
+            done.extend(taken.iter().map(|&pid| (pid, look(pid))));
+        }
     };
-    std::thread::scope(|sc| {
-        let share = &share;
-        let others: Vec<_> = (1..threads).map(|k| sc.spawn(move || share(k))).collect();
-        let mut all = share(0);
-        for (k, h) in others.into_iter().enumerate() {
-            // A thread that panicked had its share done again here rather than lost.
-            all.extend(h.join().unwrap_or_else(|_| share(k + 1)));
+    let all = std::thread::scope(|sc| {
+        let others: Vec<_> = (1..threads).map(|_| sc.spawn(share)).collect();
+        let mut all = share();
+        let mut lost = false;
+        for h in others {
+            match h.join() {
+                Ok(done) => all.extend(done),
+                Err(_) => lost = true,
+            }
+        }
+        if lost {
+            // A thread that panicked had what it took done again here rather than lost.
+            let seen: std::collections::HashSet<i32> = all.iter().map(|(p, _)| *p).collect();
+            let missed: Vec<i32> = pids.iter().copied().filter(|p| !seen.contains(p)).collect();
+            all.extend(missed.into_iter().map(|pid| (pid, look(pid))));
         }
         all
-    })
+    });
+    (all, cpu.into_inner().unwrap_or_default())
 }
 
 /// The owner of a process as `ps` shows it: its effective uid, which owns its /proc directory.

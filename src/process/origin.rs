@@ -2,6 +2,7 @@
 //! cgroup reader plus its environment, the systemd unit, Slurm job and container it runs in.
 
 use super::container::{self, Ids, Place, Resolver};
+use super::identity::ProcDir;
 use super::{read_stat, ProcInfo};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -101,84 +102,167 @@ pub(crate) fn is_reaper(p: &ProcInfo) -> bool {
     p.pid == 1 || SUBREAPERS.contains(&p.comm.as_str()) || p.comm.starts_with("containerd-shim")
 }
 
-/// The last pid of /proc/PID/status NSpid: 1 for the init of a PID namespace.
-fn ns_pid(pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+/// The last pid of a /proc/PID/status NSpid line: 1 for the init of a PID namespace.
+fn ns_pid(status: &[u8]) -> Option<i32> {
+    let status = std::str::from_utf8(status).ok()?;
     let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
     line.split_whitespace().last()?.parse().ok()
 }
 
 /// Reads the origin of `p` from /proc (its ancestors, cgroup and environment); its container
 /// and pod through `places`, the scan's resolver.
-pub(crate) fn origin(p: &ProcInfo, places: &mut Resolver) -> Origin {
-    let parent = (p.ppid > 0).then(|| read_stat(p.ppid).ok()).flatten();
-    let own_init = p.pid > 1 && ns_pid(p.pid) == Some(1);
-    let reparented = match &parent {
-        // A container's init is started by its shim, which adopts it: not an orphan.
-        Some(q) => !own_init && (is_reaper(q) || q.start > p.start),
-        None => false,
-    };
-    let cg = read_cgroup(p.pid);
-    let service = cg.service.clone();
-    let unit = match (&service, cg.user_unit) {
-        (Some(u), false) => unit_info(u),
-        _ => UnitInfo::default(),
-    };
-    // A user unit's manager cannot be asked as another user: its main process is taken to be
-    // the manager's direct child.
-    let service_main = match (&service, cg.user_unit) {
-        (None, _) => false,
-        (Some(_), true) => parent.as_ref().is_some_and(|q| q.comm == "systemd"),
-        (Some(_), false) => unit.main_pid == Some(p.pid),
-    };
-    let place = places.place(&cg.ids);
-    // A launcher outside the holder's container would be an ancestor outside it, which the
-    // container's shim (a reaper) stops the walk at: only a contained holder's is looked at.
-    let contained = !cg.ids.is_empty();
-    Origin {
-        ppid_comm: parent.as_ref().map(|q| q.comm.clone()).unwrap_or_default(),
-        ppid_name: parent
-            .as_ref()
-            .map(|q| super::display_name(&q.comm, &super::cmdline(q.pid)))
-            .unwrap_or_default(),
-        reparented,
-        launcher: launcher(p, contained.then_some(places)),
-        service,
-        job: cg
-            .job
-            .or_else(|| env_var(p.pid, "SLURM_JOB_ID").and_then(|j| job_id(&j))),
-        place,
-        cgroup: cg.path,
-        service_main,
-        service_restart: unit.restart,
+pub(crate) fn origin(p: &ProcInfo, places: &Resolver) -> Origin {
+    Lineage::read(p, None).origin(places)
+}
+
+/// What /proc tells of a process's origin: all that `origin` reads but systemd's word on a
+/// unit and the runtimes' state on disk (which `Lineage::origin` adds, each read once per
+/// unit or container). Read apart so that the scan reads it, on its threads, for each
+/// process it finds holding a GPU node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Lineage {
+    pid: i32,
+    ppid_comm: String,
+    ppid_name: String,
+    /// The parent is systemd (a user unit's main process is the manager's direct child).
+    parent_is_systemd: bool,
+    reparented: bool,
+    cgroup: Cgroup,
+    launcher: Option<Ancestor>,
+    job: Option<i64>,
+}
+
+/// A holder's launcher as /proc tells it (its place is looked up from `ids`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ancestor {
+    info: ProcInfo,
+    reparented: bool,
+    /// What its cgroup says, read only for a holder in a container.
+    ids: Ids,
+}
+
+impl Lineage {
+    /// Reads `p`'s parent and ancestors, cgroup and environment; its own files through `dir`,
+    /// its /proc directory, where the caller holds it open (else by pid).
+    pub(crate) fn read(p: &ProcInfo, dir: Option<&ProcDir>) -> Lineage {
+        let own = |name: &str| match dir {
+            Some(d) => d.read(name).ok(),
+            None => std::fs::read(format!("/proc/{}/{name}", p.pid)).ok(),
+        };
+        let parent = (p.ppid > 0).then(|| read_stat(p.ppid).ok()).flatten();
+        let reparented = match &parent {
+            // A container's init is started by its shim, which adopts it: not an orphan. Its
+            // pid in its own namespace is read only where it would decide.
+            Some(q) => {
+                (is_reaper(q) || q.start > p.start)
+                    && !(p.pid > 1 && own("status").and_then(|s| ns_pid(&s)) == Some(1))
+            }
+            None => false,
+        };
+        let cgroup = own("cgroup")
+            .and_then(|t| String::from_utf8(t).ok())
+            .map(|t| parse_cgroup(&t))
+            .unwrap_or_default();
+        // A launcher outside the holder's container would be an ancestor outside it, which
+        // the container's shim (a reaper) stops the walk at: only a contained holder's place
+        // is looked at.
+        let contained = !cgroup.ids.is_empty();
+        let launcher = parent.as_ref().and_then(|q| launcher(q, contained));
+        let job = cgroup.job.or_else(|| {
+            let environ = own("environ")?;
+            job_id(&env_value(&environ, "SLURM_JOB_ID")?)
+        });
+        Lineage {
+            pid: p.pid,
+            ppid_comm: parent.as_ref().map(|q| q.comm.clone()).unwrap_or_default(),
+            ppid_name: parent.as_ref().map(name_of).unwrap_or_default(),
+            parent_is_systemd: parent.as_ref().is_some_and(|q| q.comm == "systemd"),
+            reparented,
+            cgroup,
+            launcher,
+            job,
+        }
+    }
+
+    /// What its cgroup, and its launcher's where that was read, say of their containers:
+    /// what `origin` looks up in `places`.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = &Ids> {
+        std::iter::once(&self.cgroup.ids).chain(self.launcher.as_ref().map(|a| &a.ids))
+    }
+
+    /// The origin: the lineage, with the unit's main process and restart policy as systemd
+    /// says them, and the places of the holder and its launcher through `places`.
+    pub(crate) fn origin(&self, places: &Resolver) -> Origin {
+        let cg = &self.cgroup;
+        let service = cg.service.clone();
+        let unit = match (&service, cg.user_unit) {
+            (Some(u), false) => unit_info(u),
+            _ => UnitInfo::default(),
+        };
+        // A user unit's manager cannot be asked as another user: its main process is taken to
+        // be the manager's direct child.
+        let service_main = match (&service, cg.user_unit) {
+            (None, _) => false,
+            (Some(_), true) => self.parent_is_systemd,
+            (Some(_), false) => unit.main_pid == Some(self.pid),
+        };
+        let place = places.place(&cg.ids);
+        let launcher = self.launcher.as_ref().map(|a| Launcher {
+            pid: a.info.pid.into(),
+            start: a.info.start as i64,
+            name: a.info.comm.clone(),
+            host: crate::local::local(),
+            place: places.place(&a.ids),
+            reparented: a.reparented,
+        });
+        Origin {
+            ppid_comm: self.ppid_comm.clone(),
+            ppid_name: self.ppid_name.clone(),
+            reparented: self.reparented,
+            launcher,
+            service,
+            job: self.job,
+            place,
+            cgroup: cg.path.clone(),
+            service_main,
+            service_restart: unit.restart,
+        }
     }
 }
 
-/// The nearest live ancestor that is not a shell, init or subreaper; its place through
-/// `places` where there is one to find.
-fn launcher(p: &ProcInfo, places: Option<&mut Resolver>) -> Option<Launcher> {
-    let mut pid = p.ppid;
+/// A parent's name as a person is shown it (`display_name`). A known subreaper's (conmon,
+/// tini, systemd) is its comm where the kernel did not cut it: a reaper is no job's launcher,
+/// and its command line (conmon's is kilobytes) is not read.
+fn name_of(q: &ProcInfo) -> String {
+    if SUBREAPERS.contains(&q.comm.as_str()) && q.comm.len() < 15 {
+        return q.comm.clone();
+    }
+    super::display_name(&q.comm, &super::cmdline(q.pid))
+}
+
+/// The nearest live ancestor that is not a shell, init or subreaper, from the holder's
+/// `parent` up; its cgroup is read where its place is to be found (`contained`).
+fn launcher(parent: &ProcInfo, contained: bool) -> Option<Ancestor> {
+    let mut next = Some(parent.clone());
     for _ in 0..64 {
-        let a = read_stat(pid).ok()?;
+        let a = next.take()?;
         if is_reaper(&a) || a.pid <= 1 {
             return None;
         }
         if !is_shell(&a.comm) {
-            let place = match places {
-                Some(r) => r.place(&read_cgroup(a.pid).ids),
-                None => Place::default(),
+            let ids = if contained {
+                read_cgroup(a.pid).ids
+            } else {
+                Ids::default()
             };
             let reparented = read_stat(a.ppid).is_ok_and(|q| is_reaper(&q) || q.start > a.start);
-            return Some(Launcher {
-                pid: a.pid.into(),
-                start: a.start as i64,
-                name: a.comm,
-                host: crate::local::local(),
-                place,
+            return Some(Ancestor {
+                info: a,
                 reparented,
+                ids,
             });
         }
-        pid = a.ppid;
+        next = read_stat(a.ppid).ok();
     }
     None
 }
@@ -237,9 +321,8 @@ fn parse_unit_show(out: &str) -> UnitInfo {
     info
 }
 
-/// One variable of /proc/PID/environ (readable for one's own processes, or as root).
-pub(crate) fn env_var(pid: i32, name: &str) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+/// One variable of a /proc/PID/environ (readable for one's own processes, or as root).
+fn env_value(raw: &[u8], name: &str) -> Option<String> {
     raw.split(|&b| b == 0).find_map(|kv| {
         let kv = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
         Some(String::from_utf8_lossy(kv).into_owned())
@@ -407,7 +490,7 @@ mod tests {
     fn own_origin_is_read() {
         let me = read_stat(std::process::id() as i32).unwrap();
         let roots = container::Roots::default();
-        let o = origin(&me, &mut Resolver::new(&roots));
+        let o = origin(&me, &Resolver::new(&roots));
         assert!(!o.ppid_comm.is_empty());
         // The test's own environment is readable: a job id set there is found.
         assert_eq!(

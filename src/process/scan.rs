@@ -3,6 +3,7 @@
 //! a process is read through its /proc directory fd, so it all belongs to one process.
 
 use super::identity::{self, ProcDir};
+use super::origin::Lineage;
 use super::ProcInfo;
 use crate::gpu::{DeviceNodes, Node};
 use std::ffi::CStr;
@@ -57,6 +58,8 @@ pub struct NodeUser {
     /// and hold the nodes: `info.state` is then that live thread's state, and its fds and maps
     /// were read through `/proc/PID/task/TID`.
     pub defunct_leader: bool,
+    /// Its parent and ancestors, cgroup and environment, read beside the scan.
+    pub(crate) lineage: Lineage,
 }
 
 /// What one scan found.
@@ -67,26 +70,44 @@ pub struct Scan {
     pub unreadable: Vec<i32>,
     /// How many processes were looked at.
     pub scanned: usize,
+    /// The CPU time the scan took, on all its threads together (the lookups `found` made
+    /// included).
+    pub cpu: std::time::Duration,
+    /// The CPU time the users' lineage took to read, on all the scan's threads together.
+    pub lineage: std::time::Duration,
 }
 
 enum Outcome {
-    User(NodeUser),
+    /// A user, and the CPU time its lineage took to read.
+    User(Box<NodeUser>, std::time::Duration),
     None,
     Denied,
 }
 
-/// Scans every process (except this one) for open and mapped device nodes, on a few threads.
-pub fn scan(nodes: &DeviceNodes) -> Scan {
+/// Scans every process (except this one) for open and mapped device nodes, on a few threads;
+/// `found` is told each user as a thread finds it (the caller looks up its containers while
+/// the scan goes on).
+pub fn scan(nodes: &DeviceNodes, found: &(dyn Fn(&NodeUser) + Sync)) -> Scan {
     let me = std::process::id() as i32;
     let pids: Vec<i32> = super::all_pids().into_iter().filter(|&p| p != me).collect();
-    let outcomes = super::across_threads(&pids, |pid| scan_one(pid, nodes));
+    let (outcomes, cpu) = super::across_threads(&pids, |pid| {
+        let o = scan_one(pid, nodes);
+        if let Outcome::User(u, _) = &o {
+            found(u);
+        }
+        o
+    });
     let mut out = Scan {
         scanned: pids.len(),
+        cpu,
         ..Scan::default()
     };
     for (pid, o) in outcomes {
         match o {
-            Outcome::User(u) => out.users.push(u),
+            Outcome::User(u, spent) => {
+                out.users.push(*u);
+                out.lineage += spent;
+            }
             Outcome::Denied => out.unreadable.push(pid),
             Outcome::None => {}
         }
@@ -105,7 +126,10 @@ pub fn rescan(pids: &[i32], nodes: &DeviceNodes) -> Scan {
     };
     for &pid in pids {
         match scan_one(pid, nodes) {
-            Outcome::User(u) => out.users.push(u),
+            Outcome::User(u, spent) => {
+                out.users.push(*u);
+                out.lineage += spent;
+            }
             Outcome::Denied => out.unreadable.push(pid),
             Outcome::None => {}
         }
@@ -169,21 +193,30 @@ fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
     };
     let cmdline = dir.cmdline();
     let uid = dir.uid().ok();
-    // A last read through `dir`: if the process is gone now, the maps and command line above
-    // may be empty for that reason, so it is not reported at all.
+    // Its own files through `dir`, its parent's and ancestors' by pid, before the check below
+    // (a process still there then had its pid all along).
+    let t = super::thread_cpu();
+    let lineage = Lineage::read(&info, Some(&dir));
+    let spent = super::thread_cpu().saturating_sub(t);
+    // A last read through `dir`: if the process is gone now, the maps, command line and
+    // lineage above may be empty or another's for that reason, so it is not reported at all.
     if dir.stat().is_err() {
         return Outcome::None;
     }
-    Outcome::User(NodeUser {
-        pid,
-        open,
-        mapped,
-        info,
-        ino,
-        cmdline,
-        uid,
-        defunct_leader: thread.is_some(),
-    })
+    Outcome::User(
+        Box::new(NodeUser {
+            pid,
+            open,
+            mapped,
+            info,
+            ino,
+            cmdline,
+            uid,
+            defunct_leader: thread.is_some(),
+            lineage,
+        }),
+        spent,
+    )
 }
 
 /// For a zombie thread-group leader, one of its threads that still runs: (tid, state).

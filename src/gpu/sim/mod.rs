@@ -14,7 +14,10 @@
 //!   the creator holds a shared `flock` on the file, inherited by forked children, and the lock
 //!   only goes away when the last process holding that open file description is gone. The
 //!   driver lists each creator by its pid in the host's namespace: one that ran in a container
-//!   is found by its lock (/proc/locks names the locker in the reader's namespace).
+//!   is found by its lock (/proc/locks names the locker in the reader's namespace), once:
+//!   an empty file `NAME.locker.PID.INO` beside the allocation then names the lock's taker
+//!   here by its pid and pidfd inode, and the next look only checks that this process lives
+//!   on (a real driver knows the host pid from the start).
 //!   With `release_ms`, a watcher takes the lock after the last holder and keeps the memory
 //!   "used" for that long, as the driver's asynchronous teardown does.
 
@@ -343,32 +346,57 @@ impl SimBackend {
 
     /// Every allocation whose memory is in use now, with its file name.
     pub(crate) fn live_allocations(&self) -> Result<Vec<(PathBuf, Allocation)>, GpuError> {
+        Ok(self
+            .live()?
+            .into_iter()
+            .map(|l| (l.path, l.alloc))
+            .collect())
+    }
+
+    /// Every allocation whose memory is in use now, with what the driver needs to name its
+    /// holder.
+    fn live(&self) -> Result<Vec<Live>, GpuError> {
         let rd = match fs::read_dir(self.alloc_dir()) {
             Ok(rd) => rd,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(state_err(&self.dir, e)),
         };
         let mut out = Vec::new();
+        let mut seen: BTreeMap<PathBuf, Vec<Seen>> = BTreeMap::new();
         for entry in rd.flatten() {
             let path = entry.path();
             let name = entry.file_name();
             let name = name.to_string_lossy();
+            if let Some((alloc, at)) = Seen::parse(&name) {
+                seen.entry(self.alloc_dir().join(alloc))
+                    .or_default()
+                    .push(at);
+                continue;
+            }
             // In-progress allocations are dot-files until their creator holds them.
             if name.starts_with('.') || !name.ends_with(".json") {
                 continue;
             }
-            if let Some(alloc) = self.check_allocation(&path)? {
-                out.push((path, alloc));
+            if let Some((alloc, key)) = self.check_allocation(&path)? {
+                out.push(Live {
+                    path,
+                    alloc,
+                    key,
+                    seen: Vec::new(),
+                });
             }
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        for l in &mut out {
+            l.seen = seen.remove(&l.path).unwrap_or_default();
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
 
     /// `Some` while the allocation's memory is in use; frees (removes) released ones. A
     /// file that cannot be read as an allocation is an error: its memory cannot be known,
     /// and reading it as free would call a GPU clean that is not.
-    fn check_allocation(&self, path: &Path) -> Result<Option<Allocation>, GpuError> {
+    fn check_allocation(&self, path: &Path) -> Result<Option<(Allocation, LockKey)>, GpuError> {
         let corrupt = |why: String| {
             state_err(
                 &self.dir,
@@ -392,21 +420,29 @@ impl SimBackend {
         if alloc.mib < 0 || alloc.mib.checked_mul(MIB).is_none_or(|b| b > MAX_GPU_BYTES) {
             return Err(corrupt(format!("{} MiB", alloc.mib)));
         }
+        let key = {
+            use std::os::unix::fs::MetadataExt;
+            let m = file.metadata().map_err(|e| corrupt(e.to_string()))?;
+            (
+                rustix::fs::major(m.dev()),
+                rustix::fs::minor(m.dev()),
+                m.ino(),
+            )
+        };
         if alloc.leaked {
-            return Ok(Some(alloc));
+            return Ok(Some((alloc, key)));
         }
         Ok(
             match locked(file, FlockOperation::NonBlockingLockExclusive) {
                 // A holder's shared lock, or the release watcher's exclusive one.
-                Err(rustix::io::Errno::WOULDBLOCK) => Some(alloc),
+                Err(rustix::io::Errno::WOULDBLOCK) => Some((alloc, key)),
                 Err(e) => return Err(corrupt(e.to_string())),
                 Ok(_lock) => {
                     if self.spec.release_ms > 0 && watcher_alive(path) {
                         // The last holder just went; the watcher is about to take over the release.
-                        return Ok(Some(alloc));
+                        return Ok(Some((alloc, key)));
                     }
-                    let _ = fs::remove_file(path);
-                    let _ = fs::remove_file(path.with_extension("watcher"));
+                    remove_allocation(path);
                     None
                 }
             },
@@ -433,7 +469,8 @@ impl SimBackend {
         let mut busy = vec![false; self.spec.count];
         let mut procs: Vec<BTreeMap<i32, i64>> = vec![BTreeMap::new(); self.spec.count];
         let mut lockers = None;
-        for (path, a) in self.live_allocations()? {
+        for live in self.live()? {
+            let a = &live.alloc;
             let Some(i) = usize::try_from(a.gpu).ok().filter(|&i| i < self.spec.count) else {
                 continue;
             };
@@ -451,7 +488,7 @@ impl SimBackend {
             let pid = if a.ns == self.own_ns {
                 Some(a.creator)
             } else if self.own_ns == self.host_ns {
-                lockers.get_or_insert_with(Lockers::read).of(&path)
+                live.locker(&mut lockers)
             } else {
                 self.spec.foreign_pids_raw.then_some(a.creator)
             };
@@ -557,42 +594,221 @@ impl SimBackend {
     }
 }
 
+/// A locked file as the kernel names it in its lock lines: (major, minor, inode).
+type LockKey = (u32, u32, u64);
+
+/// `path`'s name in the kernel's lock lines.
+fn lock_key(path: &Path) -> Option<LockKey> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path).ok()?;
+    Some((
+        rustix::fs::major(m.dev()),
+        rustix::fs::minor(m.dev()),
+        m.ino(),
+    ))
+}
+
+/// One `flock` of /proc/locks or of an fd's fdinfo (after `lock:`): the file, and the pid
+/// of the process that took the lock in this reader's PID namespace (0 when that process is
+/// gone or not visible here). "1: FLOCK  ADVISORY  READ 4711 00:2c:1234 0 EOF"; a waiter's
+/// line ("1: -> FLOCK …") is none.
+fn lock_line(line: &str) -> Option<(LockKey, i32)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    if f.get(1) != Some(&"FLOCK") {
+        return None;
+    }
+    let pid: i32 = f.get(4)?.parse().ok()?;
+    let mut id = f.get(5)?.split(':');
+    let major = u32::from_str_radix(id.next()?, 16).ok()?;
+    let minor = u32::from_str_radix(id.next()?, 16).ok()?;
+    let ino = id.next()?.parse().ok()?;
+    Some(((major, minor, ino), pid))
+}
+
 /// Who holds each allocation's lock, by the file's (major, minor, inode), as the kernel tells
 /// it in /proc/locks: the pid of the process that took it, in this reader's PID namespace.
 /// That is how a containerized creator is listed by its host pid, as a real driver lists it;
-/// one read, taken only when an allocation was made in another namespace.
-struct Lockers(BTreeMap<(u32, u32, u64), i32>);
+/// one read, taken only for an allocation made in another namespace whose lock's taker is not
+/// recorded alive (`Live::locker`).
+struct Lockers(BTreeMap<LockKey, i32>);
 
 impl Lockers {
     fn read() -> Lockers {
         let text = fs::read_to_string("/proc/locks").unwrap_or_default();
         Lockers(
             text.lines()
-                // "1: FLOCK  ADVISORY  READ 4711 00:2c:1234 0 EOF"; a waiter's line has "->".
-                .filter(|l| !l.contains("->"))
-                .filter_map(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    if f.get(1) != Some(&"FLOCK") {
-                        return None;
-                    }
-                    let pid: i32 = f.get(4)?.parse().ok().filter(|&p: &i32| p > 0)?;
-                    let mut id = f.get(5)?.split(':');
-                    let major = u32::from_str_radix(id.next()?, 16).ok()?;
-                    let minor = u32::from_str_radix(id.next()?, 16).ok()?;
-                    let ino = id.next()?.parse().ok()?;
-                    Some(((major, minor, ino), pid))
-                })
+                .filter_map(lock_line)
+                .filter(|&(_, pid)| pid > 0)
                 .collect(),
         )
     }
+}
 
-    /// The pid here of the process that took `file`'s lock.
-    fn of(&self, file: &Path) -> Option<i32> {
-        use std::os::unix::fs::MetadataExt;
-        let m = fs::metadata(file).ok()?;
-        let dev = m.dev();
-        let key = (rustix::fs::major(dev), rustix::fs::minor(dev), m.ino());
-        self.0.get(&key).copied()
+/// An allocation whose memory is in use.
+struct Live {
+    path: PathBuf,
+    alloc: Allocation,
+    /// Its file, as the kernel's lock lines name it.
+    key: LockKey,
+    /// Its lock's taker, as recorded beside it.
+    seen: Vec<Seen>,
+}
+
+/// A record of which process took an allocation's lock: the empty file
+/// `NAME.locker.PID.INO` beside `NAME.json`, the process by its pid here and the inode of its
+/// pidfd (pidfs: unique for the boot). A name is made whole or not at all, and read with the
+/// directory's listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    pid: i32,
+    ino: u64,
+}
+
+impl Seen {
+    const MARK: &'static str = ".locker.";
+
+    /// The allocation's file name and the record, from a record's file name.
+    fn parse(name: &str) -> Option<(String, Seen)> {
+        let (stem, at) = name.split_once(Self::MARK)?;
+        let (pid, ino) = at.split_once('.')?;
+        let seen = Seen {
+            pid: pid.parse().ok().filter(|&p: &i32| p > 0)?,
+            ino: ino.parse().ok()?,
+        };
+        Some((format!("{stem}.json"), seen))
+    }
+
+    /// Its file beside `alloc`.
+    fn path(&self, alloc: &Path) -> PathBuf {
+        let stem = alloc.file_stem().unwrap_or_default().to_string_lossy();
+        alloc.with_file_name(format!("{stem}{}{}.{}", Self::MARK, self.pid, self.ino))
+    }
+
+    /// Whether the process it names is alive and the same (its pidfd's inode unchanged): no
+    /// /proc file is read. While it is, /proc/locks names it by this pid: a lock's pid is its
+    /// taker's, fixed for as long as the lock is there, and the lock is there as long as the
+    /// taker lives (a holder keeps its allocation open until it exits; a release watcher that
+    /// takes the lock over removes the records).
+    fn holds(&self) -> bool {
+        pidfs_ino(self.pid) == Some(self.ino)
+    }
+}
+
+/// The pidfs inode of the process at `pid` here: what tells it apart from any later process
+/// with its pid. `None` when it is gone, or where pidfds cannot tell processes apart here (no
+/// pidfs, or a /proc of another PID namespace than the one `pidfd_open` counts in).
+fn pidfs_ino(pid: i32) -> Option<u64> {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let usable = USABLE.get_or_init(|| {
+        let me = std::process::id();
+        let numbered_here = fs::read_link("/proc/self")
+            .ok()
+            .is_some_and(|l| l.to_str() == Some(me.to_string().as_str()));
+        let pidfs = rustix::process::Pid::from_raw(me as i32)
+            .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok())
+            .and_then(|fd| rustix::fs::fstatfs(&fd).ok())
+            // PIDFS_MAGIC; f_type is i64 on x86_64 but narrower elsewhere.
+            .is_some_and(|s| {
+                #[allow(clippy::unnecessary_cast)]
+                let t = s.f_type as i64;
+                t == 0x5049_4446
+            });
+        numbered_here && pidfs
+    });
+    if !usable {
+        return None;
+    }
+    let fd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(pid)?,
+        rustix::process::PidfdFlags::empty(),
+    )
+    .ok()?;
+    rustix::fs::fstat(&fd).ok().map(|s| s.st_ino)
+}
+
+/// The lock line an fd of the process at `pid` has on the file `key` (/proc/PID/fdinfo/FD),
+/// as /proc/locks gives it. `None` when the process is gone or unreadable, or the fd is
+/// closed, is another file, or holds no lock on this one.
+fn fd_lock(pid: i32, fd: i32, key: LockKey) -> Option<i32> {
+    // One read: the whole of an fdinfo (its lock lines included) is a few hundred bytes.
+    let file = File::open(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+    let mut buf = [0u8; 4096];
+    let n = std::io::Read::read(&mut &file, &mut buf).ok()?;
+    std::str::from_utf8(&buf[..n])
+        .ok()?
+        .lines()
+        .filter_map(|l| lock_line(l.strip_prefix("lock:")?))
+        .find(|&(k, _)| k == key)
+        .map(|(_, pid)| pid)
+}
+
+impl Live {
+    /// The pid here of the process that took the lock, as /proc/locks names it: through the
+    /// record of its taker while that process lives on (`Seen::holds`), else read (once for
+    /// all the allocations that need it) into `lockers`. A record whose process is gone, or
+    /// whose pid is another process's now, is removed and never names anyone.
+    fn locker(&self, lockers: &mut Option<Lockers>) -> Option<i32> {
+        for seen in &self.seen {
+            if seen.holds() {
+                return Some(seen.pid);
+            }
+            let _ = fs::remove_file(seen.path(&self.path));
+        }
+        let pid = *lockers.get_or_insert_with(Lockers::read).0.get(&self.key)?;
+        self.record(pid);
+        Some(pid)
+    }
+
+    /// Records the process at `pid` as the lock's taker, once it is seen holding the lock it
+    /// is named by (an fd of its on the allocation whose lock line names it); left unrecorded
+    /// where that cannot be seen or the state directory is not writable.
+    fn record(&self, pid: i32) {
+        // Its pidfd's inode before and after: the process seen holding the lock in between,
+        // by pid, is the one the record names.
+        let Some(ino) = pidfs_ino(pid) else {
+            return;
+        };
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return;
+        };
+        let holds = fds.flatten().any(|e| {
+            let fd = e.file_name().to_str().and_then(|n| n.parse().ok());
+            fd.is_some_and(|fd| {
+                lock_key(&e.path()) == Some(self.key) && fd_lock(pid, fd, self.key) == Some(pid)
+            })
+        });
+        if !holds || pidfs_ino(pid) != Some(ino) {
+            return;
+        }
+        let record = Seen { pid, ino }.path(&self.path);
+        if File::create(&record).is_ok() && !self.path.exists() {
+            // Freed meanwhile: its record goes with it.
+            let _ = fs::remove_file(&record);
+        }
+    }
+}
+
+/// Removes a freed allocation and what was kept beside it.
+fn remove_allocation(alloc: &Path) {
+    let _ = fs::remove_file(alloc);
+    let _ = fs::remove_file(alloc.with_extension("watcher"));
+    remove_records(alloc);
+}
+
+/// Removes the records of `alloc`'s lock's taker.
+fn remove_records(alloc: &Path) {
+    let (Some(dir), Some(name)) = (alloc.parent(), alloc.file_name()) else {
+        return;
+    };
+    let Ok(rd) = fs::read_dir(dir) else {
+        return;
+    };
+    let name = name.to_string_lossy();
+    for entry in rd.flatten() {
+        let n = entry.file_name();
+        if Seen::parse(&n.to_string_lossy()).is_some_and(|(of, _)| of == name) {
+            let _ = fs::remove_file(entry.path());
+        }
     }
 }
 
@@ -650,6 +866,8 @@ pub fn watch(sim: &SimBackend, alloc: &Path, release_ms: u64) -> Result<(), GpuE
         let _ = fs::remove_file(alloc.with_extension("watcher"));
         state_err(dir, e)
     })?;
+    // The lock is the watcher's now: no record of the holder's taker stands for it.
+    remove_records(alloc);
     std::thread::sleep(std::time::Duration::from_millis(release_ms));
     // When each release happens, for tests and benchmarks that measure how soon it is seen;
     // logged before the memory reads free, so a reader that saw it free finds the line.
@@ -666,8 +884,7 @@ pub fn watch(sim: &SimBackend, alloc: &Path, release_ms: u64) -> Result<(), GpuE
         // One write of the whole line: O_APPEND keeps concurrent watchers' lines whole.
         let _ = f.write_all(format!("{name} {stamp:.6}\n").as_bytes());
     }
-    let _ = fs::remove_file(alloc);
-    let _ = fs::remove_file(alloc.with_extension("watcher"));
+    remove_allocation(alloc);
     drop(lock);
     Ok(())
 }
@@ -771,6 +988,7 @@ impl Backend for SimBackend {
         }
         for (path, _) in on_gpu {
             fs::remove_file(path).map_err(|e| state_err(&self.dir, e))?;
+            remove_records(path);
         }
         self.after_reset(index)
     }
