@@ -253,9 +253,15 @@ fn spawn_on_a_host_gives_a_job_handle_that_works_over_the_connection() {
     let src = r#"
         let j = spawn("echo spawned on $GPULOOP_SIM; exec SLEEP", #{host: "sa", grace: 1});
         print(`host=${j.host} job=${j}`);
-        // The pid is the job's pid there: its command line, read on that host.
-        let there = run(`tr '\0' ' ' < /proc/${j.pid}/cmdline`, #{host: "sa", echo: false});
-        print(`there=${there.stdout}|`);
+        // The pid is the job's pid there: its command line, read on that host, once its shell
+        // has exec'd the sleep (read before, it is still `sh -c …`).
+        let there = "";
+        for i in 0..400 {
+            there = run(`tr '\0' ' ' < /proc/${j.pid}/cmdline`, #{host: "sa", echo: false}).stdout;
+            if !there.starts_with("sh ") { break; }
+            sleep(0.05);
+        }
+        print(`there=${there}|`);
         print(`polled=${type_of(j.wait(0.3))} running=${j.running()}`);
         let r = j.kill();
         print(`killed=${r.signal} ok=${r.ok} out=${r.stdout.len()} running=${j.running()}`);
