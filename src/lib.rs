@@ -44,6 +44,7 @@ pub(crate) mod machine;
 pub(crate) mod mcp;
 pub mod memory;
 pub(crate) mod output;
+pub(crate) mod pidfs;
 pub mod process;
 pub mod render;
 pub(crate) mod repl;

@@ -198,7 +198,9 @@ impl RunState {
 /// A holder's state: its scheduling state, and whether its main thread has exited while
 /// another thread keeps the GPU (a defunct thread-group leader). Written as one string,
 /// "sleeping" or "sleeping (main thread exited)".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, schemars::JsonSchema)]
+// A string in JSON and MCP's schemas, as it always was.
+#[schemars(with = "String", inline)]
 pub struct State {
     /// The state of the thread that holds the GPU (the process's own, unless its main
     /// thread has exited).
@@ -245,21 +247,6 @@ impl std::fmt::Display for State {
         } else {
             f.pad(self.run.as_str())
         }
-    }
-}
-
-/// A string in JSON and MCP's schemas, as it always was.
-impl schemars::JsonSchema for State {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "State".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        String::json_schema(generator)
     }
 }
 

@@ -11,11 +11,7 @@ use super::{parse_stat, Identity, ProcInfo};
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
 use std::io::{self, Read};
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::OnceLock;
-
-/// `PIDFS_MAGIC` from linux/magic.h: the file system of pidfds on kernels with pidfs.
-const PIDFS_MAGIC: i64 = 0x5049_4446;
+use std::os::fd::OwnedFd;
 
 /// An open /proc/PID directory: every read through it is about the process it was opened for.
 pub struct ProcDir {
@@ -177,33 +173,6 @@ impl Pinned {
     }
 }
 
-/// True if this kernel's pidfds live on pidfs, where each process has its own inode.
-pub(crate) fn pidfs() -> bool {
-    static PIDFS: OnceLock<bool> = OnceLock::new();
-    *PIDFS.get_or_init(|| {
-        let Some(me) = Pid::from_raw(std::process::id() as i32) else {
-            return false;
-        };
-        pidfd_open(me, PidfdFlags::empty())
-            .ok()
-            .and_then(|fd| rustix::fs::fstatfs(&fd).ok())
-            // f_type is i64 on x86_64 but narrower elsewhere.
-            .is_some_and(|s| {
-                #[allow(clippy::unnecessary_cast)]
-                let t = s.f_type as i64;
-                t == PIDFS_MAGIC
-            })
-    })
-}
-
-/// The pidfs inode of a pidfd (unique per process for the boot), or `None` without pidfs.
-pub(crate) fn pidfd_ino(fd: impl AsFd) -> Option<u64> {
-    if !pidfs() {
-        return None;
-    }
-    rustix::fs::fstat(fd).ok().map(|s| s.st_ino)
-}
-
 /// Opens a pidfd for the process `dir` was opened for. `Ok(None)` when it is gone.
 ///
 /// The pidfd is opened by number, then the stat is read through `dir`: that read succeeds
@@ -232,7 +201,7 @@ fn bound_pidfd(dir: &ProcDir) -> io::Result<Option<(OwnedFd, ProcInfo, Option<u6
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let ino = pidfd_ino(&fd);
+    let ino = crate::pidfs::ino(&fd);
     Ok(Some((fd, info, ino)))
 }
 
@@ -316,7 +285,7 @@ mod tests {
         let p = pin_dir(ProcDir::open(pid).unwrap()).unwrap().unwrap();
         let id = p.identity();
         assert_eq!(pin(&id).unwrap().unwrap().identity(), id);
-        if pidfs() {
+        if crate::pidfs::available() {
             // Another process with the same pid and start tick: only the inode differs.
             let other = Identity {
                 ino: id.ino.map(|i| i + 1),

@@ -420,16 +420,11 @@ pub(crate) fn kill_with_progress(
 ) -> KillReport {
     let read = Instant::now();
     let tree = Tree::snapshot();
-    let tree_ms = read.elapsed().as_secs_f64() * 1e3;
-    kill_in(
-        &tree,
-        tree_ms,
-        targets,
-        opts,
-        protected,
-        interrupted,
-        progress,
-    )
+    tracing::debug!(
+        "kill: the process tree read in {:.1} ms",
+        read.elapsed().as_secs_f64() * 1e3
+    );
+    kill_in(&tree, targets, opts, protected, interrupted, progress)
 }
 
 /// Records that `pid` was not signalled, once.
@@ -696,7 +691,6 @@ impl Resolve<'_> {
 /// `kill` against a snapshot taken by the caller (tests give one that has gone stale).
 fn kill_in(
     tree: &Tree,
-    tree_ms: f64,
     targets: &[Target],
     opts: &KillOpts,
     protected: &[String],
@@ -727,7 +721,7 @@ fn kill_in(
         &mut report,
     );
     tracing::debug!(
-        "kill: {} signalled, {} exited, {:.1} ms (the process tree read in {tree_ms:.1} ms before), done at {:.1} ms",
+        "kill: {} signalled, {} exited, {:.1} ms, done at {:.1} ms",
         victims.len(),
         victims.iter().filter(|v| v.exited).count(),
         signalled_at.elapsed().as_secs_f64() * 1e3,
@@ -1330,7 +1324,6 @@ mod tests {
             let stale = stale_snapshot(q, |p| change(p, t));
             let r = kill_in(
                 &stale,
-                0.0,
                 &[Target::Pid(t)],
                 &KillOpts::default(),
                 &[],
@@ -1378,7 +1371,6 @@ mod tests {
         let protected = vec!["guarded-daemon".to_string()];
         let r = kill_in(
             &stale,
-            0.0,
             &[Target::Pid(q)],
             &KillOpts::default(),
             &protected,

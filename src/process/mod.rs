@@ -111,35 +111,24 @@ pub(crate) fn parse_stat(pid: i32, text: &str) -> Option<ProcInfo> {
     })
 }
 
-/// Reads /proc/PID/stat; `NotFound` when the process is gone. One open, one read into a
-/// stack buffer and one close (a stat line is a few hundred bytes): a look at the whole
-/// process table reads one for every process.
+/// Reads /proc/PID/stat; `NotFound` when the process is gone. One open, one read and one
+/// close (`read_to_string` adds a statx and a second read): a look at the whole process
+/// table reads one for every process.
 pub(crate) fn read_stat(pid: i32) -> io::Result<ProcInfo> {
-    let mut path = [0u8; 32];
-    let path = {
-        use std::io::Write;
-        let mut at = &mut path[..];
-        write!(at, "/proc/{pid}/stat\0")?;
-        let len = 32 - at.len();
-        std::ffi::CStr::from_bytes_with_nul(&path[..len])
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?
-    };
     let fd = rustix::fs::open(
-        path,
+        format!("/proc/{pid}/stat").as_str(),
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )?;
-    let mut buf = [0u8; 1024];
+    // A stat line is a few hundred bytes; one that fills the buffer is read to its end.
+    let mut buf = [0u8; 4096];
     let n = rustix::io::read(&fd, &mut buf)?;
-    let text = if n < buf.len() {
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    } else {
-        // Longer than any stat line the kernel writes today: read the rest too.
-        let mut all = buf.to_vec();
+    let mut all = buf[..n].to_vec();
+    if n == buf.len() {
         std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut all)?;
-        String::from_utf8_lossy(&all).into_owned()
-    };
-    parse_stat(pid, &text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
+    }
+    parse_stat(pid, &String::from_utf8_lossy(&all))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat"))
 }
 
 /// True if the process exists and is not a zombie.

@@ -23,7 +23,13 @@ pub enum Forcing {
 
 /// Why a process was not signalled. Everything that decides by a reason (a target that is
 /// gone, a daemon MCP never forces) matches a variant; only `Display` makes words.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, schemars::JsonSchema)]
+// A string in JSON and MCP's schemas, as it always was.
+#[schemars(
+    with = "String",
+    inline,
+    description = "Why it was not signalled, in words (gone, protected, outside the scope, …)."
+)]
 pub enum SkipReason {
     /// It had exited before it could be signalled: not an error for a holder seen earlier,
     /// but a bare pid the command line named that does not exist is.
@@ -181,21 +187,6 @@ impl fmt::Display for SkipReason {
 impl Serialize for SkipReason {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
-    }
-}
-
-/// A string in JSON and MCP's schemas, as it always was.
-impl schemars::JsonSchema for SkipReason {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "SkipReason".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        String::json_schema(g)
     }
 }
 

@@ -698,24 +698,16 @@ impl Seen {
 /// with its pid. `None` when it is gone, or where pidfds cannot tell processes apart here (no
 /// pidfs, or a /proc of another PID namespace than the one `pidfd_open` counts in).
 fn pidfs_ino(pid: i32) -> Option<u64> {
-    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let usable = USABLE.get_or_init(|| {
+    // pidfd_open counts pids in this process's namespace; /proc (which the records' pids
+    // came from) must count them there too.
+    static NUMBERED_HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let numbered_here = NUMBERED_HERE.get_or_init(|| {
         let me = std::process::id();
-        let numbered_here = fs::read_link("/proc/self")
+        fs::read_link("/proc/self")
             .ok()
-            .is_some_and(|l| l.to_str() == Some(me.to_string().as_str()));
-        let pidfs = rustix::process::Pid::from_raw(me as i32)
-            .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok())
-            .and_then(|fd| rustix::fs::fstatfs(&fd).ok())
-            // PIDFS_MAGIC; f_type is i64 on x86_64 but narrower elsewhere.
-            .is_some_and(|s| {
-                #[allow(clippy::unnecessary_cast)]
-                let t = s.f_type as i64;
-                t == 0x5049_4446
-            });
-        numbered_here && pidfs
+            .is_some_and(|l| l.to_str() == Some(me.to_string().as_str()))
     });
-    if !usable {
+    if !numbered_here || !crate::pidfs::available() {
         return None;
     }
     let fd = rustix::process::pidfd_open(
@@ -723,7 +715,7 @@ fn pidfs_ino(pid: i32) -> Option<u64> {
         rustix::process::PidfdFlags::empty(),
     )
     .ok()?;
-    rustix::fs::fstat(&fd).ok().map(|s| s.st_ino)
+    crate::pidfs::ino(&fd)
 }
 
 /// The lock line an fd of the process at `pid` has on the file `key` (/proc/PID/fdinfo/FD),
