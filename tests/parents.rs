@@ -78,7 +78,8 @@ for r in $(seq "$ROUNDS"); do
   for g in 0 1 2 3 4 5 6; do start_shape $g "$TMPD/h.$g"; parents[$g]=$!; done
   for g in 0 1 2 3 4 5 6; do
     holders[$g]=$(pid_in "$TMPD/h.$g"); starts[$g]=$(start_of ${parents[$g]})
-    [ "$(ppid_of ${holders[$g]})" = "${parents[$g]}" ] || misparented=$((misparented+1))
+    pp=$(ppid_of ${holders[$g]})
+    [ "$pp" = "${parents[$g]}" ] || { misparented=$((misparented+1)); echo "round $r: ${SHAPES[$g]} holder ${holders[$g]} has parent '$pp', not ${parents[$g]} ($(state_of ${parents[$g]}) $(tr '\0' ' ' < /proc/${parents[$g]}/cmdline 2>/dev/null)); its parent: $(tr '\0' ' ' < /proc/$pp/cmdline 2>/dev/null)"; }
   done
   NO_COLOR=1 "$B" clean --parents --grace 2 --timeout 20 > "$TMPD/clean.out" 2>&1 || { unclean=$((unclean+1)); cat "$TMPD/clean.out"; }
   for g in 0 1 2 3 4 5 6; do
@@ -173,7 +174,8 @@ fn clean_parents_signals_no_parent_that_has_not_shown_it_restarts() {
     assert_eq!(
         field("misparented"),
         0,
-        "each holder is its parent's child: {last}"
+        "each holder is its parent's child:\n{}\n{last}",
+        t.stdout
     );
     assert_eq!(
         field("wrong"),

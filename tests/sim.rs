@@ -502,3 +502,58 @@ fn a_containers_holder_is_found_by_its_lock_once_and_its_record_never_names_a_re
     assert_eq!(t.text("after"), "[]", "{last}");
     assert_eq!(field("driver"), 0, "{last}");
 }
+
+/// The ranks of a job start at once on a simulator nobody has set up yet: each finds no spec,
+/// and each must still hold (a second set-up racing the first once lost its spec file and
+/// failed one holder in ten).
+#[test]
+fn holders_started_at_once_on_a_new_state_directory_all_hold() {
+    use std::io::Read;
+    for _round in 0..20 {
+        let sim = Sim::new("8x8G");
+        let children: Vec<_> = (0..8)
+            .map(|g| {
+                let mut c = sim.std_cmd();
+                c.args(["sim", "hold", "--gpu", &g.to_string(), "--mib", "8"])
+                    .arg("--foreground")
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                c.spawn().expect("spawn")
+            })
+            .collect();
+        let mut failed = Vec::new();
+        for mut child in children {
+            let mut line = String::new();
+            let mut out = child.stdout.take().expect("stdout");
+            // A holder prints its pid and holds; one that failed prints nothing and exits.
+            let mut byte = [0u8; 1];
+            while out.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+                line.push(byte[0] as char);
+            }
+            match line.trim().parse::<i32>() {
+                Ok(pid) => sim.adopt(pid),
+                Err(_) => {
+                    let mut err = String::new();
+                    let _ = child
+                        .stderr
+                        .take()
+                        .expect("stderr")
+                        .read_to_string(&mut err);
+                    failed.push(err);
+                }
+            }
+            std::thread::spawn(move || child.wait());
+        }
+        assert!(failed.is_empty(), "holders that did not hold: {failed:?}");
+        assert_eq!(
+            sim.gpus()
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|g| g["procs"] == 1)
+                .count(),
+            8
+        );
+    }
+}

@@ -264,7 +264,7 @@ impl SimBackend {
             spec,
         };
         if stored.as_deref().map(str::trim) != Some(backend.spec.canonical.as_str()) {
-            backend.set_up(stored.is_some())?;
+            backend.set_up_once()?;
         }
         // The kernel log is there from the start, empty, as the kernel's is (a directory
         // set up before the simulator had one gets it now); one that cannot be opened is
@@ -280,7 +280,23 @@ impl SimBackend {
         Ok(backend)
     }
 
-    /// Creates (or re-creates for another spec) the node files and the spec record.
+    /// Sets the directory up for this spec unless another process just did: holders started
+    /// at once on a new directory (a job's ranks) each find no spec, and one at a time, under
+    /// an exclusive lock on the directory, looks again and sets it up.
+    fn set_up_once(&self) -> Result<(), GpuError> {
+        let dir = &self.dir;
+        fs::create_dir_all(dir).map_err(|e| state_err(dir, e))?;
+        let lock = File::open(dir).map_err(|e| state_err(dir, e))?;
+        rustix::fs::flock(&lock, FlockOperation::LockExclusive).map_err(|e| state_err(dir, e))?;
+        let stored = fs::read_to_string(dir.join("spec")).ok();
+        if stored.as_deref().map(str::trim) == Some(self.spec.canonical.as_str()) {
+            return Ok(());
+        }
+        self.set_up(stored.is_some())
+    }
+
+    /// Creates (or re-creates for another spec) the node files and the spec record; under
+    /// `set_up_once`'s lock.
     fn set_up(&self, replacing: bool) -> Result<(), GpuError> {
         let dir = &self.dir;
         if replacing && !self.live_allocations()?.is_empty() {
