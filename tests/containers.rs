@@ -609,6 +609,101 @@ fn two_pods_on_one_gpu_one_deleted_clean_stops_that_pod_alone() {
     assert_eq!(sim.used_mib(0), 200);
 }
 
+/// A pod's name is what the runtime's state on disk says, or what this user's gpuloop
+/// remembered of it: a container's bundle read once is remembered in the state directory,
+/// and a planted memory (another owner's, writable by others, in a directory another user
+/// owns) never moves a `--pod` scope onto another pod's processes.
+#[test]
+#[ignore = "needs root, podman, runc and busybox-static: bash .ci/run installs them and runs it as root (--include-ignored)"]
+fn a_planted_memory_of_runtime_state_never_moves_a_pod_scope() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let sim = Sim::new("1x8G");
+    let node = Node::new(&sim, None);
+    let a = Pod::new("ml", "trainer-0", "trainer", "cccc1111");
+    let b = Pod::new("default", "infer", "server", "cccc2222");
+    node.knows(&a);
+    node.knows(&b);
+    let ca = Ctr::holding(&sim, Some(&a), 300);
+    let cb = Ctr::holding(&sim, Some(&b), 200);
+    let picked = |args: &[&str]| -> Vec<i64> {
+        pids_of(
+            &sim.run(&[&["--json", "holders"], args].concat())
+                .ok()
+                .json(),
+        )
+    };
+    // A bundle is remembered once it has not changed for a second; a scan looks until then.
+    let dir = sim.path().join("state-home/gpuloop");
+    let memory = dir.join("runtime-state.json");
+    let bundle = |c: &Ctr| {
+        format!(
+            "/var/lib/containers/storage/overlay-containers/{}/userdata/config.json",
+            c.id
+        )
+    };
+    let remembered = within(30, || {
+        picked(&[]);
+        std::fs::read_to_string(&memory)
+            .is_ok_and(|t| t.contains(&bundle(&ca)) && t.contains(&bundle(&cb)))
+    });
+    assert!(remembered, "{:?}", std::fs::read_to_string(&memory));
+    let meta = std::fs::metadata(&memory).expect("memory");
+    assert_eq!((meta.mode() & 0o777, meta.uid()), (0o600, 0));
+    // From memory, the same as from the bundles.
+    assert_eq!(picked(&["--pod", "ml/trainer-0"]), vec![i64::from(ca.pid)]);
+    assert_eq!(picked(&["--pod", "default/infer"]), vec![i64::from(cb.pid)]);
+
+    // What a planter writes: b's bundle, its very version, said to be ml/trainer-0's.
+    let mut entries: Value = serde_json::from_slice(&std::fs::read(&memory).unwrap()).unwrap();
+    for e in entries.as_array_mut().unwrap() {
+        if e["path"] == json!(bundle(&cb)) {
+            e["said"]["annotations"]["keys"]["io.kubernetes.pod.name"] = json!("trainer-0");
+            e["said"]["annotations"]["keys"]["io.kubernetes.pod.namespace"] = json!("ml");
+        }
+    }
+    let planted = serde_json::to_vec(&entries).unwrap();
+    let plant = |mode: u32, owner: u32| {
+        let _ = std::fs::remove_file(&memory);
+        std::fs::write(&memory, &planted).unwrap();
+        std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(&memory, Some(owner), Some(owner)).unwrap();
+    };
+    let both = vec![i64::from(ca.pid), i64::from(cb.pid)];
+    // The control: in this user's own memory, the forgery is believed (memory is what names
+    // the pods here), so the cases below would fail if it were believed there too.
+    plant(0o600, 0);
+    assert_eq!(picked(&["--pod", "ml/trainer-0"]), both);
+    // Another owner's, or writable by others: not believed, and not written over.
+    for (mode, owner) in [(0o600, 65534), (0o666, 0), (0o644, 65534)] {
+        plant(mode, owner);
+        assert_eq!(
+            picked(&["--pod", "ml/trainer-0"]),
+            vec![i64::from(ca.pid)],
+            "mode {mode:o}, owner {owner}"
+        );
+        let r = sim
+            .run(&["--json", "clean", "--pod", "ml/trainer-0", "--dry-run"])
+            .ok()
+            .json();
+        assert_eq!(r["would_signal"], json!([ca.pid]), "{r}");
+        assert_eq!(std::fs::read(&memory).unwrap(), planted);
+    }
+    // A directory another user owns (as `sudo -E` keeps a user's XDG_STATE_HOME).
+    plant(0o600, 0);
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    assert_eq!(picked(&["--pod", "ml/trainer-0"]), vec![i64::from(ca.pid)]);
+    std::os::unix::fs::chown(&dir, Some(0), Some(0)).unwrap();
+    // Removed, the memory is written again from the bundles as they are.
+    std::fs::remove_file(&memory).unwrap();
+    assert_eq!(picked(&["--pod", "ml/trainer-0"]), vec![i64::from(ca.pid)]);
+    assert!(within(30, || {
+        picked(&[]);
+        std::fs::read_to_string(&memory).is_ok_and(|t| t.contains(&bundle(&cb)))
+    }));
+    assert_eq!(picked(&["--pod", "default/infer"]), vec![i64::from(cb.pid)]);
+    assert!(alive(ca.pid) && alive(cb.pid));
+}
+
 /// Every signal stays inside the scope, trees included: a forked child of a pod's holder that
 /// was moved out of the pod (into the test's own cgroups) is left alone, and said.
 #[test]

@@ -149,7 +149,7 @@ impl Inventory {
         roots: &Roots,
     ) -> Result<Inventory, GpuError> {
         let started = std::time::Instant::now();
-        let places = Resolver::new(roots);
+        let places = Resolver::remembering(roots);
         // The scan's threads look up the containers of the users they find.
         let found = |u: &NodeUser| {
             for ids in u.lineage.ids() {
@@ -165,6 +165,9 @@ impl Inventory {
             let driver = backend().and_then(|b| Ok((b.kind(), b.inventory_gpus()?)));
             let driver_ms = started.elapsed().as_secs_f64() * 1e3;
             let driver_cpu = crate::process::thread_cpu().saturating_sub(cpu);
+            // This thread would only wait for the scan now: the containers' memory is read
+            // here rather than on a scan thread, when it finds the first one.
+            places.prepare();
             // A scan thread that panicked is done again here, never skipped.
             let scan = scanner.join().unwrap_or_else(|_| {
                 let t = std::time::Instant::now();
@@ -185,7 +188,9 @@ impl Inventory {
             started.elapsed().as_secs_f64() * 1e3,
             crate::timeline::ms()
         );
-        Ok(join(gpus, scan, protected, &places))
+        let inventory = join(gpus, scan, protected, &places);
+        places.keep();
+        Ok(inventory)
     }
 
     /// Looks again after the signals, at only what is in question: the driver's lists and
@@ -223,7 +228,10 @@ impl Inventory {
             .filter_map(|h| i32::try_from(h.pid).ok())
             .collect();
         let scan = scan::rescan(&pids, backend.nodes());
-        Ok(Some(join(gpus, scan, protected, &Resolver::new(roots))))
+        let places = Resolver::remembering(roots);
+        let inventory = join(gpus, scan, protected, &places);
+        places.keep();
+        Ok(Some(inventory))
     }
 
     /// The holders on the selection (every role with `all`, else only compute holders).
@@ -443,7 +451,7 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], places: &Resolve
         .collect();
     let (read, spent) = places.resolved();
     tracing::debug!(
-        "lineage of {} holder(s) in {:.1} ms; {} in containers, {read} container(s) and pod(s) read in {:.1} ms of CPU",
+        "lineage of {} holder(s) in {:.1} ms; {} in containers, {read} container(s) and pod(s) looked up in {:.1} ms",
         holders.len(),
         lineage.elapsed().as_secs_f64() * 1e3,
         holders.iter().filter(|h| !h.origin.place.is_empty()).count(),

@@ -288,7 +288,7 @@ impl Readiness {
     /// compute holders are added per GPU by `blockers`). `roots`: where the container
     /// runtimes keep their state, for the cgroup's unit.
     pub fn look(backend: &dyn Backend, protected: &[String], roots: &Roots) -> Readiness {
-        let places = Resolver::new(roots);
+        let places = Resolver::remembering(roots);
         let named = match backend.kind() {
             BackendKind::Nvml => proc::process_table()
                 .into_iter()
@@ -300,6 +300,7 @@ impl Readiness {
             // waits for them, and without a driver nothing is reset.
             BackendKind::Sim | BackendKind::NoDriver => Vec::new(),
         };
+        places.keep();
         Readiness {
             named,
             modeset: backend.drm_modeset() == Some(true),

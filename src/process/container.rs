@@ -19,8 +19,9 @@
 //! - the kubelet: `<root>/pods/<uid>` while it knows the pod, and
 //!   `/var/log/pods/<namespace>_<name>_<uid>/<container>/`.
 
+use super::runtime_state::{Said, StateFiles};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -282,6 +283,43 @@ impl Default for Roots {
     }
 }
 
+/// Where each fact gpuloop reads is among a bundle's annotations (or docker's labels): the
+/// CRI's key (containerd), then CRI-O's and podman's.
+const POD_UID: [&str; 2] = ["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
+const POD_NAMESPACE: [&str; 2] = [
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+];
+const POD_NAME: [&str; 2] = ["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
+const NAME_IN_POD: [&str; 2] = [
+    "io.kubernetes.cri.container-name",
+    "io.kubernetes.container.name",
+];
+/// nerdctl's name for a container of containerd's.
+const NERDCTL_NAME: &str = "nerdctl/name";
+/// `libpod` marks podman's containers among containers/storage's.
+const MANAGER: &str = "io.container.manager";
+/// All of them: what is kept of a bundle's annotations.
+const KEYS: [&str; 10] = [
+    POD_UID[0],
+    POD_UID[1],
+    POD_NAMESPACE[0],
+    POD_NAMESPACE[1],
+    POD_NAME[0],
+    POD_NAME[1],
+    NAME_IN_POD[0],
+    NAME_IN_POD[1],
+    NERDCTL_NAME,
+    MANAGER,
+];
+
+/// The keys gpuloop reads, of a bundle's annotations or docker's labels.
+fn kept(map: HashMap<String, String>) -> BTreeMap<String, String> {
+    map.into_iter()
+        .filter(|(k, _)| KEYS.contains(&k.as_str()))
+        .collect()
+}
+
 /// An OCI bundle's `config.json`, as far as gpuloop reads it.
 #[derive(Debug, Default, Deserialize)]
 struct Bundle {
@@ -334,31 +372,45 @@ struct Stored {
     names: Option<Vec<String>>,
 }
 
+/// What a bundle's `config.json` says.
+fn bundle(bytes: &[u8]) -> Said {
+    Said::Annotations {
+        keys: kept(annotations(bytes)),
+    }
+}
+
+/// What docker's `config.v2.json` says.
+fn docker_config(bytes: &[u8]) -> Said {
+    let c: DockerConfig = serde_json::from_slice(bytes).unwrap_or_default();
+    Said::Docker {
+        name: c.name.map(|n| n.trim_start_matches('/').to_string()),
+        labels: kept(c.config.and_then(|c| c.labels).unwrap_or_default()),
+    }
+}
+
+/// What containers/storage's `containers.json` says: each container's first name.
+fn stored(bytes: &[u8]) -> Said {
+    Said::Names {
+        names: serde_json::from_slice::<Vec<Stored>>(bytes)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| Some((c.id, c.names?.into_iter().next()?)))
+            .collect(),
+    }
+}
+
 /// A container's state found on disk.
 struct Found {
     runtime: Runtime,
-    /// The bundle's annotations, or docker's labels.
-    keys: HashMap<String, String>,
+    /// The bundle's annotations, or docker's labels, that gpuloop reads.
+    keys: BTreeMap<String, String>,
     name: Option<String>,
 }
 
 /// The first of `keys` that `map` has, not empty.
-fn first(map: &HashMap<String, String>, keys: &[&str]) -> Option<String> {
+fn first(map: &BTreeMap<String, String>, keys: &[&str]) -> Option<String> {
     keys.iter()
         .find_map(|k| map.get(*k).filter(|v| !v.is_empty()).cloned())
-}
-
-/// A file of the runtime's state, through the one bounded reader; `None` when it is not
-/// there (or not readable: another runtime's, a file being rewritten).
-fn read_state(path: &Path) -> Option<Vec<u8>> {
-    match crate::input::file(path, crate::input::RUNTIME_STATE) {
-        Ok(bytes) => Some(bytes),
-        Err(crate::input::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            tracing::debug!("container state {}: {e}", path.display());
-            None
-        }
-    }
 }
 
 /// The directories in `dir` (none when it is not there).
@@ -377,11 +429,13 @@ fn subdirs(dir: &Path) -> Vec<PathBuf> {
 type Logged = (String, String, Vec<String>);
 
 /// Resolves the places of the processes of one scan: each container's and pod's state is
-/// read once (cached by what the cgroup said), each runtime's directories listed once, and
-/// nothing at all is read for a process outside any container. Shared by the scan's threads,
-/// each of which looks up the places of the processes it finds.
+/// read once (cached by what the cgroup said; a runtime's state file remembered between runs
+/// while it is unchanged), each runtime's directories listed once, and nothing at all is read
+/// for a process outside any container. Shared by the scan's threads, each of which looks up
+/// the places of the processes it finds.
 pub(crate) struct Resolver<'a> {
     roots: &'a Roots,
+    files: StateFiles,
     places: Mutex<HashMap<Ids, Place>>,
     /// containerd's `<root>/<namespace>` directories.
     namespaces: OnceLock<Vec<PathBuf>>,
@@ -402,15 +456,29 @@ pub(crate) struct Resolver<'a> {
     known_pods: OnceLock<Option<HashSet<String>>>,
     /// Some root of containerd's, containers/storage's, docker's state is there.
     there: [OnceLock<bool>; 3],
-    /// The CPU time spent reading the runtimes' and the kubelet's state, by all the threads
-    /// that looked (for -v and the benches), in µs.
+    /// The time the threads that looked spent on the runtimes' and the kubelet's state (for
+    /// -v and the benches), in µs.
     spent_us: AtomicU64,
 }
 
 impl<'a> Resolver<'a> {
+    /// Reads the runtimes' state files, and remembers none of them.
+    #[cfg(test)]
     pub(crate) fn new(roots: &'a Roots) -> Resolver<'a> {
+        Resolver::with_files(roots, StateFiles::default())
+    }
+
+    /// Takes a runtime's state file that earlier runs read, unchanged since, from what they
+    /// remembered in gpuloop's state directory; [`Resolver::keep`] remembers what this one
+    /// reads.
+    pub(crate) fn remembering(roots: &'a Roots) -> Resolver<'a> {
+        Resolver::with_files(roots, StateFiles::remembered())
+    }
+
+    fn with_files(roots: &'a Roots, files: StateFiles) -> Resolver<'a> {
         Resolver {
             roots,
+            files,
             places: Mutex::default(),
             namespaces: OnceLock::new(),
             namespace_hit: AtomicUsize::new(0),
@@ -424,7 +492,18 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    /// How many places were resolved (each read once), and the CPU time that took.
+    /// Loads what earlier runs remembered, where they remembered anything: for a thread that
+    /// would otherwise wait while the scan's threads look for the containers' processes.
+    pub(crate) fn prepare(&self) {
+        self.files.prepare();
+    }
+
+    /// Remembers the runtimes' state files this scan read, for the next runs.
+    pub(crate) fn keep(&self) {
+        self.files.keep();
+    }
+
+    /// How many places were resolved (each read once), and the time that took.
     pub(crate) fn resolved(&self) -> (usize, std::time::Duration) {
         let n = self.places.lock().map_or(0, |p| p.len());
         let us = self.spent_us.load(Ordering::Relaxed);
@@ -440,11 +519,12 @@ impl<'a> Resolver<'a> {
             return p;
         }
         // Read without the lock held: two threads that meet one container both read it, alike.
-        let t = super::thread_cpu();
+        // Timed by the clock the vDSO reads (a thread's CPU clock would cost two system calls
+        // per container).
+        let t = std::time::Instant::now();
         let p = self.resolve(ids);
-        let spent = super::thread_cpu().saturating_sub(t);
         self.spent_us
-            .fetch_add(spent.as_micros() as u64, Ordering::Relaxed);
+            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
         if let Ok(mut m) = self.places.lock() {
             m.entry(ids.clone()).or_insert_with(|| p.clone());
         }
@@ -458,19 +538,10 @@ impl<'a> Resolver<'a> {
         };
         let keys = found.as_ref().map(|f| &f.keys);
         let get = |names: &[&str]| keys.and_then(|k| first(k, names));
-        let uid = ids
-            .pod_uid
-            .clone()
-            .or_else(|| get(&["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"]));
-        let namespace = get(&[
-            "io.kubernetes.cri.sandbox-namespace",
-            "io.kubernetes.pod.namespace",
-        ]);
-        let name = get(&["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"]);
-        let in_pod = get(&[
-            "io.kubernetes.cri.container-name",
-            "io.kubernetes.container.name",
-        ]);
+        let uid = ids.pod_uid.clone().or_else(|| get(&POD_UID));
+        let namespace = get(&POD_NAMESPACE);
+        let name = get(&POD_NAME);
+        let in_pod = get(&NAME_IN_POD);
         let pod = (uid.is_some() || name.is_some()).then(|| self.pod(uid, namespace, name, in_pod));
         Place {
             container: ids.id.clone(),
@@ -595,14 +666,17 @@ impl<'a> Resolver<'a> {
             .namespaces
             .get_or_init(|| roots.iter().flat_map(|r| subdirs(r)).collect());
         let found = hit_first(namespaces, &self.namespace_hit, |ns| {
-            Some(annotations(&read_state(&ns.join(id).join("config.json"))?))
+            match self.files.bundle(ns, id, "config.json", bundle)? {
+                Said::Annotations { keys } => Some(keys),
+                _ => None,
+            }
         });
         let Some(keys) = found else {
             return (None, there);
         };
         let found = Found {
             runtime: Runtime::Containerd,
-            name: first(&keys, &["nerdctl/name"]),
+            name: first(&keys, &[NERDCTL_NAME]),
             keys,
         };
         (Some(found), there)
@@ -623,13 +697,15 @@ impl<'a> Resolver<'a> {
                 .collect()
         });
         let found = hit_first(stores, &self.store_hit, |s| {
-            let path = s.join(id).join("userdata").join("config.json");
-            Some(annotations(&read_state(&path)?))
+            match self.files.bundle(s, id, "userdata/config.json", bundle)? {
+                Said::Annotations { keys } => Some(keys),
+                _ => None,
+            }
         });
         let Some(keys) = found else {
             return (None, there);
         };
-        let runtime = match keys.get("io.container.manager").map(String::as_str) {
+        let runtime = match keys.get(MANAGER).map(String::as_str) {
             Some("libpod") => Runtime::Podman,
             _ => Runtime::CriO,
         };
@@ -650,9 +726,13 @@ impl<'a> Resolver<'a> {
             let stores = self.stores.get().map_or(&[][..], Vec::as_slice);
             stores
                 .iter()
-                .filter_map(|s| read_state(&s.join("containers.json")))
-                .flat_map(|bytes| serde_json::from_slice::<Vec<Stored>>(&bytes).unwrap_or_default())
-                .filter_map(|c| Some((c.id, c.names?.into_iter().next()?)))
+                .filter_map(
+                    |s| match self.files.said(&s.join("containers.json"), stored)? {
+                        Said::Names { names } => Some(names),
+                        _ => None,
+                    },
+                )
+                .flatten()
                 .collect()
         })
     }
@@ -662,12 +742,14 @@ impl<'a> Resolver<'a> {
         let roots = &self.roots.docker;
         let found = roots.iter().find_map(|r| {
             let path = r.join("containers").join(id).join("config.v2.json");
-            let c: DockerConfig = serde_json::from_slice(&read_state(&path)?).unwrap_or_default();
-            Some(Found {
-                runtime: Runtime::Docker,
-                name: c.name.map(|n| n.trim_start_matches('/').to_string()),
-                keys: c.config.and_then(|c| c.labels).unwrap_or_default(),
-            })
+            match self.files.said(&path, docker_config)? {
+                Said::Docker { name, labels } => Some(Found {
+                    runtime: Runtime::Docker,
+                    name,
+                    keys: labels,
+                }),
+                _ => None,
+            }
         });
         (found, there)
     }

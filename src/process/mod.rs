@@ -6,6 +6,7 @@ pub(crate) mod identity;
 pub mod kill;
 pub(crate) mod origin;
 pub mod restart;
+pub(crate) mod runtime_state;
 pub mod scan;
 pub mod skip;
 pub(crate) mod tree;
