@@ -429,9 +429,9 @@ fn subdirs(dir: &Path) -> Vec<PathBuf> {
 type Logged = (String, String, Vec<String>);
 
 /// Resolves the places of the processes of one scan: each container's and pod's state is
-/// read once (cached by what the cgroup said; a runtime's state file remembered between runs
-/// while it is unchanged), each runtime's directories listed once, and nothing at all is read
-/// for a process outside any container. Shared by the scan's threads, each of which looks up
+/// read once (cached by what the cgroup said; what earlier runs read of it remembered, see
+/// `runtime_state`), each runtime's directories listed once, and nothing at all is read for a
+/// process outside any container. Shared by the scan's threads, each of which looks up
 /// the places of the processes it finds.
 pub(crate) struct Resolver<'a> {
     roots: &'a Roots,
@@ -468,8 +468,9 @@ impl<'a> Resolver<'a> {
         Resolver::with_files(roots, StateFiles::default())
     }
 
-    /// Takes a runtime's state file that earlier runs read, unchanged since, from what they
-    /// remembered in gpuloop's state directory; [`Resolver::keep`] remembers what this one
+    /// Takes what earlier runs read of the runtimes' state files from what they remembered in
+    /// gpuloop's state directory, while it still holds (a bundle while its container is
+    /// listed, another file while it is unchanged); [`Resolver::keep`] remembers what this one
     /// reads.
     pub(crate) fn remembering(roots: &'a Roots) -> Resolver<'a> {
         Resolver::with_files(roots, StateFiles::remembered())

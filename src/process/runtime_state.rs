@@ -1,6 +1,6 @@
 //! The container runtimes' state files as gpuloop reads them: each through the one bounded
-//! reader, and what it said remembered between runs, beside the journal, by the identity of
-//! the file it came from.
+//! reader, and what it said remembered between runs, beside the journal, for as long as that
+//! still holds.
 //!
 //! A node's containers outlive many scans. A bundle's annotations (11 KiB of `config.json`
 //! and more, for a few names) are written when its container is created and never change,
