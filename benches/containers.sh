@@ -90,7 +90,7 @@ for i in range(runs):
         assert status == 0, status
         wall[k].append((time.perf_counter() - t) * 1e3)
         cpu[k].append((ru.ru_utime + ru.ru_stime) * 1e3)
-parts = {k: {p: [] for p in ("driver", "driver_cpu", "scan", "scan_cpu", "lineage_read_cpu",
+parts = {k: {p: [] for p in ("driver", "driver_cpu", "scan", "scan_cpu", "lineage_read",
                               "lineage", "state")} for k in envs}
 for _ in range(runs // 2):
     for k, env in envs.items():
@@ -98,7 +98,7 @@ for _ in range(runs // 2):
                              stderr=subprocess.PIPE, text=True, check=True).stderr
         m = re.search(r"from sim in ([\d.]+) ms \(([\d.]+) ms of CPU\), beside a scan of \d+ "
                       r"processes in ([\d.]+) ms \(([\d.]+) ms of CPU\).*lineage read in ([\d.]+) ms", err)
-        for i, p in enumerate(("driver", "driver_cpu", "scan", "scan_cpu", "lineage_read_cpu")):
+        for i, p in enumerate(("driver", "driver_cpu", "scan", "scan_cpu", "lineage_read")):
             parts[k][p].append(float(m.group(i + 1)))
         m = re.search(r"lineage of \d+ holder\(s\) in ([\d.]+) ms; .* looked up in ([\d.]+) ms", err)
         parts[k]["lineage"].append(float(m.group(1)))

@@ -177,7 +177,7 @@ impl Inventory {
         })?;
         let (scan, scan_ms) = scan;
         tracing::debug!(
-            "inventory: {} from {kind} in {driver_ms:.1} ms ({:.1} ms of CPU), beside a scan of {} processes in {scan_ms:.1} ms ({:.1} ms of CPU): {} with GPU nodes open (their lineage read in {:.1} ms of CPU), {} unreadable; {:.1} ms in all, done at {:.1} ms",
+            "inventory: {} from {kind} in {driver_ms:.1} ms ({:.1} ms of CPU), beside a scan of {} processes in {scan_ms:.1} ms ({:.1} ms of CPU): {} with GPU nodes open (their lineage read in {:.1} ms), {} unreadable; {:.1} ms in all, done at {:.1} ms",
             crate::words::count(gpus.len(), "GPU", "GPUs"),
             driver_cpu.as_secs_f64() * 1e3,
             scan.scanned,

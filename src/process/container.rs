@@ -667,10 +667,7 @@ impl<'a> Resolver<'a> {
             .namespaces
             .get_or_init(|| roots.iter().flat_map(|r| subdirs(r)).collect());
         let found = hit_first(namespaces, &self.namespace_hit, |ns| {
-            match self.files.bundle(ns, id, "config.json", bundle)? {
-                Said::Annotations { keys } => Some(keys),
-                _ => None,
-            }
+            self.annotations(ns, id, "config.json")
         });
         let Some(keys) = found else {
             return (None, there);
@@ -698,10 +695,7 @@ impl<'a> Resolver<'a> {
                 .collect()
         });
         let found = hit_first(stores, &self.store_hit, |s| {
-            match self.files.bundle(s, id, "userdata/config.json", bundle)? {
-                Said::Annotations { keys } => Some(keys),
-                _ => None,
-            }
+            self.annotations(s, id, "userdata/config.json")
         });
         let Some(keys) = found else {
             return (None, there);
@@ -719,6 +713,15 @@ impl<'a> Resolver<'a> {
             }),
             true,
         )
+    }
+
+    /// The annotations gpuloop reads of the bundle `<dir>/<id>/<rel>`, where the runtime lists
+    /// the container in `dir`.
+    fn annotations(&self, dir: &Path, id: &str, rel: &str) -> Option<BTreeMap<String, String>> {
+        match self.files.bundle(dir, id, rel, bundle)? {
+            Said::Annotations { keys } => Some(keys),
+            _ => None,
+        }
     }
 
     /// Every container's name that containers/storage keeps, read once.

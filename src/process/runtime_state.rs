@@ -82,6 +82,10 @@ struct Entry {
     path: PathBuf,
     version: Version,
     said: Said,
+    /// For a bundle: the runtime directory that lists its container, and the container's id
+    /// there. The entry goes once a scan finds the container no longer listed.
+    #[serde(default)]
+    container: Option<(PathBuf, String)>,
 }
 
 /// The state files of one scan: what earlier runs remembered (loaded on the first container
@@ -127,7 +131,9 @@ impl StateFiles {
         if let Some((_, said)) = self.memory().get(&path) {
             return Some(said.clone());
         }
-        self.said(&path, parse)
+        let version = Version::of(&std::fs::metadata(&path).ok()?);
+        let container = (dir.to_path_buf(), id.to_string());
+        self.read_and_keep(&path, version, parse, Some(container))
     }
 
     /// Whether `dir` has an entry `name`, from its listing (read once).
@@ -165,6 +171,18 @@ impl StateFiles {
                 return Some(said.clone());
             }
         }
+        self.read_and_keep(path, version, parse, None)
+    }
+
+    /// Reads and `parse`s the state file at `path`, of `version` as a stat just saw it, and
+    /// keeps what it said for the next runs unless it changed within the last second.
+    fn read_and_keep(
+        &self,
+        path: &Path,
+        version: Version,
+        parse: impl Fn(&[u8]) -> Said,
+        container: Option<(PathBuf, String)>,
+    ) -> Option<Said> {
         // Read after the stat: what is read is of that version or a later one, which the next
         // stat tells apart.
         let said = parse(&read(path)?);
@@ -174,6 +192,7 @@ impl StateFiles {
                     path: path.to_path_buf(),
                     version,
                     said: said.clone(),
+                    container,
                 });
             }
         }
@@ -207,14 +226,15 @@ impl StateFiles {
     /// Keeps what this scan read for the next runs (nothing to write when it read nothing).
     /// A file that cannot be written costs the next run the reads, nothing more.
     pub(crate) fn keep(&self) {
-        let (Some(dir), Ok(read)) = (&self.dir, self.read.lock()) else {
+        let (Some(dir), Ok(read), Ok(listed)) = (&self.dir, self.read.lock(), self.listed.lock())
+        else {
             return;
         };
         if read.is_empty() {
             return;
         }
         let kept = crate::journal::update_state(dir, FILE, MAX_BYTES, |old| {
-            serde_json::to_vec(&merged(entries(old), &read)).unwrap_or_default()
+            serde_json::to_vec(&merged(entries(old), &read, &listed)).unwrap_or_default()
         });
         if let Err(e) = kept {
             tracing::debug!("runtime state not remembered: {e}");
@@ -230,10 +250,21 @@ fn entries(text: &[u8]) -> Vec<Entry> {
     serde_json::from_slice(text).unwrap_or_default()
 }
 
-/// The entries remembered, with those just `read` in place of any of the same paths, the
-/// [`MAX_FILES`] latest kept.
-fn merged(mut all: Vec<Entry>, read: &[Entry]) -> Vec<Entry> {
-    all.retain(|e| read.iter().all(|r| r.path != e.path));
+/// The entries remembered, with those just `read` in place of any of the same paths, less the
+/// bundles of containers this scan found no longer `listed`, the [`MAX_FILES`] latest kept.
+fn merged(
+    mut all: Vec<Entry>,
+    read: &[Entry],
+    listed: &HashMap<PathBuf, Option<HashSet<String>>>,
+) -> Vec<Entry> {
+    let gone = |e: &Entry| {
+        e.container.as_ref().is_some_and(|(dir, id)| {
+            listed
+                .get(dir)
+                .is_some_and(|names| names.as_ref().is_none_or(|n| !n.contains(id)))
+        })
+    };
+    all.retain(|e| !gone(e) && read.iter().all(|r| r.path != e.path));
     all.extend(read.iter().cloned());
     let over = all.len().saturating_sub(MAX_FILES);
     all.drain(..over);
@@ -317,6 +348,7 @@ mod tests {
             path: bundle.clone(),
             version,
             said: annotations("victim"),
+            container: None,
         }])
         .unwrap();
         let fresh = |name: &str| {
@@ -386,10 +418,20 @@ mod tests {
             look(&next, &|_| unreachable!("read again")),
             Some(annotations("trainer-0"))
         );
-        // The runtime forgot the container: what was remembered of it says nothing.
+        // The runtime forgot the container: what was remembered of it says nothing, and goes
+        // once a scan that lists the store keeps what it read of another container.
         std::fs::remove_dir_all(store.join(id)).unwrap();
-        let gone = StateFiles::in_dir(Some(state));
+        let other = "0123456789ab";
+        settled_file(&store.join(other).join("userdata/config.json"), "infer");
+        let gone = StateFiles::in_dir(Some(state.clone()));
         assert_eq!(look(&gone, &|_| unreachable!("read")), None);
+        assert_eq!(
+            gone.bundle(&store, other, "userdata/config.json", parse),
+            Some(annotations("infer"))
+        );
+        gone.keep();
+        let kept = std::fs::read_to_string(state.join(FILE)).unwrap();
+        assert!(kept.contains(other) && !kept.contains(id), "{kept}");
     }
 
     #[test]
@@ -404,11 +446,12 @@ mod tests {
                 ctime: (0, 0),
             },
             said: annotations(&i.to_string()),
+            container: None,
         };
         let old: Vec<Entry> = (0..MAX_FILES).map(entry).collect();
         let mut again = entry(5);
         again.said = annotations("five");
-        let all = merged(old, &[again, entry(MAX_FILES)]);
+        let all = merged(old, &[again, entry(MAX_FILES)], &HashMap::new());
         assert_eq!(all.len(), MAX_FILES);
         assert_eq!(all[0].path, PathBuf::from("/b/1"));
         assert_eq!(all[MAX_FILES - 2].said, annotations("five"));

@@ -73,12 +73,12 @@ pub struct Scan {
     /// The CPU time the scan took, on all its threads together (the lookups `found` made
     /// included).
     pub cpu: std::time::Duration,
-    /// The CPU time the users' lineage took to read, on all the scan's threads together.
+    /// The time the users' lineage took to read, on all the scan's threads together.
     pub lineage: std::time::Duration,
 }
 
 enum Outcome {
-    /// A user, and the CPU time its lineage took to read.
+    /// A user, and the time its lineage took to read.
     User(Box<NodeUser>, std::time::Duration),
     None,
     Denied,
@@ -195,9 +195,11 @@ fn scan_one(pid: i32, nodes: &DeviceNodes) -> Outcome {
     let uid = dir.uid().ok();
     // Its own files through `dir`, its parent's and ancestors' by pid, before the check below
     // (a process still there then had its pid all along).
-    let t = super::thread_cpu();
+    // Timed by the clock the vDSO reads: a thread's CPU clock would cost two system calls
+    // per holder.
+    let t = std::time::Instant::now();
     let lineage = Lineage::read(&info, Some(&dir));
-    let spent = super::thread_cpu().saturating_sub(t);
+    let spent = t.elapsed();
     // A last read through `dir`: if the process is gone now, the maps, command line and
     // lineage above may be empty or another's for that reason, so it is not reported at all.
     if dir.stat().is_err() {

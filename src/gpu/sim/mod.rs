@@ -436,15 +436,7 @@ impl SimBackend {
         if alloc.mib < 0 || alloc.mib.checked_mul(MIB).is_none_or(|b| b > MAX_GPU_BYTES) {
             return Err(corrupt(format!("{} MiB", alloc.mib)));
         }
-        let key = {
-            use std::os::unix::fs::MetadataExt;
-            let m = file.metadata().map_err(|e| corrupt(e.to_string()))?;
-            (
-                rustix::fs::major(m.dev()),
-                rustix::fs::minor(m.dev()),
-                m.ino(),
-            )
-        };
+        let key = lock_key(&file.metadata().map_err(|e| corrupt(e.to_string()))?);
         if alloc.leaked {
             return Ok(Some((alloc, key)));
         }
@@ -613,15 +605,14 @@ impl SimBackend {
 /// A locked file as the kernel names it in its lock lines: (major, minor, inode).
 type LockKey = (u32, u32, u64);
 
-/// `path`'s name in the kernel's lock lines.
-fn lock_key(path: &Path) -> Option<LockKey> {
+/// A file's name in the kernel's lock lines, from its metadata.
+fn lock_key(m: &fs::Metadata) -> LockKey {
     use std::os::unix::fs::MetadataExt;
-    let m = fs::metadata(path).ok()?;
-    Some((
+    (
         rustix::fs::major(m.dev()),
         rustix::fs::minor(m.dev()),
         m.ino(),
-    ))
+    )
 }
 
 /// One `flock` of /proc/locks or of an fd's fdinfo (after `lock:`): the file, and the pid
@@ -782,7 +773,8 @@ impl Live {
         let holds = fds.flatten().any(|e| {
             let fd = e.file_name().to_str().and_then(|n| n.parse().ok());
             fd.is_some_and(|fd| {
-                lock_key(&e.path()) == Some(self.key) && fd_lock(pid, fd, self.key) == Some(pid)
+                fs::metadata(e.path()).is_ok_and(|m| lock_key(&m) == self.key)
+                    && fd_lock(pid, fd, self.key) == Some(pid)
             })
         });
         if !holds || pidfs_ino(pid) != Some(ino) {
