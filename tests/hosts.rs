@@ -2013,16 +2013,19 @@ fn gpus_asks_only_the_selected_hosts() {
 #[test]
 fn a_wait_that_settles_longer_than_the_host_timeout_is_not_taken_for_a_hung_host() {
     let c = Cluster::new(&[("wa", "1x8G")], &[]);
+    // The first look pushes gpuloop and opens the kept connection, which the deadline below
+    // would otherwise also bound (under a loaded CI machine, past it).
+    c.run(&["--host", "wa", "gpus"]).ok();
     let out = c.run(&[
         "--host",
         "wa",
         "--host-timeout",
-        "1",
+        "2",
         "wait",
         "--timeout",
         "1",
         "--settle",
-        "3",
+        "4",
     ]);
     out.ok();
 }
