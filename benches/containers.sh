@@ -3,12 +3,16 @@
 # once, so both see the same process table: one with N (50 by default) plain holders, one with
 # N holders each in a podman container of its own (runc, the cgroupfs manager) under a
 # kubelet-shaped cgroup parent with the CRI's annotations, so that every holder's container
-# and pod are read from podman's state on disk and the kubelet's directory (half the pods
-# deleted). `gpuloop holders` runs on each in turn, RUNS times (alternating, so drift on a
-# shared machine falls on both alike): on the containers' node as it runs day to day (the
-# runtimes' state files that an earlier run read, unchanged, remembered), and as a first run
-# finds it ("ctr_cold": nothing remembered, so every state file is read, and what was read is
-# written down). Then with -v for gpuloop's own breakdown: the driver's part (the simulated one
+# and pod are read from podman's state on disk and the kubelet's directories (half the pods
+# deleted), and the kubelet's links to the containers' logs (`/var/log/containers`), as a
+# kubelet makes them for the containers it starts. `gpuloop holders` runs on each in turn, RUNS
+# times (alternating, so drift on a shared machine falls on all alike): on the containers' node
+# as it runs day to day (the runtimes' state files that an earlier run read, unchanged,
+# remembered), and as a first run finds it ("_cold": a state directory of its own each time,
+# nothing remembered, so every state file is read, and what was read is written down); "ctr"
+# with the kubelet's links (its containers named by one listing), "ctr_bundles" without them
+# (containers the kubelet did not start: each one's bundle read). Then with -v for gpuloop's
+# own breakdown: the driver's part (the simulated one
 # finds a container's host pid by its lock once, then checks the lock line at the fd it
 # recorded; a real driver knows it), the scan, the lineage its threads read (parents, cgroups)
 # and the time they spent looking up the containers' and pods' state (summed over the
@@ -23,8 +27,12 @@ DIR=$(mktemp -d /tmp/gpuloop-bench-XXXXXX)
 IMAGE=localhost/gpuloop-bench:latest
 PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
 export GPULOOP_SIM=1x80G XDG_CONFIG_HOME=$DIR/config XDG_STATE_HOME=$DIR/state-home
-mkdir -p "$DIR/config/gpuloop" "$DIR/kubelet/pods" "$DIR/logs"
-printf '[containers]\nkubelet = "%s"\npod_logs = "%s"\n' "$DIR/kubelet" "$DIR/logs" >"$DIR/config/gpuloop/config.toml"
+mkdir -p "$DIR/config/gpuloop" "$DIR/bundles-config/gpuloop" "$DIR/kubelet/pods" "$DIR/logs" \
+  "$DIR/container-logs" "$DIR/no-links"
+for c in config:container-logs bundles-config:no-links; do
+  printf '[containers]\nkubelet = "%s"\npod_logs = "%s"\ncontainer_logs = "%s"\n' \
+    "$DIR/kubelet" "$DIR/logs" "$DIR/${c#*:}" >"$DIR/${c%%:*}/gpuloop/config.toml"
+done
 plain=() ctrs=() uids=()
 cleanup() {
   for p in "${plain[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
@@ -68,6 +76,10 @@ for i in $(seq "$N"); do
     --annotation io.kubernetes.pod.uid="$uid" --annotation io.kubernetes.container.name=worker \
     -v "$BIN:/gpuloop:ro" -v "$DIR:$DIR" -e GPULOOP_SIM_DIR="$DIR/ctr" -e GPULOOP_SIM="$GPULOOP_SIM" \
     "$IMAGE" /gpuloop sim hold --gpu 0 --mib 10 --foreground)")
+  # What the kubelet leaves for the container it started: its pod's log directory, and a link
+  # to the log named for the pod, the namespace, the container and its id.
+  mkdir -p "$DIR/logs/bench_job-${i}_$uid/worker"
+  ln -s "$DIR/logs/bench_job-${i}_$uid/worker/0.log" "$DIR/container-logs/job-${i}_bench_worker-${ctrs[-1]}.log"
 done
 until [ "$(held "$DIR/ctr")" -ge "$N" ] && [ "$(held "$DIR/plain")" -ge "$N" ]; do sleep 0.2; done
 echo "processes: $(ls /proc | grep -c '^[0-9]'); $N plain holders, $N holders in containers"
@@ -75,15 +87,19 @@ mkdir -p benches/results
 python3 - "$BIN" "$DIR" "$N" "$RUNS" <<'EOF'
 import json, os, re, statistics, subprocess, sys, time
 bin_, d, n, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-envs = {k: dict(os.environ, GPULOOP_SIM_DIR=f"{d}/{k}") for k in ("plain", "ctr")}
+sim = lambda k: dict(os.environ, GPULOOP_SIM_DIR=f"{d}/{k}")
+bundles = lambda env: dict(env, XDG_CONFIG_HOME=f"{d}/bundles-config",
+                           XDG_STATE_HOME=f"{d}/bundles-state-home")
+envs = {"plain": sim("plain"), "ctr": sim("ctr"), "ctr_bundles": bundles(sim("ctr"))}
 # A first run: a state directory of its own each time, with nothing remembered in it.
-cold = lambda i: dict(envs["ctr"], XDG_STATE_HOME=f"{d}/cold/{i}")
+cold = {"ctr_cold": lambda i: dict(envs["ctr"], XDG_STATE_HOME=f"{d}/cold/{i}"),
+        "ctr_bundles_cold": lambda i: dict(envs["ctr_bundles"], XDG_STATE_HOME=f"{d}/bcold/{i}")}
 # Wall time, and CPU time (user + system): on a shared machine the CPU a run costs moves
 # less than its wall time.
-wall = {k: [] for k in [*envs, "ctr_cold"]}
+wall = {k: [] for k in [*envs, *cold]}
 cpu = {k: [] for k in wall}
 for i in range(runs):
-    for k, env in [*envs.items(), ("ctr_cold", cold(i))]:
+    for k, env in [*envs.items(), *((k, f(i)) for k, f in cold.items())]:
         t = time.perf_counter()
         p = subprocess.Popen([bin_, "holders"], env=env, stdout=subprocess.DEVNULL)
         _, status, ru = os.wait4(p.pid, 0)
@@ -92,6 +108,7 @@ for i in range(runs):
         cpu[k].append((ru.ru_utime + ru.ru_stime) * 1e3)
 parts = {k: {p: [] for p in ("driver", "driver_cpu", "scan", "scan_cpu", "lineage_read",
                               "lineage", "state")} for k in envs}
+how = {}
 for _ in range(runs // 2):
     for k, env in envs.items():
         err = subprocess.run([bin_, "-v", "holders"], env=env, stdout=subprocess.DEVNULL,
@@ -100,16 +117,20 @@ for _ in range(runs // 2):
                       r"processes in ([\d.]+) ms \(([\d.]+) ms of CPU\).*lineage read in ([\d.]+) ms", err)
         for i, p in enumerate(("driver", "driver_cpu", "scan", "scan_cpu", "lineage_read")):
             parts[k][p].append(float(m.group(i + 1)))
-        m = re.search(r"lineage of \d+ holder\(s\) in ([\d.]+) ms; .* looked up in ([\d.]+) ms", err)
+        m = re.search(r"lineage of \d+ holder\(s\) in ([\d.]+) ms; .* looked up in ([\d.]+) ms "
+                      r"\((\d+) named by the kubelet's log links, (\d+) state file", err)
         parts[k]["lineage"].append(float(m.group(1)))
         parts[k]["state"].append(float(m.group(2)))
+        how[k] = {"named_by_kubelet_links": int(m.group(3)), "state_files_read": int(m.group(4))}
 med = lambda xs: round(statistics.median(xs), 2)
 out = {k: {"wall_ms_median": med(wall[k]), "wall_ms_min": round(min(wall[k]), 2),
            "cpu_ms_median": med(cpu[k]), "cpu_ms_min": round(min(cpu[k]), 2),
-           **{f"{p}_ms_median": med(v) for p, v in parts.get(k, {}).items()}} for k in wall}
-for k in ("ctr", "ctr_cold"):
-    out[k]["wall_vs_plain"] = round(out[k]["wall_ms_median"] / out["plain"]["wall_ms_median"], 3)
-    out[k]["cpu_vs_plain"] = round(out[k]["cpu_ms_median"] / out["plain"]["cpu_ms_median"], 3)
+           **{f"{p}_ms_median": med(v) for p, v in parts.get(k, {}).items()},
+           **how.get(k, {})} for k in wall}
+for k in wall:
+    if k != "plain":
+        out[k]["wall_vs_plain"] = round(out[k]["wall_ms_median"] / out["plain"]["wall_ms_median"], 3)
+        out[k]["cpu_vs_plain"] = round(out[k]["cpu_ms_median"] / out["plain"]["cpu_ms_median"], 3)
 out["holders"] = n
 out["runs"] = runs
 out["load_average"] = os.getloadavg()[0]

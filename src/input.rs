@@ -98,16 +98,32 @@ pub(crate) fn kind_of(t: std::fs::FileType) -> &'static str {
 /// checked with fstat before any read, so a FIFO is refused at once instead of waiting for a
 /// writer, and a link to a device is judged by what it points to.
 pub(crate) fn file(path: &Path, kind: Kind) -> Result<Vec<u8>, ReadError> {
+    file_as_of(path, kind).map(|(bytes, _)| bytes)
+}
+
+/// The bytes of a regular file, read as `file` reads one, and what fstat said of the file
+/// just before they were read: what was read is that version of it or a later one.
+pub(crate) fn file_as_of(
+    path: &Path,
+    kind: Kind,
+) -> Result<(Vec<u8>, std::fs::Metadata), ReadError> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
         .open(path)?;
-    opened(f, kind)
+    read_opened(f, kind)
 }
 
 /// The bytes of a file already opened (without blocking), read as `file` reads one.
 pub(crate) fn opened(f: std::fs::File, kind: Kind) -> Result<Vec<u8>, ReadError> {
+    read_opened(f, kind).map(|(bytes, _)| bytes)
+}
+
+fn read_opened(
+    f: std::fs::File,
+    kind: Kind,
+) -> Result<(Vec<u8>, std::fs::Metadata), ReadError> {
     let meta = f.metadata()?;
     if !meta.is_file() {
         return Err(ReadError::NotRegular {
@@ -118,15 +134,34 @@ pub(crate) fn opened(f: std::fs::File, kind: Kind) -> Result<Vec<u8>, ReadError>
         what: kind.what,
         limit: kind.limit,
     };
-    if meta.len() > kind.limit {
+    let len = meta.len();
+    if len > kind.limit {
         return Err(too_large);
     }
     // The size can grow after fstat (a log being written, a /proc file that says 0): the
     // read itself stops one byte past the limit.
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    f.take(kind.limit + 1).read_to_end(&mut bytes)?;
+    let bytes = read_sized(f.take(kind.limit + 1), len)?;
     if bytes.len() as u64 > kind.limit {
         return Err(too_large);
+    }
+    Ok((bytes, meta))
+}
+
+/// All of `r`, a file that fstat said has `len` bytes: in one call where it has just those
+/// (into room for one byte more, which a read that stops there leaves empty, so no second
+/// call is made only to be told the end), read on to the end where it has more or less.
+pub(crate) fn read_sized(mut r: impl Read, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = vec![0; len as usize + 1];
+    let n = loop {
+        match r.read(&mut bytes) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    bytes.truncate(n);
+    if n as u64 != len {
+        r.read_to_end(&mut bytes)?;
     }
     Ok(bytes)
 }
@@ -400,6 +435,29 @@ mod tests {
         // /proc files say 0 bytes and have more.
         let e = file(Path::new("/proc/self/maps"), TINY).unwrap_err();
         assert!(matches!(e, ReadError::TooLarge { limit: 10, .. }), "{e}");
+    }
+
+    #[test]
+    fn a_file_is_read_whole_whatever_size_fstat_gave() {
+        // fstat says 0 bytes of a /proc file: all of it is read, to its last line.
+        let status = file(Path::new("/proc/self/status"), SCRIPT).unwrap();
+        let text = String::from_utf8(status).unwrap();
+        assert!(text.starts_with("Name:"), "{text}");
+        assert!(
+            text.trim_end().lines().last().unwrap().starts_with("nonvoluntary_ctxt_switches"),
+            "{text}"
+        );
+        // A regular file, empty or not: the bytes, and the version fstat saw.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        for text in [&b""[..], b"x", b"0123456789"] {
+            std::fs::write(&p, text).unwrap();
+            let (bytes, meta) = file_as_of(&p, TINY).unwrap();
+            assert_eq!(bytes, text);
+            assert_eq!(meta.len(), text.len() as u64);
+            let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&p).unwrap());
+            assert_eq!(std::os::unix::fs::MetadataExt::ino(&meta), ino);
+        }
     }
 
     #[test]

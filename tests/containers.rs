@@ -143,6 +143,7 @@ impl Pod {
 /// are the test's; the runtimes' state is podman's own, unless `storage` says otherwise.
 struct Node {
     kubelet: PathBuf,
+    container_logs: PathBuf,
 }
 
 impl Node {
@@ -154,10 +155,13 @@ impl Node {
         std::fs::create_dir_all(kubelet.join("pods")).expect("kubelet");
         let logs = sim.path().join("pod-logs");
         std::fs::create_dir_all(&logs).expect("pod logs");
+        let container_logs = sim.path().join("container-logs");
+        std::fs::create_dir_all(&container_logs).expect("container logs");
         let mut cfg = format!(
-            "[containers]\nkubelet = {:?}\npod_logs = {:?}\n",
+            "[containers]\nkubelet = {:?}\npod_logs = {:?}\ncontainer_logs = {:?}\n",
             kubelet.display().to_string(),
-            logs.display().to_string()
+            logs.display().to_string(),
+            container_logs.display().to_string()
         );
         if let Some(s) = storage {
             cfg.push_str(&format!("storage = [{:?}]\n", s.display().to_string()));
@@ -165,7 +169,20 @@ impl Node {
         let dir = sim.path().join("config/gpuloop");
         std::fs::create_dir_all(&dir).expect("config dir");
         std::fs::write(dir.join("config.toml"), cfg).expect("config.toml");
-        Node { kubelet }
+        Node {
+            kubelet,
+            container_logs,
+        }
+    }
+
+    /// Links the log of `pod`'s container `ctr` as the kubelet does for a container it starts.
+    fn links(&self, pod: &Pod, ctr: &Ctr) {
+        let link = format!("{}_{}_{}-{}.log", pod.name, pod.ns, pod.container, ctr.id);
+        let target = format!(
+            "/var/log/pods/{}_{}_{}/{}/0.log",
+            pod.ns, pod.name, pod.uid, pod.container
+        );
+        std::os::unix::fs::symlink(target, self.container_logs.join(link)).expect("log link");
     }
 
     /// The kubelet knows `pod` (it is not deleted).
@@ -423,6 +440,11 @@ fn two_pods_on_one_gpu_one_deleted_clean_stops_that_pod_alone() {
     let ca = Ctr::holding(&sim, Some(&a), 1000);
     let cb = Ctr::holding(&sim, Some(&b), 500);
     assert_eq!(sim.used_mib(0), 1500);
+    // The kubelet links the log of b's container (a's went with its pod): b is named by the
+    // link, a by its bundle.
+    node.links(&b, &cb);
+    let v = sim.run(&["-v", "holders"]).ok().stderr;
+    assert!(v.contains("(1 named by the kubelet's log links"), "{v}");
 
     let t = sim.run(&["holders"]).ok().stdout;
     assert!(

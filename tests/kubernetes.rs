@@ -117,6 +117,7 @@ fn the_daemonset_sees_the_hosts_processes_and_mounts_what_gpuloop_reads() {
     }
     mounted(&r.kubelet.join("pods"));
     mounted(&r.pod_logs);
+    mounted(&r.container_logs);
     // The config it ships is gpuloop's own defaults, spelt out for a site to change.
     let toml = kind("ConfigMap")["data"]["config.toml"]
         .as_str()

@@ -449,13 +449,16 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], places: &Resolve
             make_holder(user, own, inherited, &index_of_minor, protected, places)
         })
         .collect();
-    let (read, spent) = places.resolved();
+    let r = places.resolved();
     tracing::debug!(
-        "lineage of {} holder(s) in {:.1} ms; {} in containers, {read} container(s) and pod(s) looked up in {:.1} ms",
+        "lineage of {} holder(s) in {:.1} ms; {} in containers, {} container(s) and pod(s) looked up in {:.1} ms ({} named by the kubelet's log links, {} state file(s) read)",
         holders.len(),
         lineage.elapsed().as_secs_f64() * 1e3,
         holders.iter().filter(|h| !h.origin.place.is_empty()).count(),
-        spent.as_secs_f64() * 1e3
+        r.places,
+        r.spent.as_secs_f64() * 1e3,
+        r.linked,
+        r.read
     );
     attribute_inherited(&mut holders, &ghosts, &driver);
     Inventory {

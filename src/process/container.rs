@@ -16,8 +16,11 @@
 //!   `<driver>-containers/containers.json`;
 //! - docker: `<root>/containers/<id>/config.v2.json` (`Name`, and `Config.Labels`, where
 //!   dockershim and cri-dockerd put the same `io.kubernetes.*` keys);
-//! - the kubelet: `<root>/pods/<uid>` while it knows the pod, and
-//!   `/var/log/pods/<namespace>_<name>_<uid>/<container>/`.
+//! - the kubelet: `<root>/pods/<uid>` while it knows the pod,
+//!   `/var/log/pods/<namespace>_<name>_<uid>/<container>/`, and a link for each container it
+//!   started, `/var/log/containers/<pod>_<namespace>_<container>-<id>.log`
+//!   (kuberuntime's `logSymlink`): one listing of that directory names the pods of all its
+//!   containers, so their bundles are read only for containers the kubelet did not start.
 
 use super::runtime_state::{Said, StateFiles};
 use serde::{Deserialize, Serialize};
@@ -263,6 +266,8 @@ pub struct Roots {
     pub kubelet: PathBuf,
     /// The kubelet's pod log directory (`<dir>/<namespace>_<name>_<uid>/<container>/`).
     pub pod_logs: PathBuf,
+    /// The kubelet's links to its containers' logs (`<dir>/<pod>_<namespace>_<container>-<id>.log`).
+    pub container_logs: PathBuf,
 }
 
 impl Default for Roots {
@@ -279,6 +284,7 @@ impl Default for Roots {
             docker: vec!["/var/lib/docker".into()],
             kubelet: "/var/lib/kubelet".into(),
             pod_logs: "/var/log/pods".into(),
+            container_logs: "/var/log/containers".into(),
         }
     }
 }
@@ -428,6 +434,38 @@ fn subdirs(dir: &Path) -> Vec<PathBuf> {
 /// A pod as its log directory names it: (namespace, name, the containers it logged).
 type Logged = (String, String, Vec<String>);
 
+/// A container the kubelet started, as the link to its log names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Linked {
+    pod: String,
+    namespace: String,
+    container: String,
+}
+
+impl Linked {
+    /// `<pod>_<namespace>_<container>-<id>.log` (no name of a pod, namespace or container has
+    /// a '_'): the container's id and its pod. A name the kubelet cut at 255 bytes (the id's
+    /// end gone) names nothing.
+    fn parse(name: &str) -> Option<(String, Linked)> {
+        let base = name.strip_suffix(".log")?;
+        let (names, id) = base.rsplit_once('-')?;
+        if !is_full_id(id) {
+            return None;
+        }
+        let mut parts = names.splitn(3, '_');
+        let (pod, namespace, container) = (parts.next()?, parts.next()?, parts.next()?);
+        if [pod, namespace, container].iter().any(|s| s.is_empty()) {
+            return None;
+        }
+        let linked = Linked {
+            pod: pod.into(),
+            namespace: namespace.into(),
+            container: container.into(),
+        };
+        Some((id.to_string(), linked))
+    }
+}
+
 /// Resolves the places of the processes of one scan: each container's and pod's state is
 /// read once (cached by what the cgroup said; what earlier runs read of it remembered, see
 /// `runtime_state`), each runtime's directories listed once, and nothing at all is read for a
@@ -451,6 +489,8 @@ pub(crate) struct Resolver<'a> {
     names: OnceLock<HashMap<String, String>>,
     /// The kubelet's pod log directories, by pod uid.
     logged: OnceLock<HashMap<String, Logged>>,
+    /// The containers the kubelet started, by id, as their log links name them.
+    linked: OnceLock<HashMap<String, Linked>>,
     /// The pod uids the kubelet knows (`<root>/pods/<uid>`), listed once; `None` where its
     /// `pods` directory cannot be listed (no pod can then be told deleted).
     known_pods: OnceLock<Option<HashSet<String>>>,
@@ -459,6 +499,20 @@ pub(crate) struct Resolver<'a> {
     /// The time the threads that looked spent on the runtimes' and the kubelet's state (for
     /// -v and the benches), in µs.
     spent_us: AtomicU64,
+    /// How many containers the kubelet's log links named.
+    linked_n: AtomicUsize,
+}
+
+/// What one scan's resolver did, for -v and the benches.
+pub(crate) struct Resolved {
+    /// Places resolved (each once).
+    pub places: usize,
+    /// Of which the kubelet's log links named.
+    pub linked: usize,
+    /// The runtimes' state files read (not taken from memory).
+    pub read: usize,
+    /// The time the scan's threads spent on them.
+    pub spent: std::time::Duration,
 }
 
 impl<'a> Resolver<'a> {
@@ -487,9 +541,11 @@ impl<'a> Resolver<'a> {
             store_hit: AtomicUsize::new(0),
             names: OnceLock::new(),
             logged: OnceLock::new(),
+            linked: OnceLock::new(),
             known_pods: OnceLock::new(),
             there: Default::default(),
             spent_us: AtomicU64::new(0),
+            linked_n: AtomicUsize::new(0),
         }
     }
 
@@ -504,11 +560,14 @@ impl<'a> Resolver<'a> {
         self.files.keep();
     }
 
-    /// How many places were resolved (each read once), and the time that took.
-    pub(crate) fn resolved(&self) -> (usize, std::time::Duration) {
-        let n = self.places.lock().map_or(0, |p| p.len());
-        let us = self.spent_us.load(Ordering::Relaxed);
-        (n, std::time::Duration::from_micros(us))
+    /// How many places were resolved (each read once), how, and the time that took.
+    pub(crate) fn resolved(&self) -> Resolved {
+        Resolved {
+            places: self.places.lock().map_or(0, |p| p.len()),
+            linked: self.linked_n.load(Ordering::Relaxed),
+            read: self.files.reads(),
+            spent: std::time::Duration::from_micros(self.spent_us.load(Ordering::Relaxed)),
+        }
     }
 
     /// The place a cgroup path's ids stand for; empty ids read nothing.
@@ -533,16 +592,31 @@ impl<'a> Resolver<'a> {
     }
 
     fn resolve(&self, ids: &Ids) -> Place {
+        // A container of a pod (its cgroup says which) that the kubelet links the log of is
+        // named by that link: its bundle is not read, only looked for in the runtime's
+        // listing.
+        let linked = match (&ids.id, &ids.pod_uid) {
+            (Some(id), Some(_)) => self.linked().get(id),
+            _ => None,
+        };
+        if linked.is_some() {
+            self.linked_n.fetch_add(1, Ordering::Relaxed);
+        }
         let (found, known) = match &ids.id {
-            Some(id) => self.find(ids.runtime, id),
+            Some(id) => self.find(ids.runtime, id, linked.is_none()),
             None => (None, false),
         };
         let keys = found.as_ref().map(|f| &f.keys);
         let get = |names: &[&str]| keys.and_then(|k| first(k, names));
         let uid = ids.pod_uid.clone().or_else(|| get(&POD_UID));
-        let namespace = get(&POD_NAMESPACE);
-        let name = get(&POD_NAME);
-        let in_pod = get(&NAME_IN_POD);
+        let (namespace, name, in_pod) = match linked {
+            Some(l) => (
+                Some(l.namespace.clone()),
+                Some(l.pod.clone()),
+                Some(l.container.clone()),
+            ),
+            None => (get(&POD_NAMESPACE), get(&POD_NAME), get(&NAME_IN_POD)),
+        };
         let pod = (uid.is_some() || name.is_some()).then(|| self.pod(uid, namespace, name, in_pod));
         Place {
             container: ids.id.clone(),
@@ -625,9 +699,26 @@ impl<'a> Resolver<'a> {
         })
     }
 
+    fn linked(&self) -> &HashMap<String, Linked> {
+        self.linked.get_or_init(|| {
+            let Ok(dir) = std::fs::read_dir(&self.roots.container_logs) else {
+                return HashMap::new();
+            };
+            dir.filter_map(Result::ok)
+                .filter_map(|e| Linked::parse(e.file_name().to_str()?))
+                .collect()
+        })
+    }
+
     /// The container's state on disk, and whether the runtime's state was there to look in
-    /// (a root of the runtime the cgroup named exists).
-    fn find(&self, runtime: Option<Runtime>, id: &str) -> (Option<Found>, bool) {
+    /// (a root of the runtime the cgroup named exists). A bundle is read only where
+    /// `annotations` are wanted: else the runtime's listing alone says the container is there.
+    fn find(
+        &self,
+        runtime: Option<Runtime>,
+        id: &str,
+        annotations: bool,
+    ) -> (Option<Found>, bool) {
         let mut known = false;
         let order: &[Runtime] = match runtime {
             Some(Runtime::Containerd) => &[Runtime::Containerd],
@@ -637,9 +728,9 @@ impl<'a> Resolver<'a> {
         };
         for rt in order {
             let (found, there) = match rt {
-                Runtime::Containerd => self.containerd(id),
+                Runtime::Containerd => self.containerd(id, annotations),
                 Runtime::Docker => self.docker(id),
-                _ => self.storage(id),
+                _ => self.storage(id, runtime, annotations),
             };
             known |= there;
             if found.is_some() {
@@ -660,14 +751,14 @@ impl<'a> Resolver<'a> {
         })
     }
 
-    fn containerd(&self, id: &str) -> (Option<Found>, bool) {
+    fn containerd(&self, id: &str, annotations: bool) -> (Option<Found>, bool) {
         let there = self.there(0);
         let roots = &self.roots.containerd;
         let namespaces = self
             .namespaces
             .get_or_init(|| roots.iter().flat_map(|r| subdirs(r)).collect());
         let found = hit_first(namespaces, &self.namespace_hit, |ns| {
-            self.annotations(ns, id, "config.json")
+            self.annotations(ns, id, "config.json", annotations)
         });
         let Some(keys) = found else {
             return (None, there);
@@ -680,7 +771,12 @@ impl<'a> Resolver<'a> {
         (Some(found), there)
     }
 
-    fn storage(&self, id: &str) -> (Option<Found>, bool) {
+    fn storage(
+        &self,
+        id: &str,
+        runtime: Option<Runtime>,
+        annotations: bool,
+    ) -> (Option<Found>, bool) {
         let there = self.there(1);
         let roots = &self.roots.storage;
         let stores = self.stores.get_or_init(|| {
@@ -695,14 +791,18 @@ impl<'a> Resolver<'a> {
                 .collect()
         });
         let found = hit_first(stores, &self.store_hit, |s| {
-            self.annotations(s, id, "userdata/config.json")
+            self.annotations(s, id, "userdata/config.json", annotations)
         });
         let Some(keys) = found else {
             return (None, there);
         };
+        // Without the bundle read, as the cgroup named it (`libpod-`), else CRI-O's: the
+        // kubelet starts no podman container.
         let runtime = match keys.get(MANAGER).map(String::as_str) {
             Some("libpod") => Runtime::Podman,
-            _ => Runtime::CriO,
+            Some(_) => Runtime::CriO,
+            None if runtime == Some(Runtime::Podman) => Runtime::Podman,
+            None => Runtime::CriO,
         };
         let name = self.stored_names().get(id).cloned();
         (
@@ -716,8 +816,17 @@ impl<'a> Resolver<'a> {
     }
 
     /// The annotations gpuloop reads of the bundle `<dir>/<id>/<rel>`, where the runtime lists
-    /// the container in `dir`.
-    fn annotations(&self, dir: &Path, id: &str, rel: &str) -> Option<BTreeMap<String, String>> {
+    /// the container in `dir`; none, and the bundle not read, unless `read`.
+    fn annotations(
+        &self,
+        dir: &Path,
+        id: &str,
+        rel: &str,
+        read: bool,
+    ) -> Option<BTreeMap<String, String>> {
+        if !read {
+            return self.files.lists(dir, id).then(BTreeMap::new);
+        }
         match self.files.bundle(dir, id, rel, bundle)? {
             Said::Annotations { keys } => Some(keys),
             _ => None,
@@ -1090,6 +1199,7 @@ mod tests {
                 docker: vec![d.join("var/lib/docker")],
                 kubelet: d.join("var/lib/kubelet"),
                 pod_logs: d.join("var/log/pods"),
+                container_logs: d.join("var/log/containers"),
             }
         }
         fn write(&self, rel: &str, text: &str) {
@@ -1162,6 +1272,80 @@ mod tests {
             UID.replace('-', "_")
         )));
         assert!(p.container_deleted && p.gone(), "{p:?}");
+    }
+
+    #[test]
+    fn the_kubelets_log_links_name_its_containers_pods_without_their_bundles() {
+        let node = Node::new();
+        // containerd lists the container, but its bundle cannot be read (a directory where
+        // config.json would be): only the kubelet's link can name the pod.
+        node.mkdir(&format!(
+            "run/containerd/io.containerd.runtime.v2.task/k8s.io/{ID}/config.json"
+        ));
+        node.mkdir(&format!("var/lib/kubelet/pods/{UID}"));
+        let roots = node.roots();
+        let cgroup = format!("/kubepods/besteffort/pod{UID}/{ID}");
+        let p = Resolver::new(&roots).place(&ids_of(&cgroup));
+        assert_eq!((p.runtime, p.container_deleted), (None, false));
+        assert_eq!(p.describe().as_deref(), Some("pod uid 1a2b3c4d"));
+        // The kubelet's link for it (a link to its pod's log, not followed), beside others:
+        // a name cut at 255 bytes, and a file of another shape.
+        let links = node.dir.path().join("var/log/containers");
+        std::fs::create_dir_all(&links).unwrap();
+        std::os::unix::fs::symlink(
+            format!("/var/log/pods/ml_trainer-0_{UID}/trainer-main/0.log"),
+            links.join(format!("trainer-0_ml_trainer-main-{ID}.log")),
+        )
+        .unwrap();
+        node.write(&format!("var/log/containers/{}-{}.log", "x".repeat(180), &ID[..40]), "");
+        node.write("var/log/containers/README", "");
+        let p = Resolver::new(&roots).place(&ids_of(&cgroup));
+        let pod = p.pod.clone().unwrap();
+        assert_eq!(
+            (
+                pod.label(),
+                pod.uid.as_deref(),
+                pod.container.as_deref(),
+                pod.deleted
+            ),
+            ("ml/trainer-0".to_string(), Some(UID), Some("trainer-main"), false)
+        );
+        assert_eq!(p.runtime, Some(Runtime::Containerd));
+        assert!(!p.container_deleted);
+        // The runtime no longer lists it (the systemd driver's cgroup names the runtime): the
+        // link names the pod, the container is gone.
+        std::fs::remove_dir_all(node.dir.path().join(format!(
+            "run/containerd/io.containerd.runtime.v2.task/k8s.io/{ID}"
+        )))
+        .unwrap();
+        let p = Resolver::new(&roots).place(&ids_of(&format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{ID}.scope",
+            UID.replace('-', "_")
+        )));
+        assert_eq!(p.describe().as_deref(), Some("pod ml/trainer-0 (container deleted)"));
+        // A process in no pod is never named by a link, even one with its container's id.
+        let p = Resolver::new(&roots).place(&ids_of(&format!("/docker/{ID}")));
+        assert!(p.pod.is_none(), "{p:?}");
+    }
+
+    #[test]
+    fn a_log_link_is_read_as_the_kubelet_names_it() {
+        let id = "c".repeat(64);
+        let (got, l) = Linked::parse(&format!("vllm-7f9c-0_ml-prod_engine-core-{id}.log")).unwrap();
+        assert_eq!(got, id);
+        assert_eq!(
+            (l.pod.as_str(), l.namespace.as_str(), l.container.as_str()),
+            ("vllm-7f9c-0", "ml-prod", "engine-core")
+        );
+        for bad in [
+            format!("p_ns_c-{id}"),
+            format!("p_ns_c-{}.log", &id[..63]),
+            format!("p_ns-{id}.log"),
+            format!("p__c-{id}.log"),
+            format!("p_ns_-{id}.log"),
+        ] {
+            assert_eq!(Linked::parse(&bad), None, "{bad}");
+        }
     }
 
     #[test]
@@ -1291,12 +1475,14 @@ mod tests {
             docker: vec![],
             kubelet: "/nonexistent".into(),
             pod_logs: "/nonexistent".into(),
+            container_logs: "/nonexistent".into(),
         };
         let r = Resolver::new(&roots);
         assert_eq!(r.place(&Ids::default()), Place::default());
         assert!(
             r.namespaces.get().is_none()
                 && r.logged.get().is_none()
+                && r.linked.get().is_none()
                 && r.known_pods.get().is_none()
         );
     }

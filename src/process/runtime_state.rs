@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// The file it is kept in, in the journal's directory.
@@ -99,6 +100,8 @@ pub(crate) struct StateFiles {
     read: Mutex<Vec<Entry>>,
     /// The entries of each runtime state directory looked in (`None`: not there), listed once.
     listed: Mutex<HashMap<PathBuf, Option<HashSet<String>>>>,
+    /// How many state files were read (not taken from memory).
+    reads: AtomicUsize,
 }
 
 impl StateFiles {
@@ -131,26 +134,27 @@ impl StateFiles {
         if let Some((_, said)) = self.memory().get(&path) {
             return Some(said.clone());
         }
-        let version = Version::of(&std::fs::metadata(&path).ok()?);
         let container = (dir.to_path_buf(), id.to_string());
-        self.read_and_keep(&path, version, parse, Some(container))
+        self.read_and_keep(&path, parse, Some(container))
     }
 
     /// Whether `dir` has an entry `name`, from its listing (read once).
-    fn lists(&self, dir: &Path, name: &str) -> bool {
+    pub(crate) fn lists(&self, dir: &Path, name: &str) -> bool {
         let Ok(mut listed) = self.listed.lock() else {
             return false;
         };
-        let names = listed.entry(dir.to_path_buf()).or_insert_with(|| {
-            let entries = std::fs::read_dir(dir).ok()?;
-            Some(
-                entries
-                    .filter_map(Result::ok)
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .collect(),
-            )
+        if let Some(names) = listed.get(dir) {
+            return names.as_ref().is_some_and(|n| n.contains(name));
+        }
+        let names: Option<HashSet<String>> = std::fs::read_dir(dir).ok().map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
         });
-        names.as_ref().is_some_and(|n| n.contains(name))
+        let there = names.as_ref().is_some_and(|n| n.contains(name));
+        listed.insert(dir.to_path_buf(), names);
+        there
     }
 
     /// What the state file at `path` says: remembered while it is the very version read
@@ -165,27 +169,28 @@ impl StateFiles {
                 return None;
             }
         };
-        let version = Version::of(&meta);
         if let Some((v, said)) = self.memory().get(path) {
-            if *v == version {
+            if *v == Version::of(&meta) {
                 return Some(said.clone());
             }
         }
-        self.read_and_keep(path, version, parse, None)
+        self.read_and_keep(path, parse, None)
     }
 
-    /// Reads and `parse`s the state file at `path`, of `version` as a stat just saw it, and
-    /// keeps what it said for the next runs unless it changed within the last second.
+    /// Reads and `parse`s the state file at `path`, and keeps what it said for the next runs
+    /// unless it changed within the last second.
     fn read_and_keep(
         &self,
         path: &Path,
-        version: Version,
         parse: impl Fn(&[u8]) -> Said,
         container: Option<(PathBuf, String)>,
     ) -> Option<Said> {
-        // Read after the stat: what is read is of that version or a later one, which the next
-        // stat tells apart.
-        let said = parse(&read(path)?);
+        // The version is the one fstat saw before the read: what was read is of that version
+        // or a later one, which the next stat tells apart.
+        let (bytes, meta) = read(path)?;
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let version = Version::of(&meta);
+        let said = parse(&bytes);
         if self.dir.is_some() && version.settled(std::time::SystemTime::now()) {
             if let Ok(mut read) = self.read.lock() {
                 read.push(Entry {
@@ -197,6 +202,11 @@ impl StateFiles {
             }
         }
         Some(said)
+    }
+
+    /// How many state files were read, not taken from memory.
+    pub(crate) fn reads(&self) -> usize {
+        self.reads.load(Ordering::Relaxed)
     }
 
     /// Loads what earlier runs remembered (nothing where they remembered nothing).
@@ -271,10 +281,11 @@ fn merged(
     all
 }
 
-/// A runtime's state file, through the one bounded reader.
-fn read(path: &Path) -> Option<Vec<u8>> {
-    match crate::input::file(path, crate::input::RUNTIME_STATE) {
-        Ok(bytes) => Some(bytes),
+/// A runtime's state file, through the one bounded reader, and its version as fstat saw it
+/// before the read.
+fn read(path: &Path) -> Option<(Vec<u8>, std::fs::Metadata)> {
+    match crate::input::file_as_of(path, crate::input::RUNTIME_STATE) {
+        Ok(read) => Some(read),
         Err(crate::input::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
             tracing::debug!("container state {}: {e}", path.display());
