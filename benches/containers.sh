@@ -8,8 +8,10 @@
 # kubelet makes them for the containers it starts. `gpuloop holders` runs on each in turn, RUNS
 # times (alternating, so drift on a shared machine falls on all alike): on the containers' node
 # as it runs day to day (the runtimes' state files that an earlier run read, unchanged,
-# remembered), and as a first run finds it ("_cold": a state directory of its own each time,
-# nothing remembered, so every state file is read, and what was read is written down); "ctr"
+# remembered), and as a first look at these containers finds it ("_first": gpuloop's state
+# directory there, as after any earlier run, but nothing remembered, so every state file is
+# read, and what was read is written down), and as the first run of gpuloop ever ("_cold": a
+# state directory of its own each time, made by the run); "ctr"
 # with the kubelet's links (its containers named by one listing), "ctr_bundles" without them
 # (containers the kubelet did not start: each one's bundle read). Then with -v for gpuloop's
 # own breakdown: the driver's part (the simulated one
@@ -91,8 +93,20 @@ sim = lambda k: dict(os.environ, GPULOOP_SIM_DIR=f"{d}/{k}")
 bundles = lambda env: dict(env, XDG_CONFIG_HOME=f"{d}/bundles-config",
                            XDG_STATE_HOME=f"{d}/bundles-state-home")
 envs = {"plain": sim("plain"), "ctr": sim("ctr"), "ctr_bundles": bundles(sim("ctr"))}
-# A first run: a state directory of its own each time, with nothing remembered in it.
-cold = {"ctr_cold": lambda i: dict(envs["ctr"], XDG_STATE_HOME=f"{d}/cold/{i}"),
+def first(k):
+    """A first look at the containers: the state directory there, nothing remembered in it."""
+    def env(i):
+        home = f"{d}/first/{k}"
+        os.makedirs(f"{home}/gpuloop", mode=0o700, exist_ok=True)
+        try:
+            os.unlink(f"{home}/gpuloop/runtime-state.json")
+        except FileNotFoundError:
+            pass
+        return dict(envs[k], XDG_STATE_HOME=home)
+    return env
+# A first run ever: a state directory of its own each time, that the run makes.
+cold = {"ctr_first": first("ctr"), "ctr_bundles_first": first("ctr_bundles"),
+        "ctr_cold": lambda i: dict(envs["ctr"], XDG_STATE_HOME=f"{d}/cold/{i}"),
         "ctr_bundles_cold": lambda i: dict(envs["ctr_bundles"], XDG_STATE_HOME=f"{d}/bcold/{i}")}
 # Wall time, and CPU time (user + system): on a shared machine the CPU a run costs moves
 # less than its wall time.
