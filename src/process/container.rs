@@ -431,6 +431,40 @@ fn subdirs(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The entries of one of the kubelet's directories (name, and whether a directory), where
+/// it is trusted: the directory itself (no link followed), owned by root or by the user
+/// gpuloop runs as, and writable by no one else. The names read there pick what a `--pod`
+/// scope signals, and the log directories sit under `/var/log`, which some systems let a
+/// group write (Ubuntu's `syslog`): a directory another user could have made or filled names
+/// nothing. `None` where it is not there or not trusted.
+fn kubelet_entries(dir: &Path) -> Option<Vec<(String, bool)>> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::open(dir, flags, Mode::empty()).ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    let me = rustix::process::geteuid().as_raw();
+    if (st.st_uid != 0 && st.st_uid != me) || st.st_mode & 0o022 != 0 {
+        tracing::debug!(
+            "{}: owned by uid {} with mode {:04o}, not root's or this user's alone: it names no pod",
+            dir.display(),
+            st.st_uid,
+            st.st_mode & 0o7777
+        );
+        return None;
+    }
+    let entries = rustix::fs::Dir::read_from(&fd).ok()?;
+    Some(
+        entries
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let name = e.file_name().to_str().ok()?;
+                let dir = matches!(e.file_type(), FileType::Directory | FileType::Unknown);
+                (name != "." && name != "..").then(|| (name.to_string(), dir))
+            })
+            .collect(),
+    )
+}
+
 /// A pod as its log directory names it: (namespace, name, the containers it logged).
 type Logged = (String, String, Vec<String>);
 
@@ -666,12 +700,8 @@ impl<'a> Resolver<'a> {
     fn known_pods(&self) -> Option<&HashSet<String>> {
         self.known_pods
             .get_or_init(|| {
-                let dir = std::fs::read_dir(self.roots.kubelet.join("pods")).ok()?;
-                Some(
-                    dir.filter_map(Result::ok)
-                        .filter_map(|e| e.file_name().into_string().ok())
-                        .collect(),
-                )
+                let pods = kubelet_entries(&self.roots.kubelet.join("pods"))?;
+                Some(pods.into_iter().map(|(name, _)| name).collect())
             })
             .as_ref()
     }
@@ -679,14 +709,15 @@ impl<'a> Resolver<'a> {
     fn logged(&self) -> &HashMap<String, Logged> {
         let dir = &self.roots.pod_logs;
         self.logged.get_or_init(|| {
-            subdirs(dir)
+            kubelet_entries(dir)
+                .unwrap_or_default()
                 .into_iter()
-                .filter_map(|d| {
-                    let base = d.file_name()?.to_str()?.to_string();
+                .filter(|(_, is_dir)| *is_dir)
+                .filter_map(|(base, _)| {
                     // `<namespace>_<name>_<uid>`: neither a namespace nor a pod name has a '_'.
                     let mut parts = base.splitn(3, '_');
                     let (ns, name, uid) = (parts.next()?, parts.next()?, parts.next()?);
-                    let containers = subdirs(&d)
+                    let containers = subdirs(&dir.join(&base))
                         .iter()
                         .filter_map(|c| Some(c.file_name()?.to_str()?.to_string()))
                         .collect();
@@ -701,11 +732,10 @@ impl<'a> Resolver<'a> {
 
     fn linked(&self) -> &HashMap<String, Linked> {
         self.linked.get_or_init(|| {
-            let Ok(dir) = std::fs::read_dir(&self.roots.container_logs) else {
-                return HashMap::new();
-            };
-            dir.filter_map(Result::ok)
-                .filter_map(|e| Linked::parse(e.file_name().to_str()?))
+            kubelet_entries(&self.roots.container_logs)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|(name, _)| Linked::parse(name))
                 .collect()
         })
     }
@@ -1326,6 +1356,52 @@ mod tests {
         // A process in no pod is never named by a link, even one with its container's id.
         let p = Resolver::new(&roots).place(&ids_of(&format!("/docker/{ID}")));
         assert!(p.pod.is_none(), "{p:?}");
+    }
+
+    #[test]
+    fn the_kubelets_directories_name_nothing_another_user_could_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let node = Node::new();
+        node.mkdir(&format!("var/log/pods/ml_trainer-0_{UID}/trainer"));
+        node.mkdir("var/log/containers");
+        node.mkdir(&format!("var/lib/kubelet/pods/{UID}"));
+        let d = node.dir.path();
+        std::os::unix::fs::symlink(
+            format!("/var/log/pods/ml_trainer-0_{UID}/trainer/0.log"),
+            d.join(format!("var/log/containers/trainer-0_ml_trainer-{ID}.log")),
+        )
+        .unwrap();
+        let roots = node.roots();
+        let cgroup = ids_of(&format!("/kubepods/burstable/pod{UID}/{ID}"));
+        let named = || Resolver::new(&roots).place(&cgroup).describe().unwrap();
+        let chmod = |rel: &str, mode: u32| {
+            std::fs::set_permissions(d.join(rel), std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        assert_eq!(named(), "pod ml/trainer-0");
+        // The links' directory writable by its group: only the pod log directory names it.
+        chmod("var/log/containers", 0o775);
+        assert_eq!(named(), "pod ml/trainer-0");
+        // Both writable by others: nothing names the pod; the kubelet's pods directory, too,
+        // then tells no pod deleted.
+        chmod("var/log/pods", 0o777);
+        assert_eq!(named(), "pod uid 1a2b3c4d");
+        std::fs::remove_dir(d.join(format!("var/lib/kubelet/pods/{UID}"))).unwrap();
+        assert_eq!(named(), "pod uid 1a2b3c4d (deleted)");
+        chmod("var/lib/kubelet/pods", 0o757);
+        assert_eq!(named(), "pod uid 1a2b3c4d");
+        // Back to the kubelet's own modes: named again.
+        for dir in ["var/log/containers", "var/log/pods", "var/lib/kubelet/pods"] {
+            chmod(dir, 0o755);
+        }
+        assert_eq!(named(), "pod ml/trainer-0 (deleted)");
+        // Owned by another user (as root can make it): named by nothing.
+        if rustix::process::geteuid().is_root() {
+            let nobody = Some(rustix::process::Uid::from_raw(65534));
+            for dir in ["var/log/containers", "var/log/pods"] {
+                rustix::fs::chown(d.join(dir), nobody, None).unwrap();
+            }
+            assert_eq!(named(), "pod uid 1a2b3c4d (deleted)");
+        }
     }
 
     #[test]
