@@ -120,10 +120,7 @@ pub(crate) fn opened(f: std::fs::File, kind: Kind) -> Result<Vec<u8>, ReadError>
     read_opened(f, kind).map(|(bytes, _)| bytes)
 }
 
-fn read_opened(
-    f: std::fs::File,
-    kind: Kind,
-) -> Result<(Vec<u8>, std::fs::Metadata), ReadError> {
+fn read_opened(f: std::fs::File, kind: Kind) -> Result<(Vec<u8>, std::fs::Metadata), ReadError> {
     let meta = f.metadata()?;
     if !meta.is_file() {
         return Err(ReadError::NotRegular {
@@ -444,7 +441,11 @@ mod tests {
         let text = String::from_utf8(status).unwrap();
         assert!(text.starts_with("Name:"), "{text}");
         assert!(
-            text.trim_end().lines().last().unwrap().starts_with("nonvoluntary_ctxt_switches"),
+            text.trim_end()
+                .lines()
+                .last()
+                .unwrap()
+                .starts_with("nonvoluntary_ctxt_switches"),
             "{text}"
         );
         // A regular file, empty or not: the bytes, and the version fstat saw.

@@ -743,12 +743,7 @@ impl<'a> Resolver<'a> {
     /// The container's state on disk, and whether the runtime's state was there to look in
     /// (a root of the runtime the cgroup named exists). A bundle is read only where
     /// `annotations` are wanted: else the runtime's listing alone says the container is there.
-    fn find(
-        &self,
-        runtime: Option<Runtime>,
-        id: &str,
-        annotations: bool,
-    ) -> (Option<Found>, bool) {
+    fn find(&self, runtime: Option<Runtime>, id: &str, annotations: bool) -> (Option<Found>, bool) {
         let mut known = false;
         let order: &[Runtime] = match runtime {
             Some(Runtime::Containerd) => &[Runtime::Containerd],
@@ -1327,7 +1322,10 @@ mod tests {
             links.join(format!("trainer-0_ml_trainer-main-{ID}.log")),
         )
         .unwrap();
-        node.write(&format!("var/log/containers/{}-{}.log", "x".repeat(180), &ID[..40]), "");
+        node.write(
+            &format!("var/log/containers/{}-{}.log", "x".repeat(180), &ID[..40]),
+            "",
+        );
         node.write("var/log/containers/README", "");
         let p = Resolver::new(&roots).place(&ids_of(&cgroup));
         let pod = p.pod.clone().unwrap();
@@ -1338,7 +1336,12 @@ mod tests {
                 pod.container.as_deref(),
                 pod.deleted
             ),
-            ("ml/trainer-0".to_string(), Some(UID), Some("trainer-main"), false)
+            (
+                "ml/trainer-0".to_string(),
+                Some(UID),
+                Some("trainer-main"),
+                false
+            )
         );
         assert_eq!(p.runtime, Some(Runtime::Containerd));
         assert!(!p.container_deleted);
@@ -1352,7 +1355,10 @@ mod tests {
             "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{ID}.scope",
             UID.replace('-', "_")
         )));
-        assert_eq!(p.describe().as_deref(), Some("pod ml/trainer-0 (container deleted)"));
+        assert_eq!(
+            p.describe().as_deref(),
+            Some("pod ml/trainer-0 (container deleted)")
+        );
         // A process in no pod is never named by a link, even one with its container's id.
         let p = Resolver::new(&roots).place(&ids_of(&format!("/docker/{ID}")));
         assert!(p.pod.is_none(), "{p:?}");
