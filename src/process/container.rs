@@ -26,7 +26,7 @@ use super::runtime_state::{Said, StateFiles};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// The container runtime that started a process.
@@ -535,6 +535,8 @@ pub(crate) struct Resolver<'a> {
     spent_us: AtomicU64,
     /// How many containers the kubelet's log links named.
     linked_n: AtomicUsize,
+    /// A process in a container has been looked up.
+    met: AtomicBool,
 }
 
 /// What one scan's resolver did, for -v and the benches.
@@ -580,13 +582,19 @@ impl<'a> Resolver<'a> {
             there: Default::default(),
             spent_us: AtomicU64::new(0),
             linked_n: AtomicUsize::new(0),
+            met: AtomicBool::new(false),
         }
     }
 
-    /// Loads what earlier runs remembered, where they remembered anything: for a thread that
-    /// would otherwise wait while the scan's threads look for the containers' processes.
+    /// Loads what earlier runs remembered, where they remembered anything, once the scan has
+    /// met a process in a container: for a thread that would otherwise wait while the scan's
+    /// threads look for the containers' processes. Where the scan has met none yet, nothing
+    /// is read (a node without containers reads nothing): the first lookup that needs the
+    /// memory loads it then.
     pub(crate) fn prepare(&self) {
-        self.files.prepare();
+        if self.met.load(Ordering::Relaxed) {
+            self.files.prepare();
+        }
     }
 
     /// Remembers the runtimes' state files this scan read, for the next runs.
@@ -609,6 +617,7 @@ impl<'a> Resolver<'a> {
         if ids.is_empty() {
             return Place::default();
         }
+        self.met.store(true, Ordering::Relaxed);
         if let Some(p) = self.places.lock().ok().and_then(|m| m.get(ids).cloned()) {
             return p;
         }
@@ -742,8 +751,8 @@ impl<'a> Resolver<'a> {
 
     /// The container's state on disk, and whether the runtime's state was there to look in
     /// (a root of the runtime the cgroup named exists). A bundle is read only where
-    /// `annotations` are wanted: else the runtime's listing alone says the container is there.
-    fn find(&self, runtime: Option<Runtime>, id: &str, annotations: bool) -> (Option<Found>, bool) {
+    /// `read_bundle`: else the runtime's listing alone says the container is there.
+    fn find(&self, runtime: Option<Runtime>, id: &str, read_bundle: bool) -> (Option<Found>, bool) {
         let mut known = false;
         let order: &[Runtime] = match runtime {
             Some(Runtime::Containerd) => &[Runtime::Containerd],
@@ -753,9 +762,9 @@ impl<'a> Resolver<'a> {
         };
         for rt in order {
             let (found, there) = match rt {
-                Runtime::Containerd => self.containerd(id, annotations),
+                Runtime::Containerd => self.containerd(id, read_bundle),
                 Runtime::Docker => self.docker(id),
-                _ => self.storage(id, runtime, annotations),
+                _ => self.storage(id, runtime, read_bundle),
             };
             known |= there;
             if found.is_some() {
@@ -776,14 +785,14 @@ impl<'a> Resolver<'a> {
         })
     }
 
-    fn containerd(&self, id: &str, annotations: bool) -> (Option<Found>, bool) {
+    fn containerd(&self, id: &str, read_bundle: bool) -> (Option<Found>, bool) {
         let there = self.there(0);
         let roots = &self.roots.containerd;
         let namespaces = self
             .namespaces
             .get_or_init(|| roots.iter().flat_map(|r| subdirs(r)).collect());
         let found = hit_first(namespaces, &self.namespace_hit, |ns| {
-            self.annotations(ns, id, "config.json", annotations)
+            self.annotations(ns, id, "config.json", read_bundle)
         });
         let Some(keys) = found else {
             return (None, there);
@@ -800,7 +809,7 @@ impl<'a> Resolver<'a> {
         &self,
         id: &str,
         runtime: Option<Runtime>,
-        annotations: bool,
+        read_bundle: bool,
     ) -> (Option<Found>, bool) {
         let there = self.there(1);
         let roots = &self.roots.storage;
@@ -816,7 +825,7 @@ impl<'a> Resolver<'a> {
                 .collect()
         });
         let found = hit_first(stores, &self.store_hit, |s| {
-            self.annotations(s, id, "userdata/config.json", annotations)
+            self.annotations(s, id, "userdata/config.json", read_bundle)
         });
         let Some(keys) = found else {
             return (None, there);
@@ -847,9 +856,9 @@ impl<'a> Resolver<'a> {
         dir: &Path,
         id: &str,
         rel: &str,
-        read: bool,
+        read_bundle: bool,
     ) -> Option<BTreeMap<String, String>> {
-        if !read {
+        if !read_bundle {
             return self.files.lists(dir, id).then(BTreeMap::new);
         }
         match self.files.bundle(dir, id, rel, bundle)? {
@@ -1567,6 +1576,25 @@ mod tests {
                 && r.linked.get().is_none()
                 && r.known_pods.get().is_none()
         );
+    }
+
+    #[test]
+    fn what_earlier_runs_remembered_is_loaded_only_once_a_container_is_met() {
+        let node = Node::new();
+        let roots = node.roots();
+        let state = node.dir.path().join("state/gpuloop");
+        // An earlier run remembered something.
+        crate::journal::update_state(&state, "runtime-state.json", 1 << 20, |_| b"[]".to_vec())
+            .unwrap();
+        // A scan that met no container: prepared, and nothing read.
+        let r = Resolver::with_files(&roots, StateFiles::in_dir(Some(state.clone())));
+        assert_eq!(r.place(&Ids::default()), Place::default());
+        r.prepare();
+        assert!(!r.files.loaded());
+        // One that met a container: prepared, the memory is loaded.
+        r.place(&ids_of(&format!("/kubepods/burstable/pod{UID}/{ID}")));
+        r.prepare();
+        assert!(r.files.loaded());
     }
 
     fn place(uid: &str, ns: &str, name: &str, id: &str, ctr: &str) -> Place {

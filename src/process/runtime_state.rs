@@ -8,8 +8,9 @@
 //! lists the container, which one listing of the runtime's directory per scan tells. Other
 //! state files can change (docker's `config.v2.json` on a rename, containers/storage's list
 //! of names): what one said stands while the file is unchanged (same device, inode, size,
-//! modification and change times), one `stat` instead of an open, a read and a parse. What is remembered is trusted as far as the
-//! journal is: `runtime-state.json` is read and written only in gpuloop's own state directory
+//! modification and change times), one `stat` instead of an open, a read and a parse. What
+//! is remembered is trusted as far as the journal is: `runtime-state.json` is read and
+//! written only in gpuloop's own state directory
 //! and only while that directory and the file are this user's alone (owned by this user, not
 //! writable by group or others, no link followed, no second hard link), so nobody else can
 //! plant what a `--pod` or `--container` scope resolves names through. A file changed less
@@ -89,8 +90,8 @@ struct Entry {
     container: Option<(PathBuf, String)>,
 }
 
-/// The state files of one scan: what earlier runs remembered (loaded on the first container
-/// looked up, so a node without containers reads nothing), and what this one read. The
+/// The state files of one scan: what earlier runs remembered (loaded only once the scan has
+/// met a container, so a node without containers reads nothing), and what this one read. The
 /// default remembers nothing.
 #[derive(Debug, Default)]
 pub(crate) struct StateFiles {
@@ -212,6 +213,12 @@ impl StateFiles {
     /// Loads what earlier runs remembered (nothing where they remembered nothing).
     pub(crate) fn prepare(&self) {
         self.memory();
+    }
+
+    /// Whether what earlier runs remembered has been loaded.
+    #[cfg(test)]
+    pub(crate) fn loaded(&self) -> bool {
+        self.remembered.get().is_some()
     }
 
     fn memory(&self) -> &HashMap<PathBuf, (Version, Said)> {
