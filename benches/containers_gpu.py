@@ -177,8 +177,8 @@ try:
     for k in variants:
         out[k]["wall_vs_plain"] = round(out[k]["wall_ms_median"] / out["plain"]["wall_ms_median"], 3)
         out[k]["cpu_vs_plain"] = round(out[k]["cpu_ms_median"] / out["plain"]["cpu_ms_median"], 3)
-    looked = {k: re.search(r"looked up in .*", v).group(0) if re.search(r"looked up in .*", v)
-              else v[-300:] for k, v in verbose.items()}
+    looked = {k: (m.group(0) if (m := re.search(r"looked up in .*", v)) else v[-300:])
+              for k, v in verbose.items()}
     out.update(holders=a.n, runs=a.runs, named=len(named), deleted=len(deleted),
                verbose=looked, processes=sum(1 for p in os.listdir("/proc") if p.isdigit()),
                cores=os.cpu_count(), load_average=os.getloadavg()[0],
