@@ -101,7 +101,8 @@ pub struct Blocker {
     /// The systemd unit it is the main process of: stopped through it.
     pub service: Option<String>,
     /// That unit is a user manager's (`systemctl --user`): its user's to name and to start,
-    /// so it needs no --force to stop and is never started again by gpuloop.
+    /// so it is stopped as their other clients are (by signal, no --force) and never started
+    /// again by gpuloop.
     #[serde(default)]
     pub user_unit: bool,
     /// It has a MIG capability node open: a MIG change fails while it does, too.
@@ -169,9 +170,14 @@ const NAMED: &[&str] = &[
 ];
 
 /// How a person stops it, and how gpuloop does.
+/// A user's unit is stopped as the rest of that user's clients, by signal: asking their
+/// manager to stop it would wait on whatever stop they wrote for it.
 fn stop_of(kind: BlockerKind, pid: i64, unit: Option<&str>, user_unit: bool) -> (Stop, String) {
     match (unit, kind) {
-        (Some(u), _) if user_unit => (Stop::Unit, format!("systemctl --user stop {u}")),
+        (Some(u), _) if user_unit => (
+            Stop::Signal,
+            format!("kill {pid} (its user's unit: systemctl --user stop {u})"),
+        ),
         (Some(u), _) => (Stop::Unit, format!("systemctl stop {u}")),
         (None, BlockerKind::Mps) => (
             Stop::MpsQuit,
@@ -536,6 +542,13 @@ mod tests {
             )
         );
         assert_eq!(stop_of(BlockerKind::Mps, 9, None, false).0, Stop::MpsQuit);
+        assert_eq!(
+            stop_of(BlockerKind::Compute, 9, Some("train.service"), true),
+            (
+                Stop::Signal,
+                "kill 9 (its user's unit: systemctl --user stop train.service)".to_string()
+            )
+        );
         assert_eq!(
             stop_of(BlockerKind::Observer, 9, None, false),
             (Stop::Signal, "kill 9".into())

@@ -76,8 +76,8 @@ enum Again {
     /// A systemd system unit, the one systemd named as the stopped process's (`MainPID`):
     /// `systemctl start` it.
     Unit(String),
-    /// Not started again: a daemon outside any system unit, or a user's unit. `detail` says
-    /// so, and what a person would run.
+    /// Not started again: a daemon outside any system unit. `detail` says so, and what it
+    /// ran, for a person to start it as it was started.
     Not { target: String, detail: String },
 }
 
@@ -195,7 +195,7 @@ impl Reset {
         for a in again {
             let (target, ok, detail) = match a {
                 Again::Unit(unit) => {
-                    let (ok, detail) = systemctl("start", &unit, None);
+                    let (ok, detail) = systemctl("start", &unit);
                     (unit, ok, detail)
                 }
                 Again::Not { target, detail } => (target, false, detail),
@@ -228,19 +228,12 @@ impl Reset {
                     && b.kind == BlockerKind::Mps
                     && !b.cmdline.contains("nvidia-cuda-mps-control"));
             match (&b.stop, &b.service) {
+                // A system unit's (`stop_of` gives a user's unit a signal).
                 (Stop::Unit, Some(unit)) => {
-                    let user = b.user_unit.then_some(b.user.as_str());
-                    let (ok, detail) = systemctl("stop", unit, user);
+                    let (ok, detail) = systemctl("stop", unit);
                     steps.push(step(StepKind::Stop, b.label(), ok, detail));
-                    match (ok, user) {
-                        (false, _) => {}
-                        (true, None) => again.push(Again::Unit(unit.clone())),
-                        (true, Some(user)) => again.push(Again::Not {
-                            target: unit.clone(),
-                            detail: format!(
-                                "not started again: a user's unit is its user's to start (systemctl --user -M {user}@ start {unit})"
-                            ),
-                        }),
+                    if ok {
+                        again.push(Again::Unit(unit.clone()));
                     }
                     continue;
                 }
@@ -371,12 +364,9 @@ fn not_again(b: &Blocker) -> Again {
     }
 }
 
-/// `systemctl [--user -M USER@] VERB UNIT`, to its end.
-fn systemctl(verb: &str, unit: &str, user: Option<&str>) -> (bool, String) {
+/// `systemctl VERB -- UNIT` of a system unit, to its end.
+fn systemctl(verb: &str, unit: &str) -> (bool, String) {
     let mut cmd = std::process::Command::new("systemctl");
-    if let Some(u) = user {
-        cmd.args(["--user", "-M", &format!("{u}@")]);
-    }
     // The unit's name comes from a cgroup path: `--` keeps it from being read as an option.
     cmd.args([verb, "--", unit])
         .stdin(std::process::Stdio::null())

@@ -460,8 +460,8 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          daemons and systemd system units' main processes only with force, a unit through
          systemctl), resets (`nvidia-smi -r -i N` on real GPUs, the simulator's reset under
          --sim), verifies that the GPU answers with its UUID and 0 MiB used, and starts again
-         through systemctl the system units it stopped (a daemon outside any, or a user's
-         unit, is not started again: its restart step fails and says what it ran). Stops
+         through systemctl the system units it stopped (a daemon outside any is not started
+         again: its restart step fails and says what it ran). Stops
          nothing where no reset can work (the GPU fell off the bus, or the driver asks for a
          reboot: the report's cannot says why). Returns the report map: gpu, uuid, cannot,
          blockers (as reset_blockers()), steps (#{action, target, ok, detail}: action
@@ -501,7 +501,7 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          the nvidia_drm module), name, cmdline, user, protected (a GPU daemon whose name is
          proven by who runs it and what it runs, never by the name alone: stopped only with
          force), service (the systemd unit it is the main process of, or ()), user_unit (that
-         unit is a user manager's: no force needed), caps (it has /dev/nvidia-caps/* open),
+         unit is a user manager's: its user's client, signalled without force), caps (it has /dev/nvidia-caps/* open),
          stop (\"signal\", \"unit\", \"mps-quit\", \"unload\"), how (the command that
          stops it), host. Empty when nothing is in the way.",
         move |sel: Dynamic| -> RhaiResult<Array> {
