@@ -931,3 +931,41 @@ fn pod_scopes_over_a_host_are_read_and_kept_there() {
     assert_eq!(r["clean"], true, "{r}");
     assert!(!alive(ca.pid) && alive(cb.pid));
 }
+
+/// dcgm-exporter as a DaemonSet runs it: root in its container, running its image's own
+/// program. A daemon's name is proven by the program it runs, looked up inside the process's
+/// own root: there, the container's. It stays a protected daemon, as on a GPU node it must:
+/// listed as one, and never signalled without force.
+#[test]
+#[ignore = "needs root, podman, runc and busybox-static: bash .ci/run installs them and runs it as root (--include-ignored)"]
+fn a_daemonsets_exporter_root_in_its_container_stays_a_protected_daemon() {
+    let sim = Sim::new("1x8G");
+    Node::new(&sim, None);
+    let cmd = [
+        "/gpuloop",
+        "sim",
+        "hold",
+        "--foreground",
+        "--observer",
+        "--gpu",
+        "0",
+        "--name",
+        "dcgm-exporter",
+    ];
+    let c = Ctr::start(&sim, None, &cmd, 1);
+    let h = by_pid(&sim.run(&["--json", "holders", "--all"]).ok().json(), c.pid);
+    assert_eq!(
+        (&h["role"], &h["protected"], &h["container"]),
+        (&json!("daemon"), &json!(true), &json!(c.id)),
+        "{h}"
+    );
+    let r = sim.eval_json(&format!("kill({}, #{{grace: 1}})", c.pid));
+    assert_eq!(r["signalled"], json!([]), "{r}");
+    assert!(
+        r["skipped"][0]["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("is a GPU daemon")),
+        "{r}"
+    );
+    assert!(alive(c.pid));
+}
