@@ -8,7 +8,7 @@ pub(crate) mod select;
 pub(crate) mod wait;
 
 use crate::gpu::GpuError;
-use crate::process::container::{self, Within};
+use crate::process::container::Within;
 
 /// A GPU selection: `None` is every GPU.
 pub(crate) type Selection = Option<Vec<i64>>;
@@ -154,8 +154,8 @@ pub(crate) fn scope(
     container: Option<&str>,
     holders: &[holders::Holder],
 ) -> Result<Option<Within>, GpuError> {
-    container::within(pod, container, holders.iter().map(|h| &h.origin.place))
-        .map_err(GpuError::BadScope)
+    crate::process::scope::within(pod, container, holders.iter().map(|h| &h.origin.place))
+        .map_err(|e| GpuError::BadScope(e.to_string()))
 }
 
 /// A filter with its user (and, where asked, its pod and container) resolved on this machine.
