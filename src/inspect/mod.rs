@@ -40,10 +40,10 @@ pub fn selected(sel: &Selection, index: i64) -> bool {
 pub struct Filter {
     pub user: Option<User>,
     pub job: Option<i64>,
-    /// A pod as given: `NAMESPACE/NAME`, `NAME` (namespace default), a uid or a unique prefix.
+    /// A pod as given: `NAMESPACE/NAME`, `NAME`, a uid or a prefix of one (`process::scope`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
-    /// A container as given: its name, its id or a unique prefix of one.
+    /// A container as given: its name, its id or a prefix of one (`process::scope`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
 }
