@@ -130,8 +130,8 @@ impl Filter {
     }
 
     /// The filter as this machine reads it, its pod and container resolved among `holders`
-    /// (every role: the places of this machine's GPU processes); an empty one, or a prefix
-    /// that fits several, is an error.
+    /// (every role: the places of this machine's GPU processes); one that is empty, fits
+    /// nothing here or fits several is an error (`process::scope`).
     pub fn resolve_in(&self, holders: &[holders::Holder]) -> Result<Resolved, GpuError> {
         let mut r = self.resolve()?;
         r.within = scope(self.pod.as_deref(), self.container.as_deref(), holders)?;
