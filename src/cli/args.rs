@@ -623,15 +623,18 @@ pub struct Owner {
     pub job: Option<i64>,
     /// Only processes of this Kubernetes pod.
     ///
-    /// NAMESPACE/NAME, NAME (in namespace default), or
-    /// its uid (or a unique prefix), as the node tells it (cgroups, the runtime's state, the
-    /// kubelet's directories; no API server). Every signal stays inside it, trees and parents
-    /// included; wait and clean wait for the memory its processes held.
+    /// NAMESPACE/NAME, NAME (in whichever namespace has it), or its uid (or its first 8
+    /// characters at least), as the node tells it (cgroups, the runtime's state, the
+    /// kubelet's directories; no API server). It must fit one pod among the processes on the
+    /// GPUs: one that fits several (a deleted pod and its successor of the same name) or none
+    /// is a usage error that lists each by uid. Every signal stays inside it, trees and
+    /// parents included; wait and clean wait for the memory its processes held.
     #[arg(long, value_name = "POD", value_parser = scope_text)]
     pub pod: Option<String>,
     /// Only processes of this container, as --pod.
     ///
-    /// Its name (docker's, podman's, or its name in its pod) or its id (or a unique prefix).
+    /// Its name (docker's, podman's, or its name in its pod) or its id (or its first 12
+    /// characters at least); it must fit one container, as --pod must fit one pod.
     #[arg(long, value_name = "NAME|ID", value_parser = scope_text)]
     pub container: Option<String>,
 }

@@ -9,6 +9,7 @@ pub(crate) mod origin;
 pub mod restart;
 pub(crate) mod runtime_state;
 pub mod scan;
+pub(crate) mod scope;
 pub mod skip;
 pub(crate) mod tree;
 

@@ -236,9 +236,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          up on each host in its own user database (an unknown name is that host's error);
          #{job: 812} only that Slurm job's (a string of digits too: #{job:
          env(\"SLURM_JOB_ID\")}); #{pod: \"ml/trainer-0\"} only that Kubernetes pod's
-         (NAMESPACE/NAME, NAME in namespace default, or a uid or a unique prefix of one);
-         #{container: \"vllm\"} only that container's (its name, or its id or a unique
-         prefix), each read on each host from its own node.",
+         (NAMESPACE/NAME, NAME, or a uid or 8 characters of it); #{container: \"vllm\"}
+         only that container's (its name, or its id or 12 characters of it), each read on
+         each host from its own node, each fitting one pod or container there (else an error
+         lists each by uid or id, or what there is).",
         move |sel: Dynamic, opts: Map| holders(&s, sel, opts),
     );
     let s = session.clone();
