@@ -101,11 +101,9 @@ fn endless_and_huge_inputs_are_refused_naming_the_file_and_the_limit() {
     has(&out, &["hosts file /dev/zero", "a character device"]);
     std::os::unix::fs::symlink("/dev/zero", dir.join("zmod.rhai")).unwrap();
     std::fs::write(dir.join("imp.rhai"), "import \"zmod\" as z;\n1").unwrap();
+    // A module is read only as the file itself: the link is refused, never opened.
     let out = run(&sim, &["run", "./imp.rhai"]).code(2);
-    has(
-        &out,
-        &["cannot read module", "zmod.rhai", "a character device"],
-    );
+    has(&out, &["module", "zmod.rhai", "is a symbolic link"]);
     let out = run_in(&sim, &["repl"], zero()).code(2);
     has(
         &out,
@@ -132,7 +130,13 @@ fn endless_and_huge_inputs_are_refused_naming_the_file_and_the_limit() {
     std::fs::create_dir_all(&conf).unwrap();
     std::os::unix::fs::symlink("/dev/zero", conf.join("config.toml")).unwrap();
     let out = run(&sim, &["eval", "1"]).code(2);
-    has(&out, &["config file", "config.toml", "a character device"]);
+    let endless = if unsafe { libc::geteuid() } == 0 {
+        // As root config.toml is read only as the file itself.
+        "is a symbolic link"
+    } else {
+        "a character device"
+    };
+    has(&out, &["config file", "config.toml", endless]);
     std::fs::remove_file(conf.join("config.toml")).unwrap();
     sparse(&conf.join("config.toml"), (1 << 20) + 1);
     let out = run(&sim, &["eval", "1"]).code(2);
