@@ -298,7 +298,7 @@ fn mcp_run_recipe_takes_declared_arguments_and_the_users_recipes_only_when_allow
 /// stop holders (clean-node), while `run` and `clean` were refused on the same server. A
 /// recipe's header declares what it needs; the server refuses one that needs what it does
 /// not allow, and the gpuloop that runs a recipe stops it at the first call beyond its
-/// declaration.
+/// declaration. The `recipes` tool lists a refused recipe (a link) without reading it.
 #[test]
 fn mcp_allow_recipes_alone_runs_no_command_and_stops_nothing() {
     let sim = Sim::new("2x8G");
@@ -321,6 +321,11 @@ fn mcp_allow_recipes_alone_runs_no_command_and_stops_nothing() {
         "liar",
         &format!("// liar: says it stops holders\n// needs: clean\n\n{touch}"),
     );
+    // A site recipe that is a link to a file only root may read: listed as refused, unread.
+    let secret = sim.path().join("secret");
+    std::fs::write(&secret, "// peek: SECRET-FIRST-LINE\nSECRET-BODY\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&secret, site.join("peek.rhai")).unwrap();
     python_client(
         &sim,
         "recipe_needs",

@@ -22,6 +22,13 @@ pub struct EngineOpts {
     pub(crate) powers: Powers,
 }
 
+impl EngineOpts {
+    /// The same, letting the script do only what `powers` allows.
+    pub fn with_powers(self, powers: Powers) -> EngineOpts {
+        EngineOpts { powers, ..self }
+    }
+}
+
 /// Registers a script function with its doc comment; `params` are `"name: type"` strings
 /// followed by the return type, as `gpuloop doc` and the REPL's `:help` show them.
 pub fn def<A: 'static, const N: usize, const X: bool, R, const F: bool, FUNC>(

@@ -512,6 +512,9 @@ async def recipe_needs():
             check(needs["clean-node"] == ["clean"], f"clean-node needs: {needs}")
             check(needs["patch-and-rerun"] == ["clean", "run"], f"patch-and-rerun needs: {needs}")
             check(needs["undeclared"] is None, f"undeclared needs: {needs}")
+            peek = [x for x in r.structured_content["recipes"] if x["name"] == "peek"]
+            check(len(peek) == 1 and peek[0]["purpose"] == "" and "is a symbolic link" in (peek[0]["refused"] or ""), f"peek: {peek}")
+            check("SECRET" not in json.dumps(r.structured_content) and "SECRET" not in r.content[0].text, "a refused recipe was read")
             await refused(s, "run_recipe", {"name": "patch-and-rerun", "args": {"gpu": ["1"], "attempts": 1, "command": touch}}, "run", "read-only + recipes")
             await refused(s, "run_recipe", {"name": "clean-node", "args": {"gpu": ["0"], "grace": 0}}, "clean", "read-only + recipes")
             check(alive(holder), "a refused clean-node stopped the holder")
