@@ -10,13 +10,15 @@
 //! file would be a way to root; a user reads what they name as they name it.
 //!
 //! The path is walked one directory at a time with `openat` and `O_NOFOLLOW`, each step
-//! checked on the opened descriptor, and the file is read (or written) from the descriptor
-//! that was checked: nothing can be swapped between the check and the read.
+//! checked on the opened descriptor (a link on the way followed only when root or the user
+//! made it), and the file is read (or written) from the descriptor that was checked: nothing
+//! can be swapped between the check and the read.
 
 use crate::input::{Kind, ReadError};
 use rustix::fs::{fstat, openat, FileType, Mode, OFlags, Stat, CWD};
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Why a file may not be read (or written) as code or configuration.
@@ -86,7 +88,8 @@ pub(crate) fn as_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// A directory that passed: it and every directory above it, opened at its real path.
+/// A directory that passed: it and every directory above it, opened at its real path (the
+/// links on the way followed).
 #[derive(Debug)]
 pub(crate) struct Dir {
     fd: OwnedFd,
@@ -96,18 +99,13 @@ pub(crate) struct Dir {
 impl Dir {
     /// Opens `dir` if it and the directories above it pass; `Ok(None)` when it does not exist.
     pub(crate) fn open(dir: &Path) -> Result<Option<Dir>, Distrust> {
-        let (real, missing) = resolve(dir)?;
-        if !missing.is_empty() {
-            return Ok(None);
-        }
-        walk(&real, &[], None, Rule::current())
+        walk(dir, None, Rule::current())
     }
 
     /// Opens `dir`, making the directories of it that are missing (with `mode`), each made
     /// only inside one that passed.
     pub(crate) fn make(dir: &Path, mode: u32) -> Result<Dir, Distrust> {
-        let (real, missing) = resolve(dir)?;
-        walk(&real, &missing, Some(mode), Rule::current())?.ok_or_else(|| Distrust::Unreadable {
+        walk(dir, Some(mode), Rule::current())?.ok_or_else(|| Distrust::Unreadable {
             path: dir.to_path_buf(),
             why: "it went away while it was made".into(),
         })
@@ -315,98 +313,140 @@ pub(crate) fn stdin_file() -> Result<(), Distrust> {
     judge(&named, &st, Rule::current(), false)
 }
 
-/// The real path of `dir` (links in it resolved, as ssh resolves them) and, when the end of
-/// it does not exist, the names missing below the part that does.
-fn resolve(dir: &Path) -> Result<(PathBuf, Vec<OsString>), Distrust> {
-    let err = |why: String| Distrust::Unreadable {
+/// The most symbolic links followed on one path, as the kernel allows (`ELOOP`).
+const MAX_LINKS: usize = 40;
+
+/// Opens `dir` one component at a time from `/`, judging each directory on its descriptor
+/// (the ones missing made with `make`'s mode, inside one that passed; `Ok(None)` without it).
+/// A symbolic link on the way (a config directory linked to a dotfiles checkout) is followed,
+/// as ssh follows it, only when it is root's or the rule's user's: it lies in a directory
+/// that passed, so no one else could have made or changed it.
+fn walk(dir: &Path, make: Option<u32>, rule: Rule) -> Result<Option<Dir>, Distrust> {
+    let named = |why: String| Distrust::Unreadable {
         path: dir.to_path_buf(),
         why,
     };
-    let mut at = if dir.is_relative() {
+    let dir = if dir.is_relative() {
         std::env::current_dir()
-            .map_err(|e| err(e.to_string()))?
+            .map_err(|e| named(e.to_string()))?
             .join(dir)
     } else {
         dir.to_path_buf()
     };
-    let mut missing = Vec::new();
-    loop {
-        match std::fs::canonicalize(&at) {
-            Ok(real) => {
-                missing.reverse();
-                return Ok((real, missing));
+    let mut todo = parts(&dir);
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let root = Path::new("/");
+    let fd = openat(CWD, root, flags | OFlags::DIRECTORY, Mode::empty())
+        .map_err(|e| unreadable(root, e))?;
+    judge(root, &stat(&fd, root)?, rule, !todo.is_empty())?;
+    // The directories opened so far, `/` first: `..` goes back one.
+    let mut opened: Vec<(OwnedFd, PathBuf)> = vec![(fd, root.to_path_buf())];
+    let (mut links, mut steps) = (0, 0);
+    while let Some(part) = todo.pop_front() {
+        // Each step opens, makes or follows one name; a path that keeps changing under the
+        // walk ends it.
+        steps += 1;
+        if steps > 4 * (MAX_LINKS + 1) + dir.as_os_str().len() {
+            return Err(named("it kept changing while it was walked".into()));
+        }
+        if part == ".." {
+            if opened.len() > 1 {
+                opened.pop();
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // `x/..` under a missing `x` names nothing that can be made.
-                let Some(name) = at.file_name().map(|n| n.to_os_string()) else {
-                    return Err(err("names no directory".into()));
+            continue;
+        }
+        let (at_fd, at) = opened.last().ok_or_else(|| named("no directory".into()))?;
+        let path = at.join(&part);
+        let fd = match openat(at_fd, &part, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => {
+                let Some(mode) = make else {
+                    return Ok(None);
                 };
-                missing.push(name);
-                at.pop();
+                mkdir(at_fd, &part, &path, mode, rule)?;
+                todo.push_front(part);
+                continue;
             }
-            Err(e) => return Err(err(e.to_string())),
+            Err(e) => return Err(unreadable(&path, e)),
+        };
+        let st = stat(&fd, &path)?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(unreadable(&path, rustix::io::Errno::LOOP));
+                }
+                // Who made the link, in a directory that passed: root or the rule's user.
+                let owner = st.st_uid;
+                if owner != 0 && owner != rule.uid {
+                    return Err(Distrust::Owner {
+                        path,
+                        owner: crate::process::user_name(owner),
+                        me: crate::process::user_name(rule.uid),
+                    });
+                }
+                let target = rustix::fs::readlinkat(at_fd, &part, Vec::new())
+                    .map_err(|e| unreadable(&path, e))?;
+                let target = Path::new(std::ffi::OsStr::from_bytes(target.as_bytes()));
+                if target.is_absolute() {
+                    opened.truncate(1);
+                }
+                for p in parts(target).into_iter().rev() {
+                    todo.push_front(p);
+                }
+            }
+            FileType::Directory => {
+                judge(&path, &st, rule, !todo.is_empty())?;
+                opened.push((fd, path));
+            }
+            _ => {
+                return Err(Distrust::NotFile {
+                    path,
+                    what: "a file where a directory is named",
+                })
+            }
         }
     }
+    Ok(opened.pop().map(|(fd, path)| Dir { fd, path }))
 }
 
-/// Opens `real` one component at a time from `/`, judging each on its descriptor, then the
-/// `missing` ones below it, made with `make`'s mode (`Ok(None)` without it).
-fn walk(
-    real: &Path,
-    missing: &[OsString],
-    make: Option<u32>,
-    rule: Rule,
-) -> Result<Option<Dir>, Distrust> {
-    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let root = Path::new("/");
-    let mut fd = openat(CWD, root, flags, Mode::empty()).map_err(|e| unreadable(root, e))?;
-    let mut at = PathBuf::from("/");
-    let parts: Vec<&std::ffi::OsStr> = real
-        .components()
+/// The names of a path, `..` kept: a link's target is resolved by the walk, not as text.
+fn parts(path: &Path) -> std::collections::VecDeque<OsString> {
+    path.components()
         .filter_map(|c| match c {
-            Component::Normal(s) => Some(s),
+            Component::Normal(s) => Some(s.to_os_string()),
+            Component::ParentDir => Some(OsString::from("..")),
             _ => None,
         })
-        .chain(missing.iter().map(OsString::as_os_str))
-        .collect();
-    let existing = parts.len() - missing.len();
-    judge(&at, &stat(&fd, &at)?, rule, !parts.is_empty())?;
-    for (i, part) in parts.iter().enumerate() {
-        at.push(part);
-        if i >= existing {
-            let Some(mode) = make else {
-                return Ok(None);
-            };
-            match rustix::fs::mkdirat(&fd, *part, Mode::from_raw_mode(mode)) {
-                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(unreadable(&at, e)),
-            }
-            // Made inside a directory no one else can write: it is ours, with our mode (the
-            // umask may have taken bits off).
-            let made = openat(
-                &fd,
-                *part,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| unreadable(&at, e))?;
-            if stat(&made, &at)?.st_uid == rule.uid {
-                rustix::fs::fchmod(&made, Mode::from_raw_mode(mode))
-                    .map_err(|e| unreadable(&at, e))?;
-            }
-        }
-        fd = match openat(&fd, *part, flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return Ok(None),
-            // Replaced by a link after it was resolved.
-            Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
-                return Err(Distrust::Link { path: at })
-            }
-            Err(e) => return Err(unreadable(&at, e)),
-        };
-        judge(&at, &stat(&fd, &at)?, rule, i + 1 < parts.len())?;
+        .collect()
+}
+
+/// Makes the directory `part` in `at` (which passed) with `mode`, set again after: the umask
+/// may have taken bits off.
+fn mkdir(
+    at: &OwnedFd,
+    part: &OsString,
+    path: &Path,
+    mode: u32,
+    rule: Rule,
+) -> Result<(), Distrust> {
+    match rustix::fs::mkdirat(at, part, Mode::from_raw_mode(mode)) {
+        Ok(()) => {}
+        // Made since it was looked for: it is judged as any other.
+        Err(rustix::io::Errno::EXIST) => return Ok(()),
+        Err(e) => return Err(unreadable(path, e)),
     }
-    Ok(Some(Dir { fd, path: at }))
+    let made = openat(
+        at,
+        part,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| unreadable(path, e))?;
+    if stat(&made, path)?.st_uid == rule.uid {
+        rustix::fs::fchmod(&made, Mode::from_raw_mode(mode)).map_err(|e| unreadable(path, e))?;
+    }
+    Ok(())
 }
 
 fn unreadable(path: &Path, e: rustix::io::Errno) -> Distrust {
@@ -532,6 +572,41 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn links_on_the_way_are_followed_and_judged_where_they_lead() {
+        let t = tempfile::tempdir().unwrap();
+        let real = t.path().join("real");
+        std::fs::create_dir_all(real.join("sub")).unwrap();
+        std::fs::write(real.join("sub/m.rhai"), "1").unwrap();
+        // A link of our own to a directory that passes, relative, with `..` in it.
+        std::os::unix::fs::symlink("real/sub/../sub", t.path().join("via")).unwrap();
+        let d = Dir::open(&t.path().join("via")).unwrap().unwrap();
+        assert_eq!(d.path(), std::fs::canonicalize(real.join("sub")).unwrap());
+        assert_eq!(d.read("m.rhai", SCRIPT), Ok(Some("1".into())));
+        // Where it leads is judged: there, a directory others may write.
+        chmod(&real, 0o777);
+        assert!(matches!(
+            Dir::open(&t.path().join("via")),
+            Err(Distrust::Writable { .. })
+        ));
+        chmod(&real, 0o755);
+        // A loop of links ends.
+        std::os::unix::fs::symlink("b", t.path().join("a")).unwrap();
+        std::os::unix::fs::symlink("a", t.path().join("b")).unwrap();
+        assert!(Dir::open(&t.path().join("a")).is_err());
+        // A file where a directory is named.
+        assert!(matches!(
+            Dir::open(&real.join("sub/m.rhai")),
+            Err(Distrust::NotFile { .. })
+        ));
+        // Made through a link: inside where it leads.
+        let made = Dir::make(&t.path().join("via/new/deeper"), 0o755).unwrap();
+        assert_eq!(
+            made.path(),
+            std::fs::canonicalize(real.join("sub/new/deeper")).unwrap()
+        );
     }
 
     #[test]

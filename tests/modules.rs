@@ -386,6 +386,21 @@ fn modules_another_account_can_write_are_refused_on_every_import_path() {
         &theirs.join("helper.rhai"),
         "theirs is owned by nobody, not by root",
     );
+    // GPULOOP_PATH through a link nobody made (it could point anywhere, at any time), to a
+    // directory that passes; through root's own link, it is read.
+    let good = root.join("good");
+    marking_module(&good, "helper", &marker);
+    let via = root.join("via");
+    std::os::unix::fs::symlink(&good, &via).unwrap();
+    std::os::unix::fs::lchown(&via, Some(65534), Some(65534)).unwrap();
+    refused(
+        run(Some(&via)),
+        &via.join("helper.rhai"),
+        "via is owned by nobody, not by root",
+    );
+    std::os::unix::fs::lchown(&via, Some(0), Some(0)).unwrap();
+    assert_eq!(run(Some(&via)).ok().stdout.trim(), "helper");
+    std::fs::remove_file(&marker).unwrap();
     // The user's modules directory, writable by its group.
     let mine = root.join("config/gpuloop/modules");
     marking_module(&mine, "helper", &marker);
