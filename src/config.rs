@@ -239,13 +239,16 @@ impl UserConfig {
         }
     }
 
+    /// Reads a config file; as root only one that passes the trust checks (`crate::trust`):
+    /// what it allows (the MCP server's permissions, the protected daemons) is root's to say.
     pub(crate) fn from_file(path: &Path) -> Result<UserConfig, ConfigError> {
         let err = |why: String| ConfigError {
             path: path.to_path_buf(),
             why,
         };
-        let text =
-            crate::input::text(path, crate::input::CONFIG).map_err(|e| err(e.to_string()))?;
+        let bytes =
+            crate::trust::named(path, crate::input::CONFIG).map_err(|e| err(e.to_string()))?;
+        let text = String::from_utf8(bytes).map_err(|_| err("not UTF-8 text".into()))?;
         UserConfig::parse(path, &text)
     }
 

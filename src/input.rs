@@ -163,11 +163,6 @@ pub(crate) fn read_sized(mut r: impl Read, len: u64) -> std::io::Result<Vec<u8>>
     Ok(bytes)
 }
 
-/// A regular file's text, as `file` reads it.
-pub(crate) fn text(path: &Path, kind: Kind) -> Result<String, ReadError> {
-    String::from_utf8(file(path, kind)?).map_err(|_| ReadError::NotUtf8)
-}
-
 /// How often a read of stdin looks at the interrupt flag when no signal woke it (a signal
 /// that arrives between the look and the wait is seen this much later).
 const STDIN_TICK_MS: u16 = 200;

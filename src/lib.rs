@@ -55,5 +55,6 @@ pub mod session;
 pub(crate) mod slurm;
 pub(crate) mod stack_guard;
 pub(crate) mod timeline;
+pub(crate) mod trust;
 pub(crate) mod utc;
 pub(crate) mod words;

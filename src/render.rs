@@ -756,8 +756,8 @@ pub fn recipes(rs: &[crate::script::recipes::Recipe]) -> String {
                     by.name(),
                     r.path.as_ref().map(|p| format!(" {p}")).unwrap_or_default()
                 ),
-                (None, None, Some(p)) => format!("{}   ({p})", r.usage),
-                (None, None, None) => r.usage.clone(),
+                (None, None, Some(p)) => format!("{}   ({p}){}", r.usage, needs(r)),
+                (None, None, None) => format!("{}{}", r.usage, needs(r)),
             };
             format!(
                 "{:<width$}  {:<origin$}  {}\n{:<width$}  {:<origin$}  {}",
@@ -771,6 +771,16 @@ pub fn recipes(rs: &[crate::script::recipes::Recipe]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// What a recipe declares it does beyond reading, after its usage: "   [needs: clean, run]".
+fn needs(r: &crate::script::recipes::Recipe) -> String {
+    match r.needs.as_deref() {
+        Some(n) if !n.is_empty() => {
+            format!("   [needs: {}]", crate::script::recipes::needs::words(n))
+        }
+        _ => String::new(),
+    }
 }
 
 /// `gpuloop recipes show NAME`: what `--help` says, where it comes from, then its source.

@@ -360,8 +360,11 @@ fn table() -> BTreeMap<&'static str, Vec<(&'static str, Want)>> {
     t
 }
 
-#[test]
-fn every_function_with_every_wrong_type_and_out_of_range_value_is_a_clear_error() {
+/// A private directory with the file `f.txt` ("a\n") in it, and an engine on a simulator
+/// of its own there, built with `opts`.
+fn engine_in_a_private_dir(
+    opts: &EngineOpts,
+) -> (tempfile::TempDir, std::path::PathBuf, rhai::Engine) {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("f.txt");
     std::fs::write(&file, "a\n").expect("write");
@@ -373,7 +376,13 @@ fn every_function_with_every_wrong_type_and_out_of_range_value_is_a_clear_error(
         gpuloop::config::UserConfig::default(),
         0,
     );
-    let engine = build_engine(Arc::new(session), &EngineOpts::default());
+    let engine = build_engine(Arc::new(session), opts);
+    (dir, file, engine)
+}
+
+#[test]
+fn every_function_with_every_wrong_type_and_out_of_range_value_is_a_clear_error() {
+    let (dir, file, engine) = engine_in_a_private_dir(&EngineOpts::default());
     let table = table();
 
     let names: std::collections::BTreeSet<String> = doc::functions(&engine)
@@ -437,6 +446,113 @@ fn every_function_with_every_wrong_type_and_out_of_range_value_is_a_clear_error(
     );
     // Nothing was written outside the private directory, nor the file replaced by junk.
     assert_eq!(std::fs::read_to_string(&file).expect("read"), "a\n");
+}
+
+/// The functions that act beyond reading: each refuses in a script whose `// needs:` line did
+/// not declare what it does (a call here that would act, were it allowed).
+const ACTS: &[(&str, &str)] = &[
+    ("kill", "kill(999999999)"),
+    ("reset_gpu", "reset_gpu(0)"),
+    ("run", "run(\"true\")"),
+    ("spawn", "spawn(\"true\")"),
+    ("write_file", "write_file(\"$FILE\", \"x\")"),
+    (
+        "replace_in_file",
+        "replace_in_file(\"$FILE\", \"a\", \"b\")",
+    ),
+    (
+        "apply_patch",
+        "apply_patch(\"$FILE\", \"@@ -1 +1 @@\\n-a\\n+b\\n\")",
+    ),
+    (
+        "revert_patch",
+        "revert_patch(\"$FILE\", \"@@ -1 +1 @@\\n-b\\n+a\\n\")",
+    ),
+];
+
+/// Every function a script can call either only reads or is one of `ACTS`, which refuse in a
+/// script that may do nothing beyond reading (`// needs: none`); no other function ever says
+/// so. The list comes from the engine's metadata: a function registered in neither list
+/// fails the test, so a new function that acts is declared here, with its check.
+#[test]
+fn every_function_that_signals_runs_or_writes_refuses_without_its_need() {
+    use gpuloop::script::recipes::needs::Powers;
+    const READS: &[&str] = &[
+        "blob",
+        "call_fn",
+        "check_opts",
+        "diagnose",
+        "env",
+        "exit",
+        "file_exists",
+        "get$host",
+        "get$pid",
+        "gpu",
+        "holders",
+        "hosts",
+        "log",
+        "now",
+        "pad",
+        "parse_json",
+        "patch_applied",
+        "read_file",
+        "reset_blockers",
+        "retry",
+        "running",
+        "sleep",
+        "to_debug",
+        "to_json",
+        "to_string",
+        "trim",
+        "trimmed",
+        "until",
+        "usage",
+        "wait",
+        "wait_clean",
+        "warn",
+        "xids",
+    ];
+    let opts = EngineOpts::default().with_powers(Powers::only(&[]));
+    let (dir, file, engine) = engine_in_a_private_dir(&opts);
+    let names: Vec<String> = doc::functions(&engine)
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
+    let unplaced: Vec<&String> = names
+        .iter()
+        .filter(|n| !READS.contains(&n.as_str()) && !ACTS.iter().any(|(a, _)| a == n))
+        .collect();
+    assert!(
+        unplaced.is_empty(),
+        "registered in neither READS nor ACTS of tests/hostile.rs (does it signal, run a command or write a file?): {unplaced:?}"
+    );
+    let refusal = "which this recipe may not do";
+    for (name, call) in ACTS {
+        let code = call.replace("$FILE", &file.display().to_string());
+        let e = engine
+            .eval::<rhai::Dynamic>(&code)
+            .expect_err(&code)
+            .to_string();
+        assert!(
+            e.contains(&format!("{name}() ")) && e.contains(refusal),
+            "{code}: {e}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "a\n");
+    // The functions that only read never refuse so, whatever they are called with.
+    for (name, rows) in table() {
+        if !READS.contains(&name) {
+            continue;
+        }
+        for (call, _) in rows {
+            let code = call
+                .replace("$DIR", &dir.path().display().to_string())
+                .replace("$FILE", &file.display().to_string());
+            if let Result::Err(e) = engine.eval::<rhai::Dynamic>(&code) {
+                assert!(!e.to_string().contains(refusal), "{code}: {e}");
+            }
+        }
+    }
 }
 
 /// Issue 10, defect 10, what no limit bounds: a closure that captures a closure, 300,000

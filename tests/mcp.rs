@@ -259,7 +259,7 @@ fn recipes_from_cwd_mcp_run_recipe_runs_only_built_in_recipes() {
     python_client(
         &sim,
         "recipes_from_cwd",
-        &["--sim", "2x8G", "mcp", "--allow", "recipes"],
+        &["--sim", "2x8G", "mcp", "--allow", "recipes,clean"],
         json!({ "cwd": dir, "marker": marker }),
     );
     assert!(!marker.exists());
@@ -288,10 +288,54 @@ fn mcp_run_recipe_takes_declared_arguments_and_the_users_recipes_only_when_allow
     python_client(
         &sim,
         "recipe_args",
-        &["--sim", "2x8G", "mcp", "--allow", "recipes"],
+        &["--sim", "2x8G", "mcp", "--allow", "recipes,clean"],
         json!({ "held": held, "keep": keep }),
     );
     assert!(alive(keep));
+}
+
+/// `--allow recipes` alone let the model run any command (patch-and-rerun's `command`) and
+/// stop holders (clean-node), while `run` and `clean` were refused on the same server. A
+/// recipe's header declares what it needs; the server refuses one that needs what it does
+/// not allow, and the gpuloop that runs a recipe stops it at the first call beyond its
+/// declaration. The `recipes` tool lists a refused recipe (a link) without reading it.
+#[test]
+fn mcp_allow_recipes_alone_runs_no_command_and_stops_nothing() {
+    let sim = Sim::new("2x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "100"])[0];
+    let marker = sim.path().join("ran");
+    let touch = format!("run([\"touch\", {:?}]);\n", marker.display().to_string());
+    let site = sim.site_recipes();
+    crate::recipes::write_recipe(
+        &site,
+        "undeclared",
+        &format!("// undeclared: runs a command, declaring nothing\n\n{touch}"),
+    );
+    crate::recipes::write_recipe(
+        &site,
+        "quiet-killer",
+        "// quiet-killer: says it only reads\n// needs: none\n\nkill(holders(0), #{ grace: 0 });\n",
+    );
+    crate::recipes::write_recipe(
+        &site,
+        "liar",
+        &format!("// liar: says it stops holders\n// needs: clean\n\n{touch}"),
+    );
+    // A site recipe that is a link to a file only root may read: listed as refused, unread.
+    let secret = sim.path().join("secret");
+    std::fs::write(&secret, "// peek: SECRET-FIRST-LINE\nSECRET-BODY\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&secret, site.join("peek.rhai")).unwrap();
+    python_client(
+        &sim,
+        "recipe_needs",
+        &["--sim", "2x8G", "mcp", "--allow", "recipes"],
+        json!({ "holder": holder, "marker": marker }),
+    );
+    assert!(
+        alive(holder),
+        "a recipe stopped the holder without --allow clean"
+    );
 }
 
 #[test]

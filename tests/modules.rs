@@ -322,3 +322,159 @@ fn workers_groups_jobs_and_stops_one_whole_with_its_restarter() {
     let _ = cron.kill();
     let _ = cron.wait();
 }
+
+fn chmod(p: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A module that writes `marker` when it is imported, and has `who()`.
+fn marking_module(dir: &std::path::Path, name: &str, marker: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.rhai")),
+        format!(
+            "write_file({:?}, \"imported\");\nfn who() {{ \"{name}\" }}\n",
+            marker.display().to_string()
+        ),
+    )
+    .unwrap();
+}
+
+/// `import` read a module from any directory the script's, GPULOOP_PATH and the user's
+/// modules directory named, whoever could write it: as root, a module in a directory another
+/// account owns ran as root. Every import path now reads a module only when it and every
+/// directory above it are root's or the invoker's and writable by no one else, and no link;
+/// a refused one is an error naming the file and why, never passed over for the next.
+#[test]
+#[ignore = "needs root: makes directories and files of another user (nobody)"]
+fn modules_another_account_can_write_are_refused_on_every_import_path() {
+    require_root("to make files of another user");
+    let sim = Sim::new("1x8G");
+    let root = sim.path();
+    let marker = root.join("imported");
+    let scripts = root.join("scripts");
+    std::fs::create_dir_all(&scripts).unwrap();
+    let main = scripts.join("main.rhai");
+    std::fs::write(&main, "import \"helper\" as h;\nprint(h::who());\n").unwrap();
+    let run = |path: Option<&std::path::Path>| {
+        sim.run_with(&["run", main.to_str().unwrap()], |c| {
+            if let Some(p) = path {
+                c.env("GPULOOP_PATH", p);
+            }
+        })
+    };
+    let refused = |out: Out, file: &std::path::Path, why: &str| {
+        let out = out.code(2);
+        assert!(
+            out.stderr
+                .contains(&format!("module {} is refused", file.display()))
+                && out.stderr.contains(why)
+                && out.stderr.contains("writable by no one else"),
+            "{}",
+            out.stderr
+        );
+        assert!(!marker.exists(), "a refused module ran");
+    };
+
+    // GPULOOP_PATH: a directory of nobody's.
+    let theirs = root.join("theirs");
+    marking_module(&theirs, "helper", &marker);
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    refused(
+        run(Some(&theirs)),
+        &theirs.join("helper.rhai"),
+        "theirs is owned by nobody, not by root",
+    );
+    // GPULOOP_PATH through a link nobody made (it could point anywhere, at any time), to a
+    // directory that passes; through root's own link, it is read.
+    let good = root.join("good");
+    marking_module(&good, "helper", &marker);
+    let via = root.join("via");
+    std::os::unix::fs::symlink(&good, &via).unwrap();
+    std::os::unix::fs::lchown(&via, Some(65534), Some(65534)).unwrap();
+    refused(
+        run(Some(&via)),
+        &via.join("helper.rhai"),
+        "via is owned by nobody, not by root",
+    );
+    std::os::unix::fs::lchown(&via, Some(0), Some(0)).unwrap();
+    assert_eq!(run(Some(&via)).ok().stdout.trim(), "helper");
+    std::fs::remove_file(&marker).unwrap();
+    // The user's modules directory, writable by its group.
+    let mine = root.join("config/gpuloop/modules");
+    marking_module(&mine, "helper", &marker);
+    chmod(&mine, 0o775);
+    refused(
+        run(None),
+        &mine.join("helper.rhai"),
+        "modules is writable by its group (mode 0775)",
+    );
+    chmod(&mine, 0o755);
+    // The script's own directory: a module there that nobody owns, or a link.
+    marking_module(&scripts, "helper", &marker);
+    std::os::unix::fs::chown(scripts.join("helper.rhai"), Some(65534), Some(65534)).unwrap();
+    refused(
+        run(None),
+        &scripts.join("helper.rhai"),
+        "helper.rhai is owned by nobody",
+    );
+    std::fs::remove_file(scripts.join("helper.rhai")).unwrap();
+    std::os::unix::fs::symlink(mine.join("helper.rhai"), scripts.join("helper.rhai")).unwrap();
+    refused(
+        run(None),
+        &scripts.join("helper.rhai"),
+        "helper.rhai is a symbolic link",
+    );
+    std::fs::remove_file(scripts.join("helper.rhai")).unwrap();
+    // `gpuloop check` refuses it as running would.
+    let out = sim.run_with(&["check", main.to_str().unwrap()], |c| {
+        c.env("GPULOOP_PATH", &theirs);
+    });
+    refused(out, &theirs.join("helper.rhai"), "is owned by nobody");
+
+    // A directory that fails the checks but has no such module hides nothing: the import
+    // goes on to the next place (here the user's modules, then the standard library).
+    std::fs::remove_file(theirs.join("helper.rhai")).unwrap();
+    assert_eq!(run(Some(&theirs)).ok().stdout.trim(), "helper");
+    std::fs::remove_file(&marker).unwrap();
+    std::fs::write(&main, "import \"report\" as r;\nprint(r::summary());\n").unwrap();
+    run(Some(&theirs)).ok();
+}
+
+/// A built-in recipe imported its modules (clean-node's `cleanup`) from GPULOOP_PATH and the
+/// user's modules directory before the standard library, so whatever those named ran inside
+/// `clean-node` or `preflight`, as root under an epilog. It imports the standard library
+/// compiled into gpuloop, nothing else; a script of the user's still imports their modules.
+#[test]
+fn built_in_recipes_import_only_the_standard_library() {
+    let sim = Sim::new("1x8G");
+    let root = sim.path();
+    let marker = root.join("imported");
+    let on_path = root.join("on-path");
+    for dir in [on_path.clone(), root.join("config/gpuloop/modules")] {
+        for name in ["cleanup", "checks", "report", "workers", "patch"] {
+            marking_module(&dir, name, &marker);
+        }
+    }
+    let with_path = |c: &mut assert_cmd::Command| {
+        c.env("GPULOOP_PATH", &on_path);
+    };
+    let out = sim
+        .run_with(&["run", "clean-node", "--timeout", "1"], with_path)
+        .ok();
+    assert!(out.stdout.contains("clean in"), "{}", out.stdout);
+    sim.run_with(&["check", "clean-node"], with_path).ok();
+    sim.run_with(&["run", "preflight", "--quiet"], with_path);
+    sim.run_with(&["run", "vllm", "--dry-run"], with_path).ok();
+    assert!(
+        !marker.exists(),
+        "a built-in recipe imported a module of GPULOOP_PATH"
+    );
+    // A script of one's own imports from GPULOOP_PATH, as it always did.
+    let out = sim
+        .run_with(&["eval", "import \"cleanup\" as c; c::who()"], with_path)
+        .ok();
+    assert_eq!(out.stdout.trim(), "cleanup");
+    assert!(marker.exists());
+}

@@ -210,11 +210,9 @@ fn recipe_dirs_are_searched_user_then_site_then_built_in() {
 /// directory above it) owned by another user, or writable by others, never runs by name, and
 /// a refused one does not fall through to another of the same name.
 #[test]
+#[ignore = "needs root: makes files of another user (nobody)"]
 fn recipe_trust_as_root_refuses_another_users_and_open_directories() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to make files of another user");
-        return;
-    }
+    require_root("to make files of another user");
     let sim = Sim::new("1x8G");
     let marker = sim.path().join("ran");
     let refused = |name: &str, says: &str| {
@@ -260,9 +258,17 @@ fn recipe_trust_as_root_refuses_another_users_and_open_directories() {
     write_recipe(&user, "clean-node", &marking("clean-node", &marker));
     chmod(&user.join("clean-node.rhai"), 0o646);
     refused("clean-node", "writable by others");
-    // The listing says why each is refused; showing one runs nothing.
+    // The listing says why each is refused; showing one runs nothing, and a refused one is
+    // not read to be shown.
     let table = sim.run(&["recipes"]).ok().stdout;
     assert!(table.contains("REFUSED: "), "{table}");
+    let out = sim.run(&["recipes", "show", "clean-node"]).code(2);
+    assert!(
+        !out.stdout.contains("write_file") && out.stderr.contains("writable by others"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
     assert!(sim
         .run(&["recipes", "show", "open"])
         .ok()
@@ -275,14 +281,81 @@ fn recipe_trust_as_root_refuses_another_users_and_open_directories() {
     assert_eq!(sim.run(&["run", "theirs"]).ok().stdout.trim(), "theirs ran");
 }
 
+/// A recipe refused because it is a link was still read: `gpuloop recipes` (and MCP's
+/// `recipes`) showed the first line of what it points to, and `recipes show` printed all of
+/// it, a file only root may read. A refused file is never opened; the listing says it is
+/// refused and why, and `recipes show` says why instead of a source.
+#[test]
+fn a_refused_recipe_is_never_read_and_listings_say_why() {
+    let sim = Sim::new("1x8G");
+    let site = sim.site_recipes();
+    write_recipe(&site, "plain", "// plain: fine\nprint(1);\n");
+    let secret = sim.path().join("secret");
+    std::fs::write(&secret, "// peek: SECRET-FIRST-LINE\nSECRET-BODY\n").unwrap();
+    chmod(&secret, 0o600);
+    std::os::unix::fs::symlink(&secret, site.join("peek.rhai")).unwrap();
+    let link = site.join("peek.rhai").display().to_string();
+    let never_read = |out: &Out| {
+        assert!(
+            !out.stdout.contains("SECRET") && !out.stderr.contains("SECRET"),
+            "{}{}",
+            out.stdout,
+            out.stderr
+        );
+    };
+    let out = sim.run(&["recipes"]).ok();
+    never_read(&out);
+    assert!(
+        out.stdout
+            .contains(&format!("REFUSED: {link} is a symbolic link")),
+        "{}",
+        out.stdout
+    );
+    let out = sim.run(&["--json", "recipes"]).ok();
+    never_read(&out);
+    let list = out.json();
+    let peek = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "peek")
+        .unwrap_or_else(|| panic!("no peek: {list}"));
+    assert_eq!(peek["purpose"], "", "{peek}");
+    assert!(
+        peek["refused"]
+            .as_str()
+            .is_some_and(|w| w.contains("is a symbolic link")),
+        "{peek}"
+    );
+    for args in [
+        &["recipes", "show", "peek"][..],
+        &["--json", "recipes", "show", "peek"],
+        &["run", "peek"],
+        &["check", "peek"],
+    ] {
+        let out = sim.run(args).code(2);
+        never_read(&out);
+        assert!(
+            out.stderr.contains("peek")
+                && out.stderr.contains("is refused")
+                && out.stderr.contains("is a symbolic link"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    assert!(sim
+        .run(&["recipes", "show", "plain"])
+        .ok()
+        .stdout
+        .contains("print(1);"));
+}
+
 /// Issue 37, item 1: the same checks for a normal user (nobody): its own directory and root's
 /// run; another user's, or one open to all, do not.
 #[test]
+#[ignore = "needs root: becomes another user (nobody) with setpriv"]
 fn recipe_trust_as_a_normal_user_runs_its_own_and_roots_only() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to become another user (setpriv)");
-        return;
-    }
+    require_root("to become another user (setpriv)");
     let sim = Sim::new("1x8G");
     // A tree nobody can reach: root's directories, 0755, down to nobody's home.
     let base = sim.path().join("as-nobody");
@@ -509,5 +582,150 @@ fn recipes_new_writes_a_skeleton_that_runs() {
             .contains("it runs instead of the built-in recipe clean-node"),
         "{}",
         out.stderr
+    );
+}
+
+/// A recipe's `// needs:` line is all it may do: each function that signals, runs a command
+/// or writes a file refuses in a recipe that did not declare it, from the command line as
+/// over MCP (dry runs only read, and pass). Started as MCP's run_recipe starts it (with the
+/// server's `--allow` list in GPULOOP_MCP_ALLOW), a recipe that needs what the server does not
+/// allow is refused before it runs, and one that declares nothing may only read.
+#[test]
+fn a_recipe_does_no_more_than_its_needs_line_declares() {
+    let sim = Sim::new("2x8G");
+    let holder = sim.hold(&["--gpu", "0", "--mib", "100"])[0];
+    let marker = sim.path().join("ran");
+    let m = format!("{:?}", marker.display().to_string());
+    let file = sim.path().join("f.txt");
+    std::fs::write(&file, "a\n").unwrap();
+    let f = format!("{:?}", file.display().to_string());
+    let diff = "\"@@ -1 +1 @@\\n-a\\n+b\\n\"";
+    let script = |needs: &str, body: &str| {
+        let header = match needs {
+            "" => String::new(),
+            n => format!("// needs: {n}\n"),
+        };
+        sim.script("t.rhai", &format!("// t: a test\n{header}\n{body};\n"), &[])
+    };
+    for (needs, call, says) in [
+        (
+            "none",
+            "kill(holders(0))".to_string(),
+            "kill() signals processes",
+        ),
+        (
+            "none",
+            "kill(holders(0), #{grace: 0})".into(),
+            "kill() signals processes",
+        ),
+        (
+            "run",
+            "reset_gpu(0)".into(),
+            "reset_gpu() signals processes",
+        ),
+        (
+            "clean",
+            format!("run([\"touch\", {m}])"),
+            "run() runs a command",
+        ),
+        (
+            "clean",
+            format!("spawn([\"touch\", {m}])"),
+            "spawn() runs a command",
+        ),
+        (
+            "kill",
+            format!("write_file({m}, \"x\")"),
+            "write_file() runs a command or writes a file",
+        ),
+        (
+            "clean",
+            format!("replace_in_file({f}, \"a\", \"b\")"),
+            "replace_in_file()",
+        ),
+        (
+            "clean",
+            format!("apply_patch({f}, {diff})"),
+            "apply_patch()",
+        ),
+        (
+            "none",
+            format!("revert_patch({f}, {diff})"),
+            "revert_patch()",
+        ),
+    ] {
+        let out = script(needs, &call).code(1);
+        assert!(
+            out.stderr.contains(says)
+                && out.stderr.contains("which this recipe may not do")
+                && out.stderr.contains(&format!("`// needs: {needs}`")),
+            "{needs}: {call}: {}",
+            out.stderr
+        );
+    }
+    assert!(
+        alive(holder),
+        "a recipe that may not signal stopped the holder"
+    );
+    assert!(!marker.exists(), "a recipe that may not run ran a command");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "a\n");
+    // A dry run only reads.
+    script(
+        "none",
+        "kill(holders(0), #{dry_run: true}); reset_gpu(0, #{dry_run: true})",
+    )
+    .ok();
+    // What it declares, it does; a script that declares nothing, run by a person, does all.
+    script("clean, run", &format!("write_file({m}, \"x\")")).ok();
+    assert!(marker.exists());
+    std::fs::remove_file(&marker).unwrap();
+    script("", &format!("run([\"touch\", {m}])")).ok();
+    assert!(marker.exists());
+    std::fs::remove_file(&marker).unwrap();
+
+    // As MCP's run_recipe starts it, with a server that allows only recipes.
+    let served = |allow: &str, args: &[&str]| {
+        sim.run_with(args, |c| {
+            c.env("GPULOOP_MCP_ALLOW", allow);
+        })
+    };
+    let rerun = [
+        "run",
+        "patch-and-rerun",
+        "--gpu",
+        "1",
+        "--attempts",
+        "1",
+        "--",
+        "touch",
+        marker.to_str().unwrap(),
+    ];
+    let out = served("", &rerun).code(2);
+    assert!(
+        out.stderr.contains("patch-and-rerun needs run")
+            && out.stderr.contains("`gpuloop mcp --allow run`"),
+        "{}",
+        out.stderr
+    );
+    let out = served("", &["run", "clean-node", "--gpu", "0", "--grace", "0"]).code(2);
+    assert!(
+        out.stderr.contains("clean-node needs clean"),
+        "{}",
+        out.stderr
+    );
+    assert!(alive(holder) && !marker.exists());
+    let undeclared = sim.path().join("t.rhai");
+    std::fs::write(
+        &undeclared,
+        format!("// t: declares nothing\n\nrun([\"touch\", {m}]);\n"),
+    )
+    .unwrap();
+    let out = served("clean,run", &["run", undeclared.to_str().unwrap()]).code(1);
+    assert!(out.stderr.contains("`// needs: none`"), "{}", out.stderr);
+    assert!(!marker.exists());
+    served("clean,run", &rerun).ok();
+    assert!(
+        marker.exists(),
+        "patch-and-rerun did not run its command where run is allowed"
     );
 }

@@ -314,6 +314,36 @@ fn history_survives_a_restart() {
     t.wait_line("4243");
 }
 
+/// As root, the REPL read and appended its history through whatever its state directory
+/// held: a link there had root's inputs appended to the file it names. The history is kept
+/// only in a directory that passes the trust checks, and never through a link; the REPL
+/// says it keeps none.
+#[test]
+#[ignore = "needs root: the history is checked so only when gpuloop runs as root"]
+fn as_root_the_history_is_never_written_through_a_link() {
+    crate::support::require_root("the history is checked so only as root");
+    let sim = Sim::new("2x8G");
+    let state = state_dir(&sim);
+    std::fs::create_dir_all(state.join("gpuloop")).unwrap();
+    let victim = sim.path().join("victim");
+    std::fs::write(&victim, "let recalled = 1;\n").unwrap();
+    std::os::unix::fs::symlink(&victim, state.join("gpuloop").join("history")).unwrap();
+    let t = Term::start(&sim, &state, &[]);
+    let s = t.screen();
+    assert!(
+        s.contains("warning: the REPL keeps no history:") && s.contains("is a symbolic link"),
+        "{s}"
+    );
+    t.line("let marker = 4242;");
+    t.wait_idle();
+    t.line(":quit");
+    assert_eq!(t.exit_status(), 0);
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "let recalled = 1;\n"
+    );
+}
+
 #[test]
 fn help_kill_shows_its_doc() {
     let sim = Sim::new("2x8G");

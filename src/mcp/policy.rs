@@ -1,5 +1,6 @@
 //! What the person running `gpuloop mcp` lets the model do: read-only unless `--allow`ed.
 
+use crate::script::recipes::needs::Need;
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -117,6 +118,39 @@ impl Policy {
         format!("read-only + {}{mine}", names.join(", "))
     }
 
+    /// The `--allow` words, as `gpuloop run` reads them from `recipes::MCP_ALLOW`.
+    pub(crate) fn words(&self) -> String {
+        let names: Vec<&str> = self.allowed.iter().map(|p| p.name()).collect();
+        names.join(",")
+    }
+
+    /// Checks that this server allows everything a recipe's header declares it needs: a
+    /// recipe served here does no more than the server's own `--allow` list permits.
+    pub(crate) fn check_needs(&self, needs: &[Need]) -> Result<(), Refusal> {
+        let names: Vec<&str> = self.allowed.iter().map(|p| p.name()).collect();
+        let Some(need) = Need::first_refused(needs, names.iter().copied()) else {
+            return Ok(());
+        };
+        let (what, p) = match need {
+            Need::Kill => (
+                "(a recipe that signals processes its caller names)",
+                Permission::Kill,
+            ),
+            Need::Clean => ("(a recipe that stops GPU holders)", Permission::Clean),
+            Need::Run => (
+                "(a recipe that runs commands or writes files)",
+                Permission::Run,
+            ),
+        };
+        Err(Refusal {
+            tool: "run_recipe",
+            what,
+            needs: p,
+            hint: ". Each recipe's `needs` (the `recipes` tool lists them) says what it does beyond reading.",
+            allows: self.describe(),
+        })
+    }
+
     /// Checks a call that needs `p`; `dry_run` calls of kill and clean only read.
     pub(crate) fn check(
         &self,
@@ -161,6 +195,24 @@ mod tests {
             e.to_string(),
             "unknown permission \"nuke\" for mcp (allow takes kill, clean, run, recipes)"
         );
+    }
+
+    #[test]
+    fn a_recipe_is_refused_what_the_server_does_not_allow() {
+        let p = Policy::from_lists(&["recipes,clean".to_string()]).unwrap();
+        assert!(p.check_needs(&[]).is_ok());
+        assert!(p.check_needs(&[Need::Clean]).is_ok());
+        let e = p.check_needs(&[Need::Clean, Need::Run]).unwrap_err();
+        assert_eq!(e.needs, Permission::Run);
+        assert!(e.to_string().contains("`gpuloop mcp --allow run`"), "{e}");
+        assert_eq!(
+            p.check_needs(&[Need::Kill]).unwrap_err().needs,
+            Permission::Kill
+        );
+        // kill may stop any process: a recipe that stops holders needs no more.
+        let p = Policy::from_lists(&["kill".to_string()]).unwrap();
+        assert!(p.check_needs(&[Need::Clean, Need::Kill]).is_ok());
+        assert_eq!(p.words(), "kill");
     }
 
     #[test]

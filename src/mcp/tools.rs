@@ -648,7 +648,10 @@ fn run_recipe_tool(recipes: &[Recipe]) -> Tool {
          ARGS` on this server's GPUs, and return its exit code and the end of its output. \
          Arguments a recipe does not take, or values of the wrong kind, are refused before it \
          runs (args' schema lists each recipe's). Reports progress, can be cancelled (the \
-         recipe and what it started are stopped). Needs the server's `--allow recipes`.",
+         recipe and what it started are stopped). Needs the server's `--allow recipes`, and \
+         what the recipe's `needs` names: `clean` (or `kill`) for one that stops processes, \
+         `kill` for one that stops processes its arguments name, `run` for one that runs \
+         commands or writes files; a recipe does no more than it declares.",
         false,
     );
     let runnable: Vec<&Recipe> = recipes
@@ -757,7 +760,8 @@ pub(crate) fn list(policy: &Policy) -> Vec<Tool> {
             "List the ready Rhai recipes this server runs: the site's (/etc/gpuloop/recipes) and \
              the built-in ones (clean-node, the escalation ladder TERM -> KILL -> wait -> \
              diagnose -> verify; vllm, torchrun, ray and dataloader leftovers; preflight; \
-             patch-and-rerun): name, origin, purpose, usage and the arguments each declares.",
+             patch-and-rerun): name, origin, purpose, usage, the arguments each declares, and \
+             what it needs beyond reading (kill, clean, run), which `run_recipe` needs allowed.",
             true,
         ),
         run_recipe_tool(&recipes),
@@ -1070,6 +1074,10 @@ fn run_recipe(ctx: &Ctx, a: RecipeArgs) -> Result<Reply, CallError> {
             found.name, e.line, e.why
         ))
     })?;
+    // What it does beyond reading, against what this server allows, before anything runs;
+    // the gpuloop that runs it enforces the same (MCP_ALLOW below).
+    ctx.policy
+        .check_needs(header.needs.as_deref().unwrap_or_default())?;
     let words = match a.args {
         RecipeArgv::Words(w) => w,
         RecipeArgv::Named(m) => recipes::header::argv_of(&header.args, &m)
@@ -1099,13 +1107,14 @@ fn run_recipe(ctx: &Ctx, a: RecipeArgs) -> Result<Reply, CallError> {
     };
     // The same gpuloop, the same simulator or driver (GPULOOP_SIM is in the environment),
     // and the same recipe: without --user-recipes that gpuloop looks past the user's too.
+    // It is told what this server allows, and lets the recipe do only what its header
+    // declares (nothing beyond reading where it declares nothing).
     let mut argv = vec![exe, "run".into(), found.name, "--".into()];
     argv.extend(words);
-    let env = if ctx.policy.user_recipes() {
-        Vec::new()
-    } else {
-        vec![(recipes::NO_USER_RECIPES.to_string(), "1".to_string())]
-    };
+    let mut env = vec![(recipes::MCP_ALLOW.to_string(), ctx.policy.words())];
+    if !ctx.policy.user_recipes() {
+        env.push((recipes::NO_USER_RECIPES.to_string(), "1".to_string()));
+    }
     run_job(ctx, &Cmd::Argv(argv), timeout, None, a.tail_lines, env)
 }
 

@@ -270,6 +270,22 @@ pub(super) fn history_path() -> Option<PathBuf> {
     Some(state.join("gpuloop").join("history"))
 }
 
+/// The history file the line editor reads and appends to. As root, its directory (made 0700
+/// if missing) and every one above it pass the trust checks and the file is no link: the
+/// editor opens it by its real path, in a directory no one else can write, so root's inputs
+/// are never appended to (nor read from) a file another account chose.
+pub(super) fn history_file(path: PathBuf) -> Result<PathBuf, crate::trust::Distrust> {
+    if !crate::trust::as_root() {
+        return Ok(path);
+    }
+    let Some((dir, name)) = crate::trust::split(&path) else {
+        return Ok(path);
+    };
+    let dir = crate::trust::Dir::make(&dir, 0o700)?;
+    dir.check(&name)?;
+    Ok(dir.path().join(name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 use crate::render::Style;
 use crate::script::bindings;
 use crate::script::doc::{self, FnMeta};
+use crate::script::recipes::needs::Powers;
 use crate::session::Session;
 use rhai::{Engine, AST};
 use serde::Deserialize;
@@ -68,19 +69,19 @@ impl Domains {
             groups: vec![
                 (
                     "GPUs: inventory, holders, diagnosis, waiting",
-                    fns(&|e| bindings::gpu::register(e, session)),
+                    fns(&|e| bindings::gpu::register(e, session, Powers::ALL)),
                 ),
                 (
                     "Processes",
-                    fns(&|e| bindings::process::register(e, session)),
+                    fns(&|e| bindings::process::register(e, session, Powers::ALL)),
                 ),
                 (
                     "Jobs and patches",
-                    fns(&|e| bindings::runner::register(e, session)),
+                    fns(&|e| bindings::runner::register(e, session, Powers::ALL)),
                 ),
                 (
                     "Helpers",
-                    fns(&|e| bindings::helpers::register(e, &session.config.limits)),
+                    fns(&|e| bindings::helpers::register(e, &session.config.limits, Powers::ALL)),
                 ),
             ],
         }

@@ -14,6 +14,7 @@ use crate::render::Style;
 use crate::script::display;
 use crate::script::engine::{build_engine, new_scope, EngineOpts};
 use crate::script::errors::{self, ScriptError};
+use crate::script::modules::Imports;
 use crate::session::Session;
 use editor::{Helper, Names};
 use rhai::{Dynamic, Engine, Scope, AST};
@@ -87,8 +88,9 @@ impl Repl {
         let engine = build_engine(
             session,
             &EngineOpts {
-                script_dir: dir,
+                imports: Imports::Files { script_dir: dir },
                 json,
+                ..EngineOpts::default()
             },
         );
         let style = Style::stdout();
@@ -113,7 +115,14 @@ impl Repl {
         let history = std::io::stdin()
             .is_terminal()
             .then(editor::history_path)
-            .flatten();
+            .flatten()
+            .and_then(|path| match editor::history_file(path) {
+                Ok(p) => Some(p),
+                Err(why) => {
+                    crate::errln!("warning: the REPL keeps no history: {why}");
+                    None
+                }
+            });
         if let Some(path) = &history {
             if path.exists() {
                 if let Err(e) = editor.load_history(path) {

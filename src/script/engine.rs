@@ -2,20 +2,31 @@
 
 use super::errors::{self, MemoryLimit, ScriptError, INTERRUPT_TOKEN};
 use super::recipes::header::{ArgSpec, ArgValue};
+use super::recipes::needs::Powers;
 use super::{bindings, modules};
 use crate::config::Limits;
 use crate::session::Session;
 use rhai::{Dynamic, Engine, RhaiNativeFunc, Scope, Variant, AST};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// What the engine needs to know about where it runs.
 #[derive(Debug, Clone, Default)]
 pub struct EngineOpts {
-    /// Directory of the running script: first place `import` looks.
-    pub script_dir: Option<PathBuf>,
+    /// Where `import` looks: the running script's directory first (if it has one), or, for a
+    /// built-in recipe, the standard library alone.
+    pub(crate) imports: modules::Imports,
     /// stdout carries JSON (`--json`): print() goes to stderr, so the JSON stays parseable.
-    pub json: bool,
+    pub(crate) json: bool,
+    /// What the script may do beyond reading: everything, or what its header's `// needs:`
+    /// line declares (the functions that signal, run or write refuse the rest).
+    pub(crate) powers: Powers,
+}
+
+impl EngineOpts {
+    /// The same, letting the script do only what `powers` allows.
+    pub fn with_powers(self, powers: Powers) -> EngineOpts {
+        EngineOpts { powers, ..self }
+    }
 }
 
 /// Registers a script function with its doc comment; `params` are `"name: type"` strings
@@ -163,11 +174,11 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
         }
     });
     engine.on_debug(|s, src, pos| crate::errln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
-    bindings::gpu::register(&mut engine, &session);
-    bindings::process::register(&mut engine, &session);
-    bindings::helpers::register(&mut engine, &limits);
-    bindings::runner::register(&mut engine, &session);
-    engine.set_module_resolver(modules::resolver(opts.script_dir.clone()));
+    bindings::gpu::register(&mut engine, &session, opts.powers);
+    bindings::process::register(&mut engine, &session, opts.powers);
+    bindings::helpers::register(&mut engine, &limits, opts.powers);
+    bindings::runner::register(&mut engine, &session, opts.powers);
+    engine.set_module_resolver(modules::resolver(&opts.imports));
     engine
 }
 

@@ -1,5 +1,7 @@
 //! `import` resolution: the script's directory, `GPULOOP_PATH`, the user's modules directory,
-//! then the standard library compiled into the binary.
+//! then the standard library compiled into the binary; a built-in recipe's imports, the
+//! standard library alone. A module file is read only when it passes the trust checks
+//! (`crate::trust`), as a recipe is, whoever runs gpuloop.
 
 use rhai::module_resolvers::ModuleResolversCollection;
 use rhai::{Engine, EvalAltResult, Module, ModuleResolver, Position, Scope, Shared};
@@ -21,12 +23,34 @@ pub(crate) const STDLIB: &[(&str, &str)] = &[
 /// script runs.
 pub(crate) const NOT_FOUND: &str = "module not found: ";
 
+/// Where a script's `import`s come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Imports {
+    /// Files of the script's directory (if it has one), `GPULOOP_PATH` and the user's
+    /// modules directory, each read only when it passes the trust checks; then the standard
+    /// library.
+    Files { script_dir: Option<PathBuf> },
+    /// The standard library compiled into the binary, nothing else: a built-in recipe's, so
+    /// that nothing the environment names (GPULOOP_PATH, XDG_CONFIG_HOME, the current
+    /// directory) can stand in for a module it imports.
+    Stdlib,
+}
+
+impl Default for Imports {
+    fn default() -> Self {
+        Imports::Files { script_dir: None }
+    }
+}
+
 /// The resolver chain: the directories of `search_path`, then the standard library (the order
 /// docs/scripting.md gives); a module found nowhere is an error that says where it was
 /// looked for.
-pub(crate) fn resolver(script_dir: Option<PathBuf>) -> Resolver {
+pub(crate) fn resolver(imports: &Imports) -> Resolver {
     let mut chain = ModuleResolversCollection::new();
-    let dirs = search_path(script_dir);
+    let dirs = match imports {
+        Imports::Files { script_dir } => search_path(script_dir.clone()),
+        Imports::Stdlib => Vec::new(),
+    };
     for d in &dirs {
         chain.push(Dir::new(d));
     }
@@ -95,9 +119,10 @@ impl ModuleResolver for Resolver {
     }
 }
 
-/// Modules in one directory: `NAME.rhai` under it, read as every script is (a regular file
-/// of bounded size; a FIFO or a link to a device is an error naming it, never a hang), and
-/// compiled once.
+/// Modules in one directory: `NAME.rhai` under it, read only when it and every directory
+/// above it pass the trust checks (a file another account could write, or a link, is an
+/// error naming it and why, never passed over for the next directory), as a regular file of
+/// bounded size (a FIFO is an error naming it, never a hang), and compiled once.
 pub(crate) struct Dir {
     dir: PathBuf,
     cache: Mutex<HashMap<PathBuf, Shared<Module>>>,
@@ -150,19 +175,28 @@ impl ModuleResolver for Dir {
         }
         let in_module =
             |e: EvalAltResult| Box::new(EvalAltResult::ErrorInModule(path.into(), e.into(), pos));
-        let src = match crate::input::text(&file, crate::input::MODULE) {
-            Ok(src) => src,
-            Err(crate::input::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Box::new(EvalAltResult::ErrorModuleNotFound(
-                    path.into(),
-                    pos,
-                )))
-            }
-            Err(e) => {
+        let not_found = || Box::new(EvalAltResult::ErrorModuleNotFound(path.into(), pos));
+        // `import "lib/x"` and `import "../x"`: the directory it names is judged whole, from /.
+        let Some((dir, name)) = crate::trust::split(&file) else {
+            return Err(not_found());
+        };
+        let src = match crate::trust::lookup(&dir, &name, crate::input::MODULE) {
+            Ok(Some(src)) => src,
+            Ok(None) => return Err(not_found()),
+            Err(why) => {
+                let said = if why.is_refusal() {
+                    format!(
+                        "module {} is refused: {why}; {}",
+                        file.display(),
+                        crate::trust::Distrust::RULE
+                    )
+                } else {
+                    format!("cannot read module {}: {why}", file.display())
+                };
                 return Err(in_module(EvalAltResult::ErrorRuntime(
-                    format!("cannot read module {}: {e}", file.display()).into(),
+                    said.into(),
                     Position::NONE,
-                )))
+                )));
             }
         };
         let module = load(engine, super::engine::source_text(&src), path, pos)?;

@@ -497,7 +497,55 @@ async def recipe_args():
             check("from the user" in r.structured_content["stdout_tail"], f"{r.structured_content}")
 
 
+async def recipe_needs():
+    """A recipe served over MCP does no more than the server allows: one whose header needs
+    what the server does not allow is refused before it runs (patch-and-rerun's command is
+    the model's data, never run without `--allow run`), and one that does more than its header
+    declares is stopped at that call, in the gpuloop that runs it."""
+    marker, holder = PLANTED["marker"], PLANTED["holder"]
+    touch = ["touch", marker]
+    async with stdio_client(server()) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            r = await call(s, "recipes")
+            needs = {x["name"]: x["needs"] for x in r.structured_content["recipes"]}
+            check(needs["clean-node"] == ["clean"], f"clean-node needs: {needs}")
+            check(needs["patch-and-rerun"] == ["clean", "run"], f"patch-and-rerun needs: {needs}")
+            check(needs["undeclared"] is None, f"undeclared needs: {needs}")
+            peek = [x for x in r.structured_content["recipes"] if x["name"] == "peek"]
+            check(len(peek) == 1 and peek[0]["purpose"] == "" and "is a symbolic link" in (peek[0]["refused"] or ""), f"peek: {peek}")
+            check("SECRET" not in json.dumps(r.structured_content) and "SECRET" not in r.content[0].text, "a refused recipe was read")
+            await refused(s, "run_recipe", {"name": "patch-and-rerun", "args": {"gpu": ["1"], "attempts": 1, "command": touch}}, "run", "read-only + recipes")
+            await refused(s, "run_recipe", {"name": "clean-node", "args": {"gpu": ["0"], "grace": 0}}, "clean", "read-only + recipes")
+            check(alive(holder), "a refused clean-node stopped the holder")
+            # Declares nothing: over MCP it may only read.
+            r = await call(s, "run_recipe", {"name": "undeclared"})
+            c = r.structured_content
+            check(c["code"] != 0 and "run() runs a command or writes a file, which this recipe may not do" in c["stderr_tail"], f"undeclared: {c}")
+            r = await call(s, "run_recipe", {"name": "quiet-killer"})
+            c = r.structured_content
+            check(c["code"] != 0 and "kill() signals processes, which this recipe may not do" in c["stderr_tail"], f"quiet-killer: {c}")
+            check(alive(holder), "a recipe declaring needs: none stopped the holder")
+    check(not os.path.exists(marker), "a command ran without --allow run")
+    async with stdio_client(server(SERVER_ARGS[:-1] + ["recipes,clean"])) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            # Its header says clean; its body runs a command: stopped at run().
+            r = await call(s, "run_recipe", {"name": "liar"})
+            c = r.structured_content
+            check(c["code"] != 0 and "`// needs: clean`" in c["stderr_tail"], f"liar: {c}")
+            await refused(s, "run_recipe", {"name": "patch-and-rerun", "args": {"gpu": ["1"], "attempts": 1, "command": touch}}, "run", "read-only + clean, recipes")
+    check(not os.path.exists(marker), "a command ran without --allow run")
+    async with stdio_client(server(SERVER_ARGS[:-1] + ["recipes,clean,run"])) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            r = await call(s, "run_recipe", {"name": "patch-and-rerun", "args": {"gpu": ["1"], "attempts": 1, "command": touch}, "timeout": 120})
+            check(r.structured_content["code"] == 0, f"patch-and-rerun with --allow run: {r.structured_content}")
+    check(os.path.exists(marker), "patch-and-rerun did not run its command with --allow run")
+
+
 SCENARIOS = {
+    "recipe_needs": recipe_needs,
     "recipe_args": recipe_args,
     "recipes_from_cwd": recipes_from_cwd,
     "read_only": read_only,

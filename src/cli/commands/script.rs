@@ -7,8 +7,10 @@ use crate::error::Error;
 use crate::exit::Exit;
 use crate::render::{self, Style};
 use crate::script::engine::{build_engine, new_scope, run_source, EngineOpts};
+use crate::script::modules::Imports;
 use crate::script::recipes::header::{ArgKind, ArgValue, Header, Parsed};
-use crate::script::recipes::{self, Found, Named, Roots};
+use crate::script::recipes::needs::{self, Powers};
+use crate::script::recipes::{self, Found, Named, Origin, Roots};
 use std::path::{Path, PathBuf};
 
 /// The script SCRIPT names: stdin, a file (a path), or a recipe (a bare name, never a file
@@ -17,7 +19,8 @@ use std::path::{Path, PathBuf};
 pub(crate) enum Script {
     Stdin,
     /// A recipe has no directory of its own: its imports come from GPULOOP_PATH, the user's
-    /// modules and the standard library, never from the current directory either.
+    /// modules and the standard library, never from the current directory either; a
+    /// built-in one's from the standard library alone.
     Recipe(Found),
     /// The path as given (it has a `/` or ends in `.rhai`).
     File(String),
@@ -46,11 +49,19 @@ impl Script {
         }
     }
 
-    /// Its name for messages, its source, and the directory its imports are looked up in.
-    fn read(&self) -> Result<(String, String, Option<PathBuf>), Error> {
+    /// Its name for messages, its source, and where its imports are looked up. As root, a
+    /// file (by path, or on stdin) is read only when it passes the trust checks.
+    fn read(&self) -> Result<(String, String, Imports), Error> {
         use crate::input::{self, ReadError};
+        use crate::trust::NamedError;
         let script = match self {
             Script::Stdin => {
+                crate::trust::stdin_file().map_err(|why| {
+                    Error::Usage(format!(
+                        "cannot read the script from stdin: {}",
+                        NamedError::Refused(why)
+                    ))
+                })?;
                 let src = input::stdin(input::SCRIPT)
                     .and_then(|b| String::from_utf8(b).map_err(|_| ReadError::NotUtf8))
                     .map_err(|e| match e {
@@ -58,28 +69,37 @@ impl Script {
                         e => Error::Usage(format!("cannot read the script from stdin: {e}")),
                     })?;
                 let src = input::without_bom(&src).to_string();
-                return Ok(("<stdin>".into(), src, std::env::current_dir().ok()));
+                let script_dir = std::env::current_dir().ok();
+                return Ok(("<stdin>".into(), src, Imports::Files { script_dir }));
             }
             Script::Recipe(found) => {
+                let imports = match found.origin {
+                    Origin::BuiltIn => Imports::Stdlib,
+                    Origin::User | Origin::Site => Imports::Files { script_dir: None },
+                };
                 return Ok((
                     found.name.clone(),
                     input::without_bom(&found.source).to_string(),
-                    None,
-                ))
+                    imports,
+                ));
             }
             Script::File(script) => script,
         };
         let path = Path::new(script);
-        let src = input::text(path, input::SCRIPT).map_err(|e| {
-            let hint = match e {
-                // Only a missing file may have meant a recipe.
-                ReadError::Io(ref io) if io.kind() == std::io::ErrorKind::NotFound => {
-                    " (gpuloop recipes lists the recipes, which run by name)".to_string()
-                }
-                _ => String::new(),
-            };
-            Error::Usage(format!("cannot read script {script}: {e}{hint}"))
-        })?;
+        let src = crate::trust::named(path, input::SCRIPT)
+            .and_then(|b| String::from_utf8(b).map_err(|_| ReadError::NotUtf8.into()))
+            .map_err(|e| {
+                let hint = match e {
+                    // Only a missing file may have meant a recipe.
+                    NamedError::Read(ReadError::Io(ref io))
+                        if io.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        " (gpuloop recipes lists the recipes, which run by name)".to_string()
+                    }
+                    _ => String::new(),
+                };
+                Error::Usage(format!("cannot read script {script}: {e}{hint}"))
+            })?;
         let dir = path
             .parent()
             .map(|p| {
@@ -93,7 +113,7 @@ impl Script {
         Ok((
             script.to_string(),
             input::without_bom(&src).to_string(),
-            dir,
+            Imports::Files { script_dir: dir },
         ))
     }
 }
@@ -108,6 +128,26 @@ fn header(script: &Script, file: &str, src: &str) -> Result<Header, Error> {
             src,
         ))
     })
+}
+
+/// What the script may do beyond reading. Started by MCP's `run_recipe` (`MCP_ALLOW` set):
+/// what its header's `// needs:` line declares (nothing without one), and only when the
+/// server's `--allow` permits all of it. Run by a person: what that line declares, or
+/// everything when there is none.
+fn powers(file: &str, header: &Header) -> Result<Powers, Error> {
+    let Some(allowed) = std::env::var_os(recipes::MCP_ALLOW) else {
+        return Ok(header.needs.as_deref().map_or(Powers::ALL, Powers::only));
+    };
+    let allowed = allowed.to_string_lossy().into_owned();
+    let needs = header.needs.clone().unwrap_or_default();
+    if let Some(n) = needs::Need::first_refused(&needs, allowed.split(',')) {
+        return Err(Error::Usage(format!(
+            "{file} needs {n} (its header says `// needs: {}`), which this MCP server does not allow: the person who runs it can allow it with `gpuloop mcp --allow {}`",
+            needs::words(&needs),
+            n.allowed_by()[0]
+        )));
+    }
+    Ok(Powers::only(&needs))
 }
 
 /// The declared arguments' values from the command line, checked before anything runs (a
@@ -179,8 +219,9 @@ fn arguments(
 /// `gpuloop run SCRIPT ARGS…`: the script, with ARGS (and its declared arguments, ARG) in
 /// its scope.
 pub(super) fn run(cfg: &Config, script: &Script, args: &[String]) -> Result<Exit, Error> {
-    let (file, src, dir) = script.read()?;
+    let (file, src, imports) = script.read()?;
     let header = header(script, &file, &src)?;
+    let powers = powers(&file, &header)?;
     let Some(values) = arguments(cfg, &file, &header, args)? else {
         return Ok(Exit::Success);
     };
@@ -190,8 +231,9 @@ pub(super) fn run(cfg: &Config, script: &Script, args: &[String]) -> Result<Exit
     let engine = build_engine(
         session,
         &EngineOpts {
-            script_dir: dir,
+            imports,
             json: cfg.json,
+            powers,
         },
     );
     let mut scope = new_scope(args, &values);
@@ -205,12 +247,13 @@ pub(super) fn run(cfg: &Config, script: &Script, args: &[String]) -> Result<Exit
 pub(super) fn eval(cfg: &Config, code: &str) -> Result<Exit, Error> {
     let _jobs = crate::runner::Supervisor::start();
     let session = cfg.session.clone();
-    let dir = std::env::current_dir().ok();
+    let script_dir = std::env::current_dir().ok();
     let engine = build_engine(
         session,
         &EngineOpts {
-            script_dir: dir,
+            imports: Imports::Files { script_dir },
             json: cfg.json,
+            ..EngineOpts::default()
         },
     );
     let mut scope = new_scope(&[], &[]);
@@ -231,11 +274,11 @@ pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<Exit, Error> {
     let mut failed = 0;
     for p in scripts {
         let read = Script::named(&p.display().to_string()).and_then(|s| {
-            let (file, src, dir) = s.read()?;
+            let (file, src, imports) = s.read()?;
             let h = header(&s, &file, &src)?;
-            Ok((file, src, dir, h))
+            Ok((file, src, imports, h))
         });
-        let (file, src, dir, header) = match read {
+        let (file, src, imports, header) = match read {
             Ok(s) => s,
             Err(e @ Error::Script(_)) => {
                 crate::errln!("{e}");
@@ -251,8 +294,9 @@ pub(super) fn check(cfg: &Config, scripts: &[PathBuf]) -> Result<Exit, Error> {
         let engine = build_engine(
             cfg.session.clone(),
             &EngineOpts {
-                script_dir: dir,
+                imports,
                 json: cfg.json,
+                ..EngineOpts::default()
             },
         );
         let checked = crate::script::engine::compile(&engine, &file, &src).and_then(|ast| {
@@ -298,29 +342,18 @@ pub(super) fn recipes(cfg: &Config, cmd: &RecipesCommand) -> Result<Exit, Error>
             emit(cfg, &rs, || render::recipes(&rs))
         }
         RecipesCommand::Show(name) => {
-            let all = recipes::list(&roots);
-            // The one that runs by that name (or is refused), not one it shadows.
-            let Some(r) = all
-                .iter()
-                .find(|r| r.name == *name && r.shadowed_by.is_none())
-            else {
-                return Err(Error::Usage(recipes::find(name, &roots).err().map_or_else(
-                    || format!("no recipe named {name:?}"),
-                    |e| e.to_string(),
-                )));
-            };
-            let source = match &r.path {
-                Some(p) => crate::input::text(Path::new(p), crate::input::SCRIPT)
-                    .map_err(|e| Error::Other(format!("cannot read {p}: {e}")))?,
-                None => recipes::BUILT_IN
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, s)| s.to_string())
-                    .unwrap_or_default(),
-            };
+            // The one that runs by that name, not one it shadows, read as running it reads
+            // it: a refused one is never opened, and the error says why.
+            let found = recipes::find(name, &roots).map_err(|e| Error::Usage(e.to_string()))?;
+            let recipe = recipes::Recipe::of(
+                &found.name,
+                found.origin,
+                found.path.as_deref(),
+                Some(&found.source),
+            );
             let shown = Shown {
-                recipe: r.clone(),
-                source,
+                recipe,
+                source: found.source,
             };
             emit(cfg, &shown, || {
                 render::recipe(&shown.recipe, &shown.help(), &shown.source)

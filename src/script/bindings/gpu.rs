@@ -9,6 +9,7 @@ use crate::script::convert::{
     script_err, selectors, to_array, to_map, to_script, Opts, RhaiResult,
 };
 use crate::script::engine::def;
+use crate::script::recipes::needs::{Act, Powers};
 use crate::session::Session;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::collections::BTreeMap;
@@ -42,7 +43,7 @@ fn selection(s: &Session, sel: &Dynamic) -> RhaiResult<HostSel> {
         .map_err(to_script)
 }
 
-pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
+pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powers) {
     let s = session.clone();
     def(
         engine,
@@ -413,7 +414,7 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         move |sel: Dynamic, opts: Map| wait(&s, sel, opts),
     );
 
-    let reset = |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
+    let reset = move |s: &Session, sel: Dynamic, opts: Map| -> RhaiResult<Array> {
         let o = Opts::new(
             &opts,
             "reset_gpu",
@@ -424,6 +425,12 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
             .secs("timeout", Some(Duration::from_secs(30)))?
             .unwrap_or(Duration::from_secs(30));
         let (force, dry_run) = (o.bool("force", false)?, o.bool("dry_run", false)?);
+        // A reset stops what is in its way and resets the GPU: as much as clean.
+        if !dry_run {
+            powers
+                .check(Act::Signal, "reset_gpu()")
+                .map_err(script_err)?;
+        }
         let sel = selection(s, &sel)?;
         let reports = Fleet::of(s)
             .reset(&sel, |gpus| Reset {

@@ -6,6 +6,7 @@ use crate::script::convert::{
 };
 use crate::script::engine::def;
 use crate::script::errors;
+use crate::script::recipes::needs::{Act, Powers};
 use rhai::{Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, NativeCallContext, Position};
 use std::time::{Duration, Instant};
 
@@ -126,7 +127,10 @@ fn truthy(v: &Dynamic) -> bool {
 }
 
 /// The helpers, for an engine built under `limits`; `log()` counts from now.
-pub(crate) fn register(engine: &mut Engine, limits: &Limits) {
+pub(crate) fn register(engine: &mut Engine, limits: &Limits, powers: Powers) {
+    // Writing a file is as much as running a command (a cron entry, a profile): only a
+    // script that may run them.
+    let may_write = move |func: &str| powers.check(Act::Run, func).map_err(script_err);
     let max_file = limits.string;
     let max_depth = limits.depth;
     register_sized(engine, limits);
@@ -230,7 +234,8 @@ pub(crate) fn register(engine: &mut Engine, limits: &Limits) {
         &["path: String", "text: String", "()"],
         "Writes text to a file, replacing it (written to a temporary file, then renamed).
          Only regular files: a FIFO, a device or a directory at path is an error, untouched.",
-        |path: ImmutableString, text: ImmutableString| -> RhaiResult<()> {
+        move |path: ImmutableString, text: ImmutableString| -> RhaiResult<()> {
+            may_write("write_file()")?;
             write_atomic(path.as_str(), text.as_bytes())
                 .map_err(|e| script_err(format!("write_file({path:?}): {e}")))
         },
@@ -245,6 +250,7 @@ pub(crate) fn register(engine: &mut Engine, limits: &Limits) {
               old: ImmutableString,
               new: ImmutableString|
               -> RhaiResult<i64> {
+            may_write("replace_in_file()")?;
             if old.is_empty() {
                 return Err(script_err("replace_in_file: old must not be empty"));
             }

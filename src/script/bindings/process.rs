@@ -6,6 +6,7 @@ use crate::process::kill::{parse_signal, KillOpts, Target};
 use crate::process::Identity;
 use crate::script::convert::{script_err, to_map, to_script, Opts, RhaiResult};
 use crate::script::engine::def;
+use crate::script::recipes::needs::{Act, Powers};
 use crate::session::Session;
 use rhai::{Array, Dynamic, Engine, Map};
 use std::sync::Arc;
@@ -176,7 +177,15 @@ fn run_kill(
     to_map(&report)
 }
 
-pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
+/// A kill that signals (not a dry run) needs the power to signal.
+fn may_signal(powers: Powers, opts: &KillOpts) -> RhaiResult<()> {
+    if opts.dry_run {
+        return Ok(());
+    }
+    powers.check(Act::Signal, "kill()").map_err(script_err)
+}
+
+pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powers) {
     let s = session.clone();
     def(
         engine,
@@ -198,7 +207,9 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          Ctrl-C during the grace stops the waiting and KILLs nobody: the script ends (130)
          saying what was signalled and what still runs.",
         move |target: Dynamic| -> RhaiResult<Dynamic> {
-            run_kill(&s, &target, &KillOpts::default(), &Bound::default(), false)
+            let opts = KillOpts::default();
+            may_signal(powers, &opts)?;
+            run_kill(&s, &target, &opts, &Bound::default(), false)
         },
     );
     let s = session.clone();
@@ -230,13 +241,9 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          checked (by_host holds each host's report); a bare pid is then ambiguous.",
         move |target: Dynamic, opts: Map| -> RhaiResult<Dynamic> {
             let skip = on_error_of(&opts)?;
-            run_kill(
-                &s,
-                &target,
-                &KillOpts::try_from(&opts)?,
-                &kill_bound(&opts)?,
-                skip,
-            )
+            let kill_opts = KillOpts::try_from(&opts)?;
+            may_signal(powers, &kill_opts)?;
+            run_kill(&s, &target, &kill_opts, &kill_bound(&opts)?, skip)
         },
     );
 }

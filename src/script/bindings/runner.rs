@@ -6,6 +6,7 @@ use crate::runner::patch::{self, Direction};
 use crate::runner::{Cmd, JobOpts, Outcome, RunError, Waited};
 use crate::script::convert::{script_err, secs_arg, to_map, Opts, RhaiResult};
 use crate::script::engine::def;
+use crate::script::recipes::needs::{Act, Powers};
 use crate::session::Session;
 use nix::sys::signal::Signal;
 use rhai::{Array, Dynamic, Engine, EvalAltResult, FnPtr, ImmutableString, Map, NativeCallContext};
@@ -172,14 +173,25 @@ fn stop(h: &JobHandle, opts: &Map) -> RhaiResult<Dynamic> {
     }
 }
 
-fn patch_file(func: &str, path: &str, diff: &str, direction: Direction) -> RhaiResult<i64> {
+fn patch_file(
+    powers: Powers,
+    func: &str,
+    path: &str,
+    diff: &str,
+    direction: Direction,
+) -> RhaiResult<i64> {
+    powers
+        .check(Act::Run, &format!("{func}()"))
+        .map_err(script_err)?;
     patch::apply(Path::new(path), diff, direction, false)
         .map(|a| a.hunks as i64)
         .map_err(|e| script_err(format!("{func}: {e}")))
 }
 
-pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
+pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powers) {
     engine.register_type_with_name::<JobHandle>("Job");
+    // run() and spawn() start commands: only a script that may run them.
+    let may_run = move |func: &str| powers.check(Act::Run, func).map_err(script_err);
 
     let s = session.clone();
     def(
@@ -198,7 +210,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          then KILL, and is reaped. Ctrl-C then ends the script (exit 130). When the main
          process exits, what the job left running is stopped the same way before run()
          returns; leftovers lists those pids.",
-        move |cmd: Dynamic| run(&s, &cmd, &Map::new()),
+        move |cmd: Dynamic| {
+            may_run("run()")?;
+            run(&s, &cmd, &Map::new())
+        },
     );
     let s = session.clone();
     def(
@@ -214,7 +229,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          --host: the job runs there under its agent, which stops its whole tree on timeout,
          Ctrl-C, script end or a dropped connection; its output streams back as
          \"[host] line\").",
-        move |cmd: Dynamic, opts: Map| run(&s, &cmd, &opts),
+        move |cmd: Dynamic, opts: Map| {
+            may_run("run()")?;
+            run(&s, &cmd, &opts)
+        },
     );
     let s = session.clone();
     def(
@@ -225,7 +243,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          returns its handle: job.pid, job.host, job.wait([timeout]), job.kill([opts]),
          job.running(). Same command forms, capture and echo as run(); stopped, whole tree,
          when the script ends.",
-        move |cmd: Dynamic| spawn(&s, &cmd, &Map::new()),
+        move |cmd: Dynamic| {
+            may_run("spawn()")?;
+            spawn(&s, &cmd, &Map::new())
+        },
     );
     let s = session.clone();
     def(
@@ -238,7 +259,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          connection; its output streams back as \"[host] line\", job.pid is its pid there,
          and wait(), kill() and running() act on it over the connection (a host that stops
          answering fails them with a timeout error naming it).",
-        move |cmd: Dynamic, opts: Map| spawn(&s, &cmd, &opts),
+        move |cmd: Dynamic, opts: Map| {
+            may_run("spawn()")?;
+            spawn(&s, &cmd, &opts)
+        },
     );
 
     rhai::FuncRegistration::new_getter("pid")
@@ -339,8 +363,8 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          headers, git's a/ b/ prefixes stripped). All or nothing: when a hunk does not apply,
          the error says which line differs (and whether the diff looks already applied) and no
          file is touched. Returns the number of hunks applied.",
-        |path: ImmutableString, diff: ImmutableString| {
-            patch_file("apply_patch", &path, &diff, Direction::Apply)
+        move |path: ImmutableString, diff: ImmutableString| {
+            patch_file(powers, "apply_patch", &path, &diff, Direction::Apply)
         },
     );
     def(
@@ -349,8 +373,8 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         &["path: String", "diff: String", "i64"],
         "Undoes a unified diff applied with apply_patch (applies its reverse), all or nothing.
          Returns the number of hunks reverted.",
-        |path: ImmutableString, diff: ImmutableString| {
-            patch_file("revert_patch", &path, &diff, Direction::Revert)
+        move |path: ImmutableString, diff: ImmutableString| {
+            patch_file(powers, "revert_patch", &path, &diff, Direction::Revert)
         },
     );
     def(

@@ -1,6 +1,7 @@
-//! A recipe's header: the comment block it opens with says what it is for (its first line)
-//! and declares its arguments (`// arg NAME: TYPE …` lines), which are checked against the
-//! command line before the recipe runs and printed by `gpuloop run NAME --help`.
+//! A recipe's header: the comment block it opens with says what it is for (its first line),
+//! declares its arguments (`// arg NAME: TYPE …` lines), which are checked against the
+//! command line before the recipe runs and printed by `gpuloop run NAME --help`, and what it
+//! does beyond reading (a `// needs:` line, `needs.rs`).
 //!
 //! ```text
 //! // clean-node: after a crashed job, bring the GPUs back to 0 MiB and say what it took.
@@ -10,6 +11,7 @@
 //! // arg allow-reset: flag       reset a GPU whose memory nobody holds
 //! // arg patch: file!            the unified diff to apply
 //! // arg command: rest           the job to run, after --
+//! // needs: clean, run
 //! ```
 //!
 //! Nothing here knows Rhai: the values are `ArgValue`s, which the script layer turns into the
@@ -174,6 +176,8 @@ pub struct Header {
     /// The other comment lines, declarations left out, for `--help`.
     pub prose: Vec<String>,
     pub args: Vec<ArgSpec>,
+    /// What its `// needs:` line declares it does beyond reading; `None` without one.
+    pub needs: Option<Vec<super::needs::Need>>,
 }
 
 /// A declaration that cannot be read: where, and why.
@@ -214,6 +218,7 @@ fn comment_lines(src: &str) -> Vec<(usize, String)> {
 pub fn parse(name: &str, src: &str) -> Result<Header, HeaderError> {
     let lines = comment_lines(src);
     let mut header = Header::default();
+    let mut rest_line = None;
     for (n, text) in &lines {
         if let Some(decl) = text.trim_start().strip_prefix("arg ") {
             let spec = declaration(decl).map_err(|why| HeaderError { line: *n, why })?;
@@ -230,7 +235,23 @@ pub fn parse(name: &str, src: &str) -> Result<Header, HeaderError> {
                     why: "only one argument may be of type rest (the words after --)".into(),
                 });
             }
+            if spec.kind == ArgKind::Rest {
+                rest_line = Some(*n);
+            }
             header.args.push(spec);
+        } else if let Some(list) = text
+            .trim_start()
+            .strip_prefix("needs:")
+            .filter(|_| !(header.purpose.is_empty() && name == "needs"))
+        {
+            if header.needs.is_some() {
+                return Err(HeaderError {
+                    line: *n,
+                    why: "`// needs:` is declared twice".into(),
+                });
+            }
+            let needs = super::needs::parse(list).map_err(|why| HeaderError { line: *n, why })?;
+            header.needs = Some(needs);
         } else if header.purpose.is_empty() && !text.trim().is_empty() {
             let p = text.trim();
             header.purpose = p
@@ -240,6 +261,19 @@ pub fn parse(name: &str, src: &str) -> Result<Header, HeaderError> {
                 .to_string();
         } else {
             header.prose.push(text.trim_end().to_string());
+        }
+    }
+    // The words of a rest argument are a command the caller gives: a recipe that takes one
+    // runs commands, and says so when it declares its needs.
+    if let (Some(line), Some(needs)) = (rest_line, &header.needs) {
+        if !needs.contains(&super::needs::Need::Run) {
+            return Err(HeaderError {
+                line,
+                why: format!(
+                    "an argument of type rest is a command to run: the `// needs:` line ({}) must name run",
+                    super::needs::words(needs)
+                ),
+            });
         }
     }
     // Blank lines at either end of the prose say nothing.
@@ -614,6 +648,13 @@ pub fn help(name: &str, header: &Header) -> String {
             out.push(format!("  {l:<width$}  {}{notes}", s.help));
         }
     }
+    if let Some(needs) = &header.needs {
+        out.push(String::new());
+        out.push(format!(
+            "needs: {} (what it does beyond reading; over MCP it runs only where the server allows that)",
+            super::needs::words(needs)
+        ));
+    }
     if !header.prose.is_empty() {
         out.push(String::new());
         out.extend(header.prose.iter().cloned());
@@ -767,6 +808,43 @@ mod tests {
         assert_eq!(
             (e.line, e.why.as_str()),
             (2, "argument --b is declared twice")
+        );
+    }
+
+    #[test]
+    fn the_needs_line_is_read_once_and_a_command_argument_needs_run() {
+        use super::super::needs::Need;
+        let h = parse(
+            "t",
+            "// t: test\n// needs: run, clean\n// arg c: rest  the job\n",
+        )
+        .unwrap();
+        assert_eq!(h.needs, Some(vec![Need::Clean, Need::Run]));
+        assert_eq!(h.purpose, "test");
+        assert!(
+            help("t", &h).contains("\nneeds: clean, run ("),
+            "{}",
+            help("t", &h)
+        );
+        assert_eq!(parse("t", "// t: test\n").unwrap().needs, None);
+        assert_eq!(
+            parse("t", "// t: x\n// needs: none\n").unwrap().needs,
+            Some(vec![])
+        );
+        let e = parse("t", "// t: x\n// needs: clean\n// arg c: rest  the job\n").unwrap_err();
+        assert_eq!(e.line, 3);
+        assert!(e.why.contains("must name run"), "{}", e.why);
+        let e = parse("t", "// t: x\n// needs: run\n// needs: kill\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.why.as_str()),
+            (3, "`// needs:` is declared twice")
+        );
+        let e = parse("t", "// t: x\n// needs: sudo\n").unwrap_err();
+        assert!(e.why.contains("unknown need \"sudo\""), "{}", e.why);
+        // A recipe named needs has its purpose line still.
+        assert_eq!(
+            parse("needs", "// needs: reads\n").unwrap().purpose,
+            "reads"
         );
     }
 

@@ -1,6 +1,6 @@
 //! Recipes by name: the user's (`$XDG_CONFIG_HOME/gpuloop/recipes`), the site's
 //! (`/etc/gpuloop/recipes`) and the ones compiled into the binary, searched in that order;
-//! a file runs by name only when `trust` says so. `gpuloop recipes` lists them all.
+//! a file runs by name only when `crate::trust` says so. `gpuloop recipes` lists them all.
 //!
 //! The user's come first so that a person can try a change to a site or built-in recipe under
 //! its own name without being root; a root epilog's `gpuloop run NAME` sees root's own
@@ -8,9 +8,11 @@
 //! the server was started with `--user-recipes`.
 
 pub mod header;
-pub(crate) mod trust;
+pub mod needs;
 
+use crate::trust::{self, Distrust};
 use header::{ArgSpec, Header};
+use needs::Need;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -72,6 +74,12 @@ pub struct Roots {
 /// Set in the environment of the gpuloop that MCP's `run_recipe` starts without
 /// `--user-recipes`: that gpuloop searches the site's and the built-in recipes only.
 pub const NO_USER_RECIPES: &str = "GPULOOP_NO_USER_RECIPES";
+
+/// Set in the environment of the gpuloop that MCP's `run_recipe` starts: the server's
+/// `--allow` list (`kill,clean,run`, or empty). That gpuloop runs the recipe only when the
+/// list permits every need its header declares, and lets it do no more than those
+/// (`needs::Powers`); a recipe that declares none may then only read.
+pub const MCP_ALLOW: &str = "GPULOOP_MCP_ALLOW";
 
 impl Roots {
     /// From the environment: `XDG_CONFIG_HOME` (or `~/.config`), `GPULOOP_SITE_RECIPES` and
@@ -140,8 +148,8 @@ pub enum FindError {
         names: String,
         hint: String,
     },
-    #[error("recipe {name:?} is refused: {why}; {}", trust::Distrust::RULE)]
-    Untrusted { name: String, why: trust::Distrust },
+    #[error("recipe {name:?} is refused: {why}; {}", Distrust::RULE)]
+    Untrusted { name: String, why: Distrust },
     #[error("{name:?} is no recipe name: letters, digits, '.', '_' and '-', not starting with '.' or '-'")]
     BadName { name: String },
 }
@@ -164,7 +172,7 @@ pub fn find(name: &str, roots: &Roots) -> Result<Found, FindError> {
     }
     let file = format!("{name}.rhai");
     for (origin, dir) in roots.dirs() {
-        match trust::read(dir, &file) {
+        match trust::lookup(dir, &file, crate::input::SCRIPT) {
             Ok(Some(source)) => {
                 return Ok(Found {
                     name: name.into(),
@@ -174,10 +182,6 @@ pub fn find(name: &str, roots: &Roots) -> Result<Found, FindError> {
                 })
             }
             Ok(None) => {}
-            // A directory that cannot be trusted, with no such file in it, hides nothing.
-            Err(why) if !dir.join(&file).exists() && !is_link(&dir.join(&file)) => {
-                tracing::debug!("recipes: {}: {why}", dir.display());
-            }
             Err(why) => {
                 return Err(FindError::Untrusted {
                     name: name.into(),
@@ -206,10 +210,6 @@ pub fn find(name: &str, roots: &Roots) -> Result<Found, FindError> {
     }
 }
 
-fn is_link(p: &Path) -> bool {
-    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
-}
-
 /// One recipe as `gpuloop recipes` and MCP's `recipes` list it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Recipe {
@@ -222,6 +222,9 @@ pub struct Recipe {
     pub usage: String,
     /// The arguments its header declares.
     pub args: Vec<ArgSpec>,
+    /// What its header's `// needs:` line declares it does beyond reading (kill, clean, run;
+    /// empty: only reads); none without that line.
+    pub needs: Option<Vec<Need>>,
     /// A recipe of the same name found earlier in the search, which runs instead of this one.
     pub shadowed_by: Option<Origin>,
     /// Why it does not run by name (the trust checks, or a header that cannot be read).
@@ -229,7 +232,9 @@ pub struct Recipe {
 }
 
 impl Recipe {
-    fn of(name: &str, origin: Origin, path: Option<&Path>, src: Option<&str>) -> Recipe {
+    /// The record of a recipe whose source `src` was read; `None` for one that is refused,
+    /// and so never read.
+    pub(crate) fn of(name: &str, origin: Origin, path: Option<&Path>, src: Option<&str>) -> Recipe {
         let mut r = Recipe {
             name: name.into(),
             origin,
@@ -237,6 +242,7 @@ impl Recipe {
             purpose: String::new(),
             usage: format!("gpuloop run {name}"),
             args: Vec::new(),
+            needs: None,
             shadowed_by: None,
             refused: None,
         };
@@ -246,6 +252,7 @@ impl Recipe {
                     r.usage = header::usage(name, &h.args);
                     r.purpose = h.purpose;
                     r.args = h.args;
+                    r.needs = h.needs;
                 }
                 Err(e) => {
                     r.refused = Some(format!("its header, line {}: {}", e.line, e.why));
@@ -274,13 +281,13 @@ pub fn list(roots: &Roots) -> Vec<Recipe> {
         for name in names {
             let file = format!("{name}.rhai");
             let path = dir.join(&file);
-            let mut r = match trust::read(dir, &file) {
+            let mut r = match trust::read(dir, &file, crate::input::SCRIPT) {
                 Ok(Some(src)) => Recipe::of(&name, origin, Some(&path), Some(&src)),
                 Ok(None) => continue,
                 Err(why) => {
-                    // Its purpose is still worth showing; reading it runs nothing.
-                    let src = crate::input::text(&path, crate::input::SCRIPT).ok();
-                    let mut r = Recipe::of(&name, origin, Some(&path), src.as_deref());
+                    // A refused file is never opened: not even its purpose line is read (a
+                    // link may point at a file only root may read).
+                    let mut r = Recipe::of(&name, origin, Some(&path), None);
                     r.refused = Some(why.to_string());
                     r
                 }
@@ -340,11 +347,9 @@ pub enum CreateError {
     BadName(FindError),
     #[error("no home directory: cannot tell where the user's recipes go")]
     NoHome,
-    #[error("cannot make {}: {source}", dir.display())]
-    Dir {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
+    /// The directory, or a file of that name, fails the trust checks: nothing is written.
+    #[error("cannot write there: {0}; {rule}", rule = Distrust::RULE)]
+    Refused(Distrust),
     /// There is one by that name already, and it was not to be replaced.
     #[error("{} exists already: edit it, or remove it first", .0.display())]
     Exists(PathBuf),
@@ -356,44 +361,25 @@ pub enum CreateError {
 }
 
 /// Writes the skeleton of a new recipe into the user's directory (made if missing, mode 0755;
-/// the file 0644: writable by no one else, as the trust checks want); returns its path.
+/// the file 0644: writable by no one else, as the trust checks want); returns its path. The
+/// directory and every one above it pass the trust checks first, and the file is made in
+/// the directory that passed, never through a link.
 pub fn create(name: &str, text: &str, overwrite: bool) -> Result<PathBuf, CreateError> {
     use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     if !valid_name(name) {
         return Err(CreateError::BadName(FindError::BadName {
             name: name.into(),
         }));
     }
-    let dir = user_dir().ok_or(CreateError::NoHome)?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&dir)
-        .map_err(|source| CreateError::Dir {
-            dir: dir.clone(),
-            source,
-        })?;
-    let path = dir.join(format!("{name}.rhai"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(overwrite)
-        .create_new(!overwrite)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .mode(0o644)
-        .open(&path)
-        .map_err(|source| match source.kind() {
-            std::io::ErrorKind::AlreadyExists => CreateError::Exists(path.clone()),
-            _ => CreateError::Write {
-                path: path.clone(),
-                source,
-            },
-        })?;
-    // The umask may have taken bits off, never added; group-writable umasks (002) are why
-    // the mode is set again.
-    f.set_permissions(std::fs::Permissions::from_mode(0o644))
-        .and_then(|()| f.write_all(text.as_bytes()))
+    let named = user_dir().ok_or(CreateError::NoHome)?;
+    let dir = trust::Dir::make(&named, 0o755).map_err(CreateError::Refused)?;
+    let file = format!("{name}.rhai");
+    let path = named.join(&file);
+    let mut f = dir.create(&file, 0o644, overwrite).map_err(|e| match e {
+        trust::WriteError::Exists(_) => CreateError::Exists(path.clone()),
+        trust::WriteError::Refused(why) => CreateError::Refused(why),
+    })?;
+    f.write_all(text.as_bytes())
         .map_err(|source| CreateError::Write {
             path: path.clone(),
             source,
@@ -416,6 +402,7 @@ mod tests {
     fn every_recipe_says_what_it_is_for_and_declares_its_arguments() {
         for r in list(&no_dirs()) {
             assert!(!r.purpose.is_empty() && r.usage.contains(&r.name), "{r:?}");
+            assert!(r.needs.is_some(), "{} has no `// needs:` line", r.name);
             assert_eq!(r.refused, None, "{r:?}");
             assert!(!r.args.is_empty(), "{} declares no arguments", r.name);
         }
