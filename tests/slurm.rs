@@ -625,11 +625,8 @@ fn hosts_from_slurm_and_the_srun_transport(sim: &Sim, slurm: &Slurm) {
                     .ok()
             })
     };
-    assert_eq!(
-        sid(srun[0]),
-        Some(srun[0]),
-        "srun leads no session of its own"
-    );
+    // Said after the SIGKILL's check, so that a failure leaves no gpuloop behind.
+    let srun_sid = sid(srun[0]);
     sigkill_own(pid);
     let out = g.wait_with_output().expect("gpuloop");
     assert_eq!(out.status.code(), None, "killed");
@@ -642,6 +639,7 @@ fn hosts_from_slurm_and_the_srun_transport(sim: &Sim, slurm: &Slurm) {
         Vec::<i32>::new(),
         "an srun or agent outlived a SIGKILLed gpuloop"
     );
+    assert_eq!(srun_sid, Some(srun[0]), "srun leads no session of its own");
 
     // A node list: Slurm expands it; nodes outside the job are named errors, the rest answers.
     // The job is SLURM_JOB_ID's, as inside the job (salloc, a batch script).
