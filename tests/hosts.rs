@@ -2543,7 +2543,7 @@ impl Drop for Midway {
     }
 }
 
-/// A first `--host` run lost to pdsh on a busy machine (1.8–2.2× at load 5–20): its ssh
+/// A first `--host` run lost to pdsh on a busy machine (3.2–4.7× at load 20–36): its ssh
 /// clients shared gpuloop's session, and so one share of the CPU under the kernel's
 /// per-session scheduling (autogroup), where pdsh's each have a session of their own. Each
 /// host's ssh now runs in a session of its own; and since no signal of gpuloop's can then

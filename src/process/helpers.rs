@@ -56,7 +56,8 @@ pub(crate) fn output(cmd: &mut std::process::Command) -> io::Result<std::process
 /// A session of its own: with autogroup scheduling (the default of most distributions) the
 /// kernel shares the CPU between sessions first, so 16 ssh clients in gpuloop's session
 /// shared one session's share on a busy machine, where pdsh's, each in a session of its own,
-/// got one each (a first `--host` run was 1.8–2.2× pdsh at load 5–20, 0.98× once apart). No
+/// got one each (a first `--host` run over 16 hosts on 2 cores at load 20–36 took 3.2–4.7×
+/// pdsh's time in gpuloop's session, 1.02–1.06× apart: benches/fleet.py). No
 /// signal of the terminal reached a helper before either (each was in a process group of its
 /// own): gpuloop stops them itself, on Ctrl-C, a hangup or SIGTERM, by closing or killing
 /// them; and ssh asks nothing of a terminal (`BatchMode`).
