@@ -19,14 +19,19 @@
 # recorded; a real driver knows it), the scan, the lineage its threads read (parents, cgroups)
 # and the time they spent looking up the containers' and pods' state (summed over the
 # threads), and what is left of the lineage after the scan.
-# Needs root, podman, runc, busybox-static. Writes benches/results/containers.json.
+# Needs root, podman, runc, busybox-static. Writes benches/results/containers.json (OUT=
+# another path).
+# BIN=path: that gpuloop (else a release build, which cargo makes only if it is out of date).
+# The image (busybox and the libraries gpuloop links; gpuloop itself is mounted in) is named by
+# a hash of its content, imported only where podman lacks it, and kept: a second run on the
+# host, at the same time or later, uses the same image and never removes it from under another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-50} RUNS=${RUNS:-60}
-cargo build --release -q
-BIN=$PWD/target/release/gpuloop
+OUT=${OUT:-benches/results/containers.json}
+[ -n "${BIN:-}" ] || { cargo build --release -q; BIN=$PWD/target/release/gpuloop; }
+BIN=$(realpath "$BIN")
 DIR=$(mktemp -d /tmp/gpuloop-bench-XXXXXX)
-IMAGE=localhost/gpuloop-bench:latest
 PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
 export GPULOOP_SIM=1x80G XDG_CONFIG_HOME=$DIR/config XDG_STATE_HOME=$DIR/state-home
 mkdir -p "$DIR/config/gpuloop" "$DIR/bundles-config/gpuloop" "$DIR/kubelet/pods" "$DIR/logs" \
@@ -46,7 +51,6 @@ cleanup() {
       rmdir "$m/pod$u" 2>/dev/null || true
     done
   done
-  "${PODMAN[@]}" rmi -f "$IMAGE" >/dev/null 2>&1 || true
   rm -rf "$DIR"
 }
 trap cleanup EXIT
@@ -54,16 +58,24 @@ trap cleanup EXIT
 GPULOOP_SIM_DIR=$DIR/plain $BIN gpus >/dev/null
 GPULOOP_SIM_DIR=$DIR/ctr $BIN gpus >/dev/null
 
-# The image: busybox-static and the libraries gpuloop links (gpuloop is mounted in).
-root=$DIR/root
-mkdir -p "$root"/{bin,proc,sys,dev,tmp,etc}
-cp /bin/busybox "$root/bin/"
-for lib in $(ldd "$BIN" | grep -o '/[^ ]*'); do
-  mkdir -p "$root$(dirname "$lib")"
-  cp -L "$lib" "$root$lib"
-done
-tar -C "$root" -cf "$DIR/root.tar" .
-"${PODMAN[@]}" import "$DIR/root.tar" "$IMAGE" >/dev/null
+# The image: busybox-static and the libraries gpuloop links (gpuloop is mounted in), tagged
+# with the hash of those files' names and bytes.
+libs=$(ldd "$BIN" | grep -o '/[^ ]*')
+hash=$(for f in /bin/busybox $libs; do echo "$f"; cat "$f"; done | sha256sum | cut -c1-16)
+IMAGE=localhost/gpuloop-bench:$hash
+if ! "${PODMAN[@]}" image exists "$IMAGE"; then
+  root=$DIR/root
+  mkdir -p "$root"/{bin,proc,sys,dev,tmp,etc}
+  cp /bin/busybox "$root/bin/"
+  for lib in $libs; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+  tar -C "$root" -cf "$DIR/root.tar" .
+  # Two runs importing the same content at once tag the same image: either import will do.
+  "${PODMAN[@]}" import "$DIR/root.tar" "$IMAGE" >/dev/null
+fi
+echo "image $IMAGE"
 
 held() { GPULOOP_SIM_DIR=$1 $BIN --json holders | grep -c '"role": "compute"' || true; }
 for _ in $(seq "$N"); do plain+=("$(GPULOOP_SIM_DIR=$DIR/plain $BIN sim hold --gpu 0 --mib 10)"); done
@@ -85,10 +97,10 @@ for i in $(seq "$N"); do
 done
 until [ "$(held "$DIR/ctr")" -ge "$N" ] && [ "$(held "$DIR/plain")" -ge "$N" ]; do sleep 0.2; done
 echo "processes: $(ls /proc | grep -c '^[0-9]'); $N plain holders, $N holders in containers"
-mkdir -p benches/results
-python3 - "$BIN" "$DIR" "$N" "$RUNS" <<'EOF'
+mkdir -p "$(dirname "$OUT")"
+python3 - "$BIN" "$DIR" "$N" "$RUNS" "$OUT" <<'EOF'
 import json, os, re, statistics, subprocess, sys, time
-bin_, d, n, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+bin_, d, n, runs, out_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 sim = lambda k: dict(os.environ, GPULOOP_SIM_DIR=f"{d}/{k}")
 bundles = lambda env: dict(env, XDG_CONFIG_HOME=f"{d}/bundles-config",
                            XDG_STATE_HOME=f"{d}/bundles-state-home")
@@ -149,5 +161,5 @@ out["holders"] = n
 out["runs"] = runs
 out["load_average"] = os.getloadavg()[0]
 print(json.dumps(out, indent=2))
-json.dump(out, open("benches/results/containers.json", "w"), indent=2)
+json.dump(out, open(out_path, "w"), indent=2)
 EOF

@@ -17,7 +17,8 @@ own simulated 8x80G machine (SetEnv GPULOOP_SIM_DIR, AcceptEnv) and one holder. 
   request lines (from one thread, or 16 at once) and waits for the reply lines;
 - the same query through `pdsh -R ssh -f 32` and a sequential `for h in ...; do ssh ...` loop
   (`gpuloop gpus --json` stands in for `nvidia-smi --query-gpu`; a new ssh connection per host
-  per query, as those tools make).
+  per query, as those tools make). The one-shots and these baselines take turns: one trial of
+  each per round, so load that comes and goes on a shared machine falls on all of them.
 
 TRANSPORTS=ssh,pipe (default both): `pipe` runs the same session with an `ssh` on PATH that
 starts the agent directly as a child (same argv, same per-alias environment, no sshd, no
@@ -552,10 +553,25 @@ class Bench:
                 save(results, complete=False)
                 continue
             gl, env = self.gl(ONESHOT)
-            oneshot = [self.timed(*gl, "--host", hosts, "--json", "gpus", env=env)[0]
-                       for _ in range(REPS)]
-            clean = []
+            pdsh_env = dict(os.environ, PDSH_RCMD_TYPE="ssh",
+                            PDSH_SSH_ARGS=f"-F {self.cfg} -o BatchMode=yes %h")
+            query = f"{BIN} gpus --json >/dev/null"
+            # The baselines (over ssh only): a bundle made where pdsh is not installed has
+            # none, and as root pdsh may find no module (pdsh_modules): the ssh loop stays.
+            baselines = "ssh" in TRANSPORTS
+            use_pdsh = baselines and PDSH and shutil.which(PDSH)
+            oneshot, clean, pdsh, loop = [], [], [], []
+            # One trial of each per round, in turn (a noisy moment falls on all of them);
+            # the sequential ssh loop over more than 16 hosts only in the first two rounds.
             for i in range(REPS):
+                oneshot.append(self.timed(*gl, "--host", hosts, "--json", "gpus", env=env)[0])
+                if use_pdsh:
+                    pdsh.append(self.timed(PDSH, "-f", "32", "-w", hosts, query, env=pdsh_env)[0])
+                if baselines and (n <= 16 or i < 2):
+                    t = time.perf_counter()
+                    for a in aliases:
+                        sh(SSH, "-F", self.cfg, "-o", "BatchMode=yes", a, query)
+                    loop.append(time.perf_counter() - t)
                 if i > 0:
                     for a in aliases:
                         self.hold(a)
@@ -571,30 +587,13 @@ class Bench:
                 "clean_oneshot_ms": stats_ms(clean),
                 "loadavg_end": open("/proc/loadavg").read().split()[:3],
             })
+            if baselines:
+                row.update({
+                    "pdsh_query_ms": stats_ms(pdsh) if pdsh else f"left out: {self.pdsh_skipped or 'no pdsh (not installed, or not in the bundle)'}",
+                    "ssh_loop_query_ms": stats_ms(loop),
+                })
             results["sizes"][n] = row
             print(n, json.dumps(row), file=sys.stderr, flush=True)
-            save(results, complete=False)
-            if "ssh" not in TRANSPORTS:
-                continue
-            pdsh_env = dict(os.environ, PDSH_RCMD_TYPE="ssh",
-                            PDSH_SSH_ARGS=f"-F {self.cfg} -o BatchMode=yes %h")
-            query = f"{BIN} gpus --json >/dev/null"
-            # A bundle made where pdsh is not installed has none, and as root pdsh may
-            # find no module (pdsh_modules): the ssh loop stays.
-            pdsh = [self.timed(PDSH, "-f", "32", "-w", hosts, query, env=pdsh_env)[0]
-                    for _ in range(REPS)] if PDSH else None
-            loop = []
-            for _ in range(REPS if n <= 16 else 2):
-                t = time.perf_counter()
-                for a in aliases:
-                    sh(SSH, "-F", self.cfg, "-o", "BatchMode=yes", a, query)
-                loop.append(time.perf_counter() - t)
-            row.update({
-                "pdsh_query_ms": stats_ms(pdsh) if pdsh else f"left out: {self.pdsh_skipped or 'pdsh not in the bundle'}",
-                "ssh_loop_query_ms": stats_ms(loop),
-                "loadavg_end": open("/proc/loadavg").read().split()[:3],
-            })
-            print(n, "baselines", json.dumps(row), file=sys.stderr, flush=True)
             save(results, complete=False)
         return results
 

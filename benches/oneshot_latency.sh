@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpuloop's own share of a one-shot's latency, without a GPU: `--version`, `gpus --json` and
-# `holders --json` on the fake driver library of the tests (tests/fake_nvml), with hyperfine.
+# `holders --json` on the fake driver library of the tests (tests/fake_nvml).
 #
 #   benches/oneshot_latency.sh [BIN…]        (default: target/release/gpuloop)
 #
@@ -8,12 +8,12 @@
 # then with the driver's costs as measured on H200s added (FAKE_NVML_DELAY, default
 # init=10,attach=6,util=2 ms: nvmlInit, each GPU's first handle, its first utilisation read),
 # where the floor is what the critical path must wait for: init + attach (+ util for gpus).
-# Several binaries (before/after) are measured side by side in each round, twice, in
-# alternating order, so that a busy machine's drift shows. Medians (ms) go to stdout;
-# hyperfine's JSON to $OUT (default a temporary directory).
+# Several binaries (before/after) are measured side by side in each round, their trials
+# interleaved (benches/alternate.py: one trial of each command per round, every other round
+# backward), so that a busy machine's drift falls on all alike. Medians (ms) go to stdout;
+# the JSON (hyperfine's layout) to $OUT (default a temporary directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v hyperfine >/dev/null || { echo "hyperfine is needed (apt-get install hyperfine)" >&2; exit 1; }
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(target/release/gpuloop)
 out=${OUT:-$(mktemp -d)}
@@ -26,16 +26,12 @@ unset GPULOOP_SIM GPULOOP_SIM_DIR FAKE_NVML
 echo "$(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg); $runs runs each"
 
 round() {
-  local name=$1 order=$2 cmds=() b
-  local list=("${bins[@]}")
-  if [ "$order" = rev ]; then
-    list=(); for ((i=${#bins[@]}-1; i>=0; i--)); do list+=("${bins[$i]}"); done
-  fi
-  for b in "${list[@]}"; do
+  local name=$1 cmds=() b
+  for b in "${bins[@]}"; do
     cmds+=("$b --version" "$b gpus --json" "$b holders --json")
   done
-  hyperfine -N --warmup 5 --runs "$runs" --export-json "$out/$name-$order.json" "${cmds[@]}" >/dev/null 2>&1
-  python3 - "$out/$name-$order.json" "$name ($order)" <<'EOF'
+  python3 benches/alternate.py --quiet --warmup 5 --runs "$runs" --export-json "$out/$name.json" "${cmds[@]}"
+  python3 - "$out/$name.json" "$name" <<'EOF'
 import json, sys
 rs = json.load(open(sys.argv[1]))["results"]
 print(f"-- {sys.argv[2]}")
@@ -46,10 +42,8 @@ EOF
 }
 
 unset FAKE_NVML_DELAY_MS
-round fast fwd
-round fast rev
+round fast
 export FAKE_NVML_DELAY_MS=${FAKE_NVML_DELAY:-init=10,attach=6,util=2}
 echo "FAKE_NVML_DELAY_MS=$FAKE_NVML_DELAY_MS"
-round delayed fwd
-round delayed rev
-echo "hyperfine JSON in $out"
+round delayed
+echo "JSON in $out"

@@ -20,7 +20,8 @@ with gpuloop's kept connections in a private XDG_RUNTIME_DIR. It measures:
   its gzip -1 size beside them;
 - what a user would run instead, with the same sshd and hosts, all hosts at once (as
   `pdsh -f 32` would; pdsh itself is used where installed): `scp` of the binary to every
-  host and then `ssh HOST BIN gpus --json` on each (first), then the `ssh` alone (repeat).
+  host and then `ssh HOST BIN gpus --json` on each (first), then the `ssh` alone (repeat),
+  each trial taking its turn beside gpuloop's (first beside first, repeat beside repeat).
 
 Every process it signals is its own child (sshd, the relays' sockets are threads); kept
 connections are ended with `ssh -O exit` and the temp dir goes at the end.
@@ -177,50 +178,46 @@ class Bench:
                 if f.endswith(".id"):
                     os.unlink(f"{d}/{f}")
 
-    def baseline(self):
-        """scp of the binary to every host, then ssh BIN gpus --json on each (all at once);
-        then the ssh alone. pdsh where installed, else one ssh per host started together."""
-        dest = lambda a: f"{self.tmp}/cache/{a}/gpuloop-copied"
-        pdsh = shutil.which("pdsh")
+    def baseline_dest(self, a):
+        return f"{self.tmp}/cache/{a}/gpuloop-copied"
 
-        def ssh_all():
-            if pdsh:
-                r = subprocess.run([pdsh, "-R", "ssh", "-f", "32", "-w", EXPR,
-                                    f"{self.tmp}/cache/%h/gpuloop-copied gpus --json"],
-                                   capture_output=True, text=True,
-                                   env=dict(os.environ, PDSH_SSH_ARGS_APPEND=f"-F {self.cfg}"))
-                ok = r.returncode == 0
-            else:
-                ps = [subprocess.Popen(["ssh", "-F", self.cfg, "-o", "BatchMode=yes", a,
-                                        f"{dest(a)} gpus --json"], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE) for a in ALIASES]
-                ok = all(p.communicate() and p.returncode == 0 for p in ps)
-            if not ok:
-                raise SystemExit("the ssh baseline failed")
+    def baseline_ssh(self):
+        """`ssh HOST BIN gpus --json` on every host at once: pdsh where installed, else one
+        ssh per host started together."""
+        dest, pdsh = self.baseline_dest, shutil.which("pdsh")
+        if pdsh:
+            r = subprocess.run([pdsh, "-R", "ssh", "-f", "32", "-w", EXPR,
+                                f"{self.tmp}/cache/%h/gpuloop-copied gpus --json"],
+                               capture_output=True, text=True,
+                               env=dict(os.environ, PDSH_SSH_ARGS_APPEND=f"-F {self.cfg}"))
+            ok = r.returncode == 0
+        else:
+            ps = [subprocess.Popen(["ssh", "-F", self.cfg, "-o", "BatchMode=yes", a,
+                                    f"{dest(a)} gpus --json"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE) for a in ALIASES]
+            ok = all(p.communicate() and p.returncode == 0 for p in ps)
+        if not ok:
+            raise SystemExit("the ssh baseline failed")
 
-        def scp_all():
-            ps = [subprocess.Popen(["scp", "-q", "-F", self.cfg, "-o", "BatchMode=yes", BIN,
-                                    f"{a}:{dest(a)}"]) for a in ALIASES]
-            if any(p.wait() != 0 for p in ps):
-                raise SystemExit("scp failed")
+    def baseline_first(self):
+        """scp of the binary to every host (all at once), then the ssh on each: the time."""
+        for a in ALIASES:
+            os.makedirs(f"{self.tmp}/cache/{a}", exist_ok=True)
+            if os.path.exists(self.baseline_dest(a)):
+                os.unlink(self.baseline_dest(a))
+        t = time.monotonic()
+        ps = [subprocess.Popen(["scp", "-q", "-F", self.cfg, "-o", "BatchMode=yes", BIN,
+                                f"{a}:{self.baseline_dest(a)}"]) for a in ALIASES]
+        if any(p.wait() != 0 for p in ps):
+            raise SystemExit("scp failed")
+        self.baseline_ssh()
+        return time.monotonic() - t
 
-        firsts, repeats = [], []
-        for _ in range(COLD):
-            for a in ALIASES:
-                os.makedirs(f"{self.tmp}/cache/{a}", exist_ok=True)
-                if os.path.exists(dest(a)):
-                    os.unlink(dest(a))
-            t = time.monotonic()
-            scp_all()
-            ssh_all()
-            firsts.append(time.monotonic() - t)
-        for _ in range(REPS):
-            t = time.monotonic()
-            ssh_all()
-            repeats.append(time.monotonic() - t)
-        return {"tool": "pdsh -R ssh" if pdsh else "ssh per host, all at once",
-                "first_s": med(firsts), "repeat_s": med(repeats),
-                "repeat_over_first": round(med(repeats) / med(firsts), 3)}
+    def baseline_repeat(self):
+        """The ssh alone, the copies there: the time."""
+        t = time.monotonic()
+        self.baseline_ssh()
+        return time.monotonic() - t
 
     def bytes_per_host(self):
         relays = {a: Relay(self.port) for a in ALIASES}
@@ -266,15 +263,22 @@ def main():
                "gzip1_bytes": len(subprocess.run(["gzip", "-1", "-c", BIN],
                                                  capture_output=True).stdout),
                "machine": machine()}
-        firsts = [b.cold() for _ in range(COLD)]
+        # gpuloop's runs and what a user would run instead take turns, one trial of each
+        # per round, so load that comes and goes on a shared machine falls on both.
+        firsts, base_firsts = [], []
+        for _ in range(COLD):
+            firsts.append(b.cold())
+            base_firsts.append(b.baseline_first())
         # After the last first run: its copies and kept connections serve the repeats.
-        stored = b.ids()
-        if len(stored) != HOSTS:
-            raise SystemExit(f"expected a .id sidecar per host, found {stored}")
-        repeats = [b.oneshot() for _ in range(REPS)]
-        fresh = [b.oneshot("--no-reuse") for _ in range(REPS)]
-        hashed = []
+        repeats, fresh, hashed, base_repeats = [], [], [], []
         for _ in range(REPS):
+            stored = b.ids()
+            if len(stored) != HOSTS:
+                raise SystemExit(f"expected a .id sidecar per host, found {stored}")
+            repeats.append(b.oneshot())
+            base_repeats.append(b.baseline_repeat())
+            fresh.append(b.oneshot("--no-reuse"))
+            # Last in the round: the run that hashes every copy again writes its .id anew.
             b.drop_ids()
             hashed.append(b.oneshot("--no-reuse"))
         out["gpuloop"] = {
@@ -284,7 +288,10 @@ def main():
             "repeat_no_reuse_hashing_every_time_s": med(hashed),
         }
         out["bytes_sent_per_host_first_run"] = b.bytes_per_host()
-        out["baseline"] = b.baseline()
+        out["baseline"] = {
+            "tool": "pdsh -R ssh" if shutil.which("pdsh") else "ssh per host, all at once",
+            "first_s": med(base_firsts), "repeat_s": med(base_repeats),
+            "repeat_over_first": round(med(base_repeats) / med(base_firsts), 3)}
         text = json.dumps(out, indent=1)
         if OUT:
             with open(OUT, "w") as f:

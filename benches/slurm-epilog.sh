@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Epilog time, gpuloop vs a DeepOps-style epilog (epilog.d/50-exclusive-gpu: list the GPU
 # processes, kill -9, sleep 5, check again, drain), on the same mess, on the simulator with the
-# driver's 150 ms release delay. Needs a running Slurm (SLURM_CONF) for squeue/scontrol, and
-# hyperfine. The DeepOps-style script lists holders with `fuser` on the simulator's private
+# driver's 150 ms release delay. Needs a running Slurm (SLURM_CONF) for squeue/scontrol. The
+# two epilogs' trials are interleaved (benches/alternate.py; the 5 s one runs fewer times, its
+# trials spread over the rounds). The DeepOps-style script lists holders with `fuser` on the simulator's private
 # device files (never -k) and kill -9s only those pids: processes this benchmark started.
 #
 #   SLURM_CONF=/path/slurm.conf bash benches/slurm-epilog.sh [target/release/gpuloop]
@@ -27,9 +28,8 @@ SH
 chmod +x "$GPULOOP_SIM_DIR/deepops-epilog.sh"
 
 mess="$BIN sim hold --gpu 0 --mib 1000 --setsid >/dev/null"
+alt() { python3 "$(dirname "$0")/alternate.py" "$@"; }
 echo "== clean node"
-hyperfine -N --warmup 2 --runs 20 "$BIN epilog"
-hyperfine --runs 3 "$GPULOOP_SIM_DIR/deepops-epilog.sh"
+alt --warmup 2 --runs 20 "$BIN epilog" --warmup 0 --runs 3 "$GPULOOP_SIM_DIR/deepops-epilog.sh"
 echo "== orphaned worker of the job (setsid'd, 1000 MiB on GPU 0)"
-hyperfine --runs 20 --prepare "$mess" "$BIN epilog"
-hyperfine --runs 3 --prepare "$mess" "$GPULOOP_SIM_DIR/deepops-epilog.sh"
+alt --prepare "$mess" --runs 20 "$BIN epilog" --runs 3 "$GPULOOP_SIM_DIR/deepops-epilog.sh"

@@ -3,8 +3,8 @@
 # calls, one step, the agent's hello, one call, the step's end), side by side with what a user
 # would type instead on a cluster without ssh to the nodes: a one-shot in a step of the job
 # (`srun --overlap --jobid J -w NODE gpuloop gpus`, as one would run nvidia-smi there), and a
-# bare step (`… true`), the floor. Needs a running Slurm (SLURM_CONF) with this machine as a
-# node, and hyperfine; on the simulator. The job it submits is cancelled at exit.
+# bare step (`… true`), the floor, their trials interleaved (benches/alternate.py). Needs a
+# running Slurm (SLURM_CONF) with this machine as a node; on the simulator. The job it submits is cancelled at exit.
 #
 #   SLURM_CONF=/path/slurm.conf bash benches/slurm-srun.sh [target/release/gpuloop]
 set -euo pipefail
@@ -18,7 +18,7 @@ node=$(squeue -h -j "$job" -o %N)
 step="srun --jobid $job --nodelist $node --nodes=1 --ntasks=1 --overlap --mpi=none"
 "$BIN" gpus >/dev/null
 
-hyperfine -N --warmup 2 --runs 20 \
+python3 "$(dirname "$0")/alternate.py" --warmup 2 --runs 20 \
   "$step true" \
   "$step $BIN gpus" \
   "$BIN --hosts-from-slurm $job --transport srun --remote-bin $BIN gpus"

@@ -2407,3 +2407,242 @@ fn a_pushed_copy_travels_as_xz_or_gzip_or_as_it_is_and_arrives_whole() {
     );
     assert_eq!(said(&gz_log).matches("-dc").count(), 1, "{}", said(&gz_log));
 }
+
+/// The session a live process is in (`None` once it is gone).
+fn sid_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
+/// The ssh clients gpuloop `pid` started, by identity: its children named ssh, less a kept
+/// connection's master, which ssh itself moves out of the run (it says `[mux]`) to serve
+/// later runs.
+fn ssh_children(pid: i32) -> Vec<(i32, Option<u64>)> {
+    children(pid)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "ssh")
+                && !std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("[mux]"))
+        })
+        .map(|p| (p, start_of(p)))
+        .collect()
+}
+
+/// Hosts in every state an interrupt or a SIGKILL can find a run's ssh clients in: `ma` and
+/// `mb` connected, their agents up; `mhang` connected, its remote command never saying hello
+/// and never reading its stdin (it sleeps); `mmute` a port that takes the connection and never
+/// sends ssh's banner.
+struct Midway {
+    c: Cluster,
+    _mute: std::net::TcpListener,
+    wrap: std::path::PathBuf,
+    /// The command line of what runs on `mhang` (a `sleep` of this test's own).
+    hang: String,
+}
+
+impl Midway {
+    fn new(hang: &str) -> Midway {
+        let c = Cluster::new(&[("ma", "1x8G"), ("mb", "1x8G"), ("mhang", "1x8G")], &[]);
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = mute.local_addr().expect("its port").port();
+        c.add_config(&format!(
+            "Host mmute\n  HostName 127.0.0.1\n  Port {port}\n  BatchMode yes\n"
+        ));
+        let hang = own(hang);
+        let wrap = agent_wrapper(&c, "mhang", &format!("exec {hang}"));
+        Midway {
+            c,
+            _mute: mute,
+            wrap,
+            hang,
+        }
+    }
+
+    /// `gpuloop --host ma,mb,mhang,mmute eval SRC`, once its four ssh clients run, the
+    /// agents of ma and mb are up and mhang's command runs; with those ssh clients.
+    fn start(&self, src: &str) -> (Started, Vec<(i32, Option<u64>)>) {
+        let hosts = ["--host", "ma,mb,mhang,mmute", "--host-timeout", "300"];
+        let g = self
+            .c
+            .cmd_with(&self.wrap, &[&hosts[..], &["eval", src]].concat())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gpuloop");
+        let g = Started(Some(g));
+        let pid = g.pid();
+        let ready = within(120, || {
+            ssh_children(pid).len() == 4
+                && !agent_of(self.c.sim("ma")).is_empty()
+                && !agent_of(self.c.sim("mb")).is_empty()
+                && !pids_with(&self.hang).is_empty()
+        });
+        if !ready {
+            panic!(
+                "not every host reached its state: ssh {:?}, agents {:?} {:?}, on mhang {:?}",
+                ssh_children(pid),
+                agent_of(self.c.sim("ma")),
+                agent_of(self.c.sim("mb")),
+                pids_with(&self.hang)
+            );
+        }
+        (g, ssh_children(pid))
+    }
+
+    /// The ssh clients of `kids` and the agents of ma and mb still running after `secs`.
+    fn left_after(&self, kids: &[(i32, Option<u64>)], secs: u64) -> (Vec<i32>, Vec<i32>) {
+        let running = |(k, t): &(i32, Option<u64>)| alive(*k) && start_of(*k) == *t;
+        let agents = || {
+            let mut a = agent_of(self.c.sim("ma"));
+            a.extend(agent_of(self.c.sim("mb")));
+            a
+        };
+        within(secs, || !kids.iter().any(running) && agents().is_empty());
+        (
+            kids.iter().filter(|k| running(k)).map(|k| k.0).collect(),
+            agents(),
+        )
+    }
+}
+
+/// A gpuloop this test started: SIGKILLed (by pid, our unreaped child) if a failed assertion
+/// leaves it running.
+struct Started(Option<std::process::Child>);
+
+impl Started {
+    fn pid(&self) -> i32 {
+        self.0.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    fn take(&mut self) -> std::process::Child {
+        self.0.take().expect("started once")
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Midway {
+    fn drop(&mut self) {
+        // mhang's command is this test's own sleep: nothing ends it but us.
+        for p in pids_with(&self.hang) {
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
+/// A first `--host` run lost to pdsh on a busy machine (3.2–4.7× at load 20–36): its ssh
+/// clients shared gpuloop's session, and so one share of the CPU under the kernel's
+/// per-session scheduling (autogroup), where pdsh's each have a session of their own. Each
+/// host's ssh now runs in a session of its own; and since no signal of gpuloop's can then
+/// end it, each dies with gpuloop (PDEATHSIG): a SIGKILLed gpuloop left an ssh waiting for a
+/// banner up to the connect timeout, and one whose host's command never ends for as long as
+/// that command ran. Neither may outlive it now, nor the agents of the hosts that answered.
+#[test]
+fn each_hosts_ssh_has_a_session_of_its_own_and_dies_with_a_sigkilled_gpuloop() {
+    let m = Midway::new("sleep 313740");
+    let (mut g, kids) = m.start("hosts(); sleep(600)");
+    let pid = g.pid();
+    let ours = sid_of(pid).expect("gpuloop's session");
+    let group = |p: i32| std::fs::read_to_string(format!("/proc/{p}/autogroup")).ok();
+    let autogroup = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .is_ok_and(|v| v.trim() == "1");
+    // Each ssh leads a session of its own; with autogroup scheduling on, that is a group of
+    // its own. Said after the SIGKILL's check, so that both are seen.
+    let shared: Vec<String> = kids
+        .iter()
+        .filter(|&&(k, _)| sid_of(k) != Some(k) || autogroup && group(k) == group(pid))
+        .map(|&(k, _)| format!("ssh {k}: session {:?}, {:?}", sid_of(k), group(k)))
+        .collect();
+    // The gpuloop this test started, by pid: no handler of its own runs.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let out = finish_within(g.take(), 60, "gpuloop after SIGKILL");
+    assert_eq!(out.code, -1, "killed by a signal");
+    let (ssh, agents) = m.left_after(&kids, 30);
+    assert!(
+        ssh.is_empty(),
+        "ssh clients outlived a SIGKILLed gpuloop: {ssh:?}"
+    );
+    assert!(
+        agents.is_empty(),
+        "agents outlived a SIGKILLed gpuloop: {agents:?}"
+    );
+    assert!(
+        shared.is_empty(),
+        "ssh clients in gpuloop's session ({ours}, {:?}): {shared:?}",
+        group(pid)
+    );
+}
+
+/// Each host's ssh is in a session of its own, which no signal of the terminal reaches: a
+/// Ctrl-C, a hangup or a SIGTERM to gpuloop must still end every one (connected, hung, or
+/// still waiting for its host), and the agents behind them, with 130; and so must a Ctrl-C
+/// while a call to connected hosts runs.
+#[test]
+fn ctrl_c_hangup_and_term_end_every_hosts_ssh_and_agent() {
+    let m = Midway::new("sleep 313741");
+    for (sig, name) in [
+        (libc::SIGINT, "INT"),
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGTERM, "TERM"),
+    ] {
+        let (mut g, kids) = m.start("hosts(); sleep(600)");
+        // The gpuloop this test started, by pid.
+        unsafe { libc::kill(g.pid(), sig) };
+        let out = finish_within(g.take(), 60, &format!("gpuloop after SIG{name}"));
+        assert_eq!(out.code, 130, "{name}: {}\n{}", out.stdout, out.stderr);
+        let (ssh, agents) = m.left_after(&kids, 30);
+        assert!(
+            ssh.is_empty(),
+            "{name}: ssh clients outlived the run: {ssh:?}"
+        );
+        assert!(
+            agents.is_empty(),
+            "{name}: agents outlived the run: {agents:?}"
+        );
+    }
+    // Every host connected, a job running on one: the job, the ssh clients and the agents
+    // end with the run.
+    let job = own("sleep 313742");
+    // In a file: a command line naming the job would match pids_with.
+    let script = m.c.script(
+        "job.rhai",
+        &format!(r#"run("exec {job}", #{{host: "ma"}})"#),
+    );
+    let mut g = Started(Some(
+        m.c.cmd(&["--host", "ma,mb", "run", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gpuloop"),
+    ));
+    let pid = g.pid();
+    assert!(
+        within(120, || pids_with(&job).len() == 1
+            && ssh_children(pid).len() == 2),
+        "the remote job did not start"
+    );
+    let kids = ssh_children(pid);
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = finish_within(g.take(), 60, "gpuloop after SIGINT during a remote job");
+    assert_eq!(out.code, 130, "{}\n{}", out.stdout, out.stderr);
+    let (ssh, agents) = m.left_after(&kids, 30);
+    assert!(ssh.is_empty(), "ssh clients outlived the run: {ssh:?}");
+    assert!(agents.is_empty(), "agents outlived the run: {agents:?}");
+    assert!(
+        pids_with(&job).is_empty(),
+        "the remote job outlived the run"
+    );
+}

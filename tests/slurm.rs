@@ -584,6 +584,63 @@ fn hosts_from_slurm_and_the_srun_transport(sim: &Sim, slurm: &Slurm) {
         "an agent or srun was left"
     );
 
+    // Each srun runs in a session of its own (as each ssh does) and dies with gpuloop: a
+    // SIGKILLed gpuloop, which runs no handler, leaves no srun and no agent in the job.
+    let mut g = sim.std_cmd();
+    g.args(["--hosts-from-slurm", &j])
+        .args(over_srun)
+        .args(["eval", "hosts(); sleep(600)"])
+        .env("SLURM_CONF", &slurm.conf)
+        .env_remove("SLURM_JOB_ID")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let g = g.spawn().expect("gpuloop");
+    let pid = g.id() as i32;
+    let sruns = || -> Vec<i32> {
+        agents_of(job)
+            .into_iter()
+            .filter(|p| ppid(*p) == pid)
+            .collect()
+    };
+    let up = Instant::now() + DEADLINE;
+    // Its srun, and the agent that srun started in the job (not srun's own child).
+    while (sruns().len() != 1 || agents_of(job).len() < 2) && Instant::now() < up {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let srun = sruns();
+    let all = agents_of(job);
+    if srun.len() != 1 || all.len() < 2 {
+        sigkill_own(pid);
+        panic!("no srun and agent in the job: {srun:?} {all:?}");
+    }
+    let sid = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(3)?
+                    .parse::<i32>()
+                    .ok()
+            })
+    };
+    // Said after the SIGKILL's check, so that a failure leaves no gpuloop behind.
+    let srun_sid = sid(srun[0]);
+    sigkill_own(pid);
+    let out = g.wait_with_output().expect("gpuloop");
+    assert_eq!(out.status.code(), None, "killed");
+    let gone = Instant::now() + DEADLINE;
+    while !agents_of(job).is_empty() && Instant::now() < gone {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        agents_of(job),
+        Vec::<i32>::new(),
+        "an srun or agent outlived a SIGKILLed gpuloop"
+    );
+    assert_eq!(srun_sid, Some(srun[0]), "srun leads no session of its own");
+
     // A node list: Slurm expands it; nodes outside the job are named errors, the rest answers.
     // The job is SLURM_JOB_ID's, as inside the job (salloc, a batch script).
     let list = format!("{},ghost[1-2]", slurm.node);
@@ -686,6 +743,11 @@ fn hosts_from_slurm_and_the_srun_transport(sim: &Sim, slurm: &Slurm) {
     slurm.out("scancel", &[&j]);
     slurm.wait_done(job);
     assert_eq!(slurm.state(), "idle", "{}", slurm.hooks_log());
+}
+
+/// SIGKILLs a gpuloop this test started, by pid.
+fn sigkill_own(pid: i32) {
+    unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
 /// Processes of `job` that are a gpuloop agent or an srun into it.

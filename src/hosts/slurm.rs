@@ -125,7 +125,8 @@ fn scontrol(arg: &str, args: &[&str]) -> Result<String, HostError> {
         arg: arg.into(),
         why,
     };
-    run_command("scontrol", args, DEADLINE).map_err(|f| match f {
+    // Apart from gpuloop, as every transport is: a SIGKILLed gpuloop leaves no scontrol.
+    run_command("scontrol", args, DEADLINE, Some(rustix::process::Signal::KILL)).map_err(|f| match f {
         CommandFailure::Start(std::io::ErrorKind::NotFound, _) => slurm(
             "scontrol is not installed here (Debian/Ubuntu: slurm-client); for a plain hostlist use --host 'LIST'"
                 .into(),

@@ -106,6 +106,17 @@ impl Transport {
         matches!(self, Transport::Ssh(o) if o.push)
     }
 
+    /// What the transport's process gets when gpuloop dies without closing it (SIGKILL):
+    /// ssh is killed, and its host's sshd then closes the agent's stdin, which ends the
+    /// agent; srun is asked to end its step (SIGTERM: srun passes it on to the agent, which
+    /// stops its jobs and exits), since a killed srun would leave the step's agent to Slurm.
+    pub fn death_signal(&self) -> rustix::process::Signal {
+        match self {
+            Transport::Ssh(_) => rustix::process::Signal::KILL,
+            Transport::Srun(_) => rustix::process::Signal::TERM,
+        }
+    }
+
     /// The program that reaches the hosts, for messages ("ssh said: …").
     pub fn program(&self) -> &'static str {
         match self {

@@ -1,5 +1,6 @@
 //! gpuloop's own helper processes (the guard, each host's ssh or srun): children in process
-//! groups of their own that belong to no job, known by identity from the moment they exist.
+//! groups (a host's: sessions) of their own that belong to no job, known by identity from the
+//! moment they exist.
 //!
 //! The runner takes any other child of gpuloop outside gpuloop's process group for an orphan
 //! of a job (gpuloop is the jobs' child subreaper) and stops it with the job. A helper is
@@ -49,6 +50,39 @@ pub(crate) fn output(cmd: &mut std::process::Command) -> io::Result<std::process
     out
 }
 
+/// What a host's transport (ssh, srun, `ssh -G`, scontrol) does between fork and exec:
+/// `pre_exec` it. It leaves gpuloop's session, and it dies with gpuloop.
+///
+/// A session of its own: with autogroup scheduling (the default of most distributions) the
+/// kernel shares the CPU between sessions first, so 16 ssh clients in gpuloop's session
+/// shared one session's share on a busy machine, where pdsh's, each in a session of its own,
+/// got one each (a first `--host` run over 16 hosts on 2 cores at load 20–36 took 3.2–4.7×
+/// pdsh's time in gpuloop's session, 1.02–1.06× apart: benches/fleet.py). No
+/// signal of the terminal reached a helper before either (each was in a process group of its
+/// own): gpuloop stops them itself, on Ctrl-C, a hangup or SIGTERM, by closing or killing
+/// them; and ssh asks nothing of a terminal (`BatchMode`).
+///
+/// Death with gpuloop: a SIGKILLed gpuloop runs no handler, and a helper that is still
+/// connecting, or whose host never ends its command, would outlive it. `PR_SET_PDEATHSIG`
+/// sends `death` when the thread that forked the helper ends: the hosts' runtime threads, which
+/// live as long as their connections. The check of the parent after it covers a gpuloop that
+/// died before the signal was set.
+pub(crate) fn apart_hook(
+    death: rustix::process::Signal,
+) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
+    let parent = rustix::process::getpid();
+    move || {
+        // setsid, prctl and getppid are async-signal-safe and allocate nothing.
+        rustix::process::setsid()?;
+        rustix::process::set_parent_process_death_signal(Some(death))?;
+        if rustix::process::getppid() != Some(parent) {
+            // gpuloop ended while starting it.
+            return Err(io::Error::from(rustix::io::Errno::SRCH));
+        }
+        Ok(())
+    }
+}
+
 /// Forgets a helper that has been reaped.
 pub(crate) fn forget(id: Option<Identity>) {
     if let Some(id) = id {
@@ -85,5 +119,40 @@ mod tests {
         let _ = child.wait();
         forget(id);
         assert!(!is_helper(&p));
+    }
+
+    /// A helper started apart leads a session of its own, and gets its death signal when the
+    /// thread that forked it ends (as when gpuloop dies).
+    #[test]
+    fn a_helper_apart_leads_its_own_session_and_dies_with_its_starter() {
+        use std::os::unix::process::CommandExt;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+        let starter = std::thread::spawn(move || {
+            let mut c = std::process::Command::new("sleep");
+            c.arg("30");
+            // SAFETY: the hook makes async-signal-safe calls only.
+            unsafe { c.pre_exec(apart_hook(rustix::process::Signal::KILL)) };
+            let child = c.spawn().unwrap();
+            tx.send(child).unwrap();
+            // The starting thread ends when told.
+            let _ = end_rx.recv();
+        });
+        let mut child = rx.recv().unwrap();
+        let pid = child.id() as i32;
+        let p = read_stat(pid).unwrap();
+        assert_eq!(
+            (p.sid, p.pgid),
+            (pid, pid),
+            "a session and a group of its own"
+        );
+        let ours = read_stat(std::process::id() as i32).unwrap();
+        assert_ne!(p.sid, ours.sid);
+        assert!(matches!(child.try_wait(), Ok(None)), "it runs");
+        drop(end_tx);
+        starter.join().unwrap();
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     }
 }

@@ -328,7 +328,7 @@ pub(crate) fn command_output(
     args: &[&str],
     timeout: std::time::Duration,
 ) -> Option<String> {
-    run_command(program, args, timeout).ok()
+    run_command(program, args, timeout, None).ok()
 }
 
 /// Why a program run by [`run_command`] gave no output.
@@ -343,22 +343,32 @@ pub(crate) enum CommandFailure {
 }
 
 /// Runs a program to its end with a deadline: its stdout, or why not, with its stderr.
+/// `apart`: in a session of its own, dying with gpuloop by that signal (a host's transport:
+/// `helpers::apart_hook`).
 pub(crate) fn run_command(
     program: &str,
     args: &[&str],
     timeout: std::time::Duration,
+    apart: Option<rustix::process::Signal>,
 ) -> Result<String, CommandFailure> {
     use std::io::Read;
+    use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     // Registered as gpuloop's own, so that the job runner never takes it for a job's orphan.
     let (mut child, helper) = helpers::start(
         || {
-            Command::new(program)
-                .args(args)
+            let mut cmd = Command::new(program);
+            cmd.args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
+                .stderr(Stdio::piped());
+            if let Some(death) = apart {
+                // SAFETY: the hook only makes async-signal-safe system calls and allocates
+                // nothing. This thread waits for the child below, so the death signal,
+                // which follows the forking thread, cannot come early.
+                unsafe { cmd.pre_exec(helpers::apart_hook(death)) };
+            }
+            cmd.spawn()
         },
         |c| Some(c.id()),
     )

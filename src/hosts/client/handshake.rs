@@ -74,7 +74,7 @@ async fn connect_once(
     }
     let launch = transport.launch(host, mux, skip_path)?;
     tracing::debug!("host {host}: {} {}", launch.program, launch.args.join(" "));
-    let (mut agent, stderr_task) = start_agent(host, &launch)?;
+    let (mut agent, stderr_task) = start_agent(host, &launch, transport.death_signal())?;
     let first = tokio::select! {
         biased;
         _ = stopped(stop) => {
@@ -134,24 +134,34 @@ async fn keep_connection(
     )
 }
 
+/// A command of the transport's, started apart from gpuloop: in a session of its own, dying
+/// with gpuloop (`death`; `helpers::apart_hook` says why).
+fn apart(program: &str, death: rustix::process::Signal) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.kill_on_drop(true);
+    // SAFETY: the hook only makes async-signal-safe system calls and allocates nothing.
+    unsafe { cmd.pre_exec(crate::process::helpers::apart_hook(death)) };
+    cmd
+}
+
 /// Starts the transport (ssh, srun, …) that runs the agent, with its stderr read from now on.
+/// It runs in a session of its own (so a Ctrl-C at the terminal, gpuloop's to handle, cannot
+/// cut every link; `apart`).
 fn start_agent(
     host: &str,
     launch: &crate::hosts::transport::Launch,
+    death: rustix::process::Signal,
 ) -> Result<(Agent, tokio::task::JoinHandle<()>), HostError> {
-    let mut cmd = tokio::process::Command::new(&launch.program);
+    let mut cmd = apart(&launch.program, death);
     for v in &launch.env_remove {
         cmd.env_remove(v);
     }
     cmd.args(&launch.args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        // A Ctrl-C at the terminal is gpuloop's to handle; it must not cut every link.
-        .process_group(0);
-    // A child in a group of its own: registered as gpuloop's own before anything can see it,
-    // or the runner would stop it as a local job's orphan.
+        .stderr(Stdio::piped());
+    // A child outside gpuloop's process group: registered as gpuloop's own before anything
+    // can see it, or the runner would stop it as a local job's orphan.
     let (mut child, helper) =
         crate::process::helpers::start(|| cmd.spawn(), |c| c.id()).map_err(|e| {
             HostError::Connect {
@@ -316,13 +326,11 @@ pub(super) async fn stopped(stop: &Semaphore) {
 
 /// A short command's stdout, or `None` if it failed or outlived `within` (then it is killed).
 async fn output_of(l: &crate::hosts::transport::Launch, within: Duration) -> Option<String> {
-    let mut cmd = tokio::process::Command::new(&l.program);
+    let mut cmd = apart(&l.program, rustix::process::Signal::KILL);
     cmd.args(&l.args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .process_group(0);
+        .stderr(Stdio::null());
     let (child, helper) = crate::process::helpers::start(|| cmd.spawn(), |c| c.id()).ok()?;
     let out = tokio::time::timeout(within, child.wait_with_output()).await;
     // Reaped by wait_with_output, or killed and reaped on drop by tokio.
