@@ -516,6 +516,7 @@ fn golden_agent_wire() {
                 force: false,
                 grace_ms: 5_000,
                 timeout_ms: 30_000,
+                mig: None,
             },
         ),
         (

@@ -750,9 +750,14 @@ pub enum SimCmd {
     /// --workers or --supervise the launcher first, then the workers), once they hold. A
     /// launcher process stays alive as their parent.
     Hold {
-        /// The GPU (index) to hold.
-        #[arg(long, allow_negative_numbers = true)]
-        gpu: i64,
+        /// The GPU to hold: N, or a MIG instance (N:GI:CI or MIG-…).
+        ///
+        /// An index, or, on a GPU in MIG mode (`--sim …,mig=N:PROFILES`), one of its
+        /// instances: N:GI:CI, N:GI (its first compute instance) or its MIG UUID (or a
+        /// unique prefix of one). A MIG holder maps its parent's node and opens the
+        /// instance's two capability nodes, as a CUDA job on a MIG device does.
+        #[arg(long, allow_hyphen_values = true, value_name = "GPU")]
+        gpu: String,
         /// MiB each holder allocates.
         ///
         /// Each worker's with --workers; more than the GPU has left fails, as a real
@@ -861,9 +866,9 @@ pub enum SimCmd {
     ///
     /// As a stuck driver does; only `sim reset` frees it.
     Leak {
-        /// The GPU (index).
-        #[arg(long, allow_negative_numbers = true)]
-        gpu: i64,
+        /// The GPU: N, or a MIG instance (N:GI:CI or MIG-…).
+        #[arg(long, allow_hyphen_values = true, value_name = "GPU")]
+        gpu: String,
         /// MiB to mark used.
         #[arg(long, allow_negative_numbers = true)]
         mib: i64,

@@ -146,7 +146,8 @@ pub(crate) enum SimCommand {
     Hold(HoldOpts),
     Release,
     Leak {
-        gpu: i64,
+        /// `--gpu` as given (an index or a MIG instance), read against the simulator.
+        gpu: String,
         mib: i64,
     },
     Fault {
@@ -371,7 +372,7 @@ impl SimCommand {
                     return Err(Error::Usage("--mib must be positive".into()));
                 }
                 SimCommand::Leak {
-                    gpu: *gpu,
+                    gpu: gpu.clone(),
                     mib: *mib,
                 }
             }
@@ -493,7 +494,9 @@ pub(crate) fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             caps,
             ..
         } => HoldOpts {
-            gpu: *gpu,
+            target: gpu.clone(),
+            gpu: 0,
+            mig: None,
             mib: *mib,
             name: name.clone(),
             observer: *observer,
@@ -563,6 +566,7 @@ impl From<&Owner> for Filter {
             job: owner.job,
             pod: owner.pod.clone(),
             container: owner.container.clone(),
+            mig: None,
         }
     }
 }

@@ -180,7 +180,7 @@ impl Local<'_> {
         opts: &KillOpts,
     ) -> Result<KillReport, ActionError> {
         let s = self.s;
-        let within = filter.resolve_in(&inv.holders)?.within;
+        let within = filter.resolve_on(&inv)?.within;
         let mut hs = super::ops::Holders {
             sel: sel.clone(),
             all: true,

@@ -41,7 +41,7 @@ impl Ask for WaitClean {
 impl Op for WaitClean {
     fn here(&self, m: &mut Local) -> Result<WaitOutcome, ActionError> {
         // A scoped wait starts from the look that found its scope.
-        let (sel, opts, mut known) = match self.filter.is_scoped() {
+        let (sel, opts, mut known) = match self.filter.is_scoped() || self.filter.mig.is_some() {
             false => (self.sel.clone(), self.opts.clone(), None),
             true => {
                 let inv = inventory(m.s, &self.sel)?;
@@ -59,7 +59,7 @@ impl Op for WaitClean {
         crate::errln!("warning: GPUs {why}:");
         let all = Diagnose {
             sel,
-            filter: Filter::default(),
+            filter: self.filter.only_mig(),
         };
         if let Ok(ds) = all.here(m) {
             for d in ds.iter().filter(|d| !d.is_clean_under(&self.opts.demand())) {
@@ -78,9 +78,10 @@ fn scoped(
     filter: &Filter,
     opts: &WaitOpts,
 ) -> Result<(Selection, WaitOpts), ActionError> {
-    let resolved = filter.resolve_in(&inv.holders)?;
+    let resolved = filter.resolve_on(inv)?;
     let sel = narrowed(inv, sel, &resolved);
     let opts = WaitOpts {
+        instances: resolved.instances.clone(),
         scoped: resolved.within.map(|w| wait::Scoped::of(inv, &sel, w)),
         ..opts.clone()
     };
@@ -140,13 +141,9 @@ impl Op for Clean {
         // One look at the machine before anything is signalled: what narrows the selection
         // is what the kill stops, and the wait after it re-reads only what is in question.
         let inv = inventory(s, &self.sel)?;
-        let (sel, scoped) = match self.filter.is_scoped() {
-            true => scoped(&inv, &self.sel, &self.filter, &self.wait)?,
-            false => (
-                narrowed(&inv, &self.sel, &self.filter.resolve()?),
-                self.wait.clone(),
-            ),
-        };
+        // (With neither, `scoped` is the selection narrowed by the filter's user and job,
+        // and its MIG devices.)
+        let (sel, scoped) = scoped(&inv, &self.sel, &self.filter, &self.wait)?;
         // With no KILL ever, the wait below is the one that waits for them, until its timeout.
         let kill_opts = KillOpts {
             wait_forever: false,
@@ -206,7 +203,7 @@ impl Op for Clean {
             Some(inv) => inv,
             None => inventory(s, &sel)?,
         };
-        let after = super::ops::diagnose_in(s, last, &sel, &Filter::default())?;
+        let after = super::ops::diagnose_in(s, last, &sel, &self.filter.only_mig())?;
         let settle_ms = wait_opts.settle.as_millis() as i64;
         // Memory back is not enough where the GPU's own faults ask for a reset or a reboot.
         let fit = after.iter().all(|d| !d.verdict.needs_action());
@@ -341,7 +338,7 @@ pub(crate) fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<St
 /// "GPU 2 [daemon] …", one line of a warning.
 pub(crate) fn describe_diagnosis(d: &Diagnosis) -> String {
     match d.gpu {
-        Some(g) => format!("GPU {g} [{}] {}", d.verdict, d.advice),
+        Some(_) => format!("GPU {} [{}] {}", d.target(), d.verdict, d.advice),
         None => format!("[{}] {}", d.verdict, d.advice),
     }
 }
