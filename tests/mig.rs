@@ -307,7 +307,7 @@ fn reset_dry_run_of_a_mig_device_names_what_blocks_destroying_it() {
         .json();
     let r = &r[0];
     assert_eq!(r["mig"]["gi"], 7, "{r}");
-    let kinds: Vec<(i64, String, String)> = r["blockers"]
+    let kinds: Vec<(i64, String, String, bool)> = r["blockers"]
         .as_array()
         .unwrap()
         .iter()
@@ -316,18 +316,19 @@ fn reset_dry_run_of_a_mig_device_names_what_blocks_destroying_it() {
                 b["pid"].as_i64().unwrap(),
                 b["kind"].as_str().unwrap().to_string(),
                 b["how"].as_str().unwrap().to_string(),
+                b["caps"] == true,
             )
         })
         .collect();
-    let has = |pid: i32, kind: &str| {
-        kinds
-            .iter()
-            .any(|(p, k, how)| *p == i64::from(pid) && k == kind && !how.is_empty())
+    let has = |pid: i32, kind: &str, caps: bool| {
+        kinds.iter().any(|(p, k, how, c)| {
+            *p == i64::from(pid) && k == kind && !how.is_empty() && *c == caps
+        })
     };
-    assert!(has(job[0], "compute"), "{kinds:?}");
-    assert!(has(dcgm[0], "dcgm"), "{kinds:?}");
-    // `config`'s holder (nvidia-smi mig) blocks every device.
-    assert!(has(smi[0], "caps"), "{kinds:?}");
+    assert!(has(job[0], "compute", true), "{kinds:?}");
+    assert!(has(dcgm[0], "dcgm", true), "{kinds:?}");
+    // `config`'s holder (nvidia-smi mig, an NVML client of another GPU) blocks every device.
+    assert!(has(smi[0], "observer", true), "{kinds:?}");
     assert!(
         !kinds.iter().any(|(p, ..)| *p == i64::from(sibling[0])),
         "the sibling device's job blocks nothing here: {kinds:?}"

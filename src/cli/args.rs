@@ -588,7 +588,10 @@ pub struct GpuSel {
     /// GPUs: 0, 0,1, 0-3, a UUID or a bus id (default all).
     ///
     /// As nvidia-smi -i takes them: an index, a list, a range, a UUID (or a unique prefix of
-    /// one) or a PCI bus id; repeatable; default every GPU.
+    /// one) or a PCI bus id; repeatable; default every GPU. A MIG device is a GPU of its own:
+    /// N:GI:CI, N:GI (every compute instance of that GPU instance), or MIG-<uuid> (or a
+    /// unique prefix); a GPU selects all its MIG devices. With several hosts, DEST:N is GPU N
+    /// of host DEST (a part of numbers alone is never a host: 0:7 is a MIG device).
     #[arg(long = "gpu", value_name = "ID", allow_hyphen_values = true)]
     pub gpus: Vec<String>,
 }
@@ -750,7 +753,7 @@ pub enum SimCmd {
     /// --workers or --supervise the launcher first, then the workers), once they hold. A
     /// launcher process stays alive as their parent.
     Hold {
-        /// The GPU to hold: N, or a MIG instance (N:GI:CI or MIG-…).
+        /// The GPU to hold: N, or N:GI:CI, MIG-… on MIG.
         ///
         /// An index, or, on a GPU in MIG mode (`--sim …,mig=N:PROFILES`), one of its
         /// instances: N:GI:CI, N:GI (its first compute instance) or its MIG UUID (or a
@@ -866,7 +869,10 @@ pub enum SimCmd {
     ///
     /// As a stuck driver does; only `sim reset` frees it.
     Leak {
-        /// The GPU: N, or a MIG instance (N:GI:CI or MIG-…).
+        /// The GPU: N, or N:GI:CI, MIG-… on MIG.
+        ///
+        /// An index, or on a GPU in MIG mode one of its MIG devices (N:GI:CI, N:GI, or its
+        /// MIG UUID or a unique prefix of one).
         #[arg(long, allow_hyphen_values = true, value_name = "GPU")]
         gpu: String,
         /// MiB to mark used.

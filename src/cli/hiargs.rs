@@ -533,9 +533,12 @@ impl Selection {
         let mut every = Vec::new();
         let mut at: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         for text in &sel.gpus {
-            match HostSel::parse_host_index(text) {
-                Some((host, i)) => at.entry(host).or_default().push(i),
-                None => every.extend(select::parse(text)?),
+            // Item by item: `0:7:0,1` is a MIG device and a GPU, `gpu01:3,gpu02:1` two hosts'.
+            for part in text.split(',') {
+                match HostSel::parse_host_index(part) {
+                    Some((host, i)) => at.entry(host).or_default().push(i),
+                    None => every.extend(select::parse(part)?),
+                }
             }
         }
         Ok(Selection { every, at })

@@ -390,7 +390,8 @@ impl HostSel {
     /// Parses one selector string: `"dest:index"`; anything else is `None`. A host part of
     /// decimal numbers alone (`0:7`, `0:7:0`) is no host: that is a MIG device.
     pub(crate) fn parse_host_index(s: &str) -> Option<(String, i64)> {
-        if crate::gpu::mig::MigSel::parse(s).is_some() {
+        // A list is no one host's GPU (`0:7:0,0:8:0`).
+        if s.contains(',') || crate::gpu::mig::MigSel::parse(s).is_some() {
             return None;
         }
         let (host, ix) = s.rsplit_once(':')?;

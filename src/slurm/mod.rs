@@ -265,8 +265,10 @@ pub(crate) fn run(
     };
     // A CPU-only job, or a Slurm without GPU gres: its own processes are still stopped, but
     // no GPU is checked, and the log must not read as if one had been.
-    if sel.is_empty() {
+    if sel.is_empty() && env.gpus.is_empty() {
         log.line("no GPUs known for the job (SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES unset or empty): stopping its own processes, checking no GPU");
+    } else if sel.is_empty() {
+        log.line("the job's GPUs name no device gpuloop can tell (MIG gres by number, and none of its processes on a MIG device): stopping its own processes, checking no GPU");
     }
     let targets = choose_targets(&inv, hook, env, &sel, &log);
     let stubborn = stop_targets(s, &targets, opts, &log);
