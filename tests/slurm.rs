@@ -965,8 +965,21 @@ fn epilog_cleans_a_mig_jobs_device_and_drains_naming_it_against_a_real_slurm() {
         "--mib 2000",
         "while [ ! -e \"$OUT/mig-sibling.go\" ]; do sleep 0.1; done",
     );
-    // The finished job's escaped worker on 0:7:0: the epilog stops it, and only it.
-    let (first, escaped) = hold("mig-first.pids", &mine.0, "--mib 1000 --setsid", "");
+    // The finished job's escaped worker on 0:7:0: the epilog stops it, and only it. A
+    // process on the sibling device whose environment claims the first job (anyone can
+    // write their own environment) does not make that device the first job's: the second
+    // job runs there.
+    let (first, escaped) = hold(
+        "mig-first.pids",
+        &mine.0,
+        "--mib 1000 --setsid",
+        "while [ ! -e \"$OUT/mig-first.go\" ]; do sleep 0.1; done",
+    );
+    let claims = sim.hold_with(
+        &["--gpu", &sibling.0, "--mib", "10"],
+        &[("SLURM_JOB_ID", &first.to_string())],
+    );
+    std::fs::write(slurm.dir.join("mig-first.go"), "").unwrap();
     wait_until("the first job to end", || {
         slurm.job_field(first, "JobState") == "COMPLETED"
     });
@@ -990,6 +1003,8 @@ fn epilog_cleans_a_mig_jobs_device_and_drains_naming_it_against_a_real_slurm() {
         );
     }
     assert_eq!(used(&mine.0), 0);
+    // The claiming process says it is the first job's: it is stopped as one of its own.
+    assert!(gone_within(claims[0], 5), "{log}");
     assert_eq!(used(&sibling.0), 2000);
     assert!(!slurm.state().starts_with("drain"), "{log}");
     assert!(

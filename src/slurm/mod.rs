@@ -259,7 +259,11 @@ pub(crate) fn run(
         return drain(&log, env, opts, &reason);
     }
     let inv = ops::inventory(s, &None)?;
-    let sel = match job_gpus(&inv, env, &log) {
+    let running = scontrol::running_jobs(&env.node);
+    if running.is_none() {
+        log.line("squeue failed: every other job is taken as running");
+    }
+    let sel = match job_gpus(&inv, env, &running, &log) {
         Ok(sel) => sel,
         Err(reason) => return drain(&log, env, opts, &reason),
     };
@@ -270,7 +274,7 @@ pub(crate) fn run(
     } else if sel.is_empty() {
         log.line("the job's GPUs name no device gpuloop can tell (MIG gres by number, and none of its processes on a MIG device): stopping its own processes, checking no GPU");
     }
-    let targets = choose_targets(&inv, hook, env, &sel, &log);
+    let targets = choose_targets(&inv, hook, env, &sel, &running, &log);
     let stubborn = stop_targets(s, &targets, opts, &log);
     let wopts = WaitOpts {
         timeout: opts.timeout,
@@ -305,7 +309,12 @@ pub(crate) fn run(
 /// numbered by its index among the node's gres, which names no device: on a node with a GPU
 /// in MIG mode, a number that is not a GPU outside MIG mode stands for the MIG devices the
 /// job's own processes hold.
-fn job_gpus(inv: &Inventory, env: &JobEnv, log: &Log) -> Result<JobSel, String> {
+fn job_gpus(
+    inv: &Inventory,
+    env: &JobEnv,
+    running: &Option<BTreeSet<i64>>,
+    log: &Log,
+) -> Result<JobSel, String> {
     let missing = |what: String| {
         truncate(
             format!(
@@ -341,11 +350,24 @@ fn job_gpus(inv: &Inventory, env: &JobEnv, log: &Log) -> Result<JobSel, String> 
                     // gres without a unique id, numbered by its index among the node's gres,
                     // which names no device.
                     _ if mig_node => {
-                        let mine: Vec<MigKey> = inv
+                        // A process's job is what its environment says, which its owner can
+                        // write: a device that a process of another running job holds is that
+                        // job's (a MIG device is one job's at a time), never this one's.
+                        let others_running = |j: i64| {
+                            j != env.job && running.as_ref().is_none_or(|r| r.contains(&j))
+                        };
+                        let theirs: BTreeSet<MigKey> = inv
+                            .holders
+                            .iter()
+                            .filter(|h| h.origin.job.is_some_and(others_running))
+                            .flat_map(|h| h.mig.iter().copied())
+                            .collect();
+                        let mine: BTreeSet<MigKey> = inv
                             .holders
                             .iter()
                             .filter(|h| h.origin.job == Some(env.job))
                             .flat_map(|h| h.mig.iter().copied())
+                            .filter(|k| !theirs.contains(k))
                             .collect();
                         log.line(&format!(
                             "GPU {n} of the job is a MIG gres that Slurm names by its number, which names no MIG device: the job's are those its own processes hold ({})",
@@ -401,12 +423,9 @@ fn choose_targets(
     hook: Hook,
     env: &JobEnv,
     sel: &JobSel,
+    running: &Option<BTreeSet<i64>>,
     log: &Log,
 ) -> Vec<Holder> {
-    let running = scontrol::running_jobs(&env.node);
-    if running.is_none() {
-        log.line("squeue failed: every other job is taken as running");
-    }
     let others_running =
         |job: i64| job != env.job && running.as_ref().is_none_or(|r| r.contains(&job));
     let on_sel = |h: &Holder| sel.holds(h);
