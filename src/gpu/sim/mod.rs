@@ -441,6 +441,9 @@ impl SimBackend {
 
     /// The MIG devices of every GPU in MIG mode, memory not read.
     pub fn mig_instances(&self) -> Vec<super::mig::MigDevice> {
+        if !self.spec.mig.values().any(mig::SimMig::enabled) {
+            return Vec::new();
+        }
         self.mig_devices(&self.minors_file(), &Usage::default())
             .into_iter()
             .flat_map(|(_, d)| d)
@@ -1113,10 +1116,15 @@ impl Backend for SimBackend {
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
         let usage = self.usage()?;
-        let mut devices: BTreeMap<usize, Vec<super::mig::MigDevice>> = self
-            .mig_devices(&self.minors_file(), &usage)
-            .into_iter()
-            .collect();
+        // The minors file is read only where a GPU is in MIG mode (most specs have none).
+        let any = self.spec.mig.values().any(mig::SimMig::enabled);
+        let mut devices: BTreeMap<usize, Vec<super::mig::MigDevice>> = match any {
+            true => self
+                .mig_devices(&self.minors_file(), &usage)
+                .into_iter()
+                .collect(),
+            false => BTreeMap::new(),
+        };
         let Usage {
             used, procs, busy, ..
         } = usage;
