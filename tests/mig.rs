@@ -280,6 +280,19 @@ fn clean_of_one_mig_device_leaves_the_sibling_devices_job_running() {
     }
     assert_eq!(used(&sim, "0:7:0"), 0);
     assert_eq!(used(&sim, "0:8:0"), 2000);
+    // The audit journal says which device each one was stopped for.
+    let journal = std::fs::read_to_string(sim.path().join("state-home/gpuloop/journal.jsonl"))
+        .expect("the journal");
+    let whys: Vec<String> = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["kind"] == "signal")
+        .map(|r| r["why"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        !whys.is_empty() && whys.iter().all(|w| w.starts_with("holder of GPU 0:7:0 (")),
+        "{whys:?}"
+    );
     // The report is of the device alone.
     let after = r["gpus"].as_array().unwrap();
     assert_eq!(after.len(), 1, "{r}");
