@@ -4,7 +4,8 @@
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
-/// GPU daemons and infrastructure that kill() leaves alone unless forced.
+/// GPU daemons and infrastructure that kill() leaves alone unless forced: names a process
+/// claims, which `process::daemon` proves or not.
 pub(crate) const DEFAULT_PROTECTED: &[&str] = &[
     "nvidia-persistenced",
     "nv-hostengine",

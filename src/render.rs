@@ -272,8 +272,13 @@ pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
             None => "a reset",
         };
         let mut lines = Vec::new();
+        if let Some(why) = &r.cannot {
+            lines.push(format!("{gpu} ({}): no reset can work: {why}", r.uuid));
+        }
         if r.blockers.is_empty() {
-            lines.push(format!("{gpu} ({}): nothing blocks {act}", r.uuid));
+            if r.cannot.is_none() {
+                lines.push(format!("{gpu} ({}): nothing blocks {act}", r.uuid));
+            }
         } else {
             let verb = if r.dry_run { "block" } else { "blocked" };
             lines.push(format!(
@@ -314,6 +319,10 @@ pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
         if !r.dry_run {
             lines.push(if r.ok {
                 style.green(&format!("{gpu} reset and verified"))
+            } else if r.reset && r.verified {
+                style.red(&format!(
+                    "{gpu} reset and verified; not every daemon it stopped runs again"
+                ))
             } else {
                 style.red(&format!("{gpu} NOT reset"))
             });

@@ -5,6 +5,7 @@
 use gpuloop::gpu::deadline::Deadline;
 use gpuloop::gpu::{Backend, BackendKind, DeviceNodes, DriverProc, Gpu, GpuError, MIB};
 use gpuloop::inspect::holders::Inventory;
+use gpuloop::inspect::reset::{BlockerKind, Readiness};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -419,4 +420,41 @@ fn through_the_real_nvml_path_the_gpus_faults_are_read_and_matched_to_their_gpu(
     for k in ["ecc", "remapped_rows", "retired_pages", "recovery_action"] {
         assert_eq!(g[1]["faults"][k], serde_json::Value::Null, "{k}: {g}");
     }
+}
+
+/// On a driver's machine a reset is blocked by the GPU daemons found by name, whatever they
+/// hold: a process of nobody's with nothing open, named `nvidia-persistenced`, was one (it
+/// needed --force, and was then started again from its argv). Now only a proven one is; this
+/// looks, and signals nothing.
+#[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
+fn on_a_drivers_machine_a_daemon_found_by_name_blocks_a_reset_only_with_proof() {
+    crate::support::require_root("to start a process of nobody's");
+    let sim = crate::support::Sim::new("1x8G");
+    let start = |wrapper: &[&str]| {
+        let mut c = std::process::Command::new(wrapper[0]);
+        c.args(&wrapper[1..]).args([
+            "bash",
+            "-c",
+            "echo $$; exec -a nvidia-persistenced sleep 1000",
+        ]);
+        crate::support::started_pid(&sim, c)
+    };
+    let nobodys = start(&[
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ]);
+    // Root's: root's process running a root program.
+    let roots = start(&["env"]);
+    // A driver whose GPU nodes are nowhere: the daemons found are those found by name.
+    let driver = Faulty::new(vec![]);
+    let protected = vec!["nvidia-persistenced".to_string()];
+    let inv = Inventory::take(&driver, &protected, &Default::default()).unwrap();
+    let bs = Readiness::look(&driver, &protected, &Default::default()).blockers(&inv, 0);
+    let found = |pid: i32| bs.iter().find(|b| b.pid == Some(pid.into()));
+    assert!(found(nobodys).is_none(), "{:?}", found(nobodys));
+    let b = found(roots).unwrap_or_else(|| panic!("root's daemon not found: {bs:?}"));
+    assert!(b.protected && b.kind == BlockerKind::Persistenced, "{b:?}");
 }

@@ -472,7 +472,8 @@ fn golden_agent_wire() {
             "wait_clean",
             Call::WaitClean {
                 sel: Some(vec![0]),
-                // A pod no process here is in: the wait is for nothing, clean at once.
+                // A pod no process here is in: a usage error (never "clean" for a scope that
+                // names nothing).
                 filter: Filter {
                     pod: Some("ml/trainer-0".into()),
                     ..Filter::default()

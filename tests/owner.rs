@@ -5,7 +5,6 @@
 
 use crate::ssh::Cluster;
 use crate::support::*;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 const AS_NOBODY: &str = "setpriv --reuid=65534 --regid=65534 --clear-groups";
@@ -104,18 +103,6 @@ fn kill_mine_as_root_signals_nobodys_child_and_group_member_never() {
         .ok();
     let r = out.json();
     assert_only_the_holder_stopped(&r, (holder, child, member), "--mine");
-}
-
-/// The simulator's state, open to `nobody`'s holders.
-fn open_to_everyone(dir: &Path) {
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let mode = if e.path().is_dir() { 0o777 } else { 0o666 };
-        std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(mode)).unwrap();
-        if e.path().is_dir() {
-            open_to_everyone(&e.path());
-        }
-    }
 }
 
 /// `clean --user nobody --parents` stopped the root-owned parent of nobody's holder. The

@@ -364,6 +364,19 @@ pub fn require_pid_reuse() {
     );
 }
 
+/// The simulator's state (`dir` and everything below it), open to other users' holders.
+pub fn open_to_everyone(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let mode = if e.path().is_dir() { 0o777 } else { 0o666 };
+        std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        if e.path().is_dir() {
+            open_to_everyone(&e.path());
+        }
+    }
+}
+
 /// True if the process exists and is not a zombie.
 pub fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

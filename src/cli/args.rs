@@ -279,13 +279,18 @@ pub enum Cmd {
     /// Reset GPUs, or list what blocks a reset (--dry-run).
     ///
     /// Lists every client that blocks the reset (--dry-run), or stops them, resets, verifies
-    /// the GPU came back (its UUID answers, 0 MiB used) and starts again the daemons stopped.
+    /// the GPU came back (its UUID answers, 0 MiB used) and starts again, through systemctl,
+    /// the system units it stopped.
     ///
-    /// Exit 0 when every GPU was reset and verified (with --dry-run: when nothing blocks a
-    /// reset), 1 otherwise. Protected daemons (nvidia-persistenced, DCGM, the fabric manager,
-    /// MPS) and systemd units' main processes are stopped only with --force, a unit through
-    /// systemctl; nvidia_drm with modeset=1 is never unloaded for you. With a host set, name
-    /// each GPU with its host: --gpu HOST:N.
+    /// Exit 0 when every GPU was reset and verified and every daemon it stopped runs again
+    /// (with --dry-run: when a reset can work and nothing blocks it), 1 otherwise. Where no
+    /// reset can work (the GPU fell off the bus, the driver asks for a reboot) nothing is
+    /// stopped. Protected daemons (nvidia-persistenced, DCGM, the fabric manager, MPS; a name
+    /// proven by who runs the process and what it runs) and systemd system units' main
+    /// processes are stopped only with --force, a unit through systemctl; a daemon outside
+    /// any system unit is not started again (the report says what it ran); nvidia_drm with
+    /// modeset=1 is never unloaded for you. With a host set, name each GPU with its host:
+    /// --gpu HOST:N.
     Reset {
         #[command(flatten)]
         sel: GpuSel,
@@ -297,8 +302,8 @@ pub enum Cmd {
         dry_run: bool,
         /// Also stop protected daemons and units.
         ///
-        /// Protected GPU daemons and systemd units' main processes (a unit through systemctl);
-        /// each is started again after the reset.
+        /// Protected GPU daemons and systemd system units' main processes (a unit through
+        /// systemctl); each unit is started again after the reset, a daemon outside any is not.
         #[arg(long)]
         force: bool,
         /// Seconds between TERM and KILL.
@@ -621,15 +626,18 @@ pub struct Owner {
     pub job: Option<i64>,
     /// Only processes of this Kubernetes pod.
     ///
-    /// NAMESPACE/NAME, NAME (in namespace default), or
-    /// its uid (or a unique prefix), as the node tells it (cgroups, the runtime's state, the
-    /// kubelet's directories; no API server). Every signal stays inside it, trees and parents
-    /// included; wait and clean wait for the memory its processes held.
+    /// NAMESPACE/NAME, NAME (in whichever namespace has it), or its uid (or its first 8
+    /// characters at least), as the node tells it (cgroups, the runtime's state, the
+    /// kubelet's directories; no API server). It must fit one pod among the processes on the
+    /// GPUs: one that fits several (a deleted pod and its successor of the same name) or none
+    /// is a usage error that lists each by uid. Every signal stays inside it, trees and
+    /// parents included; wait and clean wait for the memory its processes held.
     #[arg(long, value_name = "POD", value_parser = scope_text)]
     pub pod: Option<String>,
     /// Only processes of this container, as --pod.
     ///
-    /// Its name (docker's, podman's, or its name in its pod) or its id (or a unique prefix).
+    /// Its name (docker's, podman's, or its name in its pod) or its id (or its first 12
+    /// characters at least); it must fit one container, as --pod must fit one pod.
     #[arg(long, value_name = "NAME|ID", value_parser = scope_text)]
     pub container: Option<String>,
 }

@@ -184,7 +184,7 @@ pub enum GpuError {
     #[error("no user {user:?} on this machine")]
     NoUser { user: String },
     /// `--pod`/`--container` (or a script's or a tool's `pod`, `container`) that is empty, or
-    /// a prefix that fits several pods or containers here.
+    /// that fits no pod or container here, or several (`process::scope::ScopeError`).
     #[error("{0}")]
     BadScope(String),
 }

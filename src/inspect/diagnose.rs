@@ -757,20 +757,32 @@ fn gone_advice(gpu: Target, gone: &[&Holder], reach: &Reach) -> String {
         .filter_map(|h| h.origin.place.describe())
         .collect();
     places.dedup();
-    let by = gone.iter().find_map(|h| {
+    // Each by its pod's uid (or its container's id), never a name: a deleted pod's name is
+    // its live successor's too (a StatefulSet's `trainer-0` re-created), and the advice must
+    // take only what is gone. A forgotten container of a live pod is named alone.
+    let mut by: Vec<String> = Vec::new();
+    for h in gone {
         let p = &h.origin.place;
-        match &p.pod {
-            Some(pod) => match (&pod.namespace, &pod.name, &pod.uid) {
-                (Some(ns), Some(name), _) => Some(format!("--pod {ns}/{name}")),
-                (_, _, Some(uid)) => Some(format!("--pod {uid}")),
-                _ => None,
-            },
-            None => p.container.as_deref().map(|c| format!("--container {c}")),
+        let deleted_pod = p
+            .pod
+            .as_ref()
+            .filter(|q| q.deleted)
+            .and_then(|q| q.uid.as_deref());
+        let one = match (deleted_pod, p.container.as_deref()) {
+            (Some(uid), _) => format!("--pod {uid}"),
+            (None, Some(id)) => format!("--container {id}"),
+            (None, None) => continue,
+        };
+        if !by.contains(&one) {
+            by.push(one);
         }
-    });
-    let cmd = match by {
-        Some(by) if places.len() == 1 => format!("clean --gpu {gpu} {by}"),
-        _ => format!("clean --gpu {gpu}"),
+    }
+    let cmds: Vec<String> = match by.is_empty() {
+        true => vec![reach.gpuloop(&format!("clean --gpu {gpu}"))],
+        false => by
+            .iter()
+            .map(|b| reach.gpuloop(&format!("clean --gpu {gpu} {b}")))
+            .collect(),
     };
     let who = gone
         .iter()
@@ -786,7 +798,7 @@ fn gone_advice(gpu: Target, gone: &[&Holder], reach: &Reach) -> String {
     format!(
         "{}: its processes {who} live on and hold GPU {gpu}; nothing will stop them now: {}",
         places.join(", "),
-        reach.gpuloop(&cmd)
+        cmds.join("; ")
     )
 }
 

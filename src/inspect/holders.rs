@@ -10,7 +10,7 @@ use crate::process::container::{Resolver, Roots};
 use crate::process::identity::{self, ProcDir};
 use crate::process::origin::{self, Origin};
 use crate::process::scan::{self, NodeSet, NodeUser};
-use crate::process::{self as proc, kill::is_protected, ProcInfo};
+use crate::process::{self as proc, ProcInfo};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -47,6 +47,8 @@ pub struct Holder {
     #[serde(default)]
     pub inherited: Option<Inherited>,
     pub evidence: Vec<Evidence>,
+    /// A protected GPU daemon: a protected name, proven by who runs it and what it runs
+    /// (`process::daemon`); a name alone is not.
     pub protected: bool,
     pub host: String,
     /// Lineage (ppid_comm, reparented, launcher, service) and attribution (job, container,
@@ -525,6 +527,14 @@ fn join(
         }
     }
     let mut users: BTreeMap<i32, NodeUser> = scan.users.into_iter().map(|u| (u.pid, u)).collect();
+    // The protected daemons among them: a protected name, and proof (`daemon`), read once.
+    let daemons: BTreeSet<i32> = users
+        .values()
+        .filter(|u| {
+            proc::daemon::is_protected_pid(u.pid, u.info.start, &u.info.comm, &u.cmdline, protected)
+        })
+        .map(|u| u.pid)
+        .collect();
     let unreadable: BTreeSet<i32> = scan.unreadable.iter().copied().collect();
     let me = std::process::id() as i32;
     let mut ghosts: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
@@ -536,7 +546,7 @@ fn join(
     let unlisted: Vec<(ProcInfo, BTreeSet<i64>)> = users
         .values()
         .filter(|u| !driver.contains_key(&u.pid) && !u.info.is_zombie() && u.pid != me)
-        .filter(|u| !is_protected(&u.info.comm, &u.cmdline, protected))
+        .filter(|u| !daemons.contains(&u.pid))
         .map(|u| {
             let mapped = u.mapped.minors.iter().map(|&m| index_of_minor(m));
             (u.info.clone(), mapped.collect::<BTreeSet<i64>>())
@@ -580,8 +590,7 @@ fn join(
         // A protected daemon is never signalled for what it holds (without force, which
         // takes it whatever it holds): one with the node open keeps what the driver lists,
         // as a display server that does not map the node may.
-        let daemon_open: BTreeSet<i64> = if is_protected(&user.info.comm, &user.cmdline, protected)
-        {
+        let daemon_open: BTreeSet<i64> = if daemons.contains(&pid) {
             user.open
                 .minors
                 .iter()
@@ -614,7 +623,8 @@ fn join(
             let inherited = [stat.pgid, stat.sid, stat.ppid]
                 .iter()
                 .find_map(|p| ghost_gpus.get(&i64::from(*p)));
-            let mut h = make_holder(user, own, inherited, &index_of_minor, protected, places);
+            let daemon = daemons.contains(&user.pid);
+            let mut h = make_holder(user, own, inherited, &index_of_minor, daemon, places);
             // The driver's instance ids, on the GPUs it is taken to hold; then the
             // instances its capability nodes grant.
             let mut keys: BTreeSet<MigKey> = driver_mig
@@ -763,12 +773,11 @@ fn make_holder(
     own: &BTreeMap<i64, i64>,
     inherited: Option<&BTreeSet<i64>>,
     index_of_minor: &dyn Fn(u32) -> i64,
-    protected: &[String],
+    is_daemon: bool,
     places: &Resolver,
 ) -> Holder {
     let stat = &user.info;
     let cmdline = user.cmdline.clone();
-    let is_daemon = is_protected(&stat.comm, &cmdline, protected);
     let indices = |set: &NodeSet| -> BTreeSet<i64> {
         set.minors.iter().map(|&m| index_of_minor(m)).collect()
     };

@@ -8,7 +8,7 @@ pub(crate) mod select;
 pub(crate) mod wait;
 
 use crate::gpu::GpuError;
-use crate::process::container::{self, Within};
+use crate::process::container::Within;
 
 /// A GPU selection: `None` is every GPU.
 pub(crate) type Selection = Option<Vec<i64>>;
@@ -40,10 +40,10 @@ pub fn selected(sel: &Selection, index: i64) -> bool {
 pub struct Filter {
     pub user: Option<User>,
     pub job: Option<i64>,
-    /// A pod as given: `NAMESPACE/NAME`, `NAME` (namespace default), a uid or a unique prefix.
+    /// A pod as given: `NAMESPACE/NAME`, `NAME`, a uid or a prefix of one (`process::scope`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
-    /// A container as given: its name, its id or a unique prefix of one.
+    /// A container as given: its name, its id or a prefix of one (`process::scope`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
     /// The MIG devices the GPU selection is narrowed to (`--gpu 0:7:0`, `--gpu MIG-…`), as
@@ -136,8 +136,8 @@ impl Filter {
     }
 
     /// The filter as this machine reads it, its pod and container resolved among `holders`
-    /// (every role: the places of this machine's GPU processes); an empty one, or a prefix
-    /// that fits several, is an error.
+    /// (every role: the places of this machine's GPU processes); one that is empty, fits
+    /// nothing here or fits several is an error (`process::scope`).
     pub fn resolve_in(&self, holders: &[holders::Holder]) -> Result<Resolved, GpuError> {
         let mut r = self.resolve()?;
         r.within = scope(self.pod.as_deref(), self.container.as_deref(), holders)?;
@@ -188,8 +188,8 @@ pub(crate) fn scope(
     container: Option<&str>,
     holders: &[holders::Holder],
 ) -> Result<Option<Within>, GpuError> {
-    container::within(pod, container, holders.iter().map(|h| &h.origin.place))
-        .map_err(GpuError::BadScope)
+    crate::process::scope::within(pod, container, holders.iter().map(|h| &h.origin.place))
+        .map_err(|e| GpuError::BadScope(e.to_string()))
 }
 
 /// A filter with its user (and, where asked, its pod and container) resolved on this machine.

@@ -3,7 +3,8 @@
 //! diagnose's advice and the `clean-node` recipe's reset step all show this one list.
 
 use super::holders::{Holder, Inventory};
-use crate::gpu::{Backend, BackendKind};
+use crate::gpu::faults::{Faults, Needs};
+use crate::gpu::{Backend, BackendKind, Gpu};
 use crate::process::container::{Resolver, Roots};
 use crate::process::{self as proc, ProcInfo};
 use serde::{Deserialize, Serialize};
@@ -94,10 +95,16 @@ pub struct Blocker {
     pub name: String,
     pub cmdline: String,
     pub user: String,
-    /// A protected daemon (config.toml's `protected`): stopped only with --force.
+    /// A protected daemon (config.toml's `protected`, the name proven by who runs it and
+    /// what it runs: `process::daemon`): stopped only with --force.
     pub protected: bool,
     /// The systemd unit it is the main process of: stopped through it.
     pub service: Option<String>,
+    /// That unit is a user manager's (`systemctl --user`): its user's to name and to start,
+    /// so it is stopped as their other clients are (by signal, no --force) and never started
+    /// again by gpuloop.
+    #[serde(default)]
+    pub user_unit: bool,
     /// It has a MIG capability node open: a MIG change fails while it does, too.
     pub caps: bool,
     /// The MIG devices it holds (`N:GI:CI`), as its holder record names them.
@@ -118,15 +125,18 @@ impl Blocker {
         }
     }
 
-    /// Needs --force: a protected daemon, a unit's main process (systemd owns it), a module.
+    /// Needs --force: a protected daemon, a system unit's main process (systemd owns it), a
+    /// module. A user's unit is that user's client like the rest of theirs: a name they chose
+    /// in a cgroup of their own must not block a reset.
     pub(crate) fn needs_force(&self) -> bool {
-        self.protected || self.service.is_some() || self.stop == Stop::Unload
+        self.protected || (self.service.is_some() && !self.user_unit) || self.stop == Stop::Unload
     }
 }
 
-/// What a process is, as a blocker, by its name (protected daemons) or its role.
+/// What a process is, as a blocker: a protected daemon by its (proven) name, any other
+/// process by its role. A name without proof says nothing of what a process is.
 fn kind_of(comm: &str, cmdline: &str, protected: bool, compute: bool) -> BlockerKind {
-    let named = |names: &[&str]| proc::kill::is_named(comm, cmdline, names);
+    let named = |names: &[&str]| protected && proc::kill::is_named(comm, cmdline, names);
     if named(&["nvidia-persistenced"]) {
         BlockerKind::Persistenced
     } else if named(&["nv-hostengine", "dcgm-exporter", "dcgmproftester"]) {
@@ -163,9 +173,14 @@ const NAMED: &[&str] = &[
 ];
 
 /// How a person stops it, and how gpuloop does.
+/// A user's unit is stopped as the rest of that user's clients, by signal: asking their
+/// manager to stop it would wait on whatever stop they wrote for it.
 fn stop_of(kind: BlockerKind, pid: i64, unit: Option<&str>, user_unit: bool) -> (Stop, String) {
     match (unit, kind) {
-        (Some(u), _) if user_unit => (Stop::Unit, format!("systemctl --user stop {u}")),
+        (Some(u), _) if user_unit => (
+            Stop::Signal,
+            format!("kill {pid} (its user's unit: systemctl --user stop {u})"),
+        ),
         (Some(u), _) => (Stop::Unit, format!("systemctl stop {u}")),
         (None, BlockerKind::Mps) => (
             Stop::MpsQuit,
@@ -208,11 +223,11 @@ impl Blocker {
         )
     }
 
-    fn of_proc(p: &ProcInfo, protected: &[String], places: &Resolver) -> Blocker {
-        let cmdline = proc::cmdline(p.pid);
+    fn of_proc(p: &ProcInfo, cmdline: String, protected: &[String], places: &Resolver) -> Blocker {
         let user = proc::uid(p.pid).map(proc::user_name).unwrap_or_default();
-        let prot = proc::kill::is_protected(&p.comm, &cmdline, protected);
-        let kind = kind_of(&p.comm, &cmdline, prot, false);
+        let prot = proc::daemon::is_protected_pid(p.pid, p.start, &p.comm, &cmdline, protected);
+        // Found as one of `NAMED`, proven: its kind is its name's.
+        let kind = kind_of(&p.comm, &cmdline, true, false);
         Blocker::new(
             kind,
             (i64::from(p.pid), p.start as i64, None),
@@ -256,6 +271,7 @@ impl Blocker {
             user: user.to_string(),
             protected,
             service: unit.map(str::to_string),
+            user_unit: unit.is_some() && user_unit,
             caps,
             mig: Vec::new(),
             stop,
@@ -275,6 +291,7 @@ impl Blocker {
             user: String::new(),
             protected: true,
             service: None,
+            user_unit: false,
             caps: false,
             mig: Vec::new(),
             stop: Stop::Unload,
@@ -287,8 +304,9 @@ impl Blocker {
 }
 
 /// What blocks a reset on this machine besides the inventory's holders, looked at once:
-/// the GPU daemons that block one whatever they hold (found by name, on the driver's machine
-/// only: a simulator's GPUs are its own nodes'), and `nvidia_drm` with modeset.
+/// the GPU daemons that block one whatever they hold (found by name and proven, on the
+/// driver's machine only: a simulator's GPUs are its own nodes'), and `nvidia_drm` with
+/// modeset.
 #[derive(Debug, Clone, Default)]
 pub struct Readiness {
     named: Vec<Blocker>,
@@ -302,11 +320,18 @@ impl Readiness {
     pub fn look(backend: &dyn Backend, protected: &[String], roots: &Roots) -> Readiness {
         let places = Resolver::remembering(roots);
         let named = match backend.kind() {
+            // A process that only takes a daemon's name holds nothing of the GPU: no client.
             BackendKind::Nvml => proc::process_table()
                 .into_iter()
                 .filter(|p| !p.is_zombie())
-                .filter(|p| proc::kill::is_named(&p.comm, &proc::cmdline(p.pid), NAMED))
-                .map(|p| Blocker::of_proc(&p, protected, &places))
+                .map(|p| {
+                    let cmdline = proc::cmdline(p.pid);
+                    (p, cmdline)
+                })
+                .filter(|(p, cmdline)| {
+                    proc::daemon::is_protected_pid(p.pid, p.start, &p.comm, cmdline, NAMED)
+                })
+                .map(|(p, cmdline)| Blocker::of_proc(&p, cmdline, protected, &places))
                 .collect(),
             // The daemons named are the driver's clients on this machine: no simulated GPU
             // waits for them, and without a driver nothing is reset.
@@ -362,7 +387,9 @@ impl Readiness {
             .holders
             .iter()
             .filter(|h| h.pid != me)
-            .filter(|h| keep(h) || proc::kill::is_named(&h.name, &h.cmdline, NAMED))
+            .filter(|h| {
+                keep(h) || (h.protected && proc::kill::is_named(&h.name, &h.cmdline, NAMED))
+            })
             .map(Blocker::of_holder)
             .collect();
         for b in &self.named {
@@ -375,6 +402,35 @@ impl Readiness {
     }
 }
 
+/// Why no reset of GPU `g` can work, whatever is stopped, if none can: the driver says the
+/// GPU is lost, or it does not answer and the kernel log has its Xid 79 (it fell off the
+/// bus: the host cannot reach it), or the driver's recovery action asks for a node reboot.
+/// `g` carries its faults (`machine::ops::read_faults`).
+pub(crate) fn cannot_reset(g: &Gpu) -> Option<String> {
+    let faults = g.faults.as_ref();
+    let xid79 = faults
+        .and_then(Faults::off_bus)
+        .filter(|_| g.error.is_some());
+    if g.lost || xid79.is_some() {
+        let said = match xid79 {
+            Some(x) => format!("Xid {} in the kernel log", x.code),
+            None => "the driver says it is lost".to_string(),
+        };
+        return Some(format!(
+            "GPU {} fell off the bus ({said}): a reset cannot reach it; reboot the node",
+            g.index
+        ));
+    }
+    let action = faults.and_then(|f| f.recovery_action)?;
+    (action.needs() == Needs::Reboot).then(|| {
+        format!(
+            "the driver asks for a node reboot for GPU {} (recovery action {}): a reset does not recover it",
+            g.index,
+            action.as_str()
+        )
+    })
+}
+
 /// What `gpuloop reset` did for one GPU, or with `--dry-run` found in its way.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ResetReport {
@@ -382,6 +438,10 @@ pub struct ResetReport {
     /// The GPU's UUID before the reset: the same GPU must answer with it after.
     pub uuid: String,
     pub dry_run: bool,
+    /// Why no reset can work on this GPU whatever is stopped (it fell off the bus, the
+    /// driver asks for a reboot), or `()`: where it says so, nothing was stopped.
+    #[serde(default)]
+    pub cannot: Option<String>,
     /// Every client that blocked the reset (or would block it), as first found.
     pub blockers: Vec<Blocker>,
     /// What was done, in order.
@@ -390,8 +450,8 @@ pub struct ResetReport {
     pub reset: bool,
     /// The GPU answered after it, with its UUID and 0 MiB used.
     pub verified: bool,
-    /// With `--dry-run`: nothing blocks a reset. Otherwise: reset, verified, and every
-    /// daemon it stopped started again.
+    /// With `--dry-run`: a reset can work and nothing blocks it. Otherwise: reset,
+    /// verified, and every daemon it stopped started again.
     pub ok: bool,
     pub host: String,
     /// A MIG device's report (`reset --dry-run --gpu N:GI:CI`): what blocks destroying or
@@ -497,6 +557,20 @@ mod tests {
             k("nvidia-smi", "nvidia-smi -lms 200", false, false),
             BlockerKind::Observer
         );
+        // A daemon's name without proof is what the process does.
+        assert_eq!(
+            k(
+                "nvidia-persiste",
+                "/tmp/x/nvidia-persistenced",
+                false,
+                false
+            ),
+            BlockerKind::Observer
+        );
+        assert_eq!(
+            k("x", "/home/u/nvidia-cuda-mps-server", false, true),
+            BlockerKind::Compute
+        );
         assert_eq!(
             stop_of(
                 BlockerKind::Persistenced,
@@ -510,6 +584,13 @@ mod tests {
             )
         );
         assert_eq!(stop_of(BlockerKind::Mps, 9, None, false).0, Stop::MpsQuit);
+        assert_eq!(
+            stop_of(BlockerKind::Compute, 9, Some("train.service"), true),
+            (
+                Stop::Signal,
+                "kill 9 (its user's unit: systemctl --user stop train.service)".to_string()
+            )
+        );
         assert_eq!(
             stop_of(BlockerKind::Observer, 9, None, false),
             (Stop::Signal, "kill 9".into())

@@ -496,6 +496,41 @@ impl<'a> Fleet<'a> {
         Ok(merge_kills(self.answered(parts)?, opts.dry_run))
     }
 
+    /// With several hosts, a `--pod` that each host reads on its own must pick one pod in the
+    /// whole set: a pod runs on one node, so a name (or a uid prefix) that picks a pod on two
+    /// hosts names two pods, such as a deleted pod's orphan on one node and its successor,
+    /// re-created with the same name, on another. Refused before anything is signalled or
+    /// waited for, naming each by its host and uid. A host where it picks nothing is left
+    /// to say so in its own answer; a container's name is each host's own, as docker's is.
+    pub(crate) fn one_pod(&self, sel: &HostSel, filter: &Filter) -> Result<(), ActionError> {
+        let several = self.s.host_names().len() > 1;
+        let Some(text) = filter.pod.as_deref().filter(|_| several) else {
+            return Ok(());
+        };
+        let mut picked: BTreeMap<(String, String), String> = BTreeMap::new();
+        for (host, part) in self.holders_per_host(sel, true, filter)? {
+            for h in part.map(|r| r.holders).unwrap_or_default() {
+                let Some(pod) = &h.origin.place.pod else {
+                    continue;
+                };
+                let Some(uid) = &pod.uid else { continue };
+                let deleted = if pod.deleted { ", deleted" } else { "" };
+                picked
+                    .entry((host.clone(), uid.clone()))
+                    .or_insert_with(|| format!("{host}: --pod {uid} ({}{deleted})", pod.label()));
+            }
+        }
+        let hosts: std::collections::BTreeSet<&String> = picked.keys().map(|(h, _)| h).collect();
+        if hosts.len() < 2 {
+            return Ok(());
+        }
+        Err(ActionError::Usage(format!(
+            "--pod {text} fits pods on {} hosts; a pod runs on one node: name one by its uid, with its host alone (--host HOST): {}",
+            hosts.len(),
+            picked.into_values().collect::<Vec<_>>().join(", ")
+        )))
+    }
+
     /// Stops the compute holders of the selection on every selected host at once, each
     /// host's report kept apart.
     pub(crate) fn kill_holders_per_host(
@@ -504,6 +539,7 @@ impl<'a> Fleet<'a> {
         filter: &Filter,
         opts: &KillOpts,
     ) -> Result<PerHost<KillReport>, ActionError> {
+        self.one_pod(sel, filter)?;
         let filter = &sel.narrow(filter);
         self.each(sel, |sel| KillHolders {
             sel,
@@ -532,6 +568,7 @@ impl<'a> Fleet<'a> {
         opts: &WaitOpts,
         quiet: bool,
     ) -> Result<WaitOutcome, ActionError> {
+        self.one_pod(sel, filter)?;
         let filter = &sel.narrow(filter);
         let parts = self.each(sel, |sel| WaitClean {
             sel,
@@ -556,6 +593,7 @@ impl<'a> Fleet<'a> {
         kill: &KillOpts,
         wait: &WaitOpts,
     ) -> Result<PerHost<CleanReport>, ActionError> {
+        self.one_pod(sel, filter)?;
         let filter = &sel.narrow(filter);
         self.each(sel, |sel| Clean {
             sel,

@@ -7,7 +7,7 @@ use crate::hosts::protocol::{self, Call};
 use crate::hosts::{is_local, HostError};
 use crate::inspect::holders::Holder;
 use crate::inspect::holders::Inventory;
-use crate::inspect::{Bound, Filter, Selection};
+use crate::inspect::{Bound, Filter, Resolved, Selection};
 use crate::process::kill::{
     self, Forcing, KillOpts, KillReport, Owner, SkipReason, Skipped, Target,
 };
@@ -168,25 +168,30 @@ impl Local<'_> {
         opts: &KillOpts,
     ) -> Result<KillReport, ActionError> {
         let inv = super::ops::inventory(self.s, sel)?;
-        self.kill_holders_in(inv, sel, filter, opts)
+        let resolved = filter.resolve_on(&inv)?;
+        self.kill_holders_in(inv, sel, filter, &resolved, opts)
     }
 
-    /// `kill_holders` from a look just taken (`inv`, checked against `sel`).
+    /// `kill_holders` from a look just taken (`inv`, checked against `sel`), with the filter
+    /// as that look or an earlier one resolved it (`resolved`: a clean's later rounds stop
+    /// what is left of the pod and the container its first look found, never another that a
+    /// name fits by then).
     pub(crate) fn kill_holders_in(
         &mut self,
         inv: Inventory,
         sel: &Selection,
         filter: &Filter,
+        resolved: &Resolved,
         opts: &KillOpts,
     ) -> Result<KillReport, ActionError> {
         let s = self.s;
-        let within = filter.resolve_on(&inv)?.within;
+        let within = resolved.within.clone();
         let mut hs = super::ops::Holders {
             sel: sel.clone(),
             all: true,
             filter: filter.clone(),
         }
-        .of(inv)?
+        .picked(inv, resolved)?
         .holders;
         hs.retain(|h| h.is_compute() || h.protected);
         // The filter's user, pod and container bound every process signalled, not only the

@@ -244,6 +244,16 @@ impl Holders {
     /// The report of an inventory taken already (`look`).
     pub(crate) fn of(&self, inv: Inventory) -> Result<HoldersReport, ActionError> {
         let filter = self.filter.resolve_on(&inv)?;
+        self.picked(inv, &filter)
+    }
+
+    /// The report of an inventory taken already, by a filter resolved already (a clean's
+    /// rounds keep the pod and the container its first look found).
+    pub(crate) fn picked(
+        &self,
+        inv: Inventory,
+        filter: &Resolved,
+    ) -> Result<HoldersReport, ActionError> {
         check_selection(&self.sel, &inv.gpus)?;
         let mut holders = inv.holders(&self.sel, self.all);
         holders.retain(|h| filter.matches(h));

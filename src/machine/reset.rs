@@ -1,15 +1,16 @@
-//! `gpuloop reset`: what blocks a GPU reset (`--dry-run`), or stop what may be stopped,
-//! reset, verify that the GPU came back, and start again the daemons it stopped, each step
-//! reported.
+//! `gpuloop reset`: whether a reset can work and what blocks it (`--dry-run`), or stop what
+//! may be stopped, reset, verify that the GPU came back, and start again through systemd the
+//! daemons it stopped, each step reported.
 
-use super::ops::inventory;
+use super::ops::{inventory, read_faults};
 use super::{ActionError, Ask, Local, Op, Received};
 use crate::gpu::GpuError;
 use crate::hosts::protocol::Call;
-use crate::inspect::reset::{Blocker, BlockerKind, Readiness, ResetReport, Step, StepKind, Stop};
+use crate::inspect::reset::{
+    cannot_reset, Blocker, BlockerKind, Readiness, ResetReport, Step, StepKind, Stop,
+};
 use crate::process::kill::{KillOpts, Target};
 use crate::process::Identity;
-use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 /// A reset of some GPUs of one machine, one after the other.
@@ -74,17 +75,17 @@ impl Received for Vec<ResetReport> {
     }
 }
 
-/// How a daemon gpuloop stopped is started again.
+/// What becomes of a daemon gpuloop stopped, once the GPU is reset. Only a service manager
+/// knows how a daemon is started: its command line, environment and executable are its own
+/// to have written (any user can name a process `nvidia-persistenced`), so none of them is
+/// ever run.
 enum Again {
-    Unit {
-        unit: String,
-        user: Option<String>,
-    },
-    /// Its command line, run again in a session of its own (a daemon without a unit).
-    Argv {
-        label: String,
-        argv: Vec<OsString>,
-    },
+    /// A systemd system unit, the one systemd named as the stopped process's (`MainPID`):
+    /// `systemctl start` it.
+    Unit(String),
+    /// Not started again: a daemon outside any system unit. `detail` says so, and what it
+    /// ran, for a person to start it as it was started.
+    Not { target: String, detail: String },
 }
 
 impl Reset {
@@ -141,6 +142,7 @@ impl Reset {
                     verified: false,
                     host: crate::local::local(),
                     mig: Some(*k),
+                    cannot: None,
                 }
             })
             .collect();
@@ -153,7 +155,15 @@ impl Reset {
     fn one(&self, m: &mut Local, gpu: i64) -> Result<ResetReport, ActionError> {
         let s = m.s;
         let backend = s.backend()?;
-        let inv = inventory(s, &Some(vec![gpu]))?;
+        let one = Some(vec![gpu]);
+        let mut inv = inventory(s, &one)?;
+        // Whether a reset can work at all is known before anything is stopped.
+        read_faults(s, backend, &mut inv.gpus, &one);
+        let cannot = inv
+            .gpus
+            .iter()
+            .find(|g| g.index == gpu)
+            .and_then(cannot_reset);
         let uuid = backend
             .gpus()?
             .into_iter()
@@ -166,6 +176,7 @@ impl Reset {
             gpu,
             uuid,
             dry_run: self.dry_run,
+            cannot: cannot.clone(),
             blockers: blockers.clone(),
             steps: Vec::new(),
             reset: false,
@@ -175,7 +186,16 @@ impl Reset {
             mig: None,
         };
         if self.dry_run {
-            r.ok = blockers.is_empty();
+            r.ok = blockers.is_empty() && cannot.is_none();
+            return Ok(r);
+        }
+        if let Some(why) = cannot {
+            r.steps.push(step(
+                StepKind::Refuse,
+                format!("GPU {gpu}"),
+                false,
+                format!("nothing stopped: {why}"),
+            ));
             return Ok(r);
         }
         // Nothing is stopped when something that may not be stopped would still block it.
@@ -244,7 +264,13 @@ impl Reset {
         }
         let mut restarted = true;
         for a in again {
-            let (target, ok, detail) = start_again(&a);
+            let (target, ok, detail) = match a {
+                Again::Unit(unit) => {
+                    let (ok, detail) = systemctl("start", &unit);
+                    (unit, ok, detail)
+                }
+                Again::Not { target, detail } => (target, false, detail),
+            };
             restarted &= ok;
             r.steps.push(step(StepKind::Restart, target, ok, detail));
         }
@@ -253,7 +279,8 @@ impl Reset {
     }
 
     /// Stops every blocker: units through systemd, MPS through its control daemon, the rest
-    /// by signal (all at once, one shared grace). Returns how to start the daemons again.
+    /// by signal (all at once, one shared grace). Returns what becomes of the daemons it
+    /// stopped.
     fn stop_all(&self, m: &mut Local, blockers: &[Blocker], steps: &mut Vec<Step>) -> Vec<Again> {
         let mut again = Vec::new();
         let mut signal = Vec::new();
@@ -263,33 +290,29 @@ impl Reset {
             .iter()
             .any(|b| b.kind == BlockerKind::Mps && b.cmdline.contains("nvidia-cuda-mps-control"));
         for b in blockers {
-            let Some(pid) = b.pid else { continue };
-            let argv = argv_of(b);
+            if b.pid.is_none() {
+                continue;
+            }
+            // A daemon's kind is proven (`process::daemon`): a name alone makes none.
             let restartable = b.kind.is_daemon()
                 && !(mps_control
                     && b.kind == BlockerKind::Mps
                     && !b.cmdline.contains("nvidia-cuda-mps-control"));
             match (&b.stop, &b.service) {
+                // A system unit's (`stop_of` gives a user's unit a signal).
                 (Stop::Unit, Some(unit)) => {
-                    let user = b.how.contains("--user").then(|| b.user.clone());
-                    let (ok, detail) = systemctl("stop", unit, user.as_deref());
+                    let (ok, detail) = systemctl("stop", unit);
                     steps.push(step(StepKind::Stop, b.label(), ok, detail));
                     if ok {
-                        again.push(Again::Unit {
-                            unit: unit.clone(),
-                            user,
-                        });
+                        again.push(Again::Unit(unit.clone()));
                     }
                     continue;
                 }
                 (Stop::MpsQuit, _) => {
                     if let Ok(detail) = mps_quit() {
                         steps.push(step(StepKind::Stop, b.label(), true, detail));
-                        if let (true, Some(argv)) = (restartable, argv) {
-                            again.push(Again::Argv {
-                                label: b.label(),
-                                argv,
-                            });
+                        if restartable {
+                            again.push(not_again(b));
                         }
                         continue;
                     }
@@ -297,7 +320,10 @@ impl Reset {
                 }
                 _ => {}
             }
-            let (Some(start), Ok(pid32)) = (b.start, i32::try_from(pid)) else {
+            let (Some(pid), Some(start)) = (b.pid, b.start) else {
+                continue;
+            };
+            let Ok(pid32) = i32::try_from(pid) else {
                 continue;
             };
             signal.push((
@@ -307,7 +333,7 @@ impl Reset {
                     start: start as u64,
                     ino: b.pidfs_ino.map(|i| i as u64),
                 }),
-                argv.filter(|_| restartable),
+                restartable,
             ));
         }
         if signal.is_empty() {
@@ -331,7 +357,7 @@ impl Reset {
             ..KillOpts::default()
         };
         let report = m.kill(&targets, &opts);
-        for (b, _, argv) in signal {
+        for (b, _, restartable) in signal {
             let pid = b.pid.unwrap_or_default();
             let gone = report.exited.contains(&pid)
                 || report.skipped.iter().any(|k| k.pid == pid && k.is_gone());
@@ -345,11 +371,8 @@ impl Reset {
                 "still running".to_string()
             };
             steps.push(step(StepKind::Stop, b.label(), gone, detail));
-            if let (true, Some(argv)) = (gone, argv) {
-                again.push(Again::Argv {
-                    label: b.label(),
-                    argv,
-                });
+            if gone && restartable {
+                again.push(not_again(b));
             }
         }
         again
@@ -400,28 +423,23 @@ fn step(action: StepKind, target: String, ok: bool, detail: String) -> Step {
     }
 }
 
-/// The daemon's command line as it was started, read before it is stopped (and only while
-/// it is still the process found).
-fn argv_of(b: &Blocker) -> Option<Vec<OsString>> {
-    use std::os::unix::ffi::OsStringExt;
-    let pid = i32::try_from(b.pid?).ok()?;
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let same = crate::process::read_stat(pid).is_ok_and(|p| Some(p.start as i64) == b.start);
-    let argv: Vec<OsString> = raw
-        .split(|&c| c == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| OsString::from_vec(a.to_vec()))
-        .collect();
-    (same && !argv.is_empty()).then_some(argv)
+/// A daemon stopped outside any system unit: not started again; the step says what it ran,
+/// for a person to start it as it was started.
+fn not_again(b: &Blocker) -> Again {
+    Again::Not {
+        target: b.label(),
+        detail: format!(
+            "not started again: gpuloop starts a daemon again only through its systemd system unit, and it ran in none; start it as it was started (it ran as {}: {})",
+            b.user, b.cmdline
+        ),
+    }
 }
 
-/// `systemctl [--user -M USER@] VERB UNIT`, to its end.
-fn systemctl(verb: &str, unit: &str, user: Option<&str>) -> (bool, String) {
+/// `systemctl VERB -- UNIT` of a system unit, to its end.
+fn systemctl(verb: &str, unit: &str) -> (bool, String) {
     let mut cmd = std::process::Command::new("systemctl");
-    if let Some(u) = user {
-        cmd.args(["--user", "-M", &format!("{u}@")]);
-    }
-    cmd.args([verb, unit])
+    // The unit's name comes from a cgroup path: `--` keeps it from being read as an option.
+    cmd.args([verb, "--", unit])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -456,41 +474,5 @@ fn mps_quit() -> Result<String, String> {
         Ok(o) if o.status.success() => Ok("echo quit | nvidia-cuda-mps-control".into()),
         Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
         Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Starts a stopped daemon again: its unit, or its command line in a session of its own
-/// (registered as gpuloop's helper, so a script's job runner never takes it for a job's
-/// orphan).
-fn start_again(a: &Again) -> (String, bool, String) {
-    match a {
-        Again::Unit { unit, user } => {
-            let (ok, detail) = systemctl("start", unit, user.as_deref());
-            (unit.clone(), ok, detail)
-        }
-        Again::Argv { label, argv } => {
-            let mut cmd = std::process::Command::new(&argv[0]);
-            cmd.args(&argv[1..])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null());
-            // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
-            unsafe {
-                use std::os::unix::process::CommandExt;
-                cmd.pre_exec(|| {
-                    rustix::process::setsid()?;
-                    Ok(())
-                });
-            }
-            let shown = argv
-                .iter()
-                .map(|a| a.to_string_lossy())
-                .collect::<Vec<_>>()
-                .join(" ");
-            match crate::process::helpers::start(|| cmd.spawn(), |c| Some(c.id())) {
-                Ok((child, _)) => (label.clone(), true, format!("pid {}: {shown}", child.id())),
-                Err(e) => (label.clone(), false, format!("{shown}: {e}")),
-            }
-        }
     }
 }

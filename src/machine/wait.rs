@@ -7,7 +7,7 @@ use crate::hosts::protocol::{Call, WaitWire};
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Inventory;
 use crate::inspect::wait::{self, Dirty, WaitOpts, WaitOutcome};
-use crate::inspect::{Filter, Selection};
+use crate::inspect::{Filter, Resolved, Selection};
 use crate::process::kill::{KillOpts, KillReport};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -45,7 +45,8 @@ impl Op for WaitClean {
             false => (self.sel.clone(), self.opts.clone(), None),
             true => {
                 let inv = inventory(m.s, &self.sel)?;
-                let (sel, opts) = scoped(&inv, &self.sel, &self.filter, &self.opts)?;
+                let resolved = self.filter.resolve_on(&inv)?;
+                let (sel, opts) = scoped(&inv, &self.sel, &resolved, &self.opts);
                 (sel, opts, Some(inv))
             }
         };
@@ -75,17 +76,19 @@ impl Op for WaitClean {
 fn scoped(
     inv: &Inventory,
     sel: &Selection,
-    filter: &Filter,
+    resolved: &Resolved,
     opts: &WaitOpts,
-) -> Result<(Selection, WaitOpts), ActionError> {
-    let resolved = filter.resolve_on(inv)?;
-    let sel = narrowed(inv, sel, &resolved);
+) -> (Selection, WaitOpts) {
+    let sel = narrowed(inv, sel, resolved);
     let opts = WaitOpts {
         instances: resolved.instances.clone(),
-        scoped: resolved.within.map(|w| wait::Scoped::of(inv, &sel, w)),
+        scoped: resolved
+            .within
+            .clone()
+            .map(|w| wait::Scoped::of(inv, &sel, w)),
         ..opts.clone()
     };
-    Ok((sel, opts))
+    (sel, opts)
 }
 
 impl Received for WaitOutcome {
@@ -140,16 +143,17 @@ impl Op for Clean {
         // another pod on the same GPU is reported and left alone.
         // One look at the machine before anything is signalled: what narrows the selection
         // is what the kill stops, and the wait after it re-reads only what is in question.
+        // The filter is resolved once, here: every round stops what is left of the pod or the
+        // container this look found.
         let inv = inventory(s, &self.sel)?;
-        // (With neither, `scoped` is the selection narrowed by the filter's user and job,
-        // and its MIG devices.)
-        let (sel, scoped) = scoped(&inv, &self.sel, &self.filter, &self.wait)?;
+        let resolved = self.filter.resolve_on(&inv)?;
+        let (sel, scoped) = scoped(&inv, &self.sel, &resolved, &self.wait);
         // With no KILL ever, the wait below is the one that waits for them, until its timeout.
         let kill_opts = KillOpts {
             wait_forever: false,
             ..self.kill.clone()
         };
-        let mut kill = m.kill_holders_in(inv.clone(), &sel, &self.filter, &kill_opts)?;
+        let mut kill = m.kill_holders_in(inv.clone(), &sel, &self.filter, &resolved, &kill_opts)?;
         let mut known = Some(inv);
         let waited = std::time::Instant::now();
         // One timeout for the whole wait, however many rounds it takes.
@@ -185,7 +189,7 @@ impl Op for Clean {
             }
             rounds += 1;
             let inv = inventory(s, &sel)?;
-            kill.then(m.kill_holders_in(inv.clone(), &sel, &self.filter, &kill_opts)?);
+            kill.then(m.kill_holders_in(inv.clone(), &sel, &self.filter, &resolved, &kill_opts)?);
             known = Some(inv);
         };
         let wait_ms = waited.elapsed().as_millis() as i64;

@@ -325,11 +325,12 @@ pub(crate) struct HoldersArgs {
     /// protected GPU daemons. Default false: only compute holders, which hold memory.
     #[serde(default)]
     pub all: bool,
-    /// Only this Kubernetes pod's processes: NAMESPACE/NAME, NAME (namespace default), or its
-    /// uid (or a unique prefix), as the node tells it.
+    /// Only this Kubernetes pod's processes: NAMESPACE/NAME, NAME, or its uid (or 8 characters
+    /// of it at least), as the node tells it; one that fits several pods is refused.
     #[serde(default)]
     pub pod: Option<String>,
-    /// Only this container's processes: its name, or its id (or a unique prefix).
+    /// Only this container's processes: its name, or its id (or 12 characters of it at least);
+    /// one that fits several is refused.
     #[serde(default)]
     pub container: Option<String>,
 }
@@ -345,11 +346,12 @@ pub(crate) struct SelArgs {
     /// lists them under `mig.instances`. Each selects its parent GPU, narrowed to it.
     #[serde(default)]
     pub mig: Option<Vec<String>>,
-    /// Only the GPUs this Kubernetes pod's processes use (NAMESPACE/NAME, NAME, or a uid or a
-    /// unique prefix), each with all its holders.
+    /// Only the GPUs this Kubernetes pod's processes use (NAMESPACE/NAME, NAME, or a uid or 8
+    /// characters of it at least; it must fit one pod), each with all its holders.
     #[serde(default)]
     pub pod: Option<String>,
-    /// Only the GPUs this container's processes use (a name, or an id or a unique prefix).
+    /// Only the GPUs this container's processes use (a name, or an id or 12 characters of it
+    /// at least; it must fit one container).
     #[serde(default)]
     pub container: Option<String>,
 }
@@ -436,12 +438,12 @@ pub(crate) struct WaitArgs {
     /// false: that footprint does not make a selected GPU dirty).
     #[serde(default)]
     pub strict: bool,
-    /// Wait for this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or a unique
-    /// prefix) to leave their GPUs and their memory to come back; another pod there does not
+    /// Wait for this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or 8
+    /// characters of it; one pod) to leave their GPUs and their memory to come back; another pod there does not
     /// make them dirty.
     #[serde(default)]
     pub pod: Option<String>,
-    /// The same for a container (a name, or an id or a unique prefix).
+    /// The same for a container (a name, or an id or 12 characters of it; one container).
     #[serde(default)]
     pub container: Option<String>,
 }
@@ -495,11 +497,12 @@ pub struct KillArgs {
     /// signalled through MCP. A person can run `gpuloop kill --force` themselves.
     #[serde(default)]
     pub force: bool,
-    /// Signal only this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or a
-    /// unique prefix): targets, descendants and parents outside it are left alone.
+    /// Signal only this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or 8
+    /// characters of it; one pod): targets, descendants and parents outside it are left alone.
     #[serde(default)]
     pub pod: Option<String>,
-    /// Signal only this container's processes (a name, or an id or a unique prefix).
+    /// Signal only this container's processes (a name, or an id or 12 characters of it; one
+    /// container).
     #[serde(default)]
     pub container: Option<String>,
 }
@@ -531,12 +534,12 @@ pub(crate) struct CleanArgs {
     /// Report what would be stopped and stop nothing (default false; always allowed).
     #[serde(default)]
     pub dry_run: bool,
-    /// Stop only this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or a unique
-    /// prefix) and wait for the memory they held; another pod on the same GPUs is reported
+    /// Stop only this Kubernetes pod's processes (NAMESPACE/NAME, NAME, or a uid or 8
+    /// characters of it; one pod) and wait for the memory they held; another pod on the same GPUs is reported
     /// and left alone.
     #[serde(default)]
     pub pod: Option<String>,
-    /// The same for a container (a name, or an id or a unique prefix).
+    /// The same for a container (a name, or an id or 12 characters of it; one container).
     #[serde(default)]
     pub container: Option<String>,
 }

@@ -184,7 +184,7 @@ fn is_full_id(s: &str) -> bool {
 
 /// A pod uid: 36 characters with dashes, or 32 hex digits (a static pod's, from the hash of
 /// its manifest).
-fn is_uid(s: &str) -> bool {
+pub(crate) fn is_uid(s: &str) -> bool {
     (s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()))
         || (s.len() == 36
             && s.bytes().enumerate().all(|(i, b)| {
@@ -986,135 +986,6 @@ impl Within {
     }
 }
 
-/// The pods and containers a `--pod`/`--container` text picks among the places of this
-/// machine's processes. `--pod NS/NAME`; `--pod NAME` in the default namespace; a uid or a
-/// unique prefix of one. `--container NAME` (its own name or its name in the pod) or an id
-/// or a unique prefix of one. A prefix that fits several is an error that lists them.
-pub fn within<'p>(
-    pod: Option<&str>,
-    container: Option<&str>,
-    places: impl Iterator<Item = &'p Place> + Clone,
-) -> Result<Option<Within>, String> {
-    if pod.is_none() && container.is_none() {
-        return Ok(None);
-    }
-    let mut said = Vec::new();
-    let pods = match pod {
-        None => None,
-        Some(text) => {
-            said.push(format!("--pod {text}"));
-            Some(pick_pods(text, places.clone())?)
-        }
-    };
-    let containers = match container {
-        None => None,
-        Some(text) => {
-            said.push(format!("--container {text}"));
-            Some(pick_containers(text, places)?)
-        }
-    };
-    Ok(Some(Within {
-        pods,
-        containers,
-        said: said.join(" "),
-    }))
-}
-
-/// Characters a uid (or a prefix of one) is made of.
-fn uid_like(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
-}
-
-fn pick_pods<'p>(
-    text: &str,
-    places: impl Iterator<Item = &'p Place>,
-) -> Result<BTreeSet<String>, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err("--pod: give NAMESPACE/NAME, NAME (in namespace default), or a pod uid".into());
-    }
-    let (ns, name) = match text.split_once('/') {
-        Some((ns, name)) => (ns, name),
-        None => ("default", text),
-    };
-    let pods: Vec<&Pod> = places.filter_map(|p| p.pod.as_ref()).collect();
-    let by_name: BTreeSet<String> = pods
-        .iter()
-        .filter(|p| p.namespace.as_deref() == Some(ns) && p.name.as_deref() == Some(name))
-        .filter_map(|p| p.uid.clone())
-        .collect();
-    if text.contains('/') || !uid_like(text) {
-        return Ok(by_name);
-    }
-    let by_uid: BTreeSet<String> = pods
-        .iter()
-        .filter_map(|p| p.uid.clone())
-        .filter(|u| u.starts_with(&text.to_ascii_lowercase()))
-        .collect();
-    let all: BTreeSet<String> = by_name.union(&by_uid).cloned().collect();
-    if all.len() > 1 {
-        let named: Vec<String> = all
-            .iter()
-            .map(|u| {
-                let label = pods
-                    .iter()
-                    .find(|p| p.uid.as_ref() == Some(u))
-                    .map(|p| p.label())
-                    .unwrap_or_default();
-                format!("{label} (uid {u})")
-            })
-            .collect();
-        return Err(format!(
-            "--pod {text} fits {} pods: {}; give NAMESPACE/NAME or more of the uid",
-            all.len(),
-            named.join(", ")
-        ));
-    }
-    Ok(all)
-}
-
-fn pick_containers<'p>(
-    text: &str,
-    places: impl Iterator<Item = &'p Place>,
-) -> Result<BTreeSet<String>, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(
-            "--container: give a container's name or id (or a unique prefix of one)".into(),
-        );
-    }
-    let places: Vec<&Place> = places.filter(|p| p.container.is_some()).collect();
-    let named = |p: &&&Place| {
-        p.container_name.as_deref() == Some(text)
-            || p.pod.as_ref().and_then(|q| q.container.as_deref()) == Some(text)
-    };
-    let by_name: BTreeSet<String> = places
-        .iter()
-        .filter(named)
-        .filter_map(|p| p.container.clone())
-        .collect();
-    if !by_name.is_empty() || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Ok(by_name);
-    }
-    let by_id: BTreeSet<String> = places
-        .iter()
-        .filter_map(|p| p.container.clone())
-        .filter(|c| c.starts_with(&text.to_ascii_lowercase()))
-        .collect();
-    if by_id.len() > 1 {
-        return Err(format!(
-            "--container {text} fits {} containers: {}; give more of the id",
-            by_id.len(),
-            by_id
-                .iter()
-                .map(|c| short(c, 12))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    Ok(by_id)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1595,74 +1466,6 @@ mod tests {
         r.place(&ids_of(&format!("/kubepods/burstable/pod{UID}/{ID}")));
         r.prepare();
         assert!(r.files.loaded());
-    }
-
-    fn place(uid: &str, ns: &str, name: &str, id: &str, ctr: &str) -> Place {
-        Place {
-            container: Some(id.into()),
-            container_name: None,
-            runtime: Some(Runtime::Containerd),
-            container_deleted: false,
-            pod: Some(Pod {
-                namespace: Some(ns.into()),
-                name: Some(name.into()),
-                uid: Some(uid.into()),
-                container: Some(ctr.into()),
-                deleted: false,
-            }),
-        }
-    }
-
-    #[test]
-    fn scopes_by_name_uid_prefix_and_container() {
-        let a = place(UID, "ml", "trainer-0", ID, "trainer");
-        let b = place(
-            "1a2b9999-5e6f-7a8b-9c0d-1e2f3a4b5c6d",
-            "default",
-            "infer",
-            &"b".repeat(64),
-            "trainer",
-        );
-        let all = [a.clone(), b.clone()];
-        let pick = |pod: Option<&str>, ctr: Option<&str>| within(pod, ctr, all.iter());
-        let w = pick(Some("ml/trainer-0"), None).unwrap().unwrap();
-        assert!(w.holds_place(&a) && !w.holds_place(&b));
-        assert_eq!(w.said, "--pod ml/trainer-0");
-        // A bare name is in the default namespace.
-        let w = pick(Some("infer"), None).unwrap().unwrap();
-        assert!(w.holds_place(&b) && !w.holds_place(&a));
-        assert!(pick(Some("trainer-0"), None)
-            .unwrap()
-            .unwrap()
-            .pods
-            .unwrap()
-            .is_empty());
-        // A uid prefix must be unique.
-        assert!(pick(Some("1a2b3c"), None).unwrap().unwrap().holds_place(&a));
-        let e = pick(Some("1a2b"), None).unwrap_err();
-        assert!(
-            e.contains("fits 2 pods") && e.contains("ml/trainer-0"),
-            "{e}"
-        );
-        // Containers by id prefix, or by name (two pods' containers named alike are both).
-        assert!(pick(None, Some("4f3c2a")).unwrap().unwrap().holds_place(&a));
-        assert_eq!(
-            pick(None, Some("trainer"))
-                .unwrap()
-                .unwrap()
-                .containers
-                .unwrap()
-                .len(),
-            2
-        );
-        assert!(pick(None, None).unwrap().is_none());
-        assert!(pick(Some(" "), None).is_err());
-        // Both: inside the pod and the container.
-        let w = pick(Some("ml/trainer-0"), Some("trainer"))
-            .unwrap()
-            .unwrap();
-        assert!(w.holds_place(&a) && !w.holds_place(&b));
-        assert_eq!(w.said, "--pod ml/trainer-0 --container trainer");
     }
 
     #[test]

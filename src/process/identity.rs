@@ -41,6 +41,12 @@ impl ProcDir {
         Ok(ProcDir { pid, fd })
     }
 
+    /// The open /proc/PID directory, for the `*at` calls that read below it.
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+
     /// Opens a file or directory below this process's /proc directory.
     pub(crate) fn open_at(&self, name: &str, dir: bool) -> io::Result<OwnedFd> {
         let mut flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;

@@ -358,7 +358,15 @@ impl<'a> Guard<'a> {
         if p.is_zombie() && crate::process::scan::live_thread(&pinned.dir).is_none() {
             return Some(SkipReason::Zombie { ppid: p.ppid });
         }
-        if !force && is_protected(&p.comm, &pinned.dir.cmdline(), self.protected) {
+        // A protected name is proven through the pinned process's own /proc directory.
+        if !force
+            && super::daemon::is_protected(
+                &pinned.dir,
+                &p.comm,
+                &pinned.dir.cmdline(),
+                self.protected,
+            )
+        {
             return Some(SkipReason::Protected {
                 comm: p.comm.clone(),
                 forcing: Forcing::Allowed,
@@ -368,13 +376,9 @@ impl<'a> Guard<'a> {
     }
 }
 
-/// True if a process is one of the protected daemons, by comm (15 bytes at most) or argv[0].
-pub(crate) fn is_protected(comm: &str, cmdline: &str, protected: &[String]) -> bool {
-    is_named(comm, cmdline, protected)
-}
-
 /// True if a process goes by one of `names`: its comm (the kernel keeps 15 bytes, so a longer
-/// name matches its first 15) or the base name of its argv[0].
+/// name matches its first 15) or the base name of its argv[0]. A claim, never proof: any user
+/// names a process as they like (`daemon::is_protected` asks for proof).
 pub(crate) fn is_named<S: AsRef<str>>(comm: &str, cmdline: &str, names: &[S]) -> bool {
     let argv0 = cmdline.split(' ').next().unwrap_or("");
     let base = argv0.rsplit('/').next().unwrap_or(argv0);
@@ -1243,14 +1247,14 @@ mod tests {
     #[test]
     fn protected_names_match_truncated_comm() {
         let list = vec!["nvidia-persistenced".to_string(), "Xorg".to_string()];
-        assert!(is_protected("nvidia-persiste", "", &list));
-        assert!(is_protected("Xorg", "/usr/lib/xorg/Xorg :0", &list));
-        assert!(is_protected(
+        assert!(is_named("nvidia-persiste", "", &list));
+        assert!(is_named("Xorg", "/usr/lib/xorg/Xorg :0", &list));
+        assert!(is_named(
             "x",
             "/usr/bin/nvidia-persistenced --verbose",
             &list
         ));
-        assert!(!is_protected("python3", "python3 train.py", &list));
+        assert!(!is_named("python3", "python3 train.py", &list));
     }
 
     #[test]
@@ -1368,6 +1372,8 @@ mod tests {
         .unwrap();
         let q = daemon.id() as i32;
         let stale = stale_snapshot(q, |p| p.comm = "python3".into());
+        // The name is proven: the process is root's running root's python3, or, for a test
+        // not run as root, the invoker's own.
         let protected = vec!["guarded-daemon".to_string()];
         let r = kill_in(
             &stale,

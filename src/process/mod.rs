@@ -1,6 +1,7 @@
 //! Processes as /proc shows them: stat fields, identity `(pid, start, pidfs inode)`, users, command lines.
 
 pub mod container;
+pub(crate) mod daemon;
 pub(crate) mod helpers;
 pub(crate) mod identity;
 pub mod kill;
@@ -8,6 +9,7 @@ pub(crate) mod origin;
 pub mod restart;
 pub(crate) mod runtime_state;
 pub mod scan;
+pub(crate) mod scope;
 pub mod skip;
 pub(crate) mod tree;
 

@@ -283,7 +283,7 @@ fn systemd_runs() -> bool {
 }
 
 /// `systemctl show` of a unit, asked once a second at most; empty without systemd.
-fn unit_info(unit: &str) -> UnitInfo {
+pub(crate) fn unit_info(unit: &str) -> UnitInfo {
     if !systemd_runs() {
         return UnitInfo::default();
     }
@@ -297,7 +297,14 @@ fn unit_info(unit: &str) -> UnitInfo {
     }
     let info = crate::process::command_output(
         "systemctl",
-        &["show", "--property=MainPID", "--property=Restart", unit],
+        // A unit's name is read from a cgroup path: `--` keeps it from being read as an option.
+        &[
+            "show",
+            "--property=MainPID",
+            "--property=Restart",
+            "--",
+            unit,
+        ],
         Duration::from_secs(2),
     )
     .map(|out| parse_unit_show(&out))

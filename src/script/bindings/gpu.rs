@@ -245,9 +245,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          up on each host in its own user database (an unknown name is that host's error);
          #{job: 812} only that Slurm job's (a string of digits too: #{job:
          env(\"SLURM_JOB_ID\")}); #{pod: \"ml/trainer-0\"} only that Kubernetes pod's
-         (NAMESPACE/NAME, NAME in namespace default, or a uid or a unique prefix of one);
-         #{container: \"vllm\"} only that container's (its name, or its id or a unique
-         prefix), each read on each host from its own node.",
+         (NAMESPACE/NAME, NAME, or a uid or 8 characters of it); #{container: \"vllm\"}
+         only that container's (its name, or its id or 12 characters of it), each read on
+         each host from its own node, each fitting one pod or container there (else an error
+         lists each by uid or id, or what there is).",
         move |sel: Dynamic, opts: Map| holders(&s, sel, opts),
     );
     let s = session.clone();
@@ -349,11 +350,24 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
             container: o.scope("container")?,
             ..Filter::default()
         };
-        let outcome = Fleet::of(s)
-            .skipping(o.on_error()?)
-            .wait(&sel, &filter, &w, quiet);
+        let fleet = Fleet::of(s).skipping(o.on_error()?);
+        let outcome = fleet.wait(&sel, &filter, &w, quiet);
         match outcome.map_err(to_script)? {
-            WaitOutcome::Clean => Ok(true),
+            // Memory back is not enough where a GPU's own faults ask for a reset or a reboot:
+            // the judgement `gpuloop wait` and `clean` make, from one diagnosis.
+            WaitOutcome::Clean => {
+                let ds = fleet
+                    .diagnoses(&sel, &Filter::default())
+                    .map_err(to_script)?;
+                let unfit: Vec<_> = ds.iter().filter(|d| d.verdict.needs_action()).collect();
+                if !unfit.is_empty() && !quiet {
+                    crate::errln!("warning: GPUs not clean: their faults ask for action:");
+                    for d in &unfit {
+                        crate::errln!("  {}", crate::machine::wait::describe_diagnosis(d));
+                    }
+                }
+                Ok(unfit.is_empty())
+            }
             WaitOutcome::Interrupted => Err(super::interrupted()),
             _ => Ok(false),
         }
@@ -368,7 +382,9 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          and it stopped moving (waiting cannot help), or a stopped holder's parent started it
          again. Observers and daemons do not make a GPU dirty, nor does the memory a protected
          daemon keeps (an MPS server's context), nor the few MiB a CUDA context keeps on GPUs
-         it does not use (see strict). The same judgement as diagnose(), clean, the Slurm
+         it does not use (see strict). False, whatever the memory reads, where a GPU's own
+         faults ask for a reset or a reboot (diagnose()'s reset-needed, reboot-needed,
+         remap-pending, fell-off-bus). The same judgement as diagnose(), clean, the Slurm
          hooks and MCP. False without a driver.",
         move || wait(&s, Dynamic::UNIT, Map::new()),
     );
@@ -454,14 +470,18 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         "Resets one GPU, the last resort for memory nobody holds (verdicts \"driver\",
          \"reset-needed\", \"remap-pending\"), as `gpuloop reset --gpu N` does: stops every
          client in its way that it may (compute holders and observers by signal; protected
-         daemons and systemd units' main processes only with force, a unit through systemctl),
-         resets (`nvidia-smi -r -i N` on real GPUs, the simulator's reset under --sim),
-         verifies that the GPU answers with its UUID and 0 MiB used, and starts again the
-         daemons it stopped. Returns the report map: gpu, uuid, blockers (as
-         reset_blockers()), steps (#{action, target, ok, detail}: action \"refuse\",
-         \"stop\", \"reset\", \"verify\" or \"restart\"), reset, verified, ok, host. Throws,
-         naming the steps that failed, when the GPU was not reset and verified. With a host set
-         name the GPU with its host (\"gpu02:3\"): an index alone does not say whose GPU it is.",
+         daemons and systemd system units' main processes only with force, a unit through
+         systemctl), resets (`nvidia-smi -r -i N` on real GPUs, the simulator's reset under
+         --sim), verifies that the GPU answers with its UUID and 0 MiB used, and starts again
+         through systemctl the system units it stopped (a daemon outside any is not started
+         again: its restart step fails and says what it ran). Stops
+         nothing where no reset can work (the GPU fell off the bus, or the driver asks for a
+         reboot: the report's cannot says why). Returns the report map: gpu, uuid, cannot,
+         blockers (as reset_blockers()), steps (#{action, target, ok, detail}: action
+         \"refuse\", \"stop\", \"reset\", \"verify\" or \"restart\"), reset, verified, ok,
+         host. Throws, naming the steps that failed, when the GPU was not reset and verified
+         or a daemon it stopped is not running again. With a host set name the GPU with its
+         host (\"gpu02:3\"): an index alone does not say whose GPU it is.",
         move |sel: Dynamic| -> RhaiResult<Dynamic> {
             let mut rs = reset(&s, sel, Map::new())?;
             Ok(rs.pop().unwrap_or(Dynamic::UNIT))
@@ -472,8 +492,8 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
         engine,
         "reset_gpu",
         &["gpu: i64 | String", "opts: Map", "Map"],
-        "reset_gpu() with options: force (default false: also stop protected daemons and units'
-         main processes), grace (seconds between TERM and KILL for what it stops, default 5, or
+        "reset_gpu() with options: force (default false: also stop protected daemons and system
+         units' main processes), grace (seconds between TERM and KILL for what it stops, default 5, or
          \"inf\"), timeout (seconds the GPU may take to come back, default 30), dry_run
          (default false: true stops and resets nothing and never throws; the report's
          blockers say what is in the way, ok is true when nothing is).",
@@ -491,10 +511,12 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          reset --gpu N --dry-run` lists them: maps of kind (\"compute\", \"observer\",
          \"persistenced\", \"dcgm\", \"fabric-manager\", \"mps\", \"display\", \"daemon\",
          \"caps\", \"module\"), pid, start and pidfs_ino (the identity a holder has; () for
-         the nvidia_drm module), name, cmdline, user, protected, service (the systemd unit it is
-         the main process of, or ()), caps (it has /dev/nvidia-caps/* open), stop (\"signal\",
-         \"unit\", \"mps-quit\", \"unload\"), how (the command that stops it), host. Empty
-         when nothing is in the way.",
+         the nvidia_drm module), name, cmdline, user, protected (a GPU daemon whose name is
+         proven by who runs it and what it runs, never by the name alone: stopped only with
+         force), service (the systemd unit it is the main process of, or ()), user_unit (that
+         unit is a user manager's: its user's client, signalled without force), caps (it has /dev/nvidia-caps/* open),
+         stop (\"signal\", \"unit\", \"mps-quit\", \"unload\"), how (the command that
+         stops it), host. Empty when nothing is in the way.",
         move |sel: Dynamic| -> RhaiResult<Array> {
             let sel = selection(&s, &sel)?;
             let reports = Fleet::of(&s)

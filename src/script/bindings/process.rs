@@ -221,8 +221,9 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>) {
          host is in skipped, with what ssh said), user (a name or a uid) or mine: true (only
          that user's processes are signalled, looked up on each target's host: the targets,
          their trees, groups and parents; anyone else's is in skipped, with why), pod
-         (NAMESPACE/NAME, NAME in namespace default, or a uid or a unique prefix) and
-         container (a name, or an id or a unique prefix): only that pod's or container's
+         (NAMESPACE/NAME, NAME, or a uid or 8 characters of it) and container (a name, or
+         an id or 12 characters of it), each fitting one pod or container (else an error
+         lists each by uid or id): only that pod's or container's
          processes are signalled, each read through its pidfd (a process at a reused pid is
          outside), trees, groups and parents alike.
          With several hosts each holder map is killed on its own host, where its identity is
