@@ -36,8 +36,9 @@ Environment:
 pub struct Args {
     /// Simulated GPUs, e.g. 8x80G.
     ///
-    /// Simulated GPUs instead of the driver. The value is COUNTxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw],
-    /// e.g. 8x80G or 2x141G,release_ms=150 (SIZE in M, G or T); state in GPULOOP_SIM_DIR.
+    /// Simulated GPUs instead of the driver. The value is COUNTxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw][,mig=N:PROFILE+…][,mig_pending=N:enabled|disabled],
+    /// e.g. 8x80G, 2x141G,release_ms=150 (SIZE in M, G or T) or 2x80G,mig=0:1g.10gb+3g.40gb
+    /// (GPU 0 in MIG mode with those instances; docs/simulator.md); state in GPULOOP_SIM_DIR.
     #[arg(
         long,
         global = true,
