@@ -168,6 +168,9 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
     let shift = usize::from(hosts);
     right(&mut t, &[0, 2, 3, 4, 5, 6].map(|c| c + shift));
     let mut out = trimmed(t);
+    if let Some(mig) = mig_devices(gpus, hosts, style) {
+        out.push_str(&format!("\n{mig}"));
+    }
     for g in gpus {
         if let Some(e) = &g.error {
             let on = if hosts {
@@ -181,15 +184,92 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
     out
 }
 
+/// The GPUs' MIG modes and devices, where one is in MIG mode or will be at its next reset:
+/// a line per such GPU, then a row per MIG device (each a GPU of its own, selected by its
+/// `N:GI:CI` or its UUID). `None` on a machine without MIG.
+fn mig_devices(gpus: &[Gpu], hosts: bool, style: Style) -> Option<String> {
+    let shown: Vec<(&Gpu, &crate::gpu::mig::Mig)> = gpus
+        .iter()
+        .filter_map(|g| Some((g, g.mig.as_ref()?)))
+        .filter(|(_, m)| m.enabled() || m.pending != m.current)
+        .collect();
+    if shown.is_empty() {
+        return None;
+    }
+    let mut lines = Vec::new();
+    for (g, m) in &shown {
+        let on = if hosts {
+            format!("{}:{}", g.host, g.index)
+        } else {
+            g.index.to_string()
+        };
+        let pending = if m.pending != m.current {
+            format!(" (pending {} at its next reset)", m.pending.as_str())
+        } else {
+            String::new()
+        };
+        lines.push(format!(
+            "GPU {on}: MIG {}{pending}, {}",
+            m.current.as_str(),
+            crate::words::count(m.instances.len(), "MIG device", "MIG devices")
+        ));
+    }
+    let mut header = vec!["MIG", "PROFILE", "USED MiB", "TOTAL MiB", "CAPS", "UUID"];
+    if hosts {
+        header.insert(0, "HOST");
+    }
+    let mut t = table(&header, style);
+    let mut any = false;
+    for (g, m) in &shown {
+        for d in &m.instances {
+            any = true;
+            let caps = [d.caps.gi, d.caps.ci]
+                .iter()
+                .map(|c| c.map_or("-".to_string(), |c| c.to_string()))
+                .collect::<Vec<_>>()
+                .join(",");
+            let used = if d.mem_used_mib > 0 {
+                Color::Yellow
+            } else {
+                Color::Green
+            };
+            let mut row = vec![
+                Cell::new(d.key()),
+                Cell::new(&d.profile),
+                colored(d.mem_used_mib.to_string(), Some(used), style),
+                Cell::new(d.mem_total_mib),
+                Cell::new(caps),
+                Cell::new(&d.uuid),
+            ];
+            if hosts {
+                row.insert(0, Cell::new(&g.host));
+            }
+            t.add_row(row);
+        }
+    }
+    let shift = usize::from(hosts);
+    right(&mut t, &[2, 3].map(|c| c + shift));
+    if any {
+        lines.push(trimmed(t));
+    }
+    Some(lines.join("\n"))
+}
+
 /// Each GPU's reset: what blocks it (or blocked it), then the steps taken and the outcome.
 pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
     let hosts = multi_host(rs.iter().map(|r| r.host.as_str()));
     let mut out = Vec::new();
     for r in rs {
+        let what = r.mig.map_or(r.gpu.to_string(), |k| k.to_string());
         let gpu = if hosts {
-            format!("GPU {}:{}", r.host, r.gpu)
+            format!("GPU {}:{what}", r.host)
         } else {
-            format!("GPU {}", r.gpu)
+            format!("GPU {what}")
+        };
+        // A MIG device is never reset: its report says what blocks destroying it.
+        let act = match r.mig {
+            Some(_) => "destroying or reconfiguring it (mig-parted, nvidia-smi mig)",
+            None => "a reset",
         };
         let mut lines = Vec::new();
         if let Some(why) = &r.cannot {
@@ -197,12 +277,12 @@ pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
         }
         if r.blockers.is_empty() {
             if r.cannot.is_none() {
-                lines.push(format!("{gpu} ({}): nothing blocks a reset", r.uuid));
+                lines.push(format!("{gpu} ({}): nothing blocks {act}", r.uuid));
             }
         } else {
             let verb = if r.dry_run { "block" } else { "blocked" };
             lines.push(format!(
-                "{gpu} ({}): {} client(s) {verb} a reset",
+                "{gpu} ({}): {} client(s) {verb} {act}",
                 r.uuid,
                 r.blockers.len()
             ));
@@ -383,7 +463,7 @@ fn holder_row(h: &Holder, cmd: String, cols: Columns, style: Style) -> Vec<Cell>
     }
     row.extend([
         Cell::new(crate::process::display_name(&h.name, &h.cmdline)),
-        Cell::new(join(&h.gpus)),
+        Cell::new(gpus_cell(h)),
         Cell::new(mib(h)),
         colored(h.state.to_string(), state_color(h.state), style),
         Cell::new(h.role),
@@ -391,6 +471,22 @@ fn holder_row(h: &Holder, cmd: String, cols: Columns, style: Style) -> Vec<Cell>
         Cell::new(cmd),
     ]);
     row
+}
+
+/// The GPUS cell: its GPUs, and a MIG holder's devices as `N:GI:CI` instead of the parent
+/// whose node every MIG process has.
+fn gpus_cell(h: &Holder) -> String {
+    if h.mig.is_empty() {
+        return join(&h.gpus);
+    }
+    let mut cells: Vec<String> = h.mig.iter().map(ToString::to_string).collect();
+    cells.extend(
+        h.gpus
+            .iter()
+            .filter(|g| !h.mig.iter().any(|k| k.gpu == **g))
+            .map(i64::to_string),
+    );
+    cells.join(",")
 }
 
 /// The memory a holder keeps: the driver's figure, or what it keeps alive of a dead
@@ -442,7 +538,7 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
         } else {
             style.red(&verdict)
         };
-        let index = d.gpu.map_or("all".to_string(), |g| g.to_string());
+        let index = d.gpu.map_or("all".to_string(), |_| d.target());
         let gpu = if hosts {
             format!("{}:{index}", d.host)
         } else {

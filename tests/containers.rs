@@ -1399,3 +1399,53 @@ kill -KILL $i1 $i2
     assert_eq!(t.field("innocents_alive"), 2, "{}", why());
     assert_eq!(t.field("scope_gone"), 3, "{}", why());
 }
+
+/// A pod that asked for a MIG device (`nvidia.com/mig-1g.10gb`): its process is attributed to
+/// its device as any other, `--pod` picks it, and a clean of the pod stops it alone while a
+/// job on the sibling device of the same GPU runs on; the pod's memory is back on its device.
+#[test]
+#[ignore = "needs root, podman, runc and busybox-static: bash .ci/run installs them and runs it as root (--include-ignored)"]
+fn a_pod_on_a_mig_device_is_cleaned_alone_beside_the_sibling_devices_job() {
+    let sim = Sim::new("1x80G,mig=0:1g.10gb+1g.10gb");
+    let node = Node::new(&sim, None);
+    let a = Pod::new("ml", "mig-0", "trainer", "cccc1111");
+    node.knows(&a);
+    let cmd = [
+        "/gpuloop",
+        "sim",
+        "hold",
+        "--gpu",
+        "0:7:0",
+        "--mib",
+        "1000",
+        "--foreground",
+    ];
+    let c = Ctr::start(&sim, Some(&a), &cmd, 1);
+    let sibling = sim.hold(&["--gpu", "0:8:0", "--mib", "2000"]);
+    let hs = sim
+        .run(&["--json", "holders", "--pod", "ml/mig-0"])
+        .ok()
+        .json();
+    assert_eq!(pids_of(&hs), [i64::from(c.pid)], "{hs}");
+    let h = by_pid(&hs, c.pid);
+    assert_eq!(h["mig"], json!([{"gpu": 0, "gi": 7, "ci": 0}]), "{h}");
+    assert_eq!(h["mem_mib"], 1000, "{h}");
+    let r = sim
+        .run(&["--json", "clean", "--pod", "ml/mig-0", "--timeout", "10"])
+        .ok()
+        .json();
+    assert_eq!(r["clean"], true, "{r}");
+    assert!(gone_within(c.pid, 10), "{r}");
+    assert!(
+        alive(sibling[0]),
+        "the sibling device's job was stopped: {r}"
+    );
+    let gpus = sim.gpus();
+    let used: Vec<i64> = gpus[0]["mig"]["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["mem_used_mib"].as_i64().unwrap())
+        .collect();
+    assert_eq!(used, [0, 2000], "{gpus}");
+}

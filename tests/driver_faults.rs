@@ -57,7 +57,7 @@ impl Backend for Faulty {
         let procs = self
             .listed
             .iter()
-            .map(|&pid| DriverProc { pid, mem: 64 * MIB })
+            .map(|&pid| DriverProc::new(pid, 64 * MIB))
             .collect();
         Ok(vec![Gpu::new(
             0,

@@ -517,6 +517,7 @@ fn golden_agent_wire() {
                 force: false,
                 grace_ms: 5_000,
                 timeout_ms: 30_000,
+                mig: None,
             },
         ),
         (

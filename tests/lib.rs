@@ -24,6 +24,7 @@ mod kill;
 mod kubernetes;
 mod layering;
 mod mcp;
+mod mig;
 mod modules;
 mod owner;
 mod parents;

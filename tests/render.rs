@@ -57,6 +57,7 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         state: State::parse(state),
         role: Role::Compute,
         gpus,
+        mig: Vec::new(),
         mem: 40_960 * MIB,
         mem_mib: 40_960,
         inherited: None,
@@ -68,6 +69,7 @@ fn holder(pid: i64, gpus: Vec<i64>, state: &str, cmdline: &str) -> Holder {
         maps: gpus_clone,
         opens: Vec::new(),
         caps: false,
+        caps_all: false,
     }
 }
 
@@ -108,6 +110,7 @@ fn diagnoses() -> Vec<Diagnosis> {
             host: "local".into(),
             faults: None,
             blockers: Vec::new(),
+            mig: None,
         },
         Diagnosis {
             gpu: Some(1),
@@ -123,6 +126,7 @@ fn diagnoses() -> Vec<Diagnosis> {
             host: "local".into(),
             faults: None,
             blockers: Vec::new(),
+            mig: None,
         },
     ]
 }

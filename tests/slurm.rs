@@ -33,10 +33,43 @@ fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// The GPUs slurmd is told about in gres.conf.
+enum Gres {
+    /// `File=gres/nvidia[0-3]`: four whole GPUs.
+    Gpus,
+    /// One MIG gres per device: `MultipleFiles=` the parent's node and the device's two
+    /// capability nodes (their minors, as the driver's mig-minors gives them), as a site
+    /// without AutoDetect=nvml configures MIG.
+    Mig(Vec<(i64, i64)>),
+}
+
+/// Makes a character device at `path` (`major`, `minor`), as the driver's nodes are.
+fn mknod(path: &std::path::Path, major: u32, minor: u32) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let rc = unsafe {
+        libc::mknod(
+            c.as_ptr(),
+            libc::S_IFCHR | 0o600,
+            libc::makedev(major, minor),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
 impl Slurm {
     /// Writes the configuration and starts both daemons; whatever started is stopped by Drop,
     /// also when a later step fails.
     fn start(sim: &Sim) -> Slurm {
+        Slurm::start_with(sim, Gres::Gpus)
+    }
+
+    fn start_with(sim: &Sim, gres: Gres) -> Slurm {
         let dir = sim.path().join("slurm");
         let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .expect("hostname")
@@ -48,26 +81,30 @@ impl Slurm {
         for sub in ["state", "spool", "gres"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
-        for i in 0..4u64 {
-            let path = dir.join(format!("gres/nvidia{i}"));
-            let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-            // Character devices of the NVIDIA major: Slurm sets CUDA_VISIBLE_DEVICES and
-            // SLURM_JOB_GPUS only for those.
-            let rc = unsafe {
-                libc::mknod(
-                    c.as_ptr(),
-                    libc::S_IFCHR | 0o600,
-                    libc::makedev(195, i as u32),
-                )
-            };
-            assert_eq!(
-                rc,
-                0,
-                "mknod {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            );
-        }
+        // Character devices of the NVIDIA major: Slurm sets CUDA_VISIBLE_DEVICES and
+        // SLURM_JOB_GPUS only for those.
+        let d = dir.display().to_string();
+        let (gres_conf, count) = match &gres {
+            Gres::Gpus => {
+                for i in 0..4u32 {
+                    mknod(&dir.join(format!("gres/nvidia{i}")), 195, i);
+                }
+                (format!("Name=gpu File={d}/gres/nvidia[0-3]\n"), 4)
+            }
+            Gres::Mig(caps) => {
+                mknod(&dir.join("gres/nvidia0"), 195, 0);
+                let mut conf = String::new();
+                for (gi, ci) in caps {
+                    for m in [gi, ci] {
+                        mknod(&dir.join(format!("gres/nvidia-cap{m}")), 238, *m as u32);
+                    }
+                    conf.push_str(&format!(
+                        "Name=gpu MultipleFiles={d}/gres/nvidia0,{d}/gres/nvidia-cap{gi},{d}/gres/nvidia-cap{ci}\n"
+                    ));
+                }
+                (conf, caps.len())
+            }
+        };
         let bin = bin();
         let mut env = String::new();
         for (k, v) in sim.std_cmd().get_envs() {
@@ -93,7 +130,6 @@ impl Slurm {
             std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
                 .unwrap();
         }
-        let d = dir.display();
         let conf = dir.join("slurm.conf");
         std::fs::write(
             &conf,
@@ -108,7 +144,7 @@ impl Slurm {
                  ReturnToService=2\nMailProg=/bin/true\nSlurmdParameters=config_overrides\n\
                  JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
                  GresTypes=gpu\nEpilog={d}/epilog.sh\nProlog={d}/prolog.sh\nPrologFlags=Alloc\n\
-                 NodeName={node} NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:4 State=UNKNOWN\n\
+                 NodeName={node} NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:{count} State=UNKNOWN\n\
                  PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP\n",
                 free_port(),
                 free_port()
@@ -117,7 +153,7 @@ impl Slurm {
         .unwrap();
         std::fs::write(
             dir.join("gres.conf"),
-            format!("AutoDetect=off\nName=gpu File={d}/gres/nvidia[0-3]\n"),
+            format!("AutoDetect=off\n{gres_conf}"),
         )
         .unwrap();
         let mut s = Slurm {
@@ -186,6 +222,11 @@ impl Slurm {
 
     /// Submits a batch script (stdout to a file: an escaped process never holds a pipe of ours).
     fn sbatch(&self, sim: &Sim, gpus: u32, body: &str) -> i64 {
+        self.sbatch_env(sim, gpus, body, &[])
+    }
+
+    /// `sbatch`, with more environment for the job (sbatch passes it on).
+    fn sbatch_env(&self, sim: &Sim, gpus: u32, body: &str, env: &[(&str, &str)]) -> i64 {
         let script = self.dir.join(format!("job-{}.sh", free_port()));
         std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).unwrap();
         let mut c = self.cmd("sbatch");
@@ -195,6 +236,7 @@ impl Slurm {
             }
         }
         let o = c
+            .envs(env.iter().copied())
             .env("GPULOOP", bin())
             .env("OUT", &self.dir)
             .args(["--parsable", "-c", "1", &format!("--gres=gpu:{gpus}")])
@@ -919,4 +961,180 @@ fn an_epilog_without_the_jobs_gpus_says_it_checked_none() {
         assert!(out.stderr.contains("no GPU checked"), "{}", out.stderr);
     }
     assert!(alive(stray), "another job's holder was stopped");
+}
+
+/// The MIG devices 0:7:0 and 0:8:0 of a GPU in MIG mode: their gi and ci capability minors,
+/// from the simulator's `gpus --json`.
+fn mig_caps(sim: &Sim) -> Vec<(String, (i64, i64), String)> {
+    let gpus = sim.gpus();
+    gpus[0]["mig"]["instances"]
+        .as_array()
+        .expect("MIG devices")
+        .iter()
+        .map(|d| {
+            (
+                format!("{}:{}:{}", d["gpu"], d["gi"], d["ci"]),
+                (
+                    d["caps"]["gi"].as_i64().unwrap(),
+                    d["caps"]["ci"].as_i64().unwrap(),
+                ),
+                d["uuid"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A MIG node (Slurm 22.05 with MIG gres as `MultipleFiles=`): the epilog cleans the finished
+/// job's device while a job on the sibling device of the same GPU runs on, drains only with
+/// a reason that names the device, and reads the MIG UUID forms gres/nvml writes.
+#[test]
+#[ignore = "needs root: bash .ci/run runs it as root (--include-ignored)"]
+fn epilog_cleans_a_mig_jobs_device_and_drains_naming_it_against_a_real_slurm() {
+    require_root("mknod for the fake GPUs, slurmd as SlurmUser=root");
+    let sim = Sim::new("1x80G,mig=0:1g.10gb+1g.10gb");
+    let devs = mig_caps(&sim);
+    let slurm = Slurm::start_with(&sim, Gres::Mig(devs.iter().map(|d| d.1).collect()));
+    let (mine, sibling) = (&devs[0], &devs[1]);
+    assert_eq!((mine.0.as_str(), sibling.0.as_str()), ("0:7:0", "0:8:0"));
+    let used = |key: &str| -> i64 {
+        sim.gpus()[0]["mig"]["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| format!("{}:{}:{}", d["gpu"], d["gi"], d["ci"]) == key)
+            .map(|d| d["mem_used_mib"].as_i64().unwrap())
+            .unwrap()
+    };
+    // A job's holder on its own MIG device: the job says which (Slurm's number names none).
+    let hold = |name: &str, dev: &str, args: &str, then: &str| -> (i64, Vec<i32>) {
+        let job = slurm.sbatch_env(
+            &sim,
+            1,
+            &format!(
+                "echo gpus=$SLURM_JOB_GPUS\n\"$GPULOOP\" sim hold --gpu \"$DEV\" {args} > \"$OUT/{name}.tmp\"\nmv \"$OUT/{name}.tmp\" \"$OUT/{name}\"\n{then}"
+            ),
+            &[("DEV", dev)],
+        );
+        let pids = slurm.pids_of(name);
+        for &p in &pids {
+            sim.adopt(p);
+        }
+        (job, pids)
+    };
+    let (second, theirs) = hold(
+        "mig-sibling.pids",
+        &sibling.0,
+        "--mib 2000",
+        "while [ ! -e \"$OUT/mig-sibling.go\" ]; do sleep 0.1; done",
+    );
+    // The finished job's escaped worker on 0:7:0: the epilog stops it, and only it. A
+    // process on the sibling device whose environment claims the first job (anyone can
+    // write their own environment) does not make that device the first job's: the second
+    // job runs there.
+    let (first, escaped) = hold(
+        "mig-first.pids",
+        &mine.0,
+        "--mib 1000 --setsid",
+        "while [ ! -e \"$OUT/mig-first.go\" ]; do sleep 0.1; done",
+    );
+    let claims = sim.hold_with(
+        &["--gpu", &sibling.0, "--mib", "10"],
+        &[("SLURM_JOB_ID", &first.to_string())],
+    );
+    std::fs::write(slurm.dir.join("mig-first.go"), "").unwrap();
+    wait_until("the first job to end", || {
+        slurm.job_field(first, "JobState") == "COMPLETED"
+    });
+    wait_until("the first job's epilog", || {
+        slurm
+            .hooks_log()
+            .contains(&format!("job={first} user=root: GPUs"))
+            || slurm.state().starts_with("drain")
+    });
+    let log = slurm.hooks_log();
+    for &p in &escaped {
+        assert!(
+            !alive(p),
+            "pid {p} of job {first} outlived its epilog:\n{log}"
+        );
+    }
+    for &p in &theirs {
+        assert!(
+            alive(p),
+            "job {first}'s epilog stopped the sibling device's pid {p}:\n{log}"
+        );
+    }
+    assert_eq!(used(&mine.0), 0);
+    // The claiming process says it is the first job's: it is stopped as one of its own.
+    assert!(gone_within(claims[0], 5), "{log}");
+    assert_eq!(used(&sibling.0), 2000);
+    assert!(!slurm.state().starts_with("drain"), "{log}");
+    assert!(
+        log.contains(&format!("job={first} user=root: GPUs 0:7:0 clean"))
+            && log.contains(&format!(
+                "leaving pid {} (python3) on GPU 0:8:0 2000MiB alone: job {second} of root; its MIG device 0:8:0 is not the job's",
+                theirs[0]
+            )),
+        "{log}"
+    );
+    // Memory its worker kept on 0:7:0 that nobody holds once it is stopped: the node is
+    // drained, with a reason that names the device.
+    let (third, _) = hold(
+        "mig-third.pids",
+        &mine.0,
+        "--mib 100 --setsid",
+        "\"$GPULOOP\" sim leak --gpu \"$DEV\" --mib 900",
+    );
+    wait_until("the node to drain", || slurm.state().starts_with("drain"));
+    let reason = slurm.reason();
+    let short = &mine.2[..12];
+    assert_eq!(
+        reason,
+        format!("gpuloop: GPU 0:7:0 ({short}) 900MiB driver job={third}"),
+        "{}",
+        slurm.hooks_log()
+    );
+    assert!(reason.len() < 256);
+    for &p in &theirs {
+        assert!(alive(p), "a drain stopped the sibling device's pid {p}");
+    }
+    std::fs::write(slurm.dir.join("mig-sibling.go"), "").unwrap();
+    slurm.wait_done(second);
+    sim.run(&["sim", "reset", "--gpu", "0"]).ok();
+    slurm.resume();
+
+    // The forms gres/nvml writes (MIG-<uuid>, MIG-GPU-<uuid>/GI/CI), through the epilog run
+    // by hand for a job that is over: a stray on the job's device is stopped, one on the
+    // sibling device is not the job's and is left alone.
+    let gpu_uuid = sim.gpus()[0]["uuid"].as_str().unwrap().to_string();
+    for form in [mine.2.clone(), format!("MIG-{gpu_uuid}/7/0")] {
+        let stray = sim.hold(&["--gpu", &mine.0, "--mib", "50"]);
+        let other = sim.hold_with(
+            &["--gpu", &sibling.0, "--mib", "60"],
+            &[("SLURM_JOB_ID", "999999")],
+        );
+        let out = sim.run_with(&["epilog", "--timeout", "5", "--grace", "1"], |c| {
+            c.env("SLURM_CONF", &slurm.conf)
+                .env("SLURM_JOB_ID", first.to_string())
+                .env("SLURM_JOB_USER", "root")
+                .env("SLURM_JOB_GPUS", &form)
+                .env("SLURMD_NODENAME", &slurm.node);
+        });
+        assert_eq!(out.code, 0, "{form}: {}", out.stderr);
+        assert!(gone_within(stray[0], 5), "{form}: {}", out.stderr);
+        assert!(
+            alive(other[0]),
+            "{form}: the sibling device's stray was stopped: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains("GPUs 0:7:0 clean"),
+            "{form}: {}",
+            out.stderr
+        );
+        sigkill(other[0]);
+        assert!(gone_within(other[0], 5));
+    }
+    assert_eq!(slurm.state(), "idle", "{}", slurm.hooks_log());
+    eprintln!("{}", slurm.hooks_log());
 }

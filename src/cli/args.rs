@@ -36,8 +36,9 @@ Environment:
 pub struct Args {
     /// Simulated GPUs, e.g. 8x80G.
     ///
-    /// Simulated GPUs instead of the driver. The value is COUNTxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw],
-    /// e.g. 8x80G or 2x141G,release_ms=150 (SIZE in M, G or T); state in GPULOOP_SIM_DIR.
+    /// Simulated GPUs instead of the driver. The value is COUNTxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw][,mig=N:PROFILE+…][,mig_pending=N:enabled|disabled],
+    /// e.g. 8x80G, 2x141G,release_ms=150 (SIZE in M, G or T) or 2x80G,mig=0:1g.10gb+3g.40gb
+    /// (GPU 0 in MIG mode with those instances; docs/simulator.md); state in GPULOOP_SIM_DIR.
     #[arg(
         long,
         global = true,
@@ -593,7 +594,10 @@ pub struct GpuSel {
     /// GPUs: 0, 0,1, 0-3, a UUID or a bus id (default all).
     ///
     /// As nvidia-smi -i takes them: an index, a list, a range, a UUID (or a unique prefix of
-    /// one) or a PCI bus id; repeatable; default every GPU.
+    /// one) or a PCI bus id; repeatable; default every GPU. A MIG device is a GPU of its own:
+    /// N:GI:CI, N:GI (every compute instance of that GPU instance), or MIG-<uuid> (or a
+    /// unique prefix); a GPU selects all its MIG devices. With several hosts, DEST:N is GPU N
+    /// of host DEST (a part of numbers alone is never a host: 0:7 is a MIG device).
     #[arg(long = "gpu", value_name = "ID", allow_hyphen_values = true)]
     pub gpus: Vec<String>,
 }
@@ -758,9 +762,14 @@ pub enum SimCmd {
     /// --workers or --supervise the launcher first, then the workers), once they hold. A
     /// launcher process stays alive as their parent.
     Hold {
-        /// The GPU (index) to hold.
-        #[arg(long, allow_negative_numbers = true)]
-        gpu: i64,
+        /// The GPU to hold: N, or N:GI:CI, MIG-… on MIG.
+        ///
+        /// An index, or, on a GPU in MIG mode (`--sim …,mig=N:PROFILES`), one of its
+        /// instances: N:GI:CI, N:GI (its first compute instance) or its MIG UUID (or a
+        /// unique prefix of one). A MIG holder maps its parent's node and opens the
+        /// instance's two capability nodes, as a CUDA job on a MIG device does.
+        #[arg(long, allow_hyphen_values = true, value_name = "GPU")]
+        gpu: String,
         /// MiB each holder allocates.
         ///
         /// Each worker's with --workers; more than the GPU has left fails, as a real
@@ -869,9 +878,12 @@ pub enum SimCmd {
     ///
     /// As a stuck driver does; only `sim reset` frees it.
     Leak {
-        /// The GPU (index).
-        #[arg(long, allow_negative_numbers = true)]
-        gpu: i64,
+        /// The GPU: N, or N:GI:CI, MIG-… on MIG.
+        ///
+        /// An index, or on a GPU in MIG mode one of its MIG devices (N:GI:CI, N:GI, or its
+        /// MIG UUID or a unique prefix of one).
+        #[arg(long, allow_hyphen_values = true, value_name = "GPU")]
+        gpu: String,
         /// MiB to mark used.
         #[arg(long, allow_negative_numbers = true)]
         mib: i64,

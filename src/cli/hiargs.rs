@@ -146,7 +146,8 @@ pub(crate) enum SimCommand {
     Hold(HoldOpts),
     Release,
     Leak {
-        gpu: i64,
+        /// `--gpu` as given (an index or a MIG instance), read against the simulator.
+        gpu: String,
         mib: i64,
     },
     Fault {
@@ -371,7 +372,7 @@ impl SimCommand {
                     return Err(Error::Usage("--mib must be positive".into()));
                 }
                 SimCommand::Leak {
-                    gpu: *gpu,
+                    gpu: gpu.clone(),
                     mib: *mib,
                 }
             }
@@ -493,7 +494,9 @@ pub(crate) fn hold_opts(cmd: &SimCmd) -> HoldOpts {
             caps,
             ..
         } => HoldOpts {
-            gpu: *gpu,
+            target: gpu.clone(),
+            gpu: 0,
+            mig: None,
             mib: *mib,
             name: name.clone(),
             observer: *observer,
@@ -530,9 +533,12 @@ impl Selection {
         let mut every = Vec::new();
         let mut at: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         for text in &sel.gpus {
-            match HostSel::parse_host_index(text) {
-                Some((host, i)) => at.entry(host).or_default().push(i),
-                None => every.extend(select::parse(text)?),
+            // Item by item: `0:7:0,1` is a MIG device and a GPU, `gpu01:3,gpu02:1` two hosts'.
+            for part in text.split(',') {
+                match HostSel::parse_host_index(part) {
+                    Some((host, i)) => at.entry(host).or_default().push(i),
+                    None => every.extend(select::parse(part)?),
+                }
             }
         }
         Ok(Selection { every, at })
@@ -563,6 +569,7 @@ impl From<&Owner> for Filter {
             job: owner.job,
             pod: owner.pod.clone(),
             container: owner.container.clone(),
+            mig: None,
         }
     }
 }

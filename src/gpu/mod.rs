@@ -3,6 +3,7 @@
 pub mod deadline;
 pub mod faults;
 pub(crate) mod kmsg;
+pub mod mig;
 pub(crate) mod nvml;
 pub mod sim;
 
@@ -39,6 +40,9 @@ pub struct Gpu {
     /// for gpu(), `gpus` and diagnose, never while polling (`()` where not read).
     #[serde(default)]
     pub faults: Option<Faults>,
+    /// Its MIG mode and instances; `()` on a GPU without MIG (or where not read).
+    #[serde(default)]
+    pub mig: Option<mig::Mig>,
     /// The driver's process list for this GPU (pids as the driver names them).
     #[serde(skip)]
     pub driver_procs: Vec<DriverProc>,
@@ -53,6 +57,21 @@ pub struct DriverProc {
     pub pid: i32,
     /// Bytes, 0 when the driver does not say.
     pub mem: i64,
+    /// On a GPU in MIG mode, the instance the driver says it runs on (the process info's
+    /// `gpuInstanceId` and `computeInstanceId`); `None` elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<(u32, u32)>,
+}
+
+impl DriverProc {
+    /// A process of a GPU without MIG.
+    pub fn new(pid: i32, mem: i64) -> DriverProc {
+        DriverProc {
+            pid,
+            mem,
+            mig: None,
+        }
+    }
 }
 
 pub const MIB: i64 = 1024 * 1024;
@@ -87,9 +106,20 @@ impl Gpu {
             host: crate::local::local(),
             error: None,
             faults: None,
+            mig: None,
             driver_procs,
             lost: false,
         }
+    }
+
+    /// Its MIG devices while it is in MIG mode (each a GPU of its own, diagnosed and waited
+    /// for on its own); none for a GPU out of MIG mode, or one the driver failed to read.
+    pub fn mig_devices(&self) -> Vec<&mig::MigDevice> {
+        self.mig
+            .as_ref()
+            .filter(|m| m.enabled() && self.error.is_none())
+            .map(|m| m.instances.iter().collect())
+            .unwrap_or_default()
     }
 
     /// A GPU the driver failed to read: its index, its minor number where known, and why.
@@ -206,9 +236,10 @@ pub(crate) enum Node {
     Gpu(u32),
     /// `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-nvswitchN`: every GPU and none.
     Shared,
-    /// `/dev/nvidia-caps/…`: MIG capabilities, shared too; a process holding one blocks a
-    /// GPU reset and a MIG change.
-    Caps,
+    /// `/dev/nvidia-caps/nvidia-capM`: a MIG capability (M is its minor, which the driver's
+    /// `mig-minors` names: an instance's access, `config` or `monitor`); a process holding
+    /// one blocks a GPU reset and a MIG change.
+    Caps(Option<u32>),
 }
 
 impl DeviceNodes {
@@ -228,8 +259,12 @@ impl DeviceNodes {
         if !rest.is_empty() && rest.iter().all(u8::is_ascii_digit) {
             return std::str::from_utf8(rest).ok()?.parse().ok().map(Node::Gpu);
         }
-        if rest.starts_with(b"-caps/") {
-            return Some(Node::Caps);
+        if let Some(cap) = rest.strip_prefix(b"-caps/") {
+            let minor = cap
+                .strip_prefix(b"nvidia-cap")
+                .filter(|m| !m.is_empty() && m.iter().all(u8::is_ascii_digit))
+                .and_then(|m| std::str::from_utf8(m).ok()?.parse().ok());
+            return Some(Node::Caps(minor));
         }
         // "(deleted)" suffixes and the like still name a node file.
         Some(Node::Shared)
@@ -288,6 +323,11 @@ pub trait Backend: Send + Sync {
     /// diagnose), never on the polling path; a fact a GPU does not report is `None`.
     fn faults(&self, _indices: &[i64]) -> Result<Vec<DeviceFaults>, GpuError> {
         Ok(Vec::new())
+    }
+    /// The driver's `mig-minors` (which capability each `/dev/nvidia-caps` minor grants),
+    /// parsed; empty where there is none.
+    fn mig_minors(&self) -> mig::MigMinors {
+        mig::MigMinors::read(std::path::Path::new(mig::MINORS_FILE))
     }
     /// Whether `nvidia_drm` is loaded with `modeset=1` (it then holds the GPUs, and a reset
     /// fails); `None` when the module is not loaded.
@@ -385,8 +425,13 @@ mod tests {
         assert_eq!(n.classify(b"/dev/nvidia-uvm"), Some(Node::Shared));
         assert_eq!(
             n.classify(b"/dev/nvidia-caps/nvidia-cap1"),
-            Some(Node::Caps)
+            Some(Node::Caps(Some(1)))
         );
+        assert_eq!(
+            n.classify(b"/dev/nvidia-caps/nvidia-cap138"),
+            Some(Node::Caps(Some(138)))
+        );
+        assert_eq!(n.classify(b"/dev/nvidia-caps/x"), Some(Node::Caps(None)));
         assert_eq!(n.classify(b"/dev/nvidia-nvswitch0"), Some(Node::Shared));
         assert_eq!(n.classify(b"/dev/null"), None);
         assert_eq!(n.classify(b"/dev/nvidi"), None);

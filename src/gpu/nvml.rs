@@ -413,6 +413,12 @@ impl NvmlBackend {
     }
 
     fn device_procs(device: &nvml_wrapper::Device) -> Vec<DriverProc> {
+        Self::procs_of(device, None)
+    }
+
+    /// The driver's processes on `device` (a GPU, or one MIG device, whose instance ids
+    /// `mig` names), one entry per pid.
+    fn procs_of(device: &nvml_wrapper::Device, mig: Option<(u32, u32)>) -> Vec<DriverProc> {
         // Compute and graphics lists overlap for processes that do both; one entry per pid.
         let mut by_pid: BTreeMap<i32, i64> = BTreeMap::new();
         let lists = [
@@ -437,7 +443,7 @@ impl NvmlBackend {
         }
         by_pid
             .into_iter()
-            .map(|(pid, mem)| DriverProc { pid, mem })
+            .map(|(pid, mem)| DriverProc { pid, mem, mig })
             .collect()
     }
 }
@@ -448,7 +454,8 @@ impl Backend for NvmlBackend {
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        self.each_device("gpus", |t, i, d, mem| {
+        let nvml = self.nvml;
+        self.each_device("gpus", move |t, i, d, mem| {
             // A GPU's first utilisation read costs 2-4 ms on an H200 and its process counts
             // ~1.7 ms, against well under 1 ms for everything else gpus asks: each runs on a
             // thread of its own beside the others, so a GPU's read takes about its slowest
@@ -478,6 +485,8 @@ impl Backend for NvmlBackend {
                     .time(Query::Temperature, || d.temperature(TemperatureSensor::Gpu))
                     .ok()
                     .map(i64::from);
+                let (mig, _) = t.time(Query::Processes, || mig_of(nvml, d, i64::from(i), minor));
+                g.mig = mig;
                 // A query whose thread panicked is unknown, like one the driver refused.
                 if let Ok((u, spent)) = util.join() {
                     t.add(Query::Util, spent);
@@ -493,12 +502,20 @@ impl Backend for NvmlBackend {
     }
 
     fn inventory_gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        self.each_device("inventory", |t, i, d, mem| {
+        let nvml = self.nvml;
+        self.each_device("inventory", move |t, i, d, mem| {
             let minor = t.time(Query::Ids, || {
                 d.minor_number().map(i64::from).unwrap_or(i64::from(i))
             });
-            let procs = t.time(Query::Processes, || Self::device_procs(d));
-            Gpu::new(
+            // In MIG mode the driver lists each process on its instance's handle, with the
+            // instance's ids: those lists are the GPU's.
+            let (mig, procs) = t.time(Query::Processes, || {
+                match mig_of(nvml, d, i64::from(i), minor) {
+                    (Some(m), procs) if m.enabled() => (Some(m), procs),
+                    (mig, _) => (mig, Self::device_procs(d)),
+                }
+            });
+            let mut g = Gpu::new(
                 i64::from(i),
                 minor,
                 String::new(),
@@ -507,7 +524,9 @@ impl Backend for NvmlBackend {
                 mem.total as i64,
                 mem.used as i64,
                 procs,
-            )
+            );
+            g.mig = mig;
+            g
         })
     }
 
@@ -589,6 +608,78 @@ impl Backend for NvmlBackend {
             })
         }
     }
+}
+
+/// A GPU's MIG mode and, while it is enabled, its MIG devices and their processes (each
+/// listed on its instance's handle, as NVML asks: the parent's list is an aggregate that
+/// needs privileges). `None` for a GPU that does not support MIG, or a driver without it.
+fn mig_of(
+    nvml: &Nvml,
+    d: &nvml_wrapper::Device,
+    index: i64,
+    minor: i64,
+) -> (Option<super::mig::Mig>, Vec<DriverProc>) {
+    use super::mig::{Mig, MigDevice, MigMinors, MigMode};
+    let Ok(mode) = d.mig_mode() else {
+        return (None, Vec::new());
+    };
+    let mut mig = Mig {
+        current: MigMode::from_nvml(mode.current),
+        pending: MigMode::from_nvml(mode.pending),
+        instances: Vec::new(),
+    };
+    let mut procs = Vec::new();
+    if !mig.enabled() {
+        return (Some(mig), procs);
+    }
+    let minors = MigMinors::read(std::path::Path::new(super::mig::MINORS_FILE));
+    let id = |f: Option<&unsafe extern "C" fn(_, *mut u32) -> _>, h: &nvml_wrapper::Device| {
+        let f = f?;
+        let mut v = 0u32;
+        // SAFETY: NVML's own symbol, called with a live MIG device handle of this library
+        // and an out-parameter that lives across the call.
+        let rc = unsafe { f(h.handle(), &mut v) };
+        nvml_wrapper::error::nvml_try(rc).ok().map(|_| v)
+    };
+    for i in 0..d.mig_device_count().unwrap_or(0) {
+        // An index with no MIG device behind it is NotFound: the instances need not be dense.
+        let Ok(h) = d.mig_device_by_index(i) else {
+            continue;
+        };
+        let lib = nvml.lib();
+        let (Some(gi), Some(ci)) = (
+            id(lib.nvmlDeviceGetGpuInstanceId.as_ref().ok(), &h),
+            id(lib.nvmlDeviceGetComputeInstanceId.as_ref().ok(), &h),
+        ) else {
+            continue;
+        };
+        let mem = h.memory_info().ok();
+        let (total, used) = mem.map_or((0, 0), |m| (m.total as i64, m.used as i64));
+        // "NVIDIA A100-SXM4-40GB MIG 1g.5gb": the profile is what follows "MIG ".
+        let name = h.name().unwrap_or_default();
+        let profile = name
+            .rsplit_once("MIG ")
+            .map_or(name.as_str(), |(_, p)| p)
+            .trim()
+            .to_string();
+        mig.instances.push(MigDevice {
+            gpu: index,
+            gi: i64::from(gi),
+            ci: i64::from(ci),
+            profile,
+            uuid: h.uuid().unwrap_or_default(),
+            mem_total: total,
+            mem_used: used,
+            mem_used_mib: used / super::MIB,
+            mem_total_mib: total / super::MIB,
+            caps: u32::try_from(minor)
+                .map(|m| minors.of_instance(m, gi, ci))
+                .unwrap_or_default(),
+        });
+        procs.extend(NvmlBackend::procs_of(&h, Some((gi, ci))));
+    }
+    mig.instances.sort_by_key(MigDevice::key);
+    (Some(mig), procs)
 }
 
 /// NVML's field of the recovery action the driver asks for

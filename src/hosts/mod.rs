@@ -355,12 +355,16 @@ pub(crate) fn read_hosts_file(path: &Path) -> Result<Vec<String>, HostError> {
     Ok(set.into_names())
 }
 
-/// A GPU selection over a host set: indices meant on every host, and `"dest:index"` ones.
+/// A GPU selection over a host set: indices meant on every host, and `"dest:index"` ones;
+/// and the MIG devices that narrow it (`N:GI:CI` on every host, or a MIG UUID on the one
+/// host there is), read where the GPUs are.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct HostSel {
     /// `None` with no `at` entries: every GPU of every host.
     pub every: Option<Vec<i64>>,
     pub at: BTreeMap<String, Vec<i64>>,
+    /// The MIG devices the selection is narrowed to, on the GPUs no other selector names.
+    pub mig: Option<Vec<crate::gpu::mig::MigSel>>,
 }
 
 impl HostSel {
@@ -385,11 +389,26 @@ impl HostSel {
         (!ix.is_empty()).then_some(Some(ix))
     }
 
-    /// Parses one selector string: `"dest:index"`; anything else is `None`.
+    /// Parses one selector string: `"dest:index"`; anything else is `None`. A host part of
+    /// decimal numbers alone (`0:7`, `0:7:0`) is no host: that is a MIG device.
     pub(crate) fn parse_host_index(s: &str) -> Option<(String, i64)> {
+        // A list is no one host's GPU (`0:7:0,0:8:0`).
+        if s.contains(',') || crate::gpu::mig::MigSel::parse(s).is_some() {
+            return None;
+        }
         let (host, ix) = s.rsplit_once(':')?;
         let ix = ix.trim().parse().ok()?;
         (!host.is_empty()).then(|| (host.to_string(), ix))
+    }
+
+    /// `filter` with the selection's MIG devices: what each host narrows its holders, its
+    /// diagnoses and its waits to.
+    pub(crate) fn narrow(&self, filter: &crate::inspect::Filter) -> crate::inspect::Filter {
+        let mut f = filter.clone();
+        if self.mig.is_some() {
+            f.mig.clone_from(&self.mig);
+        }
+        f
     }
 }
 
@@ -397,7 +416,7 @@ impl From<&Option<Vec<i64>>> for HostSel {
     fn from(s: &Option<Vec<i64>>) -> HostSel {
         HostSel {
             every: s.clone(),
-            at: BTreeMap::new(),
+            ..HostSel::default()
         }
     }
 }
@@ -406,7 +425,7 @@ impl From<Option<Vec<i64>>> for HostSel {
     fn from(s: Option<Vec<i64>>) -> HostSel {
         HostSel {
             every: s,
-            at: BTreeMap::new(),
+            ..HostSel::default()
         }
     }
 }
@@ -536,6 +555,7 @@ mod tests {
         let only_b = HostSel {
             every: None,
             at: [("b".to_string(), vec![1])].into(),
+            mig: None,
         };
         assert_eq!(only_b.on("a"), None);
         assert_eq!(HostSel::all().on("a"), Some(None));
@@ -544,5 +564,8 @@ mod tests {
             Some(("alice@gpu01".into(), 3))
         );
         assert_eq!(HostSel::parse_host_index("GPU-abc"), None);
+        // `N:GI` and `N:GI:CI` are MIG devices, never a host named "0".
+        assert_eq!(HostSel::parse_host_index("0:7"), None);
+        assert_eq!(HostSel::parse_host_index("0:7:0"), None);
     }
 }

@@ -176,6 +176,9 @@ pub enum Call {
         force: bool,
         grace_ms: u64,
         timeout_ms: u64,
+        /// MIG devices, as given (`reset --dry-run --gpu 0:7:0`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mig: Option<Vec<crate::gpu::mig::MigSel>>,
     },
 }
 
@@ -945,6 +948,7 @@ mod tests {
                 force: false,
                 grace_ms: 5000,
                 timeout_ms: 30_000,
+                mig: None,
             },
         ];
         // Every call is here, and its name on the wire (serde's) is strum's.

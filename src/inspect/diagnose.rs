@@ -5,6 +5,7 @@ use super::kinds::Evidence;
 use super::reset::{self as readiness, Blocker, Readiness};
 use super::Selection;
 use crate::gpu::faults::{self, Faults, Needs, Xid};
+use crate::gpu::mig::MigKey;
 use crate::process::restart::{self, Restarter, Seen};
 use crate::process::tree::Tree;
 use crate::process::ProcInfo;
@@ -127,6 +128,21 @@ pub struct Diagnosis {
     /// --dry-run`'s list), with what stops each.
     #[serde(default)]
     pub blockers: Vec<Blocker>,
+    /// The MIG device this diagnosis is of (`gpu` is then its parent's index, and the
+    /// memory, the holders and the verdict are the device's alone); `()` for a whole GPU.
+    #[serde(default)]
+    pub mig: Option<crate::gpu::mig::MigDevice>,
+}
+
+impl Diagnosis {
+    /// What it is of, as a selector names it: `2`, or `0:7:0` for a MIG device.
+    pub fn target(&self) -> String {
+        match (&self.mig, self.gpu) {
+            (Some(d), _) => d.key().to_string(),
+            (None, Some(g)) => g.to_string(),
+            (None, None) => "*".into(),
+        }
+    }
 }
 
 impl Diagnosis {
@@ -277,6 +293,12 @@ pub struct Context<'a> {
     /// What blocks a reset here besides the holders (looked at only for a GPU whose advice
     /// is a reset).
     pub readiness: &'a dyn Fn() -> Readiness,
+    /// The MIG devices the selection is narrowed to: only these of a GPU in MIG mode are
+    /// diagnosed (`None`: all of them, and the GPU's holders that show no instance count on
+    /// each).
+    pub instances: Option<&'a [MigKey]>,
+    /// Processes whose fds could not be read (they may hide a holder).
+    pub unreadable: usize,
 }
 
 /// How the person reading advice reaches this machine. Advice is built where the GPUs are,
@@ -333,6 +355,7 @@ pub fn no_driver(sel: &Selection, why: &str) -> Vec<Diagnosis> {
         host: crate::local::local(),
         faults: None,
         blockers: Vec::new(),
+        mig: None,
     };
     match sel {
         Some(s) => s.iter().map(|&g| entry(Some(g))).collect(),
@@ -340,7 +363,27 @@ pub fn no_driver(sel: &Selection, why: &str) -> Vec<Diagnosis> {
     }
 }
 
+/// What one diagnosis is of: a GPU, or one MIG device of it (a GPU of its own). It prints
+/// as its selector (`2`, `0:7:0`), so advice reads "GPU 0:7:0" and `--gpu 0:7:0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// The GPU's index (a MIG device's parent).
+    pub index: i64,
+    pub mig: Option<MigKey>,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.mig {
+            Some(k) => write!(f, "{k}"),
+            None => write!(f, "{}", self.index),
+        }
+    }
+}
+
 /// Diagnoses every selected GPU from one inventory (its GPUs' `faults` read, where known).
+/// A GPU in MIG mode is diagnosed per MIG device: each is a GPU of its own, with its own
+/// memory, holders and verdict (`ctx.instances`, where given, says which).
 pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosis> {
     // Orphan checks need the group and session leaders of the holders only.
     let leaders: Vec<ProcInfo> = inv
@@ -351,107 +394,173 @@ pub fn diagnose(inv: &Inventory, sel: &Selection, ctx: &Context) -> Vec<Diagnosi
         .collect();
     let tree = Tree::new(leaders);
     let readiness = std::cell::OnceCell::new();
-    let blockers_of = |gpu: i64| {
-        readiness
-            .get_or_init(|| (ctx.readiness)())
-            .blockers(inv, gpu)
+    let blockers_of = |t: Target| {
+        let r = readiness.get_or_init(|| (ctx.readiness)());
+        match t.mig {
+            Some(k) => r.blockers_of_instance(inv, &k),
+            None => r.blockers(inv, t.index),
+        }
     };
-    inv.gpus
-        .iter()
-        .filter(|g| super::selected(sel, g.index))
-        .map(|g| {
+    let mut out = Vec::new();
+    for g in inv.gpus.iter().filter(|g| super::selected(sel, g.index)) {
+        let devices = g.mig_devices();
+        if devices.is_empty() {
             let on = inv.on_gpu(g);
-            let faults = g.faults.as_ref();
-            if let Some(e) = &g.error {
-                let mut d = driver_error(g, e, on.holders, ctx.reach);
-                d.faults = g.faults.clone();
-                return d;
-            }
-            let OnGpu {
-                holders,
-                daemons,
-                footprint,
-                ghosts,
-                stale,
-                ..
-            } = on;
-            // Where nobody holds it and memory is used, or a fault asks for something, the
-            // advice may be a reset: name what would block it.
-            let asks = faults.is_some_and(|f| {
-                f.remap_pending()
-                    || f.recovery_action
-                        .is_some_and(|a| a.needs() > Needs::Nothing)
-            });
-            let blockers = if holders.is_empty() && (g.mem_used_mib > 0 || asks) {
-                blockers_of(g.index)
-            } else {
-                Vec::new()
+            let mem = (g.mem_used, g.mem_used_mib);
+            let target = Target {
+                index: g.index,
+                mig: None,
             };
-            let facts = Facts {
-                gpu: g.index,
-                used_mib: g.mem_used_mib,
-                holders: &holders,
-                daemons: &daemons,
-                footprint: &footprint,
-                footprint_only: Inventory::footprint_explains(g, footprint.len(), 0),
-                ghosts: &ghosts,
-                stale: &stale,
-                driver_lists_any: !g.driver_procs.is_empty(),
-                foreign_ns: ctx.foreign_ns,
-                unreadable: inv.unreadable,
-                blockers: &blockers,
-                faults,
-                reach: ctx.reach,
-                sim: ctx.sim,
-                seen: holders.iter().find_map(|h| {
-                    restart::restarted_before(h.pid as i32, ctx.seen).map(|s| (h.pid, s.clone()))
-                }),
-            };
-            let (verdict, mut advice) = stuck_verdict(&holders).unwrap_or_else(|| {
-                verdict(
-                    &facts,
-                    |h: &Holder| {
-                        tree.orphaned(h.pid as i32)
-                            || (h.origin.reparented && !h.origin.service_main)
-                    },
-                    |pid| restart::started_by(pid as i32, ctx.restarters).cloned(),
-                )
+            let listed = !g.driver_procs.is_empty();
+            let fp_only = Inventory::footprint_explains(g, on.footprint.len(), 0);
+            out.push(one(
+                g,
+                on,
+                target,
+                mem,
+                listed,
+                fp_only,
+                ctx,
+                &tree,
+                &blockers_of,
+            ));
+            continue;
+        }
+        let whole = ctx.instances.is_none();
+        for d in devices {
+            let key = d.key();
+            if ctx.instances.is_some_and(|i| !i.contains(&key)) {
+                continue;
+            }
+            let on = inv.on_instance(g, d, whole);
+            let listed = g.driver_procs.iter().any(|p| {
+                p.mig
+                    .is_some_and(|(gi, ci)| i64::from(gi) == key.gi && i64::from(ci) == key.ci)
             });
-            if !stale.is_empty() {
-                advice.push_str(&format!("; {}", stale_note(g.index, &stale)));
-            }
-            // The last Xid, where it says more: it names one of the holders, or nothing
-            // else explains the memory.
-            if let Some(note) = faults.and_then(|f| xid_note(f, &holders, verdict)) {
-                advice.push_str(&format!("; {note}"));
-            }
-            // What the GPU asks for still stands once its holders are stopped.
-            if let Some(note) = faults
-                .filter(|_| !holders.is_empty())
-                .and_then(|f| still_needs(f, &reset_cmd(g.index, ctx.reach, false), ctx.reach))
-            {
-                advice.push_str(&format!("; {note}"));
-            }
-            let shown = matches!(
-                verdict,
-                Verdict::Driver | Verdict::ResetNeeded | Verdict::RemapPending
+            let target = Target {
+                index: g.index,
+                mig: Some(key),
+            };
+            let mut diag = one(
+                g,
+                on,
+                target,
+                (d.mem_used, d.mem_used_mib),
+                listed,
+                false,
+                ctx,
+                &tree,
+                &blockers_of,
             );
-            Diagnosis {
-                gpu: Some(g.index),
-                mem_used: g.mem_used,
-                mem_used_mib: g.mem_used_mib,
-                footprint: footprint.iter().map(|h| FootprintOf::of(h)).collect(),
-                holders,
-                daemons,
-                ghost_pids: ghosts,
-                verdict,
-                advice,
-                host: g.host.clone(),
-                faults: g.faults.clone(),
-                blockers: if shown { blockers } else { Vec::new() },
-            }
-        })
-        .collect()
+            diag.mig = Some(d.clone());
+            out.push(diag);
+        }
+    }
+    out
+}
+
+/// The diagnosis of one GPU or MIG device (`target`) from what is on it.
+#[allow(clippy::too_many_arguments)]
+fn one(
+    g: &crate::gpu::Gpu,
+    on: OnGpu<'_>,
+    target: Target,
+    (mem_used, used_mib): (i64, i64),
+    driver_lists_any: bool,
+    footprint_only: bool,
+    ctx: &Context,
+    tree: &Tree,
+    blockers_of: &dyn Fn(Target) -> Vec<Blocker>,
+) -> Diagnosis {
+    let faults = g.faults.as_ref();
+    if let Some(e) = &g.error {
+        let mut d = driver_error(g, e, on.holders, ctx.reach);
+        d.faults = g.faults.clone();
+        return d;
+    }
+    let OnGpu {
+        holders,
+        daemons,
+        footprint,
+        ghosts,
+        stale,
+        ..
+    } = on;
+    // Where nobody holds it and memory is used, or a fault asks for something, the
+    // advice may be a reset: name what would block it.
+    let asks = faults.is_some_and(|f| {
+        f.remap_pending()
+            || f.recovery_action
+                .is_some_and(|a| a.needs() > Needs::Nothing)
+    });
+    let blockers = if holders.is_empty() && (used_mib > 0 || asks) {
+        blockers_of(target)
+    } else {
+        Vec::new()
+    };
+    let facts = Facts {
+        gpu: target,
+        used_mib,
+        holders: &holders,
+        daemons: &daemons,
+        footprint: &footprint,
+        footprint_only,
+        ghosts: &ghosts,
+        stale: &stale,
+        driver_lists_any,
+        foreign_ns: ctx.foreign_ns,
+        unreadable: ctx.unreadable,
+        blockers: &blockers,
+        faults,
+        reach: ctx.reach,
+        sim: ctx.sim,
+        seen: holders.iter().find_map(|h| {
+            restart::restarted_before(h.pid as i32, ctx.seen).map(|s| (h.pid, s.clone()))
+        }),
+    };
+    let (verdict, mut advice) = stuck_verdict(&holders).unwrap_or_else(|| {
+        verdict(
+            &facts,
+            |h: &Holder| {
+                tree.orphaned(h.pid as i32) || (h.origin.reparented && !h.origin.service_main)
+            },
+            |pid| restart::started_by(pid as i32, ctx.restarters).cloned(),
+        )
+    });
+    if !stale.is_empty() {
+        advice.push_str(&format!("; {}", stale_note(target, &stale)));
+    }
+    // The last Xid, where it says more: it names one of the holders, or nothing
+    // else explains the memory.
+    if let Some(note) = faults.and_then(|f| xid_note(f, &holders, verdict)) {
+        advice.push_str(&format!("; {note}"));
+    }
+    // What the GPU asks for still stands once its holders are stopped.
+    if let Some(note) = faults
+        .filter(|_| !holders.is_empty())
+        .and_then(|f| still_needs(f, &reset_cmd(g.index, ctx.reach, false), ctx.reach))
+    {
+        advice.push_str(&format!("; {note}"));
+    }
+    let shown = matches!(
+        verdict,
+        Verdict::Driver | Verdict::ResetNeeded | Verdict::RemapPending
+    );
+    Diagnosis {
+        gpu: Some(g.index),
+        mem_used,
+        mem_used_mib: used_mib,
+        footprint: footprint.iter().map(|h| FootprintOf::of(h)).collect(),
+        holders,
+        daemons,
+        ghost_pids: ghosts,
+        verdict,
+        advice,
+        host: g.host.clone(),
+        faults: g.faults.clone(),
+        blockers: if shown { blockers } else { Vec::new() },
+        mig: None,
+    }
 }
 
 /// What the GPU's own faults ask for beyond stopping its holders: "then reset it".
@@ -574,6 +683,7 @@ fn driver_error(
         host: g.host.clone(),
         faults: None,
         blockers: Vec::new(),
+        mig: None,
     }
 }
 
@@ -641,7 +751,7 @@ fn pids(hs: &[&Holder]) -> String {
 
 /// Advice for holders whose pod or container is gone while they live on: the kubelet (or the
 /// runtime) will not stop them any more, so they are leftovers to clean, by their pod.
-fn gone_advice(gpu: i64, gone: &[&Holder], reach: &Reach) -> String {
+fn gone_advice(gpu: Target, gone: &[&Holder], reach: &Reach) -> String {
     let mut places: Vec<String> = gone
         .iter()
         .filter_map(|h| h.origin.place.describe())
@@ -744,7 +854,7 @@ fn unit_restart_advice(holders: &[Holder], reach: &Reach) -> Option<String> {
 }
 
 /// Advice for holders that are a systemd unit's main process: stop the unit, not the pid.
-fn service_advice(gpu: i64, units: &[&Holder], reach: &Reach) -> String {
+fn service_advice(gpu: Target, units: &[&Holder], reach: &Reach) -> String {
     let mut names: Vec<String> = units.iter().filter_map(|h| stop_unit(h)).collect();
     names.dedup();
     // A unit with Restart= is a restarter gpuloop can name exactly.
@@ -787,7 +897,7 @@ fn footprint_note(used_mib: i64, fp: &[&Holder]) -> String {
 }
 
 /// "pid 812 is the driver's stale record: the process now at that pid does not use GPU 0".
-fn stale_note(gpu: i64, stale: &[i64]) -> String {
+fn stale_note(gpu: Target, stale: &[i64]) -> String {
     match stale {
         [one] => format!(
             "pid {one} is the driver's stale record: the process now at that pid does not use GPU {gpu}"
@@ -834,7 +944,7 @@ fn reset_direct(gpu: i64, reach: &Reach, sim: bool, then: &str) -> String {
 
 /// Everything the verdict rules look at for one GPU.
 struct Facts<'a> {
-    gpu: i64,
+    gpu: Target,
     used_mib: i64,
     /// Compute holders of this GPU.
     holders: &'a [Holder],
@@ -1104,10 +1214,14 @@ fn verdict(
 
 /// "only a GPU reset frees it: gpuloop reset --gpu 2 (…)", naming first what would block it.
 fn reset_clause(f: &Facts) -> String {
+    if let Some(k) = f.gpu.mig {
+        return instance_reset_clause(f, k);
+    }
+    let gpu = f.gpu.index;
     if f.blockers.is_empty() {
         return format!(
             "only a GPU reset frees it: {}",
-            reset_advice(f.gpu, f.reach, f.sim)
+            reset_advice(gpu, f.reach, f.sim)
         );
     }
     let force = f
@@ -1123,8 +1237,31 @@ fn reset_clause(f: &Facts) -> String {
     format!(
         "only a GPU reset frees it, and a reset fails while these have the GPU: {}; {first}{} stops the others, resets, verifies and starts the daemons again ({})",
         readiness::describe(f.blockers, |c| f.reach.there(c)),
-        reset_cmd(f.gpu, f.reach, force),
-        reset_direct(f.gpu, f.reach, f.sim, " once they are stopped")
+        reset_cmd(gpu, f.reach, force),
+        reset_direct(gpu, f.reach, f.sim, " once they are stopped")
+    )
+}
+
+/// The way out for a MIG device whose memory nobody holds: a MIG device is not reset on its
+/// own; destroying it and making it again (mig-parted, or `nvidia-smi mig -dci`/`-dgi`
+/// then `-cgi`/`-cci`) frees it, or a reset of the whole GPU once its other devices are
+/// idle. gpuloop does neither; it names what blocks them (`reset --dry-run --gpu N:GI:CI`).
+fn instance_reset_clause(f: &Facts, k: MigKey) -> String {
+    // With a host set the reader reaches this machine alone (`gpuloop --host H`), where
+    // `N:GI:CI` names its device.
+    let check = f.reach.gpuloop(&format!("reset --dry-run --gpu {k}"));
+    let blocked = if f.blockers.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; these would block destroying it: {}",
+            readiness::describe(f.blockers, |c| f.reach.there(c))
+        )
+    };
+    format!(
+        "only destroying and re-creating MIG device {k} frees it ({}: mig-parted, or nvidia-smi mig -dci and -dgi, then -cgi and -cci), or a reset of GPU {} once its other MIG devices are idle{blocked} ({check})",
+        f.reach.there(&format!("nvidia-smi mig -i {}", k.gpu)),
+        k.gpu
     )
 }
 
@@ -1213,6 +1350,7 @@ mod tests {
             state: State::new(RunState::Sleeping),
             role: Role::Compute,
             gpus: vec![0],
+            mig: Vec::new(),
             mem: 0,
             mem_mib: 0,
             inherited: None,
@@ -1224,6 +1362,7 @@ mod tests {
             maps: vec![0],
             opens: Vec::new(),
             caps: false,
+            caps_all: false,
         }
     }
 
@@ -1236,7 +1375,10 @@ mod tests {
         unreadable: usize,
     ) -> Facts<'a> {
         Facts {
-            gpu: 0,
+            gpu: Target {
+                index: 0,
+                mig: None,
+            },
             used_mib,
             holders,
             daemons: &[],
@@ -1571,6 +1713,7 @@ mod tests {
                 host: "local".into(),
                 faults: None,
                 blockers: vec![],
+                mig: None,
             };
             assert!(!d.is_clean(), "{v} reads clean");
         }

@@ -4,6 +4,7 @@ use super::diagnose::Usage;
 pub(crate) use super::kinds::RunState;
 pub use super::kinds::{Evidence, Role, State};
 use super::Selection;
+use crate::gpu::mig::{Cap, MigKey, MigMinors};
 use crate::gpu::{Backend, DeviceNodes, Gpu, GpuError};
 use crate::process::container::{Resolver, Roots};
 use crate::process::identity::{self, ProcDir};
@@ -31,6 +32,12 @@ pub struct Holder {
     pub state: State,
     pub role: Role,
     pub gpus: Vec<i64>,
+    /// The MIG instances it holds, each `{gpu, gi, ci}` (written `N:GI:CI`): those the
+    /// driver lists it on, and those whose capability node (`/dev/nvidia-caps/nvidia-capM`)
+    /// it has open, as DCGM, an exporter or a leftover child has without being listed.
+    /// Empty off MIG, and for a process of a MIG GPU that shows no instance.
+    #[serde(default)]
+    pub mig: Vec<MigKey>,
     /// Bytes the driver attributes to it on the selected GPUs.
     pub mem: i64,
     /// The same in MiB.
@@ -60,6 +67,10 @@ pub struct Holder {
     /// fail while it does.
     #[serde(skip)]
     pub caps: bool,
+    /// It has a node-wide MIG capability open (`config`, `monitor`, or one the driver's
+    /// `mig-minors` does not name): a change to any instance waits for it.
+    #[serde(skip)]
+    pub caps_all: bool,
     /// `inherited` per GPU, so that a selection counts only its own GPUs.
     #[serde(skip)]
     pub inherited_on: BTreeMap<i64, Inherited>,
@@ -158,13 +169,13 @@ impl Inventory {
                 places.place(ids);
             }
         };
-        let (gpus, scan, (driver_ms, driver_cpu), kind) = std::thread::scope(|sc| {
+        let (gpus, scan, (driver_ms, driver_cpu), b) = std::thread::scope(|sc| {
             let scanner = sc.spawn(|| {
                 let t = std::time::Instant::now();
                 (scan::scan(nodes, &found), t.elapsed().as_secs_f64() * 1e3)
             });
             let cpu = crate::process::thread_cpu();
-            let driver = backend().and_then(|b| Ok((b.kind(), b.inventory_gpus()?)));
+            let driver = backend().and_then(|b| Ok((b, b.inventory_gpus()?)));
             let driver_ms = started.elapsed().as_secs_f64() * 1e3;
             let driver_cpu = crate::process::thread_cpu().saturating_sub(cpu);
             // This thread would only wait for the scan now: the containers' memory is read
@@ -175,8 +186,9 @@ impl Inventory {
                 let t = std::time::Instant::now();
                 (scan::scan(nodes, &found), t.elapsed().as_secs_f64() * 1e3)
             });
-            driver.map(|(kind, gpus)| (gpus, scan, (driver_ms, driver_cpu), kind))
+            driver.map(|(b, gpus)| (gpus, scan, (driver_ms, driver_cpu), b))
         })?;
+        let kind = b.kind();
         let (scan, scan_ms) = scan;
         tracing::debug!(
             "inventory: {} from {kind} in {driver_ms:.1} ms ({:.1} ms of CPU), beside a scan of {} processes in {scan_ms:.1} ms ({:.1} ms of CPU): {} with GPU nodes open (their lineage read in {:.1} ms), {} unreadable; {:.1} ms in all, done at {:.1} ms",
@@ -190,7 +202,8 @@ impl Inventory {
             started.elapsed().as_secs_f64() * 1e3,
             crate::timeline::ms()
         );
-        let inventory = join(gpus, scan, protected, &places);
+        let minors = mig_minors_for(&scan.users, b);
+        let inventory = join(gpus, scan, protected, &places, &minors);
         places.keep();
         Ok(inventory)
     }
@@ -231,7 +244,8 @@ impl Inventory {
             .collect();
         let scan = scan::rescan(&pids, backend.nodes());
         let places = Resolver::remembering(roots);
-        let inventory = join(gpus, scan, protected, &places);
+        let minors = mig_minors_for(&scan.users, backend);
+        let inventory = join(gpus, scan, protected, &places, &minors);
         places.keep();
         Ok(Some(inventory))
     }
@@ -265,6 +279,94 @@ impl Inventory {
             ghosts: self.ghosts.get(&g.index).cloned().unwrap_or_default(),
             stale: self.stale.get(&g.index).cloned().unwrap_or_default(),
         }
+    }
+
+    /// Everything on MIG device `d` (an instance of `g`) that diagnose() and wait_clean()
+    /// judge it by: its own memory, the holders the driver lists on it or that hold its
+    /// capability nodes, and the pids the driver lists on it that hold nothing visible. With
+    /// `whole` (the GPU was selected, not the instance), the compute holders of `g` that show
+    /// no instance at all are counted too: one of them may hold it.
+    pub(crate) fn on_instance(
+        &self,
+        g: &Gpu,
+        d: &crate::gpu::mig::MigDevice,
+        whole: bool,
+    ) -> OnGpu<'_> {
+        let key = d.key();
+        let on = |h: &&Holder| {
+            h.mig.contains(&key) || (whole && h.mig.is_empty() && h.gpus.contains(&g.index))
+        };
+        let one = Some(vec![g.index]);
+        let listed: BTreeSet<i64> = g
+            .driver_procs
+            .iter()
+            .filter(|p| {
+                p.mig
+                    .is_some_and(|(gi, ci)| i64::from(gi) == key.gi && i64::from(ci) == key.ci)
+            })
+            .map(|p| i64::from(p.pid))
+            .collect();
+        let of_gpu = |m: &BTreeMap<i64, Vec<i64>>| -> Vec<i64> {
+            m.get(&g.index)
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|p| listed.contains(p))
+                .collect()
+        };
+        let holders: Vec<Holder> = self
+            .holders(&one, false)
+            .iter()
+            .filter(on)
+            .map(|h| self.with_mem_on_instances(h, &[key]))
+            .collect();
+        OnGpu {
+            used_mib: d.mem_used_mib,
+            memory_known: g.error.is_none(),
+            holders,
+            daemons: self
+                .holders(&one, true)
+                .iter()
+                .filter(|h| h.role.is_daemon())
+                .filter(on)
+                .map(|h| self.with_mem_on_instances(h, &[key]))
+                .collect(),
+            footprint: Vec::new(),
+            ghosts: of_gpu(&self.ghosts),
+            stale: of_gpu(&self.stale),
+        }
+    }
+
+    /// A copy of `h` whose `mem` counts only what the driver lists for it on `keys`.
+    pub(crate) fn with_mem_on_instances(&self, h: &Holder, keys: &[MigKey]) -> Holder {
+        let mut h = h.clone();
+        h.mem = self
+            .gpus
+            .iter()
+            .flat_map(|g| g.driver_procs.iter().map(move |p| (g.index, p)))
+            .filter(|(_, p)| i64::from(p.pid) == h.pid)
+            .filter(|(gpu, p)| {
+                p.mig.is_some_and(|(gi, ci)| {
+                    keys.contains(&MigKey {
+                        gpu: *gpu,
+                        gi: i64::from(gi),
+                        ci: i64::from(ci),
+                    })
+                })
+            })
+            .map(|(_, p)| p.mem)
+            .sum();
+        h.mem_mib = h.mem / crate::gpu::MIB;
+        h
+    }
+
+    /// Every MIG device of the inventory's GPUs.
+    pub(crate) fn mig_devices(&self) -> impl Iterator<Item = &crate::gpu::mig::MigDevice> {
+        self.gpus
+            .iter()
+            .filter_map(|g| g.mig.as_ref())
+            .filter(|m| m.enabled())
+            .flat_map(|m| &m.instances)
     }
 
     /// Compute holders that map GPU `g` without using it (a CUDA context's footprint there)
@@ -342,20 +444,86 @@ impl OnGpu<'_> {
     }
 }
 
+/// The driver's `mig-minors`, read only when a process found holds a capability node (most
+/// looks find none).
+fn mig_minors_for(users: &[NodeUser], backend: &dyn Backend) -> MigMinors {
+    let caps = users
+        .iter()
+        .any(|u| !u.open.cap_minors.is_empty() || !u.mapped.cap_minors.is_empty());
+    if caps {
+        backend.mig_minors()
+    } else {
+        MigMinors::default()
+    }
+}
+
+/// The MIG instances a process's capability nodes grant, by the driver's `mig-minors`
+/// (`gpuN` there is the device minor), and whether one of them is node-wide. A GPU
+/// instance's node grants each of its compute instances; a node the file does not name
+/// counts as node-wide, never as no capability at all.
+fn cap_instances(
+    minors_held: &[u32],
+    minors: &MigMinors,
+    gpus: &[Gpu],
+    index_of_minor: &dyn Fn(u32) -> i64,
+) -> (BTreeSet<MigKey>, bool) {
+    let mut keys = BTreeSet::new();
+    let mut all = false;
+    for &m in minors_held {
+        match minors.cap(m) {
+            Some(Cap::Ci { minor, gi, ci }) => {
+                keys.insert(MigKey {
+                    gpu: index_of_minor(minor),
+                    gi: i64::from(gi),
+                    ci: i64::from(ci),
+                });
+            }
+            Some(Cap::Gi { minor, gi }) => {
+                let gpu = index_of_minor(minor);
+                keys.extend(
+                    gpus.iter()
+                        .filter(|g| g.index == gpu)
+                        .filter_map(|g| g.mig.as_ref())
+                        .flat_map(|m| &m.instances)
+                        .filter(|d| d.gi == i64::from(gi))
+                        .map(|d| d.key()),
+                );
+            }
+            Some(Cap::Config | Cap::Monitor) | None => all = true,
+        }
+    }
+    (keys, all)
+}
+
 /// Joins the driver lists with the scan (which read the users' lineage). Pure apart from
 /// reading, for those in containers, the runtimes' state through `places` (once per
 /// container), and systemd's word on their units.
-fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], places: &Resolver) -> Inventory {
+fn join(
+    gpus: Vec<Gpu>,
+    scan: scan::Scan,
+    protected: &[String],
+    places: &Resolver,
+    minors: &MigMinors,
+) -> Inventory {
     let index_of_minor = |minor: u32| -> i64 {
         gpus.iter()
             .find(|g| g.minor == i64::from(minor))
             .map_or(i64::from(minor), |g| g.index)
     };
-    // pid -> GPU index -> bytes, as the driver reports them
+    // pid -> GPU index -> bytes, as the driver reports them; and the MIG instances it
+    // lists each pid on
     let mut driver: BTreeMap<i32, BTreeMap<i64, i64>> = BTreeMap::new();
+    let mut driver_mig: BTreeMap<i32, BTreeSet<MigKey>> = BTreeMap::new();
     for g in &gpus {
         for d in &g.driver_procs {
             *driver.entry(d.pid).or_default().entry(g.index).or_default() += d.mem;
+            if let Some((gi, ci)) = d.mig {
+                driver_mig.entry(d.pid).or_default().insert(MigKey {
+                    gpu: g.index,
+                    gi: i64::from(gi),
+                    ci: i64::from(ci),
+                });
+            }
         }
     }
     let mut users: BTreeMap<i32, NodeUser> = scan.users.into_iter().map(|u| (u.pid, u)).collect();
@@ -456,7 +624,35 @@ fn join(gpus: Vec<Gpu>, scan: scan::Scan, protected: &[String], places: &Resolve
                 .iter()
                 .find_map(|p| ghost_gpus.get(&i64::from(*p)));
             let daemon = daemons.contains(&user.pid);
-            make_holder(user, own, inherited, &index_of_minor, daemon, places)
+            let mut h = make_holder(user, own, inherited, &index_of_minor, daemon, places);
+            // The driver's instance ids, on the GPUs it is taken to hold; then the
+            // instances its capability nodes grant.
+            let mut keys: BTreeSet<MigKey> = driver_mig
+                .get(&user.info.pid)
+                .into_iter()
+                .flatten()
+                .filter(|k| own.contains_key(&k.gpu))
+                .copied()
+                .collect();
+            let held: Vec<u32> = user
+                .open
+                .cap_minors
+                .iter()
+                .chain(&user.mapped.cap_minors)
+                .copied()
+                .collect();
+            let (by_caps, all) = cap_instances(&held, minors, &gpus, &index_of_minor);
+            keys.extend(by_caps);
+            h.caps_all = all;
+            if !keys.is_empty() {
+                // A holder of an instance's capability alone (DCGM, an exporter) is still
+                // a client of that instance's GPU.
+                let mut gpus: BTreeSet<i64> = h.gpus.iter().copied().collect();
+                gpus.extend(keys.iter().map(|k| k.gpu));
+                h.gpus = gpus.into_iter().collect();
+            }
+            h.mig = keys.into_iter().collect();
+            h
         })
         .collect();
     let r = places.resolved();
@@ -639,7 +835,9 @@ fn make_holder(
         maps: mapped.iter().copied().collect(),
         opens: open.union(&mapped).copied().collect(),
         caps: user.open.caps || user.mapped.caps,
+        caps_all: false,
         gpus: gpus.into_iter().collect(),
+        mig: Vec::new(),
         mem,
         mem_mib: mem / crate::gpu::MIB,
         inherited: None,

@@ -46,6 +46,11 @@ pub struct Filter {
     /// A container as given: its name, its id or a prefix of one (`process::scope`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// The MIG devices the GPU selection is narrowed to (`--gpu 0:7:0`, `--gpu MIG-…`), as
+    /// given: each host reads them against its own GPUs. A selection, not an owner: it
+    /// leaves `is_empty` and `is_scoped` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<Vec<crate::gpu::mig::MigSel>>,
 }
 
 /// Whose processes alone a kill may signal, as given (`kill(…, #{user, pod, container})`,
@@ -126,6 +131,7 @@ impl Filter {
             uid: self.user.as_ref().map(User::uid).transpose()?,
             job: self.job,
             within: None,
+            instances: None,
         })
     }
 
@@ -136,6 +142,34 @@ impl Filter {
         let mut r = self.resolve()?;
         r.within = scope(self.pod.as_deref(), self.container.as_deref(), holders)?;
         Ok(r)
+    }
+
+    /// `resolve_in` the inventory's holders, and its MIG devices read against its GPUs (an
+    /// unknown or ambiguous one is an error that lists them).
+    pub fn resolve_on(&self, inv: &holders::Inventory) -> Result<Resolved, GpuError> {
+        let mut r = self.resolve_in(&inv.holders)?;
+        if let Some(sels) = &self.mig {
+            let devices: Vec<crate::gpu::mig::MigDevice> = inv.mig_devices().cloned().collect();
+            let mut keys = Vec::new();
+            for m in sels {
+                for k in m.resolve(&devices, &inv.gpus)? {
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
+                }
+            }
+            r.instances = Some(keys);
+        }
+        Ok(r)
+    }
+
+    /// The filter's MIG devices alone: what a report of the selection after a clean or a
+    /// wait looks at (every holder of them, whoever's).
+    pub fn only_mig(&self) -> Filter {
+        Filter {
+            mig: self.mig.clone(),
+            ..Filter::default()
+        }
     }
 
     /// The bound a kill of this filter's holders keeps to: its user, pod and container.
@@ -164,16 +198,26 @@ pub struct Resolved {
     pub uid: Option<u32>,
     pub job: Option<i64>,
     pub within: Option<Within>,
+    /// The MIG devices the selection is narrowed to: a holder of one of them only.
+    pub instances: Option<Vec<crate::gpu::mig::MigKey>>,
 }
 
 impl Resolved {
-    /// No filter at all: every holder.
+    /// No owner at all (the MIG devices, a part of the selection, aside).
     pub fn is_empty(&self) -> bool {
         self.uid.is_none() && self.job.is_none() && self.within.is_none()
     }
 
+    /// Whether `key` is one of the MIG devices the selection is narrowed to (any, without).
+    pub fn has_instance(&self, key: &crate::gpu::mig::MigKey) -> bool {
+        self.instances.as_ref().is_none_or(|i| i.contains(key))
+    }
+
     pub fn matches(&self, h: &holders::Holder) -> bool {
-        self.uid.is_none_or(|u| h.uid == i64::from(u))
+        self.instances
+            .as_ref()
+            .is_none_or(|i| h.mig.iter().any(|k| i.contains(k)))
+            && self.uid.is_none_or(|u| h.uid == i64::from(u))
             && self.job.is_none_or(|j| h.origin.job == Some(j))
             && self
                 .within

@@ -107,6 +107,9 @@ pub struct Blocker {
     pub user_unit: bool,
     /// It has a MIG capability node open: a MIG change fails while it does, too.
     pub caps: bool,
+    /// The MIG devices it holds (`N:GI:CI`), as its holder record names them.
+    #[serde(default)]
+    pub mig: Vec<crate::gpu::mig::MigKey>,
     pub stop: Stop,
     /// What stops it, as a person would run it.
     pub how: String,
@@ -193,6 +196,13 @@ fn stop_of(kind: BlockerKind, pid: i64, unit: Option<&str>, user_unit: bool) -> 
 
 impl Blocker {
     pub(crate) fn of_holder(h: &Holder) -> Blocker {
+        Blocker {
+            mig: h.mig.clone(),
+            ..Blocker::of_holder_alone(h)
+        }
+    }
+
+    fn of_holder_alone(h: &Holder) -> Blocker {
         let kind = match kind_of(&h.name, &h.cmdline, h.protected, h.is_compute()) {
             // A holder whose only link to the GPU is a MIG capability.
             BlockerKind::Observer | BlockerKind::Compute if h.caps && h.opens.is_empty() => {
@@ -263,6 +273,7 @@ impl Blocker {
             service: unit.map(str::to_string),
             user_unit: unit.is_some() && user_unit,
             caps,
+            mig: Vec::new(),
             stop,
             how,
             host: host.to_string(),
@@ -282,6 +293,7 @@ impl Blocker {
             service: None,
             user_unit: false,
             caps: false,
+            mig: Vec::new(),
             stop: Stop::Unload,
             how:
                 "modprobe -r nvidia_drm (it drives the display; or boot with nvidia-drm.modeset=0)"
@@ -337,17 +349,46 @@ impl Readiness {
     /// GPU daemons found by name, and `nvidia_drm` with modeset. Processes by pid, then the
     /// module.
     pub fn blockers(&self, inv: &Inventory, gpu: i64) -> Vec<Blocker> {
+        let mut out = self.gather(inv, |h| {
+            h.opens.contains(&gpu) || h.maps.contains(&gpu) || h.gpus.contains(&gpu) || h.caps
+        });
+        if self.modeset {
+            out.push(Blocker::module(crate::local::LOCAL));
+        }
+        out
+    }
+}
+
+impl Readiness {
+    /// Every client that would block destroying or reconfiguring MIG device `k` (gpuloop
+    /// does neither; mig-parted and `nvidia-smi mig` do, and fail with "in use by another
+    /// client" while one of these is there): the processes the driver lists on it or that
+    /// hold its capability nodes, those holding a node-wide MIG capability (`config`,
+    /// `monitor`: DCGM, `nvidia-smi mig`), the processes of its GPU that show no device (one
+    /// may be on it), and the GPU daemons found by name (DCGM's nv-hostengine keeps every
+    /// device open). Processes by pid.
+    pub fn blockers_of_instance(
+        &self,
+        inv: &Inventory,
+        k: &crate::gpu::mig::MigKey,
+    ) -> Vec<Blocker> {
+        self.gather(inv, |h| {
+            h.mig.contains(k)
+                || h.caps_all
+                || (h.mig.is_empty() && h.is_compute() && h.gpus.contains(&k.gpu))
+        })
+    }
+
+    /// The holders `keep` picks and those named as GPU daemons (gpuloop itself never), then
+    /// the daemons found by name: as blockers, by pid.
+    fn gather(&self, inv: &Inventory, keep: impl Fn(&Holder) -> bool) -> Vec<Blocker> {
         let me = std::process::id() as i64;
         let mut out: Vec<Blocker> = inv
             .holders
             .iter()
             .filter(|h| h.pid != me)
             .filter(|h| {
-                h.opens.contains(&gpu)
-                    || h.maps.contains(&gpu)
-                    || h.gpus.contains(&gpu)
-                    || h.caps
-                    || (h.protected && proc::kill::is_named(&h.name, &h.cmdline, NAMED))
+                keep(h) || (h.protected && proc::kill::is_named(&h.name, &h.cmdline, NAMED))
             })
             .map(Blocker::of_holder)
             .collect();
@@ -357,9 +398,6 @@ impl Readiness {
             }
         }
         out.sort_by_key(|b| b.pid);
-        if self.modeset {
-            out.push(Blocker::module(crate::local::LOCAL));
-        }
         out
     }
 }
@@ -416,6 +454,10 @@ pub struct ResetReport {
     /// verified, and every daemon it stopped started again.
     pub ok: bool,
     pub host: String,
+    /// A MIG device's report (`reset --dry-run --gpu N:GI:CI`): what blocks destroying or
+    /// reconfiguring it; `uuid` is then the device's.
+    #[serde(default)]
+    pub mig: Option<crate::gpu::mig::MigKey>,
 }
 
 /// One step of a reset.

@@ -1,6 +1,12 @@
 //! GPU selectors as `nvidia-smi -i` takes them: indices, comma lists, ranges (`0-3`), UUIDs
-//! (or a unique prefix of one) and PCI bus ids, resolved against the GPUs there are.
+//! (or a unique prefix of one) and PCI bus ids, resolved against the GPUs there are; and MIG
+//! devices, each a GPU of its own: `N:GI:CI`, `N:GI` or `MIG-<uuid>` (or a unique prefix).
+//!
+//! The grammar keeps them apart: a selector whose `:`-separated parts are all decimal numbers
+//! is a MIG device (`0:7:0`); `DEST:N` (with several hosts) has a host part that is not a
+//! number; a bus id has a `.`; a UUID starts with a letter.
 
+use crate::gpu::mig::MigSel;
 use crate::gpu::{Gpu, GpuError};
 
 /// One selector before it meets the GPU list.
@@ -9,6 +15,8 @@ pub enum Selector {
     Index(i64),
     /// A UUID, a prefix of one, or a bus id.
     Id(String),
+    /// A MIG device: it selects its parent GPU, narrowed to that instance.
+    Mig(MigSel),
 }
 
 /// Parses `0`, `0,1`, `0-3`, `GPU-0fb0…`, `00000000:18:00.0` and comma lists of them.
@@ -18,6 +26,10 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Selector>, GpuError> {
     for part in text.split(',').map(str::trim) {
         if part.is_empty() {
             return Err(bad("an empty item"));
+        }
+        if let Some(m) = MigSel::parse(part) {
+            out.push(Selector::Mig(m));
+            continue;
         }
         // A number, whatever its size or sign, is an index: `-0` is as negative as `-1`, and
         // an index too large for any machine is no UUID.
@@ -46,7 +58,9 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Selector>, GpuError> {
         } else if part.starts_with(|c: char| c.is_ascii_digit() || c.is_ascii_alphabetic()) {
             out.push(Selector::Id(part.to_string()));
         } else {
-            return Err(bad("expected an index, a range (0-3), a UUID or a bus id"));
+            return Err(bad(
+                "expected an index, a range (0-3), a UUID, a bus id, or a MIG device (N:GI:CI, MIG-…)",
+            ));
         }
     }
     Ok(out)
@@ -58,15 +72,52 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Selector>, GpuError> {
 pub(crate) fn resolve(sels: &[Selector], gpus: &[Gpu]) -> Result<Vec<i64>, GpuError> {
     let mut out: Vec<i64> = Vec::new();
     for s in sels {
-        let i = match s {
-            Selector::Index(i) => *i,
-            Selector::Id(id) => find(id, gpus)?,
+        let found = match s {
+            Selector::Index(i) => vec![*i],
+            Selector::Id(id) => vec![find(id, gpus)?],
+            Selector::Mig(m) => parents(m, gpus)?,
         };
-        if !out.contains(&i) {
-            out.push(i);
+        for i in found {
+            if !out.contains(&i) {
+                out.push(i);
+            }
         }
     }
     Ok(out)
+}
+
+/// The parent GPUs of a MIG selector (`N:…` names its parent; a UUID is looked up).
+fn parents(m: &MigSel, gpus: &[Gpu]) -> Result<Vec<i64>, GpuError> {
+    if let MigSel::Ids { gpu, .. } = m {
+        return Ok(vec![*gpu]);
+    }
+    let devices: Vec<crate::gpu::mig::MigDevice> = gpus
+        .iter()
+        .filter_map(|g| g.mig.as_ref())
+        .flat_map(|m| m.instances.iter().cloned())
+        .collect();
+    let mut out: Vec<i64> = m.resolve(&devices, gpus)?.iter().map(|k| k.gpu).collect();
+    out.dedup();
+    Ok(out)
+}
+
+/// The MIG selectors that narrow the selection: those whose parent GPU no other selector
+/// names whole (a GPU selects all its instances). `None` when there are none.
+pub(crate) fn narrowing(sels: &[Selector], gpus: &[Gpu]) -> Result<Option<Vec<MigSel>>, GpuError> {
+    let whole: Vec<&Selector> = sels
+        .iter()
+        .filter(|s| !matches!(s, Selector::Mig(_)))
+        .collect();
+    let whole = resolve(&whole.into_iter().cloned().collect::<Vec<_>>(), gpus)?;
+    let mut out = Vec::new();
+    for s in sels {
+        if let Selector::Mig(m) = s {
+            if !parents(m, gpus)?.iter().all(|p| whole.contains(p)) && !out.contains(m) {
+                out.push(m.clone());
+            }
+        }
+    }
+    Ok((!out.is_empty()).then_some(out))
 }
 
 fn find(id: &str, gpus: &[Gpu]) -> Result<i64, GpuError> {
@@ -176,5 +227,27 @@ mod tests {
             .unwrap_err()
             .contains("no GPU with UUID or bus id"));
         assert!(sel("0-99999").unwrap_err().contains("larger"));
+    }
+
+    #[test]
+    fn mig_devices_select_their_parent_and_narrow_it() {
+        assert_eq!(
+            parse("0:7:0,1").unwrap(),
+            vec![
+                Selector::Mig(MigSel::Ids {
+                    gpu: 0,
+                    gi: 7,
+                    ci: Some(0)
+                }),
+                Selector::Index(1)
+            ]
+        );
+        assert_eq!(sel("2:7:0,1"), Ok(vec![2, 1]));
+        let n = |t: &str| narrowing(&parse(t).unwrap(), &gpus()).unwrap();
+        assert_eq!(n("0:7:0").map(|v| v.len()), Some(1));
+        // A physical GPU selects all its instances.
+        assert_eq!(n("0,0:7:0"), None);
+        assert_eq!(n("1,0:7:0").map(|v| v.len()), Some(1));
+        assert_eq!(n("0,1"), None);
     }
 }

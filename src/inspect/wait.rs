@@ -33,6 +33,10 @@ pub(crate) struct WaitOpts {
     /// A pod's or a container's wait (`--pod`, `--container`): for its processes to leave the
     /// GPUs and the memory they held to come back, whatever else uses those GPUs.
     pub scoped: Option<Scoped>,
+    /// The MIG devices the selection is narrowed to (`--gpu 0:7:0`): only these of a GPU in
+    /// MIG mode are waited for, each judged on its own memory and holders; a sibling device
+    /// held by another job leaves the wait clean.
+    pub instances: Option<Vec<crate::gpu::mig::MigKey>>,
 }
 
 /// What the wait of a pod or a container waits for: none of its processes left on the GPUs,
@@ -102,6 +106,7 @@ impl Default for WaitOpts {
             exiting: Vec::new(),
             restarters: Vec::new(),
             scoped: None,
+            instances: None,
         }
     }
 }
@@ -164,6 +169,25 @@ fn judge(inv: &Inventory, indices: &[i64], opts: &WaitOpts) -> Judgement {
             let used = g.mem_used_mib > sc.allows(g.index, opts.max_used_mib);
             if !on.memory_known || inside > 0 || used {
                 dirty.push((g.index, g.mem_used_mib, inside));
+            }
+            continue;
+        }
+        // A GPU in MIG mode: each of its MIG devices (those the selection names) on its own.
+        let devices = g.mig_devices();
+        if !devices.is_empty() {
+            let whole = opts.instances.is_none();
+            for d in devices {
+                if opts
+                    .instances
+                    .as_ref()
+                    .is_some_and(|i| !i.contains(&d.key()))
+                {
+                    continue;
+                }
+                let on = inv.on_instance(g, d, whole);
+                if !on.usage().is_clean(&demand) {
+                    dirty.push((g.index, d.mem_used_mib, on.holders.len()));
+                }
             }
             continue;
         }
@@ -242,13 +266,16 @@ pub(crate) fn wait_clean(
             moved_at = now;
             last_used = Some(used.clone());
         }
-        let mem_dirty = used.iter().any(|&(g, b)| {
-            let allowed = match &opts.scoped {
-                Some(sc) => sc.allows(g, opts.max_used_mib),
-                None => opts.max_used_mib,
-            };
-            b / MIB > allowed
-        });
+        // A wait for MIG devices reads their parent's memory here, which sibling devices
+        // share: it rescans when that moves, and judges each device's own from the look.
+        let mem_dirty = opts.instances.is_some()
+            || used.iter().any(|&(g, b)| {
+                let allowed = match &opts.scoped {
+                    Some(sc) => sc.allows(g, opts.max_used_mib),
+                    None => opts.max_used_mib,
+                };
+                b / MIB > allowed
+            });
         // Memory reading clean is confirmed at once; while settling it is re-checked as when
         // dirty: at once when memory moves, else every RESCAN.
         let rescan = (!mem_dirty && clean_since.is_none())

@@ -228,7 +228,9 @@ impl<'a> Fleet<'a> {
         };
         let id = match sel {
             Selector::Index(i) => return self.gpu(*i),
-            Selector::Id(id) => id,
+            Selector::Id(id) => id.clone(),
+            // A MIG device's GPU is its parent.
+            Selector::Mig(m) => m.to_string(),
         };
         let gpus = self.gpus()?;
         let mut found = Vec::new();
@@ -245,7 +247,7 @@ impl<'a> Fleet<'a> {
             1 => Ok(found.remove(0)),
             0 => Err(last_err
                 .unwrap_or(GpuError::NoSuchGpuId {
-                    id: id.clone(),
+                    id,
                     count: gpus.len(),
                 })
                 .into()),
@@ -259,8 +261,8 @@ impl<'a> Fleet<'a> {
     /// One GPU named as `"dest:index"`.
     pub(crate) fn gpu_at(&self, host: &str, index: i64) -> Result<Gpu, ActionError> {
         let sel = HostSel {
-            every: None,
             at: [(host.to_string(), vec![index])].into(),
+            ..HostSel::default()
         };
         let gpus = self.gather(self.each(&sel, |_| Gpus)?)?;
         let count = gpus.len();
@@ -294,15 +296,28 @@ impl<'a> Fleet<'a> {
         self.gather(self.each(sel, |x| op(x.unwrap_or_default()))?)
     }
 
-    /// The GPU indices that selectors (`0`, `0-3`, `GPU-0fb0…`, a bus id) name. The GPU
-    /// list is read only when a UUID or bus id needs it.
-    pub(crate) fn select(&self, sels: &[Selector]) -> Result<Vec<i64>, ActionError> {
-        let gpus = if sels.iter().all(|x| matches!(x, Selector::Index(_))) {
+    /// The GPU indices that selectors (`0`, `0-3`, `GPU-0fb0…`, a bus id, a MIG device) name,
+    /// and the MIG devices that narrow them (`select::narrowing`). The GPU list is read only
+    /// when a UUID, a bus id or a MIG UUID needs it.
+    fn select(
+        &self,
+        sels: &[Selector],
+    ) -> Result<(Vec<i64>, Option<Vec<crate::gpu::mig::MigSel>>), ActionError> {
+        let named = |x: &Selector| {
+            matches!(
+                x,
+                Selector::Index(_) | Selector::Mig(crate::gpu::mig::MigSel::Ids { .. })
+            )
+        };
+        let gpus = if sels.iter().all(named) {
             Vec::new()
         } else {
             self.gpus()?
         };
-        Ok(select::resolve(sels, &gpus)?)
+        Ok((
+            select::resolve(sels, &gpus)?,
+            select::narrowing(sels, &gpus)?,
+        ))
     }
 
     /// Selectors and `"dest:index"` entries as a selection over the host set. A UUID or
@@ -316,16 +331,28 @@ impl<'a> Fleet<'a> {
         let names = self.s.host_names();
         check_named_hosts(self.s, &names, &at)?;
         let several = names != [LOCAL];
-        let every = match sels {
-            None => None,
-            Some(x) if several && x.iter().any(|x| !matches!(x, Selector::Index(_))) => {
+        let (every, mig) = match sels {
+            None => (None, None),
+            Some(x)
+                if several
+                    && x.iter().any(|x| {
+                        !matches!(
+                            x,
+                            Selector::Index(_)
+                                | Selector::Mig(crate::gpu::mig::MigSel::Ids { .. })
+                        )
+                    }) =>
+            {
                 return Err(GpuError::BadSelector(
-                    "with several hosts select GPUs by index (that GPU on every host) or as \"dest:index\"; UUIDs and bus ids name one machine's GPU".into(),
+                    "with several hosts select GPUs by index (that GPU on every host), as \"dest:index\", or a MIG device as N:GI:CI (on every host); UUIDs, bus ids and MIG UUIDs name one machine's GPU (give that host alone with --host)".into(),
                 ).into())
             }
-            Some(x) => Some(self.select(x)?),
+            Some(x) => {
+                let (every, mig) = self.select(x)?;
+                (Some(every), mig)
+            }
         };
-        Ok(HostSel { every, at })
+        Ok(HostSel { every, at, mig })
     }
 
     /// On this machine alone, a filter naming no user here fails at once, before anything
@@ -344,6 +371,7 @@ impl<'a> Fleet<'a> {
         all: bool,
         filter: &Filter,
     ) -> Result<PerHost<HoldersReport>, ActionError> {
+        let filter = &sel.narrow(filter);
         self.each(sel, |sel| Holders {
             sel,
             all,
@@ -370,6 +398,7 @@ impl<'a> Fleet<'a> {
         sel: &HostSel,
         filter: &Filter,
     ) -> Result<PerHost<Vec<Diagnosis>>, ActionError> {
+        let filter = &sel.narrow(filter);
         self.each(sel, |sel| Diagnose {
             sel,
             filter: filter.clone(),
@@ -398,7 +427,11 @@ impl<'a> Fleet<'a> {
                 at.insert(host, gpus);
             }
         }
-        Ok((!at.is_empty()).then_some(HostSel { every: None, at }))
+        Ok((!at.is_empty()).then_some(HostSel {
+            every: None,
+            at,
+            mig: sel.mig.clone(),
+        }))
     }
 
     /// Kills each target on its own host (`None`: the only host there is); identities are
@@ -507,6 +540,7 @@ impl<'a> Fleet<'a> {
         opts: &KillOpts,
     ) -> Result<PerHost<KillReport>, ActionError> {
         self.one_pod(sel, filter)?;
+        let filter = &sel.narrow(filter);
         self.each(sel, |sel| KillHolders {
             sel,
             filter: filter.clone(),
@@ -535,6 +569,7 @@ impl<'a> Fleet<'a> {
         quiet: bool,
     ) -> Result<WaitOutcome, ActionError> {
         self.one_pod(sel, filter)?;
+        let filter = &sel.narrow(filter);
         let parts = self.each(sel, |sel| WaitClean {
             sel,
             opts: opts.clone(),
@@ -559,6 +594,7 @@ impl<'a> Fleet<'a> {
         wait: &WaitOpts,
     ) -> Result<PerHost<CleanReport>, ActionError> {
         self.one_pod(sel, filter)?;
+        let filter = &sel.narrow(filter);
         self.each(sel, |sel| Clean {
             sel,
             filter: filter.clone(),

@@ -168,7 +168,7 @@ impl Local<'_> {
         opts: &KillOpts,
     ) -> Result<KillReport, ActionError> {
         let inv = super::ops::inventory(self.s, sel)?;
-        let resolved = filter.resolve_in(&inv.holders)?;
+        let resolved = filter.resolve_on(&inv)?;
         self.kill_holders_in(inv, sel, filter, &resolved, opts)
     }
 
@@ -239,9 +239,13 @@ impl Local<'_> {
     }
 }
 
-/// Why the audit journal says a holder was stopped: "holder of GPU 0,1 (compute, 4096 MiB)".
+/// Why the audit journal says a holder was stopped: "holder of GPU 0,1 (compute, 4096 MiB)",
+/// a MIG holder's devices by their place ("holder of GPU 0:7:0 (…)").
 pub(crate) fn holder_why(h: &Holder) -> String {
-    let gpus: Vec<String> = h.gpus.iter().map(i64::to_string).collect();
+    let gpus: Vec<String> = match h.mig.is_empty() {
+        true => h.gpus.iter().map(i64::to_string).collect(),
+        false => h.mig.iter().map(ToString::to_string).collect(),
+    };
     format!(
         "holder of GPU {} ({}, {} MiB, seen by {})",
         gpus.join(","),

@@ -116,6 +116,7 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
             force,
             grace_ms,
             timeout_ms,
+            mig,
         } => {
             let op = super::reset::Reset {
                 gpus: gpus.clone(),
@@ -123,6 +124,7 @@ pub(crate) fn answer(call: &Call, m: &mut Local) -> Option<Body> {
                 force: *force,
                 grace: crate::process::kill::grace_of_ms(*grace_ms),
                 timeout: std::time::Duration::from_millis(*timeout_ms),
+                mig: mig.clone(),
             };
             reply(m, &op)
         }
@@ -241,7 +243,7 @@ impl Op for Holders {
 impl Holders {
     /// The report of an inventory taken already (`look`).
     pub(crate) fn of(&self, inv: Inventory) -> Result<HoldersReport, ActionError> {
-        let filter = self.filter.resolve_in(&inv.holders)?;
+        let filter = self.filter.resolve_on(&inv)?;
         self.picked(inv, &filter)
     }
 
@@ -255,6 +257,21 @@ impl Holders {
         check_selection(&self.sel, &inv.gpus)?;
         let mut holders = inv.holders(&self.sel, self.all);
         holders.retain(|h| filter.matches(h));
+        // Narrowed to MIG devices: what the driver lists for each on those alone.
+        if let Some(keys) = &filter.instances {
+            holders = holders
+                .iter()
+                .map(|h| {
+                    match h
+                        .evidence
+                        .contains(&crate::inspect::kinds::Evidence::Driver)
+                    {
+                        true => inv.with_mem_on_instances(h, keys),
+                        false => h.clone(),
+                    }
+                })
+                .collect();
+        }
         Ok(HoldersReport {
             holders,
             unreadable: inv.unreadable,
@@ -322,7 +339,8 @@ pub(crate) fn diagnose_in(
     filter: &Filter,
 ) -> Result<Vec<Diagnosis>, ActionError> {
     let backend = s.backend()?;
-    let sel = narrowed(&inv, sel, &filter.resolve_in(&inv.holders)?);
+    let resolved = filter.resolve_on(&inv)?;
+    let sel = narrowed(&inv, sel, &resolved);
     read_faults(s, backend, &mut inv.gpus, &sel);
     let restarters = s.restarters();
     let seen = crate::process::restart::seen_before();
@@ -334,6 +352,8 @@ pub(crate) fn diagnose_in(
         reach: s.reach(),
         sim: backend.kind() == crate::gpu::BackendKind::Sim,
         readiness: &readiness,
+        instances: resolved.instances.as_deref(),
+        unreadable: inv.unreadable,
     };
     Ok(diagnose(&inv, &sel, &ctx))
 }

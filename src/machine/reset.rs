@@ -25,6 +25,9 @@ pub(crate) struct Reset {
     pub grace: Duration,
     /// How long the GPU may take to come back.
     pub timeout: Duration,
+    /// MIG devices (`--gpu N:GI:CI`, `MIG-…`): with `dry_run`, what blocks destroying or
+    /// reconfiguring each; gpuloop never destroys or resets one.
+    pub mig: Option<Vec<crate::gpu::mig::MigSel>>,
 }
 
 impl Ask for Reset {
@@ -36,6 +39,7 @@ impl Ask for Reset {
             force: self.force,
             grace_ms: self.grace.as_millis() as u64,
             timeout_ms: self.timeout.as_millis() as u64,
+            mig: self.mig.clone(),
         }
     }
     fn takes(&self) -> Option<Duration> {
@@ -51,6 +55,9 @@ impl Ask for Reset {
 impl Op for Reset {
     fn here(&self, m: &mut Local) -> Result<Vec<ResetReport>, ActionError> {
         m.s.require_driver()?;
+        if let Some(sels) = &self.mig {
+            return self.mig_devices(m, sels);
+        }
         // Every GPU named must exist before anything is stopped.
         inventory(m.s, &Some(self.gpus.clone()))?;
         self.gpus.iter().map(|&g| self.one(m, g)).collect()
@@ -82,6 +89,69 @@ enum Again {
 }
 
 impl Reset {
+    /// What blocks destroying or reconfiguring each MIG device `sels` name (`--dry-run`
+    /// only: a MIG device is made and destroyed by mig-parted or `nvidia-smi mig`, never by
+    /// gpuloop, and a reset is of a whole GPU).
+    fn mig_devices(
+        &self,
+        m: &mut Local,
+        sels: &[crate::gpu::mig::MigSel],
+    ) -> Result<Vec<ResetReport>, ActionError> {
+        let list = sels
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        if !self.dry_run {
+            return Err(ActionError::Usage(format!(
+                "reset --gpu {list}: gpuloop does not reset, destroy or re-create a MIG device; --dry-run names what would block destroying or reconfiguring it (mig-parted, nvidia-smi mig); a reset is of a whole GPU (--gpu N, with every MIG device on it idle)"
+            )));
+        }
+        let s = m.s;
+        let backend = s.backend()?;
+        let inv = inventory(s, &None)?;
+        let filter = crate::inspect::Filter {
+            mig: Some(sels.to_vec()),
+            ..crate::inspect::Filter::default()
+        };
+        let keys = filter.resolve_on(&inv)?.instances.unwrap_or_default();
+        let readiness = Readiness::look(backend, s.protected(), s.container_roots());
+        // GPUs named whole beside the MIG devices (`--gpu 1,0:7:0`) get a GPU's report.
+        let whole: Vec<i64> = self
+            .gpus
+            .iter()
+            .copied()
+            .filter(|g| !keys.iter().any(|k| k.gpu == *g))
+            .collect();
+        let mut out: Vec<ResetReport> = keys
+            .iter()
+            .map(|k| {
+                let blockers = readiness.blockers_of_instance(&inv, k);
+                ResetReport {
+                    gpu: k.gpu,
+                    uuid: inv
+                        .mig_devices()
+                        .find(|d| d.key() == *k)
+                        .map(|d| d.uuid.clone())
+                        .unwrap_or_default(),
+                    dry_run: true,
+                    ok: blockers.is_empty(),
+                    blockers,
+                    steps: Vec::new(),
+                    reset: false,
+                    verified: false,
+                    host: crate::local::local(),
+                    mig: Some(*k),
+                    cannot: None,
+                }
+            })
+            .collect();
+        for g in whole {
+            out.push(self.one(m, g)?);
+        }
+        Ok(out)
+    }
+
     fn one(&self, m: &mut Local, gpu: i64) -> Result<ResetReport, ActionError> {
         let s = m.s;
         let backend = s.backend()?;
@@ -113,6 +183,7 @@ impl Reset {
             verified: false,
             ok: false,
             host: crate::local::local(),
+            mig: None,
         };
         if self.dry_run {
             r.ok = blockers.is_empty() && cannot.is_none();

@@ -41,11 +41,11 @@ impl Ask for WaitClean {
 impl Op for WaitClean {
     fn here(&self, m: &mut Local) -> Result<WaitOutcome, ActionError> {
         // A scoped wait starts from the look that found its scope.
-        let (sel, opts, mut known) = match self.filter.is_scoped() {
+        let (sel, opts, mut known) = match self.filter.is_scoped() || self.filter.mig.is_some() {
             false => (self.sel.clone(), self.opts.clone(), None),
             true => {
                 let inv = inventory(m.s, &self.sel)?;
-                let resolved = self.filter.resolve_in(&inv.holders)?;
+                let resolved = self.filter.resolve_on(&inv)?;
                 let (sel, opts) = scoped(&inv, &self.sel, &resolved, &self.opts);
                 (sel, opts, Some(inv))
             }
@@ -60,7 +60,7 @@ impl Op for WaitClean {
         crate::errln!("warning: GPUs {why}:");
         let all = Diagnose {
             sel,
-            filter: Filter::default(),
+            filter: self.filter.only_mig(),
         };
         if let Ok(ds) = all.here(m) {
             for d in ds.iter().filter(|d| !d.is_clean_under(&self.opts.demand())) {
@@ -81,6 +81,7 @@ fn scoped(
 ) -> (Selection, WaitOpts) {
     let sel = narrowed(inv, sel, resolved);
     let opts = WaitOpts {
+        instances: resolved.instances.clone(),
         scoped: resolved
             .within
             .clone()
@@ -145,7 +146,7 @@ impl Op for Clean {
         // The filter is resolved once, here: every round stops what is left of the pod or the
         // container this look found.
         let inv = inventory(s, &self.sel)?;
-        let resolved = self.filter.resolve_in(&inv.holders)?;
+        let resolved = self.filter.resolve_on(&inv)?;
         let (sel, scoped) = scoped(&inv, &self.sel, &resolved, &self.wait);
         // With no KILL ever, the wait below is the one that waits for them, until its timeout.
         let kill_opts = KillOpts {
@@ -206,7 +207,7 @@ impl Op for Clean {
             Some(inv) => inv,
             None => inventory(s, &sel)?,
         };
-        let after = super::ops::diagnose_in(s, last, &sel, &Filter::default())?;
+        let after = super::ops::diagnose_in(s, last, &sel, &self.filter.only_mig())?;
         let settle_ms = wait_opts.settle.as_millis() as i64;
         // Memory back is not enough where the GPU's own faults ask for a reset or a reboot.
         let fit = after.iter().all(|d| !d.verdict.needs_action());
@@ -341,7 +342,7 @@ pub(crate) fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<St
 /// "GPU 2 [daemon] …", one line of a warning.
 pub(crate) fn describe_diagnosis(d: &Diagnosis) -> String {
     match d.gpu {
-        Some(g) => format!("GPU {g} [{}] {}", d.verdict, d.advice),
+        Some(_) => format!("GPU {} [{}] {}", d.target(), d.verdict, d.advice),
         None => format!("[{}] {}", d.verdict, d.advice),
     }
 }

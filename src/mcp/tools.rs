@@ -7,6 +7,7 @@ use crate::gpu::Gpu;
 use crate::hosts::HostSel;
 use crate::inspect::diagnose::Diagnosis;
 use crate::inspect::holders::Holder;
+use crate::inspect::select::Selector;
 use crate::inspect::wait::{WaitOpts, WaitOutcome};
 use crate::inspect::{Filter, Selection};
 use crate::machine::kill::Kill;
@@ -315,6 +316,11 @@ pub(crate) struct HoldersArgs {
     /// GPU indices to look at (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
+    /// MIG devices to narrow to, each a GPU of its own: "N:GI:CI", "N:GI" (every compute
+    /// instance of that GPU instance) or a MIG UUID ("MIG-…", or a unique prefix), as `gpus`
+    /// lists them under `mig.instances`. Each selects its parent GPU, narrowed to it.
+    #[serde(default)]
+    pub mig: Option<Vec<String>>,
     /// Also list observers (NVML-only clients such as nvidia-smi, which hold no memory) and
     /// protected GPU daemons. Default false: only compute holders, which hold memory.
     #[serde(default)]
@@ -335,6 +341,11 @@ pub(crate) struct SelArgs {
     /// GPU indices to look at (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
+    /// MIG devices to narrow to, each a GPU of its own: "N:GI:CI", "N:GI" (every compute
+    /// instance of that GPU instance) or a MIG UUID ("MIG-…", or a unique prefix), as `gpus`
+    /// lists them under `mig.instances`. Each selects its parent GPU, narrowed to it.
+    #[serde(default)]
+    pub mig: Option<Vec<String>>,
     /// Only the GPUs this Kubernetes pod's processes use (NAMESPACE/NAME, NAME, or a uid or 8
     /// characters of it at least; it must fit one pod), each with all its holders.
     #[serde(default)]
@@ -364,6 +375,31 @@ fn scope_filter(
     })
 }
 
+/// `gpus` and `mig` as a selection over the host set: the MIG devices select their parents
+/// and narrow them; a MIG device not written as one is a bad argument.
+fn selection(
+    s: &Session,
+    tool: &str,
+    gpus: &Option<Vec<i64>>,
+    mig: &Option<Vec<String>>,
+) -> Result<HostSel, CallError> {
+    let Some(mig) = mig else {
+        return Ok(HostSel::from(gpus));
+    };
+    let mut sels: Vec<Selector> = gpus.iter().flatten().map(|&i| Selector::Index(i)).collect();
+    for m in mig {
+        let sel = crate::gpu::mig::MigSel::parse(m).ok_or_else(|| {
+            CallError::BadArguments(format!(
+                "{tool}: mig: {m:?} is not a MIG device (N:GI:CI, N:GI or MIG-…)"
+            ))
+        })?;
+        sels.push(Selector::Mig(sel));
+    }
+    Fleet::of(s)
+        .select_hosts(Some(&sels), Default::default())
+        .map_err(|e| CallError::BadArguments(format!("{tool}: {e}")))
+}
+
 fn d30() -> f64 {
     30.0
 }
@@ -383,6 +419,11 @@ pub(crate) struct WaitArgs {
     /// GPU indices to wait for (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
+    /// MIG devices to narrow to, each a GPU of its own: "N:GI:CI", "N:GI" (every compute
+    /// instance of that GPU instance) or a MIG UUID ("MIG-…", or a unique prefix), as `gpus`
+    /// lists them under `mig.instances`. Each selects its parent GPU, narrowed to it.
+    #[serde(default)]
+    pub mig: Option<Vec<String>>,
     /// Seconds to wait at most (default 30). 0 asks "is it clean right now?".
     #[serde(default = "d30")]
     pub timeout: f64,
@@ -472,6 +513,11 @@ pub(crate) struct CleanArgs {
     /// GPU indices to clean (default: every GPU).
     #[serde(default)]
     pub gpus: Option<Vec<i64>>,
+    /// MIG devices to narrow to, each a GPU of its own: "N:GI:CI", "N:GI" (every compute
+    /// instance of that GPU instance) or a MIG UUID ("MIG-…", or a unique prefix), as `gpus`
+    /// lists them under `mig.instances`. Each selects its parent GPU, narrowed to it.
+    #[serde(default)]
+    pub mig: Option<Vec<String>>,
     /// Seconds to wait for the memory to be released after the kill (default 30).
     #[serde(default = "d30")]
     pub timeout: f64,
@@ -792,22 +838,20 @@ pub(crate) fn call(ctx: &Ctx, name: &str, raw: Map<String, Value>) -> Result<Rep
         "holders" => {
             let a: HoldersArgs = args(name, raw)?;
             let filter = scope_filter(name, &a.pod, &a.container)?;
-            Ok(
-                match Fleet::of(s).holders(&HostSel::from(&a.gpus), a.all, &filter) {
-                    Ok(hs) => Reply::ok(summary::holders(&hs, a.all), HoldersOut { holders: hs }),
-                    Err(e) => Reply::failed(e),
-                },
-            )
+            let sel = selection(s, name, &a.gpus, &a.mig)?;
+            Ok(match Fleet::of(s).holders(&sel, a.all, &filter) {
+                Ok(hs) => Reply::ok(summary::holders(&hs, a.all), HoldersOut { holders: hs }),
+                Err(e) => Reply::failed(e),
+            })
         }
         "diagnose" => {
             let a: SelArgs = args(name, raw)?;
             let filter = scope_filter(name, &a.pod, &a.container)?;
-            Ok(
-                match Fleet::of(s).diagnoses(&HostSel::from(&a.gpus), &filter) {
-                    Ok(ds) => Reply::ok(summary::diagnoses(&ds), DiagnoseOut::of(ds)),
-                    Err(e) => Reply::failed(e),
-                },
-            )
+            let sel = selection(s, name, &a.gpus, &a.mig)?;
+            Ok(match Fleet::of(s).diagnoses(&sel, &filter) {
+                Ok(ds) => Reply::ok(summary::diagnoses(&ds), DiagnoseOut::of(ds)),
+                Err(e) => Reply::failed(e),
+            })
         }
         "wait_clean" => wait_clean(ctx, args(name, raw)?),
         "kill" => kill(ctx, args(name, raw)?),
@@ -842,8 +886,10 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
         strict: a.strict,
         ..WaitOpts::default()
     };
-    let sel: Selection = a.gpus;
-    let filter = scope_filter("wait_clean", &a.pod, &a.container)?;
+    let here = selection(ctx.session, "wait_clean", &a.gpus, &a.mig)?;
+    let sel: Selection = here.every.clone();
+    let filter = here.narrow(&scope_filter("wait_clean", &a.pod, &a.container)?);
+    let only_mig = filter.only_mig();
     let started = Instant::now();
     let mut progress = Reporter::new(ctx, Some(opts.longest()));
     let wait = WaitClean {
@@ -871,7 +917,7 @@ fn wait_clean(ctx: &Ctx, a: WaitArgs) -> Result<Reply, CallError> {
             signalled: Vec::new(),
         });
     }
-    let after = match Fleet::of(ctx.session).diagnoses(&HostSel::from(&sel), &Filter::default()) {
+    let after = match Fleet::of(ctx.session).diagnoses(&HostSel::from(&sel), &only_mig) {
         Ok(d) => d,
         Err(e) => return Ok(Reply::failed(e)),
     };
@@ -988,8 +1034,9 @@ fn clean(ctx: &Ctx, a: CleanArgs) -> Result<Reply, CallError> {
         timeout: seconds("clean", "timeout", a.timeout)?,
         ..WaitOpts::default()
     };
-    let sel: Selection = a.gpus;
-    let filter = scope_filter("clean", &a.pod, &a.container)?;
+    let here = selection(ctx.session, "clean", &a.gpus, &a.mig)?;
+    let sel: Selection = here.every.clone();
+    let filter = here.narrow(&scope_filter("clean", &a.pod, &a.container)?);
     if a.dry_run {
         // Nothing is signalled, so there is nothing to wait for: say what clean would stop.
         return Ok(

@@ -19,6 +19,9 @@ pub struct NodeSet {
     pub shared: bool,
     /// A MIG capability node (`/dev/nvidia-caps/…`).
     pub caps: bool,
+    /// The minors of the MIG capability nodes (`nvidia-capM`), sorted, distinct: which
+    /// instances (or `config`, `monitor`) the driver's `mig-minors` says they grant.
+    pub cap_minors: Vec<u32>,
 }
 
 impl NodeSet {
@@ -34,9 +37,14 @@ impl NodeSet {
                 }
             }
             Node::Shared => self.shared = true,
-            Node::Caps => {
+            Node::Caps(minor) => {
                 self.shared = true;
                 self.caps = true;
+                if let Some(m) = minor {
+                    if let Err(at) = self.cap_minors.binary_search(&m) {
+                        self.cap_minors.insert(at, m);
+                    }
+                }
             }
         }
     }

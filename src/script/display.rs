@@ -316,6 +316,7 @@ mod tests {
             state: State::parse("running"),
             role: Role::Compute,
             gpus: vec![0],
+            mig: Vec::new(),
             mem: MIB,
             mem_mib: 1,
             inherited: None,
@@ -327,6 +328,7 @@ mod tests {
             maps: vec![],
             opens: Vec::new(),
             caps: false,
+            caps_all: false,
         };
         round_trip(&holder, Kind::Holder);
         let diagnosis = Diagnosis {
@@ -342,6 +344,7 @@ mod tests {
             host: "local".into(),
             faults: None,
             blockers: Vec::new(),
+            mig: None,
         };
         round_trip(&diagnosis, Kind::Diagnosis);
         let target = Stopped {

@@ -5,6 +5,7 @@
 pub(crate) mod scontrol;
 
 use crate::exit::Exit;
+use crate::gpu::mig::{MigKey, MigSel};
 use crate::gpu::{GpuError, MIB};
 use crate::inspect::diagnose::{Demand, Diagnosis};
 use crate::inspect::holders::{Holder, Inventory};
@@ -29,13 +30,70 @@ pub enum SlurmError {
     Action(#[from] ActionError),
 }
 
-/// diagnose() of this machine's GPUs `sel`.
-fn diagnose(s: &Session, sel: &[i64]) -> Result<Vec<Diagnosis>, ActionError> {
+/// diagnose() of this machine's GPUs `sel`, its MIG GPUs narrowed to the job's devices.
+fn diagnose(s: &Session, sel: &JobSel) -> Result<Vec<Diagnosis>, ActionError> {
     let op = Diagnose {
-        sel: Some(sel.to_vec()),
-        filter: Default::default(),
+        sel: Some(sel.gpus.clone()),
+        filter: crate::inspect::Filter {
+            mig: sel.mig_sels(),
+            ..Default::default()
+        },
     };
     Local::on_terminal(s, |m| m.ask(&op))
+}
+
+/// The job's GPUs on this machine: the driver's indices, and on a GPU in MIG mode the job's
+/// MIG devices (`mig`), each a GPU of its own: the hook stops and verifies those alone, and
+/// a sibling device's job is left to run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct JobSel {
+    pub gpus: Vec<i64>,
+    pub mig: Vec<MigKey>,
+}
+
+impl JobSel {
+    fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+    }
+
+    /// The GPUs of a MIG device's parent are the job's only through its devices.
+    fn mig_gpu(&self, g: i64) -> bool {
+        self.mig.iter().any(|k| k.gpu == g)
+    }
+
+    /// Whether holder `h` is on the job's GPUs: a whole GPU of the job, or one of its MIG
+    /// devices (a process of a MIG GPU that shows no device is on none of them).
+    fn holds(&self, h: &Holder) -> bool {
+        h.mig.iter().any(|k| self.mig.contains(k))
+            || h.gpus
+                .iter()
+                .any(|g| self.gpus.contains(g) && !self.mig_gpu(*g))
+    }
+
+    fn mig_sels(&self) -> Option<Vec<MigSel>> {
+        (!self.mig.is_empty()).then(|| {
+            self.mig
+                .iter()
+                .map(|k| MigSel::Ids {
+                    gpu: k.gpu,
+                    gi: k.gi,
+                    ci: Some(k.ci),
+                })
+                .collect()
+        })
+    }
+
+    /// "0,2" or "0:7:0,1".
+    fn describe(&self) -> String {
+        let mut out: Vec<String> = self.mig.iter().map(ToString::to_string).collect();
+        out.extend(
+            self.gpus
+                .iter()
+                .filter(|g| !self.mig_gpu(**g))
+                .map(i64::to_string),
+        );
+        out.join(",")
+    }
 }
 
 /// Which hook is running.
@@ -61,9 +119,8 @@ impl Hook {
 pub(crate) struct JobEnv {
     pub job: i64,
     pub user: String,
-    /// The job's GPUs as Slurm numbers them (`SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`):
-    /// the N of /dev/nvidiaN with the usual `File=/dev/nvidia[0-7]`.
-    pub gpus: Vec<i64>,
+    /// The job's GPUs as Slurm names them (`SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`).
+    pub gpus: Vec<JobGpu>,
     pub node: String,
 }
 
@@ -113,16 +170,43 @@ pub(crate) fn is_node_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// "0,1" or "2" (empty: no GPUs); anything else (UUIDs, MIG names) is an error.
-fn parse_gpus(list: &str) -> Result<Vec<i64>, SlurmError> {
+/// One GPU of a job as Slurm's environment gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum JobGpu {
+    /// A number: the N of /dev/nvidiaN with the usual `File=/dev/nvidia[0-7]` (for a MIG
+    /// device without a unique id, its parent's: the first file of its `MultipleFiles`).
+    Minor(i64),
+    /// A MIG device: `MIG-<uuid>` (gres/nvml with driver 470 and newer) or
+    /// `MIG-GPU-<uuid>/GI/CI` (older drivers), as gres/nvml's unique id gives it.
+    Mig(MigSel),
+    /// A GPU's UUID (`GPU-…`).
+    Uuid(String),
+}
+
+/// "0,1", "2", "MIG-5c3f…,MIG-GPU-…/7/0", "GPU-…" (empty: no GPUs); anything else is an
+/// error.
+fn parse_gpus(list: &str) -> Result<Vec<JobGpu>, SlurmError> {
     let mut out = Vec::new();
     for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let n: i64 = part.parse().map_err(|_| {
+        let bad = || {
             SlurmError::BadEnv(format!(
-                "the job's GPU list {list:?} is not GPU numbers (SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)"
+                "the job's GPU list {list:?} is not GPU numbers, MIG devices (MIG-…) or GPU UUIDs (SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES)"
             ))
-        })?;
-        out.push(n);
+        };
+        // Only what Slurm writes: printable, no spaces, bounded.
+        if part.len() > 128 || !part.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad());
+        }
+        let gpu = if part.bytes().all(|b| b.is_ascii_digit()) {
+            JobGpu::Minor(part.parse().map_err(|_| bad())?)
+        } else if part.len() > 4 && part[..4].eq_ignore_ascii_case("mig-") {
+            JobGpu::Mig(MigSel::Uuid(part.to_string()))
+        } else if part.len() > 4 && part[..4].eq_ignore_ascii_case("gpu-") {
+            JobGpu::Uuid(part.to_string())
+        } else {
+            return Err(bad());
+        };
+        out.push(gpu);
     }
     Ok(out)
 }
@@ -175,20 +259,28 @@ pub(crate) fn run(
         return drain(&log, env, opts, &reason);
     }
     let inv = ops::inventory(s, &None)?;
-    let sel = match job_gpus(&inv, env) {
+    let running = scontrol::running_jobs(&env.node);
+    if running.is_none() {
+        log.line("squeue failed: every other job is taken as running");
+    }
+    let sel = match job_gpus(&inv, env, &running, &log) {
         Ok(sel) => sel,
         Err(reason) => return drain(&log, env, opts, &reason),
     };
     // A CPU-only job, or a Slurm without GPU gres: its own processes are still stopped, but
     // no GPU is checked, and the log must not read as if one had been.
-    if sel.is_empty() {
+    if sel.is_empty() && env.gpus.is_empty() {
         log.line("no GPUs known for the job (SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES unset or empty): stopping its own processes, checking no GPU");
+    } else if sel.is_empty() {
+        log.line("the job's GPUs name no device gpuloop can tell (MIG gres by number, and none of its processes on a MIG device): stopping its own processes, checking no GPU");
     }
-    let targets = choose_targets(&inv, hook, env, &sel, &log);
+    let targets = choose_targets(&inv, hook, env, &sel, &running, &log);
     let stubborn = stop_targets(s, &targets, opts, &log);
     let wopts = WaitOpts {
         timeout: opts.timeout,
         exiting: stubborn.iter().map(|&p| p as i32).collect(),
+        // On a MIG GPU, the job's devices alone: a sibling device's job keeps it in use.
+        instances: (!sel.mig.is_empty()).then(|| sel.mig.clone()),
         ..WaitOpts::default()
     };
     // The dry run, the wait and the drain reason judge the GPUs alike.
@@ -202,7 +294,7 @@ pub(crate) fn run(
     } else {
         // Through the machine's wait, as any front end's: a holder that a restarter its kill
         // found starts again ends the wait (respawning) instead of running it to the timeout.
-        Local::on_terminal(s, |m| m.wait(&Some(sel.clone()), &wopts))?
+        Local::on_terminal(s, |m| m.wait(&Some(sel.gpus.clone()), &wopts))?
     };
     if outcome == WaitOutcome::Clean && stubborn.is_empty() {
         say_clean(&sel, started, &log);
@@ -212,20 +304,112 @@ pub(crate) fn run(
     drain(&log, env, opts, &why)
 }
 
-/// The driver's indices of the job's GPUs, or the drain reason where one is missing.
-fn job_gpus(inv: &Inventory, env: &JobEnv) -> Result<Vec<i64>, String> {
-    // Slurm's numbers are device minors; the driver's indices can differ.
-    let mut sel = Vec::new();
-    for &n in &env.gpus {
-        match inv.gpus.iter().find(|g| g.minor == n) {
-            Some(g) => sel.push(g.index),
-            None => {
-                let reason = format!(
-                    "gpuloop: GPU {n} of job {} missing ({} GPUs seen)",
-                    env.job,
-                    inv.gpus.len()
-                );
-                return Err(reason);
+/// The driver's indices of the job's GPUs and its MIG devices, or the drain reason where
+/// one is missing. A MIG gres without a unique id (a gres.conf with `MultipleFiles=`) is
+/// numbered by its index among the node's gres, which names no device: on a node with a GPU
+/// in MIG mode, a number that is not a GPU outside MIG mode stands for the MIG devices the
+/// job's own processes hold.
+fn job_gpus(
+    inv: &Inventory,
+    env: &JobEnv,
+    running: &Option<BTreeSet<i64>>,
+    log: &Log,
+) -> Result<JobSel, String> {
+    let missing = |what: String| {
+        truncate(
+            format!(
+                "gpuloop: {what} of job {} missing ({} GPUs seen)",
+                env.job,
+                inv.gpus.len()
+            ),
+            255,
+        )
+    };
+    let devices: Vec<crate::gpu::mig::MigDevice> = inv.mig_devices().cloned().collect();
+    let mig_node = inv
+        .gpus
+        .iter()
+        .any(|g| g.mig.as_ref().is_some_and(|m| m.enabled()));
+    let mut sel = JobSel::default();
+    let add = |sel: &mut JobSel, g: i64| {
+        if !sel.gpus.contains(&g) {
+            sel.gpus.push(g);
+        }
+    };
+    for j in &env.gpus {
+        match j {
+            // Slurm's numbers are device minors (the gres's index, which is the minor with
+            // the usual `File=/dev/nvidia[0-7]`); the driver's indices can differ.
+            JobGpu::Minor(n) => {
+                let g = inv.gpus.iter().find(|g| g.minor == *n);
+                match g {
+                    Some(g) if !g.mig.as_ref().is_some_and(|m| m.enabled()) => {
+                        add(&mut sel, g.index)
+                    }
+                    // A GPU in MIG mode, or no GPU of that minor on a node with one: a MIG
+                    // gres without a unique id, numbered by its index among the node's gres,
+                    // which names no device.
+                    _ if mig_node => {
+                        // A process's job is what its environment says, which its owner can
+                        // write: a device that a process of another running job holds is that
+                        // job's (a MIG device is one job's at a time), never this one's.
+                        let others_running = |j: i64| {
+                            j != env.job && running.as_ref().is_none_or(|r| r.contains(&j))
+                        };
+                        let theirs: BTreeSet<MigKey> = inv
+                            .holders
+                            .iter()
+                            .filter(|h| h.origin.job.is_some_and(others_running))
+                            .flat_map(|h| h.mig.iter().copied())
+                            .collect();
+                        let mine: BTreeSet<MigKey> = inv
+                            .holders
+                            .iter()
+                            .filter(|h| h.origin.job == Some(env.job))
+                            .flat_map(|h| h.mig.iter().copied())
+                            .filter(|k| !theirs.contains(k))
+                            .collect();
+                        log.line(&format!(
+                            "GPU {n} of the job is a MIG gres that Slurm names by its number, which names no MIG device: the job's are those its own processes hold ({})",
+                            match mine.is_empty() {
+                                true => "none".to_string(),
+                                false => mine.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                            }
+                        ));
+                        for k in mine {
+                            if !sel.mig.contains(&k) {
+                                sel.mig.push(k);
+                            }
+                            add(&mut sel, k.gpu);
+                        }
+                    }
+                    _ => return Err(missing(format!("GPU {n}"))),
+                }
+            }
+            JobGpu::Uuid(u) => {
+                let Some(g) = inv
+                    .gpus
+                    .iter()
+                    .find(|g| !g.uuid.is_empty() && g.uuid.eq_ignore_ascii_case(u))
+                else {
+                    return Err(missing(format!("GPU {u}")));
+                };
+                add(&mut sel, g.index);
+            }
+            JobGpu::Mig(m) => {
+                let Ok(keys) = m.resolve(&devices, &inv.gpus) else {
+                    return Err(missing(format!("MIG device {m}")));
+                };
+                // A UUID names one device: a prefix that fits several is not the job's.
+                if keys.len() != 1 {
+                    return Err(missing(format!("MIG device {m}")));
+                }
+                for k in keys {
+                    if !sel.mig.contains(&k) {
+                        sel.mig.push(k);
+                    }
+                    add(&mut sel, k.gpu);
+                }
             }
         }
     }
@@ -238,16 +422,16 @@ fn choose_targets(
     inv: &Inventory,
     hook: Hook,
     env: &JobEnv,
-    sel: &[i64],
+    sel: &JobSel,
+    running: &Option<BTreeSet<i64>>,
     log: &Log,
 ) -> Vec<Holder> {
-    let running = scontrol::running_jobs(&env.node);
-    if running.is_none() {
-        log.line("squeue failed: every other job is taken as running");
-    }
     let others_running =
         |job: i64| job != env.job && running.as_ref().is_none_or(|r| r.contains(&job));
-    let on_sel = |h: &Holder| h.gpus.iter().any(|g| sel.contains(g));
+    let on_sel = |h: &Holder| sel.holds(h);
+    // A process of a MIG GPU of the job that is on none of the job's devices: another
+    // job's device beside it (named, and left alone), or one that shows no device.
+    let beside = |h: &Holder| h.gpus.iter().any(|g| sel.mig_gpu(*g)) && !on_sel(h);
     let mut targets = Vec::new();
     for h in inv.holders(&None, false) {
         let mine = h.origin.job == Some(env.job);
@@ -257,9 +441,23 @@ fn choose_targets(
             // Strays on the starting job's GPUs; the job's own processes may be starting.
             Hook::Prolog => !mine && on_sel(&h) && !h.origin.job.is_some_and(others_running),
         };
+        let take = take && (mine || !beside(&h));
         if !take {
             if on_sel(&h) {
                 log.line(&format!("leaving {} alone: {}", who(&h), whose(&h)));
+            } else if beside(&h) {
+                let on = match h.mig.is_empty() {
+                    true => "it shows no MIG device of its own".to_string(),
+                    false => format!(
+                        "its MIG device {} is not the job's",
+                        h.mig
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ),
+                };
+                log.line(&format!("leaving {} alone: {}; {on}", who(&h), whose(&h)));
             }
             continue;
         }
@@ -330,7 +528,7 @@ fn stop_targets(s: &Session, targets: &[Holder], opts: &HookOpts, log: &Log) -> 
 /// A dry run's last line: nothing to do, the drain it would make, or the wait it would make.
 fn say_what_would_be_done(
     s: &Session,
-    sel: &[i64],
+    sel: &JobSel,
     targets: &[Holder],
     demand: &Demand,
     env: &JobEnv,
@@ -352,7 +550,7 @@ fn say_what_would_be_done(
 }
 
 /// The line of a hook that left the job's GPUs clean.
-fn say_clean(sel: &[i64], started: Instant, log: &Log) {
+fn say_clean(sel: &JobSel, started: Instant, log: &Log) {
     if sel.is_empty() {
         log.line(&format!(
             "done in {:.2} s; no GPU checked",
@@ -361,7 +559,7 @@ fn say_clean(sel: &[i64], started: Instant, log: &Log) {
     } else {
         log.line(&format!(
             "GPUs {} clean in {:.2} s",
-            join(sel),
+            sel.describe(),
             started.elapsed().as_secs_f64()
         ));
     }
@@ -370,7 +568,7 @@ fn say_clean(sel: &[i64], started: Instant, log: &Log) {
 /// Why the node is drained: the first GPU still not clean, or the processes that survived KILL.
 fn drain_reason(
     s: &Session,
-    sel: &[i64],
+    sel: &JobSel,
     demand: &Demand,
     stubborn: &[i64],
     env: &JobEnv,
@@ -409,7 +607,15 @@ pub(crate) fn reason(d: &Diagnosis, job: i64) -> String {
     } else {
         format!("{}MiB", d.mem_used_mib)
     };
-    let gpu = d.gpu.map_or_else(|| "*".to_string(), |g| g.to_string());
+    // A MIG device by its place and the start of its UUID: "GPU 0:7:0 (MIG-246523ad)".
+    let gpu = match &d.mig {
+        Some(m) => format!(
+            "{} ({})",
+            d.target(),
+            m.uuid.get(..12).unwrap_or(m.uuid.as_str())
+        ),
+        None => d.target(),
+    };
     let mut s = format!("gpuloop: GPU {gpu} {mem} {}", d.verdict);
     let jobs: BTreeSet<i64> = d.holders.iter().filter_map(|h| h.origin.job).collect();
     let jobs: Vec<i64> = if jobs.is_empty() {
@@ -444,13 +650,16 @@ fn join(xs: &[i64]) -> String {
 }
 
 fn who(h: &Holder) -> String {
-    format!(
-        "pid {} ({}) on GPU {} {}MiB",
-        h.pid,
-        h.name,
-        join(&h.gpus),
-        h.mem / MIB
-    )
+    let on = match h.mig.is_empty() {
+        true => join(&h.gpus),
+        false => h
+            .mig
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    };
+    format!("pid {} ({}) on GPU {on} {}MiB", h.pid, h.name, h.mem / MIB)
 }
 
 fn whose(h: &Holder) -> String {
@@ -495,22 +704,58 @@ mod tests {
             JobEnv {
                 job: 812,
                 user: "alice".into(),
-                gpus: vec![2, 3],
+                gpus: vec![JobGpu::Minor(2), JobGpu::Minor(3)],
                 node: "gpu07".into()
             }
         );
         let e = env(&[("SLURM_JOB_ID", "9"), ("CUDA_VISIBLE_DEVICES", "1")]).unwrap();
-        assert_eq!(e.gpus, vec![1]);
+        assert_eq!(e.gpus, vec![JobGpu::Minor(1)]);
         assert!(env(&[("SLURM_JOB_ID", "9")]).unwrap().gpus.is_empty());
         assert!(matches!(env(&[]), Err(SlurmError::NoJob(_))));
         assert!(matches!(
             env(&[("SLURM_JOB_ID", "x")]),
             Err(SlurmError::BadEnv(_))
         ));
-        assert!(matches!(
-            env(&[("SLURM_JOB_ID", "9"), ("SLURM_JOB_GPUS", "GPU-abc")]),
-            Err(SlurmError::BadEnv(_))
-        ));
+        for bad in ["0,x", "-1", "GPU 0", "MIG", "0:7:0"] {
+            assert!(
+                matches!(
+                    env(&[("SLURM_JOB_ID", "9"), ("SLURM_JOB_GPUS", bad)]),
+                    Err(SlurmError::BadEnv(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    /// The bug: a MIG device in the job's GPU list failed the epilog ("is not GPU
+    /// numbers"), which drained every MIG node after every job.
+    #[test]
+    fn mig_devices_in_the_jobs_gpu_list_are_read_in_every_form_slurm_writes() {
+        let e = env(&[
+            ("SLURM_JOB_ID", "9"),
+            (
+                "SLURM_JOB_GPUS",
+                "MIG-246523ad-0007-4000-9000-00007fb4ca38,MIG-GPU-5c3f0b6e-1111-2222-3333-444455556666/7/0",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(
+            e.gpus,
+            vec![
+                JobGpu::Mig(MigSel::Uuid(
+                    "MIG-246523ad-0007-4000-9000-00007fb4ca38".into()
+                )),
+                JobGpu::Mig(MigSel::Uuid(
+                    "MIG-GPU-5c3f0b6e-1111-2222-3333-444455556666/7/0".into()
+                ))
+            ]
+        );
+        let e = env(&[
+            ("SLURM_JOB_ID", "9"),
+            ("CUDA_VISIBLE_DEVICES", "GPU-5c3f0b6e-1111"),
+        ])
+        .unwrap();
+        assert_eq!(e.gpus, vec![JobGpu::Uuid("GPU-5c3f0b6e-1111".into())]);
     }
 
     /// `SLURMD_NODENAME='n[1-100]'` reached `scontrol update nodename=n[1-100] state=drain`,
@@ -561,6 +806,7 @@ mod tests {
             host: "local".into(),
             faults: None,
             blockers: Vec::new(),
+            mig: None,
         };
         assert_eq!(reason(&d, 812), "gpuloop: GPU 2 75GiB driver job=812");
         let long = truncate("x".repeat(400), 255);

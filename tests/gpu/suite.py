@@ -836,6 +836,51 @@ def s_reset_dry_run():
           verdict=d["verdict"], advice=d["advice"])
 
 
+@scenario("mig-mode")
+def s_mig_mode():
+    """The MIG mode gpuloop reads (current and pending) agrees with `nvidia-smi -q` on every
+    GPU, and a GPU with MIG disabled lists no MIG device; MIG selectors are refused there with
+    the list of devices (none). Read only: the lent GPU's MIG mode is never changed."""
+    rc, out, err, _ = sh(["nvidia-smi", "-q"])
+    smi = []
+    cur = pend = None
+    in_mig = False
+    for line in out.splitlines():
+        t = line.strip()
+        if t.startswith("GPU ") and t.count(":") >= 2 and not t.startswith("GPU UUID"):
+            if cur is not None or pend is not None:
+                smi.append((cur, pend))
+            cur = pend = None
+            in_mig = False
+        elif t == "MIG Mode":
+            in_mig = True
+        elif in_mig and t.startswith("Current"):
+            cur = t.split(":", 1)[1].strip().lower()
+        elif in_mig and t.startswith("Pending"):
+            pend = t.split(":", 1)[1].strip().lower()
+            in_mig = False
+    smi.append((cur, pend))
+    g = gl_json("gpus")
+    ours = [((x.get("mig") or {}).get("current"), (x.get("mig") or {}).get("pending")) for x in g]
+    # nvidia-smi says "N/A" where a GPU has no MIG: gpuloop's mig is () there.
+    want = [(None, None) if c in (None, "n/a") else (c, p) for c, p in smi]
+    check("mig-mode: gpuloop's MIG mode (current, pending) agrees with nvidia-smi -q on every GPU",
+          rc == 0 and ours == want, gpuloop=ours, nvidia_smi=smi)
+    off = [x for x in g if (x.get("mig") or {}).get("current") != "enabled"]
+    check("mig-mode: a GPU with MIG disabled lists no MIG device, and nothing it holds names one",
+          all(not (x.get("mig") or {}).get("instances") for x in off)
+          and all(not h.get("mig") for h in gl_json("holders", "--all")),
+          gpus=[(x["index"], x.get("mig")) for x in g])
+    if off:
+        i = str(off[0]["index"])
+        rc, out, err, _ = gl("holders", "--gpu", f"{i}:0:0")
+        check("mig-mode: a MIG selector on a GPU with MIG disabled is a usage error that says so",
+              rc == 2 and "not in MIG mode" in err, rc=rc, err=err.strip()[-300:])
+        rc, out, err, _ = gl("reset", "--dry-run", "--gpu", "MIG-0")
+        check("mig-mode: an unknown MIG device is a usage error listing the devices there are (none)",
+              rc == 2 and "no MIG device here" in err, rc=rc, err=err.strip()[-300:])
+
+
 # ------------------------------------------------------ issue 10 item 1, issue 11 items 6-7
 
 def ns_holder(gb="4"):

@@ -90,15 +90,13 @@ fn holders_here(cfg: &Config, sel: &Selection, owner: &Filter, all: bool) -> Res
         }
         return Err(GpuError::NoDriver(why.to_string()).into());
     }
-    let sel = sel
-        .on(s)?
-        .on(crate::hosts::LOCAL)
-        .unwrap_or(Some(Vec::new()));
+    let here = sel.on(s)?;
+    let sel = here.on(crate::hosts::LOCAL).unwrap_or(Some(Vec::new()));
     check_owner(s, owner)?;
     let holders = machine::ops::Holders {
         sel,
         all,
-        filter: owner.clone(),
+        filter: here.narrow(owner),
     };
     let r = holders.of(inv)?;
     let code = emit(cfg, &r.holders, || {

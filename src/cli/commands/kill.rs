@@ -208,6 +208,7 @@ pub(super) fn reset(
         force: opts.force,
         grace: opts.grace,
         timeout: opts.timeout,
+        mig: sel.mig.clone(),
     };
     let reports = Fleet::of(s).reset(&sel, op)?;
     emit(cfg, &reports, || {

@@ -32,7 +32,8 @@ pub(super) fn run(cfg: &Config, cmd: &SimCommand) -> Result<Exit, Error> {
             Ok(Exit::Success)
         }
         SimCommand::Leak { gpu, mib } => {
-            sim.leak(*gpu, *mib)?;
+            let (gpu, mig) = sim.target(gpu)?;
+            sim.leak(gpu, mig, *mib)?;
             Ok(Exit::Success)
         }
         SimCommand::Fault {

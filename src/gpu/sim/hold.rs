@@ -25,7 +25,13 @@ use std::time::{Duration, Instant};
 /// What `sim hold` is asked to build.
 #[derive(Debug, Clone, Default)]
 pub struct HoldOpts {
+    /// `--gpu` as given: `N`, `N:GI:CI`, `N:GI` or a MIG UUID (`resolved` reads it).
+    pub target: String,
+    /// The GPU, once resolved.
     pub gpu: i64,
+    /// The MIG instance (GPU instance, compute instance), once resolved: a CUDA job there
+    /// maps its parent's node and opens the instance's two capability nodes.
+    pub mig: Option<(u32, u32)>,
     pub mib: i64,
     /// Process name (comm), e.g. "nvidia-persistenced" to play a GPU daemon.
     pub name: Option<String>,
@@ -69,6 +75,26 @@ pub struct HoldOpts {
     pub caps: bool,
 }
 
+impl HoldOpts {
+    /// These options with `--gpu` read against the simulator: its GPU and MIG instance.
+    pub fn resolved(&self, sim: &SimBackend) -> Result<HoldOpts, GpuError> {
+        let mut o = self.clone();
+        if !o.target.is_empty() {
+            (o.gpu, o.mig) = sim.target(&o.target)?;
+        }
+        sim.check_instance(o.gpu, o.mig)?;
+        Ok(o)
+    }
+
+    /// `--gpu` as the holder is given it: `N` or `N:GI:CI`.
+    fn gpu_arg(&self) -> String {
+        match self.mig {
+            Some((gi, ci)) => format!("{}:{gi}:{ci}", self.gpu),
+            None => self.gpu.to_string(),
+        }
+    }
+}
+
 /// MiB a context keeps on each GPU it sees but does not use (3 MiB measured on H200s).
 pub(crate) const FOOTPRINT_MIB: i64 = 3;
 
@@ -80,7 +106,7 @@ impl HoldOpts {
             "hold".into(),
             "--as-holder".into(),
             "--gpu".into(),
-            self.gpu.to_string(),
+            self.gpu_arg(),
             "--mib".into(),
             self.mib.to_string(),
         ];
@@ -120,11 +146,12 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Starts the holder processes and returns their pids (the first process, then its children)
 /// once every one of them holds.
 pub fn launch(sim: &SimBackend, opts: &HoldOpts) -> Result<Vec<i32>, GpuError> {
+    let opts = &opts.resolved(sim)?;
     sim.minor(opts.gpu)?;
     if !opts.observer {
         // Each worker allocates its own `mib`, as a tensor-parallel rank does.
         let mib = opts.mib.saturating_mul(i64::from(opts.workers.max(1)));
-        sim.check_capacity(opts.gpu, mib)?;
+        sim.check_capacity(opts.gpu, opts.mig, mib)?;
     }
     let err = |why: String| GpuError::SimState {
         dir: sim.dir.clone(),
@@ -256,7 +283,10 @@ pub(crate) const DEFAULT_NAME: &str = "python3";
 
 /// The holder side; runs in the re-executed, single-threaded gpuloop and never returns.
 pub(crate) fn run_holder(sim: &SimBackend, opts: &HoldOpts) -> ! {
-    let result = holder_main(sim, opts);
+    let result = opts
+        .resolved(sim)
+        .map_err(|e| e.to_string())
+        .and_then(|opts| holder_main(sim, &opts));
     if let Err(e) = result {
         crate::output::line(&format!("error {e}"));
         std::process::exit(1);
@@ -386,6 +416,7 @@ fn holder(sim: &SimBackend, opts: &HoldOpts) -> Result<Then, String> {
 /// `--foreground`: this very process holds, prints its pid, and stays until killed.
 pub(crate) fn run_foreground(sim: &SimBackend, opts: &HoldOpts) -> ! {
     let held = (|| {
+        let opts = &opts.resolved(sim).map_err(|e| e.to_string())?;
         if let Some(name) = &opts.name {
             set_comm(name);
         }
@@ -425,7 +456,23 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
     let node = sim.node_path(opts.gpu).map_err(|e| e.to_string())?;
     let ctl = sim.dir.join("dev/nvidiactl");
     let mut paths = vec![ctl, node];
-    let others: Vec<i64> = if opts.map_all && !opts.observer {
+    // A MIG job opens its instance's capability nodes beside its parent's node (what Slurm's
+    // gres and the container toolkit hand it); it keeps them open, and so does a child that
+    // inherits its fds.
+    let inst_caps = match opts.mig {
+        Some((gi, ci)) => sim.cap_paths(opts.gpu, gi, ci),
+        None => Vec::new(),
+    };
+    for c in &inst_caps {
+        if !c.exists() {
+            return Err(format!(
+                "{}: no such capability node (the state directory predates MIG: use a new one)",
+                c.display()
+            ));
+        }
+    }
+    paths.extend(inst_caps.iter().cloned());
+    let others: Vec<i64> = if opts.map_all && !opts.observer && opts.mig.is_none() {
         (0..sim.spec.count as i64)
             .filter(|&g| g != opts.gpu)
             .collect()
@@ -458,7 +505,7 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
         // held, that is while this process (or a child that inherited the fd) has it open.
         rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)
             .map_err(|e| format!("flock {}: {e}", path.display()))?;
-        if !opts.observer && *path != cap {
+        if !opts.observer && *path != cap && !inst_caps.contains(path) {
             map_node(&f).map_err(|e| format!("mmap {}: {e}", path.display()))?;
         }
         files.push(f);
@@ -468,6 +515,7 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
         let (path, lock) = sim
             .allocate(
                 opts.gpu,
+                opts.mig,
                 opts.mib,
                 false,
                 (opts.unlisted_ms > 0).then(|| Duration::from_millis(opts.unlisted_ms)),
@@ -480,7 +528,7 @@ fn hold_gpu(sim: &SimBackend, opts: &HoldOpts) -> Result<Held, String> {
     };
     for &g in &others {
         let (path, lock) = sim
-            .allocate(g, FOOTPRINT_MIB, true, None)
+            .allocate(g, None, FOOTPRINT_MIB, true, None)
             .map_err(|e| e.to_string())?;
         allocs.push(path);
         footprints.push(lock);

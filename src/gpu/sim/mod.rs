@@ -7,6 +7,9 @@
 //! - `dev/nvidiaN`, `dev/nvidiactl`, `dev/nvidia-uvm`, `dev/nvidia-caps/nvidia-cap1`: the
 //!   device nodes (N is the minor); every process that opens one holds a shared `flock` on
 //!   it for as long as it has it open, which is how a reset finds the GPU in use;
+//! - `mig-minors`: the driver's list of MIG capability minors (as
+//!   `/proc/driver/nvidia-caps/mig-minors`), read through the same parser; the capability
+//!   nodes of the instances are `dev/nvidia-caps/nvidia-capM`;
 //! - `kmsg`, `faults.json`, `sys/module/nvidia_drm/parameters/modeset`: the kernel log and
 //!   the GPUs' faults (`faults`);
 //! - `alloc/*.json`: one file per allocation (GPU, MiB, creator pid). An allocation's memory is
@@ -23,6 +26,7 @@
 
 pub mod faults;
 pub mod hold;
+pub mod mig;
 pub mod stuck;
 
 use super::{Backend, DeviceNodes, DriverProc, Gpu, GpuError, MIB};
@@ -33,9 +37,16 @@ use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 
 /// The `key=value` options a `--sim` spec takes after COUNTxSIZE (`--help` lists them all).
-pub const OPTIONS: &[&str] = &["release_ms", "minors", "name", "foreign_pids"];
+pub const OPTIONS: &[&str] = &[
+    "release_ms",
+    "minors",
+    "name",
+    "foreign_pids",
+    "mig",
+    "mig_pending",
+];
 
-/// A parsed `--sim` spec: `NxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw]`.
+/// A parsed `--sim` spec: `NxSIZE[,release_ms=MS][,minors=A:B:…][,name=NAME][,foreign_pids=hidden|raw][,mig=N:PROFILES][,mig_pending=N:MODE]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimSpec {
     pub count: usize,
@@ -48,6 +59,9 @@ pub struct SimSpec {
     /// (`hidden`, what driver 580 does on H200s), or by their pid there (`raw`, which then
     /// names a pid that does not exist here).
     pub foreign_pids_raw: bool,
+    /// Each GPU's MIG state, by index (`mig=`, `mig_pending=`: see `mig`); a GPU not here
+    /// has MIG disabled.
+    pub mig: BTreeMap<usize, mig::SimMig>,
     /// The spec as given, normalised, to compare with a state directory's.
     pub canonical: String,
 }
@@ -82,8 +96,10 @@ impl SimSpec {
             minors: (0..count as u32).collect(),
             name: format!("Simulated GPU {}GB", mem_bytes / (1024 * MIB)),
             foreign_pids_raw: false,
+            mig: BTreeMap::new(),
             canonical: String::new(),
         };
+        let mut pending = Vec::new();
         for opt in parts {
             let (k, v) = opt
                 .split_once('=')
@@ -110,6 +126,16 @@ impl SimSpec {
                     s.minors = minors;
                 }
                 "name" => s.name = v.trim().to_string(),
+                "mig" => {
+                    let (gpu, m) = mig::parse_mig(v.trim(), mem_bytes).map_err(bad)?;
+                    if gpu >= count {
+                        return Err(bad(format!("mig={v:?}: no GPU {gpu} (there are {count})")));
+                    }
+                    if s.mig.insert(gpu, m).is_some() {
+                        return Err(bad(format!("mig= names GPU {gpu} twice")));
+                    }
+                }
+                "mig_pending" => pending.push(mig::parse_pending(v.trim()).map_err(bad)?),
                 "foreign_pids" => {
                     s.foreign_pids_raw = match v.trim() {
                         "hidden" => false,
@@ -124,6 +150,14 @@ impl SimSpec {
                     )))
                 }
             }
+        }
+        for (gpu, mode) in pending {
+            if gpu >= count {
+                return Err(bad(format!(
+                    "mig_pending: no GPU {gpu} (there are {count})"
+                )));
+            }
+            s.mig.entry(gpu).or_default().pending = mode;
         }
         s.canonical = spec.trim().to_string();
         Ok(s)
@@ -173,7 +207,11 @@ fn default_dir() -> PathBuf {
     }
 }
 
+/// A process as the simulated driver lists it: its pid, and its MIG instance where it has one.
+type Listed = (i32, Option<(u32, u32)>);
+
 /// The simulated driver's answer, per GPU index.
+#[derive(Default)]
 struct Usage {
     /// Memory in use (bytes).
     used: Vec<i64>,
@@ -181,6 +219,8 @@ struct Usage {
     procs: Vec<Vec<DriverProc>>,
     /// Whether a process computes there (its own memory, not a footprint or a leak).
     busy: Vec<bool>,
+    /// On a GPU in MIG mode, the memory in use per GPU instance (bytes).
+    gi_used: Vec<BTreeMap<u32, i64>>,
 }
 
 /// One allocation record, as stored in `alloc/*.json`.
@@ -203,6 +243,9 @@ pub(crate) struct Allocation {
     /// for it, as a real driver does while a context is being made.
     #[serde(default)]
     pub unlisted_until_ms: Option<u64>,
+    /// On a GPU in MIG mode, the instance it was made on: (GPU instance, compute instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<(u32, u32)>,
 }
 
 fn epoch_ms() -> u64 {
@@ -326,7 +369,18 @@ impl SimBackend {
                 "nvidia-uvm".to_string(),
                 CAP_NODE.to_string(),
             ]);
-        for name in node_names {
+        // The driver's MIG capability minors, and a node for each one its instances (and
+        // `config`, `monitor`) have.
+        let layout = super::mig::driver_layout(&self.spec.minors);
+        fs::write(dir.join("mig-minors"), &layout).map_err(|e| state_err(dir, e))?;
+        let minors = super::mig::MigMinors::parse(&layout);
+        let caps: Vec<String> = self
+            .mig_devices(&minors, &Usage::default())
+            .iter()
+            .flat_map(|(_, d)| mig::cap_nodes(d, &minors))
+            .map(|m| format!("nvidia-caps/nvidia-cap{m}"))
+            .collect();
+        for name in node_names.chain(caps) {
             // One page, so holders can map it like a CUDA context maps the real node.
             let f = File::create(dev.join(name)).map_err(|e| state_err(dir, e))?;
             f.set_len(4096).map_err(|e| state_err(dir, e))?;
@@ -354,6 +408,136 @@ impl SimBackend {
                 index,
                 count: self.spec.count,
             })
+    }
+
+    /// GPU `i`'s MIG state, where the spec gives it one.
+    pub(crate) fn mig_of(&self, i: usize) -> Option<&mig::SimMig> {
+        self.spec.mig.get(&i)
+    }
+
+    /// Every GPU in MIG mode, with its MIG devices as the driver lists them, from `usage`.
+    fn mig_devices(
+        &self,
+        minors: &super::mig::MigMinors,
+        usage: &Usage,
+    ) -> Vec<(usize, Vec<super::mig::MigDevice>)> {
+        self.spec
+            .mig
+            .iter()
+            .filter(|(_, m)| m.enabled())
+            .filter_map(|(&i, m)| {
+                let minor = *self.spec.minors.get(i)?;
+                let used = |gi: u32| {
+                    usage
+                        .gi_used
+                        .get(i)
+                        .and_then(|u| u.get(&gi).copied())
+                        .unwrap_or(0)
+                };
+                Some((i, m.devices(i as i64, minor, used, minors)))
+            })
+            .collect()
+    }
+
+    /// The MIG devices of every GPU in MIG mode, memory not read.
+    pub fn mig_instances(&self) -> Vec<super::mig::MigDevice> {
+        if !self.spec.mig.values().any(mig::SimMig::enabled) {
+            return Vec::new();
+        }
+        self.mig_devices(&self.minors_file(), &Usage::default())
+            .into_iter()
+            .flat_map(|(_, d)| d)
+            .collect()
+    }
+
+    /// The simulated driver's `mig-minors`, read through the parser the real one is read with.
+    fn minors_file(&self) -> super::mig::MigMinors {
+        super::mig::MigMinors::read(&self.dir.join("mig-minors"))
+    }
+
+    /// What a real allocation needs: on a GPU in MIG mode an instance (CUDA sees only MIG
+    /// devices there), and on any other GPU none.
+    pub(crate) fn check_instance(&self, gpu: i64, ids: Option<(u32, u32)>) -> Result<(), GpuError> {
+        let i = usize::try_from(gpu).unwrap_or(usize::MAX);
+        let mig = self.mig_of(i).filter(|m| m.enabled());
+        let bad = |why: String| Err(GpuError::BadSelector(why));
+        match (mig, ids) {
+            (None, None) => Ok(()),
+            (None, Some((gi, ci))) => bad(format!(
+                "GPU {gpu} is not in MIG mode: it has no instance {gpu}:{gi}:{ci}"
+            )),
+            (Some(_), None) => bad(format!(
+                "GPU {gpu} is in MIG mode: name one of its instances ({})",
+                self.instance_list(gpu)
+            )),
+            (Some(m), Some((gi, ci))) if m.instance(gi, ci).is_none() => bad(format!(
+                "GPU {gpu} has no MIG instance {gpu}:{gi}:{ci} (it has {})",
+                self.instance_list(gpu)
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// "0:7:0 MIG-1a2b…, 0:8:0 MIG-…", or "none".
+    fn instance_list(&self, gpu: i64) -> String {
+        let all: Vec<String> = self
+            .mig_instances()
+            .iter()
+            .filter(|d| d.gpu == gpu)
+            .map(|d| format!("{} {}", d.key(), d.uuid))
+            .collect();
+        if all.is_empty() {
+            "none".into()
+        } else {
+            all.join(", ")
+        }
+    }
+
+    /// A `sim hold --gpu` / `sim leak --gpu` target: `N`, `N:GI:CI`, `N:GI` (its only compute
+    /// instance, or its first) or a MIG UUID (or a unique prefix of one), as (GPU, instance).
+    pub fn target(&self, text: &str) -> Result<(i64, Option<(u32, u32)>), GpuError> {
+        let text = text.trim();
+        let bad = |why: String| GpuError::BadSelector(format!("{text:?}: {why}"));
+        if text.to_ascii_lowercase().starts_with("mig-") {
+            let want = text.to_ascii_lowercase();
+            let hits: Vec<super::mig::MigDevice> = self
+                .mig_instances()
+                .into_iter()
+                .filter(|d| d.uuid.to_ascii_lowercase().starts_with(&want))
+                .collect();
+            return match hits.as_slice() {
+                [d] => Ok((d.gpu, mig::ids(&d.key()))),
+                [] => Err(bad("no such MIG device".into())),
+                _ => Err(bad("matches several MIG devices".into())),
+            };
+        }
+        let nums: Result<Vec<i64>, _> = text.split(':').map(str::parse::<i64>).collect();
+        let nums = nums.map_err(|_| bad("expected N, N:GI:CI or a MIG UUID".into()))?;
+        let id = |v: i64| u32::try_from(v).map_err(|_| bad(format!("{v} is no instance id")));
+        match nums.as_slice() {
+            [g] => Ok((*g, None)),
+            [g, gi] => Ok((*g, Some((id(*gi)?, 0)))),
+            [g, gi, ci] => Ok((*g, Some((id(*gi)?, id(*ci)?)))),
+            _ => Err(bad("expected N, N:GI:CI or a MIG UUID".into())),
+        }
+    }
+
+    /// The capability nodes that grant instance `(gi, ci)` of GPU `gpu`: the GPU instance's,
+    /// then the compute instance's.
+    pub(crate) fn cap_paths(&self, gpu: i64, gi: u32, ci: u32) -> Vec<PathBuf> {
+        let Ok(minor) = self.minor(gpu) else {
+            return Vec::new();
+        };
+        let caps = self.minors_file().of_instance(minor, gi, ci);
+        caps.gi
+            .into_iter()
+            .chain(caps.ci)
+            .map(|m| {
+                self.dir
+                    .join("dev")
+                    .join(format!("nvidia-caps/nvidia-cap{m}"))
+            })
+            .collect()
     }
 
     pub(crate) fn alloc_dir(&self) -> PathBuf {
@@ -475,7 +659,8 @@ impl SimBackend {
         // A GPU computes only for a process whose own memory is there: a context's footprint
         // and memory nobody holds keep it idle, as on a real GPU.
         let mut busy = vec![false; self.spec.count];
-        let mut procs: Vec<BTreeMap<i32, i64>> = vec![BTreeMap::new(); self.spec.count];
+        let mut procs: Vec<BTreeMap<Listed, i64>> = vec![BTreeMap::new(); self.spec.count];
+        let mut gi_used: Vec<BTreeMap<u32, i64>> = vec![BTreeMap::new(); self.spec.count];
         let mut lockers = None;
         for live in self.live()? {
             let a = &live.alloc;
@@ -485,6 +670,10 @@ impl SimBackend {
             // Sizes were checked (at most 1 PiB each): saturating sums cannot wrap to "free".
             let bytes = a.mib.saturating_mul(MIB);
             used[i] = used[i].saturating_add(bytes);
+            if let Some((gi, _)) = a.mig {
+                let u = gi_used[i].entry(gi).or_default();
+                *u = u.saturating_add(bytes);
+            }
             busy[i] |= !a.leaked && !a.footprint;
             if a.leaked || a.footprint || a.unlisted_until_ms.is_some_and(|t| epoch_ms() < t) {
                 continue;
@@ -501,7 +690,9 @@ impl SimBackend {
                 self.spec.foreign_pids_raw.then_some(a.creator)
             };
             if let Some(pid) = pid {
-                let mem = procs[i].entry(pid).or_default();
+                // In MIG mode the driver lists a process on each instance it uses, with the
+                // instance's ids.
+                let mem = procs[i].entry((pid, a.mig)).or_default();
                 *mem = mem.saturating_add(bytes);
             }
         }
@@ -509,16 +700,23 @@ impl SimBackend {
             .into_iter()
             .map(|m| {
                 m.into_iter()
-                    .map(|(pid, mem)| DriverProc { pid, mem })
+                    .map(|((pid, mig), mem)| DriverProc { pid, mem, mig })
                     .collect()
             })
             .collect();
-        Ok(Usage { used, procs, busy })
+        Ok(Usage {
+            used,
+            procs,
+            busy,
+            gi_used,
+        })
     }
 
-    /// Records an allocation with no holder (`gpuloop sim leak`).
-    pub fn leak(&self, gpu: i64, mib: i64) -> Result<PathBuf, GpuError> {
+    /// Records an allocation with no holder (`gpuloop sim leak`), on an instance of a GPU in
+    /// MIG mode.
+    pub fn leak(&self, gpu: i64, mig: Option<(u32, u32)>, mib: i64) -> Result<PathBuf, GpuError> {
         self.minor(gpu)?;
+        self.check_instance(gpu, mig)?;
         self.check_size(mib)?;
         let alloc = Allocation {
             gpu,
@@ -528,6 +726,7 @@ impl SimBackend {
             leaked: true,
             footprint: false,
             unlisted_until_ms: None,
+            mig,
         };
         let path = self.alloc_dir().join(format!(
             "leak-g{gpu}-{}.json",
@@ -541,12 +740,25 @@ impl SimBackend {
         Ok(path)
     }
 
-    /// Fails as a real allocation does when `mib` more would not fit on the GPU.
-    pub(crate) fn check_capacity(&self, gpu: i64, mib: i64) -> Result<(), GpuError> {
+    /// Fails as a real allocation does when `mib` more would not fit on the GPU, or on its
+    /// MIG instance.
+    pub(crate) fn check_capacity(
+        &self,
+        gpu: i64,
+        mig: Option<(u32, u32)>,
+        mib: i64,
+    ) -> Result<(), GpuError> {
         let i = self.minor(gpu).map(|_| gpu as usize)?;
-        let used = self.usage()?.used;
-        let total_mib = self.spec.mem_bytes / MIB;
-        let free_mib = (total_mib - used.get(i).copied().unwrap_or(0) / MIB).max(0);
+        let usage = self.usage()?;
+        let (total, used) = match mig.and_then(|(gi, ci)| self.mig_of(i)?.instance(gi, ci)) {
+            Some(g) => (
+                g.mem_gib * 1024 * MIB,
+                usage.gi_used[i].get(&g.gi).copied().unwrap_or(0),
+            ),
+            None => (self.spec.mem_bytes, usage.used.get(i).copied().unwrap_or(0)),
+        };
+        let total_mib = total / MIB;
+        let free_mib = (total_mib - used / MIB).max(0);
         if mib > free_mib {
             return Err(GpuError::OutOfMemory {
                 index: gpu,
@@ -564,11 +776,13 @@ impl SimBackend {
     pub fn allocate(
         &self,
         gpu: i64,
+        mig: Option<(u32, u32)>,
         mib: i64,
         footprint: bool,
         unlisted_for: Option<std::time::Duration>,
     ) -> Result<(PathBuf, File), GpuError> {
         self.minor(gpu)?;
+        self.check_instance(gpu, mig)?;
         self.check_size(mib)?;
         let pid = std::process::id() as i32;
         let alloc = Allocation {
@@ -579,6 +793,7 @@ impl SimBackend {
             leaked: false,
             footprint,
             unlisted_until_ms: unlisted_for.map(|d| epoch_ms() + d.as_millis() as u64),
+            mig,
         };
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -900,7 +1115,19 @@ impl Backend for SimBackend {
     }
 
     fn gpus(&self) -> Result<Vec<Gpu>, GpuError> {
-        let Usage { used, procs, busy } = self.usage()?;
+        let usage = self.usage()?;
+        // The minors file is read only where a GPU is in MIG mode (most specs have none).
+        let any = self.spec.mig.values().any(mig::SimMig::enabled);
+        let mut devices: BTreeMap<usize, Vec<super::mig::MigDevice>> = match any {
+            true => self
+                .mig_devices(&self.minors_file(), &usage)
+                .into_iter()
+                .collect(),
+            false => BTreeMap::new(),
+        };
+        let Usage {
+            used, procs, busy, ..
+        } = usage;
         let faults = self.fault_state()?;
         Ok(procs
             .into_iter()
@@ -934,6 +1161,9 @@ impl Backend for SimBackend {
                 );
                 g.util = Some(if busy[i] { 100 } else { 0 });
                 g.temp_c = Some(if busy[i] { 61 } else { 34 });
+                // Every simulated GPU supports MIG, as an H100 or H200 does.
+                let m = self.mig_of(i).cloned().unwrap_or_default();
+                g.mig = Some(m.record(devices.remove(&i).unwrap_or_default()));
                 g
             })
             .collect())
@@ -974,12 +1204,20 @@ impl Backend for SimBackend {
                 node.display()
             ));
         }
-        let cap = self.dir.join("dev").join(CAP_NODE);
-        if self.in_use(&cap)? {
-            return refused(format!(
-                "a process has the MIG capability {} open; stop it first",
-                cap.display()
-            ));
+        // `config`, and the capabilities of this GPU's instances.
+        let mut caps = vec![self.dir.join("dev").join(CAP_NODE)];
+        for d in self.mig_instances().iter().filter(|d| d.gpu == index) {
+            if let Some((gi, ci)) = mig::ids(&d.key()) {
+                caps.extend(self.cap_paths(index, gi, ci));
+            }
+        }
+        for cap in caps {
+            if self.in_use(&cap)? {
+                return refused(format!(
+                    "a process has the MIG capability {} open; stop it first",
+                    cap.display()
+                ));
+            }
         }
         if self.modeset() == Some(true) {
             return refused(
@@ -1016,6 +1254,10 @@ impl Backend for SimBackend {
 
     fn drm_modeset(&self) -> Option<bool> {
         self.modeset()
+    }
+
+    fn mig_minors(&self) -> super::mig::MigMinors {
+        self.minors_file()
     }
 }
 

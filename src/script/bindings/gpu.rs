@@ -59,7 +59,11 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
          asks for: \"none\", \"gpu-reset\", \"node-reboot\", \"drain-p2p\",
          \"drain-and-reset\", \"recover-imex-domain\"), xid (its Xid events, as xids()
          gives them, without gpu and host) and log_error (why the kernel log could not be
-         read, or ()). A GPU the driver fails to read (an error, or no answer within
+         read, or ()); mig: #{current, pending} (its MIG mode, \"enabled\" or \"disabled\",
+         now and at its next reset) and instances (its MIG devices, each a GPU of its own:
+         #{gpu, gi, ci, profile, uuid, mem_total, mem_used, mem_used_mib, mem_total_mib,
+         caps: #{gi, ci}, the minors of the capability nodes that grant it}), or () on a GPU
+         without MIG. A GPU the driver fails to read (an error, or no answer within
          GPULOOP_DRIVER_TIMEOUT) makes this an error that names it; gpu(i) still reads the
          others, and diagnose() reports it as \"driver-error\" (or \"fell-off-bus\").",
         move || -> RhaiResult<Array> {
@@ -159,7 +163,9 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
         &["Array"],
         "Compute holders of every GPU: processes the driver lists or that map a GPU device node
          (orphaned workers and forked children holding inherited handles included). Maps:
-         pid, ppid, pgid, sid, start, uid, user, name, cmdline, state, role, gpus, mem (bytes
+         pid, ppid, pgid, sid, start, uid, user, name, cmdline, state, role, gpus, mig (the
+         MIG devices it holds, #{gpu, gi, ci}: those the driver lists it on and those whose
+         capability node it has open; [] off MIG), mem (bytes
          the driver counts against it), inherited (#{from, mem, mem_mib}: what it keeps alive
          of dead creators' memory, which the driver counts against their pids `from`, as a
          forked child of a crashed worker does; or ()), evidence (\"driver\", \"fd\", \"map\"), protected, host; lineage: ppid_comm (the
@@ -182,7 +188,9 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
         "holders",
         &["sel: i64 | String | Array", "Array"],
         "Compute holders of the selected GPUs: an index, a string as `--gpu` takes it (\"0,1\",
-         \"0-3\", a UUID or a unique prefix of one, a PCI bus id), or an array of those.",
+         \"0-3\", a UUID or a unique prefix of one, a PCI bus id, a MIG device as \"0:7:0\",
+         \"0:7\" or \"MIG-…\"), or an array of those. A MIG device narrows its GPU to the
+         holders of that device.",
         move |sel: Dynamic| -> RhaiResult<Array> {
             to_array(
                 &Fleet::of(&s)
@@ -215,6 +223,7 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
             job: o.job_id("job")?,
             pod: o.scope("pod")?,
             container: o.scope("container")?,
+            mig: None,
         };
         Fleet::of(s)
             .check_filter(&filter)
@@ -262,8 +271,10 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
          (#{pid, name, gpus, host} of other GPUs' processes whose CUDA context keeps a few MiB
          here), ghost_pids (pids the driver lists that are dead or not visible here), verdict and
          advice (one line to act on; it never advises a reset while a driver client is open),
-         faults (as gpu() has them) and blockers (where the advice is a reset: what would block
-         it, as reset_blockers()).
+         faults (as gpu() has them), blockers (where the advice is a reset: what would block
+         it, as reset_blockers()) and mig (a GPU in MIG mode is diagnosed per MIG device, each
+         a GPU of its own: the device, as gpu()'s mig.instances give it, with gpu its parent's
+         index and the memory, holders and verdict its own; () for a whole GPU).
          Verdicts: \"clean\"; \"held\" (compute holders); \"stuck\" (a holder asleep in the
          driver, D state: SIGKILL takes effect only when the driver call returns, or after a
          reset); \"respawning\" (a parent of a holder this session stopped started it again); \"orphaned\" (the job's launcher is gone: its
@@ -439,6 +450,7 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
                 force,
                 grace,
                 timeout,
+                mig: sel.mig.clone(),
             })
             .map_err(to_script)?;
         // A reset that did not happen, or did not bring the GPU back, is the script's error,
@@ -521,6 +533,7 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
                     force: false,
                     grace: Duration::ZERO,
                     timeout: Duration::ZERO,
+                    mig: sel.mig.clone(),
                 })
                 .map_err(to_script)?;
             let all: Vec<_> = reports.into_iter().flat_map(|r| r.blockers).collect();
