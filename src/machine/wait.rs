@@ -340,9 +340,11 @@ pub(crate) fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<St
 
 /// "GPU 2 [daemon] …", one line of a warning.
 pub(crate) fn describe_diagnosis(d: &Diagnosis) -> String {
+    // Advice quotes holders' names: shown as `crate::shown` says wherever this line goes.
+    let advice = crate::shown::shown(&d.advice);
     match d.gpu {
-        Some(g) => format!("GPU {g} [{}] {}", d.verdict, d.advice),
-        None => format!("[{}] {}", d.verdict, d.advice),
+        Some(g) => format!("GPU {g} [{}] {advice}", d.verdict),
+        None => format!("[{}] {advice}", d.verdict),
     }
 }
 

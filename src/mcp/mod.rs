@@ -243,15 +243,17 @@ impl ServerHandler for Server {
         match reply {
             Ok(reply) => {
                 // The line to quote first, then the record as JSON text for clients that
-                // show models only text; the same record as structured content.
-                let json_text = serde_json::to_string(&reply.data).unwrap_or_default();
+                // show models only text; the same record as structured content. Text blocks
+                // are shown to people as they are: the line's controls (a name another user
+                // chose) are escaped, and the JSON writes them as `\u` escapes.
+                let json_text = crate::shown::json(&reply.data, false).unwrap_or_default();
                 let mut result = if reply.failed {
                     CallToolResult::structured_error(reply.data)
                 } else {
                     CallToolResult::structured(reply.data)
                 };
                 result.content = vec![
-                    ContentBlock::text(reply.summary),
+                    ContentBlock::text(crate::shown::shown(&reply.summary).to_string()),
                     ContentBlock::text(json_text),
                 ];
                 Ok(result.into())

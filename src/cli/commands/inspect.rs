@@ -337,9 +337,10 @@ pub(super) fn top(
     let stop = s.interrupted();
     loop {
         let (gpus, holders) = frame()?;
-        // Home, the frame, then clear what an earlier, longer frame left below it.
+        // Home and a clear screen, then the frame.
+        crate::output::control(crate::output::Control::HomeAndClear);
         crate::outln!(
-            "\x1b[H\x1b[2J{}\n\n{} (every {:.1} s; Ctrl-C ends)",
+            "{}\n\n{} (every {:.1} s; Ctrl-C ends)",
             render::top(&gpus, &holders, Style::stdout()),
             crate::utc::now(),
             interval.as_secs_f64()
