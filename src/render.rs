@@ -244,8 +244,8 @@ pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
             };
             lines.push(format!(
                 "  {} {}: {ok}: {}",
-                shown(&st.action.to_string()),
-                shown(&st.target.to_string()),
+                st.action,
+                shown(&st.target),
                 shown(&st.detail)
             ));
         }

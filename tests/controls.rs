@@ -11,9 +11,10 @@ use serde_json::{json, Value};
 const COMM: &str = "\x1b[1A\u{9b}2K\u{202e}ok";
 
 /// An argv that clears the screen, homes the cursor, writes the clipboard (OSC 52), hides
-/// what follows, and rewrites the line with a fake verdict; its first 15 bytes are the comm.
+/// what follows, and puts a fake verdict on a line of its own; its first 15 bytes are the
+/// comm.
 const ARGV: &str =
-    "\x1b[2J\x1b[H\x1b]52;c;Y2xlYW4=\x07\x1b[8m\rGPU 0 clean\n\x7f\u{2066}\u{2028}\x1b[0m";
+    "\x1b[2J\x1b[H\x1b]52;c;Y2xlYW4=\x07\x1b[8m\r\nGPU 0 clean\n\x7f\u{2066}\u{2028}\x1b[0m";
 
 /// What must never be written raw, with or without colour.
 const RAW: &[&str] = &[
@@ -22,8 +23,18 @@ const RAW: &[&str] = &[
 ];
 
 /// Fails unless `out` carries none of the sequences above; without colour, no ESC at all and
-/// no control character but newlines.
+/// no control character but newlines; and no line that a name's newline began.
 fn clean(what: &str, out: &str, colour: bool) {
+    raw_free(what, out, colour);
+    assert!(
+        !out.lines().any(|l| l.starts_with("GPU 0 clean")),
+        "{what}: a fake line:\n{out}"
+    );
+}
+
+/// As `clean`, for what a script prints: its lines are the script's (a script prints text of
+/// many lines), every other control is escaped.
+fn raw_free(what: &str, out: &str, colour: bool) {
     for raw in RAW {
         assert!(!out.contains(raw), "{what}: {raw:?} written raw:\n{out:?}");
     }
@@ -37,11 +48,6 @@ fn clean(what: &str, out: &str, colour: bool) {
             .collect();
         assert!(bad.is_empty(), "{what}: {bad:?} written raw:\n{out:?}");
     }
-    // A line of its own is never made from a name's newline.
-    assert!(
-        !out.lines().any(|l| l.starts_with("GPU 0 clean")),
-        "{what}: a fake line:\n{out}"
-    );
 }
 
 fn both(what: &str, out: &Out, colour: bool) {
@@ -96,15 +102,18 @@ fn names_and_command_lines_with_terminal_controls_are_shown_escaped_everywhere()
             &["eval", "holders()[0].name"],
             &["eval", "diagnose(0)"],
             &["eval", "gpu(0).faults.xid"],
-            &["eval", script],
         ] {
             let out = run(args);
             assert!(out.code == 0 || out.code == 1, "{args:?}: {out:?}");
             both(&format!("{args:?} --color {c}"), &out, colour);
         }
+        let out = run(&["eval", script]);
+        assert_eq!(out.code, 0, "{out:?}");
+        raw_free(&format!("script --color {c}"), &out.stdout, colour);
+        raw_free(&format!("script --color {c}"), &out.stderr, colour);
         // The REPL, read from a pipe, shows its values as eval does.
         let out = sim.run_with(&["--color", c, "repl"], |cmd| {
-            cmd.write_stdin("holders(0, #{all: true})\nholders()[1].cmdline\ndiagnose(0)\n");
+            cmd.write_stdin("holders(0, #{all: true})\nholders()[1].name\ndiagnose(0)\n");
         });
         both(&format!("repl --color {c}"), &out, colour);
         // preflight's one-line reason names a foreign observer.
