@@ -379,12 +379,14 @@ impl Repl {
                         None
                     }
                     ScriptError::Exit(code) => Some(code),
+                    // An error quotes what the script met (a holder's name): its controls
+                    // are shown escaped, its lines kept.
                     ScriptError::Said(code, msg) => {
-                        crate::errln!("{msg}");
+                        crate::errln!("{}", crate::shown::text(&msg));
                         Some(code)
                     }
                     err => {
-                        crate::errln!("{}{hint}", err.message());
+                        crate::errln!("{}{hint}", crate::shown::text(&err.message()));
                         self.failed = err.exit();
                         None
                     }
