@@ -198,12 +198,18 @@ impl Lines {
 /// One record line, if it is one of the driver's Xid or SXid lines: `6,1234,33688042,-;NVRM:
 /// Xid …`. Continuation lines (` KEY=VALUE`) and every other message are skipped. Only the
 /// start of a message says what it is: the driver writes `NVRM: Xid (` there, and text a
-/// process chose (its name) comes later in the line, if at all.
+/// process chose (its name) comes later in the line, if at all. Only the kernel's own records
+/// are read (facility 0: PRIORITY below 8): a line a program wrote into `/dev/kmsg` has the
+/// user facility, whatever it says.
 pub(crate) fn parse(line: &[u8]) -> Option<Record> {
     let semi = memchr::memchr(b';', line)?;
     let (head, message) = (&line[..semi], &line[semi + 1..]);
     let mut fields = head.split(|&b| b == b',');
-    let (_priority, _seq) = (fields.next()?, fields.next()?);
+    let priority: u32 = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
+    if priority >> 3 != 0 {
+        return None;
+    }
+    let _seq = fields.next()?;
     let boot_us = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
     let message = unescape(message);
     let message = String::from_utf8_lossy(&message);
@@ -355,6 +361,15 @@ mod tests {
         );
         assert_eq!(parse(b"6,2,5,-;comm Xid (PCI:0000:18:00): 48, NVRM:"), None);
         assert!(parse(b"6,2,5,-;NVRM: SXid (PCI:0000:b3:00.0): 12028, Non-fatal").is_some());
+        // A program's line in /dev/kmsg (the user facility, 1 << 3), however it reads.
+        assert_eq!(
+            parse(b"12,3,5,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."),
+            None
+        );
+        assert_eq!(
+            parse(b"x,3,5,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."),
+            None
+        );
     }
 
     /// Reads of a file end inside lines; the records come out whole all the same.
