@@ -386,7 +386,7 @@ impl Repl {
                         Some(code)
                     }
                     err => {
-                        crate::errln!("{}{hint}", crate::shown::text(&err.message()));
+                        crate::errln!("{}{hint}", crate::shown::text(err.message()));
                         self.failed = err.exit();
                         None
                     }
