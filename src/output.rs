@@ -120,15 +120,19 @@ pub(crate) fn text(text: &str) {
     ));
 }
 
-/// Writes one of gpuloop's own terminal controls to stdout (`top`'s home and clear): the
-/// only way a control sequence other than a colour reaches it.
-pub(crate) fn control(seq: Control) {
-    bytes(seq.as_str().as_bytes());
+/// Writes one of gpuloop's own terminal controls to stdout (`top`'s home and clear), then
+/// `text` and a newline as `line` writes them, in one write: the only way a control sequence
+/// other than a colour reaches stdout.
+pub(crate) fn control(seq: Control, text: &str) {
+    let text = crate::shown::terminal(text, color_stdout());
+    write(format_args!("{}{text}\n", seq.as_str()));
 }
 
-/// Writes one of gpuloop's own terminal controls to stderr (the progress line's wipe).
-pub(crate) fn err_control(seq: Control) {
-    err_bytes(seq.as_str().as_bytes());
+/// Writes one of gpuloop's own terminal controls to stderr (the progress line's wipe), then
+/// `text` as `err` writes it, in one write.
+pub(crate) fn err_control(seq: Control, text: &str) {
+    let text = crate::shown::terminal(text, color_stderr());
+    err_bytes(format!("{}{text}", seq.as_str()).as_bytes());
 }
 
 /// The terminal controls gpuloop itself writes, each for its own reason; nothing another
@@ -218,8 +222,7 @@ impl ProgressLine {
     /// Shows `text` in place of what the line showed.
     pub(crate) fn show(&mut self, text: &str) {
         if self.tty() {
-            err_control(Control::WipeLine);
-            err(text);
+            err_control(Control::WipeLine, text);
             self.shown = true;
         }
     }
@@ -227,8 +230,7 @@ impl ProgressLine {
     /// Says `text` on a line of its own where the progress line was (show it again after).
     pub(crate) fn above(&mut self, text: &str) {
         if self.tty() {
-            err_control(Control::WipeLine);
-            err(&format!("{text}\n"));
+            err_control(Control::WipeLine, &format!("{text}\n"));
             self.shown = false;
         }
     }
@@ -236,7 +238,7 @@ impl ProgressLine {
     /// Wipes the line, if it shows anything.
     pub(crate) fn clear(&mut self) {
         if self.shown {
-            err_control(Control::WipeLine);
+            err_control(Control::WipeLine, "");
             self.shown = false;
         }
     }

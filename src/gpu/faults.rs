@@ -206,16 +206,6 @@ pub enum XidCause {
     Driver,
 }
 
-impl XidCause {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            XidCause::Application => "application",
-            XidCause::Hardware => "hardware",
-            XidCause::Driver => "driver",
-        }
-    }
-}
-
 /// One Xid (or SXid) event from the kernel log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Xid {

@@ -372,7 +372,7 @@ impl Repl {
                     ScriptError::Interrupted => {
                         // The terminal may have echoed "^C" on the line: say it on a clean one.
                         if std::io::stderr().is_terminal() {
-                            crate::output::err_control(crate::output::Control::WipeLine);
+                            crate::output::err_control(crate::output::Control::WipeLine, "");
                         }
                         crate::errln!("interrupted");
                         crate::interrupt::clear();

@@ -338,12 +338,14 @@ pub(super) fn top(
     loop {
         let (gpus, holders) = frame()?;
         // Home and a clear screen, then the frame.
-        crate::output::control(crate::output::Control::HomeAndClear);
-        crate::outln!(
-            "{}\n\n{} (every {:.1} s; Ctrl-C ends)",
-            render::top(&gpus, &holders, Style::stdout()),
-            crate::utc::now(),
-            interval.as_secs_f64()
+        crate::output::control(
+            crate::output::Control::HomeAndClear,
+            &format!(
+                "{}\n\n{} (every {:.1} s; Ctrl-C ends)",
+                render::top(&gpus, &holders, Style::stdout()),
+                crate::utc::now(),
+                interval.as_secs_f64()
+            ),
         );
         let until = std::time::Instant::now() + interval;
         while std::time::Instant::now() < until {
