@@ -244,18 +244,16 @@ impl ServerHandler for Server {
             Ok(reply) => {
                 // The line to quote first, then the record as JSON text for clients that
                 // show models only text; the same record as structured content. Text blocks
-                // are shown to people as they are: the line's controls (a name another user
-                // chose) are escaped, and the JSON writes them as `\u` escapes.
+                // are shown to people as they are: the JSON writes controls (in a name
+                // another user chose) as `\u` escapes.
                 let json_text = crate::shown::json(&reply.data, false).unwrap_or_default();
+                let line = summary_text(&reply);
                 let mut result = if reply.failed {
                     CallToolResult::structured_error(reply.data)
                 } else {
                     CallToolResult::structured(reply.data)
                 };
-                result.content = vec![
-                    ContentBlock::text(crate::shown::shown(&reply.summary).to_string()),
-                    ContentBlock::text(json_text),
-                ];
+                result.content = vec![ContentBlock::text(line), ContentBlock::text(json_text)];
                 Ok(result.into())
             }
             Err(e @ CallError::UnknownTool(_)) => {
@@ -324,4 +322,14 @@ pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<Exit, McpSe
         true => Exit::Interrupted,
         false => Exit::Success,
     })
+}
+
+/// The first text block of a result, shown to people as it is: a summary is one line, its
+/// controls (a name another user chose) escaped, newlines too; an error keeps its lines (a
+/// script's source line and caret), every other control escaped.
+fn summary_text(reply: &Reply) -> String {
+    match reply.failed {
+        true => crate::shown::text(&reply.summary).into_owned(),
+        false => crate::shown::shown(&reply.summary).to_string(),
+    }
 }
