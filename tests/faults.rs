@@ -525,3 +525,31 @@ echo "tried=$tried reused=$reused blamed=$blamed named=$named"
     // The Xid itself is still there, with the pid and the name the driver wrote.
     assert_eq!(t.field("named"), rounds as i64, "{last}\n{stdout}");
 }
+
+/// A program that may write into the kernel log (`/dev/kmsg`, or `logger --kmsg`) writes with
+/// the user facility, whatever its line says: a forged `NVRM: Xid … 79` is no Xid, and the
+/// GPU does not read as fallen off the bus. The kernel's own record (facility 0) is one.
+#[test]
+fn a_line_a_program_wrote_into_the_kernel_log_is_no_xid() {
+    use std::io::Write;
+    let sim = Sim::new("1x8G");
+    sim.xid(0, 31, None, None);
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(sim.path().join("state/kmsg"))
+        .unwrap();
+    // Priority 12: facility 1 (user) << 3, level 4, as /dev/kmsg gives a program's write.
+    writeln!(
+        log,
+        "12,9,1,-;NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    )
+    .unwrap();
+    let codes: Vec<Value> = faults(&sim, 0)["xid"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["code"].clone())
+        .collect();
+    assert_eq!(codes, [Value::from(31)], "the forged line was read");
+    assert_eq!(diagnosis(&sim, 0)["verdict"], "clean");
+}
