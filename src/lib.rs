@@ -52,6 +52,7 @@ pub mod runner;
 pub mod script;
 pub(crate) mod seconds;
 pub mod session;
+pub(crate) mod shown;
 pub(crate) mod slurm;
 pub(crate) mod stack_guard;
 pub(crate) mod timeline;

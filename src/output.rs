@@ -1,5 +1,6 @@
 //! Standard output for everything gpuloop prints: a closed pipe (`gpuloop gpus | head -1`)
-//! ends the output quietly instead of panicking, as coreutils and ripgrep do.
+//! ends the output quietly instead of panicking, as coreutils and ripgrep do; and no control
+//! character that text from another user carried reaches the terminal (`crate::shown`).
 
 use std::io::IsTerminal;
 use std::io::{ErrorKind, Write};
@@ -78,6 +79,7 @@ pub(crate) fn width() -> Option<usize> {
 /// `cat`, or stdout that is not a terminal, writes it directly, as does a pager that fails to
 /// start.
 pub(crate) fn paged(text: &str) {
+    let text = &*crate::shown::terminal(text, color_stdout());
     let rows = rustix::termios::tcgetwinsize(std::io::stdout())
         .ok()
         .map(|ws| usize::from(ws.ws_row))
@@ -106,15 +108,54 @@ pub(crate) fn paged(text: &str) {
 
 /// Writes `text` and a newline to stdout.
 pub(crate) fn line(text: &str) {
+    let text = crate::shown::terminal(text, color_stdout());
     write(format_args!("{text}\n"));
 }
 
-/// Writes `text` as it is.
+/// Writes `text` as it is, but for the controls `crate::shown::terminal` escapes.
 pub(crate) fn text(text: &str) {
-    write(format_args!("{text}"));
+    write(format_args!(
+        "{}",
+        crate::shown::terminal(text, color_stdout())
+    ));
 }
 
-/// Writes raw bytes (generated completions, man pages).
+/// Writes one of gpuloop's own terminal controls to stdout (`top`'s home and clear), then
+/// `text` and a newline as `line` writes them, in one write: the only way a control sequence
+/// other than a colour reaches stdout.
+pub(crate) fn control(seq: Control, text: &str) {
+    let text = crate::shown::terminal(text, color_stdout());
+    write(format_args!("{}{text}\n", seq.as_str()));
+}
+
+/// Writes one of gpuloop's own terminal controls to stderr (the progress line's wipe), then
+/// `text` as `err` writes it, in one write.
+pub(crate) fn err_control(seq: Control, text: &str) {
+    let text = crate::shown::terminal(text, color_stderr());
+    err_bytes(format!("{}{text}", seq.as_str()).as_bytes());
+}
+
+/// The terminal controls gpuloop itself writes, each for its own reason; nothing another
+/// user chose can be one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// Back to the line's start and erase it (`\r ESC [K`): the progress line.
+    WipeLine,
+    /// The cursor home and the screen cleared: `top`'s next frame.
+    HomeAndClear,
+}
+
+impl Control {
+    fn as_str(self) -> &'static str {
+        match self {
+            Control::WipeLine => "\r\x1b[K",
+            Control::HomeAndClear => "\x1b[H\x1b[2J",
+        }
+    }
+}
+
+/// Writes raw bytes: what gpuloop generated itself (completions, man pages) and a job's own
+/// output, which the person who started the job reads as the job wrote it.
 pub(crate) fn bytes(data: &[u8]) {
     if closed() {
         return;
@@ -142,10 +183,11 @@ pub(crate) fn closed() -> bool {
     CLOSED.load(Ordering::Relaxed)
 }
 
-/// Writes `text` to stderr as it is. A failed write is dropped: when stderr is gone
-/// (`gpuloop … 2>&1 | head -1`) there is no one left to tell, and `eprint!` would panic.
+/// Writes `text` to stderr, but for the controls `crate::shown::terminal` escapes. A failed
+/// write is dropped: when stderr is gone (`gpuloop … 2>&1 | head -1`) there is no one left to
+/// tell, and `eprint!` would panic.
 pub(crate) fn err(text: &str) {
-    err_bytes(text.as_bytes());
+    err_bytes(crate::shown::terminal(text, color_stderr()).as_bytes());
 }
 
 fn err_bytes(data: &[u8]) {
@@ -180,7 +222,7 @@ impl ProgressLine {
     /// Shows `text` in place of what the line showed.
     pub(crate) fn show(&mut self, text: &str) {
         if self.tty() {
-            err(&format!("\r\x1b[K{text}"));
+            err_control(Control::WipeLine, text);
             self.shown = true;
         }
     }
@@ -188,7 +230,7 @@ impl ProgressLine {
     /// Says `text` on a line of its own where the progress line was (show it again after).
     pub(crate) fn above(&mut self, text: &str) {
         if self.tty() {
-            err(&format!("\r\x1b[K{text}\n"));
+            err_control(Control::WipeLine, &format!("{text}\n"));
             self.shown = false;
         }
     }
@@ -196,19 +238,20 @@ impl ProgressLine {
     /// Wipes the line, if it shows anything.
     pub(crate) fn clear(&mut self) {
         if self.shown {
-            err("\r\x1b[K");
+            err_control(Control::WipeLine, "");
             self.shown = false;
         }
     }
 }
 
 /// stderr for the log (`-v`): what cannot be written is dropped, as by `err`. tracing reports
-/// a failed write of its own with `eprintln!`, which panics on a closed pipe.
+/// a failed write of its own with `eprintln!`, which panics on a closed pipe. A log line that
+/// quotes a name or a path gets the same escapes as `err` (tracing writes a line at once).
 pub(crate) struct Stderr;
 
 impl Write for Stderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        err_bytes(buf);
+        err(&String::from_utf8_lossy(buf));
         Ok(buf.len())
     }
 

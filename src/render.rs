@@ -1,6 +1,8 @@
 //! Output for people: GPU and holder tables, diagnosis, kill and run summaries, the hosts'
 //! summary, in colour only on a terminal. It knows the records, never how a script holds them
-//! (`src/script/display.rs` turns script values into these).
+//! (`src/script/display.rs` turns script values into these). Every text a record carries
+//! (names, command lines, users, pods, advice that quotes them, errors) is written through
+//! `crate::shown`: in a table through `cell`, in a line through `shown`.
 
 use crate::gpu::Gpu;
 use crate::inspect::diagnose::{Diagnosis, Verdict};
@@ -9,6 +11,7 @@ use crate::inspect::kinds::{Evidence, RunState, State};
 use crate::inspect::reset::{ResetReport, Stop};
 use crate::process::kill::KillReport;
 use crate::runner::Outcome;
+use crate::shown::shown;
 use comfy_table::{presets, Attribute, Cell, CellAlignment, Color, ContentArrangement, Table};
 
 /// Whether output gets ANSI colour, and how wide its lines may be.
@@ -93,10 +96,17 @@ fn right(t: &mut Table, cols: &[usize]) {
     }
 }
 
+/// A table cell: every cell of every table is made here, its text shown as `crate::shown`
+/// says (a name or a command line another user chose cannot move the cursor, hide a row or
+/// break the table).
+fn cell(text: impl ToString) -> Cell {
+    Cell::new(shown(&text.to_string()))
+}
+
 fn colored(text: String, color: Option<Color>, style: Style) -> Cell {
     match color {
-        Some(c) if style.color => Cell::new(text).fg(c),
-        _ => Cell::new(text),
+        Some(c) if style.color => cell(text).fg(c),
+        _ => cell(text),
     }
 }
 
@@ -151,17 +161,17 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
             None => (g.name.clone(), g.mem_used_mib.to_string()),
         };
         let mut row = vec![
-            Cell::new(g.index),
-            Cell::new(name),
+            cell(g.index),
+            cell(name),
             colored(used_mib, Some(used), style),
-            Cell::new(g.mem_total_mib),
-            Cell::new(opt(g.util)),
-            Cell::new(opt(g.temp_c)),
-            Cell::new(g.procs),
-            Cell::new(&g.bus_id),
+            cell(g.mem_total_mib),
+            cell(opt(g.util)),
+            cell(opt(g.temp_c)),
+            cell(g.procs),
+            cell(&g.bus_id),
         ];
         if hosts {
-            row.insert(0, Cell::new(&g.host));
+            row.insert(0, cell(&g.host));
         }
         t.add_row(row);
     }
@@ -174,11 +184,14 @@ pub fn gpus(gpus: &[Gpu], style: Style) -> String {
     for g in gpus {
         if let Some(e) = &g.error {
             let on = if hosts {
-                format!("{}: ", g.host)
+                format!("{}: ", shown(&g.host))
             } else {
                 String::new()
             };
-            out.push_str(&format!("\n{on}{}", style.red(&format!("error: {e}"))));
+            out.push_str(&format!(
+                "\n{on}{}",
+                style.red(&format!("error: {}", shown(e)))
+            ));
         }
     }
     out
@@ -262,7 +275,7 @@ pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
     for r in rs {
         let what = r.mig.map_or(r.gpu.to_string(), |k| k.to_string());
         let gpu = if hosts {
-            format!("GPU {}:{what}", r.host)
+            format!("GPU {}:{what}", shown(&r.host))
         } else {
             format!("GPU {what}")
         };
@@ -273,17 +286,21 @@ pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
         };
         let mut lines = Vec::new();
         if let Some(why) = &r.cannot {
-            lines.push(format!("{gpu} ({}): no reset can work: {why}", r.uuid));
+            lines.push(format!(
+                "{gpu} ({}): no reset can work: {}",
+                shown(&r.uuid),
+                shown(why)
+            ));
         }
         if r.blockers.is_empty() {
             if r.cannot.is_none() {
-                lines.push(format!("{gpu} ({}): nothing blocks {act}", r.uuid));
+                lines.push(format!("{gpu} ({}): nothing blocks {act}", shown(&r.uuid)));
             }
         } else {
             let verb = if r.dry_run { "block" } else { "blocked" };
             lines.push(format!(
                 "{gpu} ({}): {} client(s) {verb} {act}",
-                r.uuid,
+                shown(&r.uuid),
                 r.blockers.len()
             ));
             let mut t = table(&["KIND", "PID", "NAME", "USER", "STOPPED BY"], style);
@@ -295,11 +312,11 @@ pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
                     b.how.clone()
                 };
                 t.add_row(vec![
-                    Cell::new(b.kind),
-                    Cell::new(b.pid.map_or("-".into(), |p| p.to_string())),
-                    Cell::new(&b.name),
-                    Cell::new(&b.user),
-                    Cell::new(how),
+                    cell(b.kind),
+                    cell(b.pid.map_or("-".into(), |p| p.to_string())),
+                    cell(&b.name),
+                    cell(&b.user),
+                    cell(how),
                 ]);
             }
             right(&mut t, &[1]);
@@ -313,7 +330,9 @@ pub fn reset_reports(rs: &[ResetReport], style: Style) -> String {
             };
             lines.push(format!(
                 "  {} {}: {ok}: {}",
-                st.action, st.target, st.detail
+                st.action,
+                shown(&st.target),
+                shown(&st.detail)
             ));
         }
         if !r.dry_run {
@@ -372,7 +391,13 @@ pub fn holders(hs: &[Holder], style: Style) -> String {
     let rows = |cmd: &dyn Fn(&str) -> String| {
         let mut t = table(&header, style);
         for h in hs {
-            t.add_row(holder_row(h, cmd(&h.cmdline), cols, style));
+            // Cut after escaping, so that the escapes count against the room.
+            t.add_row(holder_row(
+                h,
+                cmd(&shown(&h.cmdline).to_string()),
+                cols,
+                style,
+            ));
         }
         right(&mut t, &[pid_at, mib_at]);
         trimmed(t)
@@ -440,20 +465,20 @@ fn cut(text: &str, room: usize) -> String {
 fn holder_row(h: &Holder, cmd: String, cols: Columns, style: Style) -> Vec<Cell> {
     let mut row = Vec::new();
     if cols.hosts {
-        row.push(Cell::new(&h.host));
+        row.push(cell(&h.host));
     }
-    row.extend([Cell::new(h.pid), Cell::new(parent(h)), Cell::new(&h.user)]);
+    row.extend([cell(h.pid), cell(parent(h)), cell(&h.user)]);
     if cols.jobs {
-        row.push(Cell::new(
+        row.push(cell(
             h.origin.job.map(|j| j.to_string()).unwrap_or_default(),
         ));
     }
     if cols.places {
         let p = &h.origin.place;
-        row.push(Cell::new(place_cell(p)));
+        row.push(cell(place_cell(p)));
         if cols.ids {
-            row.push(Cell::new(p.container.as_deref().unwrap_or_default()));
-            row.push(Cell::new(
+            row.push(cell(p.container.as_deref().unwrap_or_default()));
+            row.push(cell(
                 p.pod
                     .as_ref()
                     .and_then(|p| p.uid.as_deref())
@@ -462,13 +487,13 @@ fn holder_row(h: &Holder, cmd: String, cols: Columns, style: Style) -> Vec<Cell>
         }
     }
     row.extend([
-        Cell::new(crate::process::display_name(&h.name, &h.cmdline)),
-        Cell::new(gpus_cell(h)),
-        Cell::new(mib(h)),
+        cell(crate::process::display_name(&h.name, &h.cmdline)),
+        cell(gpus_cell(h)),
+        cell(mib(h)),
         colored(h.state.to_string(), state_color(h.state), style),
-        Cell::new(h.role),
-        Cell::new(Evidence::joined(&h.evidence)),
-        Cell::new(cmd),
+        cell(h.role),
+        cell(Evidence::joined(&h.evidence)),
+        cell(cmd),
     ]);
     row
 }
@@ -528,7 +553,7 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
         let holders = d
             .holders
             .iter()
-            .map(|h| format!("{}({})", h.name, h.pid))
+            .map(|h| format!("{}({})", shown(&h.name), h.pid))
             .collect::<Vec<_>>()
             .join(", ");
         // Pad before painting, so escape codes do not upset the alignment.
@@ -540,7 +565,7 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
         };
         let index = d.gpu.map_or("all".to_string(), |_| d.target());
         let gpu = if hosts {
-            format!("{}:{index}", d.host)
+            format!("{}:{index}", shown(&d.host))
         } else {
             index
         };
@@ -552,9 +577,10 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
         let head = format!("GPU {gpu}  {mib:>7} MiB  ");
         // The advice column starts after the padded verdict; long advice wraps under it.
         let indent = head.chars().count() + 17;
+        let advice = shown(&d.advice).to_string();
         let advice = match style.width {
-            Some(w) => wrap(&d.advice, w.saturating_sub(indent).max(30), indent),
-            None => d.advice.clone(),
+            Some(w) => wrap(&advice, w.saturating_sub(indent).max(30), indent),
+            None => advice,
         };
         let mut line = format!("{head}{verdict}  {advice}");
         if !holders.is_empty() && d.verdict != Verdict::Clean {
@@ -567,7 +593,11 @@ pub fn diagnoses(ds: &[Diagnosis], style: Style) -> String {
             ));
         }
         if !d.blockers.is_empty() {
-            let who: Vec<String> = d.blockers.iter().map(|b| b.label()).collect();
+            let who: Vec<String> = d
+                .blockers
+                .iter()
+                .map(|b| shown(&b.label()).to_string())
+                .collect();
             line.push_str(&format!(
                 "\n        a reset is blocked by: {}",
                 who.join(", ")
@@ -647,7 +677,7 @@ fn kill_lines(r: &KillReport, style: Style) -> Vec<String> {
             .into_iter()
             .filter(|l| l != "signalled: none")
         {
-            out.push(format!("{host}: {l}"));
+            out.push(format!("{}: {l}", shown(host)));
         }
     }
     if out.is_empty() {
@@ -667,7 +697,7 @@ fn interrupted_line(r: &KillReport, style: Style) -> String {
         r.by_host
             .iter()
             .filter(|(_, h)| !h.survivors.is_empty())
-            .map(|(host, h)| format!("{host}: {}", join(&h.survivors)))
+            .map(|(host, h)| format!("{}: {}", shown(host), join(&h.survivors)))
             .collect::<Vec<_>>()
             .join("; ")
     };
@@ -693,10 +723,8 @@ fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
             // the words come).
             .map(|k| {
                 let words = k.reason.to_string();
-                match words.strip_prefix(&format!("pid {pid} ")) {
-                    Some(rest) => rest.to_string(),
-                    None => words,
-                }
+                let words = words.strip_prefix(&format!("pid {pid} ")).unwrap_or(&words);
+                shown(words).to_string()
             })
     };
     if r.dry_run {
@@ -710,13 +738,18 @@ fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
                 header = Some(&t.signal);
             }
             let why = at_once(t.pid).map_or(String::new(), |w| format!(": {w}"));
-            out.push(format!("  {} ({}){}{why}", t.pid, t.name, on(&t.gpus)));
+            out.push(format!(
+                "  {} ({}){}{why}",
+                t.pid,
+                shown(&t.name),
+                on(&t.gpus)
+            ));
         }
     } else if r.targets.is_empty() {
         out.push("signalled: none".to_string());
     }
     for t in r.targets.iter().filter(|_| !r.dry_run) {
-        let who = format!("{} ({}){}", t.pid, t.name, on(&t.gpus));
+        let who = format!("{} ({}){}", t.pid, shown(&t.name), on(&t.gpus));
         if let Some(why) = at_once(t.pid) {
             out.push(match t.exit_ms {
                 Some(_) => format!("{who} {why}, gone after {}", secs(t.exit_ms)),
@@ -746,22 +779,32 @@ fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
         .iter()
         .filter(|k| !r.dry_run && !r.targets.iter().any(|t| t.pid == k.pid))
     {
-        out.push(format!("KILL at once {}: {}", k.pid, k.reason));
+        out.push(format!(
+            "KILL at once {}: {}",
+            k.pid,
+            shown(&k.reason.to_string())
+        ));
     }
     for s in r.stuck.iter().filter(|_| !r.dry_run) {
         out.push(style.red(&format!(
             "stuck {} ({}): in the kernel or the driver (D state, wchan {}); it goes when that call returns; if it never does, reboot the node (a GPU reset fails while it has the device open)",
-            s.pid, s.name, s.wchan
+            s.pid,
+            shown(&s.name),
+            shown(&s.wchan)
         )));
     }
     for s in &r.skipped {
-        out.push(format!("skipped {}: {}", s.pid, s.reason));
+        out.push(format!(
+            "skipped {}: {}",
+            s.pid,
+            shown(&s.reason.to_string())
+        ));
     }
     for p in &r.restarters {
-        out.push(style.red(&p.describe()));
+        out.push(style.red(&shown(&p.describe()).to_string()));
     }
     for e in &r.errors {
-        out.push(style.red(&format!("error {}: {}", e.pid, e.error)));
+        out.push(style.red(&format!("error {}: {}", e.pid, shown(&e.error))));
     }
     out
 }
@@ -793,7 +836,7 @@ pub fn top(gpus: &[Gpu], holders: &[Holder], style: Style) -> String {
             g.index.to_string()
         };
         let memory = match &g.error {
-            Some(e) => format!("? ({})", cut(e, 40)),
+            Some(e) => format!("? ({})", cut(&shown(e).to_string(), 40)),
             None => format!("{} / {}", g.mem_used_mib, g.mem_total_mib),
         };
         let used = if g.mem_used_mib > 0 || g.error.is_some() {
@@ -809,27 +852,27 @@ pub fn top(gpus: &[Gpu], holders: &[Holder], style: Style) -> String {
         let first = on.first();
         let holder_cells = |h: Option<&&Holder>| match h {
             Some(h) => vec![
-                Cell::new(format!(
+                cell(format!(
                     "{} {}",
                     h.pid,
                     crate::process::display_name(&h.name, &h.cmdline)
                 )),
-                Cell::new(&h.user),
-                Cell::new(mib(h)),
+                cell(&h.user),
+                cell(mib(h)),
                 colored(h.state.to_string(), state_color(h.state), style),
             ],
-            None => vec![Cell::new("-"), Cell::new(""), Cell::new(""), Cell::new("")],
+            None => vec![cell("-"), cell(""), cell(""), cell("")],
         };
         let mut row = vec![
-            Cell::new(gpu),
-            Cell::new(opt(g.util)),
+            cell(gpu),
+            cell(opt(g.util)),
             colored(memory, Some(used), style),
-            Cell::new(opt(g.temp_c)),
+            cell(opt(g.temp_c)),
         ];
         row.extend(holder_cells(first));
         t.add_row(row);
         for h in on.iter().skip(1) {
-            let mut row = vec![Cell::new(""), Cell::new(""), Cell::new(""), Cell::new("")];
+            let mut row = vec![cell(""), cell(""), cell(""), cell("")];
             row.extend(holder_cells(Some(h)));
             t.add_row(row);
         }
@@ -1021,7 +1064,12 @@ pub(crate) struct HostRow {
 impl HostRow {
     /// The row alone, as it is said when its host answers (`gpu03  clean  8 GPUs clean`).
     pub(crate) fn line(&self) -> String {
-        format!("{}  {}  {}", self.host, self.state, self.detail)
+        format!(
+            "{}  {}  {}",
+            shown(&self.host),
+            self.state,
+            shown(&self.detail)
+        )
     }
 
     /// Whether this host is as it should be (the exit code is 0 only when all are).
@@ -1054,9 +1102,9 @@ pub(crate) fn host_summary(rows: &[HostRow], style: Style) -> String {
             Color::Red
         };
         t.add_row(vec![
-            Cell::new(crate::hosts::fold::compress(hosts)),
+            cell(crate::hosts::fold::compress(hosts)),
             colored(state.to_string(), Some(color), style),
-            Cell::new(detail),
+            cell(detail),
         ]);
     }
     format!("{}\n{}", trimmed(t), host_counts(rows))
@@ -1082,7 +1130,10 @@ pub(crate) fn host_counts(rows: &[HostRow]) -> String {
         out.push_str(&format!("{} {state}", hosts.len()));
         listed = !good;
         if listed {
-            out.push_str(&format!(": {}", crate::hosts::fold::compress(hosts)));
+            out.push_str(&format!(
+                ": {}",
+                shown(&crate::hosts::fold::compress(hosts))
+            ));
         }
     }
     out

@@ -549,3 +549,121 @@ fn a_kernel_log_that_cannot_be_read_is_said_not_hidden() {
     assert_eq!(f["xid"], serde_json::json!([]));
     assert_eq!(f["ecc"]["uncorrected"], 0, "the rest is read all the same");
 }
+
+/// A process names itself (prctl, 15 bytes of anything but NUL) `x, pid=VICTIM`, then faults:
+/// the driver writes `pid=ATTACKER, name=x, pid=VICTIM, …`. The pid is the field the kernel
+/// writes before the name: the Xid names the attacker, and diagnose blames the attacker (it
+/// has that pid, that comm, and started before the event), never the victim, another holder
+/// of the same GPU. Before, every `pid=` of the line was read and the last one won.
+#[test]
+fn an_xid_names_the_pid_the_kernel_wrote_not_one_inside_the_name() {
+    let sim = Sim::new("2x8G");
+    let victim = sim.hold(&["--gpu", "1", "--mib", "64"])[0];
+    let name = format!("x, pid={victim}");
+    let attacker = sim.hold(&["--gpu", "1", "--mib", "64", "--name", &name])[0];
+    sim.xid(1, 31, Some(attacker), Some(&name));
+    let x = &faults(&sim, 1)["xid"][0];
+    assert_eq!(x["pid"], attacker as i64, "{x}");
+    let d = diagnosis(&sim, 1);
+    let a = advice(&d);
+    assert!(
+        !a.contains(&format!("names holder {victim} ")),
+        "the victim is blamed: {a}"
+    );
+    assert!(
+        a.contains(&format!("names holder {attacker} ({name})")),
+        "{a}"
+    );
+}
+
+/// The driver names the process that opened the GPU, with the name it had then. That process
+/// (`trainer`) exits while a forked child keeps its context; its pid goes to another user's
+/// job (`python3`), which holds the same GPU and started before the child's Xid. The Xid's
+/// pid is now that job's, its name is not: the job is not blamed. Pid reuse is forced with
+/// `ns_last_pid` in a PID namespace of the test's own; before, a holder at the pid that
+/// started in the same second or earlier was named.
+#[test]
+#[ignore = "needs root for a private PID namespace: bash .ci/run runs it as root (--include-ignored)"]
+fn an_xid_blames_no_process_that_has_its_pid_but_not_its_name() {
+    const REUSE: &str = r#"
+set -u
+B="$GPULOOP_BIN"; ROUNDS="$REUSE_ROUNDS"
+tried=0; reused=0; blamed=0; named=0
+tick() { n=$((n + 1)); [ $n -lt 6000 ] || { echo "gave up waiting: $1"; exit 4; }; sleep 0.005; }
+gone() { n=0; while [ -e /proc/$1 ]; do tick "pid $1 to go"; done; }
+# A holder in the foreground: its pid is the one the shell starts, and it has printed its pid
+# once it holds.
+hold() {
+  "$B" sim hold --foreground --gpu 1 --mib 8 "$@" > "$TMPD/fg" & h=$!
+  n=0; until [ -s "$TMPD/fg" ] || ! [ -e /proc/$h ]; do tick "holder $h to start"; done
+}
+for r in $(seq "$ROUNDS"); do
+  hold --name trainer; a=$h
+  kill -9 "$a"; gone "$a"
+  echo $((a - 1)) > /proc/sys/kernel/ns_last_pid
+  hold; p=$h
+  tried=$((tried + 1)); [ "$p" = "$a" ] && reused=$((reused + 1))
+  # The job's start tick has ended before the Xid is logged (/proc/uptime counts the same
+  # clock in hundredths).
+  start=$(awk '{print $22}' /proc/$p/stat)
+  n=0; until [ "$(awk '{sub(/\./, "", $1); print $1 + 0}' /proc/uptime)" -gt $((start + 1)) ]; do tick "a tick"; done
+  "$B" sim fault --gpu 1 --xid 31 --pid "$a" --name trainer > /dev/null
+  "$B" --json diagnose --gpu 1 > "$TMPD/diag" 2>&1
+  grep -q "names holder $p " "$TMPD/diag" && { blamed=$((blamed + 1)); echo "BLAMED round $r: pid $p"; cat "$TMPD/diag"; }
+  grep -q "\"pid\": $a," "$TMPD/diag" && grep -q '"name": "trainer"' "$TMPD/diag" && named=$((named + 1))
+  kill -9 "$p"; gone "$p"
+done
+echo "tried=$tried reused=$reused blamed=$blamed named=$named"
+"#;
+    require_pid_reuse();
+    let sim = Sim::new("2x8G");
+    let rounds = 5;
+    let t = forced_reuse(&sim, "xid_reuse.sh", REUSE, 1, rounds);
+    let (last, stdout) = (&t.last, &t.stdout);
+    assert_eq!(
+        t.field("tried"),
+        rounds as i64,
+        "{last}\n{stdout}{}",
+        t.stderr
+    );
+    assert_eq!(
+        t.field("reused"),
+        rounds as i64,
+        "every pid was reused: {last}"
+    );
+    assert_eq!(
+        t.field("blamed"),
+        0,
+        "a job at a reused pid was blamed:\n{stdout}"
+    );
+    // The Xid itself is still there, with the pid and the name the driver wrote.
+    assert_eq!(t.field("named"), rounds as i64, "{last}\n{stdout}");
+}
+
+/// A program that may write into the kernel log (`/dev/kmsg`, or `logger --kmsg`) writes with
+/// the user facility, whatever its line says: a forged `NVRM: Xid … 79` is no Xid, and the
+/// GPU does not read as fallen off the bus. The kernel's own record (facility 0) is one.
+#[test]
+fn a_line_a_program_wrote_into_the_kernel_log_is_no_xid() {
+    use std::io::Write;
+    let sim = Sim::new("1x8G");
+    sim.xid(0, 31, None, None);
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(sim.path().join("state/kmsg"))
+        .unwrap();
+    // Priority 12: facility 1 (user) << 3, level 4, as /dev/kmsg gives a program's write.
+    writeln!(
+        log,
+        "12,9,1,-;NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    )
+    .unwrap();
+    let codes: Vec<Value> = faults(&sim, 0)["xid"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["code"].clone())
+        .collect();
+    assert_eq!(codes, [Value::from(31)], "the forged line was read");
+    assert_eq!(diagnosis(&sim, 0)["verdict"], "clean");
+}

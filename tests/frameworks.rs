@@ -549,6 +549,66 @@ fn frameworks_preflight_checks_xid_events_and_persistence_mode() {
     );
 }
 
+/// One user's buggy kernel must not fail or drain the next jobs on the node: an Xid that
+/// NVIDIA's catalog says is the application's own (13, 31, 43, 45: its `cause` is
+/// "application", the GPU stays usable) is a note on preflight's ok line, exit 0. A hardware
+/// Xid (94, a contained ECC error, whose immediate action is only to restart the
+/// application), a driver Xid (119) and a code the catalog lacks fail it. Before, any Xid in
+/// the window failed the GPU for an hour.
+#[test]
+fn frameworks_preflight_fails_only_on_xids_that_leave_the_gpu_unfit() {
+    let sim = Sim::new("4x8G");
+    let buggy = sim.hold(&["--gpu", "0", "--mib", "64"])[0];
+    for code in [13, 31, 43, 45] {
+        sim.xid(0, code, Some(buggy), None);
+    }
+    sim.run(&["kill", &buggy.to_string()]).ok();
+    let out = sim.run(&["run", "preflight", "--gpu", "0"]).ok();
+    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
+    assert!(
+        out.stdout.starts_with(
+            "preflight: ok: GPU 0: clean, no recent Xid that leaves a GPU unfit, persistence on, no foreign observers; GPU 0 had Xid 13 "
+        ),
+        "{}",
+        out.stdout
+    );
+    let notes = ["13", "31", "43", "45"].map(|code| format!("GPU 0 had Xid {code} "));
+    for want in notes
+        .iter()
+        .map(String::as_str)
+        .chain(["the application's own"])
+    {
+        assert!(out.stdout.contains(want), "{want}: {}", out.stdout);
+    }
+    let quiet = sim.run(&["run", "preflight", "--gpu", "0", "--quiet"]).ok();
+    assert!(quiet.stdout.is_empty(), "{}", quiet.stdout);
+    for (gpu, code, what) in [
+        (1, 94, "contained ECC error"),
+        (2, 119, "(GSP)"),
+        (3, 999, "simulated"),
+    ] {
+        sim.xid(gpu, code, None, None);
+        let out = sim
+            .run(&["run", "preflight", "--gpu", &gpu.to_string()])
+            .code(1);
+        assert!(
+            out.stderr
+                .starts_with(&format!("preflight: GPU {gpu} had Xid {code} "))
+                && out.stderr.contains(what),
+            "{code}: {}",
+            out.stderr
+        );
+    }
+    // An application's Xid beside a hardware one on the same GPU still fails it.
+    sim.xid(0, 48, None, None);
+    let out = sim.run(&["run", "preflight", "--gpu", "0"]).code(1);
+    assert!(
+        out.stderr.starts_with("preflight: GPU 0 had Xid 48 "),
+        "{}",
+        out.stderr
+    );
+}
+
 /// Issue 37, item 3: `patch-and-rerun --patch fix.diff --attempts N -- CMD` applies the
 /// patch, cleans the job's GPUs before each attempt, runs until one succeeds and prints the
 /// table; when every attempt fails it reverts the patch it applied.

@@ -6,6 +6,7 @@ mod support;
 mod churn;
 mod cli;
 mod containers;
+mod controls;
 mod daemons;
 mod diagnose;
 mod doc;

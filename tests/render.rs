@@ -370,3 +370,139 @@ fn holder_table_fits_the_terminal_and_diagnosis_advice_wraps_between_words() {
     assert!(advice.contains("(gpuloop kill --gpu 1)"), "{advice}");
     insta::assert_snapshot!(format!("{table}\n\n{advice}"));
 }
+
+/// Every text a record carries that another user or process chose (a comm, a command line, a
+/// user, the parent's name, a systemd unit, a container's and a pod's names and ids, a
+/// host's name, advice and reasons that quote them, errors) is drawn by every renderer with
+/// its controls shown escaped: none of the sequences is written raw, with or without colour
+/// and at any width, and no newline in a name starts a line of its own.
+#[test]
+fn every_text_of_every_record_is_drawn_with_its_controls_escaped() {
+    use gpuloop::inspect::reset::{Blocker, BlockerKind, ResetReport, Step, StepKind, Stop};
+    use gpuloop::process::container::{Place, Pod};
+    const EVIL: &str = "\x1b[2J\x1b]52;c;eA==\x07\u{9b}1A\u{202e}\r\nFAKE\x1b[8m\x7f";
+    let evil = |what: &str| format!("{what}{EVIL}");
+    let mut h = holder(4242, vec![0, 1], "running", &evil("python3 train.py "));
+    h.name = evil("py");
+    h.user = evil("u");
+    h.host = evil("node");
+    h.origin.ppid_comm = evil("bash");
+    h.origin.ppid_name = evil("launcher");
+    h.origin.service = Some(evil("unit"));
+    h.origin.service_main = true;
+    h.origin.job = Some(812);
+    h.origin.place = Place {
+        container: Some(evil("3839ae72")),
+        container_name: Some(evil("vllm")),
+        runtime: None,
+        container_deleted: true,
+        pod: Some(Pod {
+            namespace: Some(evil("ml")),
+            name: Some(evil("trainer")),
+            uid: Some(evil("1a2b")),
+            container: Some(evil("main")),
+            deleted: true,
+        }),
+    };
+    let mut other = h.clone();
+    other.pid = 4243;
+    other.origin.service_main = false;
+    other.origin.reparented = true;
+    other.origin.place.pod = None;
+    let hs = vec![h.clone(), other];
+    let mut gs = gpus();
+    gs[1].name = evil("H200");
+    gs[1].host = evil("node");
+    gs[1].bus_id = evil("bus");
+    gs[2].error = Some(evil("GPU 2: "));
+    let mut ds = diagnoses();
+    ds[1].holders = hs.clone();
+    ds[1].advice = evil("advice ");
+    ds[1].host = evil("node");
+    let mut kr = kill_report();
+    for t in &mut kr.targets {
+        t.name = evil("t");
+    }
+    kr.skipped[0].reason = evil("skip ").as_str().into();
+    kr.killed_at_once[0].reason = evil("pid 4244 ").as_str().into();
+    kr.errors[0].error = evil("error ");
+    kr.stuck[0].name = evil("stuck");
+    kr.stuck[0].wchan = evil("wchan");
+    for r in &mut kr.restarters {
+        r.name = evil("restarter");
+    }
+    let mut dry = kr.clone();
+    dry.dry_run = true;
+    let mut hosts = kr.clone();
+    hosts.by_host = [(evil("node"), kr.clone())].into_iter().collect();
+    let reset = ResetReport {
+        gpu: 0,
+        uuid: evil("GPU-"),
+        dry_run: false,
+        blockers: vec![Blocker {
+            kind: BlockerKind::Observer,
+            pid: Some(4242),
+            start: Some(1),
+            pidfs_ino: None,
+            name: evil("smi"),
+            cmdline: evil("nvidia-smi "),
+            user: evil("u"),
+            protected: false,
+            service: Some(evil("unit")),
+            user_unit: false,
+            caps: false,
+            mig: Vec::new(),
+            stop: Stop::Signal,
+            how: evil("kill 4242 "),
+            host: evil("node"),
+        }],
+        steps: vec![Step {
+            action: StepKind::Stop,
+            target: evil("4242 "),
+            ok: false,
+            detail: evil("detail "),
+        }],
+        reset: false,
+        verified: false,
+        ok: false,
+        cannot: Some(evil("off the bus ")),
+        mig: None,
+        host: evil("node"),
+    };
+    let mut dry_reset = reset.clone();
+    dry_reset.dry_run = true;
+    let wide = Style { ids: true, ..COLOR };
+    for style in [Style::PLAIN, COLOR, NARROW, wide] {
+        for (what, out) in [
+            ("gpus", render::gpus(&gs, style)),
+            ("holders", render::holders(&hs, style)),
+            ("diagnoses", render::diagnoses(&ds, style)),
+            ("kill", render::kill_report(&kr, style)),
+            ("dry run", render::kill_report(&dry, style)),
+            ("over hosts", render::kill_report(&hosts, style)),
+            ("top", render::top(&gs, &hs, style)),
+            (
+                "reset",
+                render::reset_reports(std::slice::from_ref(&reset), style),
+            ),
+            (
+                "dry reset",
+                render::reset_reports(std::slice::from_ref(&dry_reset), style),
+            ),
+            ("script value", display::value(&script(&hs), style)),
+        ] {
+            for raw in [
+                "\x1b[2J", "\x1b]", "\x07", "\u{9b}", "\u{202e}", "\r", "\x1b[8m", "\x7f",
+            ] {
+                assert!(!out.contains(raw), "{what}: {raw:?} written raw:\n{out:?}");
+            }
+            assert!(
+                !out.lines().any(|l| l.trim_start().starts_with("FAKE")),
+                "{what}: a name's newline began a line:\n{out}"
+            );
+            if !style.color {
+                assert!(!out.contains('\x1b'), "{what}: {out:?}");
+            }
+        }
+    }
+}

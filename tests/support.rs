@@ -186,6 +186,21 @@ impl Sim {
         self.run(&["--json", "gpus"]).ok().json()
     }
 
+    /// The simulated driver logs Xid `code` on `gpu`, naming `pid` (and `name`, else that
+    /// process's comm) where given: `gpuloop sim fault --xid`.
+    pub fn xid(&self, gpu: usize, code: i64, pid: Option<i32>, name: Option<&str>) {
+        let (gpu, code) = (gpu.to_string(), code.to_string());
+        let pid = pid.map(|p| p.to_string());
+        let mut args = vec!["sim", "fault", "--gpu", &gpu, "--xid", &code];
+        if let Some(pid) = &pid {
+            args.extend(["--pid", pid]);
+        }
+        if let Some(name) = name {
+            args.extend(["--name", name]);
+        }
+        self.run(&args).ok();
+    }
+
     pub fn used_mib(&self, gpu: usize) -> i64 {
         self.gpus()[gpu]["mem_used_mib"].as_i64().unwrap()
     }

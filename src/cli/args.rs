@@ -905,7 +905,10 @@ pub enum SimCmd {
         /// The pid the Xid names.
         #[arg(long, requires = "xid")]
         pid: Option<i64>,
-        /// The process name the Xid names.
+        /// The process name in the Xid (else --pid's comm).
+        ///
+        /// Cut to 15 bytes, as a comm is. Without it, the comm of the --pid process now, as
+        /// the driver names the process that opened the GPU.
         #[arg(long, requires = "xid")]
         name: Option<String>,
         /// The Xid's message after its code.

@@ -446,6 +446,9 @@ fn init_logs(verbose: u8) {
 /// JSON on both streams).
 fn report(e: &Error, json: bool) {
     let msg = e.to_string();
+    // An error may quote what other users chose (a process's name, a path): its controls are
+    // shown escaped, its lines (a script's source line and caret) kept.
+    let msg = crate::shown::text(&msg);
     if !msg.is_empty() {
         if json {
             json_error(&msg);
@@ -459,7 +462,8 @@ fn report(e: &Error, json: bool) {
 
 fn json_error(msg: &str) {
     let msg = msg.trim_end().trim_start_matches("error: ");
-    crate::errln!("{}", serde_json::json!({ "error": msg }));
+    let error = serde_json::json!({ "error": msg });
+    crate::errln!("{}", crate::shown::json(&error, false).unwrap_or_default());
 }
 
 #[cfg(test)]

@@ -190,6 +190,22 @@ impl XidAction {
     }
 }
 
+/// What NVIDIA's Xid catalog says an Xid comes from, as far as the GPU is concerned: the
+/// application's own fault leaves the GPU fit for the next job; a hardware or a driver
+/// (firmware) error does not until it is looked at, reset or rebooted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum XidCause {
+    /// The application's own fault (a bad address, an illegal instruction, a timeout of its
+    /// kernel), or the cleanup after one: the GPU stays usable.
+    Application,
+    /// The GPU's memory, links or bus: ECC errors, remaps, NVLink, fallen off the bus.
+    Hardware,
+    /// The driver or the GPU's firmware (its micro-controllers, the GSP), or the driver's
+    /// own recovery action changing.
+    Driver,
+}
+
 /// One Xid (or SXid) event from the kernel log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Xid {
@@ -197,8 +213,12 @@ pub struct Xid {
     pub code: i64,
     /// When the kernel logged it, in seconds since the epoch (as `now()`).
     pub time: f64,
-    /// The process the driver names, where it names one.
+    /// The process the driver names, where it names one: the pid field the kernel writes
+    /// before the name, never anything inside the name.
     pub pid: Option<i64>,
+    /// The name the driver gives that process (its comm when it opened the GPU, at most 15
+    /// bytes, which may hold anything but NUL, commas and `pid=` included): a claim of the
+    /// process itself, read up to the first `, `.
     pub name: Option<String>,
     /// The driver's message.
     pub text: String,
@@ -208,6 +228,10 @@ pub struct Xid {
     pub meaning: Option<String>,
     /// What the catalog says to do first.
     pub action: Option<XidAction>,
+    /// What the catalog says it comes from (`()` for a code not in gpuloop's table, and from
+    /// an older gpuloop).
+    #[serde(default)]
+    pub cause: Option<XidCause>,
     /// Microseconds since boot: to tell whether a process that has the pid now is the one
     /// the driver named (it started before the event).
     #[serde(skip)]
@@ -232,6 +256,19 @@ impl Xid {
     pub(crate) fn needs(&self) -> Needs {
         self.action.map_or(Needs::Nothing, XidAction::needs)
     }
+
+    /// Whether the driver wrote `comm` as the name of the process this event names: the
+    /// text after the kernel's `name=` is that name and then `, ` (or the line's end). The
+    /// name may hold `, ` itself, so it is matched whole against a process's own comm, never
+    /// cut out of the line.
+    pub(crate) fn names(&self, comm: &str) -> bool {
+        let Some(after) = fields(&self.text).and_then(|f| f.after_name) else {
+            return false;
+        };
+        after
+            .strip_prefix(comm)
+            .is_some_and(|rest| rest == "," || rest.starts_with(", "))
+    }
 }
 
 /// One line of NVIDIA's Xid catalog, in gpuloop's own words.
@@ -239,6 +276,8 @@ pub(crate) struct Entry {
     pub code: i64,
     /// What happened.
     pub meaning: &'static str,
+    /// What it comes from: the application's fault, or one the GPU keeps.
+    pub cause: XidCause,
     /// What to do first.
     pub action: XidAction,
     /// What to look at, beyond the action.
@@ -246,131 +285,153 @@ pub(crate) struct Entry {
 }
 
 /// The Xids GPU engineers meet most, after NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors):
-/// its immediate action, and the investigation it points to.
+/// what it comes from (the catalog's possible causes, and its immediate action: RESTART_APP
+/// for the application's own faults), its immediate action, and the investigation it points to.
 const CATALOG: &[Entry] = &[
     Entry {
         code: 8,
         meaning: "the GPU stopped processing (a channel timed out)",
+        cause: XidCause::Application,
         action: XidAction::RestartApp,
         advice: "restart the application; if it recurs on this GPU, run its diagnostics",
     },
     Entry {
         code: 13,
         meaning: "graphics engine exception: usually an out-of-range access or an illegal instruction in a kernel",
+        cause: XidCause::Application,
         action: XidAction::RestartApp,
         advice: "debug the kernel (compute-sanitizer); if other applications hit it on this GPU, suspect the hardware",
     },
     Entry {
         code: 31,
         meaning: "GPU memory page fault (MMU fault): a kernel touched an address it does not own",
+        cause: XidCause::Application,
         action: XidAction::RestartApp,
         advice: "a memory fault in the application's kernel (compute-sanitizer finds it); the GPU itself is fine",
     },
     Entry {
         code: 43,
         meaning: "the GPU stopped a channel that faulted: the application's error, its context is gone",
+        cause: XidCause::Application,
         action: XidAction::RestartApp,
         advice: "restart the application; the GPU stays usable",
     },
     Entry {
         code: 45,
         meaning: "preemptive cleanup after an earlier error (a context killed, or the application ended)",
+        cause: XidCause::Application,
         action: XidAction::None,
         advice: "look at the Xid logged before it on this GPU: that is the cause",
     },
     Entry {
         code: 48,
         meaning: "double-bit ECC error: memory returned data it could not correct",
+        cause: XidCause::Hardware,
         action: XidAction::ResetGpu,
         advice: "reset the GPU (that retires the page or remaps the row); if it recurs, have the GPU serviced",
     },
     Entry {
         code: 61,
         meaning: "internal micro-controller breakpoint or warning",
+        cause: XidCause::Driver,
         action: XidAction::ResetGpu,
         advice: "reset the GPU; report it to NVIDIA if it recurs",
     },
     Entry {
         code: 62,
         meaning: "internal micro-controller halted",
+        cause: XidCause::Driver,
         action: XidAction::ResetGpu,
         advice: "reset the GPU; report it to NVIDIA if it recurs",
     },
     Entry {
         code: 63,
         meaning: "ECC page retirement or row remap recorded: it takes effect at the next GPU reset",
+        cause: XidCause::Hardware,
         action: XidAction::ResetGpu,
         advice: "reset the GPU when it is idle, to apply the remap",
     },
     Entry {
         code: 64,
         meaning: "ECC page retirement or row remap failed to be recorded",
+        cause: XidCause::Hardware,
         action: XidAction::ResetGpu,
         advice: "reset the GPU; if remapping keeps failing, have the GPU serviced",
     },
     Entry {
         code: 69,
         meaning: "graphics engine class error: the application sent the GPU an invalid command",
+        cause: XidCause::Application,
         action: XidAction::RestartApp,
         advice: "restart the application",
     },
     Entry {
         code: 74,
         meaning: "NVLink error",
+        cause: XidCause::Hardware,
         action: XidAction::ResetGpu,
         advice: "reset the GPU (with its NVLink peers); if it recurs, check the links and have them serviced",
     },
     Entry {
         code: 79,
         meaning: "the GPU fell off the bus: the host can no longer reach it",
+        cause: XidCause::Hardware,
         action: XidAction::RebootNode,
         advice: "reboot the node; if it recurs, check the GPU's seating, power and cooling",
     },
     Entry {
         code: 92,
         meaning: "high single-bit ECC error rate (corrected)",
+        cause: XidCause::Hardware,
         action: XidAction::None,
         advice: "nothing now; if the rate stays high, have the GPU checked",
     },
     Entry {
         code: 94,
         meaning: "contained ECC error: only the application that touched the memory was stopped",
+        cause: XidCause::Hardware,
         action: XidAction::RestartApp,
         advice: "restart the application; reset the GPU when it is idle to remap the row",
     },
     Entry {
         code: 95,
         meaning: "uncontained ECC error: every application on the GPU may be affected",
+        cause: XidCause::Hardware,
         action: XidAction::ResetGpu,
         advice: "stop everything on the GPU and reset it (that remaps the row); if it recurs, have it serviced",
     },
     Entry {
         code: 109,
         meaning: "context switch timeout",
+        cause: XidCause::Application,
         action: XidAction::RestartApp,
         advice: "restart the application; if it recurs, reset the GPU",
     },
     Entry {
         code: 119,
         meaning: "the GPU's system processor (GSP) did not answer the driver in time",
+        cause: XidCause::Driver,
         action: XidAction::ResetGpu,
         advice: "reset the GPU; if it recurs, update the driver or report it to NVIDIA",
     },
     Entry {
         code: 120,
         meaning: "error in the GPU's system processor (GSP)",
+        cause: XidCause::Driver,
         action: XidAction::ResetGpu,
         advice: "reset the GPU; if it recurs, update the driver or report it to NVIDIA",
     },
     Entry {
         code: 140,
         meaning: "unrecovered ECC error",
+        cause: XidCause::Hardware,
         action: XidAction::ResetGpu,
         advice: "reset the GPU; if it recurs, have it serviced",
     },
     Entry {
         code: 154,
         meaning: "the driver changed the GPU's recovery action (its message says which)",
+        cause: XidCause::Driver,
         action: XidAction::None,
         advice: "do what the message asks: a GPU reset, or a node reboot",
     },
@@ -438,56 +499,112 @@ impl Pci {
     }
 }
 
-/// An Xid line read: `NVRM: Xid (PCI:0000:00:06): 31, pid=477, name=python3, channel …`,
-/// the older `NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has
-/// fallen off the bus.`, one without a pid (`…: 13, Graphics SM Warp Exception …`), one
-/// without `PCI:` (`NVRM: Xid (0000:01:00): 3, …`) and an NVSwitch's `NVRM: SXid
-/// (PCI:0000:b3:00.0): 12028, …`.
+/// An Xid line read. The driver writes (open-gpu-kernel-modules, `krcReportXid`):
+/// `NVRM: Xid (PCI:0000:00:06): 31, pid=477, name=python3, channel …`, under MIG
+/// `NVRM: Xid (PCI:0000:65:00 GPU-I:01 GPU-CI:00): 43, pid=…`, without a process
+/// `NVRM: Xid (0000:01:00): 13, Graphics SM Warp Exception …`; older drivers
+/// `NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the
+/// bus.`; an NVSwitch's `NVRM: SXid (PCI:0000:b3:00.0): 12028, …`. Each part is read where
+/// the kernel writes it: the pid right after the code, before the name, so that nothing the
+/// name holds (commas, `pid=`) moves it.
 pub(crate) fn parse_xid(r: &Record, clock: &Clock) -> Option<(Pci, Xid)> {
     let text = r.message.strip_prefix("NVRM:")?.trim_start();
-    let (kind, rest) = if let Some(rest) = text.strip_prefix("SXid (") {
-        (XidKind::Sxid, rest)
-    } else {
-        (XidKind::Xid, text.strip_prefix("Xid (")?)
-    };
-    let (bus, rest) = rest.split_once(')')?;
-    let pci = Pci::parse(bus)?;
-    let rest = rest.strip_prefix(':')?.trim_start();
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    let code: i64 = rest[..digits].parse().ok()?;
-    let mut pid = None;
-    let mut name = None;
-    for field in rest[digits..].split(", ") {
-        let field = field.trim_start_matches(',').trim();
-        if let Some(v) = field.strip_prefix("pid=") {
-            pid = v.trim_matches('\'').parse::<i64>().ok().filter(|&p| p > 0);
-        } else if let Some(v) = field.strip_prefix("name=") {
-            let v = v.trim_matches('\'');
-            name = (!v.is_empty() && !v.starts_with('<') && v != "N/A").then(|| v.to_string());
-        }
-    }
-    let entry = (kind == XidKind::Xid).then(|| catalog(code)).flatten();
-    let action = match (entry, code) {
-        // Xid 154 names the action it changed to.
-        (Some(_), 154) if text.contains("Reboot") => Some(XidAction::RebootNode),
-        (Some(_), 154) if text.contains("Reset") => Some(XidAction::ResetGpu),
+    let f = fields(text)?;
+    let pci = Pci::parse(f.bus)?;
+    let name = f.after_name.map(|after| {
+        // The name up to its first `, `: the whole name unless the name holds one itself
+        // (then `names` tells a process's comm from it).
+        let end = after.find(", ").unwrap_or(after.len());
+        after[..end].trim_end_matches(',')
+    });
+    let name = name.filter(|v| !v.is_empty() && !v.starts_with('<') && *v != "N/A");
+    let entry = (f.kind == XidKind::Xid).then(|| catalog(f.code)).flatten();
+    let action = match (entry, f.code) {
+        // Xid 154 names the recovery action it changed to.
+        (Some(e), 154) => recovery_changed_to(text)
+            .map(|a| match a.needs() {
+                Needs::Reboot => XidAction::RebootNode,
+                Needs::Reset => XidAction::ResetGpu,
+                Needs::Nothing => e.action,
+            })
+            .or(Some(e.action)),
         (e, _) => e.map(|e| e.action),
     };
     Some((
         pci,
         Xid {
-            kind,
-            code,
+            kind: f.kind,
+            code: f.code,
             time: clock.wall_of(r.boot_us),
-            pid,
-            name,
+            pid: f.pid,
+            name: name.map(str::to_string),
             text: text.to_string(),
-            bus_id: bus.trim().to_string(),
+            bus_id: f.bus.to_string(),
             meaning: entry.map(|e| e.meaning.to_string()),
             action,
+            cause: entry.map(|e| e.cause),
             boot_us: r.boot_us,
         },
     ))
+}
+
+/// The parts of an Xid line (after `NVRM: `), each where the driver writes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Fields<'a> {
+    kind: XidKind,
+    /// The PCI address in the parentheses (without the MIG instances after it).
+    bus: &'a str,
+    code: i64,
+    /// The pid field, where the driver names a process (`pid=477`, older `pid='477'`).
+    pid: Option<i64>,
+    /// What follows `name=`: the name, `, `, and the driver's message.
+    after_name: Option<&'a str>,
+}
+
+/// Reads `Xid (BUS[ MIG]): CODE[, pid=PID, name=NAME][, MESSAGE]`. The parts before the name
+/// are the kernel's alone: the bus and the code, then the pid field, digits or a quoted word,
+/// with no `, ` in it.
+fn fields(text: &str) -> Option<Fields<'_>> {
+    let (kind, rest) = if let Some(rest) = text.strip_prefix("SXid (") {
+        (XidKind::Sxid, rest)
+    } else {
+        (XidKind::Xid, text.strip_prefix("Xid (")?)
+    };
+    let (attr, rest) = rest.split_once(')')?;
+    let bus = attr.split(' ').next()?;
+    let rest = rest.strip_prefix(':')?.trim_start();
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let code: i64 = rest[..digits].parse().ok()?;
+    let rest = &rest[digits..];
+    let (pid, after_name) = match rest.strip_prefix(", pid=") {
+        Some(p) => {
+            let end = p.find(", ").unwrap_or(p.len());
+            let pid = p[..end].trim_matches('\'').parse::<i64>().ok();
+            (pid.filter(|&p| p > 0), p[end..].strip_prefix(", name="))
+        }
+        None => (None, None),
+    };
+    Some(Fields {
+        kind,
+        bus,
+        code,
+        pid,
+        after_name,
+    })
+}
+
+/// The recovery action an Xid 154 says the driver changed to: `GPU recovery action changed
+/// from 0x0 (None) to 0x2 (Node Reboot Required)`, by its number. The last such message in the
+/// line is the driver's (a name, at most 15 bytes, cannot hold this one).
+fn recovery_changed_to(text: &str) -> Option<RecoveryAction> {
+    const SAID: &str = "GPU recovery action changed from ";
+    let said = &text[text.rfind(SAID)? + SAID.len()..];
+    let to = said.split_once(" to ")?.1;
+    let hex = to.strip_prefix("0x")?;
+    let digits = hex.bytes().take_while(u8::is_ascii_hexdigit).count();
+    u64::from_str_radix(&hex[..digits], 16)
+        .ok()
+        .map(RecoveryAction::from_code)
 }
 
 /// The faults a backend read of one GPU (no Xids: those come from the kernel log).
@@ -686,12 +803,109 @@ mod tests {
         }
     }
 
+    /// The pid is the kernel's field before the name, whatever the name holds: a process
+    /// that names itself `x, pid=1` (15 bytes of anything but NUL) cannot point the Xid at
+    /// pid 1; the name is matched whole against a comm; the MIG instances after the bus are
+    /// not part of it; and Xid 154's action is its number, not a word the name could hold.
+    #[test]
+    fn the_pid_is_where_the_kernel_writes_it_whatever_the_name_holds() {
+        let line = |name: &str, msg: &str| {
+            rec(&format!(
+                "NVRM: Xid (PCI:0000:65:00): 31, pid=4242, name={name}, {msg}"
+            ))
+        };
+        for name in [
+            "x, pid=1",
+            "x, pid=1, name=",
+            ", pid=1,",
+            "pid=1",
+            "a,b, c",
+            "\x1b[2J, pid=7",
+            "name=y, pid=9",
+        ] {
+            let (_, x) = parse_xid(&line(name, "channel 0x0000000a"), &CLOCK).unwrap();
+            assert_eq!(x.pid, Some(4242), "{name:?}");
+            assert!(x.names(name), "{name:?} is the name the driver wrote");
+            // A comm is matched up to a `, ` the driver wrote after it: a part of the name
+            // that ends elsewhere is no comm it wrote.
+            assert!(!x.names(&name[..name.len() - 1]), "{name:?}");
+            assert!(!x.names("python3"), "{name:?}");
+        }
+        // A name written at the end of the line (no message after it), and a name the
+        // driver did not write.
+        let (_, x) = parse_xid(
+            &rec("NVRM: Xid (PCI:0000:65:00): 43, pid=7, name=a, b,"),
+            &CLOCK,
+        )
+        .unwrap();
+        assert!(
+            x.names("a, b") && x.names("a"),
+            "both read as the driver wrote them"
+        );
+        let (_, x) = parse_xid(&line("python3", "Ch 00000008"), &CLOCK).unwrap();
+        assert_eq!(x.name.as_deref(), Some("python3"));
+        assert!(x.names("python3") && !x.names("python") && !x.names("python3, Ch"));
+        let (_, x) = parse_xid(
+            &rec("NVRM: Xid (PCI:0000:65:00): 13, Graphics SM Warp Exception, pid=1, name=x"),
+            &CLOCK,
+        )
+        .unwrap();
+        assert_eq!(
+            (x.pid, x.name.as_deref()),
+            (None, None),
+            "no pid field: the message's words are no pid"
+        );
+        assert!(!x.names("x"));
+        // Under MIG: the instances after the bus.
+        let (pci, x) = parse_xid(&rec("NVRM: Xid (PCI:0000:65:00 GPU-I:01 GPU-CI:00): 43, pid=88, name=python3, Ch 00000008"), &CLOCK).unwrap();
+        assert!(pci.same(&Pci::parse("00000000:65:00.0").unwrap()));
+        assert_eq!(
+            (x.code, x.pid, x.bus_id.as_str()),
+            (43, Some(88), "PCI:0000:65:00")
+        );
+        // Xid 154: the action it changed to, by number; a name cannot change it.
+        for (name, to, want) in [
+            ("Node Reboot", "0x0 (None)", XidAction::None),
+            (
+                "GPU Reset",
+                "0x2 (Node Reboot Required)",
+                XidAction::RebootNode,
+            ),
+            ("x", "0x1 (GPU Reset Required)", XidAction::ResetGpu),
+            ("x", "0x4 (Drain and Reset)", XidAction::ResetGpu),
+        ] {
+            let (_, x) = parse_xid(&rec(&format!("NVRM: Xid (PCI:0000:65:00): 154, pid=5, name={name}, GPU recovery action changed from 0x0 (None) to {to}")), &CLOCK).unwrap();
+            assert_eq!(x.action, Some(want), "{name} {to}");
+        }
+    }
+
     #[test]
     fn the_catalog_covers_the_common_xids() {
         for code in [
             13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120,
         ] {
             assert!(catalog(code).is_some(), "Xid {code}");
+        }
+        // The application's own faults leave the GPU fit: none of them asks for a reset or a
+        // reboot; the common application ones are classed so.
+        for e in CATALOG {
+            if e.cause == XidCause::Application {
+                assert!(e.action.needs() == Needs::Nothing, "Xid {}", e.code);
+            }
+        }
+        for code in [13, 31, 43, 45] {
+            assert_eq!(
+                catalog(code).map(|e| e.cause),
+                Some(XidCause::Application),
+                "Xid {code}"
+            );
+        }
+        for code in [48, 63, 64, 74, 79, 92, 94, 95] {
+            assert_eq!(
+                catalog(code).map(|e| e.cause),
+                Some(XidCause::Hardware),
+                "Xid {code}"
+            );
         }
         let codes = catalog_codes();
         let mut sorted = codes.clone();

@@ -2,8 +2,10 @@
 //! read without blocking and within bounds, only when gpu(), `gpus` or diagnose ask.
 //!
 //! A `/dev/kmsg` record is `PRIORITY,SEQ,USEC,FLAGS[,…];MESSAGE`, one per read, with
-//! continuation lines (` KEY=VALUE`) after it; `USEC` is the time since boot. A regular file
-//! of such lines (the simulator's kernel log, a test's) reads the same way.
+//! continuation lines (` KEY=VALUE`) after it; `USEC` is the time since boot. The kernel
+//! writes every byte of MESSAGE below a space, from DEL up, and a backslash as `\xNN`, so a
+//! record is one line whatever a process's name held; the message is read back to its bytes.
+//! A regular file of such lines (the simulator's kernel log, a test's) reads the same way.
 
 use std::collections::VecDeque;
 use std::io;
@@ -194,19 +196,72 @@ impl Lines {
 }
 
 /// One record line, if it is one of the driver's Xid or SXid lines: `6,1234,33688042,-;NVRM:
-/// Xid …`. Continuation lines (` KEY=VALUE`) and every other message are skipped.
+/// Xid …`. Continuation lines (` KEY=VALUE`) and every other message are skipped. Only the
+/// start of a message says what it is: the driver writes `NVRM: Xid (` there, and text a
+/// process chose (its name) comes later in the line, if at all. Only the kernel's own records
+/// are read (facility 0: PRIORITY below 8): a line a program wrote into `/dev/kmsg` has the
+/// user facility, whatever it says.
 pub(crate) fn parse(line: &[u8]) -> Option<Record> {
     let semi = memchr::memchr(b';', line)?;
     let (head, message) = (&line[..semi], &line[semi + 1..]);
     let mut fields = head.split(|&b| b == b',');
-    let (_priority, _seq) = (fields.next()?, fields.next()?);
+    let priority: u32 = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
+    if priority >> 3 != 0 {
+        return None;
+    }
+    let _seq = fields.next()?;
     let boot_us = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
-    let message = String::from_utf8_lossy(message);
+    let message = unescape(message);
+    let message = String::from_utf8_lossy(&message);
     let message = message.trim_end();
-    (message.starts_with("NVRM:") && message.contains("Xid (")).then(|| Record {
-        boot_us,
-        message: message.to_string(),
-    })
+    let driver = message.strip_prefix("NVRM:").map(str::trim_start);
+    driver
+        .is_some_and(|m| m.starts_with("Xid (") || m.starts_with("SXid ("))
+        .then(|| Record {
+            boot_us,
+            message: message.to_string(),
+        })
+}
+
+/// A message's bytes as the kernel logged them: `/dev/kmsg` writes each byte below a space,
+/// from DEL up, and a backslash as `\xNN` (`msg_add_ext_text` in kernel/printk/printk.c).
+fn unescape(text: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if memchr::memchr(b'\\', text).is_none() {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let byte = match text.get(i..i + 4) {
+            Some([b'\\', b'x', h, l]) => hex(*h).zip(hex(*l)).map(|(h, l)| h << 4 | l),
+            _ => None,
+        };
+        match byte {
+            Some(b) => {
+                out.push(b);
+                i += 4;
+            }
+            None => {
+                out.push(text[i]);
+                i += 1;
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `message` as `/dev/kmsg` writes it: see `unescape`.
+fn escape(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for &b in message.as_bytes() {
+        if !(b' '..0x7f).contains(&b) || b == b'\\' {
+            out.push_str(&format!("\\x{b:02x}"));
+        } else {
+            out.push(b as char);
+        }
+    }
+    out
 }
 
 /// Turns times since boot into wall-clock time: now, on both clocks, read once.
@@ -242,7 +297,8 @@ impl Clock {
 }
 
 /// Appends one record to a file of kernel log records (the simulator's kernel log), as the
-/// kernel would log it now, in one write so that concurrent writers' records stay whole.
+/// kernel would log it now (its bytes escaped as `/dev/kmsg` escapes them), in one write so
+/// that concurrent writers' records stay whole.
 pub(crate) fn append(path: &Path, message: &str) -> io::Result<()> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
@@ -250,11 +306,7 @@ pub(crate) fn append(path: &Path, message: &str) -> io::Result<()> {
         .append(true)
         .open(path)?;
     // Priority 4 (warning) and facility 0 (kernel), as the driver logs an Xid.
-    let line = format!(
-        "4,0,{},-;{}\n",
-        Clock::now().boot_us(),
-        message.replace('\n', " ")
-    );
+    let line = format!("4,0,{},-;{}\n", Clock::now().boot_us(), escape(message));
     f.write_all(line.as_bytes())
 }
 
@@ -282,6 +334,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.boot_us, 7);
+    }
+
+    /// `/dev/kmsg` escapes a message's control bytes, bytes from DEL up and backslashes as
+    /// `\xNN`: read back to the bytes the driver logged (a name with ESC or a newline in
+    /// it), and written so by the simulator; only a message that starts as the driver's Xid
+    /// lines do is one.
+    #[test]
+    fn escaped_bytes_read_back_and_only_the_drivers_xid_lines_are_kept() {
+        let r = parse(b"4,1,5,-;NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=\\x1b[2Ja\\x0ab\\x5cx41\\xc3\\xa9, x").unwrap();
+        assert_eq!(
+            r.message,
+            "NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=\x1b[2Ja\nb\\x41é, x"
+        );
+        let name = "\x1b]52;c;aGk=\x07 a\\b\n\u{202e}é";
+        let line = format!("4,1,5,-;{}", escape(name));
+        assert!(line.bytes().all(|b| (b' '..0x7f).contains(&b)), "{line}");
+        assert_eq!(
+            String::from_utf8(unescape(escape(name).as_bytes()).into_owned()).unwrap(),
+            name
+        );
+        // Not an Xid line: "Xid (" later in a driver's line, or another subsystem's.
+        assert_eq!(
+            parse(b"6,2,5,-;NVRM: GPU at PCI:0000:18:00: name=Xid (PCI:0000:18:00): 48,"),
+            None
+        );
+        assert_eq!(parse(b"6,2,5,-;comm Xid (PCI:0000:18:00): 48, NVRM:"), None);
+        assert!(parse(b"6,2,5,-;NVRM: SXid (PCI:0000:b3:00.0): 12028, Non-fatal").is_some());
+        // A program's line in /dev/kmsg (the user facility, 1 << 3), however it reads.
+        assert_eq!(
+            parse(b"12,3,5,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."),
+            None
+        );
+        assert_eq!(
+            parse(b"x,3,5,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."),
+            None
+        );
     }
 
     /// Reads of a file end inside lines; the records come out whole all the same.

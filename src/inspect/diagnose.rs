@@ -532,7 +532,10 @@ fn one(
     }
     // The last Xid, where it says more: it names one of the holders, or nothing
     // else explains the memory.
-    if let Some(note) = faults.and_then(|f| xid_note(f, &holders, verdict)) {
+    // The kernel log's pids are the host's: in a child PID namespace they name no process
+    // here.
+    let ours: &[Holder] = if ctx.foreign_ns { &[] } else { &holders };
+    if let Some(note) = faults.and_then(|f| xid_note(f, ours, verdict)) {
         advice.push_str(&format!("; {note}"));
     }
     // What the GPU asks for still stands once its holders are stopped.
@@ -598,20 +601,28 @@ fn xid_said(x: &Xid) -> String {
     format!("{} at {}{from}", x.title(), at(x))
 }
 
-/// The clock ticks a second of /proc's start times (USER_HZ: 100 on every Linux ABI).
-const USER_HZ: u64 = 100;
+/// The microseconds of a clock tick of /proc's start times (USER_HZ: 100 on every Linux ABI).
+const TICK_US: u64 = 10_000;
+
+/// Whether `h` is the process Xid `x` names, proved: the pid the kernel wrote, the name the
+/// driver wrote is `h`'s comm, and `h` started before the event (its start tick ended
+/// before it: a process started later has the pid only by reuse). Both the pid and the
+/// name are the faulting process's to choose (a pid by waiting for it, a name by prctl), so
+/// neither alone ever points at another user's process.
+fn xid_names(x: &Xid, h: &Holder) -> bool {
+    x.pid == Some(h.pid)
+        && x.names(&h.name)
+        && (h.start as u64).saturating_add(1).saturating_mul(TICK_US) <= x.boot_us
+}
 
 /// The GPU's last Xid, with the catalog's advice and, where it names one of the GPU's
-/// holders (the same process: it started before the event), that holder beside it. Said for
-/// a holder it names, or where nothing explains the memory (the driver's verdicts); the
-/// verdicts that come from faults say their own.
+/// holders (`xid_names`: the same process, proved), that holder beside it. Said for a holder
+/// it names, or where nothing explains the memory (the driver's verdicts); the verdicts that
+/// come from faults say their own. `holders` is empty where the kernel's pids are not this
+/// PID namespace's.
 fn xid_note(f: &Faults, holders: &[Holder], verdict: Verdict) -> Option<String> {
     let x = f.latest()?;
-    let named = x.pid.and_then(|pid| {
-        holders
-            .iter()
-            .find(|h| h.pid == pid && (h.start as u64) / USER_HZ <= x.boot_us / 1_000_000)
-    });
+    let named = holders.iter().find(|h| xid_names(x, h));
     let plain = matches!(
         verdict,
         Verdict::Driver | Verdict::DriverError | Verdict::Stuck
@@ -1738,8 +1749,17 @@ mod tests {
                 && note.contains("names holder 477 (python3), which still holds it"),
             "{note}"
         );
-        // A process that started after the event only has the pid.
+        // A process that started after the event only has the pid, as has one that started
+        // in the same tick as the event (it may have started after it).
         holder.start = 1_000;
+        assert_eq!(xid_note(&f, &[holder.clone()], Verdict::Held), None);
+        holder.start = 500;
+        assert_eq!(xid_note(&f, &[holder.clone()], Verdict::Held), None);
+        holder.start = 499;
+        assert!(xid_note(&f, &[holder.clone()], Verdict::Held).is_some());
+        // Another program at the pid, started before the event: not the one the driver
+        // named (its name is not the one the driver wrote), so not blamed.
+        holder.name = "trainer".into();
         assert_eq!(xid_note(&f, &[holder], Verdict::Held), None);
         assert!(xid_note(&f, &[], Verdict::Driver)
             .unwrap()

@@ -1,14 +1,17 @@
 //! A journal record as one line for people.
 
 use super::{Event, Record};
+use crate::shown::shown;
 
-/// One record for people.
+/// One record for people: its texts (a target's name, a call's arguments, the command line)
+/// came from other users, processes and clients, and are shown as `crate::shown` says, so a
+/// record stays one line and moves nothing on the terminal.
 pub(crate) fn line(r: &Record) -> String {
     let head = format!(
         "{} {} {}({}) {}",
-        r.time,
-        r.host,
-        r.user.name,
+        shown(&r.time),
+        shown(&r.host),
+        shown(&r.user.name),
         r.user.uid,
         r.front_end.name()
     );
@@ -16,15 +19,16 @@ pub(crate) fn line(r: &Record) -> String {
         Event::Signal(s) => {
             let t = &s.target;
             let owner = t.uid.map_or_else(|| "?".into(), crate::process::user_name);
+            let owner = shown(&owner);
             format!(
                 "{head} {} -> pid {} ({}, {owner}, start {}): {} [{}] {}",
                 s.signal,
                 t.pid,
-                t.comm,
+                shown(&t.comm),
                 t.start,
                 s.outcome,
-                s.why,
-                r.asked()
+                shown(&s.why),
+                shown(&r.asked())
             )
         }
         Event::Call(c) => {
@@ -36,7 +40,12 @@ pub(crate) fn line(r: &Record) -> String {
             };
             format!(
                 "{head} {} {}{signalled} {} ({} ms, server {}): {}",
-                c.tool, c.result, c.arguments, c.elapsed_ms, r.gpuloop_pid, c.summary
+                shown(&c.tool),
+                c.result,
+                shown(&c.arguments.to_string()),
+                c.elapsed_ms,
+                r.gpuloop_pid,
+                shown(&c.summary)
             )
         }
     }

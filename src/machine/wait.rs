@@ -341,9 +341,11 @@ pub(crate) fn why_not_clean(outcome: &WaitOutcome, opts: &WaitOpts) -> Option<St
 
 /// "GPU 2 [daemon] …", one line of a warning.
 pub(crate) fn describe_diagnosis(d: &Diagnosis) -> String {
+    // Advice quotes holders' names: shown as `crate::shown` says wherever this line goes.
+    let advice = crate::shown::shown(&d.advice);
     match d.gpu {
-        Some(_) => format!("GPU {} [{}] {}", d.target(), d.verdict, d.advice),
-        None => format!("[{}] {}", d.verdict, d.advice),
+        Some(_) => format!("GPU {} [{}] {advice}", d.target(), d.verdict),
+        None => format!("[{}] {advice}", d.verdict),
     }
 }
 

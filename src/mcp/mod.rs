@@ -243,17 +243,17 @@ impl ServerHandler for Server {
         match reply {
             Ok(reply) => {
                 // The line to quote first, then the record as JSON text for clients that
-                // show models only text; the same record as structured content.
-                let json_text = serde_json::to_string(&reply.data).unwrap_or_default();
+                // show models only text; the same record as structured content. Text blocks
+                // are shown to people as they are: the JSON writes controls (in a name
+                // another user chose) as `\u` escapes.
+                let json_text = crate::shown::json(&reply.data, false).unwrap_or_default();
+                let line = summary_text(&reply);
                 let mut result = if reply.failed {
                     CallToolResult::structured_error(reply.data)
                 } else {
                     CallToolResult::structured(reply.data)
                 };
-                result.content = vec![
-                    ContentBlock::text(reply.summary),
-                    ContentBlock::text(json_text),
-                ];
+                result.content = vec![ContentBlock::text(line), ContentBlock::text(json_text)];
                 Ok(result.into())
             }
             Err(e @ CallError::UnknownTool(_)) => {
@@ -322,4 +322,14 @@ pub(crate) fn serve(session: Arc<Session>, policy: Policy) -> Result<Exit, McpSe
         true => Exit::Interrupted,
         false => Exit::Success,
     })
+}
+
+/// The first text block of a result, shown to people as it is: a summary is one line, its
+/// controls (a name another user chose) escaped, newlines too; an error keeps its lines (a
+/// script's source line and caret), every other control escaped.
+fn summary_text(reply: &Reply) -> String {
+    match reply.failed {
+        true => crate::shown::text(&reply.summary).into_owned(),
+        false => crate::shown::shown(&reply.summary).to_string(),
+    }
 }

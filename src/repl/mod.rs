@@ -381,19 +381,21 @@ impl Repl {
                     ScriptError::Interrupted => {
                         // The terminal may have echoed "^C" on the line: say it on a clean one.
                         if std::io::stderr().is_terminal() {
-                            crate::err!("\r\x1b[2K");
+                            crate::output::err_control(crate::output::Control::WipeLine, "");
                         }
                         crate::errln!("interrupted");
                         crate::interrupt::clear();
                         None
                     }
                     ScriptError::Exit(code) => Some(code),
+                    // An error quotes what the script met (a holder's name): its controls
+                    // are shown escaped, its lines kept.
                     ScriptError::Said(code, msg) => {
-                        crate::errln!("{msg}");
+                        crate::errln!("{}", crate::shown::text(&msg));
                         Some(code)
                     }
                     err => {
-                        crate::errln!("{}{hint}", err.message());
+                        crate::errln!("{}{hint}", crate::shown::text(err.message()));
                         self.failed = err.exit();
                         None
                     }

@@ -29,7 +29,7 @@ pub(crate) fn show(
             .to_string());
     }
     Ok(if as_json {
-        Some(serde_json::to_string_pretty(&json(v)).unwrap_or_default())
+        Some(crate::shown::json(&json(v), true).unwrap_or_default())
     } else if v.is_unit() {
         None
     } else {
@@ -41,8 +41,10 @@ pub(crate) fn show(
 /// reports as short summaries, arrays of maps that carry such records (`workers::jobs()`) as
 /// tables, a string as its text, anything else in Rhai's literal form.
 pub fn value(v: &Dynamic, style: Style) -> String {
+    // A string as its text: its lines kept, its controls (a name another user chose) shown
+    // escaped.
     if let Some(s) = v.read_lock::<ImmutableString>() {
-        return s.to_string();
+        return crate::shown::text(s.as_str()).into_owned();
     }
     if let Some(a) = v.read_lock::<Array>() {
         let table = match a.first().and_then(kind_of) {

@@ -156,10 +156,12 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
         rhai::Token::Reserved(s) if s.as_str() == "spawn" => rhai::Token::Identifier(s),
         t => t,
     });
+    // What a script prints quotes what other users chose (a holder's name, its command
+    // line): its controls are shown escaped, its lines kept.
     if opts.json {
-        engine.on_print(|s| crate::errln!("{s}"));
+        engine.on_print(|s| crate::errln!("{}", crate::shown::text(s)));
     } else {
-        engine.on_print(crate::output::line);
+        engine.on_print(|s| crate::output::line(&crate::shown::text(s)));
     }
     // A misspelt field of a gpuloop record is an error naming the fields; a script's own
     // maps read a missing field as (), and assigning one adds it, as in rhai.
@@ -173,7 +175,13 @@ pub fn build_engine(session: Arc<Session>, opts: &EngineOpts) -> Engine {
             }
         }
     });
-    engine.on_debug(|s, src, pos| crate::errln!("[debug] {}{pos:?}: {s}", src.unwrap_or("")));
+    engine.on_debug(|s, src, pos| {
+        crate::errln!(
+            "[debug] {}{pos:?}: {}",
+            crate::shown::text(src.unwrap_or("")),
+            crate::shown::text(s)
+        )
+    });
     bindings::gpu::register(&mut engine, &session, opts.powers);
     bindings::process::register(&mut engine, &session, opts.powers);
     bindings::helpers::register(&mut engine, &limits, opts.powers);

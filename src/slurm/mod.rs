@@ -236,8 +236,14 @@ impl Log {
         }
     }
 
+    /// One line of the hook's log: what it quotes (a holder's name, its user) shown as
+    /// `crate::shown` says, so a line stays one line in slurmd's log.
     fn line(&self, msg: &str) {
-        crate::errln!("{}: {msg}", self.tag);
+        crate::errln!(
+            "{}: {}",
+            crate::shown::shown(&self.tag),
+            crate::shown::shown(msg)
+        );
     }
 }
 
@@ -633,7 +639,10 @@ pub(crate) fn reason(d: &Diagnosis, job: i64) -> String {
     truncate(s, 255)
 }
 
-fn truncate(mut s: String, max: usize) -> String {
+/// `s` in at most `max` bytes, its controls escaped first (`crate::shown`), so that the cut
+/// counts them.
+fn truncate(s: String, max: usize) -> String {
+    let mut s = crate::shown::shown(&s).to_string();
     if s.len() > max {
         let mut cut = max - 3;
         while !s.is_char_boundary(cut) {

@@ -43,6 +43,9 @@ pub(crate) fn drain(node: &str, reason: &str) -> Result<(), DrainError> {
     if !super::is_node_name(node) {
         return Err(DrainError::NotOneNode(node.to_string()));
     }
+    // The reason is read by people (`sinfo -R`) and by scripts that parse scontrol's output:
+    // no control character in it, however it was made.
+    let reason = crate::shown::shown(reason);
     let (node_arg, reason_arg) = (format!("nodename={node}"), format!("reason={reason}"));
     command_output(
         "scontrol",

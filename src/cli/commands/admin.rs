@@ -39,7 +39,7 @@ pub(super) fn journal(
             let sep = if first { "[\n  " } else { ",\n  " };
             crate::output::text(&format!(
                 "{sep}{}",
-                serde_json::to_string(&r).unwrap_or_default()
+                crate::shown::json(&r, false).unwrap_or_default()
             ));
         } else {
             crate::outln!("{}", journal::line(&r));

@@ -335,12 +335,15 @@ pub(super) fn top(
     let stop = s.interrupted();
     loop {
         let (gpus, holders) = frame()?;
-        // Home, the frame, then clear what an earlier, longer frame left below it.
-        crate::outln!(
-            "\x1b[H\x1b[2J{}\n\n{} (every {:.1} s; Ctrl-C ends)",
-            render::top(&gpus, &holders, Style::stdout()),
-            crate::utc::now(),
-            interval.as_secs_f64()
+        // Home and a clear screen, then the frame.
+        crate::output::control(
+            crate::output::Control::HomeAndClear,
+            &format!(
+                "{}\n\n{} (every {:.1} s; Ctrl-C ends)",
+                render::top(&gpus, &holders, Style::stdout()),
+                crate::utc::now(),
+                interval.as_secs_f64()
+            ),
         );
         let until = std::time::Instant::now() + interval;
         while std::time::Instant::now() < until {

@@ -85,7 +85,7 @@ fn emit<T: Serialize>(cfg: &Config, v: &T, table: impl FnOnce() -> String) -> Re
         let sorted = serde_json::to_value(v).map_err(|e| Error::Other(e.to_string()))?;
         crate::outln!(
             "{}",
-            serde_json::to_string_pretty(&sorted).map_err(|e| Error::Other(e.to_string()))?
+            crate::shown::json(&sorted, true).map_err(|e| Error::Other(e.to_string()))?
         );
     } else {
         crate::outln!("{}", table());

@@ -174,7 +174,8 @@ pub(super) fn summary(
                 crate::words::count(rows.len(), "host", "hosts"),
                 failed.join("; ")
             );
-            crate::errln!("{}", serde_json::json!({ key: text }));
+            let said = serde_json::json!({ key: text });
+            crate::errln!("{}", crate::shown::json(&said, false).unwrap_or_default());
         }
     } else if show && answered {
         // Nothing answered: the errors above are all there is; nothing here reads as a result.

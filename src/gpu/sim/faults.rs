@@ -126,14 +126,8 @@ impl SimBackend {
         let pci = pci.unwrap_or_default();
         let log = |line: String| kmsg::append(&self.kernel_log(), &line).map_err(|e| self.err(e));
         if let Some(code) = what.xid {
-            let pid = what
-                .pid
-                .map_or("'<unknown>'".to_string(), |p| p.to_string());
-            let name = what.name.as_deref().unwrap_or("<unknown>");
             let text = what.text.clone().unwrap_or_else(|| default_text(code));
-            log(format!(
-                "NVRM: Xid ({pci}): {code}, pid={pid}, name={name}, {text}"
-            ))?;
+            log(xid_line(&pci, code, what.pid, what.name.as_deref(), &text))?;
         }
         if newly_off {
             // The driver says so itself, whatever else was injected.
@@ -192,6 +186,33 @@ impl SimBackend {
         }
         Ok(())
     }
+}
+
+/// An Xid line as the driver writes it (`krcReportXid`): the pid, then the name the driver
+/// keeps for that process, which is its comm (at most 15 bytes) when it opened the GPU: the
+/// one given, else the process's comm now, else `<unknown>` as older drivers write it.
+fn xid_line(pci: &str, code: i64, pid: Option<i64>, name: Option<&str>, text: &str) -> String {
+    let Some(pid) = pid else {
+        return format!("NVRM: Xid ({pci}): {code}, pid='<unknown>', name=<unknown>, {text}");
+    };
+    let comm = || {
+        std::fs::read(format!("/proc/{pid}/comm"))
+            .ok()
+            .map(|c| String::from_utf8_lossy(c.strip_suffix(b"\n").unwrap_or(&c)).into_owned())
+    };
+    let name = name.map(str::to_string).or_else(comm);
+    let name = name.map_or("<unknown>".to_string(), |n| comm_of(&n));
+    format!("NVRM: Xid ({pci}): {code}, pid={pid}, name={name}, {text}")
+}
+
+/// `name` as the kernel keeps a comm: its first 15 bytes (cut at a character's boundary, as
+/// a name given as text is).
+fn comm_of(name: &str) -> String {
+    let mut end = name.len().min(15);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_string()
 }
 
 /// The message the driver writes after an Xid's code, for the common ones.

@@ -584,9 +584,12 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
         "Every Xid event the kernel log holds for the GPUs (the latest 32 of each GPU, and the
          NVSwitches' SXids, listed on every GPU), oldest first: maps of gpu, host, kind
          (\"xid\" or \"sxid\"), code, time (seconds since the epoch, as now()), pid and name
-         (the process the driver names, or ()), text (the driver's message), bus_id, meaning
-         and action (what NVIDIA's Xid catalog says it is and to do first: \"none\",
-         \"restart-app\", \"reset-gpu\", \"reboot-node\"; () for a code gpuloop's table lacks).
+         (the process the driver names, or (): the pid the kernel writes, the name that
+         process gave itself), text (the driver's message), bus_id, meaning, action and cause
+         (what NVIDIA's Xid catalog says it is, to do first: \"none\", \"restart-app\",
+         \"reset-gpu\", \"reboot-node\", and where it comes from: \"application\" for the
+         application's own fault, which leaves the GPU usable, \"hardware\", \"driver\"; ()
+         for a code gpuloop's table lacks).
          The log is read as dmesg reads it (/dev/kmsg, or config.toml's kernel_log): where it
          may not be read, gpu().faults.log_error says why.",
         move || xids(&s, Dynamic::UNIT, None),

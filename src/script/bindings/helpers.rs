@@ -20,9 +20,14 @@ fn call(ctx: &NativeCallContext, f: &FnPtr, arg: i64) -> RhaiResult<Dynamic> {
     }
 }
 
-/// `msg` on stderr after the seconds since `start`, when the engine was built.
+/// `msg` on stderr after the seconds since `start`, when the engine was built. A message
+/// quotes what other users chose (a holder's name): its controls are shown escaped.
 fn log_line(start: Instant, msg: &Dynamic) {
-    crate::errln!("[{:>7.2}s] {msg}", start.elapsed().as_secs_f64());
+    crate::errln!(
+        "[{:>7.2}s] {}",
+        start.elapsed().as_secs_f64(),
+        crate::shown::text(&msg.to_string())
+    );
 }
 
 /// rhai's functions that allocate as much as an argument asks, checked first against the
@@ -191,6 +196,8 @@ pub(crate) fn register(engine: &mut Engine, limits: &Limits, powers: Powers) {
         "Writes a warning line to stderr (yellow on a terminal, unless NO_COLOR is set).
          Any value is written as text.",
         |msg: Dynamic| {
+            let msg = msg.to_string();
+            let msg = crate::shown::text(&msg);
             if crate::output::color_stderr() {
                 crate::errln!("\x1b[33mwarning:\x1b[0m {msg}");
             } else {
