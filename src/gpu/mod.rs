@@ -157,6 +157,9 @@ pub enum GpuError {
     /// a prefix that fits several pods or containers here.
     #[error("{0}")]
     BadScope(String),
+    /// Ctrl-C or SIGTERM while the driver library was loading.
+    #[error("interrupted while the NVIDIA driver library was loading")]
+    Interrupted,
 }
 
 impl GpuError {
@@ -174,6 +177,7 @@ impl GpuError {
             GpuError::NoDriver(_) => "no NVIDIA driver",
             GpuError::NoUser { .. } => "no such user",
             GpuError::BadScope(_) => "bad pod or container",
+            GpuError::Interrupted => "interrupted",
         }
     }
 

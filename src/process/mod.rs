@@ -8,6 +8,7 @@ pub(crate) mod origin;
 pub mod restart;
 pub(crate) mod runtime_state;
 pub mod scan;
+pub(crate) mod signal_log;
 pub mod skip;
 pub(crate) mod tree;
 

@@ -380,7 +380,8 @@ pub fn create(name: &str, text: &str, overwrite: bool) -> Result<PathBuf, Create
         .create(true)
         .truncate(overwrite)
         .create_new(!overwrite)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        // Never through a link, and never waiting on a FIFO (refused below).
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
         .mode(0o644)
         .open(&path)
         .map_err(|source| match source.kind() {
@@ -390,6 +391,12 @@ pub fn create(name: &str, text: &str, overwrite: bool) -> Result<PathBuf, Create
                 source,
             },
         })?;
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(CreateError::Write {
+            path: path.clone(),
+            source: std::io::Error::other("not a regular file; refused"),
+        });
+    }
     // The umask may have taken bits off, never added; group-writable umasks (002) are why
     // the mode is set again.
     f.set_permissions(std::fs::Permissions::from_mode(0o644))
