@@ -826,3 +826,30 @@ fn save_writes_the_inputs_that_ran_as_a_recipe_and_history_shows_them() {
         "{list}"
     );
 }
+
+/// The REPL's history file was opened by path, through whatever was there: a link planted
+/// at it made gpuloop append each input to the link's target. It is kept as the journal
+/// beside it is (no link, no FIFO, this user's alone): refused, said, and the REPL goes on.
+#[test]
+fn the_history_is_never_written_through_a_link() {
+    let sim = Sim::new("2x8G");
+    let state = state_dir(&sim);
+    std::fs::create_dir_all(state.join("gpuloop")).unwrap();
+    let victim = sim.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, state.join("gpuloop").join("history")).unwrap();
+    let t = Term::start(&sim, &state, &[]);
+    t.line("let marker = 4242;");
+    t.wait_idle();
+    t.line("marker + 1");
+    t.wait_line("4243");
+    t.line(":quit");
+    assert_eq!(t.exit_status(), 0);
+    assert!(
+        t.screen().contains("the REPL history is not kept")
+            && t.screen().contains("a symbolic link; refused"),
+        "{}",
+        t.screen()
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+}
