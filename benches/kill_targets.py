@@ -9,9 +9,15 @@ nothing is ever signalled, and every target is pinned, found gone and reported s
 work a long list costs. Prints one row per binary and list length: the call's wall time and
 the server's CPU time (user + system, from /proc: what a loaded machine does not inflate).
 A call past `--limit` seconds (default 600) is cut and reported as such.
+
+Measured on the 2-core shared development machine (load average about 12: wall times are
+inflated, CPU times are not), debug builds: main at 2182fd1 took 0.24 / 13.09 / 147.03 s of
+CPU (0.47 / 57.95 / 1204 s wall) for 10k / 100k / 300k pids; with the linear kill 0.18 /
+1.59 / 4.77 s of CPU (1.24 / 14.15 / 34.63 s wall).
 """
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -36,6 +42,8 @@ def send(p, msg):
 def reply(p, want_id, limit):
     end = time.monotonic() + limit
     while time.monotonic() < end:
+        if not select.select([p.stdout], [], [], max(0, end - time.monotonic()))[0]:
+            return None
         line = p.stdout.readline()
         if not line:
             return None

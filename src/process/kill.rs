@@ -1179,8 +1179,81 @@ fn describe_errno(e: rustix::io::Errno, sig: Signal) -> String {
 }
 
 /// Waits on the pidfds until every victim exited, the deadline passed, or an interrupt;
-/// true if an interrupt ended it with victims left.
+/// true if an interrupt ended it with victims left. The live victims' pidfds are one epoll
+/// set, so a wake costs the exits it reports: a poll of every victim at each exit was
+/// quadratic in the victims.
 fn wait_exits(
+    victims: &mut [Victim],
+    deadline: Instant,
+    interrupted: &dyn Interrupt,
+    progress: &mut dyn FnMut(usize, usize),
+) -> bool {
+    use rustix::event::epoll;
+    let set = epoll::create(epoll::CreateFlags::CLOEXEC);
+    let Ok(set) = set else {
+        return poll_exits(victims, deadline, interrupted, progress);
+    };
+    let mut live = 0;
+    for (i, v) in victims.iter().enumerate().filter(|(_, v)| !v.exited) {
+        let added = epoll::add(
+            &set,
+            &v.pinned.fd,
+            epoll::EventData::new_u64(i as u64),
+            epoll::EventFlags::IN,
+        );
+        if added.is_err() {
+            return poll_exits(victims, deadline, interrupted, progress);
+        }
+        live += 1;
+    }
+    let mut events = Vec::with_capacity(live.clamp(1, 4096));
+    loop {
+        if live == 0 {
+            return false;
+        }
+        if interrupted.is_set() {
+            return true;
+        }
+        progress(live, victims.len());
+        let Some(ts) = next_wake(deadline) else {
+            return false;
+        };
+        events.clear();
+        if epoll::wait(&set, rustix::buffer::spare_capacity(&mut events), Some(&ts)).is_err() {
+            continue;
+        }
+        let at = Instant::now();
+        for e in &events {
+            let Some(v) = victims.get_mut(e.data.u64() as usize) else {
+                continue;
+            };
+            if !v.exited {
+                v.exited = true;
+                v.exit_at = Some(at);
+                live -= 1;
+                let _ = epoll::delete(&set, &v.pinned.fd);
+            }
+        }
+    }
+}
+
+/// How long to wait before looking again: until `deadline`, and at most 100 ms, to notice
+/// Ctrl-C; `None` once it has passed.
+fn next_wake(deadline: Instant) -> Option<rustix::time::Timespec> {
+    let now = Instant::now();
+    let wait = deadline
+        .checked_duration_since(now)
+        .filter(|w| !w.is_zero())?;
+    let wait = wait.min(Duration::from_millis(100));
+    Some(rustix::time::Timespec {
+        tv_sec: wait.as_secs() as i64,
+        tv_nsec: i64::from(wait.subsec_nanos()),
+    })
+}
+
+/// `wait_exits` where no epoll set can be made (out of descriptors): every live victim's
+/// pidfd polled at each wake.
+fn poll_exits(
     victims: &mut [Victim],
     deadline: Instant,
     interrupted: &dyn Interrupt,
@@ -1195,20 +1268,13 @@ fn wait_exits(
             return true;
         }
         progress(live.len(), victims.len());
-        let now = Instant::now();
-        if now >= deadline {
+        let Some(ts) = next_wake(deadline) else {
             return false;
-        }
-        // Wake at least every 100 ms to notice Ctrl-C.
-        let wait = (deadline - now).min(Duration::from_millis(100));
+        };
         let mut fds: Vec<PollFd> = live
             .iter()
             .map(|&i| PollFd::new(&victims[i].pinned.fd, PollFlags::IN))
             .collect();
-        let ts = rustix::time::Timespec {
-            tv_sec: wait.as_secs() as i64,
-            tv_nsec: i64::from(wait.subsec_nanos()),
-        };
         if poll(&mut fds, Some(&ts)).is_err() {
             continue;
         }
