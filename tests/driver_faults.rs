@@ -421,34 +421,20 @@ fn through_the_real_nvml_path_the_gpus_faults_are_read_and_matched_to_their_gpu(
     }
 }
 
-/// Runs `gpuloop gpus` with GPULOOP_NVML_LIB inside a FUSE mount that never answers
-/// (tests/fake_nvml/hung_mount.py, in a mount namespace of its own), a driver deadline of
-/// `deadline_s`, and SIGTERM after `term_after_s` (0: never): what the helper saw.
+/// `gpuloop gpus` with GPULOOP_NVML_LIB inside a FUSE mount that never answers
+/// (`support::on_hung_mount`), a driver deadline of `deadline_s`, and SIGTERM after
+/// `term_after_s` (0: never): what the helper saw.
 fn gpus_on_a_hung_mount(deadline_s: &str, term_after_s: &str) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
-    let helper =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_nvml/hung_mount.py");
-    let out = std::process::Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "python3"])
-        .arg(&helper)
-        .arg(&mnt)
-        .arg(term_after_s)
-        .arg(crate::support::bin())
-        .arg("gpus")
+    let mut c = std::process::Command::new(crate::support::bin());
+    c.arg("gpus")
         .env_remove("GPULOOP_SIM")
         .env_remove("GPULOOP_SIM_DIR")
         .env("GPULOOP_NVML_LIB", mnt.join("libnvidia-ml.so.1"))
         .env("GPULOOP_DRIVER_TIMEOUT", deadline_s)
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+        .env("NO_COLOR", "1");
+    crate::support::on_hung_mount(&c, &mnt, term_after_s)
 }
 
 /// GPULOOP_NVML_LIB on a path whose open blocks (a hung NFS or FUSE mount) blocked `gpus` for

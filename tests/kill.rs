@@ -1610,3 +1610,32 @@ fn a_process_name_cannot_forge_a_line_of_the_signal_log() {
         )
     );
 }
+
+/// The signal log on a file system that hangs (a FUSE mount that never answers): its open
+/// blocked `gpuloop kill` for ever once it had signalled. The log is written by a thread of
+/// its own, which a kill waits for only a few seconds: the kill ends, and says so.
+#[test]
+#[ignore = "needs root: mounts a FUSE file system that never answers, in a private mount namespace"]
+fn a_signal_log_on_a_hung_mount_never_hangs_a_kill() {
+    require_root("mount");
+    let sim = Sim::new("1x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "16"])[0];
+    let mnt = sim.path().join("hung");
+    let mut c = sim.std_cmd();
+    c.args(["kill", "--gpu", "0"])
+        .env("GPULOOP_SIGNAL_LOG", mnt.join("signals.log"));
+    let r = on_hung_mount(&c, &mnt, "0");
+    assert_eq!(
+        (&r["hung"], &r["rc"]),
+        (&serde_json::json!(false), &serde_json::json!(0)),
+        "{r}"
+    );
+    assert!(gone_within(p, 10));
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("its file took no line within 2 s (a file system that hangs?)"),
+        "{r}"
+    );
+}

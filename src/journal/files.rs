@@ -484,3 +484,114 @@ fn lock(fd: &OwnedFd) -> std::io::Result<()> {
         }
     }
 }
+
+/// Lines appended to a file by a thread of its own (the journal's records, the signal log's
+/// lines), so that a file system that hangs holds back no signal: the sender queues a line and
+/// goes on, and waits for the file (`flush`) only at a deadline and no longer than an
+/// interrupt.
+pub(crate) struct Appender {
+    tx: std::sync::Mutex<std::sync::mpsc::Sender<Queued>>,
+    /// Given up on: the writer refused the file, or a flush ran past its deadline.
+    off: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+enum Queued {
+    Line(Vec<u8>),
+    /// Answered once every line queued before it is written (or given up).
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// How a flush ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flushed {
+    /// Every line queued is written (or the appender was given up before).
+    Done,
+    /// An interrupt came first.
+    Stopped,
+    /// The deadline passed first: the appender is given up, its writer stuck.
+    Late,
+}
+
+/// What the writer makes of one line: go on, or give the file up (refused, say).
+pub(crate) enum Wrote {
+    On,
+    GiveUp,
+}
+
+impl Appender {
+    /// Starts the thread `name`, which gives each line queued to `write`, in order.
+    pub(crate) fn start(
+        name: &str,
+        mut write: impl FnMut(&[u8]) -> Wrote + Send + 'static,
+    ) -> std::io::Result<Appender> {
+        use std::sync::atomic::Ordering;
+        let (tx, rx) = std::sync::mpsc::channel::<Queued>();
+        let off = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let given_up = off.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                for q in rx {
+                    match q {
+                        Queued::Flush(ack) => {
+                            let _ = ack.send(());
+                        }
+                        Queued::Line(_) if given_up.load(Ordering::Relaxed) => {}
+                        Queued::Line(line) => {
+                            if let Wrote::GiveUp = write(&line) {
+                                given_up.store(true, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            })?;
+        Ok(Appender {
+            tx: std::sync::Mutex::new(tx),
+            off,
+        })
+    }
+
+    fn queue(&self, q: Queued) -> bool {
+        self.tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(q)
+            .is_ok()
+    }
+
+    fn is_off(&self) -> bool {
+        self.off.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Queues `line` for the file, unless it was given up.
+    pub(crate) fn send(&self, line: Vec<u8>) {
+        if !self.is_off() {
+            self.queue(Queued::Line(line));
+        }
+    }
+
+    /// Waits until every line queued so far is written: at most `within`, and no longer than
+    /// `stopped` says. Past the deadline the appender is given up (its writer is stuck in the
+    /// file system), and later lines are dropped.
+    pub(crate) fn flush(&self, within: Duration, stopped: &dyn Fn() -> bool) -> Flushed {
+        use std::sync::mpsc::RecvTimeoutError;
+        let (ack, acked) = std::sync::mpsc::channel();
+        if self.is_off() || !self.queue(Queued::Flush(ack)) {
+            return Flushed::Done;
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            match acked.recv_timeout(Duration::from_millis(20)) {
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => return Flushed::Done,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if stopped() {
+                return Flushed::Stopped;
+            }
+            if Instant::now() >= deadline {
+                self.off.store(true, std::sync::atomic::Ordering::Relaxed);
+                return Flushed::Late;
+            }
+        }
+    }
+}

@@ -9,7 +9,8 @@
 //! never interleave within a line, and is written whole or not at all (a short write on a full
 //! disk is cut back off); past [`MAX_BYTES`] the file is rotated to `journal.jsonl.1`. A
 //! journal that cannot be written never holds a signal back: the signal goes out and gpuloop
-//! warns once.
+//! warns once. A signal's record is written by a thread of the journal's own, which a kill
+//! waits for at most a few seconds ([`flush`]): a file system that hangs holds back no signal.
 
 pub(crate) mod files;
 mod filter;
@@ -242,8 +243,8 @@ pub(crate) fn dir() -> Result<PathBuf, JournalError> {
 }
 
 /// Journals one signal (sent, or tried) when the journal is on, with the server call it was
-/// sent for. A journal that cannot be written is warned about once, and never holds a
-/// signal back.
+/// sent for: queued for the journal's writer ([`flush`] waits for it). A journal that cannot
+/// be written is warned about once, and never holds a signal back.
 pub(crate) fn signal(
     target: Target,
     signal: &str,
@@ -258,9 +259,66 @@ pub(crate) fn signal(
         why: why.to_string(),
         outcome,
     });
-    let written = dir().and_then(|d| append(&d, &record(ctx, event, served)));
-    if let Err(e) = written {
-        warn_once(&e);
+    let Some(writer) = signals() else { return };
+    match serde_json::to_vec(&record(ctx, event, served)) {
+        Ok(mut line) => {
+            line.push(b'\n');
+            writer.send(line);
+        }
+        Err(e) => warn_once(&JournalError::Io {
+            path: PathBuf::from(FILE),
+            source: e.into(),
+        }),
+    }
+}
+
+/// How long a kill waits for the journal to take the records of the signals it sent.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The writer of the signals' records, started at the first: a thread of its own, so that a
+/// state directory on a file system that hangs holds back no signal.
+fn signals() -> Option<&'static files::Appender> {
+    static WRITER: OnceLock<Option<files::Appender>> = OnceLock::new();
+    WRITER
+        .get_or_init(|| {
+            let dir = dir().map_err(|e| warn_once(&e)).ok()?;
+            files::Appender::start("gpuloop-journal", move |line| {
+                if let Err(e) = append_line(&dir, line, MAX_BYTES) {
+                    warn_once(&e);
+                }
+                files::Wrote::On
+            })
+            .map_err(|e| {
+                warn_once(&JournalError::Io {
+                    path: PathBuf::from(FILE),
+                    source: e,
+                })
+            })
+            .ok()
+        })
+        .as_ref()
+}
+
+/// Waits until the signals journaled so far are written: at most [`DEADLINE`], and no longer
+/// than the next interrupt (one that came before, which may be what a kill stops a job for,
+/// does not cut it short). A journal that misses the deadline is given up, said once.
+pub(crate) fn flush() {
+    if CONTEXT.get().is_none() {
+        return;
+    }
+    let Some(writer) = signals() else { return };
+    let since = crate::interrupt::After::now();
+    if writer.flush(DEADLINE, &|| since.came()) == files::Flushed::Late {
+        warn_once(&JournalError::Io {
+            path: PathBuf::from(FILE),
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no record was written within {} s (a file system that hangs?); this gpuloop journals no more",
+                    DEADLINE.as_secs()
+                ),
+            ),
+        });
     }
 }
 

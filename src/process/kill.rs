@@ -949,7 +949,7 @@ fn signal_each(
             }),
         }
     }
-    super::signal_log::flush(interrupted);
+    records_written();
     victims
 }
 
@@ -1017,7 +1017,7 @@ fn wait_then_kill(
             .is_ok();
             v.killed = v.escalated;
         }
-        super::signal_log::flush(interrupted);
+        records_written();
         if victims.iter().any(|v| v.killed && !v.exited) {
             // The KILLs are sent; a job stop waits for them whatever happens (short, bounded).
             let stop: &dyn Interrupt = match opts.on_interrupt {
@@ -1032,6 +1032,14 @@ fn wait_then_kill(
             );
         }
     }
+}
+
+/// Waits until the journal and the signal log have the records of the signals sent so far:
+/// each has a thread of its own, waited for at most a few seconds and no longer than the next
+/// interrupt, so a file system that hangs holds back no signal.
+fn records_written() {
+    crate::journal::flush();
+    super::signal_log::flush();
 }
 
 /// Each victim in the report: exited, stuck (KILLed and still there) or surviving, and what

@@ -6,58 +6,48 @@
 //! or root's that nobody else may write. A process's name is another user's choice: what
 //! could forge or hide a line in it is escaped.
 
-use super::kill::{signal_name, Interrupt};
+use super::kill::signal_name;
 use super::Identity;
-use crate::journal::files;
+use crate::journal::files::{self, Appender, Flushed, Wrote};
 use nix::sys::signal::Signal;
 use std::borrow::Cow;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 /// How long a kill waits for the log to take the lines of the signals it sent.
 const DEADLINE: Duration = Duration::from_secs(2);
 
-enum Msg {
-    Line(Vec<u8>),
-    /// Answered once every line sent before it is written (or dropped).
-    Flush(mpsc::Sender<()>),
-}
-
-struct Log {
-    tx: Mutex<mpsc::Sender<Msg>>,
-    /// Given up on: the file was refused, or its writer ran past a deadline.
-    off: Arc<AtomicBool>,
-}
-
 /// The log named by `GPULOOP_SIGNAL_LOG` (the environment at start, read once), and its
 /// writer, started at the first signal.
-fn log() -> Option<&'static Log> {
-    static LOG: OnceLock<Option<Log>> = OnceLock::new();
+fn log() -> Option<&'static Appender> {
+    static LOG: OnceLock<Option<Appender>> = OnceLock::new();
     LOG.get_or_init(|| {
         let path = std::env::var_os("GPULOOP_SIGNAL_LOG")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)?;
-        let (tx, rx) = mpsc::channel();
-        let off = Arc::new(AtomicBool::new(false));
-        let writer = Writer {
-            path,
-            off: off.clone(),
-        };
-        let started = std::thread::Builder::new()
-            .name("gpuloop-signal-log".into())
-            .spawn(move || writer.run(rx));
-        if let Err(e) = started {
-            warn(&format!("cannot start its writer: {e}"));
-            return None;
-        }
-        Some(Log {
-            tx: Mutex::new(tx),
-            off,
-        })
+        let mut file: Option<OwnedFd> = None;
+        let started = Appender::start("gpuloop-signal-log", move |line| {
+            let fd = match &file {
+                Some(fd) => fd,
+                None => match files::open_log(&path) {
+                    Ok(fd) => file.insert(fd),
+                    Err(e) => {
+                        warn(&e.to_string());
+                        return Wrote::GiveUp;
+                    }
+                },
+            };
+            if let Err(e) = files::append_whole(fd, line) {
+                warn(&format!("{}: {e}", path.display()));
+            }
+            Wrote::On
+        });
+        started
+            .map_err(|e| warn(&format!("cannot start its writer: {e}")))
+            .ok()
     })
     .as_ref()
 }
@@ -66,9 +56,6 @@ fn log() -> Option<&'static Log> {
 /// it may hold spaces).
 pub(super) fn record(id: &Identity, comm: &str, sig: Signal) {
     let Some(log) = log() else { return };
-    if log.off.load(Ordering::Relaxed) {
-        return;
-    }
     let ino = id.ino.map_or_else(|| "-".to_string(), |i| i.to_string());
     let line = format!(
         "{} {} {ino} {} {}\n",
@@ -77,74 +64,20 @@ pub(super) fn record(id: &Identity, comm: &str, sig: Signal) {
         signal_name(sig),
         escaped(comm)
     );
-    let _ = lock(&log.tx).send(Msg::Line(line.into_bytes()));
+    log.send(line.into_bytes());
 }
 
 /// Waits until the log has taken every line sent so far: at most [`DEADLINE`], and no longer
-/// than an interrupt. A log that misses the deadline is given up on, said once.
-pub(super) fn flush(interrupted: &dyn Interrupt) {
+/// than the next interrupt (one that came before, which may be what this kill stops a job
+/// for, does not cut it short). A log that misses the deadline is given up on, said once.
+pub(super) fn flush() {
     let Some(log) = log() else { return };
-    if log.off.load(Ordering::Relaxed) {
-        return;
-    }
-    let (ack, acked) = mpsc::channel();
-    if lock(&log.tx).send(Msg::Flush(ack)).is_err() {
-        return;
-    }
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match acked.recv_timeout(Duration::from_millis(20)) {
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-            Err(RecvTimeoutError::Timeout) => {}
-        }
-        if interrupted.is_set() || crate::interrupt::is_set() {
-            return;
-        }
-        if Instant::now() >= deadline {
-            log.off.store(true, Ordering::Relaxed);
-            warn(&format!(
-                "its file took no line within {} s (a file system that hangs?); no more lines are written to it",
-                DEADLINE.as_secs()
-            ));
-            return;
-        }
-    }
-}
-
-struct Writer {
-    path: PathBuf,
-    off: Arc<AtomicBool>,
-}
-
-impl Writer {
-    fn run(self, rx: mpsc::Receiver<Msg>) {
-        let mut file: Option<OwnedFd> = None;
-        for msg in rx {
-            let line = match msg {
-                Msg::Flush(ack) => {
-                    let _ = ack.send(());
-                    continue;
-                }
-                Msg::Line(line) => line,
-            };
-            if self.off.load(Ordering::Relaxed) {
-                continue;
-            }
-            let fd = match &file {
-                Some(fd) => fd,
-                None => match files::open_log(&self.path) {
-                    Ok(fd) => file.insert(fd),
-                    Err(e) => {
-                        self.off.store(true, Ordering::Relaxed);
-                        warn(&e.to_string());
-                        continue;
-                    }
-                },
-            };
-            if let Err(e) = files::append_whole(fd, &line) {
-                warn(&format!("{}: {e}", self.path.display()));
-            }
-        }
+    let since = crate::interrupt::After::now();
+    if log.flush(DEADLINE, &|| since.came()) == Flushed::Late {
+        warn(&format!(
+            "its file took no line within {} s (a file system that hangs?); no more lines are written to it",
+            DEADLINE.as_secs()
+        ));
     }
 }
 
@@ -157,10 +90,6 @@ fn warn(why: &str) {
             "gpuloop: warning: the signal log (GPULOOP_SIGNAL_LOG) is not written: {why}"
         );
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `comm` with what could forge or hide a line made visible: control characters (a newline,
