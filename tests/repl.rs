@@ -853,3 +853,23 @@ fn the_history_is_never_written_through_a_link() {
     );
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
 }
+
+/// `:save! NAME` opened the recipe for writing, blocking: a FIFO at its name hung the REPL.
+/// It is opened without blocking and refused unless it is a regular file.
+#[test]
+fn save_over_a_fifo_is_refused_and_never_hangs_the_repl() {
+    let sim = Sim::new("2x8G");
+    let dir = sim.user_recipes();
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("piped.rhai").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("let x = 1;");
+    t.wait_idle();
+    t.line(":save! piped");
+    t.wait_for("the refusal", |s| s.contains("not a regular file; refused"));
+    t.line("40 + 2");
+    t.wait_line("42");
+    t.line(":quit");
+    assert_eq!(t.exit_status(), 0);
+}

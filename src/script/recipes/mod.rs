@@ -355,6 +355,13 @@ pub enum CreateError {
     },
 }
 
+fn not_regular(path: &std::path::Path) -> CreateError {
+    CreateError::Write {
+        path: path.to_path_buf(),
+        source: std::io::Error::other("not a regular file; refused"),
+    }
+}
+
 /// Writes the skeleton of a new recipe into the user's directory (made if missing, mode 0755;
 /// the file 0644: writable by no one else, as the trust checks want); returns its path.
 pub fn create(name: &str, text: &str, overwrite: bool) -> Result<PathBuf, CreateError> {
@@ -386,16 +393,17 @@ pub fn create(name: &str, text: &str, overwrite: bool) -> Result<PathBuf, Create
         .open(&path)
         .map_err(|source| match source.kind() {
             std::io::ErrorKind::AlreadyExists => CreateError::Exists(path.clone()),
+            // ENXIO: a FIFO that no one reads, opened without blocking.
+            _ if source.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
+                not_regular(&path)
+            }
             _ => CreateError::Write {
                 path: path.clone(),
                 source,
             },
         })?;
     if !f.metadata().is_ok_and(|m| m.is_file()) {
-        return Err(CreateError::Write {
-            path: path.clone(),
-            source: std::io::Error::other("not a regular file; refused"),
-        });
+        return Err(not_regular(&path));
     }
     // The umask may have taken bits off, never added; group-writable umasks (002) are why
     // the mode is set again.
