@@ -275,10 +275,11 @@ pub(crate) fn signal(
 /// How long a kill waits for the journal to take the records of the signals it sent.
 const DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
+static WRITER: OnceLock<Option<files::Appender>> = OnceLock::new();
+
 /// The writer of the signals' records, started at the first: a thread of its own, so that a
 /// state directory on a file system that hangs holds back no signal.
 fn signals() -> Option<&'static files::Appender> {
-    static WRITER: OnceLock<Option<files::Appender>> = OnceLock::new();
     WRITER
         .get_or_init(|| {
             let dir = dir().map_err(|e| warn_once(&e)).ok()?;
@@ -303,10 +304,10 @@ fn signals() -> Option<&'static files::Appender> {
 /// than the next interrupt (one that came before, which may be what a kill stops a job for,
 /// does not cut it short). A journal that misses the deadline is given up, said once.
 pub(crate) fn flush() {
-    if CONTEXT.get().is_none() {
+    // Nothing was journaled by this process yet: nothing to wait for.
+    let Some(Some(writer)) = WRITER.get() else {
         return;
-    }
-    let Some(writer) = signals() else { return };
+    };
     let since = crate::interrupt::After::now();
     if writer.flush(DEADLINE, &|| since.came()) == files::Flushed::Late {
         warn_once(&JournalError::Io {

@@ -20,10 +20,11 @@ use std::time::Duration;
 /// How long a kill waits for the log to take the lines of the signals it sent.
 const DEADLINE: Duration = Duration::from_secs(2);
 
+static LOG: OnceLock<Option<Appender>> = OnceLock::new();
+
 /// The log named by `GPULOOP_SIGNAL_LOG` (the environment at start, read once), and its
 /// writer, started at the first signal.
 fn log() -> Option<&'static Appender> {
-    static LOG: OnceLock<Option<Appender>> = OnceLock::new();
     LOG.get_or_init(|| {
         let path = std::env::var_os("GPULOOP_SIGNAL_LOG")
             .filter(|v| !v.is_empty())
@@ -71,7 +72,8 @@ pub(super) fn record(id: &Identity, comm: &str, sig: Signal) {
 /// than the next interrupt (one that came before, which may be what this kill stops a job
 /// for, does not cut it short). A log that misses the deadline is given up on, said once.
 pub(super) fn flush() {
-    let Some(log) = log() else { return };
+    // No line was logged by this process yet: nothing to wait for.
+    let Some(Some(log)) = LOG.get() else { return };
     let since = crate::interrupt::After::now();
     if log.flush(DEADLINE, &|| since.came()) == Flushed::Late {
         warn(&format!(
