@@ -173,6 +173,7 @@ fn a_stdout_that_cannot_be_written_fails_every_command_that_prints() {
             (&["--json", "gpus"], ""),
             (&["completions", "bash"], ""),
             (&["man"], ""),
+            (&["--help"], ""),
             (&["eval", "1 + 1"], ""),
             (&["--json", "eval", "gpu()"], ""),
             (&["run", "-"], "print(\"freed\");"),

@@ -308,8 +308,11 @@ pub fn main() -> i32 {
             );
             if !answer && std::env::args().any(|a| a == "--json") {
                 json_error(&e.render().to_string());
-            } else {
-                let _ = e.print();
+            } else if let Some(closed) = crate::output::unwritable().filter(|_| !e.use_stderr()) {
+                // Help for a stdout that cannot take it fails, as any output does.
+                crate::output::failed(&closed);
+            } else if let Err(e) = e.print() {
+                crate::output::failed(&e);
             }
             // clap's own mapping: an answer on stdout is success, anything on stderr usage.
             let end = match e.use_stderr() {
