@@ -34,9 +34,11 @@ impl Out {
         line.push('\n');
         let out = lock(&self.0);
         let mut out = out.lock();
-        // A closed stdout means the client is gone; stdin's EOF ends the agent.
-        let _ = out.write_all(line.as_bytes());
-        let _ = out.flush();
+        // A closed stdout means the client is gone; stdin's EOF ends the agent. Any other
+        // failure (a full disk) makes its exit status 1.
+        if let Err(e) = out.write_all(line.as_bytes()).and_then(|()| out.flush()) {
+            crate::output::failed(&e);
+        }
     }
 }
 

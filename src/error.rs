@@ -34,6 +34,7 @@ impl Error {
             Error::Usage(_) | Error::Config(_) => Exit::Usage,
             Error::Script(e) => e.exit(),
             Error::Gpu(e) if e.is_usage() => Exit::Usage,
+            Error::Gpu(GpuError::Interrupted) => Exit::Interrupted,
             Error::Action(e) => e.exit(),
             Error::Gpu(_) | Error::Other(_) => Exit::Failure,
             Error::Interrupted => Exit::Interrupted,

@@ -23,11 +23,16 @@ impl After {
     pub(crate) fn now() -> After {
         After(COUNT.load(Ordering::SeqCst))
     }
+
+    /// An interrupt came since this was made.
+    pub(crate) fn came(&self) -> bool {
+        COUNT.load(Ordering::SeqCst) > self.0
+    }
 }
 
 impl crate::process::kill::Interrupt for After {
     fn is_set(&self) -> bool {
-        COUNT.load(Ordering::SeqCst) > self.0
+        self.came()
     }
 }
 

@@ -1,6 +1,9 @@
 //! Standard output for everything gpuloop prints: a closed pipe (`gpuloop gpus | head -1`)
-//! ends the output quietly instead of panicking, as coreutils and ripgrep do; and no control
-//! character that text from another user carried reaches the terminal (`crate::shown`).
+//! ends the output quietly instead of panicking, as coreutils and ripgrep do; any other
+//! failed write (a full disk, a descriptor not open for writing) ends it too, said once, and
+//! makes the exit status 1 (`failure`), so that `gpuloop --json holders > f && …` never
+//! "succeeds" with an empty file; and no control character that text from another user
+//! carried reaches the terminal (`crate::shown`).
 
 use std::io::IsTerminal;
 use std::io::{ErrorKind, Write};
@@ -9,6 +12,25 @@ use std::sync::OnceLock;
 
 /// stdout was found closed: a fact of this process's stdout, which only ever becomes true.
 static CLOSED: AtomicBool = AtomicBool::new(false);
+/// Why a write to stdout failed, other than a closed pipe: set once, at the first.
+static FAILED: OnceLock<String> = OnceLock::new();
+/// stdout was closed when the process started (`gpuloop … >&-`): a fact of this process.
+static STARTED_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Looks at stdout before the Rust runtime starts: it opens /dev/null in place of a closed
+/// stdout, and every write would then vanish without a word. The C library runs the
+/// functions of `.init_array` before `main`, and so before that.
+#[used]
+#[link_section = ".init_array"]
+static SEE_STDOUT: extern "C" fn() = {
+    extern "C" fn see_stdout() {
+        // SAFETY: F_GETFD only asks whether descriptor 1 is open; it changes nothing.
+        if unsafe { libc::fcntl(1, libc::F_GETFD) } == -1 {
+            STARTED_CLOSED.store(true, Ordering::SeqCst);
+        }
+    }
+    see_stdout
+};
 /// `--color`, as the command line set it once (unset: auto).
 static COLOR: OnceLock<ColorChoice> = OnceLock::new();
 /// `--wide`, as the command line set it once (unset: off): tables show whole command lines.
@@ -160,22 +182,79 @@ pub(crate) fn bytes(data: &[u8]) {
     if closed() {
         return;
     }
-    let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_all(data).and_then(|()| out.flush()) {
-        failed(e);
+    if let Some(e) = started_closed() {
+        return failed(&e);
     }
+    // std's lock keeps whatever else writes through std (the line editor, clap) in order.
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.flush().and_then(|()| write_fd(&out, data)) {
+        failed(&e);
+    }
+}
+
+/// The error of a stdout that was closed when gpuloop started, which std's stdout (and
+/// tokio's) writes to /dev/null without a word.
+fn started_closed() -> Option<std::io::Error> {
+    STARTED_CLOSED
+        .load(Ordering::Relaxed)
+        .then(|| std::io::Error::other("it was closed when gpuloop started"))
+}
+
+/// Why stdout cannot be written at all, for a writer that goes through std's (or tokio's)
+/// stdout, which take a closed descriptor, or one open for reading only, for a sink.
+pub(crate) fn unwritable() -> Option<std::io::Error> {
+    use rustix::fs::OFlags;
+    started_closed().or_else(|| {
+        let mode = rustix::fs::fcntl_getfl(std::io::stdout()).ok()? & OFlags::RWMODE;
+        (mode == OFlags::RDONLY).then(|| rustix::io::Errno::BADF.into())
+    })
+}
+
+/// Writes `data` to stdout's descriptor itself: std's stdout takes a descriptor not open for
+/// writing (EBADF) for a sink and says nothing.
+fn write_fd(out: &impl std::os::fd::AsFd, mut data: &[u8]) -> std::io::Result<()> {
+    use rustix::io::Errno;
+    while !data.is_empty() {
+        match rustix::io::write(out, data) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(Errno::INTR) => {}
+            // A descriptor left non-blocking by whoever shares it: wait until it takes more.
+            Err(Errno::AGAIN) => {
+                let mut fds = [rustix::event::PollFd::new(
+                    out,
+                    rustix::event::PollFlags::OUT,
+                )];
+                let _ = rustix::event::poll(&mut fds, None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 fn write(args: std::fmt::Arguments) {
     bytes(args.to_string().as_bytes());
 }
 
-fn failed(e: std::io::Error) {
-    // Whoever read our output has stopped: nothing later can reach them either.
+/// A write to stdout failed: nothing more is written there; unless it is a closed pipe (the
+/// reader stopped: `| head`), it is said once and the exit status becomes 1.
+pub(crate) fn failed(e: &std::io::Error) {
+    // Whoever read our output has stopped, or it cannot be written: nothing later can
+    // reach them either.
     CLOSED.store(true, Ordering::SeqCst);
-    if e.kind() != ErrorKind::BrokenPipe {
+    if e.kind() != ErrorKind::BrokenPipe && FAILED.set(e.to_string()).is_ok() {
         crate::errln!("gpuloop: cannot write to stdout: {e}");
     }
+}
+
+/// Flushes what was written to stdout through std (the line editor, clap) and says whether
+/// any write to stdout failed (other than on a closed pipe): the command then exits 1.
+pub(crate) fn finish() -> bool {
+    if let Err(e) = std::io::stdout().lock().flush() {
+        failed(&e);
+    }
+    FAILED.get().is_some()
 }
 
 /// True once stdout is gone: scripts stop at their next statement, commands print no more.

@@ -774,10 +774,11 @@ fn one_kill_report(r: &KillReport, style: Style) -> Vec<String> {
     if r.interrupted {
         out.push(interrupted_line(r, style));
     }
+    let listed: std::collections::HashSet<i64> = r.targets.iter().map(|t| t.pid).collect();
     for k in r
         .killed_at_once
         .iter()
-        .filter(|k| !r.dry_run && !r.targets.iter().any(|t| t.pid == k.pid))
+        .filter(|k| !r.dry_run && !listed.contains(&k.pid))
     {
         out.push(format!(
             "KILL at once {}: {}",

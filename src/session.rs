@@ -78,7 +78,23 @@ impl Session {
 
     /// The backend, loaded on first use (so `eval '1+1'` never touches the driver).
     pub fn backend(&self) -> Result<&dyn Backend, GpuError> {
-        let b = self.backend.get_or_init(|| match &self.choice {
+        let b = match self.backend.get() {
+            Some(b) => b,
+            None => match self.open_backend() {
+                // Not kept: a later call (the REPL's next line) loads it again.
+                Err(GpuError::Interrupted) => return Err(GpuError::Interrupted),
+                made => self.backend.get_or_init(|| made),
+            },
+        };
+        match b {
+            Ok(b) => Ok(b.as_ref()),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// The backend this session chose, loaded now.
+    fn open_backend(&self) -> Result<Box<dyn Backend>, GpuError> {
+        match &self.choice {
             BackendChoice::Sim { dir, spec } => {
                 SimBackend::open(dir, spec.as_deref()).map(|b| Box::new(b) as Box<dyn Backend>)
             }
@@ -93,14 +109,11 @@ impl Session {
                 let limit = deadline::limit_from_env();
                 match NvmlBackend::load(limit) {
                     Ok(b) => Box::new(Deadline::new(Arc::new(b), limit)),
+                    Err(GpuError::Interrupted) => return Err(GpuError::Interrupted),
                     Err(GpuError::NoDriver(why)) => Box::new(NoDriver::new(why)),
                     Err(e) => Box::new(NoDriver::new(e.to_string())),
                 }
             }),
-        });
-        match b {
-            Ok(b) => Ok(b.as_ref()),
-            Err(e) => Err(e.clone()),
         }
     }
 

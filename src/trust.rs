@@ -111,11 +111,6 @@ impl Dir {
         })
     }
 
-    /// Its real path (links resolved): every directory on it passed.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The text of the file `name` in it, if it passes; `Ok(None)` when there is none.
     pub(crate) fn read(&self, name: &str, kind: Kind) -> Result<Option<String>, Distrust> {
         let path = self.path.join(name);
@@ -143,13 +138,6 @@ impl Dir {
             })
     }
 
-    /// Whether the file `name` is there, judged without reading it: for a file handed on by
-    /// its path (`path()` joined with `name`) to a library that opens it itself, in a
-    /// directory no one else can write.
-    pub(crate) fn check(&self, name: &str) -> Result<bool, Distrust> {
-        Ok(self.open_file(name, OFlags::RDONLY)?.is_some())
-    }
-
     /// Creates the file `name` (or, with `replace`, empties the one there, if it passes) with
     /// `mode`, and returns it open for writing.
     pub(crate) fn create(
@@ -172,6 +160,14 @@ impl Dir {
             Ok(fd) => fd,
             Err(rustix::io::Errno::EXIST) => return Err(WriteError::Exists(path)),
             Err(rustix::io::Errno::LOOP) => return Err(Distrust::Link { path }.into()),
+            // A FIFO no one reads, opened without waiting for a reader.
+            Err(rustix::io::Errno::NXIO) => {
+                return Err(Distrust::NotFile {
+                    path,
+                    what: "a FIFO",
+                }
+                .into())
+            }
             Err(e) => return Err(unreadable(&path, e).into()),
         };
         let st = stat(&fd, &path)?;
@@ -583,7 +579,10 @@ mod tests {
         // A link of our own to a directory that passes, relative, with `..` in it.
         std::os::unix::fs::symlink("real/sub/../sub", t.path().join("via")).unwrap();
         let d = Dir::open(&t.path().join("via")).unwrap().unwrap();
-        assert_eq!(d.path(), std::fs::canonicalize(real.join("sub")).unwrap());
+        assert_eq!(
+            d.path.as_path(),
+            std::fs::canonicalize(real.join("sub")).unwrap()
+        );
         assert_eq!(d.read("m.rhai", SCRIPT), Ok(Some("1".into())));
         // Where it leads is judged: there, a directory others may write.
         chmod(&real, 0o777);
@@ -604,7 +603,7 @@ mod tests {
         // Made through a link: inside where it leads.
         let made = Dir::make(&t.path().join("via/new/deeper"), 0o755).unwrap();
         assert_eq!(
-            made.path(),
+            made.path.as_path(),
             std::fs::canonicalize(real.join("sub/new/deeper")).unwrap()
         );
     }
@@ -632,7 +631,10 @@ mod tests {
             .write_all(b"two")
             .unwrap();
         assert_eq!(std::fs::read_to_string(deep.join("f")).unwrap(), "two");
-        assert!(d.check("f").unwrap() && !d.check("g").unwrap());
+        assert!(
+            d.open_file("f", OFlags::RDONLY).unwrap().is_some()
+                && !d.open_file("g", OFlags::RDONLY).unwrap().is_some()
+        );
         // Never through a link, never into a directory others may write.
         let target = t.path().join("target");
         std::fs::write(&target, "keep").unwrap();
@@ -641,7 +643,10 @@ mod tests {
             d.create("l", 0o644, true),
             Err(WriteError::Refused(Distrust::Link { .. }))
         ));
-        assert!(matches!(d.check("l"), Err(Distrust::Link { .. })));
+        assert!(matches!(
+            d.open_file("l", OFlags::RDONLY).map(|f| f.is_some()),
+            Err(Distrust::Link { .. })
+        ));
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
         chmod(&t.path().join("a"), 0o777);
         assert!(matches!(

@@ -96,16 +96,10 @@ fn verbose_logs_what_it_measured_and_did() {
     assert!(!quiet.stderr.contains("inventory:"), "{}", quiet.stderr);
 }
 
-/// Runs gpuloop with its stdout a pipe whose reader is already gone (`… | head -1` once head
-/// has exited): every write fails with EPIPE.
-fn with_closed_stdout(sim: &Sim, args: &[&str], stdin: &str) -> Out {
+/// Runs `c` with `stdin` on its stdin; its exit code and stderr.
+fn fed(mut c: std::process::Command, stdin: &str) -> Out {
     use std::io::Write;
-    let (r, w) = rustix::pipe::pipe().unwrap();
-    drop(r);
-    let mut c = sim.std_cmd();
-    c.args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::from(w))
+    c.stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();
     let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
@@ -115,6 +109,16 @@ fn with_closed_stdout(sim: &Sim, args: &[&str], stdin: &str) -> Out {
         stdout: String::new(),
         stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
     }
+}
+
+/// Runs gpuloop with its stdout a pipe whose reader is already gone (`… | head -1` once head
+/// has exited): every write fails with EPIPE.
+fn with_closed_stdout(sim: &Sim, args: &[&str], stdin: &str) -> Out {
+    let (r, w) = rustix::pipe::pipe().unwrap();
+    drop(r);
+    let mut c = sim.std_cmd();
+    c.args(args).stdout(std::process::Stdio::from(w));
+    fed(c, stdin)
 }
 
 #[test]
@@ -132,6 +136,66 @@ fn a_closed_stdout_ends_every_command_quietly() {
         assert_eq!(out.code, 0, "{args:?}: {}", out.stderr);
         assert_eq!(out.stderr, "", "{args:?}");
     }
+}
+
+/// Runs gpuloop with its stdout `stdout` (a shell redirection: `>/dev/full`, `>&-`) and
+/// `stdin` on its stdin.
+fn with_stdout(sim: &Sim, args: &[&str], stdin: &str, stdout: &str) -> Out {
+    let mut c = sim.wrapped(&["sh", "-c", &format!("exec \"$0\" \"$@\" {stdout}")]);
+    c.args(args).stdout(std::process::Stdio::null());
+    fed(c, stdin)
+}
+
+/// `gpuloop --json holders > state.json && …` went on with an empty file when the disk was
+/// full: gpuloop warned but exited 0. A write to stdout that fails (other than to a closed
+/// pipe, above) now fails the command, with what failed: a full disk (/dev/full), a
+/// descriptor not open for writing, a stdout closed before gpuloop started; for every command
+/// that prints: the one-shots, --json, a script's output, the REPL's and MCP's replies.
+#[test]
+fn a_stdout_that_cannot_be_written_fails_every_command_that_prints() {
+    let sim = Sim::new("2x8G");
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let init = format!("{init}\n");
+    for (stdout, says) in [
+        (
+            ">/dev/full",
+            "cannot write to stdout: No space left on device",
+        ),
+        ("1</dev/null", "cannot write to stdout: Bad file descriptor"),
+        (
+            ">&-",
+            "cannot write to stdout: it was closed when gpuloop started",
+        ),
+    ] {
+        for (args, stdin) in [
+            (&["--json", "holders"][..], ""),
+            (&["gpus"], ""),
+            (&["--json", "gpus"], ""),
+            (&["completions", "bash"], ""),
+            (&["man"], ""),
+            (&["--help"], ""),
+            (&["eval", "1 + 1"], ""),
+            (&["--json", "eval", "gpu()"], ""),
+            (&["run", "-"], "print(\"freed\");"),
+            (&["repl"], "40 + 2\n"),
+            (&["mcp"], init.as_str()),
+        ] {
+            let out = with_stdout(&sim, args, stdin, stdout);
+            assert_eq!(out.code, 1, "{stdout} {args:?}: {}", out.stderr);
+            assert_eq!(
+                out.stderr.matches(says).count(),
+                1,
+                "{stdout} {args:?}: {}",
+                out.stderr
+            );
+        }
+    }
+    // A command's own failure keeps its code (a usage error is 2, never 1).
+    let out = with_stdout(&sim, &["eval", "let x = ;"], "", ">/dev/full");
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    // Printing nothing, nothing failed.
+    let out = with_stdout(&sim, &["eval", "()"], "", ">/dev/full");
+    assert_eq!(out.code, 0, "{}", out.stderr);
 }
 
 /// A new user's report, round 7: `gpuloop … 2>&1 | head -1` panicked (exit 101) at the first

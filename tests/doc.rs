@@ -301,3 +301,44 @@ fn the_readmes_five_simulator_commands_run_as_it_says() {
     // `sim hold` ran through the command line: its processes are ended by pid here.
     sim.run(&["sim", "stop"]).ok();
 }
+
+/// `man --dir` created each page with `File::create`: a FIFO planted at a page's name hung it
+/// for ever, a link made it write the page wherever the link pointed. Pages are written as
+/// every file gpuloop writes is: anything but a regular file is refused, never opened.
+#[test]
+fn man_dir_never_waits_on_a_fifo_nor_writes_through_a_planted_link() {
+    let sim = Sim::new("1x8G");
+    let dir = sim.path().join("man1");
+    std::fs::create_dir(&dir).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("gpuloop-clean.1").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let out = sim
+        .run(&["man", "--dir", dir.to_str().expect("utf-8 path")])
+        .code(1);
+    assert!(
+        out.stderr
+            .contains("gpuloop-clean.1: a FIFO, not a regular file; refused"),
+        "{}",
+        out.stderr
+    );
+    if unsafe { libc::geteuid() } == 0 {
+        std::fs::remove_file(dir.join("gpuloop-clean.1")).unwrap();
+        let victim = sim.path().join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        // Written by the first run, which wrote the pages before the FIFO's.
+        let page = dir.join("gpuloop-kill.1");
+        std::fs::remove_file(&page).unwrap();
+        std::os::unix::fs::symlink(&victim, &page).unwrap();
+        std::os::unix::fs::lchown(&page, Some(65534), None).unwrap();
+        let out = sim
+            .run(&["man", "--dir", dir.to_str().expect("utf-8 path")])
+            .code(1);
+        assert!(
+            out.stderr
+                .contains("owned by uid 65534 (another account's)"),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    }
+}

@@ -458,3 +458,100 @@ fn on_a_drivers_machine_a_daemon_found_by_name_blocks_a_reset_only_with_proof() 
     let b = found(roots).unwrap_or_else(|| panic!("root's daemon not found: {bs:?}"));
     assert!(b.protected && b.kind == BlockerKind::Persistenced, "{b:?}");
 }
+
+/// `gpuloop gpus` with GPULOOP_NVML_LIB inside a FUSE mount that never answers
+/// (`support::on_hung_mount`), a driver deadline of `deadline_s`, and SIGTERM after
+/// `term_after_s` (0: never): what the helper saw.
+fn gpus_on_a_hung_mount(deadline_s: &str, term_after_s: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    let mut c = std::process::Command::new(crate::support::bin());
+    c.arg("gpus")
+        .env_remove("GPULOOP_SIM")
+        .env_remove("GPULOOP_SIM_DIR")
+        .env("GPULOOP_NVML_LIB", mnt.join("libnvidia-ml.so.1"))
+        .env("GPULOOP_DRIVER_TIMEOUT", deadline_s)
+        .env("NO_COLOR", "1");
+    crate::support::on_hung_mount(&c, &mnt, term_after_s)
+}
+
+/// GPULOOP_NVML_LIB on a path whose open blocks (a hung NFS or FUSE mount) blocked `gpus` for
+/// ever: the load was given up at its deadline, but the C library's exit then waited for the
+/// loader's lock, which the stuck dlopen held; TERM and INT only set a flag. The library is
+/// now opened and read under the load's deadline, before the loader sees it, and an interrupt
+/// ends the wait: a real FUSE mount that never answers, as the hung server.
+#[test]
+#[ignore = "needs root: mounts a FUSE file system that never answers, in a private mount namespace"]
+fn a_driver_library_on_a_hung_mount_neither_blocks_gpus_nor_ignores_term() {
+    crate::support::require_root("mount");
+    let r = gpus_on_a_hung_mount("1", "0");
+    assert_eq!(r["hung"], false, "{r}");
+    assert_eq!(r["rc"], 1, "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("nvmlInit did not return within 1.0 s"),
+        "{r}"
+    );
+    // A deadline far away: SIGTERM ends the wait, with the interrupt's status.
+    let r = gpus_on_a_hung_mount("600", "2");
+    assert_eq!(
+        (&r["termed"], &r["hung"]),
+        (&serde_json::json!(true), &serde_json::json!(false)),
+        "{r}"
+    );
+    assert_eq!(r["rc"], 130, "{r}");
+}
+
+/// GPULOOP_NVML_LIB names a library that gpuloop, often root, then loads: code run as root.
+/// A library another account owns or may write, or reached through another account's link,
+/// was loaded like any other; it is refused as any file gpuloop trusts would be.
+#[test]
+fn a_driver_library_others_may_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_nvml(dir.path());
+    let run = |lib: &std::path::Path| on_fake_driver(lib, "none", &["gpus"], &[]);
+    let o = run(&lib);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o757)).unwrap();
+    let o = run(&lib);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "writable by others (mode 757); refused (a library loaded as root is code run as root)"
+        ),
+        "{err}"
+    );
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if rustix::process::geteuid().is_root() {
+        // Another account's library, and another account's link to root's.
+        std::os::unix::fs::chown(&lib, Some(65534), None).unwrap();
+        let err = String::from_utf8_lossy(&run(&lib).stderr).to_string();
+        assert!(
+            err.contains("owned by uid 65534, not by uid 0 or root"),
+            "{err}"
+        );
+        std::os::unix::fs::chown(&lib, Some(0), None).unwrap();
+        let link = dir.path().join("libnvidia-ml.so.1");
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+        assert_eq!(
+            run(&link).status.code(),
+            Some(0),
+            "root's own link is followed"
+        );
+        std::os::unix::fs::lchown(&link, Some(65534), None).unwrap();
+        let err = String::from_utf8_lossy(&run(&link).stderr).to_string();
+        assert!(
+            err.contains("owned by uid 65534 (another account's)"),
+            "{err}"
+        );
+    }
+}

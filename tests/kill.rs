@@ -1469,3 +1469,173 @@ fn a_process_that_handles_term_and_outlives_the_grace_is_not_said_to_ignore_it()
     assert!(!out.stdout.contains("ignored"), "{}", out.stdout);
     assert!(out.stdout.contains("got KILL"), "{}", out.stdout);
 }
+
+/// `GPULOOP_SIGNAL_LOG` naming `log`, a `gpuloop kill --gpu 0` of a fresh holder; waits
+/// (bounded) for it and reads what it said. The holder is the one the test started.
+fn kill_with_log(sim: &Sim, log: &std::path::Path) -> (i32, Option<i32>, String) {
+    let p = sim.hold(&["--gpu", "0", "--mib", "16"])[0];
+    let mut g = sim
+        .std_cmd()
+        .args(["kill", "--gpu", "0"])
+        .env("GPULOOP_SIGNAL_LOG", log)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = exit_code(&mut g);
+    let mut err = String::new();
+    std::io::Read::read_to_string(g.stderr.as_mut().unwrap(), &mut err).unwrap();
+    (p, code, err)
+}
+
+/// A FIFO as the signal log hung `gpuloop kill` for ever once it had signalled (its open
+/// waited for a reader), and neither TERM nor INT ended it. Opened without blocking, a FIFO
+/// is refused at once: the kill ends, said, and the FIFO is never waited on.
+#[test]
+fn a_fifo_as_the_signal_log_never_hangs_a_kill() {
+    let sim = Sim::new("1x8G");
+    let fifo = sim.path().join("signals.fifo");
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    let (p, code, err) = kill_with_log(&sim, &fifo);
+    assert_eq!(code, Some(0), "the kill hung on the FIFO: {err}");
+    assert!(gone_within(p, 10), "the holder was not stopped");
+    assert!(
+        err.contains("signal log (GPULOOP_SIGNAL_LOG) is not written")
+            && err.contains("a FIFO, not a regular file; refused"),
+        "{err}"
+    );
+}
+
+/// A link as the signal log made gpuloop (root, in an epilog) append to the link's target:
+/// another user could have it write lines into any file. The log is never opened through a
+/// link of its own, nor through a directory link another account owns; a file of another
+/// account's, or one others may write, is refused too.
+#[test]
+fn the_signal_log_is_never_written_through_a_link_or_into_a_file_others_may_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let sim = Sim::new("1x8G");
+    let victim = sim.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let link = sim.path().join("signals.link");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let (p, code, err) = kill_with_log(&sim, &link);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(gone_within(p, 10));
+    assert!(err.contains("a symbolic link; refused"), "{err}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    // A log others may write: anyone could have put lines in it.
+    let shared = sim.path().join("shared.log");
+    std::fs::write(&shared, "").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (_, code, err) = kill_with_log(&sim, &shared);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("writable by others (mode 666); refused"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&shared).unwrap(), "");
+    // Its own file is written, one line per signal, and created 0600.
+    let own = sim.path().join("own.log");
+    let (p, code, err) = kill_with_log(&sim, &own);
+    assert_eq!(code, Some(0), "{err}");
+    let text = std::fs::read_to_string(&own).unwrap();
+    assert!(
+        text.starts_with(&format!("{p} ")) && text.ends_with(" TERM python3\n"),
+        "{text}"
+    );
+    let mode = std::fs::metadata(&own).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+/// As root: a log of another account's, and a directory link another account planted on the
+/// way to the log, are refused; the files they lead to are left alone.
+#[test]
+#[ignore = "needs root: files of another uid"]
+fn as_root_the_signal_log_refuses_another_accounts_file_and_directory_link() {
+    require_root("files of another uid");
+    let sim = Sim::new("1x8G");
+    let theirs = sim.path().join("theirs.log");
+    std::fs::write(&theirs, "").unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+    let (_, code, err) = kill_with_log(&sim, &theirs);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("owned by uid 65534, not by uid 0 or root"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "");
+    let elsewhere = sim.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let dir = sim.path().join("logs");
+    std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+    std::os::unix::fs::lchown(&dir, Some(65534), None).unwrap();
+    let (_, code, err) = kill_with_log(&sim, &dir.join("signals.log"));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("owned by uid 65534 (another account's)"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+}
+
+/// A process's name is its owner's choice: a carriage return, a vertical tab or an escape in
+/// it went into the signal log as they were, so a reader that splits lines on them (Python's
+/// `splitlines`, a terminal) saw lines gpuloop never wrote. They are escaped.
+#[test]
+fn a_process_name_cannot_forge_a_line_of_the_signal_log() {
+    let sim = Sim::new("1x8G");
+    let log = sim.path().join("signals.log");
+    let name = "x\r1 2 -\x0bKILL\x1b";
+    let p = sim.hold(&["--gpu", "0", "--mib", "16", "--name", name])[0];
+    sim.run_with(&["kill", "--gpu", "0"], |c| {
+        c.env("GPULOOP_SIGNAL_LOG", &log);
+    })
+    .ok();
+    assert!(gone_within(p, 10));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text,
+        format!(
+            "{p} {} TERM x\\x0d1 2 -\\x0bKILL\\x1b\n",
+            text.split(' ')
+                .skip(1)
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+    );
+}
+
+/// The signal log on a file system that hangs (a FUSE mount that never answers): its open
+/// blocked `gpuloop kill` for ever once it had signalled. The log is written by a thread of
+/// its own, which a kill waits for only a few seconds: the kill ends, and says so.
+#[test]
+#[ignore = "needs root: mounts a FUSE file system that never answers, in a private mount namespace"]
+fn a_signal_log_on_a_hung_mount_never_hangs_a_kill() {
+    require_root("mount");
+    let sim = Sim::new("1x8G");
+    let p = sim.hold(&["--gpu", "0", "--mib", "16"])[0];
+    let mnt = sim.path().join("hung");
+    let mut c = sim.std_cmd();
+    c.args(["kill", "--gpu", "0"])
+        .env("GPULOOP_SIGNAL_LOG", mnt.join("signals.log"));
+    let r = on_hung_mount(&c, &mnt, "0");
+    assert_eq!(
+        (&r["hung"], &r["rc"]),
+        (&serde_json::json!(false), &serde_json::json!(0)),
+        "{r}"
+    );
+    assert!(gone_within(p, 10));
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("its file took no line within 2 s (a file system that hangs?)"),
+        "{r}"
+    );
+}

@@ -331,7 +331,7 @@ fn as_root_the_history_is_never_written_through_a_link() {
     let t = Term::start(&sim, &state, &[]);
     let s = t.screen();
     assert!(
-        s.contains("warning: the REPL keeps no history:") && s.contains("is a symbolic link"),
+        s.contains("warning: the REPL history is not kept:") && s.contains("a symbolic link"),
         "{s}"
     );
     t.line("let marker = 4242;");
@@ -855,4 +855,53 @@ fn save_writes_the_inputs_that_ran_as_a_recipe_and_history_shows_them() {
             .any(|l| l.starts_with("freed ") && l.contains("user")),
         "{list}"
     );
+}
+
+/// The REPL's history file was opened by path, through whatever was there: a link planted
+/// at it made gpuloop append each input to the link's target. It is kept as the journal
+/// beside it is (no link, no FIFO, this user's alone): refused, said, and the REPL goes on.
+#[test]
+fn the_history_is_never_written_through_a_link() {
+    let sim = Sim::new("2x8G");
+    let state = state_dir(&sim);
+    std::fs::create_dir_all(state.join("gpuloop")).unwrap();
+    let victim = sim.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, state.join("gpuloop").join("history")).unwrap();
+    let t = Term::start(&sim, &state, &[]);
+    t.line("let marker = 4242;");
+    t.wait_idle();
+    t.line("marker + 1");
+    t.wait_line("4243");
+    t.line(":quit");
+    assert_eq!(t.exit_status(), 0);
+    assert!(
+        t.screen().contains("the REPL history is not kept")
+            && t.screen().contains("a symbolic link; refused"),
+        "{}",
+        t.screen()
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+}
+
+/// `:save! NAME` opened the recipe for writing, blocking: a FIFO at its name hung the REPL.
+/// It is opened without blocking and refused unless it is a regular file.
+#[test]
+fn save_over_a_fifo_is_refused_and_never_hangs_the_repl() {
+    let sim = Sim::new("2x8G");
+    let dir = sim.user_recipes();
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("piped.rhai").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let t = Term::start(&sim, &state_dir(&sim), &[]);
+    t.line("let x = 1;");
+    t.wait_idle();
+    t.line(":save! piped");
+    t.wait_for("the refusal", |s| {
+        s.contains("is a FIFO, not a regular file")
+    });
+    t.line("40 + 2");
+    t.wait_line("42");
+    t.line(":quit");
+    assert_eq!(t.exit_status(), 0);
 }

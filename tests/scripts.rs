@@ -600,3 +600,55 @@ fn env_gpuloop_exe_is_this_gpuloop_not_an_inherited_value() {
         out.stderr
     );
 }
+
+/// write_file wrote its temporary (`.NAME.gpuloop-tmp`, a name anyone could guess) through
+/// whatever was there: a link planted at that name made gpuloop (root, in an epilog) overwrite
+/// the link's target, and a FIFO there hung it. Its temporary is now a new file of its own,
+/// never a name found there; a directory link of another account's on the way is not followed.
+#[test]
+fn write_file_never_writes_through_a_planted_link_nor_waits_on_a_fifo() {
+    let sim = Sim::new("1x8G");
+    let dir = sim.path().join("out");
+    std::fs::create_dir(&dir).unwrap();
+    let victim = sim.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join(".report.txt.gpuloop-tmp")).unwrap();
+    let fifo = std::ffi::CString::new(dir.join(".other.gpuloop-tmp").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let (report, other) = (dir.join("report.txt"), dir.join("other"));
+    sim.run(&[
+        "eval",
+        &format!(
+            r#"write_file("{}", "new"); write_file("{}", "x"); replace_in_file("{}", "new", "newer")"#,
+            report.display(),
+            other.display(),
+            report.display()
+        ),
+    ])
+    .ok();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert_eq!(std::fs::read_to_string(&report).unwrap(), "newer");
+    assert_eq!(std::fs::read_to_string(&other).unwrap(), "x");
+    assert!(!std::fs::symlink_metadata(&report).unwrap().is_symlink());
+    if unsafe { libc::geteuid() } == 0 {
+        // Another account's link to a directory: not followed, nothing written there.
+        let elsewhere = sim.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let link = sim.path().join("theirs");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(65534), None).unwrap();
+        let out = sim
+            .run(&[
+                "eval",
+                &format!(r#"write_file("{}/f", "x")"#, link.display()),
+            ])
+            .code(1);
+        assert!(
+            out.stderr
+                .contains("owned by uid 65534 (another account's)"),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
+}

@@ -496,3 +496,36 @@ impl Drop for Sim {
         }
     }
 }
+
+/// Runs `c` (its program, arguments and environment) with a FUSE file system that never
+/// answers mounted at `mnt`, as a hung NFS or FUSE server: every lookup under it waits. The
+/// mount lives in a mount namespace of its own (tests/fuse/hung_mount.py), seen by nothing
+/// else on the machine. SIGTERM goes to `c` after `term_after_s` seconds (0: never). Returns
+/// what the helper saw: `rc`, `termed`, `hung` (still running 30 s later), `stdout`, `stderr`.
+pub fn on_hung_mount(
+    c: &std::process::Command,
+    mnt: &Path,
+    term_after_s: &str,
+) -> serde_json::Value {
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuse/hung_mount.py");
+    let mut u = std::process::Command::new("unshare");
+    u.args(["--mount", "--propagation", "private", "python3"])
+        .arg(&helper)
+        .arg(mnt)
+        .arg(term_after_s)
+        .arg(c.get_program())
+        .args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => u.env(k, v),
+            None => u.env_remove(k),
+        };
+    }
+    let out = u.output().expect("unshare and python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the helper's JSON line")
+}

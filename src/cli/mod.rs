@@ -308,8 +308,11 @@ pub fn main() -> i32 {
             );
             if !answer && std::env::args().any(|a| a == "--json") {
                 json_error(&e.render().to_string());
-            } else {
-                let _ = e.print();
+            } else if let Some(closed) = crate::output::unwritable().filter(|_| !e.use_stderr()) {
+                // Help for a stdout that cannot take it fails, as any output does.
+                crate::output::failed(&closed);
+            } else if let Err(e) = e.print() {
+                crate::output::failed(&e);
             }
             // clap's own mapping: an answer on stdout is success, anything on stderr usage.
             let end = match e.use_stderr() {
@@ -353,19 +356,30 @@ pub fn main() -> i32 {
     let result = hiargs::HiArgs::from_low(&args).and_then(|hi| on_script_thread(&hi));
     let code = exit_code(result, args.json);
     tracing::debug!("done at {:.1} ms", crate::timeline::ms());
+    if crate::gpu::nvml::load_pending() {
+        // A load of the driver library that never returned may hold the loader's lock, which
+        // the C library's exit waits for: end now (stdout was flushed by exit_code).
+        // SAFETY: _exit ends the process at once; nothing of Rust's needs to run after it.
+        unsafe { libc::_exit(code) }
+    }
     code
 }
 
 /// The one place a command's end becomes the process's exit status (as ripgrep's `main`):
 /// its `Exit`, or its error, said (as `{"error": …}` under --json) and mapped to the `Exit`
-/// it means.
+/// it means; a command whose output could not be written (other than to a closed pipe) has
+/// failed, whatever it found.
 fn exit_code(result: Result<Exit, Error>, json: bool) -> i32 {
-    match result {
-        Ok(end) => end.code(),
+    let end = match result {
+        Ok(end) => end,
         Err(e) => {
             report(&e, json);
-            e.exit().code()
+            e.exit()
         }
+    };
+    match crate::output::finish() {
+        true => end.worse(Exit::Failure).code(),
+        false => end.code(),
     }
 }
 

@@ -187,6 +187,9 @@ pub enum GpuError {
     /// that fits no pod or container here, or several (`process::scope::ScopeError`).
     #[error("{0}")]
     BadScope(String),
+    /// Ctrl-C or SIGTERM while the driver library was loading.
+    #[error("interrupted while the NVIDIA driver library was loading")]
+    Interrupted,
 }
 
 impl GpuError {
@@ -204,6 +207,7 @@ impl GpuError {
             GpuError::NoDriver(_) => "no NVIDIA driver",
             GpuError::NoUser { .. } => "no such user",
             GpuError::BadScope(_) => "bad pod or container",
+            GpuError::Interrupted => "interrupted",
         }
     }
 

@@ -10,6 +10,8 @@ use nvml_wrapper::struct_wrappers::device::MemoryInfo;
 use nvml_wrapper::Nvml;
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -101,6 +103,10 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
 /// The driver's user-space library, as every NVIDIA tool loads it.
 const LIB_NAME: &str = "libnvidia-ml.so.1";
 
+/// Often a laptop or a CI runner: the simulator is how to try gpuloop there.
+const NO_LIBRARY_HINT: &str =
+    "(is the NVIDIA driver installed? Without GPUs, try the simulator: gpuloop --sim 8x80G gpus)";
+
 /// What failed, for "no NVIDIA driver: …": the library not loading, or the driver refusing init.
 fn no_driver_reason(lib: &OsStr, e: NvmlError) -> String {
     let lib = lib.to_string_lossy();
@@ -116,8 +122,7 @@ fn no_driver_reason(lib: &OsStr, e: NvmlError) -> String {
             } else {
                 format!("{lib}: {why}")
             };
-            // Often a laptop or a CI runner: the simulator is how to try gpuloop there.
-            format!("{why} (is the NVIDIA driver installed? Without GPUs, try the simulator: gpuloop --sim 8x80G gpus)")
+            format!("{why} {NO_LIBRARY_HINT}")
         }
         NvmlError::FailedToLoadSymbol(s) => {
             format!("{lib} is not a usable NVML library (missing {s})")
@@ -154,6 +159,53 @@ fn lib_path() -> OsString {
         .unwrap_or_else(|| LIB_NAME.into())
 }
 
+/// The largest library `GPULOOP_NVML_LIB` may name (the driver's is a few MiB).
+const MAX_LIB: u64 = 256 << 20;
+
+/// The library a path names (`GPULOOP_NVML_LIB=/opt/…/libnvidia-ml.so.1`), as gpuloop loads
+/// it: opened as every file gpuloop trusts is (`journal::files::open_trusted`: no link
+/// another account planted, a regular file of root's or this user's that nobody else may
+/// write, since a library loaded as root is code run as root), then copied into memory, from
+/// which the loader maps it. The open and the reads run on the load's worker, under its
+/// deadline; the loader itself (which holds a lock the C library's `exit` waits for) then
+/// touches no file system that could hang.
+fn in_memory(path: &Path) -> Result<OwnedFd, String> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = crate::journal::files::open_trusted(path).map_err(|e| match e {
+        crate::journal::files::FileError::Io { path, source } => format!(
+            "{}: cannot open shared object file: {source} {NO_LIBRARY_HINT}",
+            path.display()
+        ),
+        refused => {
+            format!("GPULOOP_NVML_LIB {refused} (a library loaded as root is code run as root)")
+        }
+    })?;
+    let memfd = |flags| rustix::fs::memfd_create("gpuloop-nvml", flags);
+    let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+    // Kernels that can refuse to run a memfd (vm.memfd_noexec) are asked for one that runs;
+    // older ones do not know the flag, and every memfd of theirs runs.
+    let mem = memfd(flags | MemfdFlags::EXEC)
+        .or_else(|_| memfd(flags))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let copied = std::io::copy(
+        &mut std::io::Read::take(std::fs::File::from(fd), MAX_LIB + 1),
+        &mut std::fs::File::from(mem.try_clone().map_err(|e| e.to_string())?),
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    if copied > MAX_LIB {
+        return Err(format!(
+            "{}: larger than {} MiB: not a driver library",
+            path.display(),
+            MAX_LIB >> 20
+        ));
+    }
+    let _ = rustix::fs::fcntl_add_seals(
+        &mem,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    );
+    Ok(mem)
+}
+
 /// Starts loading and initialising the driver library now, on a worker of its own, unless
 /// that has begun already. A one-shot calls it first thing, so that NVML's ~10 ms of
 /// initialisation overlap everything gpuloop does before it needs the driver (arguments,
@@ -176,10 +228,21 @@ pub(crate) fn preload() {
 fn open() -> Result<Opened, GpuError> {
     let lib = lib_path();
     let from_ms = crate::timeline::ms();
+    // A path is loaded from memory (`in_memory`); a bare name, as the driver's own, is found
+    // by the loader where the system keeps its libraries.
+    let copy = match lib.as_encoded_bytes().contains(&b'/') {
+        true => Some(in_memory(Path::new(&lib)).map_err(GpuError::NoDriver)?),
+        false => None,
+    };
+    let load: OsString = match &copy {
+        Some(fd) => format!("/proc/self/fd/{}", fd.as_raw_fd()).into(),
+        None => lib.clone(),
+    };
     let nvml = Nvml::builder()
-        .lib_path(&lib)
+        .lib_path(&load)
         .init()
         .map_err(|e| GpuError::NoDriver(no_driver_reason(&lib, e)))?;
+    drop(copy);
     let nvml: &'static Nvml = Box::leak(Box::new(nvml));
     let to_ms = crate::timeline::ms();
     for i in 0..nvml.device_count().unwrap_or(0) {
@@ -197,6 +260,41 @@ fn open() -> Result<Opened, GpuError> {
     })
 }
 
+/// Why a load gave no result.
+enum Waited {
+    Late(Late),
+    /// Ctrl-C or SIGTERM came first.
+    Interrupted,
+}
+
+/// The load's result, if it comes within `limit` and before an interrupt.
+fn wait_for_load(
+    pending: &Pending<Result<Opened, GpuError>>,
+    limit: Duration,
+) -> Result<Result<Opened, GpuError>, Waited> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let slice = (std::time::Instant::now() + Duration::from_millis(50)).min(deadline);
+        match pending.wait_until(slice) {
+            Err(Late::Timeout) if std::time::Instant::now() < deadline => {}
+            done => return done.map_err(Waited::Late),
+        }
+        if crate::interrupt::is_set() {
+            return Err(Waited::Interrupted);
+        }
+    }
+}
+
+/// Whether a load of the driver library has not returned: it may hold the loader's lock,
+/// which the C library's `exit` waits for (`_dl_fini`), so gpuloop must end without it.
+pub(crate) fn load_pending() -> bool {
+    match LIB.try_lock() {
+        Ok(lib) => matches!(&*lib, Lib::Loading(p) if !p.returned().load(Ordering::SeqCst)),
+        // Someone is waiting for a load at the very end: it has not returned either.
+        Err(_) => true,
+    }
+}
+
 impl NvmlBackend {
     /// The driver library, loaded and initialised (`GPULOOP_NVML_LIB` names another file), or
     /// the load `preload` started, waited for until `limit`. `Err(GpuError::NoDriver)` says
@@ -212,7 +310,7 @@ impl NvmlBackend {
             Lib::Loading(p) => p,
             Lib::Unloaded => deadline::start("nvmlInit", open)?,
         };
-        match pending.wait_until(std::time::Instant::now() + limit) {
+        match wait_for_load(&pending, limit) {
             Ok(Ok(o)) => {
                 tracing::debug!(
                     "nvml: {} loaded and initialised in {:.1} ms (from {:.1} to {:.1} ms)",
@@ -226,11 +324,15 @@ impl NvmlBackend {
             }
             // Left unloaded: a later load tries again.
             Ok(Err(e)) => Err(e),
-            Err(Late::Timeout) => {
+            Err(Waited::Late(Late::Timeout)) => {
                 *lib = Lib::Loading(pending);
                 Err(deadline::gave_up("nvmlInit", Late::Timeout, limit))
             }
-            Err(late) => Err(deadline::gave_up("nvmlInit", late, limit)),
+            Err(Waited::Interrupted) => {
+                *lib = Lib::Loading(pending);
+                Err(GpuError::Interrupted)
+            }
+            Err(Waited::Late(late)) => Err(deadline::gave_up("nvmlInit", late, limit)),
         }
     }
 

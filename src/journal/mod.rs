@@ -5,11 +5,14 @@
 //! Sites run gpuloop as root in Slurm epilogs and behind MCP, so the journal is written with
 //! care: its directory is opened without following links and must be the user's own and
 //! writable by nobody else; the file likewise (opened `O_NOFOLLOW`, created 0600); each record
-//! is one `write` on an `O_APPEND` descriptor, so concurrent gpuloops never interleave within
-//! a line; past [`MAX_BYTES`] the file is rotated to `journal.jsonl.1`. A journal that cannot
-//! be written never holds a signal back: the signal goes out and gpuloop warns once.
+//! is one `write` on an `O_APPEND` descriptor under a lock on the file, so concurrent gpuloops
+//! never interleave within a line, and is written whole or not at all (a short write on a full
+//! disk is cut back off); past [`MAX_BYTES`] the file is rotated to `journal.jsonl.1`. A
+//! journal that cannot be written never holds a signal back: the signal goes out and gpuloop
+//! warns once. A signal's record is written by a thread of the journal's own, which a kill
+//! waits for at most a few seconds ([`flush`]): a file system that hangs holds back no signal.
 
-mod files;
+pub(crate) mod files;
 mod filter;
 mod read;
 mod show;
@@ -240,8 +243,8 @@ pub(crate) fn dir() -> Result<PathBuf, JournalError> {
 }
 
 /// Journals one signal (sent, or tried) when the journal is on, with the server call it was
-/// sent for. A journal that cannot be written is warned about once, and never holds a
-/// signal back.
+/// sent for: queued for the journal's writer ([`flush`] waits for it). A journal that cannot
+/// be written is warned about once, and never holds a signal back.
 pub(crate) fn signal(
     target: Target,
     signal: &str,
@@ -256,9 +259,67 @@ pub(crate) fn signal(
         why: why.to_string(),
         outcome,
     });
-    let written = dir().and_then(|d| append(&d, &record(ctx, event, served)));
-    if let Err(e) = written {
-        warn_once(&e);
+    let Some(writer) = signals() else { return };
+    match serde_json::to_vec(&record(ctx, event, served)) {
+        Ok(mut line) => {
+            line.push(b'\n');
+            writer.send(line);
+        }
+        Err(e) => warn_once(&JournalError::Io {
+            path: PathBuf::from(FILE),
+            source: e.into(),
+        }),
+    }
+}
+
+/// How long a kill waits for the journal to take the records of the signals it sent.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+static WRITER: OnceLock<Option<files::Appender>> = OnceLock::new();
+
+/// The writer of the signals' records, started at the first: a thread of its own, so that a
+/// state directory on a file system that hangs holds back no signal.
+fn signals() -> Option<&'static files::Appender> {
+    WRITER
+        .get_or_init(|| {
+            let dir = dir().map_err(|e| warn_once(&e)).ok()?;
+            files::Appender::start("gpuloop-journal", move |line| {
+                if let Err(e) = append_line(&dir, line, MAX_BYTES) {
+                    warn_once(&e);
+                }
+                files::Wrote::On
+            })
+            .map_err(|e| {
+                warn_once(&JournalError::Io {
+                    path: PathBuf::from(FILE),
+                    source: e,
+                })
+            })
+            .ok()
+        })
+        .as_ref()
+}
+
+/// Waits until the signals journaled so far are written: at most [`DEADLINE`], and no longer
+/// than the next interrupt (one that came before, which may be what a kill stops a job for,
+/// does not cut it short). A journal that misses the deadline is given up, said once.
+pub(crate) fn flush() {
+    // Nothing was journaled by this process yet: nothing to wait for.
+    let Some(Some(writer)) = WRITER.get() else {
+        return;
+    };
+    let since = crate::interrupt::After::now();
+    if writer.flush(DEADLINE, &|| since.came()) == files::Flushed::Late {
+        warn_once(&JournalError::Io {
+            path: PathBuf::from(FILE),
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no record was written within {} s (a file system that hangs?); this gpuloop journals no more",
+                    DEADLINE.as_secs()
+                ),
+            ),
+        });
     }
 }
 
@@ -344,14 +405,7 @@ fn append_line(dir: &Path, line: &[u8], max: u64) -> Result<(), JournalError> {
         rotate(&dirfd, &fd).map_err(|e| io(e.into()))?;
         fd = open_file(&dirfd, dir, FILE, Open::Append)?.ok_or_else(|| io(not_found()))?;
     }
-    let n = rustix::io::write(&fd, line).map_err(|e| io(e.into()))?;
-    if n != line.len() {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::WriteZero,
-            format!("wrote {n} of {} bytes (disk full?)", line.len()),
-        )));
-    }
-    Ok(())
+    files::append_whole(&fd, line).map_err(io)
 }
 
 fn not_found() -> std::io::Error {
@@ -575,6 +629,40 @@ pub(super) mod tests {
         let mut got = Vec::new();
         let found = last(&dir, &Filter::default(), 2, &mut |r| got.push(r)).unwrap();
         assert_eq!((found.bad, found.matched, got.len()), (1, 5, 2));
+    }
+
+    /// A record cut short (a full disk, a crash) with the next one glued to it: the reader
+    /// skipped the whole line, and so lost the whole record after the partial one.
+    #[test]
+    fn a_record_glued_to_a_partial_one_is_read_and_the_next_append_starts_a_line() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("gpuloop");
+        let (a, b, c) = (
+            record(41, FrontEnd::Cli),
+            record(42, FrontEnd::Mcp),
+            record(43, FrontEnd::Cli),
+        );
+        append(&dir, &a).unwrap();
+        let whole = serde_json::to_vec(&b).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join(FILE))
+            .unwrap();
+        // Half of a record (its call carries a map whose first key is "time" too), then B.
+        let mut cut = record(40, FrontEnd::Mcp);
+        cut.call = Some(serde_json::json!({"time": "x", "tool": "kill"}));
+        let cut = serde_json::to_vec(&cut).unwrap();
+        f.write_all(&cut[..cut.len() * 2 / 3]).unwrap();
+        f.write_all(&whole).unwrap();
+        f.write_all(b"\n").unwrap();
+        // Then a partial line with no newline at the end of the file: the next append must
+        // not be glued to it.
+        f.write_all(&whole[..whole.len() / 2]).unwrap();
+        drop(f);
+        append(&dir, &c).unwrap();
+        let (got, found) = all(&dir, &Filter::default());
+        assert_eq!(got, vec![a, b, c]);
+        assert_eq!(found.bad, 2);
     }
 
     #[test]

@@ -54,17 +54,36 @@ pub(crate) fn read(
             if buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            match serde_json::from_slice::<Record>(&buf) {
-                Ok(r) if filter.matches(&r) => {
-                    found.matched += 1;
-                    each(r)
+            let record = match serde_json::from_slice::<Record>(&buf) {
+                Ok(r) => r,
+                Err(_) => {
+                    found.bad += 1;
+                    match glued(&buf) {
+                        Some(r) => r,
+                        None => continue,
+                    }
                 }
-                Ok(_) => {}
-                Err(_) => found.bad += 1,
+            };
+            if filter.matches(&record) {
+                found.matched += 1;
+                each(record)
             }
         }
     }
     Ok(found)
+}
+
+/// How every record's line begins: `time` is its first field.
+const START: &[u8] = b"{\"time\":";
+
+/// The whole record at the end of a line that is not one: a line cut short (a full disk, a
+/// crash) with the next record glued to it. The record is the one that parses from one of
+/// its starts to the end of the line; a start inside a JSON string would be escaped
+/// (`{\"time\":`), so only the record's own braces can be found.
+fn glued(line: &[u8]) -> Option<Record> {
+    memchr::memmem::find_iter(line, START)
+        .skip_while(|&at| at == 0)
+        .find_map(|at| serde_json::from_slice::<Record>(&line[at..]).ok())
 }
 
 /// The last `n` records matching `filter` (all of them for 0, streamed to `each` as read).

@@ -220,9 +220,11 @@ impl Local<'_> {
                 },
             });
         }
+        let gpus: std::collections::HashMap<i64, &Vec<i64>> =
+            hs.iter().map(|h| (h.pid, &h.gpus)).collect();
         for t in &mut report.targets {
-            if let Some(h) = hs.iter().find(|h| h.pid == t.pid) {
-                t.gpus.clone_from(&h.gpus);
+            if let Some(g) = gpus.get(&t.pid) {
+                t.gpus.clone_from(g);
             }
         }
         for h in units {

@@ -98,7 +98,10 @@ impl ActionError {
 
 impl From<GpuError> for ActionError {
     fn from(e: GpuError) -> Self {
-        ActionError::Gpu(e)
+        match e {
+            GpuError::Interrupted => ActionError::Interrupted,
+            e => ActionError::Gpu(e),
+        }
     }
 }
 

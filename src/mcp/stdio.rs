@@ -141,7 +141,8 @@ pub(crate) fn transport() -> (DuplexStream, DuplexStream, tokio::task::JoinHandl
 }
 
 /// Writes rmcp's lines and this side's answers to `out` as they come, until rmcp's output
-/// ends; then the answers still queued. rmcp's output ends only after stdin has ended, and by
+/// ends (or `out` fails: the server then exits 1, unless it was a closed pipe); then the
+/// answers still queued. rmcp's output ends only after stdin has ended, and by
 /// then every answer to a line before the end is queued: none is lost to the race between
 /// the two (`select!` takes either when both are ready).
 async fn forward(
@@ -158,13 +159,13 @@ async fn forward(
             },
             Some(l) = answered.recv() => l,
         };
-        if write_line(&mut out, &line).await.is_err() {
-            return;
+        if let Err(e) = write_line(&mut out, &line).await {
+            return crate::output::failed(&e);
         }
     }
     while let Ok(line) = answered.try_recv() {
-        if write_line(&mut out, &line).await.is_err() {
-            return;
+        if let Err(e) = write_line(&mut out, &line).await {
+            return crate::output::failed(&e);
         }
     }
 }
@@ -173,6 +174,9 @@ async fn write_line(
     out: &mut (impl tokio::io::AsyncWrite + Unpin),
     line: &str,
 ) -> std::io::Result<()> {
+    if let Some(e) = crate::output::unwritable() {
+        return Err(e);
+    }
     out.write_all(format!("{line}\n").as_bytes()).await?;
     out.flush().await
 }

@@ -1012,6 +1012,12 @@ fn kill(ctx: &Ctx, a: KillArgs) -> Result<Reply, CallError> {
         Ok(r) => r,
         Err(e) => return Ok(Reply::failed(e)),
     };
+    // Cancelled while it pinned, signalled or waited: it stopped there.
+    if report.interrupted && ctx.stopped() {
+        return Err(CallError::Cancelled {
+            signalled: report.signalled,
+        });
+    }
     no_force_here(&mut report);
     let mut line = summary::kill(&report);
     if a.force {

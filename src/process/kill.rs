@@ -10,11 +10,8 @@ use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::pidfd_send_signal;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::Write;
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// What to stop: a bare pid (resolved now) or an identity seen earlier (checked before signalling).
@@ -177,7 +174,8 @@ pub struct KillReport {
     pub killed_at_once: Vec<Skipped>,
     /// KILLed but still there, asleep in the kernel or the driver (D state).
     pub stuck: Vec<Stuck>,
-    /// An interrupt ended the grace: `survivors` got the signal but no SIGKILL.
+    /// An interrupt ended the kill: during the grace, `survivors` got the signal but no
+    /// SIGKILL; before the signals were all sent, the targets not reached yet are in no list.
     pub interrupted: bool,
     pub elapsed_ms: i64,
     /// Live parents of the targets that may start them again (not signalled without `parents`).
@@ -197,10 +195,10 @@ impl KillReport {
     /// This report followed by a `later` kill of the same call (clean's next round): every
     /// list is both's, and the restarters are those still left running after it.
     pub(crate) fn then(&mut self, later: KillReport) {
-        self.restarters.retain(|r| {
-            !later.signalled.contains(&r.pid)
-                && !later.restarters.iter().any(|l| l.identity == r.identity)
-        });
+        let signalled: HashSet<i64> = later.signalled.iter().copied().collect();
+        let again: HashSet<Identity> = later.restarters.iter().map(|l| l.identity).collect();
+        self.restarters
+            .retain(|r| !signalled.contains(&r.pid) && !again.contains(&r.identity));
         self.restarters.extend(later.restarters);
         self.signalled.extend(later.signalled);
         self.would_signal.extend(later.would_signal);
@@ -431,16 +429,6 @@ pub(crate) fn kill_with_progress(
     kill_in(&tree, targets, opts, protected, interrupted, progress)
 }
 
-/// Records that `pid` was not signalled, once.
-fn skip(report: &mut KillReport, pid: i32, reason: SkipReason) {
-    if !report.skipped.iter().any(|s| s.pid == i64::from(pid)) {
-        report.skipped.push(Skipped {
-            pid: pid.into(),
-            reason,
-        })
-    }
-}
-
 /// How a tree member is tied to the pinned process it was found through.
 #[derive(Clone, Copy)]
 enum Tie {
@@ -467,6 +455,10 @@ struct Resolve<'a> {
     chosen: Vec<usize>,
     /// Pids already considered.
     seen: HashSet<i32>,
+    /// Pids already in the report's `skipped`.
+    skipped: HashSet<i32>,
+    /// Where each chosen process is in `chosen`, by pid.
+    chosen_at: HashMap<i32, usize>,
     /// The targets themselves, as taken (their parents are the restarters).
     taken: Vec<Identity>,
     /// Why each process taken was chosen, by pid, for the audit journal.
@@ -474,6 +466,16 @@ struct Resolve<'a> {
 }
 
 impl Resolve<'_> {
+    /// Records that `pid` was not signalled, once.
+    fn skip(&mut self, report: &mut KillReport, pid: i32, reason: SkipReason) {
+        if self.skipped.insert(pid) {
+            report.skipped.push(Skipped {
+                pid: pid.into(),
+                reason,
+            })
+        }
+    }
+
     /// Keeps `p` and takes it unless it was considered before or is refused.
     fn consider(&mut self, report: &mut KillReport, p: Pinned, why: String) -> (usize, bool) {
         let pid = p.info.pid;
@@ -502,10 +504,11 @@ impl Resolve<'_> {
             });
         match refused {
             Some(reason) => {
-                skip(report, pid, reason);
+                self.skip(report, pid, reason);
                 (i, false)
             }
             None => {
+                self.chosen_at.insert(pid, self.chosen.len());
                 self.chosen.push(i);
                 self.why.insert(pid, why);
                 (i, true)
@@ -516,7 +519,7 @@ impl Resolve<'_> {
     fn target(&mut self, report: &mut KillReport, t: &Target) {
         let pid = t.pid();
         if pid <= 1 {
-            return skip(report, pid, SkipReason::NeverSignalled { pid });
+            return self.skip(report, pid, SkipReason::NeverSignalled { pid });
         }
         if self.seen.contains(&pid) {
             return;
@@ -527,8 +530,8 @@ impl Resolve<'_> {
         };
         let p = match pinned {
             Ok(Some(p)) => p,
-            Ok(None) => return skip(report, pid, SkipReason::Gone),
-            Err(reason) => return skip(report, pid, SkipReason::Unpinned(reason)),
+            Ok(None) => return self.skip(report, pid, SkipReason::Gone),
+            Err(reason) => return self.skip(report, pid, SkipReason::Unpinned(reason)),
         };
         // A refused target's tree is never walked (its children may be gpuloop's siblings, or
         // a daemon's helpers).
@@ -595,11 +598,11 @@ impl Resolve<'_> {
         let p = match identity::pin_now(pid) {
             Ok(Some(p)) => p,
             Ok(None) => {
-                skip(report, pid, SkipReason::Gone);
+                self.skip(report, pid, SkipReason::Gone);
                 return None;
             }
             Err(reason) => {
-                skip(report, pid, SkipReason::Unpinned(reason));
+                self.skip(report, pid, SkipReason::Unpinned(reason));
                 return None;
             }
         };
@@ -618,7 +621,7 @@ impl Resolve<'_> {
                 Tie::Child => "a child of",
                 Tie::Group => "in the process group of",
             };
-            skip(
+            self.skip(
                 report,
                 pid,
                 SkipReason::Untied {
@@ -655,9 +658,11 @@ impl Resolve<'_> {
             &self.opts.restarted,
         );
         for r in found {
-            let same =
-                |p: &Pinned| p.info.pid == r.identity.pid && p.info.start == r.identity.start;
-            if self.chosen.iter().any(|&i| same(&self.pins[i])) {
+            let chosen = self
+                .chosen_at
+                .get(&r.identity.pid)
+                .map(|&k| &self.pins[self.chosen[k]]);
+            if chosen.is_some_and(|p| p.info.start == r.identity.start) {
                 continue; // already stopped as part of a target's tree
             }
             let stop = self.opts.parents && r.shown.is_some();
@@ -668,12 +673,11 @@ impl Resolve<'_> {
     }
 
     fn take_parent(&mut self, report: &mut KillReport, r: &Restarter) -> bool {
-        let Some(holder) = self
-            .chosen
-            .iter()
-            .position(|&i| i64::from(self.pins[i].info.pid) == r.holder)
-            .map(|k| self.chosen[k])
-        else {
+        let holder = i32::try_from(r.holder)
+            .ok()
+            .and_then(|pid| self.chosen_at.get(&pid))
+            .map(|&k| self.chosen[k]);
+        let Some(holder) = holder else {
             return false;
         };
         let parent = match identity::pin(&r.identity) {
@@ -706,15 +710,15 @@ fn kill_in(
         dry_run: opts.dry_run,
         ..KillReport::default()
     };
-    let mut chosen = pin_targets(tree, targets, opts, protected, &mut report);
-    if opts.dry_run {
+    let mut chosen = pin_targets(tree, targets, opts, protected, interrupted, &mut report);
+    if opts.dry_run || report.interrupted {
         say_what_would_be_sent(chosen, opts, &mut report);
         report.elapsed_ms = started.elapsed().as_millis() as i64;
         return report;
     }
     let signalled_at = Instant::now();
     let why = std::mem::take(&mut chosen.why);
-    let mut victims = signal_each(chosen, opts, &why, &mut report);
+    let mut victims = signal_each(chosen, opts, &why, interrupted, &mut report);
     wait_then_kill(
         &mut victims,
         signalled_at,
@@ -785,13 +789,21 @@ fn stopped(
     }
 }
 
+/// Whether an interrupt stops the kill before its signals are all sent: kill() and clean stop
+/// (the report says so); stopping a job goes on, since a job is never left behind.
+fn stops(opts: &KillOpts, interrupted: &dyn Interrupt) -> bool {
+    opts.on_interrupt == OnInterrupt::StopWaiting && interrupted.is_set()
+}
+
 /// Step 1: pin the targets, their trees and (with `parents`) their restarters; refusals go
-/// to `report`.
+/// to `report`. An interrupt ends it (`report.interrupted`) with nothing chosen: targets not
+/// reached yet are in no list.
 fn pin_targets(
     tree: &Tree,
     targets: &[Target],
     opts: &KillOpts,
     protected: &[String],
+    interrupted: &dyn Interrupt,
     report: &mut KillReport,
 ) -> Chosen {
     let guard = Guard::new(protected);
@@ -805,10 +817,21 @@ fn pin_targets(
         pins: Vec::new(),
         chosen: Vec::new(),
         seen: HashSet::new(),
+        skipped: HashSet::new(),
+        chosen_at: HashMap::new(),
         taken: Vec::new(),
         why: HashMap::new(),
     };
     for t in targets {
+        if stops(opts, interrupted) {
+            report.interrupted = true;
+            return Chosen {
+                pinned: Vec::new(),
+                why: HashMap::new(),
+                futile: Vec::new(),
+                names: Vec::new(),
+            };
+        }
         resolve.target(report, t);
     }
     resolve.restarters(report);
@@ -868,11 +891,13 @@ fn say_what_would_be_sent(chosen: Chosen, opts: &KillOpts, report: &mut KillRepo
 
 /// Step 2: signal every pinned process through its pidfd (the start time and, where the
 /// kernel has pidfs, the pidfd's inode were checked when it was pinned): whatever reuses a pid
-/// from now on is out of reach. The ones signalled are the victims waited for.
+/// from now on is out of reach. The ones signalled are the victims waited for. An interrupt
+/// stops the signalling (`report.interrupted`): those not signalled yet are in no list.
 fn signal_each(
     chosen: Chosen,
     opts: &KillOpts,
     why: &HashMap<i32, String>,
+    interrupted: &dyn Interrupt,
     report: &mut KillReport,
 ) -> Vec<Victim> {
     let why = |pid: i32| why_of(why, pid);
@@ -883,6 +908,10 @@ fn signal_each(
         .zip(chosen.futile)
         .zip(chosen.names)
     {
+        if stops(opts, interrupted) {
+            report.interrupted = true;
+            break;
+        }
         let pid = p.info.pid;
         let sig = first_of(&futile, opts);
         match send(&p, sig, why(pid), opts.served.as_ref()) {
@@ -913,13 +942,18 @@ fn signal_each(
                     name: shown,
                 });
             }
-            Err(rustix::io::Errno::SRCH) => skip(report, pid, SkipReason::Gone),
+            // Chosen once each, and never skipped before.
+            Err(rustix::io::Errno::SRCH) => report.skipped.push(Skipped {
+                pid: pid.into(),
+                reason: SkipReason::Gone,
+            }),
             Err(e) => report.errors.push(KillError {
                 pid: pid.into(),
                 error: describe_errno(e, sig),
             }),
         }
     }
+    records_written();
     victims
 }
 
@@ -971,7 +1005,7 @@ fn wait_then_kill(
         first_interrupt,
         &mut |left, all| progress(left, all, escalation.map(|t| t - Instant::now().min(t))),
     );
-    report.interrupted = cut && opts.on_interrupt == OnInterrupt::StopWaiting;
+    report.interrupted |= cut && opts.on_interrupt == OnInterrupt::StopWaiting;
     // A job stop's interrupt means KILL now, even with a grace that never ends.
     let kill_now = cut && opts.on_interrupt == OnInterrupt::KillNow;
     if (escalates || kill_now) && !report.interrupted {
@@ -987,6 +1021,7 @@ fn wait_then_kill(
             .is_ok();
             v.killed = v.escalated;
         }
+        records_written();
         if victims.iter().any(|v| v.killed && !v.exited) {
             // The KILLs are sent; a job stop waits for them whatever happens (short, bounded).
             let stop: &dyn Interrupt = match opts.on_interrupt {
@@ -1001,6 +1036,14 @@ fn wait_then_kill(
             );
         }
     }
+}
+
+/// Waits until the journal and the signal log have the records of the signals sent so far:
+/// each has a thread of its own, waited for at most a few seconds and no longer than the next
+/// interrupt, so a file system that hangs holds back no signal.
+fn records_written() {
+    crate::journal::flush();
+    super::signal_log::flush();
 }
 
 /// Each victim in the report: exited, stuck (KILLed and still there) or surviving, and what
@@ -1036,9 +1079,10 @@ fn report_each(victims: &[Victim], signalled_at: Instant, report: &mut KillRepor
 /// A parent that only waited for its holder exits with it; the ones still running after
 /// their holder ended are those that may start it again.
 fn keep_restarters_still_running(report: &mut KillReport) {
+    let exited: HashSet<i64> = report.exited.iter().copied().collect();
     let (waited, rest): (Vec<Restarter>, Vec<Restarter>) = std::mem::take(&mut report.restarters)
         .into_iter()
-        .partition(|r| report.exited.contains(&r.holder));
+        .partition(|r| exited.contains(&r.holder));
     report.restarters = restart::still_running(waited, restart::EXIT_WINDOW);
     report.restarters.extend(rest);
 }
@@ -1114,7 +1158,7 @@ fn send(
         rustix::process::Signal::from_named_raw(sig as i32).ok_or(rustix::io::Errno::INVAL)?;
     let r = pidfd_send_signal(&p.fd, raw);
     if r.is_ok() {
-        log_signal(&p.identity(), &p.info.comm, sig);
+        super::signal_log::record(&p.identity(), &p.info.comm, sig);
     }
     let outcome = match r {
         Ok(()) => crate::journal::Delivery::Delivered,
@@ -1136,41 +1180,6 @@ fn send(
     r
 }
 
-/// The file named by `GPULOOP_SIGNAL_LOG`, read once.
-fn signal_log() -> Option<&'static PathBuf> {
-    static LOG: OnceLock<Option<PathBuf>> = OnceLock::new();
-    LOG.get_or_init(|| {
-        std::env::var_os("GPULOOP_SIGNAL_LOG")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    })
-    .as_ref()
-}
-
-/// Appends "pid start ino SIGNAL comm" (ino `-` without pidfs; comm last, as it may hold
-/// spaces) to the signal log: one line per signal delivered, written in one append so that
-/// lines of concurrent gpuloops never mix. For audits and the churn test, which checks every
-/// line against the processes it meant.
-fn log_signal(id: &Identity, comm: &str, sig: Signal) {
-    let Some(path) = signal_log() else { return };
-    let ino = id.ino.map_or_else(|| "-".to_string(), |i| i.to_string());
-    let comm = comm.replace('\n', "?");
-    let line = format!(
-        "{} {} {ino} {} {comm}\n",
-        id.pid,
-        id.start,
-        signal_name(sig)
-    );
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(line.as_bytes()));
-    if let Err(e) = written {
-        tracing::warn!("cannot write the signal log {}: {e}", path.display());
-    }
-}
-
 fn describe_errno(e: rustix::io::Errno, sig: Signal) -> String {
     match e {
         rustix::io::Errno::PERM => format!(
@@ -1182,8 +1191,81 @@ fn describe_errno(e: rustix::io::Errno, sig: Signal) -> String {
 }
 
 /// Waits on the pidfds until every victim exited, the deadline passed, or an interrupt;
-/// true if an interrupt ended it with victims left.
+/// true if an interrupt ended it with victims left. The live victims' pidfds are one epoll
+/// set, so a wake costs the exits it reports: a poll of every victim at each exit was
+/// quadratic in the victims.
 fn wait_exits(
+    victims: &mut [Victim],
+    deadline: Instant,
+    interrupted: &dyn Interrupt,
+    progress: &mut dyn FnMut(usize, usize),
+) -> bool {
+    use rustix::event::epoll;
+    let set = epoll::create(epoll::CreateFlags::CLOEXEC);
+    let Ok(set) = set else {
+        return poll_exits(victims, deadline, interrupted, progress);
+    };
+    let mut live = 0;
+    for (i, v) in victims.iter().enumerate().filter(|(_, v)| !v.exited) {
+        let added = epoll::add(
+            &set,
+            &v.pinned.fd,
+            epoll::EventData::new_u64(i as u64),
+            epoll::EventFlags::IN,
+        );
+        if added.is_err() {
+            return poll_exits(victims, deadline, interrupted, progress);
+        }
+        live += 1;
+    }
+    let mut events = Vec::with_capacity(live.clamp(1, 4096));
+    loop {
+        if live == 0 {
+            return false;
+        }
+        if interrupted.is_set() {
+            return true;
+        }
+        progress(live, victims.len());
+        let Some(ts) = next_wake(deadline) else {
+            return false;
+        };
+        events.clear();
+        if epoll::wait(&set, rustix::buffer::spare_capacity(&mut events), Some(&ts)).is_err() {
+            continue;
+        }
+        let at = Instant::now();
+        for e in &events {
+            let Some(v) = victims.get_mut(e.data.u64() as usize) else {
+                continue;
+            };
+            if !v.exited {
+                v.exited = true;
+                v.exit_at = Some(at);
+                live -= 1;
+                let _ = epoll::delete(&set, &v.pinned.fd);
+            }
+        }
+    }
+}
+
+/// How long to wait before looking again: until `deadline`, and at most 100 ms, to notice
+/// Ctrl-C; `None` once it has passed.
+fn next_wake(deadline: Instant) -> Option<rustix::time::Timespec> {
+    let now = Instant::now();
+    let wait = deadline
+        .checked_duration_since(now)
+        .filter(|w| !w.is_zero())?;
+    let wait = wait.min(Duration::from_millis(100));
+    Some(rustix::time::Timespec {
+        tv_sec: wait.as_secs() as i64,
+        tv_nsec: i64::from(wait.subsec_nanos()),
+    })
+}
+
+/// `wait_exits` where no epoll set can be made (out of descriptors): every live victim's
+/// pidfd polled at each wake.
+fn poll_exits(
     victims: &mut [Victim],
     deadline: Instant,
     interrupted: &dyn Interrupt,
@@ -1198,20 +1280,13 @@ fn wait_exits(
             return true;
         }
         progress(live.len(), victims.len());
-        let now = Instant::now();
-        if now >= deadline {
+        let Some(ts) = next_wake(deadline) else {
             return false;
-        }
-        // Wake at least every 100 ms to notice Ctrl-C.
-        let wait = (deadline - now).min(Duration::from_millis(100));
+        };
         let mut fds: Vec<PollFd> = live
             .iter()
             .map(|&i| PollFd::new(&victims[i].pinned.fd, PollFlags::IN))
             .collect();
-        let ts = rustix::time::Timespec {
-            tv_sec: wait.as_secs() as i64,
-            tv_nsec: i64::from(wait.subsec_nanos()),
-        };
         if poll(&mut fds, Some(&ts)).is_err() {
             continue;
         }
@@ -1390,6 +1465,44 @@ mod tests {
             "{r:?}"
         );
         reap(daemon);
+    }
+
+    /// Says "interrupted" from its `after`-th question on: an interrupt that comes while a
+    /// kill works through its targets.
+    struct InterruptAfter {
+        after: usize,
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Interrupt for InterruptAfter {
+        fn is_set(&self) -> bool {
+            self.asked.fetch_add(1, Ordering::Relaxed) >= self.after
+        }
+    }
+
+    /// A kill of a long target list (an MCP kill of 300k pids) ignored Ctrl-C and the
+    /// client's cancellation until every target was pinned and signalled: the interrupt was
+    /// read only while waiting for exits. It now stops the pinning (and the signalling), and
+    /// the report says it was interrupted.
+    #[test]
+    fn an_interrupt_stops_a_kill_while_it_works_through_its_targets() {
+        // Above pid_max's ceiling: never a process's.
+        let targets: Vec<Target> = (5_000_000..5_001_000).map(Target::Pid).collect();
+        let stop = InterruptAfter {
+            after: 10,
+            asked: Default::default(),
+        };
+        let r = kill(&targets, &KillOpts::default(), &[], &stop);
+        assert!(r.interrupted, "{r:?}");
+        assert!(r.skipped.len() < 100, "{} targets pinned", r.skipped.len());
+        assert!(r.signalled.is_empty());
+        // A job stop is never cut short: every target is looked at.
+        let job = KillOpts {
+            on_interrupt: OnInterrupt::KillNow,
+            ..KillOpts::default()
+        };
+        let r = kill(&targets, &job, &[], &stop);
+        assert_eq!(r.skipped.len(), 1000);
     }
 
     #[test]

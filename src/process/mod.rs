@@ -10,6 +10,7 @@ pub mod restart;
 pub(crate) mod runtime_state;
 pub mod scan;
 pub(crate) mod scope;
+pub(crate) mod signal_log;
 pub mod skip;
 pub(crate) mod tree;
 

@@ -266,6 +266,8 @@ fn find_with(
 ) -> Vec<Restarter> {
     let taken: HashSet<i32> = stopped.iter().map(|id| id.pid).collect();
     let mut out: Vec<Restarter> = Vec::new();
+    // Parents already found: each is looked at once, however many of its children stopped.
+    let mut found: HashSet<i32> = HashSet::new();
     for id in stopped {
         let Some(child) = tree.get(id.pid) else {
             continue;
@@ -274,11 +276,12 @@ fn find_with(
             continue;
         };
         if taken.contains(&parent.pid)
+            || found.contains(&parent.pid)
             || not_a_restarter(parent, child, never, cmdline)
-            || out.iter().any(|r| r.pid == i64::from(parent.pid))
         {
             continue;
         }
+        found.insert(parent.pid);
         let line = cmdline(parent.pid);
         let name = super::display_name(&parent.comm, &line);
         out.push(Restarter {

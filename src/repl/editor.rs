@@ -263,27 +263,44 @@ impl Validator for Helper {}
 
 impl rustyline::Helper for Helper {}
 
-/// `$XDG_STATE_HOME/gpuloop/history`, by default `~/.local/state/gpuloop/history`.
-pub(super) fn history_path() -> Option<PathBuf> {
-    let state =
-        dirs::state_dir().or_else(|| dirs::home_dir().map(|h| h.join(".local").join("state")))?;
-    Some(state.join("gpuloop").join("history"))
+/// The history file, `$XDG_STATE_HOME/gpuloop/history` (by default
+/// `~/.local/state/gpuloop/history`), kept as the journal beside it is: opened once, through
+/// no link and never a FIFO, in a directory that is this user's alone, and a file that is
+/// theirs alone. The line editor reads and writes it by path: the path it is given is the
+/// opened file's own (`/proc/self/fd/N`), which no one can swap.
+pub(super) struct History {
+    _file: std::os::fd::OwnedFd,
+    /// The opened file, as a path the line editor can open again.
+    pub(super) at: PathBuf,
+    /// Where it is, for messages.
+    pub(super) shown: PathBuf,
+    /// It had lines when it was opened.
+    pub(super) kept: bool,
 }
 
-/// The history file the line editor reads and appends to. As root, its directory (made 0700
-/// if missing) and every one above it pass the trust checks and the file is no link: the
-/// editor opens it by its real path, in a directory no one else can write, so root's inputs
-/// are never appended to (nor read from) a file another account chose.
-pub(super) fn history_file(path: PathBuf) -> Result<PathBuf, crate::trust::Distrust> {
-    if !crate::trust::as_root() {
-        return Ok(path);
-    }
-    let Some((dir, name)) = crate::trust::split(&path) else {
-        return Ok(path);
-    };
-    let dir = crate::trust::Dir::make(&dir, 0o700)?;
-    dir.check(&name)?;
-    Ok(dir.path().join(name))
+/// Opens the history file (created if missing); the error says why it cannot be used.
+pub(super) fn history() -> Option<Result<History, String>> {
+    use crate::journal::files;
+    let state =
+        dirs::state_dir().or_else(|| dirs::home_dir().map(|h| h.join(".local").join("state")))?;
+    let dir = state.join("gpuloop");
+    let shown = dir.join("history");
+    let opened = files::open_dir(&dir)
+        .and_then(|d| files::open_file(&d, &dir, "history", files::Open::Update))
+        .map_err(|e| e.to_string())
+        .and_then(|f| f.ok_or_else(|| format!("{}: not created", shown.display())));
+    Some(opened.map(|file| {
+        let kept = rustix::fs::fstat(&file).is_ok_and(|st| st.st_size > 0);
+        History {
+            at: PathBuf::from(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&file)
+            )),
+            _file: file,
+            shown,
+            kept,
+        }
+    }))
 }
 
 #[cfg(test)]

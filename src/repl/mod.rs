@@ -22,7 +22,6 @@ use rustyline::error::ReadlineError;
 use rustyline::history::FileHistory;
 use rustyline::{CompletionType, Editor};
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 const PROMPT: &str = "gpuloop> ";
@@ -52,7 +51,7 @@ struct Repl {
     /// Lines piped in (stdin is no terminal), read with a bound on each and Ctrl-C heard
     /// while waiting; the editor reads a terminal.
     piped: Option<crate::input::StdinLines>,
-    history: Option<PathBuf>,
+    history: Option<editor::History>,
     json: bool,
     style: Style,
     /// The engine's depth limit: a value nested deeper is not printed.
@@ -112,25 +111,24 @@ impl Repl {
             color: style.color,
         }));
         // Lines piped in are a batch, not something to recall.
-        let history = std::io::stdin()
+        let history = match std::io::stdin()
             .is_terminal()
-            .then(editor::history_path)
+            .then(editor::history)
             .flatten()
-            .and_then(|path| match editor::history_file(path) {
-                Ok(p) => Some(p),
-                Err(why) => {
-                    crate::errln!("warning: the REPL keeps no history: {why}");
-                    None
-                }
-            });
-        if let Some(path) = &history {
-            if path.exists() {
-                if let Err(e) = editor.load_history(path) {
-                    crate::errln!(
-                        "warning: cannot read the REPL history {}: {e}",
-                        path.display()
-                    );
-                }
+        {
+            Some(Ok(h)) => Some(h),
+            Some(Err(e)) => {
+                crate::errln!("warning: the REPL history is not kept: {e}");
+                None
+            }
+            None => None,
+        };
+        if let Some(h) = history.as_ref().filter(|h| h.kept) {
+            if let Err(e) = editor.load_history(&h.at) {
+                crate::errln!(
+                    "warning: cannot read the REPL history {}: {e}",
+                    h.shown.display()
+                );
             }
         }
         let mut repl = Repl {
@@ -306,16 +304,11 @@ impl Repl {
         if self.editor.add_history_entry(input).is_err() {
             return;
         }
-        if let Some(path) = &self.history {
-            let saved = match path.parent() {
-                Some(dir) => std::fs::create_dir_all(dir).map_err(|e| e.to_string()),
-                None => Ok(()),
-            }
-            .and_then(|()| self.editor.append_history(path).map_err(|e| e.to_string()));
-            if let Err(e) = saved {
+        if let Some(h) = &self.history {
+            if let Err(e) = self.editor.append_history(&h.at) {
                 crate::errln!(
                     "warning: cannot save the REPL history to {}: {e}",
-                    path.display()
+                    h.shown.display()
                 );
                 // Once is enough: the session goes on without a history file.
                 self.history = None;

@@ -170,14 +170,21 @@ pub(crate) fn markdown(engine: &rhai::Engine) -> String {
 /// (`__static__.d.rhai`), each stdlib module as imported under its own name
 /// (`cleanup.d.rhai`: `cleanup::ensure_clean`), and the scripts' scope (`ARGS`).
 pub(crate) fn write_definitions(engine: &rhai::Engine, dir: &Path) -> Result<(), String> {
-    let failed = |e: std::io::Error| format!("writing definitions to {}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let scope = super::engine::new_scope(&[], &[]);
-    engine
+    // Each file written as every file gpuloop writes is (`journal::files::replace`): never
+    // through another account's link, never into a FIFO.
+    let write = |name: &str, text: &str| {
+        crate::journal::files::replace(&dir.join(name), text.as_bytes())
+            .map_err(|e| format!("writing definitions: {e}"))
+    };
+    for (name, text) in engine
         .definitions_with_scope(&scope)
         .include_standard_packages(false)
-        .write_to_dir(dir)
-        .map_err(failed)?;
+        .iter_files()
+    {
+        write(&name, &text)?;
+    }
     // The stdlib's functions are scripted: rhai's writer would give them no types and list
     // their closures, so they are written from their doc comments here.
     for (module, header, fns) in stdlib_functions(engine) {
@@ -194,7 +201,7 @@ pub(crate) fn write_definitions(engine: &rhai::Engine, dir: &Path) -> Result<(),
             }
             text.push_str(&format!("\nfn {name}({}) -> ?;\n", params.join(", ")));
         }
-        std::fs::write(dir.join(format!("{module}.d.rhai")), text).map_err(failed)?;
+        write(&format!("{module}.d.rhai"), &text)?;
     }
     Ok(())
 }

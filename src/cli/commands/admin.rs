@@ -78,10 +78,27 @@ pub(super) fn man(dir: Option<&Path>) -> Result<Exit, Error> {
         return Ok(Exit::Success);
     };
     std::fs::create_dir_all(dir)
-        .and_then(|()| clap_mangen::generate_to(cmd, dir))
         .map_err(|e| Error::Other(format!("writing man pages into {}: {e}", dir.display())))?;
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    write_pages(&cmd, dir)?;
     crate::outln!("wrote the man pages into {}", dir.display());
     Ok(Exit::Success)
+}
+
+/// Writes the page of `cmd` and of each of its commands (as `clap_mangen::generate_to` names
+/// them) into `dir`, each as every file gpuloop writes is (`journal::files::replace`): never
+/// through another account's link, never into a FIFO.
+fn write_pages(cmd: &clap::Command, dir: &Path) -> Result<(), Error> {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_pages(sub, dir)?;
+    }
+    let man = clap_mangen::Man::new(cmd.clone());
+    let mut page = Vec::new();
+    man.render(&mut page)
+        .map_err(|e| Error::Other(format!("man page: {e}")))?;
+    crate::journal::files::replace(&dir.join(man.get_filename()), &page)
+        .map_err(|e| Error::Other(format!("writing man pages: {e}")))
 }
 
 /// `gpuloop completions SHELL`.

@@ -86,10 +86,8 @@ pub(super) fn pids(cfg: &Config, pids: &[i32], opts: &KillOpts) -> Result<Exit, 
     let targets: Vec<_> = pids.iter().map(|&pid| (None, Target::Pid(pid))).collect();
     let report = Fleet::of(&cfg.session).kill(&targets, opts, &Default::default())?;
     let code = kill_done(cfg, &report)?;
-    let refused = report
-        .skipped
-        .iter()
-        .any(|s| pids.iter().any(|&p| i64::from(p) == s.pid));
+    let named: std::collections::HashSet<i64> = pids.iter().map(|&p| i64::from(p)).collect();
+    let refused = report.skipped.iter().any(|s| named.contains(&s.pid));
     Ok(if refused {
         code.worse(Exit::Failure)
     } else {

@@ -484,9 +484,7 @@ fn print_lines(host: &str, stdout: bool, buf: &mut String, flush: bool) {
         s.push_str(&format!("[{host}] {l}\n"));
     }
     if stdout {
-        let mut o = std::io::stdout().lock();
-        let _ = o.write_all(s.as_bytes());
-        let _ = o.flush();
+        crate::output::bytes(s.as_bytes());
     } else {
         let _ = std::io::stderr().lock().write_all(s.as_bytes());
     }

@@ -189,7 +189,7 @@ pub(crate) fn register(engine: &mut Engine, session: &Arc<Session>, powers: Powe
         &["sel: i64 | String | Array", "Array"],
         "Compute holders of the selected GPUs: an index, a string as `--gpu` takes it (\"0,1\",
          \"0-3\", a UUID or a unique prefix of one, a PCI bus id, a MIG device as \"0:7:0\",
-         \"0:7\" or \"MIG-…\"), or an array of those. A MIG device narrows its GPU to the
+         \"0:7\" or \"MIG-<uuid>\"), or an array of those. A MIG device narrows its GPU to the
          holders of that device.",
         move |sel: Dynamic| -> RhaiResult<Array> {
             to_array(

@@ -240,7 +240,9 @@ pub(crate) fn register(engine: &mut Engine, limits: &Limits, powers: Powers) {
         "write_file",
         &["path: String", "text: String", "()"],
         "Writes text to a file, replacing it (written to a temporary file, then renamed).
-         Only regular files: a FIFO, a device or a directory at path is an error, untouched.",
+         Only regular files of yours or root's: a FIFO, a device, a directory or another
+         account's file at path is an error, untouched; a symbolic link on the way is followed
+         only when it is yours or root's.",
         move |path: ImmutableString, text: ImmutableString| -> RhaiResult<()> {
             may_write("write_file()")?;
             write_atomic(path.as_str(), text.as_bytes())
@@ -444,13 +446,6 @@ fn exit_with(code: i64) -> Box<EvalAltResult> {
     ))
 }
 
-fn not_regular(t: std::fs::FileType) -> std::io::Error {
-    std::io::Error::other(format!(
-        "{}, not a regular file: only regular files are read and written",
-        crate::input::kind_of(t)
-    ))
-}
-
 /// Reads a regular file of at most `limit` bytes (the script's string limit: a bigger one
 /// could not be a string anyway), as every file gpuloop is handed is read.
 fn read_regular(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
@@ -465,21 +460,13 @@ fn read_regular(path: &str, limit: usize) -> std::io::Result<Vec<u8>> {
 }
 
 /// Replaces a regular file (or creates one) atomically; anything else at the path (a FIFO,
-/// a device) is refused, never replaced.
+/// a device, another account's file, a link another account planted) is refused, never
+/// replaced or followed (`journal::files::replace`).
 pub(crate) fn write_atomic(path: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let p = std::path::Path::new(path);
-    if let Ok(meta) = std::fs::metadata(p) {
-        if !meta.is_file() {
-            return Err(not_regular(meta.file_type()));
+    crate::journal::files::replace(std::path::Path::new(path), bytes).map_err(|e| match e {
+        crate::journal::files::FileError::Io { source, .. } => source,
+        crate::journal::files::FileError::Refused { why, .. } => {
+            std::io::Error::other(format!("{why}; refused"))
         }
-    }
-    let name = p
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("not a file path"))?;
-    let tmp = p.with_file_name(format!(".{}.gpuloop-tmp", name.to_string_lossy()));
-    std::fs::write(&tmp, bytes)?;
-    if let Ok(meta) = std::fs::metadata(p) {
-        let _ = std::fs::set_permissions(&tmp, meta.permissions());
-    }
-    std::fs::rename(&tmp, p)
+    })
 }
